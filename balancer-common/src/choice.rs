@@ -1,0 +1,311 @@
+//! The choice rule: power of `d` choices over a VIP's eligible backends.
+//!
+//! For a new flow, draw `d` distinct eligible backends uniformly at random,
+//! read their active-connection counts and place the flow on the lightest,
+//! breaking ties uniformly at random (Azar, Broder, Karlin and Upfal,
+//! "Balanced Allocations", SIAM J. Comput. 29(1), 1999; Mitzenmacher, "The
+//! Power of Two Choices in Randomized Load Balancing", IEEE TPDS 12(10), 2001).
+//! With `n` bins and `n` balls one random choice leaves a maximum load of about
+//! `ln n / ln ln n`; two choices leave `ln ln n / ln 2 + O(1)`.
+//!
+//! * `d = 1`: plain random.
+//! * `2 <= d < n` (at most [`crate::MAX_CHOICES`]): `d` distinct samples.
+//! * `d >= n`, or [`crate::CHOICES_FULL_SCAN`]: least connections over all `n`.
+
+use crate::{MAX_BACKENDS_PER_VIP, MAX_CHOICES};
+
+/// Active connections of a backend from the data path's counter and the
+/// daemon's correction (both wrapping `u64`, the correction a two's-complement
+/// signed delta). Never negative: a transiently negative sum reads as 0.
+#[inline(always)]
+pub const fn active_connections(conns: u64, adjust: u64) -> u64 {
+    let v = conns.wrapping_add(adjust) as i64;
+    if v < 0 {
+        0
+    } else {
+        v as u64
+    }
+}
+
+/// Chooses an index in `0..eligible` for a new flow.
+///
+/// * `choices`: the VIP's setting (see the module docs); 0 is treated as 1.
+/// * `rand`: a source of uniform 32-bit random numbers.
+/// * `load`: active connections of eligible index `i`; `None` (a failed map
+///   read) makes that candidate ineligible.
+///
+/// Returns `None` when `eligible` is 0 or no candidate's load could be read.
+/// `eligible` above [`MAX_BACKENDS_PER_VIP`] is clamped to it.
+#[inline(always)]
+pub fn choose<R, L>(eligible: u32, choices: u32, mut rand: R, mut load: L) -> Option<u32>
+where
+    R: FnMut() -> u32,
+    L: FnMut(u32) -> Option<u64>,
+{
+    let n = if eligible > MAX_BACKENDS_PER_VIP {
+        MAX_BACKENDS_PER_VIP
+    } else {
+        eligible
+    };
+    if n == 0 {
+        return None;
+    }
+    let d = if choices == 0 { 1 } else { choices };
+    if d >= n || d > MAX_CHOICES {
+        return least_loaded_scan(n, &mut rand, &mut load);
+    }
+    if d == 1 {
+        let i = rand() % n;
+        return load(i).map(|_| i);
+    }
+    sample_least_loaded(n, d, &mut rand, &mut load)
+}
+
+/// Keeps the running best over candidates, breaking ties uniformly at random
+/// by reservoir sampling (the `t`-th tied candidate replaces the best with
+/// probability `1/t`).
+struct Best {
+    index: u32,
+    load: u64,
+    ties: u32,
+    found: bool,
+}
+
+impl Best {
+    #[inline(always)]
+    const fn new() -> Self {
+        Best {
+            index: 0,
+            load: u64::MAX,
+            ties: 0,
+            found: false,
+        }
+    }
+
+    #[inline(always)]
+    fn offer<R: FnMut() -> u32>(&mut self, index: u32, load: u64, rand: &mut R) {
+        if !self.found || load < self.load {
+            self.index = index;
+            self.load = load;
+            self.ties = 1;
+            self.found = true;
+        } else if load == self.load {
+            self.ties += 1;
+            if rand() % self.ties == 0 {
+                self.index = index;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn result(&self) -> Option<u32> {
+        if self.found {
+            Some(self.index)
+        } else {
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn least_loaded_scan<R, L>(n: u32, rand: &mut R, load: &mut L) -> Option<u32>
+where
+    R: FnMut() -> u32,
+    L: FnMut(u32) -> Option<u64>,
+{
+    let mut best = Best::new();
+    let mut i = 0;
+    while i < MAX_BACKENDS_PER_VIP {
+        if i >= n {
+            break;
+        }
+        if let Some(l) = load(i) {
+            best.offer(i, l, rand);
+        }
+        i += 1;
+    }
+    best.result()
+}
+
+/// Draws `d` distinct indices in `0..n` (`2 <= d < n`, `d <= MAX_CHOICES`)
+/// by rank selection: the `k`-th draw is uniform over the `n - k` indices not
+/// yet drawn, found by skipping the already-drawn ones kept in ascending order.
+#[inline(always)]
+fn sample_least_loaded<R, L>(n: u32, d: u32, rand: &mut R, load: &mut L) -> Option<u32>
+where
+    R: FnMut() -> u32,
+    L: FnMut(u32) -> Option<u64>,
+{
+    let mut best = Best::new();
+    if d == 2 {
+        // The common case without the general bookkeeping.
+        let a = rand() % n;
+        let mut b = rand() % (n - 1);
+        if b >= a {
+            b += 1;
+        }
+        if let Some(l) = load(a) {
+            best.offer(a, l, rand);
+        }
+        if let Some(l) = load(b) {
+            best.offer(b, l, rand);
+        }
+        return best.result();
+    }
+    let mut drawn = [0u32; MAX_CHOICES as usize];
+    let mut k: usize = 0;
+    while k < MAX_CHOICES as usize {
+        if k as u32 >= d {
+            break;
+        }
+        let mut r = rand() % (n - k as u32);
+        // Skip drawn indices (ascending) at or below r, then insert r in order.
+        let mut pos = k;
+        let mut j = 0;
+        while j < MAX_CHOICES as usize {
+            if j >= k {
+                break;
+            }
+            if drawn[j] <= r {
+                r += 1;
+            } else if pos == k {
+                pos = j;
+            }
+            j += 1;
+        }
+        let mut m = k;
+        while m > pos {
+            drawn[m] = drawn[m - 1];
+            m -= 1;
+        }
+        drawn[pos] = r;
+        if let Some(l) = load(r) {
+            best.offer(r, l, rand);
+        }
+        k += 1;
+    }
+    best.result()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    extern crate std;
+    use proptest::prelude::*;
+    use std::{collections::BTreeSet, vec, vec::Vec};
+
+    /// xorshift64*, a small deterministic generator for tests.
+    fn rng(mut s: u64) -> impl FnMut() -> u32 {
+        if s == 0 {
+            s = 0x9E37_79B9_7F4A_7C15;
+        }
+        move || {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32
+        }
+    }
+
+    #[test]
+    fn empty_and_single() {
+        assert_eq!(choose(0, 2, rng(1), |_| Some(0)), None);
+        for d in [1, 2, 3, CHOICES_FULL] {
+            assert_eq!(choose(1, d, rng(1), |_| Some(5)), Some(0));
+        }
+    }
+    const CHOICES_FULL: u32 = crate::CHOICES_FULL_SCAN;
+
+    #[test]
+    fn two_choices_picks_lighter() {
+        // With two backends and two choices both are always compared.
+        for seed in 1..200 {
+            assert_eq!(
+                choose(2, 2, rng(seed), |i| Some([7, 3][i as usize])),
+                Some(1)
+            );
+        }
+    }
+
+    #[test]
+    fn full_scan_finds_minimum() {
+        let loads = [5u64, 4, 9, 1, 7, 1, 8];
+        let mut seen = BTreeSet::new();
+        for seed in 1..200 {
+            let i = choose(7, CHOICES_FULL, rng(seed), |i| Some(loads[i as usize])).unwrap();
+            assert_eq!(loads[i as usize], 1);
+            seen.insert(i);
+        }
+        // Ties broken at random: both minima get picked.
+        assert_eq!(seen.len(), 2);
+        // choices >= n is a full scan too.
+        let i = choose(7, 7, rng(3), |i| Some(loads[i as usize])).unwrap();
+        assert_eq!(loads[i as usize], 1);
+    }
+
+    #[test]
+    fn unreadable_candidates_skipped() {
+        assert_eq!(choose(3, CHOICES_FULL, rng(1), |i| (i == 2).then_some(9)), Some(2));
+        assert_eq!(choose(3, CHOICES_FULL, rng(1), |_| None), None);
+    }
+
+    #[test]
+    fn ties_uniform_for_two_choices() {
+        let mut hits = [0u32; 2];
+        let mut r = rng(42);
+        for _ in 0..20000 {
+            hits[choose(2, 2, &mut r, |_| Some(0)).unwrap() as usize] += 1;
+        }
+        assert!(hits[0] > 9_000 && hits[1] > 9_000, "{hits:?}");
+    }
+
+    proptest! {
+        #[test]
+        fn samples_are_distinct_and_in_range(n in 2u32..200, d in 2u32..=16, seed in any::<u64>()) {
+            prop_assume!(d < n);
+            let mut probed = Vec::new();
+            let got = choose(n, d, rng(seed), |i| { probed.push(i); Some(0) });
+            prop_assert!(got.unwrap() < n);
+            prop_assert_eq!(probed.len() as u32, d);
+            let set: BTreeSet<_> = probed.iter().copied().collect();
+            prop_assert_eq!(set.len() as u32, d, "repeated draws: {:?}", probed);
+            prop_assert!(probed.iter().all(|&i| i < n));
+        }
+
+        #[test]
+        fn chosen_is_minimum_of_probed(n in 1u32..100, d in 1u32..=16, seed in any::<u64>(),
+                                       loads in proptest::collection::vec(0u64..5, 100)) {
+            let mut probed = Vec::new();
+            let got = choose(n, d, rng(seed), |i| { probed.push(i); Some(loads[i as usize]) }).unwrap();
+            let min = probed.iter().map(|&i| loads[i as usize]).min().unwrap();
+            prop_assert_eq!(loads[got as usize], min);
+        }
+    }
+
+    /// Balls into bins through the rule, for the seeds' 1,000 x 1,000 table:
+    /// two choices must leave a clearly lower maximum than one.
+    #[test]
+    fn two_choices_beat_one() {
+        let run = |d: u32, seed: u64| {
+            let mut bins = vec![0u64; 1000];
+            let mut r = rng(seed);
+            for _ in 0..1000 {
+                let i = choose(1000, d, &mut r, |i| Some(bins[i as usize])).unwrap();
+                bins[i as usize] += 1;
+            }
+            *bins.iter().max().unwrap()
+        };
+        let one: u64 = (1..=20).map(|s| run(1, s)).sum();
+        let two: u64 = (1..=20).map(|s| run(2, s)).sum();
+        // Published: max about 6 for one choice, 3 for two (averages here).
+        assert!(one >= 2 * two - 10, "one {one} two {two}");
+        assert!(two <= 20 * 4, "two {two}");
+    }
+
+    #[test]
+    fn active_connections_never_negative() {
+        assert_eq!(active_connections(3, (-1i64) as u64), 2);
+        assert_eq!(active_connections(1, (-2i64) as u64), 0);
+        assert_eq!(active_connections(0, 0), 0);
+    }
+}

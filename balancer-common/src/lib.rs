@@ -1,0 +1,302 @@
+//! Types and pure data-path functions shared by the XDP program
+//! (`balancer-ebpf`) and userspace (`balancer-user`).
+//!
+//! Everything here is `no_std`, allocation-free and free of BPF helpers, so the
+//! logic the XDP program runs on every frame (parsing, checksum updates, the
+//! choice rule, TCP close tracking) is unit- and property-tested on the host.
+//!
+//! Map value types are `#[repr(C)]` with explicit padding so that the kernel and
+//! userspace agree on their layout; sizes are asserted at compile time. With the
+//! `user` feature they implement `aya::Pod`.
+#![no_std]
+#![deny(missing_docs)]
+
+pub mod choice;
+pub mod csum;
+pub mod flow;
+pub mod parse;
+
+/// Names of the BPF maps, shared by the program and userspace.
+pub mod map_names {
+    /// VIP table: [`crate::VipKey`] -> [`crate::VipInfo`] (hash).
+    pub const VIPS: &str = "VIPS";
+    /// Eligible backend slots per VIP, double-buffered: `u32` slot numbers (array).
+    pub const VIP_BACKENDS: &str = "VIP_BACKENDS";
+    /// Backend slots: [`crate::Backend`] by slot (array).
+    pub const BACKENDS: &str = "BACKENDS";
+    /// Active connections counted by the data path: `u64` by slot (array).
+    pub const BACKEND_CONNS: &str = "BACKEND_CONNS";
+    /// Corrections to [`BACKEND_CONNS`] written only by the daemon: `u64` by slot (array).
+    pub const BACKEND_CONN_ADJUST: &str = "BACKEND_CONN_ADJUST";
+    /// Flow table: [`crate::FlowKey`] -> [`crate::FlowEntry`] (LRU hash).
+    pub const FLOWS: &str = "FLOWS";
+    /// Global per-CPU counters indexed by [`crate::Counter`] (per-CPU array of `u64`).
+    pub const STATS: &str = "STATS";
+    /// Per-backend per-CPU traffic counters: [`crate::TrafficStats`] by slot.
+    pub const BACKEND_STATS: &str = "BACKEND_STATS";
+    /// Per-VIP per-CPU traffic counters: [`crate::TrafficStats`] by VIP index.
+    pub const VIP_STATS: &str = "VIP_STATS";
+    /// Data-path settings: [`crate::Settings`] at index 0 (array of one).
+    pub const SETTINGS: &str = "SETTINGS";
+}
+
+/// Maximum number of VIPs (size of the VIP table and of the per-VIP arrays).
+pub const MAX_VIPS: u32 = 256;
+/// Maximum number of backends one VIP can hold (length of one eligible list).
+pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
+/// Number of backend slots shared by all VIPs (size of the per-backend arrays).
+pub const BACKEND_SLOTS: u32 = 16384;
+/// Default number of entries in the flow table. Each connection takes two
+/// entries (client-side and backend-side), so this holds half as many flows.
+pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 1 << 19;
+/// Largest per-VIP `choices` value that samples; [`CHOICES_FULL_SCAN`] scans.
+pub const MAX_CHOICES: u32 = 16;
+/// `choices` value asking for a full least-connections scan of the VIP's
+/// eligible backends whatever their number.
+pub const CHOICES_FULL_SCAN: u32 = u32::MAX;
+/// Default number of choices: the power of two choices (Azar, Broder, Karlin
+/// and Upfal, "Balanced Allocations", SIAM J. Comput. 29(1), 1999).
+pub const DEFAULT_CHOICES: u32 = 2;
+
+/// IP protocol number of TCP (RFC 9293).
+pub const IPPROTO_TCP: u8 = 6;
+
+/// Key of the VIP table: address, port and protocol clients connect to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VipKey {
+    /// IPv4 address, network byte order (the four bytes as on the wire,
+    /// read as a native-endian `u32`).
+    pub addr: u32,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// IP protocol number (6 for TCP).
+    pub proto: u8,
+    /// Padding, always 0.
+    pub _pad: u8,
+}
+
+/// Value of the VIP table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipInfo {
+    /// Index of the VIP in the per-VIP arrays, `0..MAX_VIPS`.
+    pub index: u32,
+    /// How many random eligible backends a new flow compares (see
+    /// [`choice`]); values at or above the eligible count, and
+    /// [`CHOICES_FULL_SCAN`], mean a full least-connections scan.
+    pub choices: u32,
+    /// Number of valid entries in the active eligible list.
+    pub eligible: u32,
+    /// Which of the VIP's two eligible lists is active (0 or 1). The daemon
+    /// fills the other list, then swaps this value in one map update, so the
+    /// data path never sees a half-written list.
+    pub list: u32,
+}
+
+impl VipInfo {
+    /// Index into `VIP_BACKENDS` of entry `i` of the active eligible list.
+    #[inline(always)]
+    pub fn list_index(&self, i: u32) -> u32 {
+        eligible_list_base(self.index, self.list) + i
+    }
+}
+
+/// Index into `VIP_BACKENDS` where eligible list `list` (0 or 1) of VIP
+/// `vip_index` starts.
+#[inline(always)]
+pub const fn eligible_list_base(vip_index: u32, list: u32) -> u32 {
+    (vip_index * 2 + (list & 1)) * MAX_BACKENDS_PER_VIP
+}
+
+/// Number of entries of the `VIP_BACKENDS` array.
+pub const VIP_BACKENDS_LEN: u32 = MAX_VIPS * 2 * MAX_BACKENDS_PER_VIP;
+
+/// Backend slot is in use (set by the daemon while the backend exists).
+pub const BACKEND_F_IN_USE: u32 = 1;
+
+/// One backend slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backend {
+    /// IPv4 address, network byte order.
+    pub addr: u32,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+    /// Generation of the slot, raised each time a backend is placed in it. A
+    /// flow pinned to an older generation is never sent to the slot's new
+    /// backend.
+    pub generation: u32,
+    /// `BACKEND_F_*` flags.
+    pub flags: u32,
+}
+
+/// Kind of a flow-table entry (a field of [`FlowKey`]).
+pub mod flow_kind {
+    /// A live connection, keyed by its client-side 5-tuple (client -> VIP);
+    /// holds one active connection on its backend.
+    pub const LIVE: u8 = 0;
+    /// A closed connection (FIN both ways, or RST), keyed like `LIVE`; kept
+    /// for a short time so late segments still reach the same backend. Holds
+    /// no active connection.
+    pub const CLOSED: u8 = 1;
+    /// The backend-side 5-tuple (backend -> client) of a connection, used to
+    /// rewrite replies back to the VIP.
+    pub const REVERSE: u8 = 2;
+}
+
+/// Key of the flow table: a 5-tuple plus the entry kind.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// Source IPv4 address, network byte order.
+    pub src_addr: u32,
+    /// Destination IPv4 address, network byte order.
+    pub dst_addr: u32,
+    /// Source port, network byte order.
+    pub src_port: u16,
+    /// Destination port, network byte order.
+    pub dst_port: u16,
+    /// IP protocol (6).
+    pub proto: u8,
+    /// One of [`flow_kind`].
+    pub kind: u8,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+impl FlowKey {
+    /// The same 5-tuple with another kind.
+    #[inline(always)]
+    pub const fn with_kind(mut self, kind: u8) -> Self {
+        self.kind = kind;
+        self
+    }
+}
+
+/// Value of the flow table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEntry {
+    /// Backend slot the flow is pinned to.
+    pub backend_slot: u32,
+    /// Generation of that slot when the flow was pinned.
+    pub backend_generation: u32,
+    /// Index of the VIP.
+    pub vip_index: u32,
+    /// `flow::F_*` state bits (FINs seen, sequence numbers known).
+    pub state: u32,
+    /// Next sequence number the backend expects from the client (from the
+    /// backend's ACKs; the client's ISN + 1 at first), host byte order.
+    pub client_next_seq: u32,
+    /// Next sequence number the client expects from the backend (from the
+    /// client's ACKs, or the backend's ISN + 1), host byte order; valid when
+    /// `flow::F_SERVER_SEQ_KNOWN` is set.
+    pub server_next_seq: u32,
+    /// Time of the last packet, `bpf_ktime_get_ns` (CLOCK_MONOTONIC, ns).
+    pub last_seen_ns: u64,
+    /// Time the flow was created, CLOCK_MONOTONIC ns.
+    pub created_ns: u64,
+    /// For `LIVE`/`CLOSED` entries: the `REVERSE` key of the same connection.
+    /// For `REVERSE` entries: the `LIVE` key (client -> VIP:port), whose
+    /// destination is what replies are rewritten back to.
+    pub peer: FlowKey,
+}
+
+/// Counters of the global per-CPU `STATS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Frames seen by the program.
+    RxPackets = 0,
+    /// Bytes of those frames.
+    RxBytes,
+    /// Frames not for a VIP and not a reply of a flow, passed untouched.
+    PassNotVip,
+    /// Non-first or first fragments to a VIP, passed untouched.
+    PassFragment,
+    /// Frames cut short or with impossible header lengths, passed untouched.
+    PassMalformed,
+    /// New flows balanced onto a backend.
+    NewFlows,
+    /// Non-SYN segments to a VIP matching no flow (passed, never balanced).
+    FlowMisses,
+    /// SYNs to a VIP with no eligible backend (dropped).
+    DropNoBackend,
+    /// Segments of a flow whose backend was removed (dropped).
+    DropBackendGone,
+    /// Flow-table inserts that failed (SYN dropped).
+    DropFlowInsert,
+    /// Frames forwarded with XDP_TX.
+    TxPackets,
+    /// Frames forwarded with XDP_REDIRECT.
+    RedirectPackets,
+    /// Rewritten frames handed to the kernel because the FIB lookup found no
+    /// neighbour entry yet (the kernel resolves it and forwards).
+    PassFibNoNeigh,
+    /// Rewritten frames dropped because the FIB lookup failed otherwise.
+    DropFib,
+    /// Replies from a backend rewritten back to the VIP.
+    ReplyPackets,
+    /// Flows closed by FIN in both directions.
+    ClosedFin,
+    /// Flows closed by an acceptable RST.
+    ClosedRst,
+    /// RSTs whose sequence number lay outside the window (forwarded, flow kept).
+    RstOutOfWindow,
+    /// Segments of closed flows still forwarded to their backend.
+    ClosedFlowPackets,
+}
+
+/// Number of entries of the `STATS` array.
+pub const COUNTER_COUNT: u32 = 19;
+
+/// Per-CPU traffic counters of one backend or one VIP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficStats {
+    /// Frames forwarded (both directions).
+    pub packets: u64,
+    /// Bytes of those frames.
+    pub bytes: u64,
+    /// Connections placed (total, never decreases).
+    pub new_flows: u64,
+    /// Non-SYN segments that matched no flow (VIP only).
+    pub misses: u64,
+}
+
+/// Data-path settings, index 0 of the `SETTINGS` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// When non-zero, the random draws use a deterministic generator seeded
+    /// with this value instead of `bpf_get_prandom_u32` (tests only; the
+    /// production daemon leaves it 0).
+    pub test_seed: u64,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<VipKey>() == 8);
+    assert!(core::mem::size_of::<VipInfo>() == 16);
+    assert!(core::mem::size_of::<Backend>() == 16);
+    assert!(core::mem::size_of::<FlowKey>() == 16);
+    assert!(core::mem::size_of::<FlowEntry>() == 56);
+    assert!(core::mem::size_of::<TrafficStats>() == 32);
+    assert!(core::mem::size_of::<Settings>() == 8);
+    assert!(Counter::ClosedFlowPackets as u32 + 1 == COUNTER_COUNT);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: each type is repr(C), has no implicit padding (sizes asserted
+    // above) and every bit pattern is valid.
+    unsafe impl aya::Pod for super::VipKey {}
+    unsafe impl aya::Pod for super::VipInfo {}
+    unsafe impl aya::Pod for super::Backend {}
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::FlowEntry {}
+    unsafe impl aya::Pod for super::TrafficStats {}
+    unsafe impl aya::Pod for super::Settings {}
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One-time, idempotent machine set-up for building and testing the balancer.
+#
+# Installs what a fresh machine of this project's kind lacks:
+#   - Debian packages: ethtool (test bed offload settings), iproute2
+#   - the nightly toolchain's rust-src (for -Z build-std=core on bpfel-unknown-none)
+#   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
+#     toolchain ships (Debian has only LLVM 14; see shared notes/toolchain.md)
+#   - a bpffs mount at /sys/fs/bpf
+# Each step checks first and is quick when already done.
+set -euo pipefail
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+need_apt=()
+command -v ethtool >/dev/null 2>&1 || need_apt+=(ethtool)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  log "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+  log "installing the nightly toolchain"
+  rustup toolchain install nightly --profile minimal
+fi
+if ! rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
+  log "adding rust-src to nightly"
+  rustup component add rust-src --toolchain nightly
+fi
+
+CARGO_HOME_DIR="${CARGO_HOME:-$HOME/.cargo}"
+if ! command -v bpf-linker >/dev/null 2>&1 && [ ! -x "$CARGO_HOME_DIR/bin/bpf-linker" ]; then
+  sysroot="$(rustc +nightly --print sysroot)"
+  llvm_so="$(ls "$sysroot"/lib/libLLVM.so.* 2>/dev/null | head -n1)"
+  if [ -z "$llvm_so" ]; then
+    echo "setup: no libLLVM.so.* in the nightly sysroot $sysroot" >&2
+    exit 1
+  fi
+  prefix="$CARGO_HOME_DIR/bpf-linker-llvm"
+  mkdir -p "$prefix/lib"
+  ln -sf "$llvm_so" "$prefix/lib/libLLVM.so"
+  ln -sf "$llvm_so" "$prefix/lib/$(basename "$llvm_so")"
+  log "building bpf-linker against $(basename "$llvm_so") (about 90 s)"
+  LLVM_PREFIX="$prefix" cargo install bpf-linker --version 0.13.0 --locked \
+    --no-default-features --features llvm-22
+fi
+
+if ! mount | grep -q ' /sys/fs/bpf type bpf'; then
+  log "mounting bpffs at /sys/fs/bpf"
+  mount -t bpf bpf /sys/fs/bpf || true
+fi
+log "ok"
