@@ -36,155 +36,160 @@ pub const fn active_connections(conns: u64, adjust: u64) -> u64 {
 ///
 /// Returns `None` when `eligible` is 0 or no candidate's load could be read.
 /// `eligible` above [`MAX_BACKENDS_PER_VIP`] is clamped to it.
+///
+/// This is [`Chooser`] driven by a plain loop; the XDP program drives the
+/// same steps with `bpf_loop`, so the verifier checks one step, not every
+/// iteration.
 #[inline(always)]
 pub fn choose<R, L>(eligible: u32, choices: u32, mut rand: R, mut load: L) -> Option<u32>
 where
     R: FnMut() -> u32,
     L: FnMut(u32) -> Option<u64>,
 {
-    let n = if eligible > MAX_BACKENDS_PER_VIP {
-        MAX_BACKENDS_PER_VIP
-    } else {
-        eligible
-    };
-    if n == 0 {
-        return None;
-    }
-    let d = if choices == 0 { 1 } else { choices };
-    if d >= n || d > MAX_CHOICES {
-        return least_loaded_scan(n, &mut rand, &mut load);
-    }
-    if d == 1 {
-        let i = rand() % n;
-        return load(i).map(|_| i);
-    }
-    sample_least_loaded(n, d, &mut rand, &mut load)
-}
-
-/// Keeps the running best over candidates, breaking ties uniformly at random
-/// by reservoir sampling (the `t`-th tied candidate replaces the best with
-/// probability `1/t`).
-struct Best {
-    index: u32,
-    load: u64,
-    ties: u32,
-    found: bool,
-}
-
-impl Best {
-    #[inline(always)]
-    const fn new() -> Self {
-        Best {
-            index: 0,
-            load: u64::MAX,
-            ties: 0,
-            found: false,
-        }
-    }
-
-    #[inline(always)]
-    fn offer<R: FnMut() -> u32>(&mut self, index: u32, load: u64, rand: &mut R) {
-        if !self.found || load < self.load {
-            self.index = index;
-            self.load = load;
-            self.ties = 1;
-            self.found = true;
-        } else if load == self.load {
-            self.ties += 1;
-            if rand() % self.ties == 0 {
-                self.index = index;
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn result(&self) -> Option<u32> {
-        if self.found {
-            Some(self.index)
-        } else {
-            None
-        }
-    }
-}
-
-#[inline(always)]
-fn least_loaded_scan<R, L>(n: u32, rand: &mut R, load: &mut L) -> Option<u32>
-where
-    R: FnMut() -> u32,
-    L: FnMut(u32) -> Option<u64>,
-{
-    let mut best = Best::new();
-    let mut i = 0;
-    while i < MAX_BACKENDS_PER_VIP {
-        if i >= n {
-            break;
-        }
+    let mut c = Chooser::new(eligible, choices);
+    let mut step = 0;
+    while step < c.steps() {
+        let i = c.candidate(step, &mut rand);
         if let Some(l) = load(i) {
-            best.offer(i, l, rand);
+            c.offer(i, l, &mut rand);
         }
-        i += 1;
+        step += 1;
     }
-    best.result()
+    c.result()
 }
 
-/// Draws `d` distinct indices in `0..n` (`2 <= d < n`, `d <= MAX_CHOICES`)
-/// by rank selection: the `k`-th draw is uniform over the `n - k` indices not
-/// yet drawn, found by skipping the already-drawn ones kept in ascending order.
+/// `r mod n`, 0 when `n` is 0 (no division-by-zero path: the XDP program
+/// must not contain a panic).
 #[inline(always)]
-fn sample_least_loaded<R, L>(n: u32, d: u32, rand: &mut R, load: &mut L) -> Option<u32>
-where
-    R: FnMut() -> u32,
-    L: FnMut(u32) -> Option<u64>,
-{
-    let mut best = Best::new();
-    if d == 2 {
-        // The common case without the general bookkeeping.
-        let a = rand() % n;
-        let mut b = rand() % (n - 1);
-        if b >= a {
-            b += 1;
-        }
-        if let Some(l) = load(a) {
-            best.offer(a, l, rand);
-        }
-        if let Some(l) = load(b) {
-            best.offer(b, l, rand);
-        }
-        return best.result();
+fn below(r: u32, n: u32) -> u32 {
+    if n == 0 {
+        0
+    } else {
+        r % n
     }
-    let mut drawn = [0u32; MAX_CHOICES as usize];
-    let mut k: usize = 0;
-    while k < MAX_CHOICES as usize {
-        if k as u32 >= d {
-            break;
+}
+
+/// How a [`Chooser`] draws its candidates.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every eligible index in turn (least connections).
+    Scan = 0,
+    /// Two distinct uniform draws.
+    Two = 1,
+    /// `d` independent uniform draws (with replacement), the model of Azar et
+    /// al. and of Mitzenmacher's analysis; `d = 1` is plain random.
+    Independent = 2,
+}
+
+/// The choice rule as a sequence of steps: for `step` in `0..steps()`, ask
+/// [`Chooser::candidate`] for an eligible index, read its load and
+/// [`Chooser::offer`] it; [`Chooser::result`] is the chosen index.
+///
+/// Ties are broken uniformly at random by reservoir sampling: the `t`-th
+/// candidate tied with the best replaces it with probability `1/t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Chooser {
+    n: u32,
+    mode: Mode,
+    steps: u32,
+    first: u32,
+    best_index: u32,
+    ties: u32,
+    best_load: u64,
+}
+
+impl Chooser {
+    /// A chooser over `eligible` backends (clamped to
+    /// [`MAX_BACKENDS_PER_VIP`]) with the VIP's `choices` setting.
+    #[inline(always)]
+    pub fn new(eligible: u32, choices: u32) -> Self {
+        let n = if eligible > MAX_BACKENDS_PER_VIP {
+            MAX_BACKENDS_PER_VIP
+        } else {
+            eligible
+        };
+        let d = if choices == 0 { 1 } else { choices };
+        let (mode, steps) = if n == 0 {
+            (Mode::Scan, 0)
+        } else if d >= n || d > MAX_CHOICES {
+            (Mode::Scan, n)
+        } else if d == 2 {
+            (Mode::Two, 2)
+        } else {
+            (Mode::Independent, d)
+        };
+        Chooser {
+            n,
+            mode,
+            steps,
+            first: 0,
+            best_index: 0,
+            ties: 0,
+            best_load: 0,
         }
-        let mut r = rand() % (n - k as u32);
-        // Skip drawn indices (ascending) at or below r, then insert r in order.
-        let mut pos = k;
-        let mut j = 0;
-        while j < MAX_CHOICES as usize {
-            if j >= k {
-                break;
-            }
-            if drawn[j] <= r {
-                r += 1;
-            } else if pos == k {
-                pos = j;
-            }
-            j += 1;
-        }
-        let mut m = k;
-        while m > pos {
-            drawn[m] = drawn[m - 1];
-            m -= 1;
-        }
-        drawn[pos] = r;
-        if let Some(l) = load(r) {
-            best.offer(r, l, rand);
-        }
-        k += 1;
     }
-    best.result()
+
+    /// Number of steps (candidates) this choice takes.
+    #[inline(always)]
+    pub fn steps(&self) -> u32 {
+        self.steps
+    }
+
+    /// The mode chosen from the eligible count and the setting.
+    #[inline(always)]
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The eligible index to examine at `step` (always `< eligible`).
+    #[inline(always)]
+    pub fn candidate<R: FnMut() -> u32>(&mut self, step: u32, rand: &mut R) -> u32 {
+        match self.mode {
+            Mode::Scan => step,
+            Mode::Independent => below(rand(), self.n),
+            Mode::Two => {
+                if step == 0 {
+                    self.first = below(rand(), self.n);
+                    self.first
+                } else {
+                    // Uniform over the n - 1 indices other than the first.
+                    let b = below(rand(), self.n - 1);
+                    if b >= self.first {
+                        b + 1
+                    } else {
+                        b
+                    }
+                }
+            }
+        }
+    }
+
+    /// Offers candidate `index` with `load` active connections.
+    #[inline(always)]
+    pub fn offer<R: FnMut() -> u32>(&mut self, index: u32, load: u64, rand: &mut R) {
+        if self.ties == 0 || load < self.best_load {
+            self.best_index = index;
+            self.best_load = load;
+            self.ties = 1;
+        } else if load == self.best_load {
+            self.ties += 1;
+            if below(rand(), self.ties) == 0 {
+                self.best_index = index;
+            }
+        }
+    }
+
+    /// The chosen eligible index, `None` when no candidate was offered.
+    #[inline(always)]
+    pub fn result(&self) -> Option<u32> {
+        if self.ties == 0 {
+            None
+        } else {
+            Some(self.best_index)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -245,7 +250,10 @@ mod tests {
 
     #[test]
     fn unreadable_candidates_skipped() {
-        assert_eq!(choose(3, CHOICES_FULL, rng(1), |i| (i == 2).then_some(9)), Some(2));
+        assert_eq!(
+            choose(3, CHOICES_FULL, rng(1), |i| (i == 2).then_some(9)),
+            Some(2)
+        );
         assert_eq!(choose(3, CHOICES_FULL, rng(1), |_| None), None);
     }
 
@@ -261,15 +269,20 @@ mod tests {
 
     proptest! {
         #[test]
-        fn samples_are_distinct_and_in_range(n in 2u32..200, d in 2u32..=16, seed in any::<u64>()) {
-            prop_assume!(d < n);
+        fn samples_in_range_two_distinct(n in 2u32..200, d in 1u32..=16, seed in any::<u64>()) {
             let mut probed = Vec::new();
             let got = choose(n, d, rng(seed), |i| { probed.push(i); Some(0) });
             prop_assert!(got.unwrap() < n);
-            prop_assert_eq!(probed.len() as u32, d);
-            let set: BTreeSet<_> = probed.iter().copied().collect();
-            prop_assert_eq!(set.len() as u32, d, "repeated draws: {:?}", probed);
             prop_assert!(probed.iter().all(|&i| i < n));
+            if d >= n {
+                // Full scan: every index once.
+                prop_assert_eq!(probed.len() as u32, n);
+            } else {
+                prop_assert_eq!(probed.len() as u32, d);
+            }
+            if d == 2 && n > 2 {
+                prop_assert_ne!(probed[0], probed[1]);
+            }
         }
 
         #[test]

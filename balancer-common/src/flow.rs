@@ -8,7 +8,9 @@
 //! window must not release the count while the connection lives on. The RST
 //! is still forwarded; the endpoint applies its own, stricter check.
 
-use crate::{parse::Tcp4, parse::TCP_ACK, parse::TCP_FIN, parse::TCP_RST, parse::TCP_SYN, FlowEntry};
+use crate::{
+    parse::Tcp4, parse::TCP_ACK, parse::TCP_FIN, parse::TCP_RST, parse::TCP_SYN, FlowEntry,
+};
 
 /// The client sent FIN.
 pub const F_CLIENT_FIN: u32 = 1;
@@ -116,7 +118,8 @@ pub fn track(entry: &mut FlowEntry, dir: Direction, seg: &Tcp4) -> Verdict {
         }
     };
     entry.state = state;
-    if verdict == Verdict::Open && state & (F_CLIENT_FIN | F_SERVER_FIN) == F_CLIENT_FIN | F_SERVER_FIN
+    if verdict == Verdict::Open
+        && state & (F_CLIENT_FIN | F_SERVER_FIN) == F_CLIENT_FIN | F_SERVER_FIN
     {
         return Verdict::ClosedByFin;
     }
@@ -139,19 +142,43 @@ mod tests {
     fn opened() -> FlowEntry {
         let mut e = FlowEntry::default();
         start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
-        assert_eq!(track(&mut e, Direction::ToClient, &seg(TCP_SYN | TCP_ACK, 5000, 1001)), Verdict::Open);
-        assert_eq!(track(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 5001)), Verdict::Open);
+        assert_eq!(
+            track(
+                &mut e,
+                Direction::ToClient,
+                &seg(TCP_SYN | TCP_ACK, 5000, 1001)
+            ),
+            Verdict::Open
+        );
+        assert_eq!(
+            track(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 5001)),
+            Verdict::Open
+        );
         e
     }
 
     #[test]
     fn fin_both_ways_closes_once_both_seen() {
         let mut e = opened();
-        assert_eq!(track(&mut e, Direction::ToBackend, &seg(TCP_FIN | TCP_ACK, 1001, 5001)), Verdict::Open);
-        // Half-close: server data keeps the flow open.
-        assert_eq!(track(&mut e, Direction::ToClient, &seg(TCP_ACK, 5001, 1002)), Verdict::Open);
         assert_eq!(
-            track(&mut e, Direction::ToClient, &seg(TCP_FIN | TCP_ACK, 5001, 1002)),
+            track(
+                &mut e,
+                Direction::ToBackend,
+                &seg(TCP_FIN | TCP_ACK, 1001, 5001)
+            ),
+            Verdict::Open
+        );
+        // Half-close: server data keeps the flow open.
+        assert_eq!(
+            track(&mut e, Direction::ToClient, &seg(TCP_ACK, 5001, 1002)),
+            Verdict::Open
+        );
+        assert_eq!(
+            track(
+                &mut e,
+                Direction::ToClient,
+                &seg(TCP_FIN | TCP_ACK, 5001, 1002)
+            ),
             Verdict::ClosedByFin
         );
     }
@@ -159,11 +186,31 @@ mod tests {
     #[test]
     fn rst_in_and_out_of_window() {
         let mut e = opened();
-        assert_eq!(track(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001 + (1 << 31), 0)), Verdict::RstOutOfWindow);
-        assert_eq!(track(&mut e, Direction::ToClient, &seg(TCP_RST, 5001 - 10, 0)), Verdict::RstOutOfWindow);
-        assert_eq!(track(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001 + 100, 0)), Verdict::ClosedByRst);
+        assert_eq!(
+            track(
+                &mut e,
+                Direction::ToBackend,
+                &seg(TCP_RST, 1001 + (1 << 31), 0)
+            ),
+            Verdict::RstOutOfWindow
+        );
+        assert_eq!(
+            track(&mut e, Direction::ToClient, &seg(TCP_RST, 5001 - 10, 0)),
+            Verdict::RstOutOfWindow
+        );
+        assert_eq!(
+            track(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001 + 100, 0)),
+            Verdict::ClosedByRst
+        );
         let mut e = opened();
-        assert_eq!(track(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 5001, 1001)), Verdict::ClosedByRst);
+        assert_eq!(
+            track(
+                &mut e,
+                Direction::ToClient,
+                &seg(TCP_RST | TCP_ACK, 5001, 1001)
+            ),
+            Verdict::ClosedByRst
+        );
     }
 
     #[test]
@@ -171,7 +218,13 @@ mod tests {
         let mut e = FlowEntry::default();
         start(&mut e, &seg(TCP_SYN, u32::MAX, 0), 1);
         // ISN + 1 wraps to 0.
-        assert_eq!(track(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 7)), Verdict::RstOutOfWindow);
-        assert_eq!(track(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 0)), Verdict::ClosedByRst);
+        assert_eq!(
+            track(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 7)),
+            Verdict::RstOutOfWindow
+        );
+        assert_eq!(
+            track(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 0)),
+            Verdict::ClosedByRst
+        );
     }
 }

@@ -218,17 +218,19 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
 mod tests {
     extern crate std;
     use super::*;
-    use std::{vec::Vec, format};
     use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
     use proptest::prelude::*;
+    use std::{format, vec::Vec};
 
     fn syn_frame(vlan: &[u16], options: &[u8]) -> Vec<u8> {
         let builder = PacketBuilder::ethernet2([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]);
         let builder = match vlan {
             [] => builder.ipv4([10, 0, 1, 2], [10, 0, 0, 10], 64),
-            [a] => builder
-                .single_vlan((*a).try_into().unwrap())
-                .ipv4([10, 0, 1, 2], [10, 0, 0, 10], 64),
+            [a] => builder.single_vlan((*a).try_into().unwrap()).ipv4(
+                [10, 0, 1, 2],
+                [10, 0, 0, 10],
+                64,
+            ),
             [a, b] => builder
                 .double_vlan((*a).try_into().unwrap(), (*b).try_into().unwrap())
                 .ipv4([10, 0, 1, 2], [10, 0, 0, 10], 64),
@@ -330,10 +332,7 @@ mod tests {
         let f = syn_frame(&[], &[]);
         for cut in 0..f.len() {
             let p = parse(&f[..cut]);
-            assert!(
-                matches!(p, Parsed::Malformed),
-                "cut at {cut} gave {p:?}"
-            );
+            assert!(matches!(p, Parsed::Malformed), "cut at {cut} gave {p:?}");
         }
     }
 

@@ -1,0 +1,522 @@
+use core::{ffi::c_void, intrinsics::AtomicOrdering};
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, xdp_action, BPF_NOEXIST},
+    helpers::generated::{
+        bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop, bpf_redirect,
+    },
+    macros::{map, xdp},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    programs::XdpContext,
+};
+use balancer_common::{
+    choice::{self, Chooser},
+    csum,
+    flow::{self, Direction, Verdict},
+    flow_kind,
+    parse::{self, Frame, Parsed, Tcp4, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, TCP_CSUM_OFF},
+    Backend, Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipInfo, VipKey,
+    BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_COUNT, DEFAULT_FLOW_TABLE_SIZE, IPPROTO_TCP, MAX_VIPS,
+    VIP_BACKENDS_LEN,
+};
+
+#[map]
+static VIPS: HashMap<VipKey, VipInfo> = HashMap::pinned(MAX_VIPS, 0);
+#[map]
+static VIP_BACKENDS: Array<u32> = Array::pinned(VIP_BACKENDS_LEN, 0);
+#[map]
+static BACKENDS: Array<Backend> = Array::pinned(BACKEND_SLOTS, 0);
+#[map]
+static BACKEND_CONNS: Array<u64> = Array::pinned(BACKEND_SLOTS, 0);
+#[map]
+static BACKEND_CONN_ADJUST: Array<u64> = Array::pinned(BACKEND_SLOTS, 0);
+#[map]
+static FLOWS: LruHashMap<FlowKey, FlowEntry> = LruHashMap::pinned(DEFAULT_FLOW_TABLE_SIZE, 0);
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_COUNT, 0);
+#[map]
+static BACKEND_STATS: PerCpuArray<TrafficStats> = PerCpuArray::pinned(BACKEND_SLOTS, 0);
+#[map]
+static VIP_STATS: PerCpuArray<TrafficStats> = PerCpuArray::pinned(MAX_VIPS, 0);
+#[map]
+static SETTINGS: Array<Settings> = Array::pinned(1, 0);
+/// State of the deterministic test generator (per CPU), used only when
+/// `Settings::test_seed` is non-zero.
+#[map]
+static RNG_STATE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+const AF_INET: u8 = 2;
+const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
+const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
+
+/// The frame behind an XDP context. Every access compares against
+/// `data_end` with pointer arithmetic the verifier can follow.
+struct XdpFrame<'a>(&'a XdpContext);
+
+impl Frame for XdpFrame<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.0.data_end() - self.0.data()
+    }
+
+    #[inline(always)]
+    fn read<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        let start = self.0.data();
+        if start + off + N > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: bounds checked against data_end just above.
+        Some(unsafe { core::ptr::read_unaligned((start + off) as *const [u8; N]) })
+    }
+}
+
+impl XdpFrame<'_> {
+    #[inline(always)]
+    fn write<const N: usize>(&self, off: usize, bytes: [u8; N]) -> Option<()> {
+        let start = self.0.data();
+        if start + off + N > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: bounds checked against data_end just above.
+        unsafe { core::ptr::write_unaligned((start + off) as *mut [u8; N], bytes) };
+        Some(())
+    }
+}
+
+#[xdp]
+pub fn balancer(ctx: XdpContext) -> u32 {
+    let frame = XdpFrame(&ctx);
+    count(Counter::RxPackets, 1);
+    count(Counter::RxBytes, frame.len() as u64);
+    match parse::parse(&frame) {
+        Parsed::Tcp4(seg) => tcp(&ctx, &frame, &seg),
+        Parsed::Fragment { .. } => {
+            count(Counter::PassFragment, 1);
+            xdp_action::XDP_PASS
+        }
+        Parsed::Malformed => {
+            count(Counter::PassMalformed, 1);
+            xdp_action::XDP_PASS
+        }
+        Parsed::OtherIpv4 | Parsed::Ipv6 | Parsed::OtherL2 => {
+            count(Counter::PassNotVip, 1);
+            xdp_action::XDP_PASS
+        }
+    }
+}
+
+#[inline(always)]
+fn count(c: Counter, v: u64) {
+    if let Some(p) = STATS.get_ptr_mut(c as u32) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe { *p += v };
+    }
+}
+
+#[inline(always)]
+fn traffic(map: &PerCpuArray<TrafficStats>, index: u32, bytes: u64, new_flow: bool, miss: bool) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe {
+            if miss {
+                (*p).misses += 1;
+            } else {
+                (*p).packets += 1;
+                (*p).bytes += bytes;
+            }
+            if new_flow {
+                (*p).new_flows += 1;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn atomic_add(map: &Array<u64>, index: u32, v: u64) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: BPF atomic add on a shared array value.
+        unsafe { core::intrinsics::atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) };
+    }
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn random() -> u32 {
+    if let Some(s) = SETTINGS.get(0) {
+        if s.test_seed != 0 {
+            if let Some(state) = RNG_STATE.get_ptr_mut(0) {
+                // xorshift64* (Vigna, "An experimental exploration of
+                // Marsaglia's xorshift generators", 2016): tests only.
+                // SAFETY: per-CPU value.
+                unsafe {
+                    let mut x = *state;
+                    if x == 0 {
+                        x = s.test_seed;
+                    }
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    *state = x;
+                    return (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32;
+                }
+            }
+        }
+    }
+    // SAFETY: helper without arguments.
+    unsafe { bpf_get_prandom_u32() }
+}
+
+#[inline(always)]
+fn backend_of(entry: &FlowEntry) -> Option<Backend> {
+    let b = *BACKENDS.get(entry.backend_slot)?;
+    if b.flags & BACKEND_F_IN_USE == 0 || b.generation != entry.backend_generation {
+        return None;
+    }
+    Some(b)
+}
+
+#[inline(always)]
+fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
+    let vip_key = VipKey {
+        addr: seg.dst_addr,
+        port: seg.dst_port,
+        proto: IPPROTO_TCP,
+        _pad: 0,
+    };
+    if let Some(vip) = unsafe { VIPS.get(&vip_key) } {
+        let vip = *vip;
+        return to_backend(ctx, frame, seg, &vip);
+    }
+    let rev_key = FlowKey {
+        src_addr: seg.src_addr,
+        dst_addr: seg.dst_addr,
+        src_port: seg.src_port,
+        dst_port: seg.dst_port,
+        proto: IPPROTO_TCP,
+        kind: flow_kind::REVERSE,
+        _pad: 0,
+    };
+    if let Some(rev) = FLOWS.get_ptr_mut(&rev_key) {
+        return to_client(ctx, frame, seg, rev);
+    }
+    count(Counter::PassNotVip, 1);
+    xdp_action::XDP_PASS
+}
+
+/// Moves a flow from LIVE to CLOSED and releases its active connection. The
+/// release happens only for the caller whose delete of the LIVE entry
+/// succeeds, so racing closers (both directions, the daemon's expiry)
+/// release exactly once.
+#[inline(always)]
+fn close(live_key: &FlowKey, entry: &FlowEntry, verdict: Verdict) {
+    let _ = FLOWS.insert(&live_key.with_kind(flow_kind::CLOSED), entry, 0);
+    if FLOWS.remove(live_key).is_ok() {
+        atomic_add(&BACKEND_CONNS, entry.backend_slot, u64::MAX);
+        count(
+            if verdict == Verdict::ClosedByRst {
+                Counter::ClosedRst
+            } else {
+                Counter::ClosedFin
+            },
+            1,
+        );
+    }
+}
+
+#[inline(always)]
+fn to_backend(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, vip: &VipInfo) -> u32 {
+    let key = FlowKey {
+        src_addr: seg.src_addr,
+        dst_addr: seg.dst_addr,
+        src_port: seg.src_port,
+        dst_port: seg.dst_port,
+        proto: IPPROTO_TCP,
+        kind: flow_kind::LIVE,
+        _pad: 0,
+    };
+    let bytes = frame.len() as u64;
+    let now = now_ns();
+    let (backend, slot, new_flow) = if let Some(e) = FLOWS.get_ptr_mut(&key) {
+        // SAFETY: pointer from a successful lookup.
+        let entry = unsafe { &mut *e };
+        let Some(b) = backend_of(entry) else {
+            count(Counter::DropBackendGone, 1);
+            return xdp_action::XDP_DROP;
+        };
+        entry.last_seen_ns = now;
+        let verdict = flow::track(entry, Direction::ToBackend, seg);
+        match verdict {
+            Verdict::Open => {}
+            Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
+            Verdict::ClosedByFin | Verdict::ClosedByRst => {
+                let copy = *entry;
+                close(&key, &copy, verdict);
+            }
+        }
+        (b, entry.backend_slot, false)
+    } else if seg.is_syn() {
+        match new_flow(&key, seg, vip, now) {
+            Ok((b, slot)) => (b, slot, true),
+            Err(action) => return action,
+        }
+    } else if let Some(e) = unsafe { FLOWS.get(&key.with_kind(flow_kind::CLOSED)) } {
+        let Some(b) = backend_of(e) else {
+            count(Counter::DropBackendGone, 1);
+            return xdp_action::XDP_DROP;
+        };
+        count(Counter::ClosedFlowPackets, 1);
+        (b, e.backend_slot, false)
+    } else {
+        count(Counter::FlowMisses, 1);
+        traffic(&VIP_STATS, vip.index, 0, false, true);
+        return xdp_action::XDP_PASS;
+    };
+    traffic(&VIP_STATS, vip.index, bytes, new_flow, false);
+    traffic(&BACKEND_STATS, slot, bytes, new_flow, false);
+    if rewrite(frame, seg, IPV4_DST_OFF, 2, backend.addr, backend.port).is_none() {
+        count(Counter::PassMalformed, 1);
+        return xdp_action::XDP_PASS;
+    }
+    forward(ctx, frame, seg, seg.src_addr, backend.addr)
+}
+
+/// State of one choice, passed to [`choose_step`] through `bpf_loop`.
+#[repr(C)]
+struct ChooseCtx {
+    chooser: Chooser,
+    /// Index in `VIP_BACKENDS` of the first entry of the active list.
+    list_base: u32,
+}
+
+/// Active connections of the backend in `VIP_BACKENDS[list_index]`.
+#[inline(always)]
+fn load_of(list_index: u32) -> Option<u64> {
+    let slot = *VIP_BACKENDS.get(list_index)?;
+    let conns = *BACKEND_CONNS.get(slot)?;
+    let adjust = *BACKEND_CONN_ADJUST.get(slot)?;
+    Some(choice::active_connections(conns, adjust))
+}
+
+/// One step of the choice rule, called by `bpf_loop` (kernel 5.17+), so the
+/// verifier checks the step once whatever the number of backends scanned.
+#[inline(never)]
+extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the ChooseCtx passed to bpf_loop.
+    let c = unsafe { &mut *(ctx as *mut ChooseCtx) };
+    let mut rand = random;
+    let i = c.chooser.candidate(step as u32, &mut rand);
+    if let Some(l) = load_of(c.list_base + i) {
+        c.chooser.offer(i, l, &mut rand);
+    }
+    0
+}
+
+/// Places a new flow: choose, pin, count. Returns the backend and its slot,
+/// or the XDP action for the SYN when it cannot be placed.
+#[inline(always)]
+fn new_flow(key: &FlowKey, seg: &Tcp4, vip: &VipInfo, now: u64) -> Result<(Backend, u32), u32> {
+    let mut lctx = ChooseCtx {
+        chooser: Chooser::new(vip.eligible, vip.choices),
+        list_base: vip.list_index(0),
+    };
+    let steps = lctx.chooser.steps();
+    // SAFETY: callback is a static function; the context pointer is a stack
+    // object alive for the duration of the call.
+    unsafe {
+        bpf_loop(
+            steps,
+            choose_step as *mut c_void,
+            &mut lctx as *mut ChooseCtx as *mut c_void,
+            0,
+        )
+    };
+    let Some(index) = lctx.chooser.result() else {
+        count(Counter::DropNoBackend, 1);
+        return Err(xdp_action::XDP_DROP);
+    };
+    let Some(slot) = VIP_BACKENDS.get(vip.list_index(index)) else {
+        count(Counter::DropNoBackend, 1);
+        return Err(xdp_action::XDP_DROP);
+    };
+    let slot = *slot;
+    let Some(b) = BACKENDS.get(slot) else {
+        count(Counter::DropNoBackend, 1);
+        return Err(xdp_action::XDP_DROP);
+    };
+    let b = *b;
+    if b.flags & BACKEND_F_IN_USE == 0 {
+        count(Counter::DropNoBackend, 1);
+        return Err(xdp_action::XDP_DROP);
+    }
+    let rev_key = FlowKey {
+        src_addr: b.addr,
+        dst_addr: seg.src_addr,
+        src_port: b.port,
+        dst_port: seg.src_port,
+        proto: IPPROTO_TCP,
+        kind: flow_kind::REVERSE,
+        _pad: 0,
+    };
+    let mut entry = FlowEntry {
+        backend_slot: slot,
+        backend_generation: b.generation,
+        vip_index: vip.index,
+        peer: rev_key,
+        ..FlowEntry::default()
+    };
+    flow::start(&mut entry, seg, now);
+    if FLOWS.insert(key, &entry, BPF_NOEXIST as u64).is_err() {
+        // Another CPU placed the same SYN first: follow it.
+        if let Some(e) = unsafe { FLOWS.get(key) } {
+            if let Some(b) = backend_of(e) {
+                return Ok((b, e.backend_slot));
+            }
+        }
+        count(Counter::DropFlowInsert, 1);
+        return Err(xdp_action::XDP_DROP);
+    }
+    atomic_add(&BACKEND_CONNS, slot, 1);
+    entry.peer = *key;
+    let _ = FLOWS.insert(&rev_key, &entry, 0);
+    // A new connection on a 5-tuple that closed before: forget the old one.
+    let _ = FLOWS.remove(&key.with_kind(flow_kind::CLOSED));
+    count(Counter::NewFlows, 1);
+    Ok((b, slot))
+}
+
+#[inline(always)]
+fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rev: *mut FlowEntry) -> u32 {
+    let now = now_ns();
+    // SAFETY: pointer from a successful lookup.
+    let rev = unsafe { &mut *rev };
+    rev.last_seen_ns = now;
+    let live_key = rev.peer;
+    let slot = rev.backend_slot;
+    let vip_index = rev.vip_index;
+    if let Some(e) = FLOWS.get_ptr_mut(&live_key) {
+        // SAFETY: pointer from a successful lookup.
+        let entry = unsafe { &mut *e };
+        entry.last_seen_ns = now;
+        let verdict = flow::track(entry, Direction::ToClient, seg);
+        match verdict {
+            Verdict::Open => {}
+            Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
+            Verdict::ClosedByFin | Verdict::ClosedByRst => {
+                let copy = *entry;
+                close(&live_key, &copy, verdict);
+            }
+        }
+    }
+    let bytes = frame.len() as u64;
+    traffic(&VIP_STATS, vip_index, bytes, false, false);
+    traffic(&BACKEND_STATS, slot, bytes, false, false);
+    count(Counter::ReplyPackets, 1);
+    if rewrite(
+        frame,
+        seg,
+        IPV4_SRC_OFF,
+        0,
+        live_key.dst_addr,
+        live_key.dst_port,
+    )
+    .is_none()
+    {
+        count(Counter::PassMalformed, 1);
+        return xdp_action::XDP_PASS;
+    }
+    forward(ctx, frame, seg, live_key.dst_addr, seg.dst_addr)
+}
+
+/// NAT: replaces the IPv4 address at `addr_off` in the IPv4 header and the
+/// TCP port at `port_off` in the TCP header, updating both checksums
+/// incrementally (RFC 1624). The TCP checksum covers the address through the
+/// pseudo-header. Addresses and ports in network byte order.
+#[inline(always)]
+fn rewrite(
+    frame: &XdpFrame,
+    seg: &Tcp4,
+    addr_off: usize,
+    port_off: usize,
+    new_addr: u32,
+    new_port: u16,
+) -> Option<()> {
+    let l3 = seg.l3_off;
+    let l4 = seg.l4_off;
+    let old_addr = u32::from_ne_bytes(frame.read::<4>(l3 + addr_off)?);
+    let old_port = u16::from_ne_bytes(frame.read::<2>(l4 + port_off)?);
+    let ip_csum = u16::from_ne_bytes(frame.read::<2>(l3 + IPV4_CSUM_OFF)?);
+    let tcp_csum = u16::from_ne_bytes(frame.read::<2>(l4 + TCP_CSUM_OFF)?);
+    let ip_csum = csum::replace32(ip_csum, old_addr, new_addr);
+    let tcp_csum = csum::replace16(
+        csum::replace32(tcp_csum, old_addr, new_addr),
+        old_port,
+        new_port,
+    );
+    frame.write(l3 + addr_off, new_addr.to_ne_bytes())?;
+    frame.write(l4 + port_off, new_port.to_ne_bytes())?;
+    frame.write(l3 + IPV4_CSUM_OFF, ip_csum.to_ne_bytes())?;
+    frame.write(l4 + TCP_CSUM_OFF, tcp_csum.to_ne_bytes())?;
+    Some(())
+}
+
+/// Looks up the next hop of the rewritten frame and sends it there: XDP_TX
+/// when it leaves through the interface it came in on, XDP_REDIRECT
+/// otherwise. With no neighbour entry yet the rewritten frame goes to the
+/// kernel, which resolves the neighbour and forwards it.
+#[inline(always)]
+fn forward(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, src: u32, dst: u32) -> u32 {
+    // SAFETY: plain-old-data struct; all-zero is a valid value.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = IPPROTO_TCP;
+    p.__bindgen_anon_1.tot_len = seg.ip_total_len;
+    p.ifindex = ctx.ingress_ifindex() as u32;
+    p.__bindgen_anon_3.ipv4_src = src;
+    p.__bindgen_anon_4.ipv4_dst = dst;
+    // SAFETY: valid context and params pointers, size of the params struct.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.ctx as *mut _,
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
+        count(Counter::PassFibNoNeigh, 1);
+        return xdp_action::XDP_PASS;
+    }
+    if rc != BPF_FIB_LKUP_RET_SUCCESS {
+        count(Counter::DropFib, 1);
+        return xdp_action::XDP_DROP;
+    }
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(&p.dmac);
+    macs[6..].copy_from_slice(&p.smac);
+    if frame.write(0, macs).is_none() {
+        count(Counter::PassMalformed, 1);
+        return xdp_action::XDP_PASS;
+    }
+    if p.ifindex == ctx.ingress_ifindex() as u32 {
+        count(Counter::TxPackets, 1);
+        return xdp_action::XDP_TX;
+    }
+    count(Counter::RedirectPackets, 1);
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect(p.ifindex, 0) as u32 }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
