@@ -1,1 +1,7 @@
+//! Test bed and tests for the balancer: network namespaces with real TCP
+//! clients and servers around the real daemon and XDP program.
+#![deny(missing_docs)]
 
+pub mod netns;
+pub mod scenario;
+pub mod testbed;

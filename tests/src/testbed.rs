@@ -1,0 +1,550 @@
+//! The NAT test bed: a client host, the balancer host and N backend hosts,
+//! each a network namespace, joined by veth pairs and a bridge:
+//!
+//! ```text
+//!  client (10.0.1.2) --veth-- [lb0 10.0.1.1] balancer [lb1 10.0.2.1] --veth-- switch (bridge) --veth-- backend k (10.0.2.(10+k))
+//! ```
+//!
+//! The client routes everything to the balancer, the backends route their
+//! default to it; nothing routes out of the machine. The balancer runs the
+//! real daemon attached to lb0 and lb1 in native mode; the backends run real
+//! TCP servers (threads moved into their namespace) that say which backend
+//! answered and send a payload derived from the request.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use balancer::api::{BackendView, Response, StatsView};
+
+use crate::netns::{sh, Netns};
+
+/// The VIP the test bed serves.
+pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10), 80);
+/// Port the backends listen on.
+pub const BACKEND_PORT: u16 = 8080;
+/// Client address.
+pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 2);
+
+/// Address of backend `k` (0-based).
+pub fn backend_addr(k: usize) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 10 + k as u8), BACKEND_PORT)
+}
+
+/// The payload a backend sends for request `id` with `len` bytes.
+pub fn payload(id: u64, len: usize) -> Vec<u8> {
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Counters one backend server keeps.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub accepted: AtomicU64,
+    /// Connections open now (accepted, not yet closed by the server).
+    pub open: AtomicU64,
+}
+
+/// A running backend server.
+pub struct Server {
+    /// Address it listens on.
+    pub addr: SocketAddrV4,
+    /// Its counters.
+    pub stats: Arc<ServerStats>,
+}
+
+/// Starts a TCP server inside `ns` on `addr`. Protocol: the client sends
+/// lines `GET <id> <len>`; the server answers `BACKEND <addr>` and a newline
+/// followed by `len` payload bytes, per line, until the client closes.
+fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow::Result<Server> {
+    let stats = Arc::new(ServerStats::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let nsname = ns.name().to_string();
+    let st = stats.clone();
+    thread::Builder::new()
+        .name(format!("server-{addr}"))
+        .spawn(move || {
+            let setup = || -> anyhow::Result<TcpListener> {
+                let f = std::fs::File::open(format!("/run/netns/{nsname}"))?;
+                use std::os::fd::AsRawFd;
+                // SAFETY: valid netns fd.
+                if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    bail!("setns: {}", std::io::Error::last_os_error());
+                }
+                let l = TcpListener::bind(addr)?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            };
+            let l = match setup() {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            while !stop.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        st.accepted.fetch_add(1, Ordering::Relaxed);
+                        st.open.fetch_add(1, Ordering::Relaxed);
+                        let st2 = st.clone();
+                        let _ = thread::Builder::new().stack_size(64 * 1024).spawn(move || {
+                            let _ = serve_conn(s, addr);
+                            st2.open.fetch_sub(1, Ordering::Relaxed);
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        })?;
+    rx.recv_timeout(Duration::from_secs(10))
+        .context("server did not start")??;
+    Ok(Server { addr, stats })
+}
+
+fn serve_conn(s: TcpStream, me: SocketAddrV4) -> anyhow::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut w = s.try_clone()?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            break; // client closed
+        }
+        let mut it = line.split_whitespace();
+        let (Some("GET"), Some(id), Some(len)) = (it.next(), it.next(), it.next()) else {
+            bail!("bad request {line:?}");
+        };
+        let id: u64 = id.parse()?;
+        let len: usize = len.parse::<usize>()?.min(1 << 20);
+        let mut out = format!("BACKEND {me}\n").into_bytes();
+        out.extend_from_slice(&payload(id, len));
+        w.write_all(&out)?;
+    }
+    Ok(())
+}
+
+/// One client connection to the VIP.
+pub struct Conn {
+    stream: BufReader<TcpStream>,
+    /// The backend that answered the first request.
+    pub backend: SocketAddrV4,
+}
+
+impl Conn {
+    /// Sends `GET id len` and checks every byte of the answer; returns the
+    /// backend that answered.
+    ///
+    /// # Errors
+    /// I/O failure, a malformed answer, or a payload byte that differs.
+    pub fn request(&mut self, id: u64, len: usize) -> anyhow::Result<SocketAddrV4> {
+        self.stream
+            .get_mut()
+            .write_all(format!("GET {id} {len}\n").as_bytes())?;
+        let mut line = String::new();
+        self.stream.read_line(&mut line)?;
+        let Some(b) = line.strip_prefix("BACKEND ") else {
+            bail!("unexpected answer {line:?}");
+        };
+        let backend: SocketAddrV4 = b.trim().parse()?;
+        let mut got = vec![0u8; len];
+        self.stream.read_exact(&mut got)?;
+        if got != payload(id, len) {
+            bail!("payload of request {id} from {backend} differs");
+        }
+        Ok(backend)
+    }
+
+    /// Opens a connection from the calling thread (which must be in the
+    /// client namespace) and makes a first request.
+    ///
+    /// # Errors
+    /// Connect or request failure.
+    pub fn open(id: u64, len: usize) -> anyhow::Result<Conn> {
+        let s = TcpStream::connect_timeout(&VIP.into(), Duration::from_secs(10))
+            .with_context(|| format!("connecting to {VIP}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.set_nodelay(true)?;
+        let mut c = Conn {
+            stream: BufReader::new(s),
+            backend: VIP,
+        };
+        c.backend = c.request(id, len)?;
+        Ok(c)
+    }
+
+    /// Closes the connection (FIN) and waits for the server's FIN.
+    pub fn close(self) {
+        let s = self.stream.into_inner();
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut buf = [0u8; 64];
+        let mut s2 = s;
+        while let Ok(n) = s2.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// The built test bed with the daemon running.
+pub struct Testbed {
+    /// The client host.
+    pub client: Netns,
+    /// The balancer host.
+    pub lb: Netns,
+    /// The switch (bridge) host.
+    pub switch: Netns,
+    /// The backend hosts.
+    pub backends: Vec<Netns>,
+    /// Backend servers, in order.
+    pub servers: Vec<Server>,
+    stop: Arc<AtomicBool>,
+    daemon: Option<Child>,
+    dir: PathBuf,
+    socket: PathBuf,
+    balancer_bin: PathBuf,
+    log: PathBuf,
+}
+
+/// Path of the `balancer` binary: `BALANCER_BIN`, or next to this program.
+///
+/// # Errors
+/// Not found.
+pub fn balancer_bin() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BALANCER_BIN") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().skip(1).take(3) {
+        let p = dir.join("balancer");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "balancer binary not found next to {}; build it (cargo build) or set BALANCER_BIN",
+        exe.display()
+    )
+}
+
+fn ethtool(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
+    ns.exec("ethtool", args).map(|_| ())
+}
+
+impl Testbed {
+    /// Builds the hosts, starts the servers and the daemon, and configures
+    /// the VIP with all backends through the CLI (`choices` per new flow).
+    ///
+    /// # Errors
+    /// Any step of the set-up; everything built so far is torn down.
+    pub fn start(n_backends: usize, choices: &str) -> anyhow::Result<Testbed> {
+        let tag = std::process::id();
+        let dir = std::env::temp_dir().join(format!("balancer-testbed-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let client = Netns::new(&format!("tb{tag}-client"))?;
+        let lb = Netns::new(&format!("tb{tag}-lb"))?;
+        let switch = Netns::new(&format!("tb{tag}-sw"))?;
+        let mut backends = Vec::new();
+        for k in 0..n_backends {
+            backends.push(Netns::new(&format!("tb{tag}-b{k}"))?);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tb = Testbed {
+            client,
+            lb,
+            switch,
+            backends,
+            servers: Vec::new(),
+            stop,
+            daemon: None,
+            socket: dir.join("control.sock"),
+            log: dir.join("daemon.log"),
+            dir,
+            balancer_bin: balancer_bin()?,
+        };
+        tb.wire().context("building the network")?;
+        for k in 0..n_backends {
+            let s = start_server(&tb.backends[k], backend_addr(k), tb.stop.clone())?;
+            tb.servers.push(s);
+        }
+        tb.start_daemon()?;
+        tb.cli(&["vip", "add", &VIP.to_string(), "--choices", choices])?;
+        for k in 0..n_backends {
+            tb.cli(&[
+                "backend",
+                "add",
+                &VIP.to_string(),
+                &backend_addr(k).to_string(),
+            ])?;
+        }
+        Ok(tb)
+    }
+
+    fn wire(&self) -> anyhow::Result<()> {
+        let (c, lb, sw) = (&self.client, &self.lb, &self.switch);
+        // client <-> lb0
+        c.ip(&[
+            "link",
+            "add",
+            "cl0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "lb0",
+            "netns",
+            lb.name(),
+        ])?;
+        c.ip(&["addr", "add", "10.0.1.2/24", "dev", "cl0"])?;
+        c.ip(&["link", "set", "cl0", "up"])?;
+        c.ip(&["route", "add", "default", "via", "10.0.1.1"])?;
+        lb.ip(&["addr", "add", "10.0.1.1/24", "dev", "lb0"])?;
+        lb.ip(&["link", "set", "lb0", "up"])?;
+        // lb1 <-> switch
+        lb.ip(&[
+            "link",
+            "add",
+            "lb1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "sw-lb",
+            "netns",
+            sw.name(),
+        ])?;
+        lb.ip(&["addr", "add", "10.0.2.1/24", "dev", "lb1"])?;
+        lb.ip(&["link", "set", "lb1", "up"])?;
+        sw.ip(&["link", "add", "br0", "type", "bridge"])?;
+        sw.ip(&["link", "set", "br0", "up"])?;
+        sw.ip(&["link", "set", "sw-lb", "master", "br0"])?;
+        sw.ip(&["link", "set", "sw-lb", "up"])?;
+        for (k, b) in self.backends.iter().enumerate() {
+            let port = format!("sw-b{k}");
+            sw.ip(&[
+                "link",
+                "add",
+                &port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                b.name(),
+            ])?;
+            sw.ip(&["link", "set", &port, "master", "br0"])?;
+            sw.ip(&["link", "set", &port, "up"])?;
+            let a = format!("{}/24", backend_addr(k).ip());
+            b.ip(&["addr", "add", &a, "dev", "eth0"])?;
+            b.ip(&["link", "set", "eth0", "up"])?;
+            b.ip(&["route", "add", "default", "via", "10.0.2.1"])?;
+            // Frames the XDP program forwards must carry complete checksums.
+            ethtool(b, &["-K", "eth0", "tx", "off"])?;
+        }
+        lb.sysctl("net.ipv4.ip_forward", "1")?;
+        lb.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+        lb.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
+        ethtool(c, &["-K", "cl0", "tx", "off"])?;
+        // veth delivers XDP_TX/XDP_REDIRECT frames only to a peer with GRO
+        // on (or an XDP program).
+        ethtool(c, &["-K", "cl0", "gro", "on"])?;
+        ethtool(sw, &["-K", "sw-lb", "gro", "on"])?;
+        Ok(())
+    }
+
+    fn start_daemon(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::File::create(&self.log)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.lb.name()])
+            .arg(&self.balancer_bin)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args([
+                "run",
+                "--iface",
+                "lb0",
+                "--iface",
+                "lb1",
+                "--gc-interval",
+                "200ms",
+                "--stats-interval",
+                "0s",
+            ])
+            .arg("--state-file")
+            .arg(self.dir.join("state.json"))
+            .arg("--pin-dir")
+            .arg(format!("/sys/fs/bpf/{}", self.lb.name()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // SAFETY: prctl in the child before exec; the daemon dies with us.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self.daemon = Some(cmd.spawn().context("starting the daemon")?);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.cli(&["vip", "list"]).is_ok() {
+                return Ok(());
+            }
+            if let Some(st) = self
+                .daemon
+                .as_mut()
+                .and_then(|d| d.try_wait().ok().flatten())
+            {
+                bail!("the daemon exited ({st}): {}", self.daemon_log());
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        bail!("the daemon did not come up: {}", self.daemon_log())
+    }
+
+    /// The daemon's log so far.
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs a CLI verb against the daemon; returns its stdout.
+    ///
+    /// # Errors
+    /// Non-zero exit, with its stderr.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(&self.balancer_bin)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "balancer {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `balancer stats --json`.
+    ///
+    /// # Errors
+    /// CLI failure or unexpected answer.
+    pub fn stats(&self) -> anyhow::Result<StatsView> {
+        let out = self.cli(&["stats", "--json"])?;
+        match serde_json::from_str::<Response>(&out)? {
+            Response::Stats(s) => Ok(*s),
+            other => bail!("unexpected answer {other:?}"),
+        }
+    }
+
+    /// `balancer backend list --json`.
+    ///
+    /// # Errors
+    /// CLI failure or unexpected answer.
+    pub fn backends(&self) -> anyhow::Result<Vec<BackendView>> {
+        let out = self.cli(&["backend", "list", "--json"])?;
+        match serde_json::from_str::<Response>(&out)? {
+            Response::Backends { backends } => Ok(backends),
+            other => bail!("unexpected answer {other:?}"),
+        }
+    }
+
+    /// Runs `f` on a thread inside the client namespace.
+    ///
+    /// # Errors
+    /// Entering the namespace fails, or `f` fails or panics.
+    pub fn in_client<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let ns = format!("/run/netns/{}", self.client.name());
+        thread::spawn(move || {
+            let file = std::fs::File::open(&ns)?;
+            use std::os::fd::AsRawFd;
+            // SAFETY: valid netns fd.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                bail!("setns: {}", std::io::Error::last_os_error());
+            }
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+    }
+
+    /// Path of the client namespace file, for threads that enter it.
+    pub fn client_ns_path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.client.name()))
+    }
+
+    /// Directory with the daemon's files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(mut d) = self.daemon.take() {
+            // SIGTERM first so it detaches cleanly, then make sure.
+            let _ = sh("kill", &["-TERM", &d.id().to_string()]);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = d.try_wait() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // Netns fields drop after this and delete the namespaces.
+    }
+}
+
+/// Enters the network namespace at `path` from the calling thread.
+///
+/// # Errors
+/// Open or setns failure.
+pub fn enter_ns(path: &Path) -> anyhow::Result<()> {
+    let file = std::fs::File::open(path)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: valid netns fd.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
