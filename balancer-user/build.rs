@@ -1,6 +1,6 @@
 //! Builds the XDP program (balancer-ebpf) for bpfel-unknown-none with the
 //! nightly toolchain and bpf-linker (see scripts/setup.sh), and leaves the
-//! object in OUT_DIR/balancer for `include_bytes_aligned!`.
+//! object in OUT_DIR/balancer-xdp for `include_bytes_aligned!`.
 //!
 //! With `AYA_BUILD_SKIP=1` (aya-build's switch) no object is built and an
 //! empty stub is written instead, so `cargo check` and `cargo clippy` of the
@@ -9,7 +9,7 @@ use anyhow::{anyhow, Context as _};
 
 fn main() -> anyhow::Result<()> {
     let out_dir = std::env::var_os("OUT_DIR").ok_or_else(|| anyhow!("OUT_DIR not set"))?;
-    let object = std::path::Path::new(&out_dir).join("balancer");
+    let object = std::path::Path::new(&out_dir).join("balancer-xdp");
     let skip =
         std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip && !object.exists() {

@@ -220,7 +220,7 @@ mod tests {
     use super::*;
     use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
     use proptest::prelude::*;
-    use std::{format, vec::Vec};
+    use std::vec::Vec;
 
     fn syn_frame(vlan: &[u16], options: &[u8]) -> Vec<u8> {
         let builder = PacketBuilder::ethernet2([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]);

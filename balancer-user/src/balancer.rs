@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// The compiled XDP program, built by build.rs.
-pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer"));
+pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-xdp"));
 
 /// Name of the XDP program inside the object.
 pub const PROGRAM_NAME: &str = "balancer";
@@ -1078,8 +1078,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("balancer-state-{}", std::process::id()));
         let path = dir.join("state.json");
         assert_eq!(read_state(&path).unwrap(), None);
-        let mut s = State::default();
-        s.next_slot = 7;
+        let s = State {
+            next_slot: 7,
+            ..Default::default()
+        };
         write_state(&path, &s).unwrap();
         assert_eq!(read_state(&path).unwrap(), Some(s));
         std::fs::write(&path, b"{not json").unwrap();

@@ -3,6 +3,7 @@
 use std::{
     fs::File,
     os::fd::AsRawFd,
+    path::{Path, PathBuf},
     process::{Command, Output},
 };
 
@@ -76,22 +77,26 @@ impl Netns {
             .map(|_| ())
     }
 
-    /// Moves the calling thread into the namespace. Sockets the thread
-    /// creates afterwards belong to it. Meant for threads spawned for that
-    /// purpose.
-    ///
-    /// # Errors
-    /// The namespace file cannot be opened or `setns` fails.
-    pub fn enter(&self) -> anyhow::Result<()> {
-        let f = File::open(format!("/run/netns/{}", self.name))
-            .with_context(|| format!("opening netns {}", self.name))?;
-        // SAFETY: valid fd of a network namespace.
-        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("setns into {}", self.name));
-        }
-        Ok(())
+    /// Path of the namespace file, for [`enter_ns`] from another thread.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
     }
+}
+
+/// Moves the calling thread into the network namespace at `path`. Sockets
+/// the thread creates afterwards belong to it. Meant for threads spawned for
+/// that purpose.
+///
+/// # Errors
+/// The namespace file cannot be opened or `setns` fails.
+pub fn enter_ns(path: &Path) -> anyhow::Result<()> {
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: valid fd of a network namespace.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("setns into {}", path.display()));
+    }
+    Ok(())
 }
 
 impl Drop for Netns {

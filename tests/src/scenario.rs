@@ -9,7 +9,10 @@ use std::{
 
 use anyhow::{bail, ensure, Context as _};
 
-use crate::testbed::{backend_addr, enter_ns, Conn, Testbed, VIP};
+use crate::{
+    netns::enter_ns,
+    testbed::{backend_addr, Conn, Testbed, VIP},
+};
 
 /// Payload bytes per request: varied so segments of many sizes cross the
 /// balancer (1 byte to several full-size segments).

@@ -27,7 +27,7 @@ use std::{
 use anyhow::{bail, Context as _};
 use balancer::api::{BackendView, Response, StatsView};
 
-use crate::netns::{sh, Netns};
+use crate::netns::{enter_ns, sh, Netns};
 
 /// The VIP the test bed serves.
 pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10), 80);
@@ -77,18 +77,13 @@ pub struct Server {
 fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow::Result<Server> {
     let stats = Arc::new(ServerStats::default());
     let (tx, rx) = std::sync::mpsc::channel();
-    let nsname = ns.name().to_string();
+    let nspath = ns.path();
     let st = stats.clone();
     thread::Builder::new()
         .name(format!("server-{addr}"))
         .spawn(move || {
             let setup = || -> anyhow::Result<TcpListener> {
-                let f = std::fs::File::open(format!("/run/netns/{nsname}"))?;
-                use std::os::fd::AsRawFd;
-                // SAFETY: valid netns fd.
-                if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    bail!("setns: {}", std::io::Error::last_os_error());
-                }
+                enter_ns(&nspath)?;
                 let l = TcpListener::bind(addr)?;
                 l.set_nonblocking(true)?;
                 Ok(l)
@@ -481,31 +476,9 @@ impl Testbed {
         }
     }
 
-    /// Runs `f` on a thread inside the client namespace.
-    ///
-    /// # Errors
-    /// Entering the namespace fails, or `f` fails or panics.
-    pub fn in_client<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
-    ) -> anyhow::Result<T> {
-        let ns = format!("/run/netns/{}", self.client.name());
-        thread::spawn(move || {
-            let file = std::fs::File::open(&ns)?;
-            use std::os::fd::AsRawFd;
-            // SAFETY: valid netns fd.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!("setns: {}", std::io::Error::last_os_error());
-            }
-            f()
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("client thread panicked"))?
-    }
-
     /// Path of the client namespace file, for threads that enter it.
     pub fn client_ns_path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.client.name()))
+        self.client.path()
     }
 
     /// Directory with the daemon's files.
@@ -533,18 +506,4 @@ impl Drop for Testbed {
         let _ = std::fs::remove_dir_all(&self.dir);
         // Netns fields drop after this and delete the namespaces.
     }
-}
-
-/// Enters the network namespace at `path` from the calling thread.
-///
-/// # Errors
-/// Open or setns failure.
-pub fn enter_ns(path: &Path) -> anyhow::Result<()> {
-    let file = std::fs::File::open(path)?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: valid netns fd.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        bail!("setns: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
 }

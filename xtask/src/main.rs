@@ -1,1 +1,104 @@
-fn main() {}
+//! `cargo xtask`: set-up, demo, tests, fuzzing and benchmarks in one place.
+//!
+//! Every command first runs `scripts/setup.sh` (idempotent: installs what a
+//! fresh machine lacks, quick when all is there), then builds what it needs.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Build, demo and test helper for the balancer")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the toolchain pieces (nightly rust-src, bpf-linker, ethtool).
+    Setup,
+    /// Build everything (userspace, XDP object, test bed).
+    Build,
+    /// Run the main job on the built-in test bed: real TCP connections
+    /// balanced across four backends, with the per-backend table.
+    Demo {
+        /// Extra arguments for `balancer-testbed demo` (e.g. --connections 5000).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run every test: unit and property tests, packet fixtures through
+    /// BPF_PROG_TEST_RUN, the short fuzz run and the end-to-end test bed.
+    Test {
+        /// Extra arguments for `cargo test`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
+    Lint,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn setup() -> anyhow::Result<()> {
+    run(Command::new("bash").arg(root().join("scripts/setup.sh")))
+}
+
+fn build() -> anyhow::Result<()> {
+    setup()?;
+    run(cargo().args(["build", "--workspace", "--bins"]))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Setup => setup(),
+        Cmd::Build => build(),
+        Cmd::Demo { args } => {
+            build()?;
+            run(Command::new(root().join("target/debug/balancer-testbed"))
+                .arg("demo")
+                .args(args))
+        }
+        Cmd::Test { args } => {
+            build()?;
+            run(cargo().args(["test", "--workspace"]).args(args))
+        }
+        Cmd::Lint => {
+            setup()?;
+            run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+            run(cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))
+        }
+    }
+}
