@@ -5,7 +5,8 @@
 #   - Debian packages: ethtool (test bed offload settings), iproute2
 #   - the nightly toolchain's rust-src (for -Z build-std=core on bpfel-unknown-none)
 #   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
-#     toolchain ships (Debian has only LLVM 14; see shared notes/toolchain.md)
+#     toolchain ships (Debian has only LLVM 14, and bpf-linker's default
+#     feature wants a system LLVM of its own version)
 #   - a bpffs mount at /sys/fs/bpf
 # Each step checks first and is quick when already done.
 set -euo pipefail

@@ -248,10 +248,12 @@ pub enum Counter {
     RstOutOfWindow,
     /// Segments of closed flows still forwarded to their backend.
     ClosedFlowPackets,
+    /// Frames larger than the egress interface's MTU (dropped untouched).
+    DropMtu,
 }
 
 /// Number of entries of the `STATS` array.
-pub const COUNTER_COUNT: u32 = 19;
+pub const COUNTER_COUNT: u32 = 20;
 
 /// Per-CPU traffic counters of one backend or one VIP.
 #[repr(C)]
@@ -285,7 +287,7 @@ const _: () = {
     assert!(core::mem::size_of::<FlowEntry>() == 56);
     assert!(core::mem::size_of::<TrafficStats>() == 32);
     assert!(core::mem::size_of::<Settings>() == 8);
-    assert!(Counter::ClosedFlowPackets as u32 + 1 == COUNTER_COUNT);
+    assert!(Counter::DropMtu as u32 + 1 == COUNTER_COUNT);
 };
 
 #[cfg(feature = "user")]

@@ -21,25 +21,26 @@ use balancer_common::{
 };
 
 #[map]
-static VIPS: HashMap<VipKey, VipInfo> = HashMap::pinned(MAX_VIPS, 0);
+static VIPS: HashMap<VipKey, VipInfo> = HashMap::with_max_entries(MAX_VIPS, 0);
 #[map]
-static VIP_BACKENDS: Array<u32> = Array::pinned(VIP_BACKENDS_LEN, 0);
+static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);
 #[map]
-static BACKENDS: Array<Backend> = Array::pinned(BACKEND_SLOTS, 0);
+static BACKENDS: Array<Backend> = Array::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
-static BACKEND_CONNS: Array<u64> = Array::pinned(BACKEND_SLOTS, 0);
+static BACKEND_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
-static BACKEND_CONN_ADJUST: Array<u64> = Array::pinned(BACKEND_SLOTS, 0);
+static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
-static FLOWS: LruHashMap<FlowKey, FlowEntry> = LruHashMap::pinned(DEFAULT_FLOW_TABLE_SIZE, 0);
+static FLOWS: LruHashMap<FlowKey, FlowEntry> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 #[map]
-static STATS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_COUNT, 0);
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
 #[map]
-static BACKEND_STATS: PerCpuArray<TrafficStats> = PerCpuArray::pinned(BACKEND_SLOTS, 0);
+static BACKEND_STATS: PerCpuArray<TrafficStats> = PerCpuArray::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
-static VIP_STATS: PerCpuArray<TrafficStats> = PerCpuArray::pinned(MAX_VIPS, 0);
+static VIP_STATS: PerCpuArray<TrafficStats> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
 #[map]
-static SETTINGS: Array<Settings> = Array::pinned(1, 0);
+static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
 /// State of the deterministic test generator (per CPU), used only when
 /// `Settings::test_seed` is non-zero.
 #[map]
@@ -48,6 +49,7 @@ static RNG_STATE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 const AF_INET: u8 = 2;
 const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
 const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
+const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
 
 /// The frame behind an XDP context. Every access compares against
 /// `data_end` with pointer arithmetic the verifier can follow.
@@ -278,11 +280,13 @@ fn to_backend(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, vip: &VipInfo) -> 
     };
     traffic(&VIP_STATS, vip.index, bytes, new_flow, false);
     traffic(&BACKEND_STATS, slot, bytes, new_flow, false);
-    if rewrite(frame, seg, IPV4_DST_OFF, 2, backend.addr, backend.port).is_none() {
-        count(Counter::PassMalformed, 1);
-        return xdp_action::XDP_PASS;
-    }
-    forward(ctx, frame, seg, seg.src_addr, backend.addr)
+    let nat = Nat {
+        addr_off: IPV4_DST_OFF,
+        port_off: 2,
+        addr: backend.addr,
+        port: backend.port,
+    };
+    forward(ctx, frame, seg, &nat, seg.src_addr, backend.addr)
 }
 
 /// State of one choice, passed to [`choose_step`] through `bpf_loop`.
@@ -416,35 +420,31 @@ fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rev: *mut FlowEntry
     traffic(&VIP_STATS, vip_index, bytes, false, false);
     traffic(&BACKEND_STATS, slot, bytes, false, false);
     count(Counter::ReplyPackets, 1);
-    if rewrite(
-        frame,
-        seg,
-        IPV4_SRC_OFF,
-        0,
-        live_key.dst_addr,
-        live_key.dst_port,
-    )
-    .is_none()
-    {
-        count(Counter::PassMalformed, 1);
-        return xdp_action::XDP_PASS;
-    }
-    forward(ctx, frame, seg, live_key.dst_addr, seg.dst_addr)
+    let nat = Nat {
+        addr_off: IPV4_SRC_OFF,
+        port_off: 0,
+        addr: live_key.dst_addr,
+        port: live_key.dst_port,
+    };
+    forward(ctx, frame, seg, &nat, live_key.dst_addr, seg.dst_addr)
 }
 
-/// NAT: replaces the IPv4 address at `addr_off` in the IPv4 header and the
-/// TCP port at `port_off` in the TCP header, updating both checksums
-/// incrementally (RFC 1624). The TCP checksum covers the address through the
-/// pseudo-header. Addresses and ports in network byte order.
-#[inline(always)]
-fn rewrite(
-    frame: &XdpFrame,
-    seg: &Tcp4,
+/// A NAT rewrite: the IPv4 address at `addr_off` in the IPv4 header and the
+/// TCP port at `port_off` in the TCP header become `addr` and `port`
+/// (network byte order).
+struct Nat {
     addr_off: usize,
     port_off: usize,
-    new_addr: u32,
-    new_port: u16,
-) -> Option<()> {
+    addr: u32,
+    port: u16,
+}
+
+/// Applies `nat`, updating both checksums incrementally (RFC 1624). The TCP
+/// checksum covers the address through the pseudo-header. Reads everything
+/// before writing anything, so a failed read leaves the frame untouched.
+#[inline(always)]
+fn rewrite(frame: &XdpFrame, seg: &Tcp4, nat: &Nat) -> Option<()> {
+    let (addr_off, port_off, new_addr, new_port) = (nat.addr_off, nat.port_off, nat.addr, nat.port);
     let l3 = seg.l3_off;
     let l4 = seg.l4_off;
     let old_addr = u32::from_ne_bytes(frame.read::<4>(l3 + addr_off)?);
@@ -464,12 +464,14 @@ fn rewrite(
     Some(())
 }
 
-/// Looks up the next hop of the rewritten frame and sends it there: XDP_TX
-/// when it leaves through the interface it came in on, XDP_REDIRECT
-/// otherwise. With no neighbour entry yet the rewritten frame goes to the
-/// kernel, which resolves the neighbour and forwards it.
+/// Looks up the next hop towards `dst` and, only when the frame will leave,
+/// applies `nat` and sends it: XDP_TX when it leaves through the interface it
+/// came in on, XDP_REDIRECT otherwise. With no neighbour entry yet the
+/// rewritten frame goes to the kernel, which resolves the neighbour and
+/// forwards it. A frame that cannot be forwarded (no route, larger than the
+/// egress MTU) is dropped untouched and counted.
 #[inline(always)]
-fn forward(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, src: u32, dst: u32) -> u32 {
+fn forward(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, nat: &Nat, src: u32, dst: u32) -> u32 {
     // SAFETY: plain-old-data struct; all-zero is a valid value.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     p.family = AF_INET;
@@ -487,13 +489,21 @@ fn forward(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, src: u32, dst: u32) -
             0,
         )
     };
+    if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+        count(Counter::DropMtu, 1);
+        return xdp_action::XDP_DROP;
+    }
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+        count(Counter::DropFib, 1);
+        return xdp_action::XDP_DROP;
+    }
+    if rewrite(frame, seg, nat).is_none() {
+        count(Counter::PassMalformed, 1);
+        return xdp_action::XDP_PASS;
+    }
     if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
         count(Counter::PassFibNoNeigh, 1);
         return xdp_action::XDP_PASS;
-    }
-    if rc != BPF_FIB_LKUP_RET_SUCCESS {
-        count(Counter::DropFib, 1);
-        return xdp_action::XDP_DROP;
     }
     let mut macs = [0u8; 12];
     macs[..6].copy_from_slice(&p.dmac);

@@ -14,10 +14,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use balancer_common::{
-    choice::active_connections, eligible_list_base, flow as fl, flow_kind, map_names, Backend,
-    Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipInfo, VipKey, BACKEND_F_IN_USE,
-    BACKEND_SLOTS, CHOICES_FULL_SCAN, COUNTER_COUNT, IPPROTO_TCP, MAX_BACKENDS_PER_VIP,
-    MAX_CHOICES, MAX_VIPS,
+    eligible_list_base, flow as fl, flow_kind, map_names, Backend, Counter, FlowEntry, FlowKey,
+    Settings, TrafficStats, VipInfo, VipKey, BACKEND_F_IN_USE, BACKEND_SLOTS, CHOICES_FULL_SCAN,
+    COUNTER_COUNT, IPPROTO_TCP, MAX_BACKENDS_PER_VIP, MAX_CHOICES, MAX_VIPS,
 };
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +27,20 @@ use crate::{
 
 /// The compiled XDP program, built by build.rs.
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-xdp"));
+
+/// Maps pinned under the pin directory: everything that must survive a
+/// daemon restart for established flows to keep their backend and count.
+pub const PINNED_MAPS: [&str; 9] = [
+    map_names::VIPS,
+    map_names::VIP_BACKENDS,
+    map_names::BACKENDS,
+    map_names::BACKEND_CONNS,
+    map_names::BACKEND_CONN_ADJUST,
+    map_names::FLOWS,
+    map_names::STATS,
+    map_names::BACKEND_STATS,
+    map_names::VIP_STATS,
+];
 
 /// Name of the XDP program inside the object.
 pub const PROGRAM_NAME: &str = "balancer";
@@ -218,9 +231,10 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "closed_rst",
     "rst_out_of_window",
     "closed_flow_packets",
+    "drop_mtu",
 ];
 
-const _: () = assert!(Counter::ClosedFlowPackets as usize == COUNTER_NAMES.len() - 1);
+const _: () = assert!(Counter::DropMtu as usize == COUNTER_NAMES.len() - 1);
 
 /// The balancer: the loaded XDP program, its maps and the desired state.
 pub struct Balancer {
@@ -268,7 +282,11 @@ impl Balancer {
                 action: format!("creating pin directory {}", dir.display()),
                 source,
             })?;
-            loader.default_map_pin_directory(dir);
+            // Only maps named here are pinned (the object declares none as
+            // pinned, so a load without a pin directory shares nothing).
+            for name in PINNED_MAPS {
+                loader.map_pin_path(name, dir.join(name));
+            }
         }
         let mut ebpf = loader.load(PROGRAM).map_err(BalancerError::Load)?;
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
@@ -594,11 +612,22 @@ impl Balancer {
         Ok(out)
     }
 
-    /// Active connections of a slot as the data path sees them.
+    /// Active connections of a slot as the data path sees them (never
+    /// below 0).
     ///
     /// # Errors
     /// Map read failure.
     pub fn active(&self, slot: u32) -> Result<u64> {
+        Ok(self.active_signed(slot)?.max(0) as u64)
+    }
+
+    /// The raw sum of the data path's counter and the daemon's correction
+    /// for a slot, as a signed number: a negative value means a connection
+    /// was released more often than it was counted.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn active_signed(&self, slot: u32) -> Result<i64> {
         let c = self
             .conns
             .get(&slot, 0)
@@ -607,7 +636,13 @@ impl Balancer {
             .adjust
             .get(&slot, 0)
             .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "read"))?;
-        Ok(active_connections(c, a))
+        Ok(c.wrapping_add(a) as i64)
+    }
+
+    /// Makes the slot allocator continue at `slot`. Operators never need
+    /// this; tests use it to make a new backend reuse a freed slot.
+    pub fn set_next_slot(&mut self, slot: u32) {
+        self.state.next_slot = slot % BACKEND_SLOTS;
     }
 
     /// All counters.

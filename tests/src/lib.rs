@@ -2,6 +2,10 @@
 //! clients and servers around the real daemon and XDP program.
 #![deny(missing_docs)]
 
+pub mod fixtures;
+pub mod frames;
+pub mod fuzz;
 pub mod netns;
+pub mod rig;
 pub mod scenario;
 pub mod testbed;

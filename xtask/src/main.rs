@@ -38,6 +38,16 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The long fuzz run: random and mutated frames through the compiled
+    /// program with BPF_PROG_TEST_RUN (the tests run a short one).
+    Fuzz {
+        /// Frames to run.
+        #[arg(long, default_value_t = 1_000_000)]
+        frames: u64,
+        /// Seed to replay (random when not given).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
     Lint,
 }
@@ -87,6 +97,15 @@ fn main() -> anyhow::Result<()> {
         Cmd::Test { args } => {
             build()?;
             run(cargo().args(["test", "--workspace"]).args(args))
+        }
+        Cmd::Fuzz { frames, seed } => {
+            build()?;
+            let mut c = Command::new(root().join("target/debug/balancer-testbed"));
+            c.args(["fuzz", "--frames", &frames.to_string()]);
+            if let Some(s) = seed {
+                c.args(["--seed", &s.to_string()]);
+            }
+            run(&mut c)
         }
         Cmd::Lint => {
             setup()?;

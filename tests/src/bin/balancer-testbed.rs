@@ -3,10 +3,12 @@
 //!
 //! * `balancer-testbed demo [--connections N] [--held N] [--backends N]`
 //! * `balancer-testbed e2e`
+//! * `balancer-testbed fixtures`
+//! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
-use balancer_tests::{netns, scenario};
+use balancer_tests::{fixtures, fuzz, netns, scenario};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -32,6 +34,17 @@ enum Cmd {
     },
     /// The end-to-end test (2,000+ connections, drain, counts).
     E2e,
+    /// The packet fixture suite through BPF_PROG_TEST_RUN.
+    Fixtures,
+    /// The fuzz run through BPF_PROG_TEST_RUN.
+    Fuzz {
+        /// Frames to run.
+        #[arg(long, default_value_t = 1_000_000)]
+        frames: u64,
+        /// Seed (random when not given; printed for replay).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +64,15 @@ fn main() -> ExitCode {
             backends,
         } => scenario::demo(connections, held.min(connections), backends as usize),
         Cmd::E2e => scenario::e2e(),
+        Cmd::Fixtures => fixtures::run_suite(),
+        Cmd::Fuzz { frames, seed } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+            fuzz::run(frames, seed).map(|_| ())
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,673 @@
+//! The packet-level fixture suite: named frames run in order through the
+//! real compiled program with `BPF_PROG_TEST_RUN` (flow-table state carries
+//! from one fixture to the next), each with its expected XDP action and
+//! either the expected output frame byte for byte (built independently with
+//! etherparse) or an invariant; counters are checked per fixture and at the
+//! end. Every case of shared/cases/packet-cases.md is a named fixture here
+//! ("case N" in the names).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddrV4},
+};
+
+use anyhow::{ensure, Context as _};
+use balancer::Timeouts;
+use etherparse::{Ethernet2Header, IpNumber, Ipv4Header, PacketBuilder};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+use crate::{
+    frames::{flags::*, Seg},
+    rig::{backend, client, net_setup, Rig, Side, XDP_PASS, XDP_REDIRECT, XDP_TX},
+};
+
+/// The main VIP of the suite.
+pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10), 80);
+
+fn vip(last: u8) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, last), 80)
+}
+
+/// Prints one line per fixture that passed.
+fn ok(name: &str) {
+    println!("fixture ok: {name}");
+}
+
+/// Runs the whole suite in the current (isolated) network namespace.
+///
+/// # Errors
+/// The first fixture that fails, named.
+pub fn run_suite() -> anyhow::Result<()> {
+    net_setup()?;
+    let mut n = 0;
+    n += main_vip()?;
+    n += choice_rule()?;
+    n += slot_reuse()?;
+    n += table_pressure()?;
+    println!("fixtures: {n} passed, 0 failed");
+    Ok(())
+}
+
+/// The VIP 10.0.0.10:80 with backends 10.0.2.10..=13:8080, choices 2.
+fn main_vip() -> anyhow::Result<usize> {
+    let mut r = Rig::new(4096)?;
+    r.lb.add_vip(VIP, 2)?;
+    let backends: Vec<SocketAddrV4> = (10..14).map(backend).collect();
+    for b in &backends {
+        r.lb.add_backend(VIP, *b)?;
+    }
+    let set: BTreeSet<SocketAddrV4> = backends.iter().copied().collect();
+    let active_sum =
+        |r: &Rig| -> anyhow::Result<i64> { backends.iter().map(|b| r.active(VIP, *b)).sum() };
+    let mut count = 0;
+    let mut done = |name: &str| {
+        ok(name);
+        count += 1;
+    };
+
+    // --- a flow's life: SYN, retransmit, SYN-ACK, ACK, data, close ---
+    let c1 = client(0, 40001);
+    let name = "SYN to the VIP is balanced and rewritten";
+    let syn = Seg::new(c1, VIP, SYN);
+    let b = r.expect_to_backend(name, &syn)?;
+    ensure!(set.contains(&b), "[{name}] {b} is not a backend");
+    ensure!(
+        r.active(VIP, b)? == 1 && active_sum(&r)? == 1,
+        "[{name}] counts"
+    );
+    r.expect_counters(name, &[("new_flows", 1), ("redirect_packets", 1)])?;
+    done(name);
+
+    let name = "case 5: retransmitted SYN goes to the same backend and is counted once";
+    ensure!(r.expect_to_backend(name, &syn)? == b, "[{name}] moved");
+    ensure!(
+        r.active(VIP, b)? == 1 && active_sum(&r)? == 1,
+        "[{name}] counts"
+    );
+    r.expect_counters(name, &[("new_flows", 0)])?;
+    done(name);
+
+    let name = "SYN-ACK from the backend: source rewritten back to the VIP";
+    let mut synack = Seg::new(SocketAddrV4::new(*b.ip(), b.port()), c1, SYN | ACK);
+    synack.seq = 5000;
+    synack.ack = 1001;
+    r.expect_to_client(name, &synack, VIP)?;
+    r.expect_counters(name, &[("reply_packets", 1)])?;
+    done(name);
+
+    let name = "ACK of a pinned flow reaches the same backend";
+    let mut ack = Seg::new(c1, VIP, ACK);
+    ack.seq = 1001;
+    ack.ack = 5001;
+    ensure!(r.expect_to_backend(name, &ack)? == b, "[{name}] moved");
+    done(name);
+
+    let mut seq = 1001u32;
+    for len in [1usize, 62, 63, 100, 1460] {
+        let name = format!("case 10: data segment with a {len}-byte payload, checksums valid");
+        let mut d = Seg::new(c1, VIP, ACK | PSH);
+        d.seq = seq;
+        d.ack = 5001;
+        d.payload = (0..len).map(|i| (i * 7 + len) as u8).collect();
+        ensure!(r.expect_to_backend(&name, &d)? == b, "[{name}] moved");
+        seq = seq.wrapping_add(len as u32);
+        done(&name);
+    }
+    let name = "reply data from the backend rewritten to the VIP";
+    let mut rd = Seg::new(synack.src, c1, ACK | PSH);
+    rd.seq = 5001;
+    rd.ack = seq;
+    rd.payload = vec![0x5a; 700];
+    r.expect_to_client(name, &rd, VIP)?;
+    done(name);
+
+    let name = "case 7: RST far outside the window is forwarded but the count stays 1";
+    let mut rst = Seg::new(c1, VIP, RST);
+    rst.seq = seq.wrapping_add(1 << 31);
+    ensure!(r.expect_to_backend(name, &rst)? == b, "[{name}] moved");
+    ensure!(
+        r.active(VIP, b)? == 1,
+        "[{name}] count {}",
+        r.active(VIP, b)?
+    );
+    r.expect_counters(name, &[("rst_out_of_window", 1), ("closed_rst", 0)])?;
+    done(name);
+
+    let name = "case 7: client FIN (half-close), then server data: count stays 1";
+    let mut fin = Seg::new(c1, VIP, FIN | ACK);
+    fin.seq = seq;
+    fin.ack = 5701;
+    ensure!(r.expect_to_backend(name, &fin)? == b, "[{name}] moved");
+    let mut more = Seg::new(synack.src, c1, ACK | PSH);
+    more.seq = 5701;
+    more.ack = seq + 1;
+    more.payload = vec![1; 100];
+    r.expect_to_client(name, &more, VIP)?;
+    ensure!(
+        r.active(VIP, b)? == 1,
+        "[{name}] count {}",
+        r.active(VIP, b)?
+    );
+    done(name);
+
+    let name = "case 7: server FIN completes the close: count released to 0";
+    let mut sfin = Seg::new(synack.src, c1, FIN | ACK);
+    sfin.seq = 5801;
+    sfin.ack = seq + 1;
+    r.expect_to_client(name, &sfin, VIP)?;
+    ensure!(
+        r.active(VIP, b)? == 0 && active_sum(&r)? == 0,
+        "[{name}] counts"
+    );
+    r.expect_counters(name, &[("closed_fin", 1)])?;
+    done(name);
+
+    let name = "final ACK after the close still reaches the same backend";
+    let mut last = Seg::new(c1, VIP, ACK);
+    last.seq = seq + 1;
+    last.ack = 5802;
+    ensure!(r.expect_to_backend(name, &last)? == b, "[{name}] moved");
+    r.expect_counters(name, &[("closed_flow_packets", 1), ("flow_misses", 0)])?;
+    done(name);
+
+    let name = "case 7: duplicate FIN after the close: count stays 0, never below";
+    ensure!(r.expect_to_backend(name, &fin)? == b, "[{name}] moved");
+    ensure!(
+        r.active(VIP, b)? == 0,
+        "[{name}] count {}",
+        r.active(VIP, b)?
+    );
+    r.expect_counters(name, &[("closed_fin", 0)])?;
+    done(name);
+
+    let name = "case 6: 5-tuple reuse: a new SYN is balanced afresh and counted once";
+    let mut syn2 = Seg::new(c1, VIP, SYN);
+    syn2.seq = 900_000;
+    let b2 = r.expect_to_backend(name, &syn2)?;
+    ensure!(
+        r.active(VIP, b2)? == 1 && active_sum(&r)? == 1,
+        "[{name}] counts"
+    );
+    r.expect_counters(name, &[("new_flows", 1)])?;
+    let mut rst2 = Seg::new(c1, VIP, RST);
+    rst2.seq = 900_001;
+    ensure!(
+        r.expect_to_backend(name, &rst2)? == b2,
+        "[{name}] RST moved"
+    );
+    ensure!(
+        active_sum(&r)? == 0,
+        "[{name}] in-window RST did not release"
+    );
+    r.expect_counters(name, &[("closed_rst", 1)])?;
+    done(name);
+
+    let name = "a non-SYN segment matching no flow is passed and counted, never balanced";
+    let mut stray = Seg::new(client(1, 50000), VIP, ACK);
+    stray.ack = 1;
+    r.expect_pass_untouched(name, &stray.build(), Side::Client)?;
+    r.expect_counters(name, &[("flow_misses", 1), ("new_flows", 0)])?;
+    done(name);
+
+    // --- case 1: IPv4 options ---
+    for (opts, l4, label) in [
+        (vec![1u8, 1, 1, 0], 38usize, "ihl=6 with one 4-byte option"),
+        (vec![1u8; 40], 74usize, "ihl=15 with 40 bytes of options"),
+    ] {
+        let name =
+            format!("case 1: {label}: TCP found at byte {l4}, options kept, checksums valid");
+        let mut s = Seg::new(client(2, 40100 + opts.len() as u16), VIP, SYN);
+        s.ip_options = opts;
+        r.expect_to_backend(&name, &s)?;
+        let (_, out) = r.run(&s.build(), Side::Client)?;
+        ensure!(
+            crate::frames::parse(&out)?.l4_off == l4,
+            "[{name}] TCP offset"
+        );
+        r.expect_counters(&name, &[("new_flows", 1)])?;
+        done(&name);
+    }
+    let base = Seg::new(client(2, 40200), VIP, SYN).build();
+    let name = "case 1: ihl=4 is passed untouched, nothing read past the end";
+    let mut f = base.clone();
+    f[14] = 0x44;
+    r.expect_pass_untouched(name, &f, Side::Client)?;
+    r.expect_counters(name, &[("pass_malformed", 1), ("new_flows", 0)])?;
+    done(name);
+    let name = "case 1: ihl larger than the frame is passed untouched";
+    let mut f = base.clone();
+    f[14] = 0x4f;
+    r.expect_pass_untouched(name, &f, Side::Client)?;
+    r.expect_counters(name, &[("pass_malformed", 1), ("new_flows", 0)])?;
+    done(name);
+
+    // --- case 2: fragments ---
+    let before = active_sum(&r)?;
+    for (mf, off, label) in [
+        (false, 185u16, "non-first fragment (offset 185, MF=0)"),
+        (true, 0u16, "first fragment (MF=1, offset 0) carrying a SYN"),
+    ] {
+        let name = format!("case 2: {label}: no flow, no byte rewritten, no count changed");
+        let mut payload = vec![0x1f, 0x90, 0x00, 0x50];
+        if off == 0 {
+            payload = Seg::new(client(3, 40300), VIP, SYN).build()[34..].to_vec();
+        }
+        payload.extend_from_slice(&[0u8; 16]);
+        let frame = ipv4_frame(client(3, 0).ip(), VIP.ip(), mf, off, &payload);
+        r.expect_pass_untouched(&name, &frame, Side::Client)?;
+        ensure!(active_sum(&r)? == before, "[{name}] counts changed");
+        r.expect_counters(&name, &[("pass_fragment", 1), ("new_flows", 0)])?;
+        done(&name);
+    }
+
+    // --- case 3: VLAN tags ---
+    for (tags, label) in [
+        (
+            vec![(0x8100u16, 100u16)],
+            "802.1Q VID 100: IPv4 at byte 18, tag kept",
+        ),
+        (
+            vec![(0x88a8, 10), (0x8100, 100)],
+            "802.1ad + 802.1Q (QinQ): IPv4 at byte 22, tags kept",
+        ),
+    ] {
+        let name = format!("case 3: {label}");
+        let mut s = Seg::new(client(4, 40400 + tags.len() as u16), VIP, SYN);
+        s.vlans = tags;
+        r.expect_to_backend(&name, &s)?;
+        r.expect_counters(&name, &[("new_flows", 1)])?;
+        done(&name);
+    }
+    let name = "case 3: three tags are passed untouched (parsed to a depth of two)";
+    let mut s = Seg::new(client(4, 40403), VIP, SYN);
+    s.vlans = vec![(0x88a8, 10), (0x8100, 100), (0x8100, 200)];
+    r.expect_pass_untouched(name, &s.build(), Side::Client)?;
+    r.expect_counters(name, &[("pass_not_vip", 1), ("new_flows", 0)])?;
+    done(name);
+
+    // --- case 4: checksums over many random address/port pairs ---
+    let name = "case 4: 300 random clients and ports: every checksum equals a full recomputation";
+    let before = active_sum(&r)?;
+    let mut rng = StdRng::seed_from_u64(4);
+    for i in 0..300u32 {
+        let src = SocketAddrV4::new(Ipv4Addr::from(rng.gen::<u32>()), rng.gen_range(1..=65535));
+        let mut s = Seg::new(src, VIP, SYN);
+        s.seq = rng.gen();
+        s.ip_id = rng.gen();
+        let b = r
+            .expect_to_backend(name, &s)
+            .with_context(|| format!("pair {i}: {src}"))?;
+        // Release it again with an in-window RST (also exact).
+        let mut rs = Seg::new(src, VIP, RST);
+        rs.seq = s.seq.wrapping_add(1);
+        rs.ip_id = s.ip_id.wrapping_add(1);
+        ensure!(r.expect_to_backend(name, &rs)? == b, "[{name}] RST moved");
+    }
+    ensure!(active_sum(&r)? == before, "[{name}] counts not released");
+    r.expect_counters(name, &[("new_flows", 300), ("closed_rst", 300)])?;
+    done(name);
+
+    // --- case 11: not ours ---
+    let name = "case 11: SYN to a non-VIP address is passed untouched";
+    r.expect_pass_untouched(
+        name,
+        &Seg::new(client(5, 40500), vip(11), SYN).build(),
+        Side::Client,
+    )?;
+    r.expect_counters(name, &[("pass_not_vip", 1)])?;
+    done(name);
+    let name = "case 11: SYN to the VIP address on another port is passed untouched";
+    let other = SocketAddrV4::new(*VIP.ip(), 81);
+    r.expect_pass_untouched(
+        name,
+        &Seg::new(client(5, 40501), other, SYN).build(),
+        Side::Client,
+    )?;
+    r.expect_counters(name, &[("pass_not_vip", 1)])?;
+    done(name);
+    let name = "case 11: ARP is passed untouched";
+    r.expect_pass_untouched(name, &arp_frame(), Side::Client)?;
+    r.expect_counters(name, &[("pass_not_vip", 1)])?;
+    done(name);
+    let name = "case 11: IPv6 TCP is passed untouched when only IPv4 VIPs exist";
+    r.expect_pass_untouched(name, &ipv6_frame(), Side::Client)?;
+    r.expect_counters(name, &[("pass_not_vip", 1)])?;
+    done(name);
+    let full = Seg::new(client(5, 40502), VIP, SYN).build();
+    for (cut, label) in [
+        (14usize, "Ethernet only"),
+        (24, "IPv4 header cut short"),
+        (44, "TCP header cut short"),
+    ] {
+        let name = format!("case 11: truncated frame ({label}) is passed untouched");
+        r.expect_pass_untouched(&name, &full[..cut], Side::Client)?;
+        r.expect_counters(&name, &[("pass_malformed", 1), ("new_flows", 0)])?;
+        done(&name);
+    }
+    let name = "a reply from a backend for no flow is passed untouched";
+    let mut orphan = Seg::new(backend(10), client(6, 40600), ACK);
+    orphan.seq = 1;
+    r.expect_pass_untouched(name, &orphan.build(), Side::Backend)?;
+    r.expect_counters(name, &[("pass_not_vip", 1), ("reply_packets", 0)])?;
+    done(name);
+
+    // --- the suite's counters ---
+    let name = "suite end: counters agree with the frames run";
+    let c = r.counters()?;
+    ensure!(
+        c["rx_packets"] == r.frames,
+        "[{name}] rx_packets {} vs {} frames",
+        c["rx_packets"],
+        r.frames
+    );
+    let sum_actions = c["tx_packets"] + c["redirect_packets"];
+    ensure!(
+        c["drop_fib"] == 0 && c["drop_no_backend"] == 0,
+        "[{name}] unexpected drops"
+    );
+    // The option and VLAN fixtures left their four flows open.
+    ensure!(active_sum(&r)? == 4, "[{name}] counts {}", active_sum(&r)?);
+    ensure!(
+        c["new_flows"] == 2 + 2 + 2 + 300,
+        "[{name}] new_flows {}",
+        c["new_flows"]
+    );
+    let per_backend: u64 =
+        r.lb.list_backends(Some(VIP))?
+            .iter()
+            .map(|v| v.total_connections)
+            .sum();
+    ensure!(
+        per_backend == c["new_flows"],
+        "[{name}] per-backend totals {per_backend}"
+    );
+    println!(
+        "suite counters: {} frames, {} forwarded, {c:?}",
+        r.frames, sum_actions
+    );
+    done(name);
+    Ok(count)
+}
+
+/// An IPv4 frame (from etherparse) with the given fragment fields.
+fn ipv4_frame(src: &Ipv4Addr, dst: &Ipv4Addr, mf: bool, offset: u16, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    Ethernet2Header {
+        source: [2, 0, 0, 0, 0xaa, 1],
+        destination: [2, 0, 0, 0, 0xbb, 1],
+        ether_type: etherparse::EtherType::IPV4,
+    }
+    .write(&mut out)
+    .unwrap();
+    let mut ip = Ipv4Header::new(
+        payload.len() as u16,
+        64,
+        IpNumber::TCP,
+        src.octets(),
+        dst.octets(),
+    )
+    .unwrap();
+    ip.more_fragments = mf;
+    ip.fragment_offset = offset.try_into().unwrap();
+    ip.header_checksum = ip.calc_header_checksum();
+    ip.write(&mut out).unwrap();
+    out.extend_from_slice(payload);
+    out
+}
+
+fn arp_frame() -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&[2, 0, 0, 0, 1, 2, 0x08, 0x06]);
+    // htype 1, ptype IPv4, hlen 6, plen 4, op request
+    f.extend_from_slice(&[
+        0, 1, 8, 0, 6, 4, 0, 1, 2, 0, 0, 0, 1, 2, 10, 0, 1, 2, 0, 0, 0, 0, 0, 0, 10, 0, 0, 10,
+    ]);
+    f
+}
+
+fn ipv6_frame() -> Vec<u8> {
+    let b = PacketBuilder::ethernet2([2, 0, 0, 0, 1, 2], [2, 0, 0, 0, 0xbb, 1])
+        .ipv6([0xfd; 16], [0xfe; 16], 64)
+        .tcp(40000, 80, 1, 64240)
+        .syn();
+    let mut v = Vec::new();
+    b.write(&mut v, &[]).unwrap();
+    v
+}
+
+/// Sends `n` SYNs from distinct ports of client 7 to `v`; returns the
+/// backends chosen, in order.
+fn syns(
+    r: &mut Rig,
+    name: &str,
+    v: SocketAddrV4,
+    n: u16,
+    port_base: u16,
+) -> anyhow::Result<Vec<SocketAddrV4>> {
+    (0..n)
+        .map(|i| r.expect_to_backend(name, &Seg::new(client(7, port_base + i), v, SYN)))
+        .collect()
+}
+
+fn tally(v: &[SocketAddrV4]) -> BTreeMap<SocketAddrV4, usize> {
+    let mut m = BTreeMap::new();
+    for b in v {
+        *m.entry(*b).or_default() += 1;
+    }
+    m
+}
+
+/// The choice rule's edge cases, each on a VIP of its own.
+fn choice_rule() -> anyhow::Result<usize> {
+    let mut r = Rig::new(4096)?;
+    let mut count = 0;
+
+    let name = "choice: one backend gets every new flow";
+    let v = vip(20);
+    r.lb.add_vip(v, 2)?;
+    r.lb.add_backend(v, backend(20))?;
+    let got = syns(&mut r, name, v, 5, 1000)?;
+    ensure!(got.iter().all(|b| *b == backend(20)), "[{name}] {got:?}");
+    ensure!(r.active(v, backend(20))? == 5, "[{name}] count");
+    ok(name);
+    count += 1;
+
+    let name = "choice: all backends drained: SYN dropped and counted";
+    let v = vip(21);
+    r.lb.add_vip(v, 2)?;
+    for last in [21, 22] {
+        r.lb.add_backend(v, backend(last))?;
+        r.lb.drain_backend(v, backend(last))?;
+    }
+    r.expect_counters("setup", &[])?;
+    r.expect_drop(
+        name,
+        &Seg::new(client(7, 2000), v, SYN).build(),
+        Side::Client,
+    )?;
+    r.expect_counters(name, &[("drop_no_backend", 1), ("new_flows", 0)])?;
+    ok(name);
+    count += 1;
+
+    // Loads (k, 0, ...): stage by placing k flows while only the first
+    // backend exists, then add the others.
+    let staged = |r: &mut Rig,
+                  v: SocketAddrV4,
+                  choices: u32,
+                  lasts: &[u8],
+                  k: u16,
+                  port: u16|
+     -> anyhow::Result<()> {
+        r.lb.add_vip(v, choices)?;
+        r.lb.add_backend(v, backend(lasts[0]))?;
+        syns(r, "staging", v, k, port)?;
+        for l in &lasts[1..] {
+            r.lb.add_backend(v, backend(*l))?;
+        }
+        Ok(())
+    };
+
+    let name = "choice: two backends, two choices: the lighter one wins until they are level";
+    let v = vip(23);
+    staged(&mut r, v, 2, &[23, 24], 3, 3000)?;
+    let got = syns(&mut r, name, v, 3, 3100)?;
+    ensure!(got.iter().all(|b| *b == backend(24)), "[{name}] {got:?}");
+    ensure!(
+        r.active(v, backend(23))? == 3 && r.active(v, backend(24))? == 3,
+        "[{name}] counts"
+    );
+    ok(name);
+    count += 1;
+
+    let name = "choice: choices 2 over three backends never picks the unique heaviest";
+    let v = vip(25);
+    staged(&mut r, v, 2, &[25, 26, 27], 30, 4000)?;
+    let got = syns(&mut r, name, v, 20, 4100)?;
+    ensure!(
+        !got.contains(&backend(25)),
+        "[{name}] heaviest picked: {:?}",
+        tally(&got)
+    );
+    ok(name);
+    count += 1;
+
+    let name = "choice: choices 1 is plain random: the heaviest still gets flows (seeded)";
+    let v = vip(28);
+    staged(&mut r, v, 1, &[28, 29, 30], 30, 5000)?;
+    r.lb.set_test_seed(0x5eed)?;
+    let got = syns(&mut r, name, v, 60, 5100)?;
+    r.lb.set_test_seed(0)?;
+    let t = tally(&got);
+    ensure!(
+        t.get(&backend(28)).copied().unwrap_or(0) > 0,
+        "[{name}] {t:?}"
+    );
+    ensure!(t.len() == 3, "[{name}] {t:?}");
+    ok(name);
+    count += 1;
+
+    let name = "choice: choices above the backend count is a full least-connections scan";
+    let v = vip(31);
+    staged(&mut r, v, 16, &[31, 32, 33], 30, 6000)?;
+    let got = syns(&mut r, name, v, 20, 6100)?;
+    let t = tally(&got);
+    ensure!(
+        !t.contains_key(&backend(31)) && t[&backend(32)] == 10 && t[&backend(33)] == 10,
+        "[{name}] {t:?}"
+    );
+    ok(name);
+    count += 1;
+
+    let name = "choice: choices `all` is a full scan as well";
+    r.lb.set_choices(v, balancer_common::CHOICES_FULL_SCAN)?;
+    let got = syns(&mut r, name, v, 20, 6200)?;
+    let t = tally(&got);
+    ensure!(
+        !t.contains_key(&backend(31)) && t[&backend(32)] == 10,
+        "[{name}] {t:?}"
+    );
+    ok(name);
+    count += 1;
+    Ok(count)
+}
+
+/// Case 9: a removed backend's slot reused by a new backend.
+fn slot_reuse() -> anyhow::Result<usize> {
+    let mut r = Rig::new(4096)?;
+    let v = vip(80);
+    r.lb.add_vip(v, 2)?;
+    r.lb.add_backend(v, backend(34))?;
+    let name = "case 9: flow T pinned to B2";
+    let c = client(8, 7000);
+    let b = r.expect_to_backend(name, &Seg::new(c, v, SYN))?;
+    ensure!(b == backend(34), "[{name}] {b}");
+    ok(name);
+    let slot = r.lb.list_backends(Some(v))?[0].slot;
+    r.lb.remove_backend(v, backend(34))?;
+    r.lb.set_next_slot(slot);
+    r.lb.add_backend(v, backend(35))?;
+    let name = "case 9: B2 removed, B5 added in the same slot: an ACK on T never reaches B5";
+    ensure!(
+        r.lb.list_backends(Some(v))?[0].slot == slot,
+        "[{name}] slot not reused"
+    );
+    let mut ack = Seg::new(c, v, ACK);
+    ack.seq = 1001;
+    let (a, out) = r.run(&ack.build(), Side::Client)?;
+    if a == XDP_REDIRECT || a == XDP_TX {
+        let p = crate::frames::parse(&out)?;
+        anyhow::bail!("[{name}] forwarded to {}", p.dst);
+    }
+    ensure!(
+        a != XDP_PASS || out == ack.build(),
+        "[{name}] passed but rewritten"
+    );
+    ok(name);
+    let name = "case 9: a new SYN never picks the removed B2";
+    let got = syns(&mut r, name, v, 10, 7100)?;
+    ensure!(got.iter().all(|b| *b == backend(35)), "[{name}] {got:?}");
+    ensure!(
+        r.active(v, backend(35))? == 10,
+        "[{name}] B5 count {}",
+        r.active(v, backend(35))?
+    );
+    ok(name);
+    Ok(3)
+}
+
+/// Case 8: a small flow table under pressure.
+fn table_pressure() -> anyhow::Result<usize> {
+    let mut r = Rig::new(256)?;
+    r.lb.add_vip(VIP, 2)?;
+    for last in 10..14 {
+        r.lb.add_backend(VIP, backend(last))?;
+    }
+    let name = "case 8: 300 flows into a 256-entry table, then an ACK on each";
+    let mut placed = Vec::new();
+    for i in 0..300u16 {
+        let c = client(9, 10_000 + i);
+        placed.push((c, r.expect_to_backend(name, &Seg::new(c, VIP, SYN))?));
+    }
+    let (mut same, mut missed) = (0, 0);
+    for (c, b) in &placed {
+        let mut ack = Seg::new(*c, VIP, ACK);
+        ack.seq = 1001;
+        let frame = ack.build();
+        let (a, out) = r.run(&frame, Side::Client)?;
+        if a == XDP_PASS {
+            ensure!(out == frame, "[{name}] miss passed but rewritten");
+            missed += 1;
+        } else {
+            let p = crate::frames::checksums_valid(&out)?;
+            ensure!(
+                p.dst == *b,
+                "[{name}] flow {c} re-balanced from {b} to {}",
+                p.dst
+            );
+            same += 1;
+        }
+    }
+    println!("table pressure: {same} ACKs reached their original backend, {missed} missed and were passed");
+    ok(name);
+    let name = "case 8: after reconciliation the active counts equal the live flows";
+    let t = Timeouts::default();
+    r.lb.expire_and_reconcile(&t)?;
+    r.lb.expire_and_reconcile(&t)?;
+    let live =
+        r.lb.flows(10_000)
+            .0
+            .iter()
+            .filter(|f| f.kind == "live")
+            .count() as i64;
+    let sum: i64 = (10..14)
+        .map(|l| r.active(VIP, backend(l)))
+        .sum::<anyhow::Result<i64>>()?;
+    ensure!(sum == live, "[{name}] active {sum}, live flows {live}");
+    ensure!(sum < 300, "[{name}] nothing was evicted ({sum})");
+    println!(
+        "table pressure: {live} live flows, active sum {sum}, corrections {}",
+        r.lb.stats()?.reconciled
+    );
+    ok(name);
+    Ok(2)
+}

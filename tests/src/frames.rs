@@ -1,0 +1,190 @@
+//! Building and checking frames with etherparse, independently of the data
+//! path's own parser and checksum code.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use anyhow::{bail, ensure, Context as _};
+use etherparse::{
+    EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv4Options, SingleVlanHeader, TcpHeader,
+};
+
+/// TCP flag bits as on the wire.
+pub mod flags {
+    /// FIN.
+    pub const FIN: u8 = 0x01;
+    /// SYN.
+    pub const SYN: u8 = 0x02;
+    /// RST.
+    pub const RST: u8 = 0x04;
+    /// PSH.
+    pub const PSH: u8 = 0x08;
+    /// ACK.
+    pub const ACK: u8 = 0x10;
+}
+
+/// Everything that describes one Ethernet/IPv4/TCP frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seg {
+    /// Source MAC.
+    pub smac: [u8; 6],
+    /// Destination MAC.
+    pub dmac: [u8; 6],
+    /// VLAN tags, outermost first: (TPID, VLAN id).
+    pub vlans: Vec<(u16, u16)>,
+    /// IPv4 options (a multiple of 4 bytes, at most 40).
+    pub ip_options: Vec<u8>,
+    /// Source address and port.
+    pub src: SocketAddrV4,
+    /// Destination address and port.
+    pub dst: SocketAddrV4,
+    /// TCP flags (see [`flags`]).
+    pub flags: u8,
+    /// Sequence number.
+    pub seq: u32,
+    /// Acknowledgment number.
+    pub ack: u32,
+    /// IP identification.
+    pub ip_id: u16,
+    /// TCP payload.
+    pub payload: Vec<u8>,
+}
+
+impl Seg {
+    /// A segment with plain defaults.
+    pub fn new(src: SocketAddrV4, dst: SocketAddrV4, flags: u8) -> Self {
+        Seg {
+            smac: [0x02, 0, 0, 0, 0xaa, 0x01],
+            dmac: [0x02, 0, 0, 0, 0xbb, 0x01],
+            vlans: Vec::new(),
+            ip_options: Vec::new(),
+            src,
+            dst,
+            flags,
+            seq: 1000,
+            ack: 0,
+            ip_id: 7,
+            payload: Vec::new(),
+        }
+    }
+
+    /// Serializes the frame with etherparse, computing both checksums.
+    pub fn build(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let first_type = match self.vlans.first() {
+            Some((tpid, _)) => EtherType(*tpid),
+            None => EtherType::IPV4,
+        };
+        Ethernet2Header {
+            source: self.smac,
+            destination: self.dmac,
+            ether_type: first_type,
+        }
+        .write(&mut out)
+        .expect("ethernet");
+        for (i, (_, vid)) in self.vlans.iter().enumerate() {
+            let next = match self.vlans.get(i + 1) {
+                Some((tpid, _)) => EtherType(*tpid),
+                None => EtherType::IPV4,
+            };
+            SingleVlanHeader {
+                vlan_id: (*vid).try_into().expect("vlan id"),
+                ether_type: next,
+                ..Default::default()
+            }
+            .write(&mut out)
+            .expect("vlan");
+        }
+        let mut tcp = TcpHeader::new(self.src.port(), self.dst.port(), self.seq, 64240);
+        tcp.acknowledgment_number = self.ack;
+        tcp.fin = self.flags & flags::FIN != 0;
+        tcp.syn = self.flags & flags::SYN != 0;
+        tcp.rst = self.flags & flags::RST != 0;
+        tcp.psh = self.flags & flags::PSH != 0;
+        tcp.ack = self.flags & flags::ACK != 0;
+        let mut ip = Ipv4Header::new(
+            (tcp.header_len() + self.payload.len()) as u16,
+            64,
+            IpNumber::TCP,
+            self.src.ip().octets(),
+            self.dst.ip().octets(),
+        )
+        .expect("ipv4");
+        ip.identification = self.ip_id;
+        ip.options = Ipv4Options::try_from(&self.ip_options[..]).expect("ipv4 options");
+        ip.total_len = (ip.header_len() + tcp.header_len() + self.payload.len()) as u16;
+        ip.header_checksum = ip.calc_header_checksum();
+        tcp.checksum = tcp
+            .calc_checksum_ipv4(&ip, &self.payload)
+            .expect("tcp checksum");
+        ip.write(&mut out).expect("ipv4 write");
+        tcp.write(&mut out).expect("tcp write");
+        out.extend_from_slice(&self.payload);
+        out
+    }
+}
+
+/// A parsed Ethernet/IPv4/TCP frame.
+#[derive(Clone, Debug)]
+pub struct Parsed {
+    /// Source MAC.
+    pub smac: [u8; 6],
+    /// Destination MAC.
+    pub dmac: [u8; 6],
+    /// Source address and port.
+    pub src: SocketAddrV4,
+    /// Destination address and port.
+    pub dst: SocketAddrV4,
+    /// Offset of the IPv4 header, bytes.
+    pub l3_off: usize,
+    /// Offset of the TCP header, bytes.
+    pub l4_off: usize,
+    /// IPv4 header checksum valid.
+    pub ip_csum_ok: bool,
+    /// TCP checksum valid.
+    pub tcp_csum_ok: bool,
+}
+
+/// Parses a frame with etherparse and verifies both checksums by full
+/// recomputation.
+///
+/// # Errors
+/// Not an Ethernet/IPv4/TCP frame.
+pub fn parse(frame: &[u8]) -> anyhow::Result<Parsed> {
+    let p = etherparse::SlicedPacket::from_ethernet(frame).context("etherparse")?;
+    let Some(etherparse::LinkSlice::Ethernet2(eth)) = &p.link else {
+        bail!("no ethernet header");
+    };
+    let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
+        bail!("not IPv4");
+    };
+    let Some(etherparse::TransportSlice::Tcp(tcp)) = &p.transport else {
+        bail!("not TCP");
+    };
+    let iph = ip.header().to_header();
+    let ip_csum_ok = iph.calc_header_checksum() == iph.header_checksum;
+    let th = tcp.to_header();
+    let tcp_csum_ok = th.calc_checksum_ipv4(&iph, tcp.payload()).ok() == Some(th.checksum);
+    let l3_off = ip.header().slice().as_ptr() as usize - frame.as_ptr() as usize;
+    let l4_off = l3_off + ip.header().slice().len();
+    Ok(Parsed {
+        smac: eth.source(),
+        dmac: eth.destination(),
+        src: SocketAddrV4::new(Ipv4Addr::from(iph.source), th.source_port),
+        dst: SocketAddrV4::new(Ipv4Addr::from(iph.destination), th.destination_port),
+        l3_off,
+        l4_off,
+        ip_csum_ok,
+        tcp_csum_ok,
+    })
+}
+
+/// Checks that a forwarded frame has valid IPv4 and TCP checksums.
+///
+/// # Errors
+/// Unparsable, or a checksum that does not verify.
+pub fn checksums_valid(frame: &[u8]) -> anyhow::Result<Parsed> {
+    let p = parse(frame)?;
+    ensure!(p.ip_csum_ok, "IPv4 header checksum invalid");
+    ensure!(p.tcp_csum_ok, "TCP checksum invalid");
+    Ok(p)
+}

@@ -1,0 +1,371 @@
+//! A rig that runs frames through the real compiled XDP program with
+//! `BPF_PROG_TEST_RUN`, with an isolated network around it so that
+//! `bpf_fib_lookup` resolves next hops to known MACs.
+//!
+//! ```text
+//!  fx0 10.0.1.1/24 (client side)    fx1 10.0.2.1/24 (backend side)
+//!  neighbours 10.0.1.2..=20          neighbours 10.0.2.10..=50, permanent
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddrV4},
+};
+
+use anyhow::{bail, ensure, Context as _};
+use aya::programs::{TestRun, TestRunOptions};
+use balancer::{Balancer, LoadOptions};
+
+use crate::{
+    frames::{self, Seg},
+    netns::sh,
+};
+
+/// XDP_ABORTED.
+pub const XDP_ABORTED: u32 = 0;
+/// XDP_DROP.
+pub const XDP_DROP: u32 = 1;
+/// XDP_PASS.
+pub const XDP_PASS: u32 = 2;
+/// XDP_TX.
+pub const XDP_TX: u32 = 3;
+/// XDP_REDIRECT.
+pub const XDP_REDIRECT: u32 = 4;
+
+/// Name of an XDP action.
+pub fn action_name(a: u32) -> &'static str {
+    match a {
+        XDP_ABORTED => "XDP_ABORTED",
+        XDP_DROP => "XDP_DROP",
+        XDP_PASS => "XDP_PASS",
+        XDP_TX => "XDP_TX",
+        XDP_REDIRECT => "XDP_REDIRECT",
+        _ => "unknown",
+    }
+}
+
+/// The interface a frame arrives on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// From a client, on fx0.
+    Client,
+    /// From a backend, on fx1.
+    Backend,
+}
+
+/// MAC of the permanent neighbour entry for `ip` (both sides).
+pub fn neigh_mac(ip: Ipv4Addr) -> [u8; 6] {
+    let o = ip.octets();
+    [0x02, 0x00, 0x00, 0x00, o[2], o[3]]
+}
+
+/// Client address `k` (10.0.1.(2+k)), with a neighbour entry for k < 19.
+pub fn client(k: u8, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 2 + k), port)
+}
+
+/// Backend address 10.0.2.`last`:8080 (neighbour entries for 10..=50).
+pub fn backend(last: u8) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, last), 8080)
+}
+
+fn ifindex(name: &str) -> anyhow::Result<u32> {
+    let c = std::ffi::CString::new(name)?;
+    // SAFETY: valid C string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    ensure!(i != 0, "no interface {name}");
+    Ok(i)
+}
+
+fn mac_of(name: &str) -> anyhow::Result<[u8; 6]> {
+    let s = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).or_else(|_| {
+        let out = sh("ip", &["-o", "link", "show", name])?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mac = text
+            .split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        anyhow::Ok(mac)
+    })?;
+    let mut mac = [0u8; 6];
+    for (i, part) in s.trim().split(':').enumerate().take(6) {
+        mac[i] = u8::from_str_radix(part, 16)?;
+    }
+    Ok(mac)
+}
+
+/// Creates fx0/fx1 with addresses, permanent neighbours and forwarding in
+/// the current network namespace (call once, inside an isolated process).
+///
+/// # Errors
+/// An `ip`/`sysctl` step fails.
+pub fn net_setup() -> anyhow::Result<()> {
+    sh("ip", &["link", "set", "lo", "up"])?;
+    for (a, b, addr) in [
+        ("fx0", "fx0p", "10.0.1.1/24"),
+        ("fx1", "fx1p", "10.0.2.1/24"),
+    ] {
+        sh("ip", &["link", "add", a, "type", "veth", "peer", "name", b])?;
+        sh("ip", &["addr", "add", addr, "dev", a])?;
+        sh("ip", &["link", "set", a, "up"])?;
+        sh("ip", &["link", "set", b, "up"])?;
+    }
+    for last in 2..=20u8 {
+        let ip = Ipv4Addr::new(10, 0, 1, last);
+        neigh(ip, "fx0")?;
+    }
+    for last in 10..=50u8 {
+        neigh(Ipv4Addr::new(10, 0, 2, last), "fx1")?;
+    }
+    sh("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"])?;
+    Ok(())
+}
+
+fn neigh(ip: Ipv4Addr, dev: &str) -> anyhow::Result<()> {
+    let m = neigh_mac(ip);
+    let mac = m
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    sh(
+        "ip",
+        &[
+            "neigh",
+            "replace",
+            &ip.to_string(),
+            "lladdr",
+            &mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ],
+    )?;
+    Ok(())
+}
+
+/// The loaded program and what a test needs to run frames through it.
+pub struct Rig {
+    /// The balancer library instance (program + maps).
+    pub lb: Balancer,
+    client_if: u32,
+    backend_if: u32,
+    /// MAC of fx0 (source MAC of frames sent to clients).
+    pub client_if_mac: [u8; 6],
+    /// MAC of fx1 (source MAC of frames sent to backends).
+    pub backend_if_mac: [u8; 6],
+    /// Frames run so far.
+    pub frames: u64,
+    last: BTreeMap<String, u64>,
+}
+
+impl Rig {
+    /// Loads a fresh program instance with a flow table of `flow_table`
+    /// entries (nothing pinned).
+    ///
+    /// # Errors
+    /// Load failure, or the network of [`net_setup`] missing.
+    pub fn new(flow_table: u32) -> anyhow::Result<Rig> {
+        let lb = Balancer::load(&LoadOptions {
+            flow_table_size: flow_table,
+            pin_dir: None,
+        })?;
+        let mut r = Rig {
+            lb,
+            client_if: ifindex("fx0")?,
+            backend_if: ifindex("fx1")?,
+            client_if_mac: mac_of("fx0")?,
+            backend_if_mac: mac_of("fx1")?,
+            frames: 0,
+            last: BTreeMap::new(),
+        };
+        r.last = r.counters()?;
+        Ok(r)
+    }
+
+    /// Runs one frame through the program as if received on `side`'s
+    /// interface; returns the action and the output frame.
+    ///
+    /// # Errors
+    /// The syscall fails (frame shorter than 14 bytes, for one).
+    pub fn run(&mut self, frame: &[u8], side: Side) -> anyhow::Result<(u32, Vec<u8>)> {
+        let ifindex = match side {
+            Side::Client => self.client_if,
+            Side::Backend => self.backend_if,
+        };
+        let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+        ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut out = vec![0u8; frame.len() + 256];
+        let res = self
+            .lb
+            .program()?
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            })
+            .context("BPF_PROG_TEST_RUN")?;
+        out.truncate(res.data_size_out as usize);
+        self.frames += 1;
+        Ok((res.return_value, out))
+    }
+
+    /// Global counters by name.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn counters(&self) -> anyhow::Result<BTreeMap<String, u64>> {
+        Ok(self.lb.stats()?.counters.into_iter().collect())
+    }
+
+    /// Checks that the named counters changed by exactly the given amounts
+    /// since the last call (counters not named are not checked).
+    ///
+    /// # Errors
+    /// A counter that moved differently.
+    pub fn expect_counters(&mut self, fixture: &str, deltas: &[(&str, u64)]) -> anyhow::Result<()> {
+        let now = self.counters()?;
+        for (name, want) in deltas {
+            let got =
+                now.get(*name).copied().unwrap_or(0) - self.last.get(*name).copied().unwrap_or(0);
+            ensure!(
+                got == *want,
+                "[{fixture}] counter {name} moved by {got}, expected {want}"
+            );
+        }
+        self.last = now;
+        Ok(())
+    }
+
+    /// Active connections (signed) of `backend` of `vip`.
+    ///
+    /// # Errors
+    /// Unknown backend or map failure.
+    pub fn active(&self, vip: SocketAddrV4, backend: SocketAddrV4) -> anyhow::Result<i64> {
+        let views = self.lb.list_backends(Some(vip))?;
+        let Some(v) = views.iter().find(|v| v.backend == backend) else {
+            bail!("{backend} is not a backend of {vip}");
+        };
+        Ok(self.lb.active_signed(v.slot)?)
+    }
+
+    /// Runs a frame that must pass untouched.
+    ///
+    /// # Errors
+    /// Another action, or any byte changed.
+    pub fn expect_pass_untouched(
+        &mut self,
+        fixture: &str,
+        frame: &[u8],
+        side: Side,
+    ) -> anyhow::Result<()> {
+        let (a, out) = self.run(frame, side)?;
+        ensure!(
+            a == XDP_PASS,
+            "[{fixture}] action {}, expected XDP_PASS",
+            action_name(a)
+        );
+        ensure!(
+            out == frame,
+            "[{fixture}] frame changed: {}",
+            diff(frame, &out)
+        );
+        Ok(())
+    }
+
+    /// Runs a frame that must be dropped.
+    ///
+    /// # Errors
+    /// Another action.
+    pub fn expect_drop(&mut self, fixture: &str, frame: &[u8], side: Side) -> anyhow::Result<()> {
+        let (a, _) = self.run(frame, side)?;
+        ensure!(
+            a == XDP_DROP,
+            "[{fixture}] action {}, expected XDP_DROP",
+            action_name(a)
+        );
+        Ok(())
+    }
+
+    /// Runs `seg` from a client to a VIP; it must be forwarded to a backend
+    /// with only the destination address and port and the MACs changed,
+    /// byte for byte equal to the same segment built by etherparse for that
+    /// backend (so both checksums equal a full recomputation). Returns the
+    /// backend.
+    ///
+    /// # Errors
+    /// Another action or any other difference.
+    pub fn expect_to_backend(&mut self, fixture: &str, seg: &Seg) -> anyhow::Result<SocketAddrV4> {
+        let input = seg.build();
+        let (a, out) = self.run(&input, Side::Client)?;
+        ensure!(
+            a == XDP_REDIRECT || a == XDP_TX,
+            "[{fixture}] action {}, expected a forward",
+            action_name(a)
+        );
+        let p = frames::parse(&out).with_context(|| format!("[{fixture}] output"))?;
+        let mut want = seg.clone();
+        want.dst = p.dst;
+        want.smac = self.backend_if_mac;
+        want.dmac = neigh_mac(*p.dst.ip());
+        let want = want.build();
+        ensure!(
+            out == want,
+            "[{fixture}] output differs from the expected frame: {}",
+            diff(&want, &out)
+        );
+        Ok(p.dst)
+    }
+
+    /// Runs `seg` from a backend to a client; it must be forwarded with the
+    /// source rewritten to `vip`, byte for byte as etherparse builds it.
+    ///
+    /// # Errors
+    /// Another action or any other difference.
+    pub fn expect_to_client(
+        &mut self,
+        fixture: &str,
+        seg: &Seg,
+        vip: SocketAddrV4,
+    ) -> anyhow::Result<()> {
+        let input = seg.build();
+        let (a, out) = self.run(&input, Side::Backend)?;
+        ensure!(
+            a == XDP_REDIRECT || a == XDP_TX,
+            "[{fixture}] action {}, expected a forward",
+            action_name(a)
+        );
+        let mut want = seg.clone();
+        want.src = vip;
+        want.smac = self.client_if_mac;
+        want.dmac = neigh_mac(*seg.dst.ip());
+        let want = want.build();
+        ensure!(
+            out == want,
+            "[{fixture}] output differs from the expected frame: {}",
+            diff(&want, &out)
+        );
+        Ok(())
+    }
+}
+
+/// Where two frames differ, for error messages.
+pub fn diff(want: &[u8], got: &[u8]) -> String {
+    if want.len() != got.len() {
+        return format!("length {} instead of {}", got.len(), want.len());
+    }
+    let at: Vec<String> = want
+        .iter()
+        .zip(got)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .take(12)
+        .map(|(i, (a, b))| format!("@{i}: {a:02x}->{b:02x}"))
+        .collect();
+    at.join(" ")
+}
