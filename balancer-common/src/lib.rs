@@ -38,12 +38,15 @@ pub mod map_names {
     pub const VIP_STATS: &str = "VIP_STATS";
     /// Data-path settings: [`crate::Settings`] at index 0 (array of one).
     pub const SETTINGS: &str = "SETTINGS";
+    /// Frames counted by the `bench_count` program (per-CPU array of one `u64`).
+    pub const BENCH_COUNT: &str = "BENCH_COUNT";
 }
 
 /// Maximum number of VIPs (size of the VIP table and of the per-VIP arrays).
-pub const MAX_VIPS: u32 = 256;
-/// Maximum number of backends one VIP can hold (length of one eligible list).
-pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
+pub const MAX_VIPS: u32 = 128;
+/// Maximum number of backends one VIP can hold (length of one eligible
+/// list): every backend slot.
+pub const MAX_BACKENDS_PER_VIP: u32 = BACKEND_SLOTS;
 /// Number of backend slots shared by all VIPs (size of the per-backend arrays).
 pub const BACKEND_SLOTS: u32 = 16384;
 /// Default number of entries in the flow table. Each connection takes two

@@ -33,15 +33,22 @@ pub enum Request {
     },
     /// List VIPs.
     ListVips,
-    /// Add a backend to a VIP.
-    AddBackend {
+    /// Add backends to a VIP: all of them, or none on any error.
+    AddBackends {
+        /// VIP address and port.
+        vip: SocketAddrV4,
+        /// Backend addresses and ports.
+        backends: Vec<SocketAddrV4>,
+    },
+    /// Stop sending new flows to a backend; its flows continue.
+    DrainBackend {
         /// VIP address and port.
         vip: SocketAddrV4,
         /// Backend address and port.
         backend: SocketAddrV4,
     },
-    /// Stop sending new flows to a backend; its flows continue.
-    DrainBackend {
+    /// Put a drained backend back into service.
+    UndrainBackend {
         /// VIP address and port.
         vip: SocketAddrV4,
         /// Backend address and port.

@@ -124,6 +124,52 @@ pub struct State {
     pub next_slot: u32,
 }
 
+impl State {
+    /// Checks everything the API would have refused: addresses, choices,
+    /// VIP indexes, duplicate backends, slots used twice or out of range.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the first problem.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "state file",
+            reason,
+        };
+        if self.vips.len() > MAX_VIPS as usize {
+            return Err(bad(format!("{} VIPs, at most {MAX_VIPS}", self.vips.len())));
+        }
+        let mut indexes = std::collections::BTreeSet::new();
+        let mut slots = std::collections::BTreeSet::new();
+        for (addr, v) in &self.vips {
+            if *addr != v.addr {
+                return Err(bad(format!("VIP {addr} stored as {}", v.addr)));
+            }
+            check_endpoint("VIP", v.addr).map_err(|e| bad(e.to_string()))?;
+            check_choices(v.choices).map_err(|e| bad(format!("VIP {addr}: {e}")))?;
+            if v.index >= MAX_VIPS || !indexes.insert(v.index) {
+                return Err(bad(format!(
+                    "VIP {addr}: index {} out of range or used twice",
+                    v.index
+                )));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for b in &v.backends {
+                check_backend(v.addr, b.addr).map_err(|e| bad(e.to_string()))?;
+                if !seen.insert(b.addr) {
+                    return Err(bad(format!("VIP {addr}: backend {} listed twice", b.addr)));
+                }
+                if b.slot >= BACKEND_SLOTS || !slots.insert(b.slot) {
+                    return Err(bad(format!(
+                        "backend {}: slot {} out of range or used twice",
+                        b.addr, b.slot
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Result of one expiry and reconciliation pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
@@ -165,6 +211,23 @@ fn check_endpoint(what: &'static str, a: SocketAddrV4) -> Result<()> {
         return Err(BalancerError::Invalid {
             what,
             reason: format!("{a}: not a unicast address"),
+        });
+    }
+    if a.ip().is_loopback() {
+        return Err(BalancerError::Invalid {
+            what,
+            reason: format!("{a}: a loopback address never reaches XDP on a NIC"),
+        });
+    }
+    Ok(())
+}
+
+fn check_backend(vip: SocketAddrV4, b: SocketAddrV4) -> Result<()> {
+    check_endpoint("backend", b)?;
+    if b == vip {
+        return Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!("{b} is the VIP itself"),
         });
     }
     Ok(())
@@ -255,6 +318,7 @@ pub struct Balancer {
     expired_total: u64,
     reconciled_total: u64,
     last_gc: GcReport,
+    links: Vec<aya::programs::xdp::XdpLinkId>,
 }
 
 impl Balancer {
@@ -289,6 +353,9 @@ impl Balancer {
             }
         }
         let mut ebpf = loader.load(PROGRAM).map_err(BalancerError::Load)?;
+        if opts.pin_dir.is_some() {
+            check_map_shapes(&ebpf, opts.flow_table_size)?;
+        }
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
             log::debug!("no eBPF logs: {e}");
         }
@@ -323,6 +390,7 @@ impl Balancer {
             expired_total: 0,
             reconciled_total: 0,
             last_gc: GcReport::default(),
+            links: Vec::new(),
         };
         b.settings
             .set(0, Settings::default(), 0)
@@ -355,7 +423,8 @@ impl Balancer {
     /// [`BalancerError::Program`] naming the interface and mode.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<()> {
         let prog = program_mut(&mut self.ebpf)?;
-        prog.attach(interface, mode)
+        let link = prog
+            .attach(interface, mode)
             .map_err(|source| BalancerError::Program {
                 action: format!(
                     "attaching XDP to interface {interface} in {} mode",
@@ -363,6 +432,23 @@ impl Balancer {
                 ),
                 source,
             })?;
+        self.links.push(link);
+        Ok(())
+    }
+
+    /// Detaches the program from every interface it was attached to.
+    ///
+    /// # Errors
+    /// [`BalancerError::Program`] when the kernel refuses a detach.
+    pub fn detach_all(&mut self) -> Result<()> {
+        let links = std::mem::take(&mut self.links);
+        let prog = program_mut(&mut self.ebpf)?;
+        for link in links {
+            prog.detach(link).map_err(|source| BalancerError::Program {
+                action: "detaching XDP".into(),
+                source,
+            })?;
+        }
         Ok(())
     }
 
@@ -388,22 +474,11 @@ impl Balancer {
     /// When the state does not fit the tables or a map write fails; the maps
     /// may then hold part of it and the caller should not serve.
     pub fn restore(&mut self, state: State) -> Result<()> {
-        if state.vips.len() > MAX_VIPS as usize {
-            return Err(BalancerError::Full {
-                what: "VIP table",
-                capacity: MAX_VIPS,
-            });
-        }
+        state.validate()?;
         self.state = state;
         let vips: Vec<VipConfig> = self.state.vips.values().cloned().collect();
         for v in &vips {
             for b in &v.backends {
-                if b.slot >= BACKEND_SLOTS {
-                    return Err(BalancerError::Invalid {
-                        what: "state",
-                        reason: format!("slot {} out of range", b.slot),
-                    });
-                }
                 self.write_backend_slot(b)?;
             }
             self.publish_vip(&v.addr)?;
@@ -476,10 +551,7 @@ impl Balancer {
             Err(e) => return Err(map_err(map_names::VIPS, "remove")(e)),
         }
         self.state.vips.remove(&addr);
-        for b in &v.backends {
-            self.retire_slot(b)?;
-        }
-        Ok(())
+        self.retire_slots(&v.backends)
     }
 
     /// The VIPs.
@@ -507,48 +579,76 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, invalid address, duplicate backend, full tables, map failure.
     pub fn add_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
-        check_endpoint("backend", addr)?;
+        self.add_backends(vip, &[addr])
+    }
+
+    /// Adds several backends to a VIP at once: all of them or, on any
+    /// error, none. The VIP's eligible list is published once.
+    ///
+    /// # Errors
+    /// Unknown VIP, an invalid address, a duplicate (in the VIP or in
+    /// `addrs`), full tables, map failure.
+    pub fn add_backends(&mut self, vip: SocketAddrV4, addrs: &[SocketAddrV4]) -> Result<()> {
         let v = self.vip(&vip)?;
-        if v.backends.iter().any(|b| b.addr == addr) {
-            return Err(BalancerError::DuplicateBackend { vip, backend: addr });
+        let mut seen: std::collections::BTreeSet<SocketAddrV4> =
+            v.backends.iter().map(|b| b.addr).collect();
+        let mut listed = std::collections::BTreeSet::new();
+        for a in addrs {
+            check_backend(vip, *a)?;
+            if !listed.insert(*a) {
+                return Err(BalancerError::Invalid {
+                    what: "backend list",
+                    reason: format!("{a} is listed twice"),
+                });
+            }
+            if !seen.insert(*a) {
+                return Err(BalancerError::DuplicateBackend { vip, backend: *a });
+            }
         }
-        if v.backends.len() >= MAX_BACKENDS_PER_VIP as usize {
+        if v.backends.len() + addrs.len() > MAX_BACKENDS_PER_VIP as usize {
             return Err(BalancerError::Full {
                 what: "backend list of the VIP",
                 capacity: MAX_BACKENDS_PER_VIP,
             });
         }
-        let slot = self.allocate_slot()?;
-        let generation = self
-            .state
-            .slot_generations
-            .get(&slot)
-            .copied()
-            .unwrap_or(0)
-            .wrapping_add(1);
-        let cfg = BackendConfig {
-            addr,
-            state: BackendState::Active,
-            slot,
-            generation,
-        };
-        // A fresh slot starts at zero active connections whatever the data
-        // path's counter holds from an earlier backend.
-        let conns = self
-            .conns
-            .get(&slot, 0)
-            .map_err(map_err(map_names::BACKEND_CONNS, "read"))?;
-        self.adjust
-            .set(slot, conns.wrapping_neg(), 0)
-            .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "write"))?;
-        self.reset_percpu(slot, false)?;
-        self.write_backend_slot(&cfg)?;
-        self.state.slot_generations.insert(slot, generation);
-        self.state.next_slot = (slot + 1) % BACKEND_SLOTS;
-        self.vip_mut(&vip)?.backends.push(cfg.clone());
-        if let Err(e) = self.publish_vip(&vip) {
-            self.vip_mut(&vip)?.backends.retain(|b| b.addr != addr);
-            let _ = self.retire_slot(&cfg);
+        let slots = self.allocate_slots(addrs.len())?;
+        let mut added = Vec::with_capacity(addrs.len());
+        let result = (|| -> Result<()> {
+            for (addr, slot) in addrs.iter().zip(slots) {
+                let generation = self
+                    .state
+                    .slot_generations
+                    .get(&slot)
+                    .copied()
+                    .unwrap_or(0)
+                    .wrapping_add(1);
+                let cfg = BackendConfig {
+                    addr: *addr,
+                    state: BackendState::Active,
+                    slot,
+                    generation,
+                };
+                // A fresh slot starts at zero active connections whatever the
+                // data path's counter holds from an earlier backend.
+                self.set_active(slot, 0)?;
+                self.reset_percpu(slot, false)?;
+                self.write_backend_slot(&cfg)?;
+                self.state.slot_generations.insert(slot, generation);
+                self.state.next_slot = (slot + 1) % BACKEND_SLOTS;
+                added.push(cfg);
+            }
+            self.vip_mut(&vip)?.backends.extend(added.iter().cloned());
+            self.publish_vip(&vip)
+        })();
+        if let Err(e) = result {
+            let gone: std::collections::BTreeSet<SocketAddrV4> =
+                added.iter().map(|b| b.addr).collect();
+            self.vip_mut(&vip)?
+                .backends
+                .retain(|b| !gone.contains(&b.addr));
+            for b in &added {
+                let _ = self.backends.set(b.slot, Backend::default(), 0);
+            }
             return Err(e);
         }
         Ok(())
@@ -569,6 +669,21 @@ impl Balancer {
         Ok(())
     }
 
+    /// Puts a drained backend back into service: it receives new flows again.
+    ///
+    /// # Errors
+    /// Unknown VIP or backend, map failure.
+    pub fn undrain_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
+        let b = self.backend_mut(&vip, &addr)?;
+        let old = b.state;
+        b.state = BackendState::Active;
+        if let Err(e) = self.publish_vip(&vip) {
+            self.backend_mut(&vip, &addr)?.state = old;
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Removes a backend. Its flows are removed too; their later segments
     /// are dropped and counted (`drop_backend_gone`) or miss.
     ///
@@ -581,7 +696,7 @@ impl Balancer {
             self.vip_mut(&vip)?.backends.push(b);
             return Err(e);
         }
-        self.retire_slot(&b)
+        self.retire_slots(std::slice::from_ref(&b))
     }
 
     /// Backends with their counters (of one VIP, or all).
@@ -637,6 +752,23 @@ impl Balancer {
             .get(&slot, 0)
             .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "read"))?;
         Ok(c.wrapping_add(a) as i64)
+    }
+
+    /// Sets a slot's active-connection count to `value` by writing the
+    /// daemon's correction (the data path's own counter is left alone, so a
+    /// concurrent atomic add is not lost). For repairing a count by hand, and
+    /// for benchmarks that emulate balancers reading a stale shared snapshot.
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn set_active(&mut self, slot: u32, value: u64) -> Result<()> {
+        let c = self
+            .conns
+            .get(&slot, 0)
+            .map_err(map_err(map_names::BACKEND_CONNS, "read"))?;
+        self.adjust
+            .set(slot, value.wrapping_sub(c), 0)
+            .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "write"))
     }
 
     /// Makes the slot allocator continue at `slot`. Operators never need
@@ -940,22 +1072,27 @@ impl Balancer {
         map.set(index, zeros, 0).map_err(map_err(name, "write"))
     }
 
-    /// Picks a free slot, continuing after the last one handed out so a freed
-    /// slot is reused as late as possible.
-    fn allocate_slot(&self) -> Result<u32> {
+    /// Picks `n` free slots, continuing after the last one handed out so a
+    /// freed slot is reused as late as possible.
+    fn allocate_slots(&self, n: usize) -> Result<Vec<u32>> {
         let used: std::collections::BTreeSet<u32> = self
             .state
             .vips
             .values()
             .flat_map(|v| v.backends.iter().map(|b| b.slot))
             .collect();
-        (0..BACKEND_SLOTS)
+        let free: Vec<u32> = (0..BACKEND_SLOTS)
             .map(|i| (self.state.next_slot + i) % BACKEND_SLOTS)
-            .find(|s| !used.contains(s))
-            .ok_or(BalancerError::Full {
+            .filter(|s| !used.contains(s))
+            .take(n)
+            .collect();
+        if free.len() < n {
+            return Err(BalancerError::Full {
                 what: "backend slot table",
                 capacity: BACKEND_SLOTS,
-            })
+            });
+        }
+        Ok(free)
     }
 
     fn write_backend_slot(&mut self, b: &BackendConfig) -> Result<()> {
@@ -974,16 +1111,21 @@ impl Balancer {
             .map_err(map_err(map_names::BACKENDS, "write"))
     }
 
-    /// Marks a slot free and removes the flows pinned to it.
-    fn retire_slot(&mut self, b: &BackendConfig) -> Result<()> {
-        self.backends
-            .set(b.slot, Backend::default(), 0)
-            .map_err(map_err(map_names::BACKENDS, "write"))?;
+    /// Marks slots free and removes the flows pinned to them, in one pass
+    /// over the flow table.
+    fn retire_slots(&mut self, gone: &[BackendConfig]) -> Result<()> {
+        for b in gone {
+            self.backends
+                .set(b.slot, Backend::default(), 0)
+                .map_err(map_err(map_names::BACKENDS, "write"))?;
+        }
+        let gone: std::collections::BTreeSet<(u32, u32)> =
+            gone.iter().map(|b| (b.slot, b.generation)).collect();
         let doomed: Vec<FlowKey> = self
             .flows
             .iter()
             .filter_map(|r| r.ok())
-            .filter(|(_, e)| e.backend_slot == b.slot && e.backend_generation == b.generation)
+            .filter(|(_, e)| gone.contains(&(e.backend_slot, e.backend_generation)))
             .map(|(k, _)| k)
             .collect();
         for k in doomed {
@@ -1024,6 +1166,59 @@ impl Balancer {
         self.vip_mut(addr)?.list = next;
         Ok(())
     }
+}
+
+/// The shape (max entries, value size) each map must have. Maps reused
+/// from pins may come from another build or another `--flow-table-size`.
+fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 9] {
+    use std::mem::size_of;
+    [
+        (map_names::VIPS, MAX_VIPS, size_of::<VipInfo>()),
+        (
+            map_names::VIP_BACKENDS,
+            balancer_common::VIP_BACKENDS_LEN,
+            size_of::<u32>(),
+        ),
+        (map_names::BACKENDS, BACKEND_SLOTS, size_of::<Backend>()),
+        (map_names::BACKEND_CONNS, BACKEND_SLOTS, size_of::<u64>()),
+        (
+            map_names::BACKEND_CONN_ADJUST,
+            BACKEND_SLOTS,
+            size_of::<u64>(),
+        ),
+        (map_names::FLOWS, flow_table_size, size_of::<FlowEntry>()),
+        (map_names::STATS, COUNTER_COUNT, size_of::<u64>()),
+        (
+            map_names::BACKEND_STATS,
+            BACKEND_SLOTS,
+            size_of::<TrafficStats>(),
+        ),
+        (map_names::VIP_STATS, MAX_VIPS, size_of::<TrafficStats>()),
+    ]
+}
+
+fn check_map_shapes(ebpf: &Ebpf, flow_table_size: u32) -> Result<()> {
+    use aya::maps::Map;
+    for (name, entries, value) in expected_shapes(flow_table_size) {
+        let data = match ebpf.map(name) {
+            Some(Map::Array(d) | Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d)) => d,
+            _ => continue,
+        };
+        let info = data.info().map_err(map_err(name, "read info"))?;
+        if info.max_entries() != entries || info.value_size() as usize != value {
+            return Err(BalancerError::Invalid {
+                what: "pinned maps",
+                reason: format!(
+                    "pinned map {name} has {} entries of {} bytes, this build and configuration need {entries} of {value}; \
+                     it was pinned by another build or another --flow-table-size. Remove the pin directory to start afresh \
+                     (established connections are lost) or run the matching build",
+                    info.max_entries(),
+                    info.value_size()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp> {

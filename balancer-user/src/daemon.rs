@@ -21,8 +21,10 @@ use crate::{
     balancer::{mode_name, read_state, write_state, Balancer, LoadOptions, Timeouts},
 };
 
-/// Longest request line accepted, bytes.
-const MAX_REQUEST: usize = 64 * 1024;
+/// Longest request line accepted, bytes (16,384 backends in one request fit).
+const MAX_REQUEST: usize = 4 << 20;
+/// How long a client may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Daemon settings; every field has a documented default in the CLI.
 #[derive(Clone, Debug)]
@@ -45,6 +47,8 @@ pub struct DaemonConfig {
     pub stats_interval: Duration,
     /// Deterministic random seed for tests (0: kernel random).
     pub test_seed: u64,
+    /// Remove maps pinned by an earlier run and start empty.
+    pub fresh: bool,
 }
 
 /// Mounts bpffs at /sys/fs/bpf when nothing is mounted there.
@@ -85,38 +89,55 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     if cfg.interfaces.is_empty() {
         bail!("no interface given: pass at least one --iface");
     }
-    if cfg.load.pin_dir.is_some() {
-        ensure_bpffs()?;
-    }
+    // Everything that can refuse comes before anything that changes the
+    // machine: another daemon on the socket, a bad or unwritable state file,
+    // pins that are not ours.
+    let listener = bind_socket(&cfg.socket)?;
+    let socket_guard = RemoveOnDrop(cfg.socket.clone());
     let state = read_state(&cfg.state_file)?;
-    if state.is_none() {
-        // No desired state: maps pinned by an earlier run hold nothing we can
-        // account for, start from empty ones.
-        if let Some(dir) = &cfg.load.pin_dir {
-            if dir.exists() {
-                log::info!("no state file; removing stale pins in {}", dir.display());
+    if let Some(s) = &state {
+        s.validate().context("checking the state file")?;
+    }
+    write_state(&cfg.state_file, &state.clone().unwrap_or_default())
+        .context("the state file must be writable")?;
+    let mut pins_existed = false;
+    if let Some(dir) = &cfg.load.pin_dir {
+        ensure_bpffs()?;
+        pins_existed = dir.exists();
+        match (&state, pins_existed, cfg.fresh) {
+            (None, true, false) => bail!(
+                "maps are pinned in {} but the state file {} holds no VIPs: they may belong to \
+                 another daemon or another state file. Point --state-file at the right file, or \
+                 pass --fresh to remove the pins (their established connections are lost)",
+                dir.display(),
+                cfg.state_file.display()
+            ),
+            (_, true, true) => {
+                log::warn!("--fresh: removing the pins in {}", dir.display());
                 std::fs::remove_dir_all(dir)
                     .with_context(|| format!("removing {}", dir.display()))?;
+                pins_existed = false;
             }
+            (Some(s), false, _) if !s.vips.is_empty() => log::warn!(
+                "state file {} found but no pinned maps in {} (bpffs remounted or pins removed): \
+                 connections established before this start will miss and be passed",
+                cfg.state_file.display(),
+                dir.display()
+            ),
+            _ => {}
         }
     }
-    let mut lb = Balancer::load(&cfg.load)?;
-    if let Some(s) = state {
-        lb.restore(s).context("restoring the state file")?;
-        log::info!(
-            "restored {} VIPs from {}",
-            lb.state().vips.len(),
-            cfg.state_file.display()
-        );
-    }
-    if cfg.test_seed != 0 {
-        lb.set_test_seed(cfg.test_seed)?;
-    }
-    for iface in &cfg.interfaces {
-        lb.attach(iface, cfg.mode)?;
-        log::info!("attached to {iface} in {} mode", mode_name(cfg.mode));
-    }
-    let listener = bind_socket(&cfg.socket)?;
+    let started = start_data_path(&cfg, state);
+    let lb = match started {
+        Ok(lb) => lb,
+        Err(e) => {
+            // Do not leave pins behind that this start created.
+            if let (Some(dir), false) = (&cfg.load.pin_dir, pins_existed) {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            return Err(e);
+        }
+    };
     log::info!("control socket {}", cfg.socket.display());
     let lb = Arc::new(Mutex::new(lb));
 
@@ -178,7 +199,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                 let state_file = state_file.clone();
                 tokio::spawn(async move {
                     if let Err(e) = serve(stream, lb, &state_file).await {
-                        log::warn!("control connection: {e:#}");
+                        log::debug!("control connection: {e:#}");
                     }
                 });
             }
@@ -187,9 +208,42 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     log::info!("shutting down: detaching XDP");
     gc.abort();
     stats.abort();
-    let _ = std::fs::remove_file(&cfg.socket);
+    drop(socket_guard);
     drop(lb);
     Ok(())
+}
+
+/// Loads the program, restores the state and attaches.
+fn start_data_path(
+    cfg: &DaemonConfig,
+    state: Option<crate::balancer::State>,
+) -> anyhow::Result<Balancer> {
+    let mut lb = Balancer::load(&cfg.load)?;
+    if let Some(s) = state {
+        lb.restore(s).context("restoring the state file")?;
+        log::info!(
+            "restored {} VIPs from {}",
+            lb.state().vips.len(),
+            cfg.state_file.display()
+        );
+    }
+    if cfg.test_seed != 0 {
+        lb.set_test_seed(cfg.test_seed)?;
+    }
+    for iface in &cfg.interfaces {
+        lb.attach(iface, cfg.mode)?;
+        log::info!("attached to {iface} in {} mode", mode_name(cfg.mode));
+    }
+    Ok(lb)
+}
+
+/// Removes a file when dropped (the control socket).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
@@ -221,12 +275,22 @@ async fn serve(
         }
     } else {
         let mut reader = BufReader::new(r.take(MAX_REQUEST as u64));
-        let mut line = String::new();
-        reader.read_line(&mut line).await?;
-        match serde_json::from_str::<Request>(&line) {
-            Ok(req) => handle(&mut *lb.lock().await, req, state_file),
-            Err(e) => Response::Error {
-                message: format!("bad request: {e}"),
+        let mut line = Vec::new();
+        match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
+            Err(_) => Response::Error {
+                message: format!("no request within {} s", REQUEST_TIMEOUT.as_secs()),
+            },
+            Ok(Err(e)) => Response::Error {
+                message: format!("reading the request: {e}"),
+            },
+            Ok(Ok(_)) if line.len() >= MAX_REQUEST && !line.ends_with(b"\n") => Response::Error {
+                message: format!("request longer than {MAX_REQUEST} bytes"),
+            },
+            Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
+                Ok(req) => handle(&mut *lb.lock().await, req, state_file),
+                Err(e) => Response::Error {
+                    message: format!("bad request: {e}"),
+                },
             },
         }
     };
@@ -250,9 +314,14 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
         Request::ListVips => Ok(Response::Vips {
             vips: lb.list_vips(),
         }),
-        Request::AddBackend { vip, backend } => lb.add_backend(vip, backend).map(|_| Response::Ok),
+        Request::AddBackends { vip, backends } => {
+            lb.add_backends(vip, &backends).map(|_| Response::Ok)
+        }
         Request::DrainBackend { vip, backend } => {
             lb.drain_backend(vip, backend).map(|_| Response::Ok)
+        }
+        Request::UndrainBackend { vip, backend } => {
+            lb.undrain_backend(vip, backend).map(|_| Response::Ok)
         }
         Request::RemoveBackend { vip, backend } => {
             lb.remove_backend(vip, backend).map(|_| Response::Ok)

@@ -102,6 +102,10 @@ struct RunArgs {
     /// Deterministic random draws with this seed (tests only; 0 = kernel random).
     #[arg(long, default_value_t = 0, hide = true)]
     test_seed: u64,
+    /// Remove maps pinned by an earlier run and start empty (their
+    /// established connections are lost).
+    #[arg(long)]
+    fresh: bool,
 }
 
 /// Number of choices: 1..=16 or `all` (full least-connections scan).
@@ -157,8 +161,17 @@ enum VipCmd {
 
 #[derive(Subcommand, Debug)]
 enum BackendCmd {
-    /// Add a backend to a VIP.
+    /// Add one or more backends to a VIP (all or none).
     Add {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        /// Backends as address:port.
+        #[arg(value_parser = parse_endpoint, required = true, num_args = 1..)]
+        backends: Vec<SocketAddrV4>,
+    },
+    /// Drain a backend: no new flows; existing flows run to completion.
+    Drain {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
         vip: SocketAddrV4,
@@ -166,8 +179,8 @@ enum BackendCmd {
         #[arg(value_parser = parse_endpoint)]
         backend: SocketAddrV4,
     },
-    /// Drain a backend: no new flows; existing flows run to completion.
-    Drain {
+    /// Put a drained backend back into service.
+    Undrain {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
         vip: SocketAddrV4,
@@ -196,6 +209,9 @@ enum BackendCmd {
 }
 
 fn main() -> ExitCode {
+    // A CLI piped into `head` must end quietly, not panic on EPIPE.
+    // SAFETY: setting a signal disposition before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -242,6 +258,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 gc_interval: a.gc_interval.max(Duration::from_millis(10)),
                 stats_interval: a.stats_interval,
                 test_seed: a.test_seed,
+                fresh: a.fresh,
             })
             .await;
         }
@@ -251,8 +268,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Vip(VipCmd::Remove { vip }) => (Request::RemoveVip { vip }, false),
         Cmd::Vip(VipCmd::List { json }) => (Request::ListVips, json),
-        Cmd::Backend(BackendCmd::Add { vip, backend }) => {
-            (Request::AddBackend { vip, backend }, false)
+        Cmd::Backend(BackendCmd::Add { vip, backends }) => {
+            (Request::AddBackends { vip, backends }, false)
+        }
+        Cmd::Backend(BackendCmd::Undrain { vip, backend }) => {
+            (Request::UndrainBackend { vip, backend }, false)
         }
         Cmd::Backend(BackendCmd::Drain { vip, backend }) => {
             (Request::DrainBackend { vip, backend }, false)

@@ -2,6 +2,7 @@
 //! clients and servers around the real daemon and XDP program.
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod fixtures;
 pub mod frames;
 pub mod fuzz;

@@ -5,6 +5,7 @@
 //! ```text
 //!  fx0 10.0.1.1/24 (client side)    fx1 10.0.2.1/24 (backend side)
 //!  neighbours 10.0.1.2..=20          neighbours 10.0.2.10..=50, permanent
+//!  10.1.0.0/16 via 10.0.1.20         10.2.0.0/16 via 10.0.2.50
 //! ```
 
 use std::{
@@ -13,7 +14,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _};
-use aya::programs::{TestRun, TestRunOptions};
+use aya::programs::{TestRun, TestRunOptions, Xdp};
 use balancer::{Balancer, LoadOptions};
 
 use crate::{
@@ -69,7 +70,11 @@ pub fn backend(last: u8) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, last), 8080)
 }
 
-fn ifindex(name: &str) -> anyhow::Result<u32> {
+/// Interface index of `name` in the current namespace.
+///
+/// # Errors
+/// No such interface.
+pub fn ifindex(name: &str) -> anyhow::Result<u32> {
     let c = std::ffi::CString::new(name)?;
     // SAFETY: valid C string.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
@@ -77,18 +82,20 @@ fn ifindex(name: &str) -> anyhow::Result<u32> {
     Ok(i)
 }
 
-fn mac_of(name: &str) -> anyhow::Result<[u8; 6]> {
-    let s = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).or_else(|_| {
-        let out = sh("ip", &["-o", "link", "show", name])?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mac = text
-            .split_whitespace()
-            .skip_while(|w| *w != "link/ether")
-            .nth(1)
-            .unwrap_or_default()
-            .to_string();
-        anyhow::Ok(mac)
-    })?;
+/// MAC address of interface `name` in the current namespace.
+///
+/// # Errors
+/// No such interface.
+pub fn mac_of(name: &str) -> anyhow::Result<[u8; 6]> {
+    // Not /sys/class/net: sysfs shows the namespace it was mounted in.
+    let out = sh("ip", &["-o", "link", "show", name])?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let s = text
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
     let mut mac = [0u8; 6];
     for (i, part) in s.trim().split(':').enumerate().take(6) {
         mac[i] = u8::from_str_radix(part, 16)?;
@@ -119,8 +126,21 @@ pub fn net_setup() -> anyhow::Result<()> {
     for last in 10..=50u8 {
         neigh(Ipv4Addr::new(10, 0, 2, last), "fx1")?;
     }
+    // Many clients and backends (benchmarks) sit behind one gateway each.
+    sh("ip", &["route", "add", "10.1.0.0/16", "via", "10.0.1.20"])?;
+    sh("ip", &["route", "add", "10.2.0.0/16", "via", "10.0.2.50"])?;
     sh("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"])?;
     Ok(())
+}
+
+/// Client `i` of up to 65,536 (10.1.x.y), routed via 10.0.1.20.
+pub fn many_client(i: u32, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8), port)
+}
+
+/// Backend `i` of up to 65,536 (10.2.x.y:8080), routed via 10.0.2.50.
+pub fn many_backend(i: u32) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 2, (i >> 8) as u8, i as u8), 8080)
 }
 
 fn neigh(ip: Ipv4Addr, dev: &str) -> anyhow::Result<()> {
@@ -192,27 +212,26 @@ impl Rig {
     /// # Errors
     /// The syscall fails (frame shorter than 14 bytes, for one).
     pub fn run(&mut self, frame: &[u8], side: Side) -> anyhow::Result<(u32, Vec<u8>)> {
-        let ifindex = match side {
+        let (a, out, _) = self.run_timed(frame, side)?;
+        Ok((a, out))
+    }
+
+    /// [`Rig::run`] that also returns the kernel-measured run time.
+    ///
+    /// # Errors
+    /// The syscall fails.
+    pub fn run_timed(&mut self, frame: &[u8], side: Side) -> anyhow::Result<(u32, Vec<u8>, u64)> {
+        let r = test_run(self.lb.program()?, frame, self.ifindex(side))?;
+        self.frames += 1;
+        Ok(r)
+    }
+
+    /// Interface index of a side.
+    pub fn ifindex(&self, side: Side) -> u32 {
+        match side {
             Side::Client => self.client_if,
             Side::Backend => self.backend_if,
-        };
-        let mut ctx = [0u8; 24];
-        ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
-        ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
-        let mut out = vec![0u8; frame.len() + 256];
-        let res = self
-            .lb
-            .program()?
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..Default::default()
-            })
-            .context("BPF_PROG_TEST_RUN")?;
-        out.truncate(res.data_size_out as usize);
-        self.frames += 1;
-        Ok((res.return_value, out))
+        }
     }
 
     /// Global counters by name.
@@ -352,6 +371,29 @@ impl Rig {
         );
         Ok(())
     }
+}
+
+/// Runs `frame` once through `prog` as received on `ifindex`; returns the
+/// action, the output frame and the kernel-measured run time in ns.
+///
+/// # Errors
+/// The syscall fails (frame shorter than 14 bytes, for one).
+pub fn test_run(prog: &Xdp, frame: &[u8], ifindex: u32) -> anyhow::Result<(u32, Vec<u8>, u64)> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
+    let mut ctx = [0u8; 24];
+    ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+    let mut out = vec![0u8; frame.len() + 256];
+    let res = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..Default::default()
+        })
+        .context("BPF_PROG_TEST_RUN")?;
+    out.truncate(res.data_size_out as usize);
+    Ok((res.return_value, out, res.duration.as_nanos() as u64))
 }
 
 /// Where two frames differ, for error messages.

@@ -260,6 +260,26 @@ impl Testbed {
     /// # Errors
     /// Any step of the set-up; everything built so far is torn down.
     pub fn start(n_backends: usize, choices: &str) -> anyhow::Result<Testbed> {
+        let mut tb = Testbed::build(n_backends)?;
+        tb.start_daemon()?;
+        tb.cli(&["vip", "add", &VIP.to_string(), "--choices", choices])?;
+        for k in 0..n_backends {
+            tb.cli(&[
+                "backend",
+                "add",
+                &VIP.to_string(),
+                &backend_addr(k).to_string(),
+            ])?;
+        }
+        Ok(tb)
+    }
+
+    /// Builds the hosts and starts the backend servers, without a balancer
+    /// (for running another one on the balancer host).
+    ///
+    /// # Errors
+    /// Any step of the set-up; everything built so far is torn down.
+    pub fn build(n_backends: usize) -> anyhow::Result<Testbed> {
         let tag = std::process::id();
         let dir = std::env::temp_dir().join(format!("balancer-testbed-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -290,17 +310,28 @@ impl Testbed {
             let s = start_server(&tb.backends[k], backend_addr(k), tb.stop.clone())?;
             tb.servers.push(s);
         }
-        tb.start_daemon()?;
-        tb.cli(&["vip", "add", &VIP.to_string(), "--choices", choices])?;
-        for k in 0..n_backends {
-            tb.cli(&[
-                "backend",
-                "add",
-                &VIP.to_string(),
-                &backend_addr(k).to_string(),
-            ])?;
-        }
         Ok(tb)
+    }
+
+    /// Stops the daemon (SIGTERM, then SIGKILL after 5 s).
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = sh("kill", &["-TERM", &d.id().to_string()]);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = d.try_wait() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+
+    /// Process id of the running daemon.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(|d| d.id())
     }
 
     fn wire(&self) -> anyhow::Result<()> {
@@ -376,7 +407,11 @@ impl Testbed {
         Ok(())
     }
 
-    fn start_daemon(&mut self) -> anyhow::Result<()> {
+    /// Starts the daemon on lb0 and lb1 and waits for its control socket.
+    ///
+    /// # Errors
+    /// The daemon exits or does not answer within 60 s.
+    pub fn start_daemon(&mut self) -> anyhow::Result<()> {
         let log = std::fs::File::create(&self.log)?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.lb.name()])
@@ -490,19 +525,7 @@ impl Testbed {
 impl Drop for Testbed {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(mut d) = self.daemon.take() {
-            // SIGTERM first so it detaches cleanly, then make sure.
-            let _ = sh("kill", &["-TERM", &d.id().to_string()]);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = d.try_wait() {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(50));
-            }
-            let _ = d.kill();
-            let _ = d.wait();
-        }
+        self.stop_daemon();
         let _ = std::fs::remove_dir_all(&self.dir);
         // Netns fields drop after this and delete the namespaces.
     }

@@ -48,6 +48,14 @@ enum Cmd {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// The benchmarks: data-path cost, packet rate, balance quality, the
+    /// peers (HAProxy, NGINX, installed here) and cost growth. Writes
+    /// BENCHMARKS.md, bench.json and bench-balance.png at the workspace root.
+    Bench {
+        /// A quick pass to check the bench itself (figures not for the record).
+        #[arg(long)]
+        quick: bool,
+    },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
     Lint,
 }
@@ -104,6 +112,18 @@ fn main() -> anyhow::Result<()> {
             c.args(["fuzz", "--frames", &frames.to_string()]);
             if let Some(s) = seed {
                 c.args(["--seed", &s.to_string()]);
+            }
+            run(&mut c)
+        }
+        Cmd::Bench { quick } => {
+            run(Command::new("bash")
+                .arg(root().join("scripts/setup.sh"))
+                .arg("--bench"))?;
+            run(cargo().args(["build", "--release", "--workspace", "--bins"]))?;
+            let mut c = Command::new(root().join("target/release/balancer-testbed"));
+            c.current_dir(root()).args(["bench", "--out", "."]);
+            if quick {
+                c.args(["--quick", "--command", "cargo xtask bench --quick"]);
             }
             run(&mut c)
         }

@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 
-use balancer_tests::{fixtures, fuzz, netns, scenario};
+use balancer_tests::{bench, fixtures, fuzz, netns, scenario};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -36,6 +36,18 @@ enum Cmd {
     E2e,
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
+    /// The benchmarks: writes BENCHMARKS.md and bench.json.
+    Bench {
+        /// Output directory.
+        #[arg(long, default_value = ".")]
+        out: std::path::PathBuf,
+        /// A quick pass (for checking the bench itself; figures not for the record).
+        #[arg(long)]
+        quick: bool,
+        /// The command line recorded in the report.
+        #[arg(long, default_value = "cargo xtask bench")]
+        command: String,
+    },
     /// The fuzz run through BPF_PROG_TEST_RUN.
     Fuzz {
         /// Frames to run.
@@ -65,6 +77,21 @@ fn main() -> ExitCode {
         } => scenario::demo(connections, held.min(connections), backends as usize),
         Cmd::E2e => scenario::e2e(),
         Cmd::Fixtures => fixtures::run_suite(),
+        Cmd::Bench {
+            out,
+            quick,
+            command,
+        } => bench::check_tools().and_then(|_| {
+            bench::run(
+                &out,
+                if quick {
+                    bench::Scale::QUICK
+                } else {
+                    bench::Scale::FULL
+                },
+                &command,
+            )
+        }),
         Cmd::Fuzz { frames, seed } => {
             let seed = seed.unwrap_or_else(|| {
                 std::time::SystemTime::now()
