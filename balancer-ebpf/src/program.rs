@@ -3,10 +3,10 @@ use core::{ffi::c_void, intrinsics::AtomicOrdering};
 use aya_ebpf::{
     bindings::{bpf_fib_lookup as FibParams, xdp_action, BPF_NOEXIST},
     helpers::generated::{
-        bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop, bpf_redirect,
+        bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_coarse_ns, bpf_loop, bpf_redirect,
     },
     macros::{map, xdp},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray},
     programs::XdpContext,
 };
 use balancer_common::{
@@ -45,6 +45,39 @@ static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
 /// `Settings::test_seed` is non-zero.
 #[map]
 static RNG_STATE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Key of the next-hop cache: destination address (network byte order) and
+/// the interface the frame came in on.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct HopKey {
+    dst: u32,
+    ingress: u32,
+}
+
+/// A cached `bpf_fib_lookup` result.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NextHop {
+    /// Egress interface.
+    ifindex: u32,
+    /// Largest IPv4 total length the lookup accepted (MTU check), bytes.
+    max_len: u16,
+    /// Destination then source MAC, as written into the frame.
+    macs: [u8; 12],
+    _pad: u16,
+    /// When the entry stops being used, CLOCK_MONOTONIC_COARSE ns.
+    expires_ns: u64,
+}
+
+/// How long a next hop is reused before it is looked up again (ns): a
+/// neighbour's new MAC or a route change takes effect within this time.
+const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
+
+/// Next-hop cache, per CPU: a FIB lookup costs about as much as the rest of
+/// the forwarding path together (measured with `cargo xtask bench`).
+#[map]
+static NEXT_HOPS: LruPerCpuHashMap<HopKey, NextHop> = LruPerCpuHashMap::with_max_entries(65536, 0);
 
 const AF_INET: u8 = 2;
 const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
@@ -143,8 +176,11 @@ fn atomic_add(map: &Array<u64>, index: u32, v: u64) {
 
 #[inline(always)]
 fn now_ns() -> u64 {
+    // CLOCK_MONOTONIC_COARSE (a tick's resolution, a few ns to read): plenty
+    // for idle timeouts of seconds, and the same clock userspace compares
+    // against (CLOCK_MONOTONIC runs at most a tick ahead of it).
     // SAFETY: helper without arguments.
-    unsafe { bpf_ktime_get_ns() }
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
 #[inline(always)]
@@ -286,7 +322,7 @@ fn to_backend(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, vip: &VipInfo) -> 
         addr: backend.addr,
         port: backend.port,
     };
-    forward(ctx, frame, seg, &nat, seg.src_addr, backend.addr)
+    forward(ctx, frame, seg, &nat, seg.src_addr, backend.addr, now)
 }
 
 /// State of one choice, passed to [`choose_step`] through `bpf_loop`.
@@ -426,7 +462,7 @@ fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rev: *mut FlowEntry
         addr: live_key.dst_addr,
         port: live_key.dst_port,
     };
-    forward(ctx, frame, seg, &nat, live_key.dst_addr, seg.dst_addr)
+    forward(ctx, frame, seg, &nat, live_key.dst_addr, seg.dst_addr, now)
 }
 
 /// A NAT rewrite: the IPv4 address at `addr_off` in the IPv4 header and the
@@ -464,61 +500,108 @@ fn rewrite(frame: &XdpFrame, seg: &Tcp4, nat: &Nat) -> Option<()> {
     Some(())
 }
 
-/// Looks up the next hop towards `dst` and, only when the frame will leave,
-/// applies `nat` and sends it: XDP_TX when it leaves through the interface it
-/// came in on, XDP_REDIRECT otherwise. With no neighbour entry yet the
+/// Finds the next hop towards `dst` (from the per-CPU cache, or
+/// `bpf_fib_lookup` when the cached one is missing, older than
+/// [`NEXT_HOP_TTL_NS`] or checked only for smaller frames) and, only when the
+/// frame will leave, applies `nat` and sends it: XDP_TX when it leaves
+/// through the interface it came in on, XDP_REDIRECT otherwise. With no neighbour entry yet the
 /// rewritten frame goes to the kernel, which resolves the neighbour and
 /// forwards it. A frame that cannot be forwarded (no route, larger than the
 /// egress MTU) is dropped untouched and counted.
 #[inline(always)]
-fn forward(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, nat: &Nat, src: u32, dst: u32) -> u32 {
-    // SAFETY: plain-old-data struct; all-zero is a valid value.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
-    p.family = AF_INET;
-    p.l4_protocol = IPPROTO_TCP;
-    p.__bindgen_anon_1.tot_len = seg.ip_total_len;
-    p.ifindex = ctx.ingress_ifindex() as u32;
-    p.__bindgen_anon_3.ipv4_src = src;
-    p.__bindgen_anon_4.ipv4_dst = dst;
-    // SAFETY: valid context and params pointers, size of the params struct.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.ctx as *mut _,
-            &mut p,
-            core::mem::size_of::<FibParams>() as i32,
-            0,
-        )
+fn forward(
+    ctx: &XdpContext,
+    frame: &XdpFrame,
+    seg: &Tcp4,
+    nat: &Nat,
+    src: u32,
+    dst: u32,
+    now: u64,
+) -> u32 {
+    let ingress = ctx.ingress_ifindex() as u32;
+    let key = HopKey { dst, ingress };
+    let cached = match NEXT_HOPS.get_ptr(&key) {
+        // SAFETY: pointer from a successful lookup of a per-CPU value.
+        Some(h) => unsafe { *h },
+        None => NextHop {
+            ifindex: 0,
+            max_len: 0,
+            macs: [0; 12],
+            _pad: 0,
+            expires_ns: 0,
+        },
     };
-    if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
-        count(Counter::DropMtu, 1);
-        return xdp_action::XDP_DROP;
-    }
-    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
-        count(Counter::DropFib, 1);
-        return xdp_action::XDP_DROP;
-    }
-    if rewrite(frame, seg, nat).is_none() {
+    let hop = if cached.expires_ns > now && seg.ip_total_len <= cached.max_len {
+        cached
+    } else {
+        // SAFETY: plain-old-data struct; all-zero is a valid value.
+        let mut p: FibParams = unsafe { core::mem::zeroed() };
+        p.family = AF_INET;
+        p.l4_protocol = IPPROTO_TCP;
+        p.__bindgen_anon_1.tot_len = seg.ip_total_len;
+        p.ifindex = ingress;
+        p.__bindgen_anon_3.ipv4_src = src;
+        p.__bindgen_anon_4.ipv4_dst = dst;
+        // SAFETY: valid context and params pointers, size of the params struct.
+        let rc = unsafe {
+            bpf_fib_lookup(
+                ctx.ctx as *mut _,
+                &mut p,
+                core::mem::size_of::<FibParams>() as i32,
+                0,
+            )
+        };
+        if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+            count(Counter::DropMtu, 1);
+            return xdp_action::XDP_DROP;
+        }
+        if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
+            if rewrite(frame, seg, nat).is_none() {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_PASS;
+            }
+            count(Counter::PassFibNoNeigh, 1);
+            return xdp_action::XDP_PASS;
+        }
+        if rc != BPF_FIB_LKUP_RET_SUCCESS {
+            count(Counter::DropFib, 1);
+            return xdp_action::XDP_DROP;
+        }
+        let mut macs = [0u8; 12];
+        macs[..6].copy_from_slice(&p.dmac);
+        macs[6..].copy_from_slice(&p.smac);
+        let same_hop =
+            cached.expires_ns > now && cached.ifindex == p.ifindex && cached.macs == macs;
+        let fresh = NextHop {
+            ifindex: p.ifindex,
+            // A larger frame that fit raises what later frames may skip the lookup for.
+            max_len: if same_hop && cached.max_len > seg.ip_total_len {
+                cached.max_len
+            } else {
+                seg.ip_total_len
+            },
+            macs,
+            _pad: 0,
+            expires_ns: if same_hop {
+                cached.expires_ns
+            } else {
+                now + NEXT_HOP_TTL_NS
+            },
+        };
+        let _ = NEXT_HOPS.insert(&key, &fresh, 0);
+        fresh
+    };
+    if rewrite(frame, seg, nat).is_none() || frame.write(0, hop.macs).is_none() {
         count(Counter::PassMalformed, 1);
         return xdp_action::XDP_PASS;
     }
-    if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
-        count(Counter::PassFibNoNeigh, 1);
-        return xdp_action::XDP_PASS;
-    }
-    let mut macs = [0u8; 12];
-    macs[..6].copy_from_slice(&p.dmac);
-    macs[6..].copy_from_slice(&p.smac);
-    if frame.write(0, macs).is_none() {
-        count(Counter::PassMalformed, 1);
-        return xdp_action::XDP_PASS;
-    }
-    if p.ifindex == ctx.ingress_ifindex() as u32 {
+    if hop.ifindex == ingress {
         count(Counter::TxPackets, 1);
         return xdp_action::XDP_TX;
     }
     count(Counter::RedirectPackets, 1);
     // SAFETY: plain helper call.
-    unsafe { bpf_redirect(p.ifindex, 0) as u32 }
+    unsafe { bpf_redirect(hop.ifindex, 0) as u32 }
 }
 
 // ---- programs for benchmarks only (never attached by the daemon) ----

@@ -1284,6 +1284,10 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     let mut aux = Aux::load()?;
     eprintln!("bench: data path");
     let dp = datapath(&mut rep, &aux, sc)?;
+    if std::env::var_os("BENCH_ONLY_DATAPATH").is_some() {
+        println!("{}", rep.md);
+        return Ok(());
+    }
     eprintln!("bench: packet rate");
     rate(&mut rep, &mut aux, sc)?;
     eprintln!("bench: balance quality");
