@@ -98,15 +98,14 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     if let Some(s) = &state {
         s.validate().context("checking the state file")?;
     }
-    write_state(&cfg.state_file, &state.clone().unwrap_or_default())
-        .context("the state file must be writable")?;
+    check_writable(&cfg.state_file)?;
     let mut pins_existed = false;
     if let Some(dir) = &cfg.load.pin_dir {
         ensure_bpffs()?;
         pins_existed = dir.exists();
         match (&state, pins_existed, cfg.fresh) {
             (None, true, false) => bail!(
-                "maps are pinned in {} but the state file {} holds no VIPs: they may belong to \
+                "maps are pinned in {} but there is no state file {}: they may belong to \
                  another daemon or another state file. Point --state-file at the right file, or \
                  pass --fresh to remove the pins (their established connections are lost)",
                 dir.display(),
@@ -235,6 +234,18 @@ fn start_data_path(
         log::info!("attached to {iface} in {} mode", mode_name(cfg.mode));
     }
     Ok(lb)
+}
+
+/// Fails now, rather than at the first change, when the state file cannot
+/// be written: writes and removes a scratch file beside it.
+fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let probe = path.with_extension("probe");
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("the state file {} must be writable", path.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// Removes a file when dropped (the control socket).

@@ -136,8 +136,8 @@ fn counts_match_servers(tb: &Testbed) -> anyhow::Result<Result<(), String>> {
 /// # Errors
 /// The first assertion that fails, with the daemon's log.
 pub fn e2e() -> anyhow::Result<()> {
-    let tb = Testbed::start(4, "2")?;
-    let r = e2e_on(&tb);
+    let mut tb = Testbed::start(4, "2")?;
+    let r = e2e_on(&mut tb);
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
         if let Ok(s) = tb.cli(&["stats"]) {
@@ -147,7 +147,7 @@ pub fn e2e() -> anyhow::Result<()> {
     r
 }
 
-fn e2e_on(tb: &Testbed) -> anyhow::Result<()> {
+fn e2e_on(tb: &mut Testbed) -> anyhow::Result<()> {
     const TOTAL: u64 = 2000;
     const HELD: u64 = 200;
     let t0 = Instant::now();
@@ -224,7 +224,7 @@ fn e2e_on(tb: &Testbed) -> anyhow::Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("client thread panicked"))??
     };
-    let (held, n) = held_after;
+    let (mut held, n) = held_after;
     on_drained += n;
     ensure!(
         on_drained > 0,
@@ -233,6 +233,47 @@ fn e2e_on(tb: &Testbed) -> anyhow::Result<()> {
     wait_until(Duration::from_secs(15), || counts_match_servers(tb))
         .context("active counts after drain")?;
     println!("e2e: drained {drained}: 0 of 200 new connections, {on_drained} held connections still served");
+
+    // A second daemon pointed at the same pins must refuse and change nothing.
+    let (ok, err) = tb.second_daemon()?;
+    ensure!(!ok, "a second daemon started on the running daemon's pins");
+    ensure!(
+        err.contains("pinned"),
+        "second daemon refused for another reason: {err}"
+    );
+    wait_until(Duration::from_secs(10), || counts_match_servers(tb))
+        .context("after the refused second daemon")?;
+    println!(
+        "e2e: a second daemon on the same pins refused: {}",
+        err.lines().last().unwrap_or("").trim()
+    );
+
+    // Crash and restart: the state file and the pinned maps bring back the
+    // VIP, the backends, the flows and their counts.
+    tb.kill_daemon();
+    tb.start_daemon()?;
+    let held = {
+        let ns = tb.client_ns_path();
+        thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
+            enter_ns(&ns)?;
+            for (i, c) in held.iter_mut().enumerate() {
+                let b = c.request(700_000 + i as u64, 100)?;
+                ensure!(
+                    b == c.backend,
+                    "after restart, held connection moved from {} to {b}",
+                    c.backend
+                );
+            }
+            Ok(held)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("client thread panicked"))??
+    };
+    wait_until(Duration::from_secs(15), || counts_match_servers(tb))
+        .context("active counts after restart")?;
+    println!(
+        "e2e: daemon killed and restarted: {HELD} held connections still served, counts unchanged"
+    );
 
     // Close everything: every count returns to 0.
     for c in held {

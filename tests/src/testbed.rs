@@ -110,7 +110,7 @@ fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow
                         });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_millis(1));
+                        thread::sleep(Duration::from_micros(200));
                     }
                     Err(_) => thread::sleep(Duration::from_millis(1)),
                 }
@@ -283,7 +283,12 @@ impl Testbed {
         let tag = std::process::id();
         let dir = std::env::temp_dir().join(format!("balancer-testbed-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(dir.join("bpffs"))?;
+        // Private to this (isolated) mount namespace; gone with it.
+        sh(
+            "mount",
+            &["-t", "bpf", "bpf", &dir.join("bpffs").to_string_lossy()],
+        )?;
         let client = Netns::new(&format!("tb{tag}-client"))?;
         let lb = Netns::new(&format!("tb{tag}-lb"))?;
         let switch = Netns::new(&format!("tb{tag}-sw"))?;
@@ -311,6 +316,45 @@ impl Testbed {
             tb.servers.push(s);
         }
         Ok(tb)
+    }
+
+    /// Where the daemon pins its maps: a bpffs of the test bed's own, so the
+    /// pins outlive a daemon restart (`ip netns exec` gives every start a
+    /// fresh /sys) but not the test bed.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.dir.join("bpffs").join("pins")
+    }
+
+    /// Kills the daemon with SIGKILL, as a crash would.
+    pub fn kill_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+
+    /// Runs a second `balancer run` on lb0 with its own socket and state
+    /// file but the test bed's pin directory, and returns its exit status
+    /// and output (it is expected to refuse; killed after 20 s otherwise).
+    ///
+    /// # Errors
+    /// The command cannot be started.
+    pub fn second_daemon(&self) -> anyhow::Result<(bool, String)> {
+        let mut cmd = Command::new("timeout");
+        cmd.args(["20", "ip", "netns", "exec", self.lb.name()])
+            .arg(&self.balancer_bin)
+            .arg("--socket")
+            .arg(self.dir.join("second.sock"))
+            .args(["run", "--iface", "lb0", "--stats-interval", "0s"])
+            .arg("--state-file")
+            .arg(self.dir.join("second-state.json"))
+            .arg("--pin-dir")
+            .arg(self.pin_dir());
+        let out = cmd.output()?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
     }
 
     /// Stops the daemon (SIGTERM, then SIGKILL after 5 s).
@@ -432,7 +476,7 @@ impl Testbed {
             .arg("--state-file")
             .arg(self.dir.join("state.json"))
             .arg("--pin-dir")
-            .arg(format!("/sys/fs/bpf/{}", self.lb.name()))
+            .arg(self.pin_dir())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -526,6 +570,7 @@ impl Drop for Testbed {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         self.stop_daemon();
+        let _ = sh("umount", &[&self.dir.join("bpffs").to_string_lossy()]);
         let _ = std::fs::remove_dir_all(&self.dir);
         // Netns fields drop after this and delete the namespaces.
     }
