@@ -30,6 +30,8 @@ pub mod map_names {
     pub const BACKEND_CONN_ADJUST: &str = "BACKEND_CONN_ADJUST";
     /// Flow table: [`crate::FlowKey`] -> [`crate::FlowEntry`] (LRU hash).
     pub const FLOWS: &str = "FLOWS";
+    /// Backends' VIPs: [`crate::BackendKey`] -> [`crate::BackendVips`] (hash).
+    pub const BACKEND_VIPS: &str = "BACKEND_VIPS";
     /// Global per-CPU counters indexed by [`crate::Counter`] (per-CPU array of `u64`).
     pub const STATS: &str = "STATS";
     /// Per-backend per-CPU traffic counters: [`crate::TrafficStats`] by slot.
@@ -49,8 +51,8 @@ pub const MAX_VIPS: u32 = 128;
 pub const MAX_BACKENDS_PER_VIP: u32 = BACKEND_SLOTS;
 /// Number of backend slots shared by all VIPs (size of the per-backend arrays).
 pub const BACKEND_SLOTS: u32 = 16384;
-/// Default number of entries in the flow table. Each connection takes two
-/// entries (client-side and backend-side), so this holds half as many flows.
+/// Default number of entries in the flow table: one per connection (live or
+/// recently closed).
 pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 1 << 19;
 /// Largest per-VIP `choices` value that samples; [`CHOICES_FULL_SCAN`] scans.
 pub const MAX_CHOICES: u32 = 16;
@@ -145,9 +147,47 @@ pub mod flow_kind {
     /// for a short time so late segments still reach the same backend. Holds
     /// no active connection.
     pub const CLOSED: u8 = 1;
-    /// The backend-side 5-tuple (backend -> client) of a connection, used to
-    /// rewrite replies back to the VIP.
-    pub const REVERSE: u8 = 2;
+}
+
+/// How many VIPs one backend address and port may serve. A reply names the
+/// backend, not the VIP: the data path tries the flow key of each VIP the
+/// backend serves, so this bounds the lookups per reply.
+pub const MAX_VIPS_PER_BACKEND: u32 = 4;
+
+/// Key of the `BACKEND_VIPS` table: a backend's address and port as a reply
+/// carries them in its source fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendKey {
+    /// IPv4 address, network byte order.
+    pub addr: u32,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// A VIP address and port, network byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipAddr {
+    /// IPv4 address, network byte order.
+    pub addr: u32,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// Value of the `BACKEND_VIPS` table: the VIPs a backend serves, so a reply
+/// finds its flow (client -> VIP) without per-flow reverse state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendVips {
+    /// Valid entries of `vips`, 1..=[`MAX_VIPS_PER_BACKEND`].
+    pub count: u32,
+    /// The VIPs.
+    pub vips: [VipAddr; MAX_VIPS_PER_BACKEND as usize],
 }
 
 /// Key of the flow table: a 5-tuple plus the entry kind.
@@ -202,10 +242,6 @@ pub struct FlowEntry {
     pub last_seen_ns: u64,
     /// Time the flow was created, CLOCK_MONOTONIC ns.
     pub created_ns: u64,
-    /// For `LIVE`/`CLOSED` entries: the `REVERSE` key of the same connection.
-    /// For `REVERSE` entries: the `LIVE` key (client -> VIP:port), whose
-    /// destination is what replies are rewritten back to.
-    pub peer: FlowKey,
 }
 
 /// Counters of the global per-CPU `STATS` array.
@@ -287,7 +323,9 @@ const _: () = {
     assert!(core::mem::size_of::<VipInfo>() == 16);
     assert!(core::mem::size_of::<Backend>() == 16);
     assert!(core::mem::size_of::<FlowKey>() == 16);
-    assert!(core::mem::size_of::<FlowEntry>() == 56);
+    assert!(core::mem::size_of::<FlowEntry>() == 40);
+    assert!(core::mem::size_of::<BackendKey>() == 8);
+    assert!(core::mem::size_of::<BackendVips>() == 4 + 8 * MAX_VIPS_PER_BACKEND as usize);
     assert!(core::mem::size_of::<TrafficStats>() == 32);
     assert!(core::mem::size_of::<Settings>() == 8);
     assert!(Counter::DropMtu as u32 + 1 == COUNTER_COUNT);
@@ -304,4 +342,6 @@ mod pod {
     unsafe impl aya::Pod for super::FlowEntry {}
     unsafe impl aya::Pod for super::TrafficStats {}
     unsafe impl aya::Pod for super::Settings {}
+    unsafe impl aya::Pod for super::BackendKey {}
+    unsafe impl aya::Pod for super::BackendVips {}
 }

@@ -15,9 +15,9 @@ use balancer_common::{
     flow::{self, Direction, Verdict},
     flow_kind,
     parse::{self, Frame, Parsed, Tcp4, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, TCP_CSUM_OFF},
-    Backend, Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipInfo, VipKey,
-    BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_COUNT, DEFAULT_FLOW_TABLE_SIZE, IPPROTO_TCP, MAX_VIPS,
-    VIP_BACKENDS_LEN,
+    Backend, BackendKey, BackendVips, Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipInfo,
+    VipKey, BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_COUNT, DEFAULT_FLOW_TABLE_SIZE, IPPROTO_TCP,
+    MAX_VIPS, MAX_VIPS_PER_BACKEND, VIP_BACKENDS_LEN,
 };
 
 #[map]
@@ -30,6 +30,8 @@ static BACKENDS: Array<Backend> = Array::with_max_entries(BACKEND_SLOTS, 0);
 static BACKEND_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
 static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+#[map]
+static BACKEND_VIPS: HashMap<BackendKey, BackendVips> = HashMap::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
 static FLOWS: LruHashMap<FlowKey, FlowEntry> =
     LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
@@ -230,17 +232,14 @@ fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
         let vip = *vip;
         return to_backend(ctx, frame, seg, &vip);
     }
-    let rev_key = FlowKey {
-        src_addr: seg.src_addr,
-        dst_addr: seg.dst_addr,
-        src_port: seg.src_port,
-        dst_port: seg.dst_port,
-        proto: IPPROTO_TCP,
-        kind: flow_kind::REVERSE,
+    let bkey = BackendKey {
+        addr: seg.src_addr,
+        port: seg.src_port,
         _pad: 0,
     };
-    if let Some(rev) = FLOWS.get_ptr_mut(&rev_key) {
-        return to_client(ctx, frame, seg, rev);
+    if let Some(bv) = unsafe { BACKEND_VIPS.get(&bkey) } {
+        let bv = *bv;
+        return to_client(ctx, frame, seg, &bv);
     }
     count(Counter::PassNotVip, 1);
     xdp_action::XDP_PASS
@@ -393,20 +392,10 @@ fn new_flow(key: &FlowKey, seg: &Tcp4, vip: &VipInfo, now: u64) -> Result<(Backe
         count(Counter::DropNoBackend, 1);
         return Err(xdp_action::XDP_DROP);
     }
-    let rev_key = FlowKey {
-        src_addr: b.addr,
-        dst_addr: seg.src_addr,
-        src_port: b.port,
-        dst_port: seg.src_port,
-        proto: IPPROTO_TCP,
-        kind: flow_kind::REVERSE,
-        _pad: 0,
-    };
     let mut entry = FlowEntry {
         backend_slot: slot,
         backend_generation: b.generation,
         vip_index: vip.index,
-        peer: rev_key,
         ..FlowEntry::default()
     };
     flow::start(&mut entry, seg, now);
@@ -421,48 +410,90 @@ fn new_flow(key: &FlowKey, seg: &Tcp4, vip: &VipInfo, now: u64) -> Result<(Backe
         return Err(xdp_action::XDP_DROP);
     }
     atomic_add(&BACKEND_CONNS, slot, 1);
-    entry.peer = *key;
-    let _ = FLOWS.insert(&rev_key, &entry, 0);
     // A new connection on a 5-tuple that closed before: forget the old one.
     let _ = FLOWS.remove(&key.with_kind(flow_kind::CLOSED));
     count(Counter::NewFlows, 1);
     Ok((b, slot))
 }
 
+/// A reply from a backend: finds its flow by trying the client-side key for
+/// each VIP the backend serves (one lookup when it serves one VIP), checks
+/// the flow is pinned to this very backend, tracks it and rewrites the
+/// source back to the VIP. A reply that matches no flow passes untouched.
 #[inline(always)]
-fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rev: *mut FlowEntry) -> u32 {
+fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVips) -> u32 {
     let now = now_ns();
-    // SAFETY: pointer from a successful lookup.
-    let rev = unsafe { &mut *rev };
-    rev.last_seen_ns = now;
-    let live_key = rev.peer;
-    let slot = rev.backend_slot;
-    let vip_index = rev.vip_index;
-    if let Some(e) = FLOWS.get_ptr_mut(&live_key) {
-        // SAFETY: pointer from a successful lookup.
-        let entry = unsafe { &mut *e };
-        entry.last_seen_ns = now;
-        let verdict = flow::track(entry, Direction::ToClient, seg);
-        match verdict {
-            Verdict::Open => {}
-            Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
-            Verdict::ClosedByFin | Verdict::ClosedByRst => {
-                let copy = *entry;
-                close(&live_key, &copy, verdict);
-            }
+    let mut i = 0;
+    while i < MAX_VIPS_PER_BACKEND as usize {
+        if i as u32 >= bv.count {
+            break;
         }
+        let vip = bv.vips[i];
+        let live_key = FlowKey {
+            src_addr: seg.dst_addr,
+            dst_addr: vip.addr,
+            src_port: seg.dst_port,
+            dst_port: vip.port,
+            proto: IPPROTO_TCP,
+            kind: flow_kind::LIVE,
+            _pad: 0,
+        };
+        let (slot, vip_index) = if let Some(e) = FLOWS.get_ptr_mut(&live_key) {
+            // SAFETY: pointer from a successful lookup.
+            let entry = unsafe { &mut *e };
+            if !is_from(entry, seg) {
+                i += 1;
+                continue;
+            }
+            entry.last_seen_ns = now;
+            let verdict = flow::track(entry, Direction::ToClient, seg);
+            let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
+            match verdict {
+                Verdict::Open => {}
+                Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
+                Verdict::ClosedByFin | Verdict::ClosedByRst => {
+                    let copy = *entry;
+                    close(&live_key, &copy, verdict);
+                }
+            }
+            (slot, vip_index)
+        } else if let Some(e) = FLOWS.get_ptr_mut(&live_key.with_kind(flow_kind::CLOSED)) {
+            // SAFETY: pointer from a successful lookup.
+            let entry = unsafe { &mut *e };
+            if !is_from(entry, seg) {
+                i += 1;
+                continue;
+            }
+            count(Counter::ClosedFlowPackets, 1);
+            (entry.backend_slot, entry.vip_index)
+        } else {
+            i += 1;
+            continue;
+        };
+        let bytes = frame.len() as u64;
+        traffic(&VIP_STATS, vip_index, bytes, false, false);
+        traffic(&BACKEND_STATS, slot, bytes, false, false);
+        count(Counter::ReplyPackets, 1);
+        let nat = Nat {
+            addr_off: IPV4_SRC_OFF,
+            port_off: 0,
+            addr: vip.addr,
+            port: vip.port,
+        };
+        return forward(ctx, frame, seg, &nat, vip.addr, seg.dst_addr, now);
     }
-    let bytes = frame.len() as u64;
-    traffic(&VIP_STATS, vip_index, bytes, false, false);
-    traffic(&BACKEND_STATS, slot, bytes, false, false);
-    count(Counter::ReplyPackets, 1);
-    let nat = Nat {
-        addr_off: IPV4_SRC_OFF,
-        port_off: 0,
-        addr: live_key.dst_addr,
-        port: live_key.dst_port,
-    };
-    forward(ctx, frame, seg, &nat, live_key.dst_addr, seg.dst_addr, now)
+    count(Counter::PassNotVip, 1);
+    xdp_action::XDP_PASS
+}
+
+/// `true` when `seg` comes from the backend the flow is pinned to (the same
+/// client tuple may be pinned to another backend of another VIP).
+#[inline(always)]
+fn is_from(entry: &FlowEntry, seg: &Tcp4) -> bool {
+    match backend_of(entry) {
+        Some(b) => b.addr == seg.src_addr && b.port == seg.src_port,
+        None => false,
+    }
 }
 
 /// A NAT rewrite: the IPv4 address at `addr_off` in the IPv4 header and the

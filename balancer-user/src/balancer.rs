@@ -14,9 +14,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use balancer_common::{
-    eligible_list_base, flow as fl, flow_kind, map_names, Backend, Counter, FlowEntry, FlowKey,
-    Settings, TrafficStats, VipInfo, VipKey, BACKEND_F_IN_USE, BACKEND_SLOTS, CHOICES_FULL_SCAN,
-    COUNTER_COUNT, IPPROTO_TCP, MAX_BACKENDS_PER_VIP, MAX_CHOICES, MAX_VIPS,
+    eligible_list_base, flow as fl, flow_kind, map_names, Backend, BackendKey, BackendVips,
+    Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipAddr, VipInfo, VipKey,
+    BACKEND_F_IN_USE, BACKEND_SLOTS, CHOICES_FULL_SCAN, COUNTER_COUNT, IPPROTO_TCP,
+    MAX_BACKENDS_PER_VIP, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND,
 };
 use serde::{Deserialize, Serialize};
 
@@ -30,8 +31,9 @@ pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
-pub const PINNED_MAPS: [&str; 9] = [
+pub const PINNED_MAPS: [&str; 10] = [
     map_names::VIPS,
+    map_names::BACKEND_VIPS,
     map_names::VIP_BACKENDS,
     map_names::BACKENDS,
     map_names::BACKEND_CONNS,
@@ -69,7 +71,7 @@ impl Default for Timeouts {
 /// How to load the program.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Flow-table entries (two per connection). Default
+    /// Flow-table entries (one per connection). Default
     /// [`balancer_common::DEFAULT_FLOW_TABLE_SIZE`].
     pub flow_table_size: u32,
     /// bpffs directory to pin the maps under; `None` pins nothing.
@@ -140,6 +142,17 @@ impl State {
         }
         let mut indexes = std::collections::BTreeSet::new();
         let mut slots = std::collections::BTreeSet::new();
+        let mut per_backend: BTreeMap<SocketAddrV4, u32> = BTreeMap::new();
+        for b in self.vips.values().flat_map(|v| v.backends.iter()) {
+            let n = per_backend.entry(b.addr).or_default();
+            *n += 1;
+            if *n > MAX_VIPS_PER_BACKEND {
+                return Err(bad(format!(
+                    "backend {} serves more than {MAX_VIPS_PER_BACKEND} VIPs",
+                    b.addr
+                )));
+            }
+        }
         for (addr, v) in &self.vips {
             if *addr != v.addr {
                 return Err(bad(format!("VIP {addr} stored as {}", v.addr)));
@@ -251,7 +264,16 @@ fn vip_key(a: &SocketAddrV4) -> VipKey {
     }
 }
 
-/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
+fn backend_key(a: &SocketAddrV4) -> BackendKey {
+    BackendKey {
+        addr: ip_be(a.ip()),
+        port: a.port().to_be(),
+        _pad: 0,
+    }
+}
+
+/// CLOCK_MONOTONIC in ns; the data path stamps flows with
+/// CLOCK_MONOTONIC_COARSE, which lags it by at most a tick.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -308,6 +330,7 @@ pub struct Balancer {
     conns: Array<MapData, u64>,
     adjust: Array<MapData, u64>,
     flows: HashMap<MapData, FlowKey, FlowEntry>,
+    backend_vips: HashMap<MapData, BackendKey, BackendVips>,
     stats: PerCpuArray<MapData, u64>,
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     vip_stats: PerCpuArray<MapData, TrafficStats>,
@@ -380,6 +403,7 @@ impl Balancer {
             conns: take!(map_names::BACKEND_CONNS),
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
             flows: take!(map_names::FLOWS),
+            backend_vips: take!(map_names::BACKEND_VIPS),
             stats: take!(map_names::STATS),
             backend_stats: take!(map_names::BACKEND_STATS),
             vip_stats: take!(map_names::VIP_STATS),
@@ -477,6 +501,13 @@ impl Balancer {
         state.validate()?;
         self.state = state;
         let vips: Vec<VipConfig> = self.state.vips.values().cloned().collect();
+        let addrs: Vec<SocketAddrV4> = vips
+            .iter()
+            .flat_map(|v| v.backends.iter().map(|b| b.addr))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        self.publish_backend_vips(&addrs)?;
         for v in &vips {
             for b in &v.backends {
                 self.write_backend_slot(b)?;
@@ -551,7 +582,9 @@ impl Balancer {
             Err(e) => return Err(map_err(map_names::VIPS, "remove")(e)),
         }
         self.state.vips.remove(&addr);
-        self.retire_slots(&v.backends)
+        self.retire_slots(&v.backends)?;
+        let addrs: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
+        self.publish_backend_vips(&addrs)
     }
 
     /// The VIPs.
@@ -605,6 +638,15 @@ impl Balancer {
                 return Err(BalancerError::DuplicateBackend { vip, backend: *a });
             }
         }
+        for a in addrs {
+            if self.vips_of_backend(a).len() >= MAX_VIPS_PER_BACKEND as usize {
+                return Err(BalancerError::Full {
+                    what: "list of VIPs one backend address serves",
+                    capacity: MAX_VIPS_PER_BACKEND,
+                });
+            }
+        }
+        let v = self.vip(&vip)?;
         if v.backends.len() + addrs.len() > MAX_BACKENDS_PER_VIP as usize {
             return Err(BalancerError::Full {
                 what: "backend list of the VIP",
@@ -638,6 +680,7 @@ impl Balancer {
                 added.push(cfg);
             }
             self.vip_mut(&vip)?.backends.extend(added.iter().cloned());
+            self.publish_backend_vips(addrs)?;
             self.publish_vip(&vip)
         })();
         if let Err(e) = result {
@@ -649,6 +692,7 @@ impl Balancer {
             for b in &added {
                 let _ = self.backends.set(b.slot, Backend::default(), 0);
             }
+            let _ = self.publish_backend_vips(addrs);
             return Err(e);
         }
         Ok(())
@@ -696,7 +740,8 @@ impl Balancer {
             self.vip_mut(&vip)?.backends.push(b);
             return Err(e);
         }
-        self.retire_slots(std::slice::from_ref(&b))
+        self.retire_slots(std::slice::from_ref(&b))?;
+        self.publish_backend_vips(&[addr])
     }
 
     /// Backends with their counters (of one VIP, or all).
@@ -899,8 +944,6 @@ impl Balancer {
             }
         }
         report.entries = entries.len() as u64;
-        let exists =
-            |flows: &HashMap<MapData, FlowKey, FlowEntry>, k: &FlowKey| flows.get(k, 0).is_ok();
         for (k, e) in &entries {
             let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
             match k.kind {
@@ -920,29 +963,13 @@ impl Balancer {
                                 self.add_adjust(e.backend_slot, u64::MAX)?;
                             }
                         }
-                        self.remove_reverse_of(k, e);
                     } else if current {
                         report.live += 1;
                         *live_per_slot.entry(e.backend_slot).or_default() += 1;
                     }
                 }
-                flow_kind::CLOSED => {
-                    if idle > timeouts.closing {
-                        if self.flows.remove(k).is_ok() {
-                            report.removed += 1;
-                        }
-                        if !exists(&self.flows, &k.with_kind(flow_kind::LIVE)) {
-                            self.remove_reverse_of(k, e);
-                        }
-                    }
-                }
                 _ => {
-                    let fwd = e.peer;
-                    if idle > timeouts.closing
-                        && !exists(&self.flows, &fwd)
-                        && !exists(&self.flows, &fwd.with_kind(flow_kind::CLOSED))
-                        && self.flows.remove(k).is_ok()
-                    {
+                    if idle > timeouts.closing && self.flows.remove(k).is_ok() {
                         report.removed += 1;
                     }
                 }
@@ -1028,15 +1055,6 @@ impl Balancer {
             .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "write"))
     }
 
-    fn remove_reverse_of(&mut self, k: &FlowKey, e: &FlowEntry) {
-        let rev = e.peer;
-        if let Ok(r) = self.flows.get(&rev, 0) {
-            if r.peer == k.with_kind(flow_kind::LIVE) {
-                let _ = self.flows.remove(&rev);
-            }
-        }
-    }
-
     fn sum_percpu(
         &self,
         map: &PerCpuArray<MapData, TrafficStats>,
@@ -1111,6 +1129,46 @@ impl Balancer {
             .map_err(map_err(map_names::BACKENDS, "write"))
     }
 
+    /// The VIPs that have `addr` among their backends.
+    fn vips_of_backend(&self, addr: &SocketAddrV4) -> Vec<SocketAddrV4> {
+        self.state
+            .vips
+            .values()
+            .filter(|v| v.backends.iter().any(|b| b.addr == *addr))
+            .map(|v| v.addr)
+            .collect()
+    }
+
+    /// Writes (or removes) the `BACKEND_VIPS` entry of each address: the
+    /// VIPs a reply from it may belong to.
+    fn publish_backend_vips(&mut self, addrs: &[SocketAddrV4]) -> Result<()> {
+        for a in addrs {
+            let vips = self.vips_of_backend(a);
+            if vips.is_empty() {
+                match self.backend_vips.remove(&backend_key(a)) {
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => return Err(map_err(map_names::BACKEND_VIPS, "remove")(e)),
+                }
+                continue;
+            }
+            let mut v = BackendVips {
+                count: vips.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
+                ..Default::default()
+            };
+            for (slot, vip) in v.vips.iter_mut().zip(&vips) {
+                *slot = VipAddr {
+                    addr: ip_be(vip.ip()),
+                    port: vip.port().to_be(),
+                    _pad: 0,
+                };
+            }
+            self.backend_vips
+                .insert(backend_key(a), v, 0)
+                .map_err(map_err(map_names::BACKEND_VIPS, "write"))?;
+        }
+        Ok(())
+    }
+
     /// Marks slots free and removes the flows pinned to them, in one pass
     /// over the flow table.
     fn retire_slots(&mut self, gone: &[BackendConfig]) -> Result<()> {
@@ -1170,9 +1228,14 @@ impl Balancer {
 
 /// The shape (max entries, value size) each map must have. Maps reused
 /// from pins may come from another build or another `--flow-table-size`.
-fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 9] {
+fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 10] {
     use std::mem::size_of;
     [
+        (
+            map_names::BACKEND_VIPS,
+            BACKEND_SLOTS,
+            size_of::<BackendVips>(),
+        ),
         (map_names::VIPS, MAX_VIPS, size_of::<VipInfo>()),
         (
             map_names::VIP_BACKENDS,

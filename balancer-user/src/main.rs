@@ -80,7 +80,7 @@ struct RunArgs {
     /// bpffs directory where the maps are pinned.
     #[arg(long, default_value = "/sys/fs/bpf/p2c-balancer")]
     pin_dir: PathBuf,
-    /// Flow-table entries (two per connection).
+    /// Flow-table entries (one per connection, live or recently closed).
     #[arg(long, default_value_t = DEFAULT_FLOW_TABLE_SIZE)]
     flow_table_size: u32,
     /// Idle timeout of half-open flows (SYN seen, handshake not completed).

@@ -43,6 +43,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += main_vip()?;
     n += choice_rule()?;
     n += slot_reuse()?;
+    n += shared_backend()?;
     n += table_pressure()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
@@ -611,6 +612,54 @@ fn slot_reuse() -> anyhow::Result<usize> {
         "[{name}] B5 count {}",
         r.active(v, backend(35))?
     );
+    ok(name);
+    Ok(3)
+}
+
+/// One backend address serving several VIPs: replies find their own VIP.
+fn shared_backend() -> anyhow::Result<usize> {
+    let mut r = Rig::new(4096)?;
+    let b = backend(36);
+    let vips: Vec<SocketAddrV4> = (40..44).map(vip).collect();
+    for v in &vips {
+        r.lb.add_vip(*v, 2)?;
+        r.lb.add_backend(*v, b)?;
+    }
+    let name = "shared backend: replies of flows to four VIPs are rewritten to their own VIP";
+    for (i, v) in vips.iter().enumerate() {
+        let c = client(10, 5000 + i as u16);
+        ensure!(
+            r.expect_to_backend(name, &Seg::new(c, *v, SYN))? == b,
+            "[{name}] backend"
+        );
+    }
+    for (i, v) in vips.iter().enumerate().rev() {
+        let c = client(10, 5000 + i as u16);
+        let mut synack = Seg::new(b, c, SYN | ACK);
+        synack.ack = 1001;
+        r.expect_to_client(name, &synack, *v)?;
+    }
+    ok(name);
+    let name = "shared backend: a fifth VIP for the same backend is refused and changes nothing";
+    let fifth = vip(44);
+    r.lb.add_vip(fifth, 2)?;
+    ensure!(r.lb.add_backend(fifth, b).is_err(), "[{name}] accepted");
+    ensure!(
+        r.lb.list_backends(Some(fifth))?.is_empty(),
+        "[{name}] half-applied"
+    );
+    let mut synack = Seg::new(b, client(10, 5000), SYN | ACK);
+    synack.ack = 1001;
+    r.expect_to_client(name, &synack, vips[0])?;
+    ok(name);
+    let name = "shared backend: after its removal from one VIP, that VIP's replies pass and the others' still work";
+    r.lb.remove_backend(vips[1], b)?;
+    let mut gone = Seg::new(b, client(10, 5001), ACK);
+    gone.ack = 1001;
+    r.expect_pass_untouched(name, &gone.build(), Side::Backend)?;
+    let mut kept = Seg::new(b, client(10, 5002), ACK);
+    kept.ack = 1001;
+    r.expect_to_client(name, &kept, vips[2])?;
     ok(name);
     Ok(3)
 }
