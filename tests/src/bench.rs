@@ -1171,6 +1171,7 @@ fn peers(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir)?;
         let mut child: Option<KillOnDrop> = None;
         let r = if sys.starts_with("this") {
+            tb.gc_interval = "1s"; // the daemon's default
             tb.start_daemon()?;
             tb.cli(&["vip", "add", &TB_VIP.to_string()])?;
             let mut args = vec!["backend".to_string(), "add".into(), TB_VIP.to_string()];

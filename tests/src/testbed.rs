@@ -220,6 +220,9 @@ pub struct Testbed {
     pub backends: Vec<Netns>,
     /// Backend servers, in order.
     pub servers: Vec<Server>,
+    /// The daemon's `--gc-interval` (200ms by default, so tests see expiry
+    /// and reconciliation quickly; the daemon's own default is 1s).
+    pub gc_interval: &'static str,
     stop: Arc<AtomicBool>,
     daemon: Option<Child>,
     dir: PathBuf,
@@ -305,6 +308,7 @@ impl Testbed {
             servers: Vec::new(),
             stop,
             daemon: None,
+            gc_interval: "200ms",
             socket: dir.join("control.sock"),
             log: dir.join("daemon.log"),
             dir,
@@ -469,7 +473,7 @@ impl Testbed {
                 "--iface",
                 "lb1",
                 "--gc-interval",
-                "200ms",
+                self.gc_interval,
                 "--stats-interval",
                 "0s",
             ])
