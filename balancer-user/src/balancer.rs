@@ -703,14 +703,7 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP or backend, map failure.
     pub fn drain_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
-        let b = self.backend_mut(&vip, &addr)?;
-        let old = b.state;
-        b.state = BackendState::Draining;
-        if let Err(e) = self.publish_vip(&vip) {
-            self.backend_mut(&vip, &addr)?.state = old;
-            return Err(e);
-        }
-        Ok(())
+        self.set_backend_state(vip, addr, BackendState::Draining)
     }
 
     /// Puts a drained backend back into service: it receives new flows again.
@@ -718,9 +711,18 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP or backend, map failure.
     pub fn undrain_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
+        self.set_backend_state(vip, addr, BackendState::Active)
+    }
+
+    fn set_backend_state(
+        &mut self,
+        vip: SocketAddrV4,
+        addr: SocketAddrV4,
+        state: BackendState,
+    ) -> Result<()> {
         let b = self.backend_mut(&vip, &addr)?;
         let old = b.state;
-        b.state = BackendState::Active;
+        b.state = state;
         if let Err(e) = self.publish_vip(&vip) {
             self.backend_mut(&vip, &addr)?.state = old;
             return Err(e);

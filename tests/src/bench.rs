@@ -649,39 +649,8 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     }
     sh("ip", &["addr", "add", "10.9.1.1/24", "dev", "lbin"])?;
     sh("ip", &["addr", "add", "10.9.2.1/24", "dev", "lbout"])?;
-    let sink_mac = rig::mac_of("sink")?
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":");
-    sh(
-        "ip",
-        &[
-            "neigh",
-            "replace",
-            "10.9.2.10",
-            "lladdr",
-            &sink_mac,
-            "dev",
-            "lbout",
-            "nud",
-            "permanent",
-        ],
-    )?;
-    sh(
-        "ip",
-        &[
-            "neigh",
-            "replace",
-            "10.9.1.2",
-            "lladdr",
-            "02:00:00:00:09:02",
-            "dev",
-            "lbin",
-            "nud",
-            "permanent",
-        ],
-    )?;
+    rig::set_neigh([10, 9, 2, 10].into(), rig::mac_of("sink")?, "lbout")?;
+    rig::set_neigh([10, 9, 1, 2].into(), [2, 0, 0, 0, 9, 2], "lbin")?;
     let gen = ifindex("gen0")?;
     let mut lb = balancer::Balancer::load(&balancer::LoadOptions::default())?;
     let vip: SocketAddrV4 = "10.9.0.10:80".parse()?;

@@ -144,8 +144,15 @@ pub fn many_backend(i: u32) -> SocketAddrV4 {
 }
 
 fn neigh(ip: Ipv4Addr, dev: &str) -> anyhow::Result<()> {
-    let m = neigh_mac(ip);
-    let mac = m
+    set_neigh(ip, neigh_mac(ip), dev)
+}
+
+/// Adds (or replaces) a permanent neighbour entry `ip` -> `mac` on `dev`.
+///
+/// # Errors
+/// The `ip neigh` command fails.
+pub fn set_neigh(ip: Ipv4Addr, mac: [u8; 6], dev: &str) -> anyhow::Result<()> {
+    let mac = mac
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
