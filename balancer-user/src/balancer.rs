@@ -1275,8 +1275,8 @@ fn check_map_shapes(ebpf: &Ebpf, flow_table_size: u32) -> Result<()> {
                 what: "pinned maps",
                 reason: format!(
                     "pinned map {name} has {} entries of {} bytes, this build and configuration need {entries} of {value}; \
-                     it was pinned by another build or another --flow-table-size. Remove the pin directory to start afresh \
-                     (established connections are lost) or run the matching build",
+                     it was pinned by another build or another --flow-table-size. Start with --fresh (or remove the pin directory) to start with \
+                     empty maps (established connections are lost), or run the matching build",
                     info.max_entries(),
                     info.value_size()
                 ),

@@ -102,8 +102,8 @@ struct RunArgs {
     /// Deterministic random draws with this seed (tests only; 0 = kernel random).
     #[arg(long, default_value_t = 0, hide = true)]
     test_seed: u64,
-    /// Remove maps pinned by an earlier run and start empty (their
-    /// established connections are lost).
+    /// Remove the maps pinned by an earlier run and start with empty maps
+    /// (established connections are lost; the state file is still restored).
     #[arg(long)]
     fresh: bool,
 }

@@ -121,9 +121,21 @@ fn main() -> anyhow::Result<()> {
                 .arg("--bench"))?;
             run(cargo().args(["build", "--release", "--workspace", "--bins"]))?;
             let mut c = Command::new(root().join("target/release/balancer-testbed"));
-            c.current_dir(root()).args(["bench", "--out", "."]);
+            c.current_dir(root());
             if quick {
-                c.args(["--quick", "--command", "cargo xtask bench --quick"]);
+                // Not over the recorded results.
+                let out = root().join("target/bench-quick");
+                std::fs::create_dir_all(&out)?;
+                c.args([
+                    "bench",
+                    "--quick",
+                    "--command",
+                    "cargo xtask bench --quick",
+                    "--out",
+                ])
+                .arg(out);
+            } else {
+                c.args(["bench", "--out", "."]);
             }
             run(&mut c)
         }
