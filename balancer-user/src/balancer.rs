@@ -429,15 +429,9 @@ impl Balancer {
     pub fn program(&self) -> Result<&Xdp> {
         self.ebpf
             .program(PROGRAM_NAME)
-            .ok_or_else(|| BalancerError::Invalid {
-                what: "object",
-                reason: format!("program {PROGRAM_NAME} missing"),
-            })?
+            .ok_or_else(program_missing)?
             .try_into()
-            .map_err(|source| BalancerError::Program {
-                action: "opening the XDP program".into(),
-                source,
-            })
+            .map_err(program_open_failed)
     }
 
     /// Attaches the program to `interface` (native mode: `XdpMode::Driver`,
@@ -1288,15 +1282,23 @@ fn check_map_shapes(ebpf: &Ebpf, flow_table_size: u32) -> Result<()> {
 
 fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
     ebpf.program_mut(PROGRAM_NAME)
-        .ok_or_else(|| BalancerError::Invalid {
-            what: "object",
-            reason: format!("program {PROGRAM_NAME} missing"),
-        })?
+        .ok_or_else(program_missing)?
         .try_into()
-        .map_err(|source| BalancerError::Program {
-            action: "opening the XDP program".into(),
-            source,
-        })
+        .map_err(program_open_failed)
+}
+
+fn program_missing() -> BalancerError {
+    BalancerError::Invalid {
+        what: "object",
+        reason: format!("program {PROGRAM_NAME} missing"),
+    }
+}
+
+fn program_open_failed(source: aya::programs::ProgramError) -> BalancerError {
+    BalancerError::Program {
+        action: "opening the XDP program".into(),
+        source,
+    }
 }
 
 /// Operator-facing name of an attach mode.

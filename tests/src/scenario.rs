@@ -107,6 +107,34 @@ fn wait_until(
     }
 }
 
+/// Makes one more request on every held connection (from the client
+/// namespace), checking each is still served by the backend that took it;
+/// returns the connections and how many each backend serves.
+fn request_on_held(
+    tb: &Testbed,
+    mut held: Vec<Conn>,
+    id_base: u64,
+    len: usize,
+) -> anyhow::Result<(Vec<Conn>, BTreeMap<SocketAddrV4, u64>)> {
+    let ns = tb.client_ns_path();
+    thread::spawn(move || {
+        enter_ns(&ns)?;
+        let mut per = BTreeMap::new();
+        for (i, c) in held.iter_mut().enumerate() {
+            let b = c.request(id_base + i as u64, len)?;
+            ensure!(
+                b == c.backend,
+                "held connection moved from {} to {b}",
+                c.backend
+            );
+            *per.entry(b).or_default() += 1;
+        }
+        Ok((held, per))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}
+
 /// CLI active counts must equal the connections open at the backends.
 fn counts_match_servers(tb: &Testbed) -> anyhow::Result<Result<(), String>> {
     let views = tb.backends()?;
@@ -195,37 +223,15 @@ fn e2e_on(tb: &mut Testbed) -> anyhow::Result<()> {
     // Drain backend 0: no new connections; its held ones go on.
     let drained = backend_addr(0);
     tb.cli(&["backend", "drain", &VIP.to_string(), &drained.to_string()])?;
-    let mut held = batch.held;
+    let held = batch.held;
     let more = run_batch(tb, 200, 0, 4, 100_000)?;
     ensure!(
         !more.per_backend.contains_key(&drained),
         "drained backend {drained} got {} new connections",
         more.per_backend[&drained]
     );
-    let mut on_drained = 0;
-    let held_after = {
-        let ns = tb.client_ns_path();
-        thread::spawn(move || -> anyhow::Result<(Vec<Conn>, u64)> {
-            enter_ns(&ns)?;
-            let mut n = 0;
-            for (i, c) in held.iter_mut().enumerate() {
-                let b = c.request(500_000 + i as u64, 1000)?;
-                ensure!(
-                    b == c.backend,
-                    "held connection moved from {} to {b}",
-                    c.backend
-                );
-                if b == drained {
-                    n += 1;
-                }
-            }
-            Ok((held, n))
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("client thread panicked"))??
-    };
-    let (mut held, n) = held_after;
-    on_drained += n;
+    let (held, per) = request_on_held(tb, held, 500_000, 1000)?;
+    let on_drained = per.get(&drained).copied().unwrap_or(0);
     ensure!(
         on_drained > 0,
         "no held connection on the drained backend to check"
@@ -252,23 +258,7 @@ fn e2e_on(tb: &mut Testbed) -> anyhow::Result<()> {
     // VIP, the backends, the flows and their counts.
     tb.kill_daemon();
     tb.start_daemon()?;
-    let held = {
-        let ns = tb.client_ns_path();
-        thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
-            enter_ns(&ns)?;
-            for (i, c) in held.iter_mut().enumerate() {
-                let b = c.request(700_000 + i as u64, 100)?;
-                ensure!(
-                    b == c.backend,
-                    "after restart, held connection moved from {} to {b}",
-                    c.backend
-                );
-            }
-            Ok(held)
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("client thread panicked"))??
-    };
+    let (held, _) = request_on_held(tb, held, 700_000, 100)?;
     wait_until(Duration::from_secs(15), || counts_match_servers(tb))
         .context("active counts after restart")?;
     println!(
