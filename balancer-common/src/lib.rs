@@ -30,6 +30,10 @@ pub mod map_names {
     pub const BACKEND_CONN_ADJUST: &str = "BACKEND_CONN_ADJUST";
     /// Flow table: [`crate::FlowKey`] -> [`crate::FlowEntry`] (LRU hash).
     pub const FLOWS: &str = "FLOWS";
+    /// Bitmap of VIP ports, [`crate::PORT_BITMAP_WORDS`] `u64` words (array).
+    pub const VIP_PORTS: &str = "VIP_PORTS";
+    /// Bitmap of backend ports, same shape (array).
+    pub const BACKEND_PORTS: &str = "BACKEND_PORTS";
     /// Backends' VIPs: [`crate::BackendKey`] -> [`crate::BackendVips`] (hash).
     pub const BACKEND_VIPS: &str = "BACKEND_VIPS";
     /// Global per-CPU counters indexed by [`crate::Counter`] (per-CPU array of `u64`).
@@ -62,6 +66,9 @@ pub const CHOICES_FULL_SCAN: u32 = u32::MAX;
 /// Default number of choices: the power of two choices (Azar, Broder, Karlin
 /// and Upfal, "Balanced Allocations", SIAM J. Comput. 29(1), 1999).
 pub const DEFAULT_CHOICES: u32 = 2;
+
+/// Words (`u64`) of a port bitmap: one bit per TCP port.
+pub const PORT_BITMAP_WORDS: u32 = 65536 / 64;
 
 /// IP protocol number of TCP (RFC 9293).
 pub const IPPROTO_TCP: u8 = 6;

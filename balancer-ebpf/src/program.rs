@@ -17,7 +17,7 @@ use balancer_common::{
     parse::{self, Frame, Parsed, Tcp4, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, TCP_CSUM_OFF},
     Backend, BackendKey, BackendVips, Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipInfo,
     VipKey, BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_COUNT, DEFAULT_FLOW_TABLE_SIZE, IPPROTO_TCP,
-    MAX_VIPS, MAX_VIPS_PER_BACKEND, VIP_BACKENDS_LEN,
+    MAX_VIPS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
 
 #[map]
@@ -30,6 +30,13 @@ static BACKENDS: Array<Backend> = Array::with_max_entries(BACKEND_SLOTS, 0);
 static BACKEND_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
 static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// Bitmap of VIP ports (bit p of word p / 64, p in host byte order): frames
+/// to any other port skip every hash lookup.
+#[map]
+static VIP_PORTS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
+/// Bitmap of backend ports: only frames from one of them can be replies.
+#[map]
+static BACKEND_PORTS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
 #[map]
 static BACKEND_VIPS: HashMap<BackendKey, BackendVips> = HashMap::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
@@ -72,14 +79,39 @@ struct NextHop {
     expires_ns: u64,
 }
 
+/// Next hop towards a backend slot, shared by all CPUs (indexed, no hashing).
+/// CPUs refreshing it at once write the same bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SlotHop {
+    hop: NextHop,
+    /// Generation of the slot the hop was looked up for.
+    generation: u32,
+    /// Interface the frames came in on when it was looked up.
+    ingress: u32,
+}
+
+#[map]
+static BACKEND_HOPS: Array<SlotHop> = Array::with_max_entries(BACKEND_SLOTS, 0);
+
+/// Where [`forward`] caches the next hop.
+#[derive(Clone, Copy)]
+enum HopCache {
+    /// Per backend slot and generation (client to backend).
+    Slot(u32, u32),
+    /// Per destination address, LRU (backend to client).
+    Dst,
+}
+
 /// How long a next hop is reused before it is looked up again (ns): a
 /// neighbour's new MAC or a route change takes effect within this time.
 const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
 
-/// Next-hop cache, per CPU: a FIB lookup costs about as much as the rest of
-/// the forwarding path together (measured with `cargo xtask bench`).
+/// Next-hop cache towards clients, by destination: a FIB lookup costs about
+/// as much as the rest of the forwarding path together (measured with
+/// `cargo xtask bench`). Shared by all CPUs, which write the same entry.
 #[map]
-static NEXT_HOPS: LruPerCpuHashMap<HopKey, NextHop> = LruPerCpuHashMap::with_max_entries(65536, 0);
+static NEXT_HOPS: LruHashMap<HopKey, NextHop> = LruHashMap::with_max_entries(65536, 0);
 
 const AF_INET: u8 = 2;
 const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
@@ -220,26 +252,54 @@ fn backend_of(entry: &FlowEntry) -> Option<Backend> {
     Some(b)
 }
 
+/// `true` when `port` (network byte order) is set in a port bitmap.
+#[inline(always)]
+fn port_listed(map: &Array<u64>, port: u16) -> bool {
+    let p = u16::from_be(port) as u32;
+    match map.get(p >> 6) {
+        Some(w) => *w & (1u64 << (p & 63)) != 0,
+        None => false,
+    }
+}
+
 #[inline(always)]
 fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
-    let vip_key = VipKey {
-        addr: seg.dst_addr,
-        port: seg.dst_port,
-        proto: IPPROTO_TCP,
-        _pad: 0,
-    };
-    if let Some(vip) = unsafe { VIPS.get(&vip_key) } {
-        let vip = *vip;
-        return to_backend(ctx, frame, seg, &vip);
+    if port_listed(&VIP_PORTS, seg.dst_port) {
+        let key = FlowKey {
+            src_addr: seg.src_addr,
+            dst_addr: seg.dst_addr,
+            src_port: seg.src_port,
+            dst_port: seg.dst_port,
+            proto: IPPROTO_TCP,
+            kind: flow_kind::LIVE,
+            _pad: 0,
+        };
+        // A pinned flow first: established traffic needs no VIP lookup
+        // (only VIP flows are ever pinned).
+        if let Some(e) = FLOWS.get_ptr_mut(&key) {
+            return pinned(ctx, frame, seg, &key, e);
+        }
+        let vip_key = VipKey {
+            addr: seg.dst_addr,
+            port: seg.dst_port,
+            proto: IPPROTO_TCP,
+            _pad: 0,
+        };
+        if let Some(vip) = unsafe { VIPS.get(&vip_key) } {
+            let vip = *vip;
+            return unpinned(ctx, frame, seg, &key, &vip);
+        }
     }
-    let bkey = BackendKey {
-        addr: seg.src_addr,
-        port: seg.src_port,
-        _pad: 0,
-    };
-    if let Some(bv) = unsafe { BACKEND_VIPS.get(&bkey) } {
-        let bv = *bv;
-        return to_client(ctx, frame, seg, &bv);
+    if port_listed(&BACKEND_PORTS, seg.src_port) {
+        let bkey = BackendKey {
+            addr: seg.src_addr,
+            port: seg.src_port,
+            _pad: 0,
+        };
+        if let Some(bv) = unsafe { BACKEND_VIPS.get(&bkey) } {
+            let bv = *bv;
+            return to_client(ctx, frame, seg, &bv);
+        }
     }
     count(Counter::PassNotVip, 1);
     xdp_action::XDP_PASS
@@ -265,55 +325,69 @@ fn close(live_key: &FlowKey, entry: &FlowEntry, verdict: Verdict) {
     }
 }
 
+/// A segment of a pinned flow, client to VIP.
 #[inline(always)]
-fn to_backend(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, vip: &VipInfo) -> u32 {
-    let key = FlowKey {
-        src_addr: seg.src_addr,
-        dst_addr: seg.dst_addr,
-        src_port: seg.src_port,
-        dst_port: seg.dst_port,
-        proto: IPPROTO_TCP,
-        kind: flow_kind::LIVE,
-        _pad: 0,
-    };
-    let bytes = frame.len() as u64;
+fn pinned(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, key: &FlowKey, e: *mut FlowEntry) -> u32 {
     let now = now_ns();
-    let (backend, slot, new_flow) = if let Some(e) = FLOWS.get_ptr_mut(&key) {
-        // SAFETY: pointer from a successful lookup.
-        let entry = unsafe { &mut *e };
-        let Some(b) = backend_of(entry) else {
-            count(Counter::DropBackendGone, 1);
-            return xdp_action::XDP_DROP;
+    // SAFETY: pointer from a successful lookup.
+    let entry = unsafe { &mut *e };
+    let Some(b) = backend_of(entry) else {
+        count(Counter::DropBackendGone, 1);
+        return xdp_action::XDP_DROP;
+    };
+    entry.last_seen_ns = now;
+    let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
+    let verdict = flow::track(entry, Direction::ToBackend, seg);
+    match verdict {
+        Verdict::Open => {}
+        Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
+        Verdict::ClosedByFin | Verdict::ClosedByRst => {
+            let copy = *entry;
+            close(key, &copy, verdict);
+        }
+    }
+    to_backend(ctx, frame, seg, &b, slot, vip_index, false, now)
+}
+
+/// A segment to a VIP that matches no live flow: a SYN is placed, a late
+/// segment of a closed flow follows it, anything else is passed and counted.
+#[inline(always)]
+fn unpinned(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, key: &FlowKey, vip: &VipInfo) -> u32 {
+    let now = now_ns();
+    if seg.is_syn() {
+        return match new_flow(key, seg, vip, now) {
+            Ok((b, slot)) => to_backend(ctx, frame, seg, &b, slot, vip.index, true, now),
+            Err(action) => action,
         };
-        entry.last_seen_ns = now;
-        let verdict = flow::track(entry, Direction::ToBackend, seg);
-        match verdict {
-            Verdict::Open => {}
-            Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
-            Verdict::ClosedByFin | Verdict::ClosedByRst => {
-                let copy = *entry;
-                close(&key, &copy, verdict);
-            }
-        }
-        (b, entry.backend_slot, false)
-    } else if seg.is_syn() {
-        match new_flow(&key, seg, vip, now) {
-            Ok((b, slot)) => (b, slot, true),
-            Err(action) => return action,
-        }
-    } else if let Some(e) = unsafe { FLOWS.get(&key.with_kind(flow_kind::CLOSED)) } {
+    }
+    if let Some(e) = unsafe { FLOWS.get(&key.with_kind(flow_kind::CLOSED)) } {
         let Some(b) = backend_of(e) else {
             count(Counter::DropBackendGone, 1);
             return xdp_action::XDP_DROP;
         };
         count(Counter::ClosedFlowPackets, 1);
-        (b, e.backend_slot, false)
-    } else {
-        count(Counter::FlowMisses, 1);
-        traffic(&VIP_STATS, vip.index, 0, false, true);
-        return xdp_action::XDP_PASS;
-    };
-    traffic(&VIP_STATS, vip.index, bytes, new_flow, false);
+        return to_backend(ctx, frame, seg, &b, e.backend_slot, vip.index, false, now);
+    }
+    count(Counter::FlowMisses, 1);
+    traffic(&VIP_STATS, vip.index, 0, false, true);
+    xdp_action::XDP_PASS
+}
+
+/// Counts and forwards a client segment to its backend (destination NAT).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn to_backend(
+    ctx: &XdpContext,
+    frame: &XdpFrame,
+    seg: &Tcp4,
+    backend: &Backend,
+    slot: u32,
+    vip_index: u32,
+    new_flow: bool,
+    now: u64,
+) -> u32 {
+    let bytes = frame.len() as u64;
+    traffic(&VIP_STATS, vip_index, bytes, new_flow, false);
     traffic(&BACKEND_STATS, slot, bytes, new_flow, false);
     let nat = Nat {
         addr_off: IPV4_DST_OFF,
@@ -321,7 +395,16 @@ fn to_backend(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, vip: &VipInfo) -> 
         addr: backend.addr,
         port: backend.port,
     };
-    forward(ctx, frame, seg, &nat, seg.src_addr, backend.addr, now)
+    forward(
+        ctx,
+        frame,
+        seg,
+        &nat,
+        seg.src_addr,
+        backend.addr,
+        now,
+        HopCache::Slot(slot, backend.generation),
+    )
 }
 
 /// State of one choice, passed to [`choose_step`] through `bpf_loop`.
@@ -480,7 +563,16 @@ fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVips) -
             addr: vip.addr,
             port: vip.port,
         };
-        return forward(ctx, frame, seg, &nat, vip.addr, seg.dst_addr, now);
+        return forward(
+            ctx,
+            frame,
+            seg,
+            &nat,
+            vip.addr,
+            seg.dst_addr,
+            now,
+            HopCache::Dst,
+        );
     }
     count(Counter::PassNotVip, 1);
     xdp_action::XDP_PASS
@@ -531,7 +623,7 @@ fn rewrite(frame: &XdpFrame, seg: &Tcp4, nat: &Nat) -> Option<()> {
     Some(())
 }
 
-/// Finds the next hop towards `dst` (from the per-CPU cache, or
+/// Finds the next hop towards `dst` (from `cache`, or
 /// `bpf_fib_lookup` when the cached one is missing, older than
 /// [`NEXT_HOP_TTL_NS`] or checked only for smaller frames) and, only when the
 /// frame will leave, applies `nat` and sends it: XDP_TX when it leaves
@@ -548,18 +640,26 @@ fn forward(
     src: u32,
     dst: u32,
     now: u64,
+    cache: HopCache,
 ) -> u32 {
     let ingress = ctx.ingress_ifindex() as u32;
     let key = HopKey { dst, ingress };
-    let cached = match NEXT_HOPS.get_ptr(&key) {
-        // SAFETY: pointer from a successful lookup of a per-CPU value.
-        Some(h) => unsafe { *h },
-        None => NextHop {
-            ifindex: 0,
-            max_len: 0,
-            macs: [0; 12],
-            _pad: 0,
-            expires_ns: 0,
+    let none = NextHop {
+        ifindex: 0,
+        max_len: 0,
+        macs: [0; 12],
+        _pad: 0,
+        expires_ns: 0,
+    };
+    let cached = match cache {
+        HopCache::Slot(slot, generation) => match BACKEND_HOPS.get(slot) {
+            Some(h) if h.generation == generation && h.ingress == ingress => h.hop,
+            _ => none,
+        },
+        HopCache::Dst => match NEXT_HOPS.get_ptr(&key) {
+            // SAFETY: pointer from a successful lookup of a per-CPU value.
+            Some(h) => unsafe { *h },
+            None => none,
         },
     };
     let hop = if cached.expires_ns > now && seg.ip_total_len <= cached.max_len {
@@ -619,7 +719,22 @@ fn forward(
                 now + NEXT_HOP_TTL_NS
             },
         };
-        let _ = NEXT_HOPS.insert(&key, &fresh, 0);
+        match cache {
+            HopCache::Slot(slot, generation) => {
+                let _ = BACKEND_HOPS.set(
+                    slot,
+                    SlotHop {
+                        hop: fresh,
+                        generation,
+                        ingress,
+                    },
+                    0,
+                );
+            }
+            HopCache::Dst => {
+                let _ = NEXT_HOPS.insert(&key, &fresh, 0);
+            }
+        }
         fresh
     };
     if rewrite(frame, seg, nat).is_none() || frame.write(0, hop.macs).is_none() {

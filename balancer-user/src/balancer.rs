@@ -17,7 +17,7 @@ use balancer_common::{
     eligible_list_base, flow as fl, flow_kind, map_names, Backend, BackendKey, BackendVips,
     Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipAddr, VipInfo, VipKey,
     BACKEND_F_IN_USE, BACKEND_SLOTS, CHOICES_FULL_SCAN, COUNTER_COUNT, IPPROTO_TCP,
-    MAX_BACKENDS_PER_VIP, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND,
+    MAX_BACKENDS_PER_VIP, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
 };
 use serde::{Deserialize, Serialize};
 
@@ -331,6 +331,10 @@ pub struct Balancer {
     adjust: Array<MapData, u64>,
     flows: HashMap<MapData, FlowKey, FlowEntry>,
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
+    vip_ports: Array<MapData, u64>,
+    backend_ports: Array<MapData, u64>,
+    /// What the port bitmaps hold now (VIP ports, backend ports).
+    port_words: [Vec<u64>; 2],
     stats: PerCpuArray<MapData, u64>,
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     vip_stats: PerCpuArray<MapData, TrafficStats>,
@@ -404,6 +408,12 @@ impl Balancer {
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
             flows: take!(map_names::FLOWS),
             backend_vips: take!(map_names::BACKEND_VIPS),
+            vip_ports: take!(map_names::VIP_PORTS),
+            backend_ports: take!(map_names::BACKEND_PORTS),
+            port_words: [
+                vec![0; PORT_BITMAP_WORDS as usize],
+                vec![0; PORT_BITMAP_WORDS as usize],
+            ],
             stats: take!(map_names::STATS),
             backend_stats: take!(map_names::BACKEND_STATS),
             vip_stats: take!(map_names::VIP_STATS),
@@ -508,7 +518,7 @@ impl Balancer {
             }
             self.publish_vip(&v.addr)?;
         }
-        Ok(())
+        self.publish_ports()
     }
 
     // ---- VIPs ----
@@ -546,7 +556,7 @@ impl Balancer {
             let _ = self.vips.remove(&vip_key(&addr));
             return Err(e);
         }
-        Ok(())
+        self.publish_ports()
     }
 
     /// Changes the choices of a VIP.
@@ -578,7 +588,8 @@ impl Balancer {
         self.state.vips.remove(&addr);
         self.retire_slots(&v.backends)?;
         let addrs: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
-        self.publish_backend_vips(&addrs)
+        self.publish_backend_vips(&addrs)?;
+        self.publish_ports()
     }
 
     /// The VIPs.
@@ -689,7 +700,7 @@ impl Balancer {
             let _ = self.publish_backend_vips(addrs);
             return Err(e);
         }
-        Ok(())
+        self.publish_ports()
     }
 
     /// Drains a backend: no new flows, existing flows continue.
@@ -737,7 +748,8 @@ impl Balancer {
             return Err(e);
         }
         self.retire_slots(std::slice::from_ref(&b))?;
-        self.publish_backend_vips(&[addr])
+        self.publish_backend_vips(&[addr])?;
+        self.publish_ports()
     }
 
     /// Backends with their counters (of one VIP, or all).
@@ -1123,6 +1135,38 @@ impl Balancer {
                 0,
             )
             .map_err(map_err(map_names::BACKENDS, "write"))
+    }
+
+    /// Rewrites the words of the VIP-port and backend-port bitmaps that
+    /// differ from the desired state (the data path skips every lookup for
+    /// frames whose ports are in neither).
+    fn publish_ports(&mut self) -> Result<()> {
+        let mut want = [
+            vec![0u64; PORT_BITMAP_WORDS as usize],
+            vec![0u64; PORT_BITMAP_WORDS as usize],
+        ];
+        for v in self.state.vips.values() {
+            let p = v.addr.port() as usize;
+            want[0][p / 64] |= 1 << (p % 64);
+            for b in &v.backends {
+                let p = b.addr.port() as usize;
+                want[1][p / 64] |= 1 << (p % 64);
+            }
+        }
+        for (which, name) in [(0, map_names::VIP_PORTS), (1, map_names::BACKEND_PORTS)] {
+            for (i, w) in want[which].iter().enumerate() {
+                if self.port_words[which][i] != *w {
+                    let map = if which == 0 {
+                        &mut self.vip_ports
+                    } else {
+                        &mut self.backend_ports
+                    };
+                    map.set(i as u32, *w, 0).map_err(map_err(name, "write"))?;
+                    self.port_words[which][i] = *w;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The VIPs that have `addr` among their backends.
