@@ -265,20 +265,8 @@ fn port_listed(map: &Array<u64>, port: u16) -> bool {
 #[inline(always)]
 fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
     if port_listed(&VIP_PORTS, seg.dst_port) {
-        let key = FlowKey {
-            src_addr: seg.src_addr,
-            dst_addr: seg.dst_addr,
-            src_port: seg.src_port,
-            dst_port: seg.dst_port,
-            proto: IPPROTO_TCP,
-            kind: flow_kind::LIVE,
-            _pad: 0,
-        };
-        // A pinned flow first: established traffic needs no VIP lookup
-        // (only VIP flows are ever pinned).
-        if let Some(e) = FLOWS.get_ptr_mut(&key) {
-            return pinned(ctx, frame, seg, &key, e);
-        }
+        // The VIP table first: it is small and stays in cache, while a miss
+        // in a large flow table costs a cold bucket.
         let vip_key = VipKey {
             addr: seg.dst_addr,
             port: seg.dst_port,
@@ -287,6 +275,18 @@ fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
         };
         if let Some(vip) = unsafe { VIPS.get(&vip_key) } {
             let vip = *vip;
+            let key = FlowKey {
+                src_addr: seg.src_addr,
+                dst_addr: seg.dst_addr,
+                src_port: seg.src_port,
+                dst_port: seg.dst_port,
+                proto: IPPROTO_TCP,
+                kind: flow_kind::LIVE,
+                _pad: 0,
+            };
+            if let Some(e) = FLOWS.get_ptr_mut(&key) {
+                return pinned(ctx, frame, seg, &key, e);
+            }
             return unpinned(ctx, frame, seg, &key, &vip);
         }
     }
@@ -493,8 +493,10 @@ fn new_flow(key: &FlowKey, seg: &Tcp4, vip: &VipInfo, now: u64) -> Result<(Backe
         return Err(xdp_action::XDP_DROP);
     }
     atomic_add(&BACKEND_CONNS, slot, 1);
-    // A new connection on a 5-tuple that closed before: forget the old one.
-    let _ = FLOWS.remove(&key.with_kind(flow_kind::CLOSED));
+    // A CLOSED entry of an earlier connection on this 5-tuple may remain:
+    // the LIVE entry is always looked up first, this connection's own close
+    // overwrites it, and the daemon expires it after the closing timeout, so
+    // it is not deleted here (that lookup would cost every new flow).
     count(Counter::NewFlows, 1);
     Ok((b, slot))
 }
