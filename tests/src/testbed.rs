@@ -104,10 +104,18 @@ fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow
                         st.accepted.fetch_add(1, Ordering::Relaxed);
                         st.open.fetch_add(1, Ordering::Relaxed);
                         let st2 = st.clone();
-                        let _ = thread::Builder::new().stack_size(64 * 1024).spawn(move || {
-                            let _ = serve_conn(s, addr);
-                            st2.open.fetch_sub(1, Ordering::Relaxed);
-                        });
+                        let spawned =
+                            thread::Builder::new().stack_size(64 * 1024).spawn(move || {
+                                if let Err(e) = serve_conn(s, addr) {
+                                    eprintln!(
+                                        "server {addr}: connection ended with an error: {e:#}"
+                                    );
+                                }
+                                st2.open.fetch_sub(1, Ordering::Relaxed);
+                            });
+                        if let Err(e) = spawned {
+                            eprintln!("server {addr}: cannot start a connection thread: {e}");
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         thread::sleep(Duration::from_micros(200));
