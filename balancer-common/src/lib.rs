@@ -36,7 +36,8 @@ pub mod map_names {
     pub const BACKEND_PORTS: &str = "BACKEND_PORTS";
     /// Backends' VIPs: [`crate::BackendKey`] -> [`crate::BackendVips`] (hash).
     pub const BACKEND_VIPS: &str = "BACKEND_VIPS";
-    /// Global per-CPU counters indexed by [`crate::Counter`] (per-CPU array of `u64`).
+    /// Global per-CPU counters: one [`crate::GlobalStats`] per CPU (per-CPU
+    /// array of one entry, so a packet's counters share cache lines).
     pub const STATS: &str = "STATS";
     /// Per-backend per-CPU traffic counters: [`crate::TrafficStats`] by slot.
     pub const BACKEND_STATS: &str = "BACKEND_STATS";
@@ -301,6 +302,22 @@ pub enum Counter {
 /// Number of entries of the `STATS` array.
 pub const COUNTER_COUNT: u32 = 20;
 
+/// The global counters of one CPU, indexed by [`Counter`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalStats {
+    /// Counter values.
+    pub counters: [u64; COUNTER_COUNT as usize],
+}
+
+impl Default for GlobalStats {
+    fn default() -> Self {
+        GlobalStats {
+            counters: [0; COUNTER_COUNT as usize],
+        }
+    }
+}
+
 /// Per-CPU traffic counters of one backend or one VIP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -349,6 +366,7 @@ mod pod {
     unsafe impl aya::Pod for super::FlowEntry {}
     unsafe impl aya::Pod for super::TrafficStats {}
     unsafe impl aya::Pod for super::Settings {}
+    unsafe impl aya::Pod for super::GlobalStats {}
     unsafe impl aya::Pod for super::BackendKey {}
     unsafe impl aya::Pod for super::BackendVips {}
 }

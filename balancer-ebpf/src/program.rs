@@ -15,9 +15,10 @@ use balancer_common::{
     flow::{self, Direction, Verdict},
     flow_kind,
     parse::{self, Frame, Parsed, Tcp4, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, TCP_CSUM_OFF},
-    Backend, BackendKey, BackendVips, Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipInfo,
-    VipKey, BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_COUNT, DEFAULT_FLOW_TABLE_SIZE, IPPROTO_TCP,
-    MAX_VIPS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+    Backend, BackendKey, BackendVips, Counter, FlowEntry, FlowKey, GlobalStats, Settings,
+    TrafficStats, VipInfo, VipKey, BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_COUNT,
+    DEFAULT_FLOW_TABLE_SIZE, IPPROTO_TCP, MAX_VIPS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
+    VIP_BACKENDS_LEN,
 };
 
 #[map]
@@ -43,7 +44,7 @@ static BACKEND_VIPS: HashMap<BackendKey, BackendVips> = HashMap::with_max_entrie
 static FLOWS: LruHashMap<FlowKey, FlowEntry> =
     LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 #[map]
-static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
+static STATS: PerCpuArray<GlobalStats> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static BACKEND_STATS: PerCpuArray<TrafficStats> = PerCpuArray::with_max_entries(BACKEND_SLOTS, 0);
 #[map]
@@ -176,9 +177,14 @@ pub fn balancer(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn count(c: Counter, v: u64) {
-    if let Some(p) = STATS.get_ptr_mut(c as u32) {
-        // SAFETY: per-CPU value, no concurrent writer.
-        unsafe { *p += v };
+    if let Some(p) = STATS.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, no concurrent writer; `c` is a Counter, below
+        // COUNTER_COUNT.
+        unsafe {
+            if let Some(slot) = (*p).counters.get_mut(c as usize) {
+                *slot += v;
+            }
+        }
     }
 }
 

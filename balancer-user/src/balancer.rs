@@ -15,7 +15,7 @@ use aya::{
 };
 use balancer_common::{
     eligible_list_base, flow as fl, flow_kind, map_names, Backend, BackendKey, BackendVips,
-    Counter, FlowEntry, FlowKey, Settings, TrafficStats, VipAddr, VipInfo, VipKey,
+    Counter, FlowEntry, FlowKey, GlobalStats, Settings, TrafficStats, VipAddr, VipInfo, VipKey,
     BACKEND_F_IN_USE, BACKEND_SLOTS, CHOICES_FULL_SCAN, COUNTER_COUNT, IPPROTO_TCP,
     MAX_BACKENDS_PER_VIP, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
 };
@@ -335,7 +335,7 @@ pub struct Balancer {
     backend_ports: Array<MapData, u64>,
     /// What the port bitmaps hold now (VIP ports, backend ports).
     port_words: [Vec<u64>; 2],
-    stats: PerCpuArray<MapData, u64>,
+    stats: PerCpuArray<MapData, GlobalStats>,
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     vip_stats: PerCpuArray<MapData, TrafficStats>,
     settings: Array<MapData, Settings>,
@@ -835,14 +835,20 @@ impl Balancer {
     /// # Errors
     /// Map read failure.
     pub fn stats(&self) -> Result<StatsView> {
-        let mut counters = Vec::with_capacity(COUNTER_NAMES.len());
-        for (i, name) in COUNTER_NAMES.iter().enumerate() {
-            let v = self
-                .stats
-                .get(&(i as u32), 0)
-                .map_err(map_err(map_names::STATS, "read"))?;
-            counters.push((name.to_string(), v.iter().sum()));
-        }
+        let per_cpu = self
+            .stats
+            .get(&0, 0)
+            .map_err(map_err(map_names::STATS, "read"))?;
+        let counters = COUNTER_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                (
+                    name.to_string(),
+                    per_cpu.iter().map(|g| g.counters[i]).sum(),
+                )
+            })
+            .collect();
         let backends = self.list_backends(None)?;
         let mut vips = Vec::new();
         for v in self.state.vips.values() {
@@ -1290,7 +1296,7 @@ fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 10] {
             size_of::<u64>(),
         ),
         (map_names::FLOWS, flow_table_size, size_of::<FlowEntry>()),
-        (map_names::STATS, COUNTER_COUNT, size_of::<u64>()),
+        (map_names::STATS, 1, size_of::<GlobalStats>()),
         (
             map_names::BACKEND_STATS,
             BACKEND_SLOTS,
