@@ -32,6 +32,9 @@ pub mod map_names {
     pub const FLOWS: &str = "FLOWS";
     /// Bitmap of VIP ports, [`crate::PORT_BITMAP_WORDS`] `u64` words (array).
     pub const VIP_PORTS: &str = "VIP_PORTS";
+    /// Bitmap of the low 16 bits (host byte order) of VIP addresses, same
+    /// shape (array).
+    pub const VIP_ADDRS: &str = "VIP_ADDRS";
     /// Bitmap of backend ports, same shape (array).
     pub const BACKEND_PORTS: &str = "BACKEND_PORTS";
     /// Backends' VIPs: [`crate::BackendKey`] -> [`crate::BackendVips`] (hash).

@@ -35,6 +35,10 @@ static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 
 /// to any other port skip every hash lookup.
 #[map]
 static VIP_PORTS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
+/// Bitmap of the low 16 bits of VIP addresses: with [`VIP_PORTS`], frames to
+/// other addresses on a VIP port skip the flow table too.
+#[map]
+static VIP_ADDRS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
 /// Bitmap of backend ports: only frames from one of them can be replies.
 #[map]
 static BACKEND_PORTS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
@@ -270,9 +274,24 @@ fn port_listed(map: &Array<u64>, port: u16) -> bool {
 
 #[inline(always)]
 fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
-    if port_listed(&VIP_PORTS, seg.dst_port) {
-        // The VIP table first: it is small and stays in cache, while a miss
-        // in a large flow table costs a cold bucket.
+    // Low 16 bits of the address, as a port-sized key (network byte order).
+    let addr_key = (u32::from_be(seg.dst_addr) as u16).to_be();
+    if port_listed(&VIP_PORTS, seg.dst_port) && port_listed(&VIP_ADDRS, addr_key) {
+        let key = FlowKey {
+            src_addr: seg.src_addr,
+            dst_addr: seg.dst_addr,
+            src_port: seg.src_port,
+            dst_port: seg.dst_port,
+            proto: IPPROTO_TCP,
+            kind: flow_kind::LIVE,
+            _pad: 0,
+        };
+        // A pinned flow first: established traffic needs no VIP lookup
+        // (only VIP flows are ever pinned). Other traffic rarely gets here:
+        // both bitmaps must match.
+        if let Some(e) = FLOWS.get_ptr_mut(&key) {
+            return pinned(ctx, frame, seg, &key, e);
+        }
         let vip_key = VipKey {
             addr: seg.dst_addr,
             port: seg.dst_port,
@@ -281,18 +300,6 @@ fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
         };
         if let Some(vip) = unsafe { VIPS.get(&vip_key) } {
             let vip = *vip;
-            let key = FlowKey {
-                src_addr: seg.src_addr,
-                dst_addr: seg.dst_addr,
-                src_port: seg.src_port,
-                dst_port: seg.dst_port,
-                proto: IPPROTO_TCP,
-                kind: flow_kind::LIVE,
-                _pad: 0,
-            };
-            if let Some(e) = FLOWS.get_ptr_mut(&key) {
-                return pinned(ctx, frame, seg, &key, e);
-            }
             return unpinned(ctx, frame, seg, &key, &vip);
         }
     }

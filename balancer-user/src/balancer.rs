@@ -333,8 +333,9 @@ pub struct Balancer {
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
     vip_ports: Array<MapData, u64>,
     backend_ports: Array<MapData, u64>,
-    /// What the port bitmaps hold now (VIP ports, backend ports).
-    port_words: [Vec<u64>; 2],
+    vip_addrs: Array<MapData, u64>,
+    /// What the bitmaps hold now (VIP ports, backend ports, VIP addresses).
+    port_words: [Vec<u64>; 3],
     stats: PerCpuArray<MapData, GlobalStats>,
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     vip_stats: PerCpuArray<MapData, TrafficStats>,
@@ -410,7 +411,9 @@ impl Balancer {
             backend_vips: take!(map_names::BACKEND_VIPS),
             vip_ports: take!(map_names::VIP_PORTS),
             backend_ports: take!(map_names::BACKEND_PORTS),
+            vip_addrs: take!(map_names::VIP_ADDRS),
             port_words: [
+                vec![0; PORT_BITMAP_WORDS as usize],
                 vec![0; PORT_BITMAP_WORDS as usize],
                 vec![0; PORT_BITMAP_WORDS as usize],
             ],
@@ -1143,29 +1146,34 @@ impl Balancer {
             .map_err(map_err(map_names::BACKENDS, "write"))
     }
 
-    /// Rewrites the words of the VIP-port and backend-port bitmaps that
+    /// Rewrites the words of the VIP-port, VIP-address and backend-port bitmaps that
     /// differ from the desired state (the data path skips every lookup for
     /// frames whose ports are in neither).
     fn publish_ports(&mut self) -> Result<()> {
-        let mut want = [
-            vec![0u64; PORT_BITMAP_WORDS as usize],
-            vec![0u64; PORT_BITMAP_WORDS as usize],
-        ];
+        let words = PORT_BITMAP_WORDS as usize;
+        let mut want = [vec![0u64; words], vec![0u64; words], vec![0u64; words]];
+        let mut set = |which: usize, key: u16| {
+            let k = key as usize;
+            want[which][k / 64] |= 1 << (k % 64);
+        };
         for v in self.state.vips.values() {
-            let p = v.addr.port() as usize;
-            want[0][p / 64] |= 1 << (p % 64);
+            set(0, v.addr.port());
+            set(2, u32::from(*v.addr.ip()) as u16);
             for b in &v.backends {
-                let p = b.addr.port() as usize;
-                want[1][p / 64] |= 1 << (p % 64);
+                set(1, b.addr.port());
             }
         }
-        for (which, name) in [(0, map_names::VIP_PORTS), (1, map_names::BACKEND_PORTS)] {
+        for (which, name) in [
+            (0, map_names::VIP_PORTS),
+            (1, map_names::BACKEND_PORTS),
+            (2, map_names::VIP_ADDRS),
+        ] {
             for (i, w) in want[which].iter().enumerate() {
                 if self.port_words[which][i] != *w {
-                    let map = if which == 0 {
-                        &mut self.vip_ports
-                    } else {
-                        &mut self.backend_ports
+                    let map = match which {
+                        0 => &mut self.vip_ports,
+                        1 => &mut self.backend_ports,
+                        _ => &mut self.vip_addrs,
                     };
                     map.set(i as u32, *w, 0).map_err(map_err(name, "write"))?;
                     self.port_words[which][i] = *w;

@@ -317,6 +317,16 @@ fn main_vip() -> anyhow::Result<usize> {
     )?;
     r.expect_counters(name, &[("pass_not_vip", 1)])?;
     done(name);
+    let name =
+        "case 11: SYN to a non-VIP address whose low 16 bits match the VIP's is passed untouched";
+    let twin = SocketAddrV4::new(Ipv4Addr::new(10, 1, 0, 10), 80);
+    r.expect_pass_untouched(
+        name,
+        &Seg::new(client(5, 40503), twin, SYN).build(),
+        Side::Client,
+    )?;
+    r.expect_counters(name, &[("pass_not_vip", 1), ("new_flows", 0)])?;
+    done(name);
     let name = "case 11: SYN to the VIP address on another port is passed untouched";
     let other = SocketAddrV4::new(*VIP.ip(), 81);
     r.expect_pass_untouched(
