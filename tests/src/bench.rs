@@ -1130,6 +1130,7 @@ fn peers(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
         "HAProxy random(2)",
         "NGINX random two least_conn",
     ] {
+        eprintln!("bench: peers: {sys}");
         let mut tb = Testbed::build(n)?;
         for ns in [&tb.client, &tb.lb] {
             ns.sysctl("net.ipv4.ip_local_port_range", "1024 65000")?;
