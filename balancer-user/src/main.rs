@@ -285,6 +285,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Flows { limit, json } => (Request::Flows { limit }, json),
     };
     let resp = client::call(&socket, &req).await?;
+    if let (Request::DrainBackend { vip, .. } | Request::RemoveBackend { vip, .. }, Response::Ok) =
+        (&req, &resp)
+    {
+        warn_if_no_eligible(&socket, *vip).await;
+    }
     if json {
         if let Response::Error { message } = &resp {
             bail!("{message}");
@@ -293,6 +298,19 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     print_response(resp)
+}
+
+/// After a drain or a removal, warns when the VIP has no backend left that
+/// takes new connections.
+async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddrV4) {
+    if let Ok(Response::Vips { vips }) = client::call(socket, &Request::ListVips).await {
+        if vips.iter().any(|v| v.vip == vip && v.eligible == 0) {
+            eprintln!(
+                "warning: VIP {vip} has no backend left that takes new connections; \
+                 new connections to it are dropped (counter drop_no_backend)"
+            );
+        }
+    }
 }
 
 fn choices_name(c: u32) -> String {
