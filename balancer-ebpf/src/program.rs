@@ -160,8 +160,13 @@ impl XdpFrame<'_> {
 #[xdp]
 pub fn balancer(ctx: XdpContext) -> u32 {
     let frame = XdpFrame(&ctx);
-    count(Counter::RxPackets, 1);
-    count(Counter::RxBytes, frame.len() as u64);
+    if let Some(p) = STATS.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe {
+            (*p).counters[Counter::RxPackets as usize] += 1;
+            (*p).counters[Counter::RxBytes as usize] += frame.len() as u64;
+        }
+    }
     match parse::parse(&frame) {
         Parsed::Tcp4(seg) => tcp(&ctx, &frame, &seg),
         Parsed::Fragment { .. } => {

@@ -327,25 +327,13 @@ impl Rig {
     /// # Errors
     /// Another action or any other difference.
     pub fn expect_to_backend(&mut self, fixture: &str, seg: &Seg) -> anyhow::Result<SocketAddrV4> {
-        let input = seg.build();
-        let (a, out) = self.run(&input, Side::Client)?;
-        ensure!(
-            a == XDP_REDIRECT || a == XDP_TX,
-            "[{fixture}] action {}, expected a forward",
-            action_name(a)
-        );
-        let p = frames::parse(&out).with_context(|| format!("[{fixture}] output"))?;
-        let mut want = seg.clone();
-        want.dst = p.dst;
-        want.smac = self.backend_if_mac;
-        want.dmac = neigh_mac(*p.dst.ip());
-        let want = want.build();
-        ensure!(
-            out == want,
-            "[{fixture}] output differs from the expected frame: {}",
-            diff(&want, &out)
-        );
-        Ok(p.dst)
+        let smac = self.backend_if_mac;
+        let out = self.expect_forwarded(fixture, seg, Side::Client, |want, out| {
+            want.dst = out.dst;
+            want.smac = smac;
+            want.dmac = neigh_mac(*out.dst.ip());
+        })?;
+        Ok(out.dst)
     }
 
     /// Runs `seg` from a backend to a client; it must be forwarded with the
@@ -359,24 +347,41 @@ impl Rig {
         seg: &Seg,
         vip: SocketAddrV4,
     ) -> anyhow::Result<()> {
-        let input = seg.build();
-        let (a, out) = self.run(&input, Side::Backend)?;
+        let smac = self.client_if_mac;
+        self.expect_forwarded(fixture, seg, Side::Backend, |want, _| {
+            want.src = vip;
+            want.smac = smac;
+            want.dmac = neigh_mac(*want.dst.ip());
+        })?;
+        Ok(())
+    }
+
+    /// Runs `seg` from `side`; it must be forwarded and equal, byte for
+    /// byte, `seg` as `rewrite` changes it (given the parsed output) and as
+    /// etherparse builds it. Returns the parsed output.
+    fn expect_forwarded(
+        &mut self,
+        fixture: &str,
+        seg: &Seg,
+        side: Side,
+        rewrite: impl FnOnce(&mut Seg, &frames::Parsed),
+    ) -> anyhow::Result<frames::Parsed> {
+        let (a, out) = self.run(&seg.build(), side)?;
         ensure!(
             a == XDP_REDIRECT || a == XDP_TX,
             "[{fixture}] action {}, expected a forward",
             action_name(a)
         );
+        let p = frames::parse(&out).with_context(|| format!("[{fixture}] output"))?;
         let mut want = seg.clone();
-        want.src = vip;
-        want.smac = self.client_if_mac;
-        want.dmac = neigh_mac(*seg.dst.ip());
+        rewrite(&mut want, &p);
         let want = want.build();
         ensure!(
             out == want,
             "[{fixture}] output differs from the expected frame: {}",
             diff(&want, &out)
         );
-        Ok(())
+        Ok(p)
     }
 }
 
