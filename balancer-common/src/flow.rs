@@ -64,28 +64,65 @@ fn in_window(seq: u32, expected: u32) -> bool {
     seq.wrapping_sub(expected) < RST_WINDOW
 }
 
-/// Updates `entry` for one segment travelling `dir` and says whether the flow
-/// is now over. Does not touch `last_seen_ns`.
+/// How an RST segment was judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rst {
+    /// Not an RST.
+    None,
+    /// Acceptable: the flow is over.
+    InWindow,
+    /// Outside the window: forwarded, the flow stays open.
+    OutOfWindow,
+}
+
+/// What one segment does to its flow, computed from a snapshot of the entry
+/// without writing it. The data path then stores the sequence numbers
+/// (plain stores of whole words; a value written by a concurrent segment is
+/// as good as this one's) and sets `set` in the state word with one atomic
+/// OR, whose previous value decides the [`verdict`]. State bits are only ever
+/// set, so two CPUs handling the two directions at once never lose each
+/// other's bits, and exactly one of them sees the second FIN arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// State bits to set that the snapshot did not have yet (0: no atomic
+    /// operation is needed).
+    pub set: u32,
+    /// New `FlowEntry::client_next_seq`, if any.
+    pub client_next_seq: Option<u32>,
+    /// New `FlowEntry::server_next_seq`, if any.
+    pub server_next_seq: Option<u32>,
+    /// The RST judgement.
+    pub rst: Rst,
+}
+
+/// Computes what a segment travelling `dir` does to the flow whose current
+/// fields are `entry` (a snapshot; nothing is written).
 #[inline(always)]
-pub fn track(entry: &mut FlowEntry, dir: Direction, seg: &Tcp4) -> Verdict {
-    let mut state = entry.state;
-    let verdict = match dir {
+pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
+    let state = entry.state;
+    let mut step = Step {
+        set: 0,
+        client_next_seq: None,
+        server_next_seq: None,
+        rst: Rst::None,
+    };
+    let mut want = 0;
+    match dir {
         Direction::ToBackend => {
             if seg.has(TCP_RST) {
-                if in_window(seg.seq, entry.client_next_seq) {
-                    Verdict::ClosedByRst
+                step.rst = if in_window(seg.seq, entry.client_next_seq) {
+                    Rst::InWindow
                 } else {
-                    Verdict::RstOutOfWindow
-                }
+                    Rst::OutOfWindow
+                };
             } else {
                 if seg.has(TCP_ACK) {
-                    entry.server_next_seq = seg.ack;
-                    state |= F_SERVER_SEQ_KNOWN | F_ESTABLISHED;
+                    step.server_next_seq = Some(seg.ack);
+                    want |= F_SERVER_SEQ_KNOWN | F_ESTABLISHED;
                 }
                 if seg.has(TCP_FIN) {
-                    state |= F_CLIENT_FIN;
+                    want |= F_CLIENT_FIN;
                 }
-                Verdict::Open
             }
         }
         Direction::ToClient => {
@@ -97,37 +134,70 @@ pub fn track(entry: &mut FlowEntry, dir: Direction, seg: &Tcp4) -> Verdict {
                     // acknowledge exactly the SYN.
                     seg.has(TCP_ACK) && seg.ack == entry.client_next_seq
                 };
-                if ok {
-                    Verdict::ClosedByRst
-                } else {
-                    Verdict::RstOutOfWindow
-                }
+                step.rst = if ok { Rst::InWindow } else { Rst::OutOfWindow };
             } else {
                 if seg.has(TCP_SYN) && seg.has(TCP_ACK) && state & F_SERVER_SEQ_KNOWN == 0 {
-                    entry.server_next_seq = seg.seq.wrapping_add(1);
-                    state |= F_SERVER_SEQ_KNOWN;
+                    step.server_next_seq = Some(seg.seq.wrapping_add(1));
+                    want |= F_SERVER_SEQ_KNOWN;
                 }
                 if seg.has(TCP_ACK) {
-                    entry.client_next_seq = seg.ack;
+                    step.client_next_seq = Some(seg.ack);
                 }
                 if seg.has(TCP_FIN) {
-                    state |= F_SERVER_FIN;
+                    want |= F_SERVER_FIN;
                 }
+            }
+        }
+    }
+    step.set = want & !state;
+    step
+}
+
+/// `true` when setting `set` on a state word that held `old` completes
+/// FIN-in-both-directions: true for exactly one of any number of concurrent
+/// atomic ORs.
+#[inline(always)]
+pub const fn fin_closes(old: u32, set: u32) -> bool {
+    let both = F_CLIENT_FIN | F_SERVER_FIN;
+    old & both != both && (old | set) & both == both
+}
+
+/// The verdict of a step, given the state word's value just before the
+/// step's bits were set (`old`, as an atomic fetch-OR returns it).
+#[inline(always)]
+pub const fn verdict(old: u32, step: &Step) -> Verdict {
+    match step.rst {
+        Rst::InWindow => Verdict::ClosedByRst,
+        Rst::OutOfWindow => Verdict::RstOutOfWindow,
+        Rst::None => {
+            if fin_closes(old, step.set) {
+                Verdict::ClosedByFin
+            } else {
                 Verdict::Open
             }
         }
-    };
-    entry.state = state;
-    if verdict == Verdict::Open
-        && state & (F_CLIENT_FIN | F_SERVER_FIN) == F_CLIENT_FIN | F_SERVER_FIN
-    {
-        return Verdict::ClosedByFin;
     }
-    verdict
+}
+
+/// [`track`] and its writes in one go, for a single writer (userspace and
+/// tests): stores the sequence numbers, sets the bits and returns the
+/// verdict. Does not touch `last_seen_ns`.
+pub fn apply(entry: &mut FlowEntry, dir: Direction, seg: &Tcp4) -> Verdict {
+    let step = track(entry, dir, seg);
+    if let Some(v) = step.client_next_seq {
+        entry.client_next_seq = v;
+    }
+    if let Some(v) = step.server_next_seq {
+        entry.server_next_seq = v;
+    }
+    let old = entry.state;
+    entry.state = old | step.set;
+    verdict(old, &step)
 }
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
 
     fn seg(flags: u8, seq: u32, ack: u32) -> Tcp4 {
@@ -143,7 +213,7 @@ mod tests {
         let mut e = FlowEntry::default();
         start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
         assert_eq!(
-            track(
+            apply(
                 &mut e,
                 Direction::ToClient,
                 &seg(TCP_SYN | TCP_ACK, 5000, 1001)
@@ -151,7 +221,7 @@ mod tests {
             Verdict::Open
         );
         assert_eq!(
-            track(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 5001)),
+            apply(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 5001)),
             Verdict::Open
         );
         e
@@ -161,7 +231,7 @@ mod tests {
     fn fin_both_ways_closes_once_both_seen() {
         let mut e = opened();
         assert_eq!(
-            track(
+            apply(
                 &mut e,
                 Direction::ToBackend,
                 &seg(TCP_FIN | TCP_ACK, 1001, 5001)
@@ -170,11 +240,11 @@ mod tests {
         );
         // Half-close: server data keeps the flow open.
         assert_eq!(
-            track(&mut e, Direction::ToClient, &seg(TCP_ACK, 5001, 1002)),
+            apply(&mut e, Direction::ToClient, &seg(TCP_ACK, 5001, 1002)),
             Verdict::Open
         );
         assert_eq!(
-            track(
+            apply(
                 &mut e,
                 Direction::ToClient,
                 &seg(TCP_FIN | TCP_ACK, 5001, 1002)
@@ -187,7 +257,7 @@ mod tests {
     fn rst_in_and_out_of_window() {
         let mut e = opened();
         assert_eq!(
-            track(
+            apply(
                 &mut e,
                 Direction::ToBackend,
                 &seg(TCP_RST, 1001 + (1 << 31), 0)
@@ -195,16 +265,16 @@ mod tests {
             Verdict::RstOutOfWindow
         );
         assert_eq!(
-            track(&mut e, Direction::ToClient, &seg(TCP_RST, 5001 - 10, 0)),
+            apply(&mut e, Direction::ToClient, &seg(TCP_RST, 5001 - 10, 0)),
             Verdict::RstOutOfWindow
         );
         assert_eq!(
-            track(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001 + 100, 0)),
+            apply(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001 + 100, 0)),
             Verdict::ClosedByRst
         );
         let mut e = opened();
         assert_eq!(
-            track(
+            apply(
                 &mut e,
                 Direction::ToClient,
                 &seg(TCP_RST | TCP_ACK, 5001, 1001)
@@ -219,12 +289,98 @@ mod tests {
         start(&mut e, &seg(TCP_SYN, u32::MAX, 0), 1);
         // ISN + 1 wraps to 0.
         assert_eq!(
-            track(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 7)),
+            apply(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 7)),
             Verdict::RstOutOfWindow
         );
         assert_eq!(
-            track(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 0)),
+            apply(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 0)),
             Verdict::ClosedByRst
         );
+    }
+
+    /// One segment of one direction in the two-CPU model below.
+    #[derive(Clone, Copy)]
+    struct Ev {
+        dir: Direction,
+        seg: Tcp4,
+    }
+
+    /// Runs every interleaving of two per-direction segment sequences, each
+    /// segment split into its snapshot read and its write (a CPU per
+    /// direction, so one direction's segments stay in order), and returns
+    /// the number of FIN closes each interleaving produced. `atomic` writes
+    /// the state with a fetch-OR as the data path does; otherwise with the
+    /// plain `state = snapshot | bits` store the program used to do.
+    fn closes_per_interleaving(a: &[Ev], b: &[Ev], atomic: bool) -> std::vec::Vec<u32> {
+        let start = opened();
+        let total = 2 * (a.len() + b.len());
+        let mut out = std::vec::Vec::new();
+        // Bit i of `mask` set: event i belongs to sequence a.
+        for mask in 0u32..(1 << total) {
+            if mask.count_ones() as usize != 2 * a.len() {
+                continue;
+            }
+            let mut e = start;
+            let mut pending: [Option<(u32, Step)>; 2] = [None, None];
+            let mut next = [0usize, 0usize];
+            let mut closes = 0;
+            for i in 0..total {
+                let which = if mask & (1 << i) != 0 { 0 } else { 1 };
+                let seq = if which == 0 { a } else { b };
+                match pending[which].take() {
+                    None => {
+                        let ev = seq[next[which]];
+                        pending[which] = Some((e.state, track(&e, ev.dir, &ev.seg)));
+                    }
+                    Some((snapshot, step)) => {
+                        next[which] += 1;
+                        let old = if atomic { e.state } else { snapshot };
+                        e.state = if atomic {
+                            e.state | step.set
+                        } else {
+                            snapshot | step.set
+                        };
+                        if verdict(old, &step) == Verdict::ClosedByFin {
+                            closes += 1;
+                        }
+                    }
+                }
+            }
+            out.push(closes);
+        }
+        out
+    }
+
+    fn two_directions() -> (std::vec::Vec<Ev>, std::vec::Vec<Ev>) {
+        let c = |flags, seq, ack| Ev {
+            dir: Direction::ToBackend,
+            seg: seg(flags, seq, ack),
+        };
+        let s = |flags, seq, ack| Ev {
+            dir: Direction::ToClient,
+            seg: seg(flags, seq, ack),
+        };
+        // Each direction sends its FIN and an ACK; the handshake is done, so
+        // only the FINs set bits.
+        (
+            std::vec![c(TCP_ACK | TCP_FIN, 1001, 5001), c(TCP_ACK, 1002, 5002)],
+            std::vec![s(TCP_ACK, 5001, 1001), s(TCP_ACK | TCP_FIN, 5001, 1001)],
+        )
+    }
+
+    #[test]
+    fn concurrent_directions_close_exactly_once_with_atomic_or() {
+        let (a, b) = two_directions();
+        let closes = closes_per_interleaving(&a, &b, true);
+        assert!(!closes.is_empty());
+        assert!(closes.iter().all(|&c| c == 1), "{closes:?}");
+    }
+
+    #[test]
+    fn plain_read_modify_write_loses_a_fin_in_some_interleaving() {
+        // The model must be able to see the race the atomic OR fixes.
+        let (a, b) = two_directions();
+        let closes = closes_per_interleaving(&a, &b, false);
+        assert!(closes.contains(&0), "{closes:?}");
     }
 }

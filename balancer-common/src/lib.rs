@@ -6,7 +6,8 @@
 //! choice rule, TCP close tracking) is unit- and property-tested on the host.
 //!
 //! Map value types are `#[repr(C)]` with explicit padding so that the kernel and
-//! userspace agree on their layout; sizes are asserted at compile time. With the
+//! userspace agree on their layout; `bytemuck`'s `Pod` derive proves at compile
+//! time that none has implicit padding, and sizes are asserted too. With the
 //! `user` feature they implement `aya::Pod`.
 #![no_std]
 #![deny(missing_docs)]
@@ -14,7 +15,11 @@
 pub mod choice;
 pub mod csum;
 pub mod flow;
+pub mod nat;
 pub mod parse;
+pub mod reset;
+
+use bytemuck::{Pod, Zeroable};
 
 /// Names of the BPF maps, shared by the program and userspace.
 pub mod map_names {
@@ -50,6 +55,14 @@ pub mod map_names {
     pub const SETTINGS: &str = "SETTINGS";
     /// Frames counted by the `bench_count` program (per-CPU array of one `u64`).
     pub const BENCH_COUNT: &str = "BENCH_COUNT";
+    /// Interfaces the program acts on: ifindex (`u32`) -> [`crate::LocalMac`]
+    /// (hash). A frame whose destination MAC is not its interface's is never
+    /// forwarded.
+    pub const LOCAL_MACS: &str = "LOCAL_MACS";
+    /// Backend hosts: IPv4 address (network byte order, `u32`) ->
+    /// [`crate::HostVips`] (hash), the VIPs the address is a backend of (for
+    /// refusing hairpin connections).
+    pub const BACKEND_HOSTS: &str = "BACKEND_HOSTS";
 }
 
 /// Maximum number of VIPs (size of the VIP table and of the per-VIP arrays).
@@ -79,7 +92,7 @@ pub const IPPROTO_TCP: u8 = 6;
 
 /// Key of the VIP table: address, port and protocol clients connect to.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct VipKey {
     /// IPv4 address, network byte order (the four bytes as on the wire,
     /// read as a native-endian `u32`).
@@ -94,7 +107,7 @@ pub struct VipKey {
 
 /// Value of the VIP table.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct VipInfo {
     /// Index of the VIP in the per-VIP arrays, `0..MAX_VIPS`.
     pub index: u32,
@@ -130,10 +143,14 @@ pub const VIP_BACKENDS_LEN: u32 = MAX_VIPS * 2 * MAX_BACKENDS_PER_VIP;
 
 /// Backend slot is in use (set by the daemon while the backend exists).
 pub const BACKEND_F_IN_USE: u32 = 1;
+/// The backend's address and port serve more than one VIP: a new flow placed
+/// on it must not reuse a client address and port that is live on it through
+/// another VIP (at the backend both would be one connection).
+pub const BACKEND_F_SHARED: u32 = 2;
 
 /// One backend slot.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Backend {
     /// IPv4 address, network byte order.
     pub addr: u32,
@@ -168,7 +185,7 @@ pub const MAX_VIPS_PER_BACKEND: u32 = 4;
 /// Key of the `BACKEND_VIPS` table: a backend's address and port as a reply
 /// carries them in its source fields.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
 pub struct BackendKey {
     /// IPv4 address, network byte order.
     pub addr: u32,
@@ -180,7 +197,7 @@ pub struct BackendKey {
 
 /// A VIP address and port, network byte order.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct VipAddr {
     /// IPv4 address, network byte order.
     pub addr: u32,
@@ -193,7 +210,7 @@ pub struct VipAddr {
 /// Value of the `BACKEND_VIPS` table: the VIPs a backend serves, so a reply
 /// finds its flow (client -> VIP) without per-flow reverse state.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct BackendVips {
     /// Valid entries of `vips`, 1..=[`MAX_VIPS_PER_BACKEND`].
     pub count: u32,
@@ -203,7 +220,7 @@ pub struct BackendVips {
 
 /// Key of the flow table: a 5-tuple plus the entry kind.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct FlowKey {
     /// Source IPv4 address, network byte order.
     pub src_addr: u32,
@@ -232,7 +249,7 @@ impl FlowKey {
 
 /// Value of the flow table.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct FlowEntry {
     /// Backend slot the flow is pinned to.
     pub backend_slot: u32,
@@ -240,7 +257,14 @@ pub struct FlowEntry {
     pub backend_generation: u32,
     /// Index of the VIP.
     pub vip_index: u32,
-    /// `flow::F_*` state bits (FINs seen, sequence numbers known).
+    /// `flow::F_*` state bits (FINs seen, sequence numbers known). Bits are
+    /// only ever set, never cleared, and the data path sets them with an
+    /// atomic OR, so segments of both directions handled on two CPUs at once
+    /// never lose each other's bits. BPF ISA v1 (what bpf-linker targets
+    /// here) has atomic fetch operations on 64-bit words only, so the data
+    /// path ORs `bits << 32` into the 8-byte word at offset 8 that holds
+    /// `vip_index` (low half, never changed) and `state` (high half):
+    /// [`FlowEntry::STATE_WORD_OFFSET`].
     pub state: u32,
     /// Next sequence number the backend expects from the client (from the
     /// backend's ACKs; the client's ISN + 1 at first), host byte order.
@@ -251,8 +275,17 @@ pub struct FlowEntry {
     pub server_next_seq: u32,
     /// Time of the last packet, `bpf_ktime_get_ns` (CLOCK_MONOTONIC, ns).
     pub last_seen_ns: u64,
-    /// Time the flow was created, CLOCK_MONOTONIC ns.
+    /// Time the flow was created, CLOCK_MONOTONIC ns at full resolution
+    /// (orders the closed flows of one backend tuple).
     pub created_ns: u64,
+}
+
+impl FlowEntry {
+    /// Byte offset of the 8-byte aligned word holding `vip_index` (low 32
+    /// bits) and `state` (high 32 bits), little-endian.
+    pub const STATE_WORD_OFFSET: usize = 8;
+    /// Shift of `state` inside that word.
+    pub const STATE_WORD_SHIFT: u32 = 32;
 }
 
 /// Counters of the global per-CPU `STATS` array.
@@ -300,14 +333,74 @@ pub enum Counter {
     ClosedFlowPackets,
     /// Frames larger than the egress interface's MTU (dropped untouched).
     DropMtu,
+    /// Frames to a VIP or from a backend whose destination MAC is not the
+    /// receiving interface's (broadcast, multicast, another host's): passed
+    /// untouched, never placed or forwarded.
+    PassOtherHost,
+    /// Frames to a VIP or from a backend that would leave with TTL 0 (TTL 1 or
+    /// 0 on arrival): passed untouched, so the host answers as a router does
+    /// (ICMP time exceeded); no flow is placed or tracked.
+    PassTtlExpired,
+    /// SYNs from a backend host of the VIP itself (hairpin; its replies could
+    /// not return through the balancer in NAT mode): answered with a TCP RST.
+    RefusedHairpin,
+    /// New flows kept off a backend because the client's address and port is
+    /// live on that backend through another VIP (it would be the same
+    /// connection at the backend); placed on another backend.
+    TupleInUseAvoided,
+    /// SYNs whose client address and port is live, through another VIP, on
+    /// every backend they could go to: answered with a TCP RST.
+    RefusedTupleInUse,
+    /// TCP RSTs the data path sent (one per refusal).
+    TxRst,
+    /// Closed flows forgotten because their backend started a new handshake
+    /// with the same client address and port (a SYN-ACK never belongs to a
+    /// closed flow).
+    ClosedSuperseded,
+}
+
+impl Counter {
+    /// The last counter.
+    pub const LAST: Counter = Counter::ClosedSuperseded;
 }
 
 /// Number of entries of the `STATS` array.
-pub const COUNTER_COUNT: u32 = 20;
+pub const COUNTER_COUNT: u32 = Counter::LAST as u32 + 1;
+
+/// Names of the global counters, in [`Counter`] order (as `stats` shows them).
+pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
+    "rx_packets",
+    "rx_bytes",
+    "pass_not_vip",
+    "pass_fragment",
+    "pass_malformed",
+    "new_flows",
+    "flow_misses",
+    "drop_no_backend",
+    "drop_backend_gone",
+    "drop_flow_insert",
+    "tx_packets",
+    "redirect_packets",
+    "pass_fib_no_neigh",
+    "drop_fib",
+    "reply_packets",
+    "closed_fin",
+    "closed_rst",
+    "rst_out_of_window",
+    "closed_flow_packets",
+    "drop_mtu",
+    "pass_other_host",
+    "pass_ttl_expired",
+    "refused_hairpin",
+    "tuple_in_use_avoided",
+    "refused_tuple_in_use",
+    "tx_rst",
+    "closed_superseded",
+];
 
 /// The global counters of one CPU, indexed by [`Counter`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct GlobalStats {
     /// Counter values.
     pub counters: [u64; COUNTER_COUNT as usize],
@@ -323,7 +416,7 @@ impl Default for GlobalStats {
 
 /// Per-CPU traffic counters of one backend or one VIP.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct TrafficStats {
     /// Frames forwarded (both directions).
     pub packets: u64,
@@ -335,9 +428,50 @@ pub struct TrafficStats {
     pub misses: u64,
 }
 
+/// Value of the `LOCAL_MACS` table: the MAC address of an interface the
+/// program is attached to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LocalMac {
+    /// The MAC address, as on the wire.
+    pub mac: [u8; 6],
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// Words of a [`HostVips`] bitmap: one bit per VIP index.
+pub const VIP_BITMAP_WORDS: usize = (MAX_VIPS as usize).div_ceil(64);
+
+/// Value of the `BACKEND_HOSTS` table: the VIPs (bit `i` of word `i / 64` for
+/// VIP index `i`) an address is a backend of, on any port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HostVips {
+    /// The bitmap.
+    pub vips: [u64; VIP_BITMAP_WORDS],
+}
+
+impl HostVips {
+    /// `true` when VIP index `vip_index` is set.
+    #[inline(always)]
+    pub fn has(&self, vip_index: u32) -> bool {
+        match self.vips.get((vip_index / 64) as usize) {
+            Some(w) => w & (1u64 << (vip_index % 64)) != 0,
+            None => false,
+        }
+    }
+
+    /// Sets VIP index `vip_index` (ignored when out of range).
+    pub fn set(&mut self, vip_index: u32) {
+        if let Some(w) = self.vips.get_mut((vip_index / 64) as usize) {
+            *w |= 1u64 << (vip_index % 64);
+        }
+    }
+}
+
 /// Data-path settings, index 0 of the `SETTINGS` array.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Settings {
     /// When non-zero, the random draws use a deterministic generator seeded
     /// with this value instead of `bpf_get_prandom_u32` (tests only; the
@@ -351,25 +485,47 @@ const _: () = {
     assert!(core::mem::size_of::<Backend>() == 16);
     assert!(core::mem::size_of::<FlowKey>() == 16);
     assert!(core::mem::size_of::<FlowEntry>() == 40);
+    assert!(core::mem::offset_of!(FlowEntry, vip_index) == FlowEntry::STATE_WORD_OFFSET);
+    assert!(core::mem::offset_of!(FlowEntry, state) == FlowEntry::STATE_WORD_OFFSET + 4);
+    assert!(FlowEntry::STATE_WORD_OFFSET.is_multiple_of(8) && core::mem::align_of::<FlowEntry>() == 8);
+    assert!(cfg!(target_endian = "little"));
     assert!(core::mem::size_of::<BackendKey>() == 8);
     assert!(core::mem::size_of::<BackendVips>() == 4 + 8 * MAX_VIPS_PER_BACKEND as usize);
     assert!(core::mem::size_of::<TrafficStats>() == 32);
     assert!(core::mem::size_of::<Settings>() == 8);
-    assert!(Counter::DropMtu as u32 + 1 == COUNTER_COUNT);
+    assert!(core::mem::size_of::<LocalMac>() == 8);
+    assert!(core::mem::size_of::<HostVips>() == 8 * VIP_BITMAP_WORDS);
 };
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: each type is repr(C), has no implicit padding (sizes asserted
-    // above) and every bit pattern is valid.
-    unsafe impl aya::Pod for super::VipKey {}
-    unsafe impl aya::Pod for super::VipInfo {}
-    unsafe impl aya::Pod for super::Backend {}
-    unsafe impl aya::Pod for super::FlowKey {}
-    unsafe impl aya::Pod for super::FlowEntry {}
-    unsafe impl aya::Pod for super::TrafficStats {}
-    unsafe impl aya::Pod for super::Settings {}
-    unsafe impl aya::Pod for super::GlobalStats {}
-    unsafe impl aya::Pod for super::BackendKey {}
-    unsafe impl aya::Pod for super::BackendVips {}
+    /// `unsafe impl aya::Pod` for types whose `bytemuck::Pod` derive has
+    /// proved at compile time that they are `repr(C)`, free of padding and
+    /// valid for every bit pattern.
+    macro_rules! aya_pod {
+        ($($t:ty),* $(,)?) => {$(
+            const _: fn() = || {
+                fn is_pod<T: bytemuck::Pod>() {}
+                is_pod::<$t>();
+            };
+            // SAFETY: bytemuck::Pod (checked just above) guarantees what
+            // aya::Pod requires.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+    use super::*;
+    aya_pod!(
+        VipKey,
+        VipInfo,
+        Backend,
+        FlowKey,
+        FlowEntry,
+        TrafficStats,
+        Settings,
+        GlobalStats,
+        BackendKey,
+        BackendVips,
+        LocalMac,
+        HostVips,
+    );
 }

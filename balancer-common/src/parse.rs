@@ -59,6 +59,9 @@ pub const TCP_RST: u8 = 0x04;
 /// TCP ACK flag.
 pub const TCP_ACK: u8 = 0x10;
 
+/// Byte offset of the TTL inside the IPv4 header (the protocol follows it:
+/// the two share one 16-bit checksum word).
+pub const IPV4_TTL_OFF: usize = 8;
 /// Byte offset of the header checksum inside the IPv4 header.
 pub const IPV4_CSUM_OFF: usize = 10;
 /// Byte offset of the source address inside the IPv4 header.
@@ -93,6 +96,10 @@ pub struct Tcp4 {
     pub ack: u32,
     /// IPv4 total length field, bytes.
     pub ip_total_len: u16,
+    /// IPv4 time to live.
+    pub ttl: u8,
+    /// TCP header length (data offset x 4), bytes.
+    pub tcp_hlen: u8,
 }
 
 impl Tcp4 {
@@ -101,10 +108,31 @@ impl Tcp4 {
     pub fn is_syn(&self) -> bool {
         self.flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN
     }
+    /// `true` for the second step of a handshake: SYN and ACK set, RST clear.
+    #[inline(always)]
+    pub fn is_syn_ack(&self) -> bool {
+        self.flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_SYN | TCP_ACK
+    }
     /// `true` when `flag` (a `TCP_*` constant) is set.
     #[inline(always)]
     pub fn has(&self, flag: u8) -> bool {
         self.flags & flag != 0
+    }
+
+    /// TCP payload length, bytes (total length minus both headers; the
+    /// parser guarantees the headers fit inside the total length).
+    #[inline(always)]
+    pub fn payload_len(&self) -> u32 {
+        (self.ip_total_len as u32)
+            .saturating_sub((self.l4_off - self.l3_off) as u32)
+            .saturating_sub(self.tcp_hlen as u32)
+    }
+
+    /// Sequence space the segment occupies (RFC 9293 SEG.LEN): payload
+    /// bytes plus one each for SYN and FIN.
+    #[inline(always)]
+    pub fn seg_len(&self) -> u32 {
+        self.payload_len() + (self.has(TCP_SYN) as u32) + (self.has(TCP_FIN) as u32)
     }
 }
 
@@ -211,6 +239,8 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
         seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
         ack: u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
         ip_total_len: total_len,
+        ttl: ip[8],
+        tcp_hlen: (doff * 4) as u8,
     })
 }
 
@@ -270,6 +300,10 @@ mod tests {
         assert_eq!(t.dst_port, 80u16.to_be());
         assert_eq!(t.dst_addr.to_ne_bytes(), [10, 0, 0, 10]);
         assert_eq!(t.seq, 1000);
+        assert_eq!(t.ttl, 64);
+        assert_eq!(t.tcp_hlen, 20);
+        assert_eq!(t.payload_len(), 0);
+        assert_eq!(t.seg_len(), 1);
     }
 
     #[test]

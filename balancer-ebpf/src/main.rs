@@ -1,23 +1,164 @@
-//! The XDP program of the balancer.
+//! The XDP program of the balancer. One file per pipeline stage:
 //!
-//! frame -> parse (Ethernet, up to two VLAN tags, IPv4 with options, TCP)
-//! -> VIP lookup (address, port, protocol)
-//!    -> flow lookup (LRU hash, 5-tuple) -> hit: forward to the pinned backend
-//!    -> miss, pure SYN: power of d choices over the VIP's eligible backends,
-//!       one atomic add to the chosen backend's active connections, pin
-//!    -> miss, anything else: pass and count the miss (never balanced at random)
-//! -> not a VIP: backend-side flow lookup -> reply: rewrite the source back to
-//!    the VIP; otherwise pass untouched
-//! -> NAT rewrite with incremental checksums (RFC 1624) -> bpf_fib_lookup ->
-//!    XDP_TX or XDP_REDIRECT.
+//! ```text
+//! frame -> parse (balancer_common::parse: Ethernet, up to two VLAN tags, IPv4 with options, TCP)
+//!       -> classify (this file): a pinned flow, a VIP, a backend's reply, or not ours
+//!       -> guard: addressed to this interface at L2, TTL left to forward
+//!       -> client side (client): pinned flow -> track (track); new SYN -> choose (choose)
+//!          reply side (reply): find the flow among the backend's VIPs (lookup) -> track
+//!       -> rewrite: NAT (rewrite/nat) or a refusal's RST (rewrite/reset)
+//!       -> forward: bpf_fib_lookup with a next-hop cache, XDP_TX or XDP_REDIRECT
+//! ```
 //!
-//! Everything that can run on the host lives in `balancer-common`.
+//! Counters live in `stats`, maps in `maps`. Everything that can run on the
+//! host lives in `balancer-common`, with host tests.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
-mod program;
+mod atomic;
+#[cfg(target_arch = "bpf")]
+mod bench;
+#[cfg(target_arch = "bpf")]
+mod choose;
+#[cfg(target_arch = "bpf")]
+mod client;
+#[cfg(target_arch = "bpf")]
+mod forward;
+#[cfg(target_arch = "bpf")]
+mod frame;
+#[cfg(target_arch = "bpf")]
+mod guard;
+#[cfg(target_arch = "bpf")]
+mod lookup;
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod reply;
+#[cfg(target_arch = "bpf")]
+mod rewrite;
+#[cfg(target_arch = "bpf")]
+mod stats;
+#[cfg(target_arch = "bpf")]
+mod track;
+
+#[cfg(target_arch = "bpf")]
+mod entry {
+    use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+    use balancer_common::{
+        parse::{self, Frame, Parsed, Tcp4},
+        BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
+    };
+
+    use crate::{
+        client,
+        frame::XdpFrame,
+        guard, lookup,
+        maps::{BACKEND_PORTS, FLOWS, VIPS, VIP_ADDRS, VIP_PORTS},
+        reply,
+        stats::{count, count_rx},
+    };
+
+    #[xdp]
+    pub fn balancer(ctx: XdpContext) -> u32 {
+        let frame = XdpFrame(&ctx);
+        count_rx(frame.len() as u64);
+        match parse::parse(&frame) {
+            Parsed::Tcp4(seg) => tcp(&ctx, &frame, &seg),
+            Parsed::Fragment { .. } => pass(Counter::PassFragment),
+            Parsed::Malformed => pass(Counter::PassMalformed),
+            Parsed::OtherIpv4 | Parsed::Ipv6 | Parsed::OtherL2 => pass(Counter::PassNotVip),
+        }
+    }
+
+    #[inline(always)]
+    fn pass(c: Counter) -> u32 {
+        count(c, 1);
+        xdp_action::XDP_PASS
+    }
+
+    /// What a TCP segment is to the balancer.
+    enum Target {
+        /// A segment of a live flow (client -> VIP).
+        Pinned(FlowKey, *mut FlowEntry),
+        /// A segment to a VIP matching no live flow.
+        Vip(FlowKey, VipInfo),
+        /// A segment from a backend address and port, with its VIPs.
+        FromBackend(BackendVips),
+        /// Anything else.
+        NotOurs,
+    }
+
+    /// Classifies a segment with read-only lookups. Bitmaps of VIP ports,
+    /// VIP address low bits and backend ports let most other traffic go
+    /// without a hash lookup; a pinned flow is looked up before the VIP
+    /// table (established traffic needs no VIP lookup).
+    #[inline(always)]
+    fn classify(seg: &Tcp4) -> Target {
+        // Low 16 bits of the address, as a port-sized key (network byte order).
+        let addr_key = (u32::from_be(seg.dst_addr) as u16).to_be();
+        if port_listed(&VIP_PORTS, seg.dst_port) && port_listed(&VIP_ADDRS, addr_key) {
+            let key = lookup::client_key(seg);
+            if let Some(e) = FLOWS.get_ptr_mut(&key) {
+                return Target::Pinned(key, e);
+            }
+            let vip_key = VipKey {
+                addr: seg.dst_addr,
+                port: seg.dst_port,
+                proto: IPPROTO_TCP,
+                _pad: 0,
+            };
+            // SAFETY: the value is copied out at once.
+            if let Some(vip) = unsafe { VIPS.get(&vip_key) } {
+                return Target::Vip(key, *vip);
+            }
+        }
+        if port_listed(&BACKEND_PORTS, seg.src_port) {
+            if let Some(bv) = lookup::vips_of(seg.src_addr, seg.src_port) {
+                return Target::FromBackend(bv);
+            }
+        }
+        Target::NotOurs
+    }
+
+    /// `true` when `port` (network byte order) is set in a port bitmap.
+    #[inline(always)]
+    fn port_listed(map: &aya_ebpf::maps::Array<u64>, port: u16) -> bool {
+        let p = u16::from_be(port) as u32;
+        match map.get(p >> 6) {
+            Some(w) => *w & (1u64 << (p & 63)) != 0,
+            None => false,
+        }
+    }
+
+    #[inline(always)]
+    fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
+        let target = classify(seg);
+        if let Target::NotOurs = target {
+            return pass(Counter::PassNotVip);
+        }
+        if let Err(action) = guard::admit(ctx, frame, seg) {
+            return action;
+        }
+        match target {
+            Target::Pinned(key, e) => client::pinned(ctx, frame, seg, &key, e),
+            Target::Vip(key, vip) => client::unpinned(ctx, frame, seg, &key, &vip),
+            Target::FromBackend(bv) => reply::to_client(ctx, frame, seg, &bv),
+            Target::NotOurs => pass(Counter::PassNotVip),
+        }
+    }
+
+    #[cfg(not(test))]
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo) -> ! {
+        loop {}
+    }
+
+    #[unsafe(link_section = "license")]
+    #[unsafe(no_mangle)]
+    static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+}
 
 /// On the host the crate is an empty stub: the real object is built for
 /// `bpfel-unknown-none` by balancer-user's build script.

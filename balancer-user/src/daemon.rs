@@ -18,7 +18,9 @@ use tokio::{
 
 use crate::{
     api::{Request, Response, MAX_FLOWS_LISTED},
-    balancer::{mode_name, read_state, write_state, Balancer, LoadOptions, Timeouts},
+    balancer::{mode_name, Balancer, LoadOptions},
+    gc::Timeouts,
+    state::{read_state, write_state},
 };
 
 /// Longest request line accepted, bytes (16,384 backends in one request fit).
@@ -154,6 +156,13 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     Ok(r) => log::debug!("gc: {r:?} in {:?}", started.elapsed()),
                     Err(e) => log::warn!("gc pass failed: {e:#}"),
                 }
+                match lb.refresh_interfaces() {
+                    Ok(changed) if !changed.is_empty() => {
+                        log::info!("interface MAC changed: {}", changed.join(", "))
+                    }
+                    Ok(_) => {}
+                    Err(e) => log::warn!("refreshing interface MACs failed: {e:#}"),
+                }
                 // A pass walks the whole flow table (about 1.7 s per million
                 // flows here, see BENCHMARKS.md) and holds the control API
                 // meanwhile: leave at least twice its time between passes.
@@ -220,7 +229,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
 /// Loads the program, restores the state and attaches.
 fn start_data_path(
     cfg: &DaemonConfig,
-    state: Option<crate::balancer::State>,
+    state: Option<crate::state::State>,
 ) -> anyhow::Result<Balancer> {
     let mut lb = Balancer::load(&cfg.load)?;
     if let Some(s) = state {

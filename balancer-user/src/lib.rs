@@ -1,9 +1,11 @@
 //! Userspace of the XDP power-of-two-choices TCP load balancer.
 //!
-//! [`Balancer`] owns the XDP program and its maps and holds the desired state
-//! (VIPs and backends); the daemon ([`daemon`]) serves it on a unix socket
-//! and runs flow expiry, count reconciliation and stats polling; the CLI
-//! ([`client`]) talks to the daemon with the [`api`] types.
+//! [`Balancer`] is a facade over one module per concern: [`maps`] (typed
+//! handles, the only code touching the program's maps), [`state`] (the
+//! desired state, its validation and persistence), [`gc`] (flow expiry and
+//! count reconciliation), [`telemetry`] (counters into views) and
+//! [`netdev`] (interfaces). The daemon ([`daemon`]) serves it on a unix
+//! socket; the CLI ([`client`]) talks to the daemon with the [`api`] types.
 #![deny(missing_docs)]
 
 pub mod api;
@@ -11,6 +13,13 @@ pub mod balancer;
 pub mod client;
 pub mod daemon;
 pub mod error;
+pub mod gc;
+pub mod maps;
+pub mod netdev;
+pub mod state;
+pub mod telemetry;
 
-pub use balancer::{Balancer, LoadOptions, State, Timeouts, PROGRAM};
+pub use balancer::{Balancer, LoadOptions, PROGRAM};
 pub use error::{BalancerError, Result};
+pub use gc::Timeouts;
+pub use state::State;

@@ -116,7 +116,7 @@ fn parse_choices(s: &str) -> Result<u32, String> {
     let n: u32 = s
         .parse()
         .map_err(|_| format!("`{s}` is not a number of choices (1..=16 or `all`)"))?;
-    balancer::balancer::check_choices(n).map_err(|e| e.to_string())?;
+    balancer::state::check_choices(n).map_err(|e| e.to_string())?;
     Ok(n)
 }
 

@@ -258,7 +258,7 @@ fn reply_frames(flows: &[(SocketAddrV4, SocketAddrV4)]) -> Vec<Vec<u8>> {
     flows
         .iter()
         .map(|(c, b)| {
-            let mut s = Seg::new(*b, *c, ACK);
+            let mut s = Seg::reply(*b, *c, ACK);
             s.seq = 5001;
             s.build()
         })
@@ -657,14 +657,16 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     lb.add_vip(vip, 2)?;
     lb.add_backend(vip, "10.9.2.10:8080".parse()?)?;
     let client: SocketAddrV4 = "10.9.1.2:40000".parse()?;
+    // Frames from gen0 are addressed to lbin's MAC.
+    lb.register_interface("lbin")?;
+    let lbin_mac = rig::mac_of("lbin")?;
+    let mut syn = Seg::new(client, vip, SYN);
+    syn.dmac = lbin_mac;
     // Pin the flow with a SYN through the balancer as if received on lbin.
-    let (a, _, _) = test_run(
-        lb.program()?,
-        &Seg::new(client, vip, SYN).build(),
-        ifindex("lbin")?,
-    )?;
+    let (a, _, _) = test_run(lb.program()?, &syn.build(), ifindex("lbin")?)?;
     ensure!(a == XDP_REDIRECT, "rate: SYN not redirected ({a})");
     let mut ack = Seg::new(client, vip, ACK);
+    ack.dmac = lbin_mac;
     ack.seq = 1001;
     ack.payload = vec![0x42; 10]; // 64 bytes: the generator's template size
     let frame = ack.build();

@@ -21,9 +21,15 @@ use crate::{
     rig::{backend, client, net_setup, Rig, Side, XDP_PASS, XDP_REDIRECT, XDP_TX},
 };
 
+mod hairpin;
+mod multi_vip;
+mod race;
+mod router;
+
 /// The main VIP of the suite.
 pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10), 80);
 
+/// VIP 10.0.0.`last`:80.
 fn vip(last: u8) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, last), 80)
 }
@@ -43,8 +49,11 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += main_vip()?;
     n += choice_rule()?;
     n += slot_reuse()?;
-    n += shared_backend()?;
+    n += multi_vip::run()?;
+    n += router::run()?;
+    n += hairpin::run()?;
     n += table_pressure()?;
+    n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }
@@ -89,7 +98,7 @@ fn main_vip() -> anyhow::Result<usize> {
     done(name);
 
     let name = "SYN-ACK from the backend: source rewritten back to the VIP";
-    let mut synack = Seg::new(SocketAddrV4::new(*b.ip(), b.port()), c1, SYN | ACK);
+    let mut synack = Seg::reply(SocketAddrV4::new(*b.ip(), b.port()), c1, SYN | ACK);
     synack.seq = 5000;
     synack.ack = 1001;
     r.expect_to_client(name, &synack, VIP)?;
@@ -115,7 +124,7 @@ fn main_vip() -> anyhow::Result<usize> {
         done(&name);
     }
     let name = "reply data from the backend rewritten to the VIP";
-    let mut rd = Seg::new(synack.src, c1, ACK | PSH);
+    let mut rd = Seg::reply(synack.src, c1, ACK | PSH);
     rd.seq = 5001;
     rd.ack = seq;
     rd.payload = vec![0x5a; 700];
@@ -139,7 +148,7 @@ fn main_vip() -> anyhow::Result<usize> {
     fin.seq = seq;
     fin.ack = 5701;
     ensure!(r.expect_to_backend(name, &fin)? == b, "[{name}] moved");
-    let mut more = Seg::new(synack.src, c1, ACK | PSH);
+    let mut more = Seg::reply(synack.src, c1, ACK | PSH);
     more.seq = 5701;
     more.ack = seq + 1;
     more.payload = vec![1; 100];
@@ -152,7 +161,7 @@ fn main_vip() -> anyhow::Result<usize> {
     done(name);
 
     let name = "case 7: server FIN completes the close: count released to 0";
-    let mut sfin = Seg::new(synack.src, c1, FIN | ACK);
+    let mut sfin = Seg::reply(synack.src, c1, FIN | ACK);
     sfin.seq = 5801;
     sfin.ack = seq + 1;
     r.expect_to_client(name, &sfin, VIP)?;
@@ -356,7 +365,7 @@ fn main_vip() -> anyhow::Result<usize> {
         done(&name);
     }
     let name = "a reply from a backend for no flow is passed untouched";
-    let mut orphan = Seg::new(backend(10), client(6, 40600), ACK);
+    let mut orphan = Seg::reply(backend(10), client(6, 40600), ACK);
     orphan.seq = 1;
     r.expect_pass_untouched(name, &orphan.build(), Side::Backend)?;
     r.expect_counters(name, &[("pass_not_vip", 1), ("reply_packets", 0)])?;
@@ -622,54 +631,6 @@ fn slot_reuse() -> anyhow::Result<usize> {
         "[{name}] B5 count {}",
         r.active(v, backend(35))?
     );
-    ok(name);
-    Ok(3)
-}
-
-/// One backend address serving several VIPs: replies find their own VIP.
-fn shared_backend() -> anyhow::Result<usize> {
-    let mut r = Rig::new(4096)?;
-    let b = backend(36);
-    let vips: Vec<SocketAddrV4> = (40..44).map(vip).collect();
-    for v in &vips {
-        r.lb.add_vip(*v, 2)?;
-        r.lb.add_backend(*v, b)?;
-    }
-    let name = "shared backend: replies of flows to four VIPs are rewritten to their own VIP";
-    for (i, v) in vips.iter().enumerate() {
-        let c = client(10, 5000 + i as u16);
-        ensure!(
-            r.expect_to_backend(name, &Seg::new(c, *v, SYN))? == b,
-            "[{name}] backend"
-        );
-    }
-    for (i, v) in vips.iter().enumerate().rev() {
-        let c = client(10, 5000 + i as u16);
-        let mut synack = Seg::new(b, c, SYN | ACK);
-        synack.ack = 1001;
-        r.expect_to_client(name, &synack, *v)?;
-    }
-    ok(name);
-    let name = "shared backend: a fifth VIP for the same backend is refused and changes nothing";
-    let fifth = vip(44);
-    r.lb.add_vip(fifth, 2)?;
-    ensure!(r.lb.add_backend(fifth, b).is_err(), "[{name}] accepted");
-    ensure!(
-        r.lb.list_backends(Some(fifth))?.is_empty(),
-        "[{name}] half-applied"
-    );
-    let mut synack = Seg::new(b, client(10, 5000), SYN | ACK);
-    synack.ack = 1001;
-    r.expect_to_client(name, &synack, vips[0])?;
-    ok(name);
-    let name = "shared backend: after its removal from one VIP, that VIP's replies pass and the others' still work";
-    r.lb.remove_backend(vips[1], b)?;
-    let mut gone = Seg::new(b, client(10, 5001), ACK);
-    gone.ack = 1001;
-    r.expect_pass_untouched(name, &gone.build(), Side::Backend)?;
-    let mut kept = Seg::new(b, client(10, 5002), ACK);
-    kept.ack = 1001;
-    r.expect_to_client(name, &kept, vips[2])?;
     ok(name);
     Ok(3)
 }

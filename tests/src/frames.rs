@@ -22,6 +22,13 @@ pub mod flags {
     pub const ACK: u8 = 0x10;
 }
 
+/// MAC of the rig's client-side interface (fx0), the destination MAC of
+/// frames from clients.
+pub const CLIENT_SIDE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
+/// MAC of the rig's backend-side interface (fx1), the destination MAC of
+/// frames from backends.
+pub const BACKEND_SIDE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x02];
+
 /// Everything that describes one Ethernet/IPv4/TCP frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seg {
@@ -45,16 +52,19 @@ pub struct Seg {
     pub ack: u32,
     /// IP identification.
     pub ip_id: u16,
+    /// IPv4 time to live.
+    pub ttl: u8,
     /// TCP payload.
     pub payload: Vec<u8>,
 }
 
 impl Seg {
-    /// A segment with plain defaults.
+    /// A segment from a client, addressed at L2 to the rig's client-side
+    /// interface, with plain defaults (TTL 64).
     pub fn new(src: SocketAddrV4, dst: SocketAddrV4, flags: u8) -> Self {
         Seg {
             smac: [0x02, 0, 0, 0, 0xaa, 0x01],
-            dmac: [0x02, 0, 0, 0, 0xbb, 0x01],
+            dmac: CLIENT_SIDE_MAC,
             vlans: Vec::new(),
             ip_options: Vec::new(),
             src,
@@ -63,37 +73,25 @@ impl Seg {
             seq: 1000,
             ack: 0,
             ip_id: 7,
+            ttl: 64,
             payload: Vec::new(),
+        }
+    }
+
+    /// A segment from a backend, addressed at L2 to the rig's backend-side
+    /// interface.
+    pub fn reply(src: SocketAddrV4, dst: SocketAddrV4, flags: u8) -> Self {
+        Seg {
+            smac: [0x02, 0, 0, 0, 0xcc, 0x01],
+            dmac: BACKEND_SIDE_MAC,
+            ..Seg::new(src, dst, flags)
         }
     }
 
     /// Serializes the frame with etherparse, computing both checksums.
     pub fn build(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        let first_type = match self.vlans.first() {
-            Some((tpid, _)) => EtherType(*tpid),
-            None => EtherType::IPV4,
-        };
-        Ethernet2Header {
-            source: self.smac,
-            destination: self.dmac,
-            ether_type: first_type,
-        }
-        .write(&mut out)
-        .expect("ethernet");
-        for (i, (_, vid)) in self.vlans.iter().enumerate() {
-            let next = match self.vlans.get(i + 1) {
-                Some((tpid, _)) => EtherType(*tpid),
-                None => EtherType::IPV4,
-            };
-            SingleVlanHeader {
-                vlan_id: (*vid).try_into().expect("vlan id"),
-                ether_type: next,
-                ..Default::default()
-            }
-            .write(&mut out)
-            .expect("vlan");
-        }
+        write_link(&mut out, self.smac, self.dmac, &self.vlans);
         let mut tcp = TcpHeader::new(self.src.port(), self.dst.port(), self.seq, 64240);
         tcp.acknowledgment_number = self.ack;
         tcp.fin = self.flags & flags::FIN != 0;
@@ -103,7 +101,7 @@ impl Seg {
         tcp.ack = self.flags & flags::ACK != 0;
         let mut ip = Ipv4Header::new(
             (tcp.header_len() + self.payload.len()) as u16,
-            64,
+            self.ttl,
             IpNumber::TCP,
             self.src.ip().octets(),
             self.dst.ip().octets(),
@@ -142,6 +140,16 @@ pub struct Parsed {
     pub ip_csum_ok: bool,
     /// TCP checksum valid.
     pub tcp_csum_ok: bool,
+    /// IPv4 time to live.
+    pub ttl: u8,
+    /// TCP flags byte.
+    pub flags: u8,
+    /// Sequence number.
+    pub seq: u32,
+    /// Acknowledgment number.
+    pub ack: u32,
+    /// TCP payload length, bytes.
+    pub payload_len: usize,
 }
 
 /// Parses a frame with etherparse and verifies both checksums by full
@@ -175,6 +183,11 @@ pub fn parse(frame: &[u8]) -> anyhow::Result<Parsed> {
         l4_off,
         ip_csum_ok,
         tcp_csum_ok,
+        ttl: iph.time_to_live,
+        flags: tcp.slice()[13],
+        seq: th.sequence_number,
+        ack: th.acknowledgment_number,
+        payload_len: tcp.payload().len(),
     })
 }
 
@@ -187,4 +200,70 @@ pub fn checksums_valid(frame: &[u8]) -> anyhow::Result<Parsed> {
     ensure!(p.ip_csum_ok, "IPv4 header checksum invalid");
     ensure!(p.tcp_csum_ok, "TCP checksum invalid");
     Ok(p)
+}
+
+/// The RST a host answers `seg` with when no connection exists (RFC 9293
+/// 3.10.7.1), as the balancer sends it back out of the interface the
+/// segment came in on: MACs swapped, VLAN tags kept, addresses and ports
+/// swapped, IPv4 without options (TTL 64, DF, identification 0), TCP
+/// without options, window 0, no payload. Built with etherparse.
+pub fn reset_for(seg: &Seg) -> Vec<u8> {
+    let seg_len = seg.payload.len() as u32
+        + (seg.flags & flags::SYN != 0) as u32
+        + (seg.flags & flags::FIN != 0) as u32;
+    let (seq, ack, fl) = if seg.flags & flags::ACK != 0 {
+        (seg.ack, 0, flags::RST)
+    } else {
+        (0, seg.seq.wrapping_add(seg_len), flags::RST | flags::ACK)
+    };
+    let mut out = Vec::new();
+    write_link(&mut out, seg.dmac, seg.smac, &seg.vlans);
+    let mut tcp = TcpHeader::new(seg.dst.port(), seg.src.port(), seq, 0);
+    tcp.acknowledgment_number = ack;
+    tcp.rst = true;
+    tcp.ack = fl & flags::ACK != 0;
+    let mut ip = Ipv4Header::new(
+        tcp.header_len() as u16,
+        64,
+        IpNumber::TCP,
+        seg.dst.ip().octets(),
+        seg.src.ip().octets(),
+    )
+    .expect("ipv4");
+    ip.identification = 0;
+    ip.dont_fragment = true;
+    ip.header_checksum = ip.calc_header_checksum();
+    tcp.checksum = tcp.calc_checksum_ipv4(&ip, &[]).expect("tcp checksum");
+    ip.write(&mut out).expect("ipv4 write");
+    tcp.write(&mut out).expect("tcp write");
+    out
+}
+
+/// Writes an Ethernet header and its VLAN tags (outermost first), the last
+/// announcing IPv4.
+fn write_link(out: &mut Vec<u8>, smac: [u8; 6], dmac: [u8; 6], vlans: &[(u16, u16)]) {
+    let first_type = match vlans.first() {
+        Some((tpid, _)) => EtherType(*tpid),
+        None => EtherType::IPV4,
+    };
+    Ethernet2Header {
+        source: smac,
+        destination: dmac,
+        ether_type: first_type,
+    }
+    .write(out)
+    .expect("ethernet");
+    for (i, (_, vid)) in vlans.iter().enumerate() {
+        let next = match vlans.get(i + 1) {
+            Some((tpid, _)) => EtherType(*tpid),
+            None => EtherType::IPV4,
+        };
+        SingleVlanHeader {
+            vlan_id: (*vid).try_into().expect("vlan id"),
+            ether_type: next,
+            ..Default::default()
+        }
+        .write(out)
+        .expect("vlan");
+    }
 }

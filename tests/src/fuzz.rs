@@ -176,7 +176,7 @@ fn base_frame(
         (6..=7, false) => {
             let (c, b) = *pool.get(rng.gen_range(0..pool.len())).unwrap();
             (
-                Seg::new(b, c, *flag_choices.choose(rng).unwrap()),
+                Seg::reply(b, c, *flag_choices.choose(rng).unwrap()),
                 Side::Backend,
             )
         }

@@ -110,11 +110,12 @@ pub fn mac_of(name: &str) -> anyhow::Result<[u8; 6]> {
 /// An `ip`/`sysctl` step fails.
 pub fn net_setup() -> anyhow::Result<()> {
     sh("ip", &["link", "set", "lo", "up"])?;
-    for (a, b, addr) in [
-        ("fx0", "fx0p", "10.0.1.1/24"),
-        ("fx1", "fx1p", "10.0.2.1/24"),
+    for (a, b, addr, mac) in [
+        ("fx0", "fx0p", "10.0.1.1/24", frames::CLIENT_SIDE_MAC),
+        ("fx1", "fx1p", "10.0.2.1/24", frames::BACKEND_SIDE_MAC),
     ] {
         sh("ip", &["link", "add", a, "type", "veth", "peer", "name", b])?;
+        sh("ip", &["link", "set", a, "address", &mac_string(mac)])?;
         sh("ip", &["addr", "add", addr, "dev", a])?;
         sh("ip", &["link", "set", a, "up"])?;
         sh("ip", &["link", "set", b, "up"])?;
@@ -147,16 +148,16 @@ fn neigh(ip: Ipv4Addr, dev: &str) -> anyhow::Result<()> {
     set_neigh(ip, neigh_mac(ip), dev)
 }
 
+fn mac_string(mac: [u8; 6]) -> String {
+    balancer::netdev::mac_string(&mac)
+}
+
 /// Adds (or replaces) a permanent neighbour entry `ip` -> `mac` on `dev`.
 ///
 /// # Errors
 /// The `ip neigh` command fails.
 pub fn set_neigh(ip: Ipv4Addr, mac: [u8; 6], dev: &str) -> anyhow::Result<()> {
-    let mac = mac
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":");
+    let mac = mac_string(mac);
     sh(
         "ip",
         &[
@@ -191,15 +192,17 @@ pub struct Rig {
 
 impl Rig {
     /// Loads a fresh program instance with a flow table of `flow_table`
-    /// entries (nothing pinned).
+    /// entries (nothing pinned), acting on frames received on fx0 and fx1.
     ///
     /// # Errors
     /// Load failure, or the network of [`net_setup`] missing.
     pub fn new(flow_table: u32) -> anyhow::Result<Rig> {
-        let lb = Balancer::load(&LoadOptions {
+        let mut lb = Balancer::load(&LoadOptions {
             flow_table_size: flow_table,
             pin_dir: None,
         })?;
+        lb.register_interface("fx0")?;
+        lb.register_interface("fx1")?;
         let mut r = Rig {
             lb,
             client_if: ifindex("fx0")?,
@@ -319,7 +322,8 @@ impl Rig {
     }
 
     /// Runs `seg` from a client to a VIP; it must be forwarded to a backend
-    /// with only the destination address and port and the MACs changed,
+    /// with only the destination address and port, the TTL and the MACs
+    /// changed,
     /// byte for byte equal to the same segment built by etherparse for that
     /// backend (so both checksums equal a full recomputation). Returns the
     /// backend.
@@ -356,6 +360,31 @@ impl Rig {
         Ok(())
     }
 
+    /// Runs `seg` from `side`; the program must answer it with a TCP RST
+    /// sent back out of the same interface (XDP_TX), byte for byte the
+    /// frame etherparse builds for RFC 9293 3.10.7.1: MACs swapped, VLAN
+    /// tags kept, addresses and ports swapped, no IP options, TTL 64, DF,
+    /// `RST` with the segment's acknowledgment as sequence number when it
+    /// had ACK set, else `RST|ACK` acknowledging SEG.SEQ + SEG.LEN.
+    ///
+    /// # Errors
+    /// Another action or any difference.
+    pub fn expect_reset(&mut self, fixture: &str, seg: &Seg, side: Side) -> anyhow::Result<()> {
+        let (a, out) = self.run(&seg.build(), side)?;
+        ensure!(
+            a == XDP_TX,
+            "[{fixture}] action {}, expected XDP_TX of a reset",
+            action_name(a)
+        );
+        let want = frames::reset_for(seg);
+        ensure!(
+            out == want,
+            "[{fixture}] reset differs from the expected frame: {}",
+            diff(&want, &out)
+        );
+        Ok(())
+    }
+
     /// Runs `seg` from `side`; it must be forwarded and equal, byte for
     /// byte, `seg` as `rewrite` changes it (given the parsed output) and as
     /// etherparse builds it. Returns the parsed output.
@@ -374,6 +403,7 @@ impl Rig {
         );
         let p = frames::parse(&out).with_context(|| format!("[{fixture}] output"))?;
         let mut want = seg.clone();
+        want.ttl = seg.ttl - 1;
         rewrite(&mut want, &p);
         let want = want.build();
         ensure!(

@@ -1,0 +1,37 @@
+//! BPF atomic instructions on shared map values.
+
+use core::intrinsics::AtomicOrdering;
+
+use aya_ebpf::maps::Array;
+use balancer_common::FlowEntry;
+
+/// Atomically adds `v` (wrapping: `u64::MAX` subtracts one) to
+/// `map[index]` (BPF_ATOMIC BPF_ADD).
+#[inline(always)]
+pub fn add(map: &Array<u64>, index: u32, v: u64) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: BPF atomic add on a shared array value.
+        unsafe { core::intrinsics::atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) };
+    }
+}
+
+/// Atomically sets `bits` in a flow entry's state word and returns the
+/// word's previous value (BPF_ATOMIC BPF_OR | BPF_FETCH on the 64-bit word
+/// holding `vip_index` and `state`, see `FlowEntry::STATE_WORD_OFFSET`;
+/// kernel 5.12+).
+///
+/// # Safety
+/// `entry` points to a flow-table value.
+#[inline(always)]
+pub unsafe fn fetch_or_state(entry: *mut FlowEntry, bits: u32) -> u32 {
+    // SAFETY: the word lies inside the entry, 8-byte aligned (asserted in
+    // balancer-common).
+    let word = unsafe { (entry as *mut u8).add(FlowEntry::STATE_WORD_OFFSET) as *mut u64 };
+    let old = unsafe {
+        core::intrinsics::atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(
+            word,
+            (bits as u64) << FlowEntry::STATE_WORD_SHIFT,
+        )
+    };
+    (old >> FlowEntry::STATE_WORD_SHIFT) as u32
+}

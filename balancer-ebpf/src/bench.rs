@@ -1,0 +1,70 @@
+//! Programs for benchmarks only (never attached by the daemon): the per-call
+//! floor, the parse-only baseline, a packet generator and a counting sink.
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    macros::{map, xdp},
+    maps::{Array, PerCpuArray},
+    programs::XdpContext,
+};
+use balancer_common::parse::{self, Parsed};
+
+use crate::frame::XdpFrame;
+
+/// Frames counted by `bench_count`.
+#[map]
+pub static BENCH_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Does nothing: the per-call floor of BPF_PROG_TEST_RUN.
+#[xdp]
+pub fn bench_empty(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+/// Parses Ethernet/IPv4/TCP like the balancer and returns XDP_TX: the
+/// baseline the balancer's added cost is measured against.
+#[xdp]
+pub fn bench_baseline(ctx: XdpContext) -> u32 {
+    match parse::parse(&XdpFrame(&ctx)) {
+        Parsed::Tcp4(_) => xdp_action::XDP_TX,
+        _ => xdp_action::XDP_PASS,
+    }
+}
+
+/// Returns XDP_TX: a packet generator under live-frame test runs, and the
+/// forwarding ceiling of an interface.
+#[xdp]
+pub fn bench_tx(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_TX
+}
+
+/// Template frame for `bench_gen` (the first 64 bytes of each frame).
+#[map]
+pub static BENCH_FRAME: Array<[u8; 64]> = Array::with_max_entries(1, 0);
+
+/// Writes the template frame over the first 64 bytes and returns XDP_TX: a
+/// packet generator under live-frame test runs whose frames stay the same
+/// even when the receiver rewrites them (live-frame pages are recycled with
+/// the receiver's changes in them).
+#[xdp]
+pub fn bench_gen(ctx: XdpContext) -> u32 {
+    let start = ctx.data();
+    if start + 64 > ctx.data_end() {
+        return xdp_action::XDP_ABORTED;
+    }
+    if let Some(t) = BENCH_FRAME.get(0) {
+        // SAFETY: 64 bytes checked against data_end just above.
+        unsafe { core::ptr::write_unaligned(start as *mut [u8; 64], *t) };
+    }
+    xdp_action::XDP_TX
+}
+
+/// Counts frames and drops them: the sink of the packet-rate benchmark.
+#[xdp]
+pub fn bench_count(_ctx: XdpContext) -> u32 {
+    if let Some(p) = BENCH_COUNT.get_ptr_mut(0) {
+        // SAFETY: per-CPU value.
+        unsafe { *p += 1 };
+    }
+    xdp_action::XDP_DROP
+}

@@ -1,0 +1,156 @@
+//! Forwarding a rewritten frame: the next hop from `bpf_fib_lookup` (cached
+//! per backend slot towards backends, per destination towards clients), the
+//! MTU check, then XDP_TX or XDP_REDIRECT.
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, xdp_action},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect},
+    programs::XdpContext,
+};
+use balancer_common::{parse::Tcp4, Counter, IPPROTO_TCP};
+
+use crate::{
+    frame::XdpFrame,
+    maps::{HopKey, NextHop, SlotHop, BACKEND_HOPS, NEXT_HOPS},
+    rewrite::nat::{rewrite, Nat},
+    stats::count,
+};
+
+/// Where [`forward`] caches the next hop.
+#[derive(Clone, Copy)]
+pub enum HopCache {
+    /// Per backend slot and generation (client to backend).
+    Slot(u32, u32),
+    /// Per destination address, LRU (backend to client).
+    Dst,
+}
+
+/// How long a next hop is reused before it is looked up again (ns): a
+/// neighbour's new MAC or a route change takes effect within this time.
+const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
+
+const AF_INET: u8 = 2;
+const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
+const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
+const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
+
+/// Finds the next hop towards `dst` (from `cache`, or `bpf_fib_lookup` when
+/// the cached one is missing, older than [`NEXT_HOP_TTL_NS`] or checked only
+/// for smaller frames) and, only when the frame will leave, applies `nat`
+/// and sends it: XDP_TX when it leaves through the interface it came in on,
+/// XDP_REDIRECT otherwise. With no neighbour entry yet the rewritten frame
+/// goes to the kernel, which resolves the neighbour and forwards it. A frame
+/// that cannot be forwarded (no route, larger than the egress MTU) is
+/// dropped untouched and counted.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn forward(
+    ctx: &XdpContext,
+    frame: &XdpFrame,
+    seg: &Tcp4,
+    nat: &Nat,
+    src: u32,
+    dst: u32,
+    now: u64,
+    cache: HopCache,
+) -> u32 {
+    let ingress = ctx.ingress_ifindex() as u32;
+    let key = HopKey { dst, ingress };
+    let cached = match cache {
+        HopCache::Slot(slot, generation) => match BACKEND_HOPS.get(slot) {
+            Some(h) if h.generation == generation && h.ingress == ingress => h.hop,
+            _ => NextHop::NONE,
+        },
+        HopCache::Dst => match NEXT_HOPS.get_ptr(&key) {
+            // SAFETY: pointer from a successful lookup.
+            Some(h) => unsafe { *h },
+            None => NextHop::NONE,
+        },
+    };
+    let hop = if cached.expires_ns > now && seg.ip_total_len <= cached.max_len {
+        cached
+    } else {
+        // SAFETY: plain-old-data struct; all-zero is a valid value.
+        let mut p: FibParams = unsafe { core::mem::zeroed() };
+        p.family = AF_INET;
+        p.l4_protocol = IPPROTO_TCP;
+        p.__bindgen_anon_1.tot_len = seg.ip_total_len;
+        p.ifindex = ingress;
+        p.__bindgen_anon_3.ipv4_src = src;
+        p.__bindgen_anon_4.ipv4_dst = dst;
+        // SAFETY: valid context and params pointers, size of the params struct.
+        let rc = unsafe {
+            bpf_fib_lookup(
+                ctx.ctx as *mut _,
+                &mut p,
+                core::mem::size_of::<FibParams>() as i32,
+                0,
+            )
+        };
+        if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+            count(Counter::DropMtu, 1);
+            return xdp_action::XDP_DROP;
+        }
+        if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
+            if rewrite(frame, seg, nat).is_none() {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_PASS;
+            }
+            count(Counter::PassFibNoNeigh, 1);
+            return xdp_action::XDP_PASS;
+        }
+        if rc != BPF_FIB_LKUP_RET_SUCCESS {
+            count(Counter::DropFib, 1);
+            return xdp_action::XDP_DROP;
+        }
+        let mut macs = [0u8; 12];
+        macs[..6].copy_from_slice(&p.dmac);
+        macs[6..].copy_from_slice(&p.smac);
+        let same_hop =
+            cached.expires_ns > now && cached.ifindex == p.ifindex && cached.macs == macs;
+        let fresh = NextHop {
+            ifindex: p.ifindex,
+            // A larger frame that fit raises what later frames may skip the lookup for.
+            max_len: if same_hop && cached.max_len > seg.ip_total_len {
+                cached.max_len
+            } else {
+                seg.ip_total_len
+            },
+            macs,
+            _pad: 0,
+            expires_ns: if same_hop {
+                cached.expires_ns
+            } else {
+                now + NEXT_HOP_TTL_NS
+            },
+        };
+        match cache {
+            HopCache::Slot(slot, generation) => {
+                let _ = BACKEND_HOPS.set(
+                    slot,
+                    SlotHop {
+                        hop: fresh,
+                        generation,
+                        ingress,
+                    },
+                    0,
+                );
+            }
+            HopCache::Dst => {
+                let _ = NEXT_HOPS.insert(&key, &fresh, 0);
+            }
+        }
+        fresh
+    };
+    if rewrite(frame, seg, nat).is_none() || frame.write(0, hop.macs).is_none() {
+        count(Counter::PassMalformed, 1);
+        return xdp_action::XDP_PASS;
+    }
+    if hop.ifindex == ingress {
+        count(Counter::TxPackets, 1);
+        return xdp_action::XDP_TX;
+    }
+    count(Counter::RedirectPackets, 1);
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect(hop.ifindex, 0) as u32 }
+}

@@ -1,0 +1,128 @@
+//! Every map of the program, with its shape. Userspace opens them by the
+//! names in `balancer_common::map_names`.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use balancer_common::{
+    Backend, BackendKey, BackendVips, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac,
+    Settings, TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, DEFAULT_FLOW_TABLE_SIZE, MAX_VIPS,
+    PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+};
+
+/// VIP table.
+#[map]
+pub static VIPS: HashMap<VipKey, VipInfo> = HashMap::with_max_entries(MAX_VIPS, 0);
+/// Eligible backend slots per VIP, double-buffered.
+#[map]
+pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);
+/// Backend slots.
+#[map]
+pub static BACKENDS: Array<Backend> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// Active connections counted by the data path (atomic adds), by slot.
+#[map]
+pub static BACKEND_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// The daemon's corrections to [`BACKEND_CONNS`], by slot.
+#[map]
+pub static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// Bitmap of VIP ports (bit p of word p / 64, p in host byte order): frames
+/// to any other port skip every hash lookup.
+#[map]
+pub static VIP_PORTS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
+/// Bitmap of the low 16 bits of VIP addresses: with [`VIP_PORTS`], frames to
+/// other addresses on a VIP port skip the flow table too.
+#[map]
+pub static VIP_ADDRS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
+/// Bitmap of backend ports: only frames from one of them can be replies.
+#[map]
+pub static BACKEND_PORTS: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
+/// The VIPs each backend address and port serves.
+#[map]
+pub static BACKEND_VIPS: HashMap<BackendKey, BackendVips> =
+    HashMap::with_max_entries(BACKEND_SLOTS, 0);
+/// The VIPs each backend host (address, any port) serves: hairpin refusal.
+#[map]
+pub static BACKEND_HOSTS: HashMap<u32, HostVips> = HashMap::with_max_entries(BACKEND_SLOTS, 0);
+/// The flow table: one LIVE entry per connection, CLOSED entries for late
+/// segments. Resized by userspace (`--flow-table-size`).
+#[map]
+pub static FLOWS: LruHashMap<FlowKey, FlowEntry> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+/// MAC address of each interface the program acts on, by ifindex.
+#[map]
+pub static LOCAL_MACS: HashMap<u32, LocalMac> = HashMap::with_max_entries(256, 0);
+/// Global counters, per CPU.
+#[map]
+pub static STATS: PerCpuArray<GlobalStats> = PerCpuArray::with_max_entries(1, 0);
+/// Per-backend traffic counters, per CPU, by slot.
+#[map]
+pub static BACKEND_STATS: PerCpuArray<TrafficStats> =
+    PerCpuArray::with_max_entries(BACKEND_SLOTS, 0);
+/// Per-VIP traffic counters, per CPU, by VIP index.
+#[map]
+pub static VIP_STATS: PerCpuArray<TrafficStats> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+/// Data-path settings at index 0.
+#[map]
+pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
+/// State of the deterministic test generator (per CPU), used only when
+/// `Settings::test_seed` is non-zero.
+#[map]
+pub static RNG_STATE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Key of the next-hop cache towards clients: destination address (network
+/// byte order) and the interface the frame came in on.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HopKey {
+    pub dst: u32,
+    pub ingress: u32,
+}
+
+/// A cached `bpf_fib_lookup` result.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NextHop {
+    /// Egress interface.
+    pub ifindex: u32,
+    /// Largest IPv4 total length the lookup accepted (MTU check), bytes.
+    pub max_len: u16,
+    /// Destination then source MAC, as written into the frame.
+    pub macs: [u8; 12],
+    pub _pad: u16,
+    /// When the entry stops being used, CLOCK_MONOTONIC_COARSE ns.
+    pub expires_ns: u64,
+}
+
+impl NextHop {
+    /// An entry that is never used.
+    pub const NONE: NextHop = NextHop {
+        ifindex: 0,
+        max_len: 0,
+        macs: [0; 12],
+        _pad: 0,
+        expires_ns: 0,
+    };
+}
+
+/// Next hop towards a backend slot, shared by all CPUs (indexed, no hashing).
+/// CPUs refreshing it at once write the same bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SlotHop {
+    pub hop: NextHop,
+    /// Generation of the slot the hop was looked up for.
+    pub generation: u32,
+    /// Interface the frames came in on when it was looked up.
+    pub ingress: u32,
+}
+
+/// Next hops towards backends, by slot.
+#[map]
+pub static BACKEND_HOPS: Array<SlotHop> = Array::with_max_entries(BACKEND_SLOTS, 0);
+
+/// Next-hop cache towards clients, by destination: a FIB lookup costs about
+/// as much as the rest of the forwarding path together (measured with
+/// `cargo xtask bench`). Shared by all CPUs, which write the same entry.
+#[map]
+pub static NEXT_HOPS: LruHashMap<HopKey, NextHop> = LruHashMap::with_max_entries(65536, 0);

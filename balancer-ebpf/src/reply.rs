@@ -1,0 +1,68 @@
+//! The reply side: segments from a backend back to a client.
+
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use balancer_common::{
+    flow::Direction,
+    parse::{Frame, Tcp4, IPV4_SRC_OFF},
+    BackendVips, Counter,
+};
+
+use crate::{
+    forward::{forward, HopCache},
+    frame::{now_ns, XdpFrame},
+    lookup::{find_reply, Reply},
+    maps::{BACKEND_STATS, VIP_STATS},
+    rewrite::nat::Nat,
+    stats::{count, traffic},
+    track,
+};
+
+/// A reply from a backend: finds its flow among the VIPs the backend serves
+/// (a live flow first, see `lookup::find_reply`), tracks it and rewrites the
+/// source back to the VIP. A reply that matches no flow passes untouched.
+#[inline(always)]
+pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVips) -> u32 {
+    let now = now_ns();
+    let (slot, vip_index, vip_addr, vip_port) = match find_reply(seg, bv) {
+        Reply::Live(key, e, vip_addr, vip_port) => {
+            // SAFETY: pointer from a successful lookup.
+            let (slot, vip_index) = unsafe { ((*e).backend_slot, (*e).vip_index) };
+            // SAFETY: `e` is the entry of `key`.
+            unsafe { track::track(&key, e, Direction::ToClient, seg, now) };
+            (slot, vip_index, vip_addr, vip_port)
+        }
+        Reply::Closed(e, vip_addr, vip_port) => {
+            count(Counter::ClosedFlowPackets, 1);
+            (e.backend_slot, e.vip_index, vip_addr, vip_port)
+        }
+        Reply::Superseded => {
+            count(Counter::ClosedSuperseded, 1);
+            count(Counter::PassNotVip, 1);
+            return xdp_action::XDP_PASS;
+        }
+        Reply::None => {
+            count(Counter::PassNotVip, 1);
+            return xdp_action::XDP_PASS;
+        }
+    };
+    let bytes = frame.len() as u64;
+    traffic(&VIP_STATS, vip_index, bytes, false, false);
+    traffic(&BACKEND_STATS, slot, bytes, false, false);
+    count(Counter::ReplyPackets, 1);
+    let nat = Nat {
+        addr_off: IPV4_SRC_OFF,
+        port_off: 0,
+        addr: vip_addr,
+        port: vip_port,
+    };
+    forward(
+        ctx,
+        frame,
+        seg,
+        &nat,
+        vip_addr,
+        seg.dst_addr,
+        now,
+        HopCache::Dst,
+    )
+}

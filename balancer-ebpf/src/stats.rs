@@ -1,0 +1,58 @@
+//! Counters: global per-CPU counters and per-VIP / per-backend traffic.
+
+use aya_ebpf::maps::PerCpuArray;
+use balancer_common::{Counter, TrafficStats};
+
+use crate::maps::STATS;
+
+/// Adds `v` to global counter `c` of this CPU.
+#[inline(always)]
+pub fn count(c: Counter, v: u64) {
+    if let Some(p) = STATS.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, no concurrent writer; `c` is a Counter,
+        // below COUNTER_COUNT.
+        unsafe {
+            if let Some(slot) = (*p).counters.get_mut(c as usize) {
+                *slot += v;
+            }
+        }
+    }
+}
+
+/// Counts a received frame of `bytes` bytes (one lookup for both counters).
+#[inline(always)]
+pub fn count_rx(bytes: u64) {
+    if let Some(p) = STATS.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe {
+            (*p).counters[Counter::RxPackets as usize] += 1;
+            (*p).counters[Counter::RxBytes as usize] += bytes;
+        }
+    }
+}
+
+/// Counts a forwarded frame (or a miss) on a VIP's or a backend's traffic
+/// counters.
+#[inline(always)]
+pub fn traffic(
+    map: &PerCpuArray<TrafficStats>,
+    index: u32,
+    bytes: u64,
+    new_flow: bool,
+    miss: bool,
+) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe {
+            if miss {
+                (*p).misses += 1;
+            } else {
+                (*p).packets += 1;
+                (*p).bytes += bytes;
+            }
+            if new_flow {
+                (*p).new_flows += 1;
+            }
+        }
+    }
+}

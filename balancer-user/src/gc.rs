@@ -1,0 +1,221 @@
+//! Flow expiry and active-count reconciliation: the daemon's periodic pass
+//! over the flow table.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use balancer_common::{flow as fl, flow_kind, FlowEntry};
+use serde::{Deserialize, Serialize};
+
+use crate::{error::Result, maps::Maps, state::State};
+
+/// Idle timeouts of the flow table, by flow state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeouts {
+    /// A SYN seen, the handshake not completed (default 30 s).
+    pub half_open: Duration,
+    /// Handshake completed, no FIN (default 900 s).
+    pub established: Duration,
+    /// One FIN seen, or closed and kept for late segments (default 30 s).
+    pub closing: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            half_open: Duration::from_secs(30),
+            established: Duration::from_secs(900),
+            closing: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Timeouts {
+    /// The idle timeout of a live flow in its current state.
+    pub fn for_live(&self, e: &FlowEntry) -> Duration {
+        if e.state & (fl::F_CLIENT_FIN | fl::F_SERVER_FIN) != 0 {
+            self.closing
+        } else if e.state & fl::F_ESTABLISHED != 0 {
+            self.established
+        } else {
+            self.half_open
+        }
+    }
+}
+
+/// Result of one expiry and reconciliation pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Flow-table entries seen.
+    pub entries: u64,
+    /// Live flows seen (after expiry).
+    pub live: u64,
+    /// Live flows expired (their active connection released).
+    pub expired: u64,
+    /// Closed and orphaned entries removed.
+    pub removed: u64,
+    /// Sum of the corrections applied to active-connection counts.
+    pub corrected: u64,
+}
+
+/// CLOCK_MONOTONIC in ns; the data path stamps flows with
+/// CLOCK_MONOTONIC_COARSE, which lags it by at most a tick.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The correction of one slot's count, from its counted active connections
+/// before and after the walk of the table, the live flows the walk found,
+/// and the excess seen by the previous pass. Returns the correction to add
+/// (negative: release) and the excess to remember.
+///
+/// A flow opened or closed during the walk shows in at most one of the two
+/// readings, so the smaller excess of the two is taken; and only an excess
+/// seen in two passes in a row, in the same direction, is corrected (by the
+/// smaller of the two), so a flow between its SYN and its entry is never
+/// mistaken for a leak.
+pub fn correction(before: i64, after: i64, live: i64, prev: i64) -> (i64, i64) {
+    let (b, a) = (before - live, after - live);
+    let d = if b >= 0 && a >= 0 {
+        b.min(a)
+    } else if b <= 0 && a <= 0 {
+        b.max(a)
+    } else {
+        0
+    };
+    let fix = if d > 0 && prev > 0 {
+        d.min(prev)
+    } else if d < 0 && prev < 0 {
+        d.max(prev)
+    } else {
+        0
+    };
+    if fix != 0 {
+        (-fix, 0)
+    } else {
+        (0, d)
+    }
+}
+
+/// What reconciliation remembers between passes, and the totals shown by
+/// `stats`.
+#[derive(Clone, Debug, Default)]
+pub struct Reconciler {
+    /// The last pass's count-minus-live excess per slot.
+    last_delta: BTreeMap<u32, i64>,
+    /// Flows expired since start.
+    pub expired_total: u64,
+    /// Corrections applied since start.
+    pub reconciled_total: u64,
+    /// The last pass.
+    pub last: GcReport,
+}
+
+impl Reconciler {
+    /// One expiry and reconciliation pass over the flow table.
+    ///
+    /// Expiry: a live flow idle longer than its state's timeout is removed
+    /// and its active connection released (once: only if this removal
+    /// succeeded, the same rule the data path follows); closed entries idle
+    /// past the closing timeout are removed.
+    ///
+    /// Reconciliation: for every backend, the counted active connections
+    /// are compared with the live flows found in the table (the LRU table
+    /// can evict a flow without telling anyone, which leaves its count
+    /// behind) and corrected as [`correction`] says.
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn pass(
+        &mut self,
+        maps: &mut Maps,
+        state: &State,
+        timeouts: &Timeouts,
+    ) -> Result<GcReport> {
+        let now = monotonic_ns();
+        let mut report = GcReport::default();
+        let slots = state.slots();
+        let mut before = BTreeMap::new();
+        for &s in slots.keys() {
+            before.insert(s, maps.active(s)?);
+        }
+        let mut live_per_slot: BTreeMap<u32, u64> = BTreeMap::new();
+        let entries = maps.flow_entries()?;
+        report.entries = entries.len() as u64;
+        for (k, e) in &entries {
+            let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
+            let current = slots.get(&e.backend_slot) == Some(&e.backend_generation);
+            if k.kind == flow_kind::LIVE {
+                if idle > timeouts.for_live(e) {
+                    if maps.remove_flow(k) {
+                        report.expired += 1;
+                        if current {
+                            maps.add_adjust(e.backend_slot, u64::MAX)?;
+                        }
+                    }
+                } else if current {
+                    report.live += 1;
+                    *live_per_slot.entry(e.backend_slot).or_default() += 1;
+                }
+            } else if idle > timeouts.closing && maps.remove_flow(k) {
+                report.removed += 1;
+            }
+        }
+        let mut deltas = BTreeMap::new();
+        for &s in slots.keys() {
+            let after = maps.active(s)? as i64;
+            let live = live_per_slot.get(&s).copied().unwrap_or(0) as i64;
+            let b = before.get(&s).copied().unwrap_or(0) as i64;
+            let prev = self.last_delta.get(&s).copied().unwrap_or(0);
+            let (fix, keep) = correction(b, after, live, prev);
+            if fix != 0 {
+                log::info!(
+                    "reconcile: slot {s}: counted {after}, live {live}, correcting by {fix}"
+                );
+                maps.add_adjust(s, fix as u64)?;
+                report.corrected += fix.unsigned_abs();
+            }
+            deltas.insert(s, keep);
+        }
+        self.last_delta = deltas;
+        self.expired_total += report.expired;
+        self.reconciled_total += report.corrected;
+        self.last = report;
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrects_only_an_excess_seen_twice() {
+        // Leak of 3 seen once: remembered, not corrected.
+        assert_eq!(correction(13, 13, 10, 0), (0, 3));
+        // Seen again: corrected by the smaller excess.
+        assert_eq!(correction(13, 12, 10, 3), (-2, 0));
+        // Counted below the live flows (a release too many), twice.
+        assert_eq!(correction(8, 8, 10, -2), (2, 0));
+        // Readings on both sides of the truth: a flow moved during the walk.
+        assert_eq!(correction(11, 9, 10, 5), (0, 0));
+        // Direction changed since the last pass: nothing.
+        assert_eq!(correction(12, 12, 10, -1), (0, 2));
+    }
+
+    #[test]
+    fn timeouts_by_state() {
+        let t = Timeouts::default();
+        let mut e = FlowEntry::default();
+        assert_eq!(t.for_live(&e), t.half_open);
+        e.state = fl::F_ESTABLISHED;
+        assert_eq!(t.for_live(&e), t.established);
+        e.state |= fl::F_CLIENT_FIN;
+        assert_eq!(t.for_live(&e), t.closing);
+    }
+}
