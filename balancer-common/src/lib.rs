@@ -487,7 +487,9 @@ const _: () = {
     assert!(core::mem::size_of::<FlowEntry>() == 40);
     assert!(core::mem::offset_of!(FlowEntry, vip_index) == FlowEntry::STATE_WORD_OFFSET);
     assert!(core::mem::offset_of!(FlowEntry, state) == FlowEntry::STATE_WORD_OFFSET + 4);
-    assert!(FlowEntry::STATE_WORD_OFFSET.is_multiple_of(8) && core::mem::align_of::<FlowEntry>() == 8);
+    assert!(
+        FlowEntry::STATE_WORD_OFFSET.is_multiple_of(8) && core::mem::align_of::<FlowEntry>() == 8
+    );
     assert!(cfg!(target_endian = "little"));
     assert!(core::mem::size_of::<BackendKey>() == 8);
     assert!(core::mem::size_of::<BackendVips>() == 4 + 8 * MAX_VIPS_PER_BACKEND as usize);

@@ -267,3 +267,49 @@ fn write_link(out: &mut Vec<u8>, smac: [u8; 6], dmac: [u8; 6], vlans: &[(u16, u1
         .expect("vlan");
     }
 }
+
+/// Reads a frame back into a [`Seg`] with etherparse (VLAN tags as TPID and
+/// VLAN id; priority bits are not kept).
+///
+/// # Errors
+/// Not an Ethernet/IPv4/TCP frame.
+pub fn seg_of(frame: &[u8]) -> anyhow::Result<Seg> {
+    let p = etherparse::SlicedPacket::from_ethernet(frame).context("etherparse")?;
+    let Some(etherparse::LinkSlice::Ethernet2(eth)) = &p.link else {
+        bail!("no ethernet header");
+    };
+    let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
+        bail!("not IPv4");
+    };
+    let Some(etherparse::TransportSlice::Tcp(tcp)) = &p.transport else {
+        bail!("not TCP");
+    };
+    let vlans = match &p.vlan {
+        None => Vec::new(),
+        Some(etherparse::VlanSlice::SingleVlan(v)) => {
+            vec![(eth.ether_type().0, v.vlan_identifier().value())]
+        }
+        Some(etherparse::VlanSlice::DoubleVlan(d)) => vec![
+            (eth.ether_type().0, d.outer().vlan_identifier().value()),
+            (
+                d.outer().ether_type().0,
+                d.inner().vlan_identifier().value(),
+            ),
+        ],
+    };
+    let h = ip.header();
+    Ok(Seg {
+        smac: eth.source(),
+        dmac: eth.destination(),
+        vlans,
+        ip_options: h.options().to_vec(),
+        src: SocketAddrV4::new(Ipv4Addr::from(h.source()), tcp.source_port()),
+        dst: SocketAddrV4::new(Ipv4Addr::from(h.destination()), tcp.destination_port()),
+        flags: tcp.slice()[13],
+        seq: tcp.sequence_number(),
+        ack: tcp.acknowledgment_number(),
+        ip_id: h.identification(),
+        ttl: h.ttl(),
+        payload: tcp.payload().to_vec(),
+    })
+}

@@ -4,9 +4,21 @@
 //!
 //! * the action is one the frame's kind allows (classified by etherparse);
 //! * a frame that is not forwarded leaves untouched;
-//! * a forwarded frame differs from its input only in the bytes its
-//!   direction rewrites (MACs, one address, one port, two checksums), and if
-//!   the input's checksums were valid so are the output's;
+//! * a frame whose destination MAC is not the receiving interface's is
+//!   passed untouched (case 13);
+//! * a forwarded frame arrived with a TTL above 1 and leaves with it one
+//!   lower (case 12), and differs from its input only in the bytes its
+//!   direction rewrites (MACs, one address, one port, TTL, two checksums);
+//!   if the input's checksums were valid so are the output's;
+//! * a reply is rewritten to a VIP whose live flow for that client is
+//!   pinned to this backend when one exists, otherwise to a closed one, and
+//!   a SYN-ACK never to a closed one (cases 14 and 15, three VIPs sharing
+//!   backends);
+//! * a SYN is never placed on a backend where the client's address and port
+//!   is live through another VIP (case 14), nor when it comes from a
+//!   backend host of that VIP (case 16);
+//! * a segment answered with a reset is a SYN to a VIP, and the reset is
+//!   byte for byte the one RFC 9293 prescribes (built by etherparse);
 //! * no backend's active-connection count ever goes below zero.
 //!
 //! The generator is seeded; the program's own random draws are seeded too
@@ -19,11 +31,13 @@ use std::{
 };
 
 use anyhow::{bail, ensure};
+use balancer::maps::{ip_be, ip_from_be};
+use balancer_common::{flow_kind, FlowKey, IPPROTO_TCP};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
 use crate::{
     fixtures::VIP,
-    frames::{self, flags::*, Seg},
+    frames::{self, flags::*, Seg, BACKEND_SIDE_MAC, CLIENT_SIDE_MAC},
     rig::{
         action_name, backend, client, diff, Rig, Side, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
     },
@@ -36,6 +50,8 @@ pub struct Report {
     pub frames: u64,
     /// Frames the program forwarded.
     pub forwarded: u64,
+    /// Frames answered with a reset.
+    pub resets: u64,
     /// Frames passed.
     pub passed: u64,
     /// Frames dropped.
@@ -55,6 +71,56 @@ fn pin_to_one_cpu() {
     }
 }
 
+/// The VIPs of the run and their backends: three VIPs, backend .10 behind
+/// all three, .11 behind two.
+struct Layout {
+    vips: Vec<(SocketAddrV4, Vec<SocketAddrV4>)>,
+}
+
+impl Layout {
+    fn new() -> Layout {
+        let v = |last| SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, last), 80);
+        Layout {
+            vips: vec![
+                (VIP, (10..14).map(backend).collect()),
+                (v(11), vec![backend(10), backend(11)]),
+                (v(12), vec![backend(10)]),
+            ],
+        }
+    }
+
+    fn backends_of(&self, vip: SocketAddrV4) -> Option<&[SocketAddrV4]> {
+        self.vips
+            .iter()
+            .find(|(v, _)| *v == vip)
+            .map(|(_, b)| b.as_slice())
+    }
+
+    fn is_vip(&self, a: SocketAddrV4) -> bool {
+        self.backends_of(a).is_some()
+    }
+
+    fn all_backends(&self) -> Vec<SocketAddrV4> {
+        let mut all: Vec<SocketAddrV4> = self
+            .vips
+            .iter()
+            .flat_map(|(_, b)| b.iter().copied())
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// The VIPs backend `b` serves.
+    fn vips_of(&self, b: SocketAddrV4) -> Vec<SocketAddrV4> {
+        self.vips
+            .iter()
+            .filter(|(_, bs)| bs.contains(&b))
+            .map(|(v, _)| *v)
+            .collect()
+    }
+}
+
 /// Runs `frames` frames from `seed`. Prints the first violations found.
 ///
 /// # Errors
@@ -63,24 +129,20 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
     pin_to_one_cpu();
     crate::rig::net_setup()?;
     let mut r = Rig::new(1 << 16)?;
-    r.lb.add_vip(VIP, 2)?;
-    let backends: Vec<SocketAddrV4> = (10..14).map(backend).collect();
-    for b in &backends {
-        r.lb.add_backend(VIP, *b)?;
+    let layout = Layout::new();
+    for (v, bs) in &layout.vips {
+        r.lb.add_vip(*v, 2)?;
+        r.lb.add_backends(*v, bs)?;
     }
     r.lb.set_test_seed(seed | 1)?;
-    let slots: Vec<u32> =
-        r.lb.list_backends(Some(VIP))?
-            .iter()
-            .map(|v| v.slot)
-            .collect();
+    let slots: Vec<u32> = r.lb.list_backends(None)?.iter().map(|v| v.slot).collect();
     println!("fuzz: seed {seed} (replay: balancer-testbed fuzz --frames {frames} --seed {seed})");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut pool: VecDeque<(SocketAddrV4, SocketAddrV4)> = VecDeque::new();
+    let mut pool: VecDeque<(SocketAddrV4, SocketAddrV4, SocketAddrV4)> = VecDeque::new();
     let mut rep = Report::default();
     let t0 = Instant::now();
     for i in 0..frames {
-        let (seg, side) = base_frame(&mut rng, &mut pool, &backends);
+        let (seg, side) = base_frame(&mut rng, &pool, &layout);
         let mut frame = seg.build();
         let mutated = rng.gen_bool(0.7);
         if mutated {
@@ -89,14 +151,17 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
         if frame.len() < 14 {
             frame.resize(14, 0);
         }
+        let before = Before::read(&r, &frame, &layout);
         let (action, out) = r.run(&frame, side)?;
+        let reset = action == XDP_TX && is_reset_of(&frame, &out);
         match action {
+            _ if reset => rep.resets += 1,
             XDP_TX | XDP_REDIRECT => rep.forwarded += 1,
             XDP_PASS => rep.passed += 1,
             XDP_DROP => rep.dropped += 1,
             _ => {}
         }
-        if let Err(e) = check(&frame, side, action, &out, &backends) {
+        if let Err(e) = check(&frame, side, action, &out, &layout, &before, reset) {
             rep.failures += 1;
             if rep.failures <= 10 {
                 println!(
@@ -106,9 +171,9 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
             }
         }
         // Remember where SYNs went so later frames hit real flows.
-        if !mutated && seg.flags == SYN && (action == XDP_REDIRECT || action == XDP_TX) {
+        if !mutated && seg.flags == SYN && (action == XDP_REDIRECT || action == XDP_TX) && !reset {
             if let Ok(p) = frames::parse(&out) {
-                pool.push_back((seg.src, p.dst));
+                pool.push_back((seg.src, seg.dst, p.dst));
                 if pool.len() > 64 {
                     pool.pop_front();
                 }
@@ -127,8 +192,8 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
     rep.frames = frames;
     rep.seconds = t0.elapsed().as_secs_f64();
     println!(
-        "fuzz: {} frames in {:.1}s ({} forwarded, {} passed, {} dropped), {} failures",
-        rep.frames, rep.seconds, rep.forwarded, rep.passed, rep.dropped, rep.failures
+        "fuzz: {} frames in {:.1}s ({} forwarded, {} answered with a reset, {} passed, {} dropped), {} failures",
+        rep.frames, rep.seconds, rep.forwarded, rep.resets, rep.passed, rep.dropped, rep.failures
     );
     ensure!(
         rep.failures == 0,
@@ -142,14 +207,16 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A valid frame of VIP traffic: a new SYN, a segment of a known flow in
-/// either direction, or traffic not for the VIP.
+/// A valid frame of VIP traffic: a new SYN (now and then from a backend
+/// host, or from the client port of a live flow to another VIP), a segment
+/// of a known flow in either direction, or traffic not for a VIP; now and
+/// then with a TTL of 0 to 2 or a destination MAC that is not ours.
 fn base_frame(
     rng: &mut StdRng,
-    pool: &mut VecDeque<(SocketAddrV4, SocketAddrV4)>,
-    backends: &[SocketAddrV4],
+    pool: &VecDeque<(SocketAddrV4, SocketAddrV4, SocketAddrV4)>,
+    layout: &Layout,
 ) -> (Seg, Side) {
-    let kind = rng.gen_range(0..10);
+    let kind = rng.gen_range(0..12);
     let flag_choices = [
         ACK,
         ACK | PSH,
@@ -161,22 +228,40 @@ fn base_frame(
         FIN,
         0,
     ];
+    let vip = layout.vips.choose(rng).unwrap().0;
     let (mut seg, side) = match (kind, pool.is_empty()) {
         (0..=2, _) | (_, true) => {
             let c = client(rng.gen_range(0..18), rng.gen_range(1024..=65535));
-            (Seg::new(c, VIP, SYN), Side::Client)
+            (Seg::new(c, vip, SYN), Side::Client)
         }
         (3..=5, false) => {
-            let (c, _) = *pool.get(rng.gen_range(0..pool.len())).unwrap();
+            let (c, v, _) = *pool.get(rng.gen_range(0..pool.len())).unwrap();
             (
-                Seg::new(c, VIP, *flag_choices.choose(rng).unwrap()),
+                Seg::new(c, v, *flag_choices.choose(rng).unwrap()),
                 Side::Client,
             )
         }
         (6..=7, false) => {
-            let (c, b) = *pool.get(rng.gen_range(0..pool.len())).unwrap();
+            let (c, _, b) = *pool.get(rng.gen_range(0..pool.len())).unwrap();
             (
                 Seg::reply(b, c, *flag_choices.choose(rng).unwrap()),
+                Side::Backend,
+            )
+        }
+        (8, false) => {
+            // The client port of a known flow, to another VIP (case 14).
+            let (c, _, _) = *pool.get(rng.gen_range(0..pool.len())).unwrap();
+            (Seg::new(c, vip, SYN), Side::Client)
+        }
+        (9, false) => {
+            // A backend host connecting to a VIP (case 16).
+            let b = *layout.all_backends().choose(rng).unwrap();
+            (
+                Seg::reply(
+                    SocketAddrV4::new(*b.ip(), rng.gen_range(1024..=65535)),
+                    vip,
+                    SYN,
+                ),
                 Side::Backend,
             )
         }
@@ -186,15 +271,12 @@ fn base_frame(
             } else {
                 SocketAddrV4::new(Ipv4Addr::from(rng.gen::<u32>()), 80)
             };
-            let src = *backends.choose(rng).unwrap();
-            (
-                Seg::new(src, dst, ACK),
-                if rng.gen_bool(0.5) {
-                    Side::Client
-                } else {
-                    Side::Backend
-                },
-            )
+            let src = *layout.all_backends().choose(rng).unwrap();
+            if rng.gen_bool(0.5) {
+                (Seg::new(src, dst, ACK), Side::Client)
+            } else {
+                (Seg::reply(src, dst, ACK), Side::Backend)
+            }
         }
     };
     seg.seq = rng.gen();
@@ -205,6 +287,23 @@ fn base_frame(
     }
     if rng.gen_bool(0.2) {
         seg.ip_options = vec![1; 4 * rng.gen_range(1..=10)];
+    }
+    if rng.gen_bool(0.05) {
+        seg.ttl = rng.gen_range(0..=2);
+    }
+    if rng.gen_bool(0.05) {
+        seg.dmac = *[
+            [0xff; 6],
+            [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01],
+            [0x02, 0, 0, 0, 0x99, 0x99],
+            if side == Side::Client {
+                BACKEND_SIDE_MAC
+            } else {
+                CLIENT_SIDE_MAC
+            },
+        ]
+        .choose(rng)
+        .unwrap();
     }
     match rng.gen_range(0..10) {
         0 => seg.vlans = vec![(0x8100, rng.gen_range(1..4095))],
@@ -279,13 +378,86 @@ fn mutate(rng: &mut StdRng, f: &mut Vec<u8>) {
     }
 }
 
+/// What the flow table said about a frame's tuple before the frame ran
+/// (read through the map, independently of the program's search).
+#[derive(Default)]
+struct Before {
+    /// For a frame from a backend `b` to client `c`: the VIPs with a LIVE
+    /// flow from `c` pinned to `b`.
+    live_vips: Vec<SocketAddrV4>,
+    /// Same, CLOSED flows.
+    closed_vips: Vec<SocketAddrV4>,
+    /// For a frame from `c` to a VIP: the backends on which `c` has a LIVE
+    /// flow through another VIP.
+    busy_backends: Vec<SocketAddrV4>,
+    /// `c` has a LIVE flow to this VIP.
+    own_live: bool,
+}
+
+fn flow_key(c: SocketAddrV4, v: SocketAddrV4, kind: u8) -> FlowKey {
+    FlowKey {
+        src_addr: ip_be(c.ip()),
+        dst_addr: ip_be(v.ip()),
+        src_port: c.port().to_be(),
+        dst_port: v.port().to_be(),
+        proto: IPPROTO_TCP,
+        kind,
+        _pad: 0,
+    }
+}
+
+impl Before {
+    fn read(r: &Rig, frame: &[u8], layout: &Layout) -> Before {
+        let mut out = Before::default();
+        let Ok(p) = frames::parse(frame) else {
+            return out;
+        };
+        let pinned = |c: SocketAddrV4, v: SocketAddrV4, kind: u8| -> Option<SocketAddrV4> {
+            let e = r.lb.maps().flow(&flow_key(c, v, kind))?;
+            let b = r.lb.maps().backend(e.backend_slot).ok()?;
+            (b.flags & balancer_common::BACKEND_F_IN_USE != 0
+                && b.generation == e.backend_generation)
+                .then(|| SocketAddrV4::new(ip_from_be(b.addr), u16::from_be(b.port)))
+        };
+        for v in layout.vips_of(p.src) {
+            if pinned(p.dst, v, flow_kind::LIVE) == Some(p.src) {
+                out.live_vips.push(v);
+            }
+            if pinned(p.dst, v, flow_kind::CLOSED) == Some(p.src) {
+                out.closed_vips.push(v);
+            }
+        }
+        if layout.is_vip(p.dst) {
+            out.own_live = pinned(p.src, p.dst, flow_kind::LIVE).is_some();
+            for (v, _) in &layout.vips {
+                if *v != p.dst {
+                    if let Some(b) = pinned(p.src, *v, flow_kind::LIVE) {
+                        out.busy_backends.push(b);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `true` when `out` is a TCP RST going back to `input`'s sender.
+fn is_reset_of(input: &[u8], out: &[u8]) -> bool {
+    match (frames::parse(input), frames::parse(out)) {
+        (Ok(i), Ok(o)) => o.flags & RST != 0 && o.dst == i.src && o.src == i.dst,
+        _ => false,
+    }
+}
+
 /// The rules of the module docs for one frame.
 fn check(
     input: &[u8],
     side: Side,
     action: u32,
     out: &[u8],
-    backends: &[SocketAddrV4],
+    layout: &Layout,
+    before: &Before,
+    reset: bool,
 ) -> anyhow::Result<()> {
     ensure!(
         matches!(action, XDP_PASS | XDP_DROP | XDP_TX | XDP_REDIRECT),
@@ -293,6 +465,20 @@ fn check(
         action_name(action)
     );
     let parsed = frames::parse(input).ok();
+    let local = match side {
+        Side::Client => CLIENT_SIDE_MAC,
+        Side::Backend => BACKEND_SIDE_MAC,
+    };
+    if input[..6] != local {
+        ensure!(
+            action == XDP_PASS && out == input,
+            "frame to another MAC ({}): {} and {}",
+            hex(&input[..6]),
+            action_name(action),
+            diff(input, out)
+        );
+        return Ok(());
+    }
     let forwarded = action == XDP_TX || action == XDP_REDIRECT;
     if !forwarded {
         ensure!(
@@ -307,8 +493,8 @@ fn check(
                 bail!("non-TCP frame dropped")
             };
             ensure!(
-                p.dst == VIP || backends.contains(&p.src),
-                "dropped a frame neither for the VIP nor from a backend"
+                layout.is_vip(p.dst) || layout.all_backends().contains(&p.src),
+                "dropped a frame neither for a VIP nor from a backend"
             );
         }
         return Ok(());
@@ -316,38 +502,104 @@ fn check(
     let Some(p) = parsed else {
         bail!("forwarded a frame etherparse does not read as IPv4/TCP");
     };
+    ensure!(
+        p.ttl > 1,
+        "forwarded a frame that arrived with TTL {}",
+        p.ttl
+    );
+    if reset {
+        ensure!(action == XDP_TX, "a reset redirected");
+        ensure!(
+            layout.is_vip(p.dst) && p.flags & (SYN | ACK | RST | FIN) == SYN,
+            "answered a reset to something other than a SYN to a VIP"
+        );
+        // Headers from L3 on as RFC 9293 prescribes; the L2 header with its
+        // tags kept byte for byte, MACs swapped.
+        let mut seg = frames::seg_of(input)?;
+        seg.vlans.clear();
+        let want = frames::reset_for(&seg);
+        let l3 = p.l3_off;
+        let mut l2 = input[6..12].to_vec();
+        l2.extend_from_slice(&input[..6]);
+        l2.extend_from_slice(&input[12..l3]);
+        ensure!(
+            out.len() == l3 + 40 && out[..l3] == l2[..] && out[l3..] == want[14..],
+            "reset differs from RFC 9293's: L2 {} / L3+ {}",
+            diff(&l2, &out[..l3.min(out.len())]),
+            diff(&want[14..], &out[l3.min(out.len())..])
+        );
+        return Ok(());
+    }
     ensure!(out.len() == input.len(), "length changed");
     let q = frames::parse(out)?;
+    ensure!(q.ttl == p.ttl - 1, "TTL {} in, {} out", p.ttl, q.ttl);
     let (l3, l4) = (p.l3_off, p.l4_off);
-    let allowed: Vec<std::ops::Range<usize>> = if p.dst == VIP {
-        ensure!(side == Side::Client || side == Side::Backend);
+    let allowed: Vec<std::ops::Range<usize>> = if let Some(bs) = layout.backends_of(p.dst) {
         ensure!(
-            backends.contains(&q.dst),
-            "sent to {} which is not a backend",
-            q.dst
+            bs.contains(&q.dst),
+            "sent to {} which is not a backend of {}",
+            q.dst,
+            p.dst
         );
+        if p.flags & (SYN | ACK | RST | FIN) == SYN && !before.own_live {
+            ensure!(
+                !bs.iter().any(|b| b.ip() == p.src.ip()),
+                "hairpin SYN from backend host {} placed on {}",
+                p.src,
+                q.dst
+            );
+            ensure!(
+                !before.busy_backends.contains(&q.dst),
+                "new flow placed on {} where {} is live through another VIP",
+                q.dst,
+                p.src
+            );
+        }
         vec![
             0..12,
+            l3 + 8..l3 + 9,
             l3 + 10..l3 + 12,
             l3 + 16..l3 + 20,
             l4 + 2..l4 + 4,
             l4 + 16..l4 + 18,
         ]
-    } else if backends.contains(&p.src) {
+    } else if layout.all_backends().contains(&p.src) {
         ensure!(
-            q.src == VIP,
-            "reply source rewritten to {} instead of the VIP",
+            layout.is_vip(q.src),
+            "reply source rewritten to {} instead of a VIP",
             q.src
         );
+        if before.live_vips.is_empty() {
+            ensure!(
+                before.closed_vips.contains(&q.src),
+                "reply rewritten to {} which has no flow from {} on {}",
+                q.src,
+                p.dst,
+                p.src
+            );
+            ensure!(
+                p.flags & (SYN | ACK | RST) != SYN | ACK,
+                "a SYN-ACK rewritten to the closed flow of {}",
+                q.src
+            );
+        } else {
+            ensure!(
+                before.live_vips.contains(&q.src),
+                "reply rewritten to {} while the live flow is {:?}",
+                q.src,
+                before.live_vips
+            );
+        }
         vec![
             0..12,
+            l3 + 8..l3 + 9,
             l3 + 10..l3 + 12,
             l3 + 12..l3 + 16,
             l4..l4 + 2,
             l4 + 16..l4 + 18,
         ]
     } else {
-        bail!("forwarded a frame neither to the VIP nor from a backend");
+        bail!("forwarded a frame neither to a VIP nor from a backend");
     };
     for (i, (a, b)) in input.iter().zip(out).enumerate() {
         if a != b && !allowed.iter().any(|r| r.contains(&i)) {
