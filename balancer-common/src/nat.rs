@@ -29,15 +29,25 @@ pub const fn forwardable_ttl(ttl: u8) -> bool {
     ttl > 1
 }
 
+/// Who decrements the TTL of a rewritten frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ttl {
+    /// The balancer, which sends the frame itself (XDP_TX, XDP_REDIRECT).
+    Decrement,
+    /// The host's stack, which routes the frame on (XDP_PASS).
+    Keep,
+}
+
 /// The fields after the rewrite: `addr` and `port` become `new_addr` and
-/// `new_port` (network byte order), the TTL goes down by one (the caller has
-/// checked [`forwardable_ttl`]), the IPv4 checksum covers the address and
-/// the TTL, the TCP checksum the address (through the pseudo-header) and the
-/// port.
+/// `new_port` (network byte order), the TTL goes down by one when `ttl` says
+/// so (the caller has checked [`forwardable_ttl`]), the IPv4 checksum
+/// covers the address and the TTL, the TCP checksum the address (through
+/// the pseudo-header) and the port.
 #[inline(always)]
-pub fn forward(old: &Fields, new_addr: u32, new_port: u16) -> Fields {
+pub fn forward(old: &Fields, new_addr: u32, new_port: u16, ttl: Ttl) -> Fields {
     let tp = old.ttl_proto.to_ne_bytes();
-    let ttl_proto = u16::from_ne_bytes([tp[0].wrapping_sub(1), tp[1]]);
+    let step = if ttl == Ttl::Decrement { 1 } else { 0 };
+    let ttl_proto = u16::from_ne_bytes([tp[0].wrapping_sub(step), tp[1]]);
     let ip_csum = csum::replace16(
         csum::replace32(old.ip_csum, old.addr, new_addr),
         old.ttl_proto,
@@ -89,7 +99,7 @@ mod tests {
                 ip_csum: w16(&f, l3 + IPV4_CSUM_OFF),
                 tcp_csum: w16(&f, l4 + TCP_CSUM_OFF),
             };
-            let n = forward(&old, u32::from_ne_bytes(new), new_port.to_be());
+            let n = forward(&old, u32::from_ne_bytes(new), new_port.to_be(), Ttl::Decrement);
             f[l3 + IPV4_DST_OFF..l3 + IPV4_DST_OFF + 4].copy_from_slice(&n.addr.to_ne_bytes());
             f[l4 + 2..l4 + 4].copy_from_slice(&n.port.to_ne_bytes());
             f[l3 + IPV4_TTL_OFF..l3 + IPV4_TTL_OFF + 2].copy_from_slice(&n.ttl_proto.to_ne_bytes());
@@ -106,6 +116,23 @@ mod tests {
             let th = tcp.to_header();
             prop_assert_eq!(th.calc_checksum_ipv4(&h, tcp.payload()).unwrap(), th.checksum);
         }
+    }
+
+    #[test]
+    fn kept_ttl_changes_only_the_nat_fields() {
+        let old = Fields {
+            addr: 0x0a00_000a,
+            port: 80u16.to_be(),
+            ttl_proto: u16::from_ne_bytes([9, 6]),
+            ip_csum: 0x1234,
+            tcp_csum: 0x4321,
+        };
+        let kept = forward(&old, 0x0a00_020a, 8080u16.to_be(), Ttl::Keep);
+        let dec = forward(&old, 0x0a00_020a, 8080u16.to_be(), Ttl::Decrement);
+        assert_eq!(kept.ttl_proto, old.ttl_proto);
+        assert_eq!(dec.ttl_proto.to_ne_bytes(), [8, 6]);
+        assert_eq!(kept.tcp_csum, dec.tcp_csum);
+        assert_ne!(kept.ip_csum, dec.ip_csum);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Programs for benchmarks only (never attached by the daemon): the per-call
-//! floor, the parse-only baseline, a packet generator and a counting sink.
+//! Programs for benchmarks and test beds (never attached by the daemon):
+//! the per-call floor and veth peer program, the parse-only baseline, a
+//! packet generator and a counting sink.
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -15,7 +16,11 @@ use crate::frame::XdpFrame;
 #[map]
 pub static BENCH_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Does nothing: the per-call floor of BPF_PROG_TEST_RUN.
+/// Does nothing (XDP_PASS): the per-call floor of BPF_PROG_TEST_RUN, and
+/// the program test beds attach to the veth peers of the balancer's
+/// interfaces, because veth schedules the delivery of XDP_TX frames only
+/// towards a peer that has an XDP program (XDP_REDIRECT frames need GRO or
+/// a program).
 #[xdp]
 pub fn bench_empty(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS

@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use balancer_common::{parse::Tcp4, Counter, IPPROTO_TCP};
+use balancer_common::{nat::Ttl, parse::Tcp4, Counter, IPPROTO_TCP};
 
 use crate::{
     frame::XdpFrame,
@@ -92,7 +92,9 @@ pub fn forward(
             return xdp_action::XDP_DROP;
         }
         if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
-            if rewrite(frame, seg, nat).is_none() {
+            // The host resolves the neighbour and routes the frame on,
+            // decrementing its TTL itself.
+            if rewrite(frame, seg, nat, Ttl::Keep).is_none() {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_PASS;
             }
@@ -142,7 +144,7 @@ pub fn forward(
         }
         fresh
     };
-    if rewrite(frame, seg, nat).is_none() || frame.write(0, hop.macs).is_none() {
+    if rewrite(frame, seg, nat, Ttl::Decrement).is_none() || frame.write(0, hop.macs).is_none() {
         count(Counter::PassMalformed, 1);
         return xdp_action::XDP_PASS;
     }

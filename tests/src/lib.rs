@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod collisions;
 pub mod fixtures;
 pub mod frames;
 pub mod fuzz;

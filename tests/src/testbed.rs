@@ -153,6 +153,27 @@ fn serve_conn(s: TcpStream, me: SocketAddrV4) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Connects a TCP socket to `remote`, from `local` when given (bound with
+/// SO_REUSEADDR).
+///
+/// # Errors
+/// Connect failure (with the OS error in the chain).
+pub fn connect(
+    local: Option<SocketAddrV4>,
+    remote: SocketAddrV4,
+    timeout: Duration,
+) -> anyhow::Result<TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    if let Some(l) = local {
+        sock.set_reuse_address(true)?;
+        sock.bind(&l.into())
+            .with_context(|| format!("binding {l}"))?;
+    }
+    sock.connect_timeout(&remote.into(), timeout)
+        .with_context(|| format!("connecting to {remote}"))?;
+    Ok(sock.into())
+}
+
 /// One client connection to the VIP.
 pub struct Conn {
     stream: BufReader<TcpStream>,
@@ -190,8 +211,23 @@ impl Conn {
     /// # Errors
     /// Connect or request failure.
     pub fn open(id: u64, len: usize) -> anyhow::Result<Conn> {
-        let s = TcpStream::connect_timeout(&VIP.into(), Duration::from_secs(10))
-            .with_context(|| format!("connecting to {VIP}"))?;
+        Conn::open_to(None, VIP, id, len)
+    }
+
+    /// Opens a connection to `remote`, from `local` when given (bound with
+    /// SO_REUSEADDR, so a port in TIME-WAIT towards another peer is
+    /// reused), and makes a first request.
+    ///
+    /// # Errors
+    /// Connect or request failure; a refused connection is
+    /// `ErrorKind::ConnectionRefused` in the chain.
+    pub fn open_to(
+        local: Option<SocketAddrV4>,
+        remote: SocketAddrV4,
+        id: u64,
+        len: usize,
+    ) -> anyhow::Result<Conn> {
+        let s = connect(local, remote, Duration::from_secs(10))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         s.set_nodelay(true)?;
         let mut c = Conn {
@@ -237,6 +273,50 @@ pub struct Testbed {
     socket: PathBuf,
     balancer_bin: PathBuf,
     log: PathBuf,
+    /// The pass-through program on the veth peers (detached on drop).
+    peers: Option<PeerPrograms>,
+}
+
+/// An XDP_PASS program (`bench_empty`) attached to the veth peers of the
+/// balancer's interfaces: veth delivers frames the balancer sends with
+/// XDP_TX (its resets) only to a peer that has an XDP program.
+pub struct PeerPrograms {
+    _ebpf: aya::Ebpf,
+}
+
+impl PeerPrograms {
+    /// Loads the program and attaches it in native mode to each
+    /// (namespace, interface).
+    ///
+    /// # Errors
+    /// Load or attach failure.
+    pub fn attach(peers: &[(&Netns, &str)]) -> anyhow::Result<PeerPrograms> {
+        let mut ebpf = aya::EbpfLoader::new()
+            .map_max_entries("FLOWS", 16)
+            .load(balancer::PROGRAM)
+            .context("loading the peer program")?;
+        let prog: &mut aya::programs::Xdp = ebpf
+            .program_mut("bench_empty")
+            .context("bench_empty")?
+            .try_into()?;
+        prog.load()?;
+        for (ns, iface) in peers {
+            let path = ns.path();
+            // bpf_link_create reads the ifindex in the caller's namespace.
+            thread::scope(|s| {
+                s.spawn(|| -> anyhow::Result<()> {
+                    enter_ns(&path)?;
+                    let ifindex = crate::rig::ifindex(iface)?;
+                    prog.attach_to_if_index(ifindex, aya::programs::XdpMode::Driver)
+                        .with_context(|| format!("attaching the peer program to {iface}"))?;
+                    Ok(())
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("attach thread panicked"))?
+            })?;
+        }
+        Ok(PeerPrograms { _ebpf: ebpf })
+    }
 }
 
 /// Path of the `balancer` binary: `BALANCER_BIN`, or next to this program.
@@ -321,8 +401,13 @@ impl Testbed {
             log: dir.join("daemon.log"),
             dir,
             balancer_bin: balancer_bin()?,
+            peers: None,
         };
         tb.wire().context("building the network")?;
+        tb.peers = Some(PeerPrograms::attach(&[
+            (&tb.client, "cl0"),
+            (&tb.switch, "sw-lb"),
+        ])?);
         for k in 0..n_backends {
             let s = start_server(&tb.backends[k], backend_addr(k), tb.stop.clone())?;
             tb.servers.push(s);

@@ -2,7 +2,7 @@
 //! updated incrementally (`balancer_common::nat`).
 
 use balancer_common::{
-    nat::{self, Fields},
+    nat::{self, Fields, Ttl},
     parse::{Frame, Tcp4, IPV4_CSUM_OFF, IPV4_TTL_OFF, TCP_CSUM_OFF},
 };
 
@@ -18,10 +18,12 @@ pub struct Nat {
     pub port: u16,
 }
 
-/// Applies `nat` and decrements the TTL. Reads everything before writing
-/// anything, so a failed read leaves the frame untouched.
+/// Applies `nat`, and decrements the TTL when `ttl` says so (the frame
+/// leaves from here; a frame passed to the host is routed, and its TTL
+/// decremented, by the host). Reads everything before writing anything,
+/// so a failed read leaves the frame untouched.
 #[inline(always)]
-pub fn rewrite(frame: &XdpFrame, seg: &Tcp4, nat: &Nat) -> Option<()> {
+pub fn rewrite(frame: &XdpFrame, seg: &Tcp4, nat: &Nat, ttl: Ttl) -> Option<()> {
     let l3 = seg.l3_off;
     let l4 = seg.l4_off;
     let old = Fields {
@@ -31,7 +33,7 @@ pub fn rewrite(frame: &XdpFrame, seg: &Tcp4, nat: &Nat) -> Option<()> {
         ip_csum: u16::from_ne_bytes(frame.read::<2>(l3 + IPV4_CSUM_OFF)?),
         tcp_csum: u16::from_ne_bytes(frame.read::<2>(l4 + TCP_CSUM_OFF)?),
     };
-    let new = nat::forward(&old, nat.addr, nat.port);
+    let new = nat::forward(&old, nat.addr, nat.port, ttl);
     frame.write(l3 + nat.addr_off, new.addr.to_ne_bytes())?;
     frame.write(l4 + nat.port_off, new.port.to_ne_bytes())?;
     frame.write(l3 + IPV4_TTL_OFF, new.ttl_proto.to_ne_bytes())?;

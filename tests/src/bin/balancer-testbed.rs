@@ -3,12 +3,13 @@
 //!
 //! * `balancer-testbed demo [--connections N] [--held N] [--backends N]`
 //! * `balancer-testbed e2e`
+//! * `balancer-testbed collisions`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
-use balancer_tests::{bench, fixtures, fuzz, netns, scenario};
+use balancer_tests::{bench, collisions, fixtures, fuzz, netns, scenario};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -34,6 +35,9 @@ enum Cmd {
     },
     /// The end-to-end test (2,000+ connections, drain, counts).
     E2e,
+    /// Real TCP for the colliding-flow cases: one client port to two VIPs
+    /// sharing a backend, reconnects, a direct connection, a hairpin.
+    Collisions,
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
     /// The benchmarks: writes BENCHMARKS.md and bench.json.
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
             backends,
         } => scenario::demo(connections, held.min(connections), backends as usize),
         Cmd::E2e => scenario::e2e(),
+        Cmd::Collisions => collisions::run(),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::Bench {
             out,
