@@ -11,8 +11,42 @@
 //! * `d = 1`: plain random.
 //! * `2 <= d < n` (at most [`crate::MAX_CHOICES`]): `d` distinct samples.
 //! * `d >= n`, or [`crate::CHOICES_FULL_SCAN`]: least connections over all `n`.
+//!
+//! Backends of different capacity carry weights: candidates are compared by
+//! `(active + 1) / weight`, the load each would have once given the new
+//! flow, normalised by its capacity (the seeds' "normalized load"; Envoy's
+//! least-request balancer and HAProxy's weighted `leastconn` compare the
+//! same way), without a division: `(a + 1) * wb` against `(b + 1) * wa`. With
+//! equal weights this orders candidates exactly as their active counts do.
+
+use core::cmp::Ordering;
 
 use crate::{MAX_BACKENDS_PER_VIP, MAX_CHOICES};
+
+/// Loads above this compare as equal (2^40 connections: never reached).
+const LOAD_CAP: u64 = 1 << 40;
+/// Weights above this compare as equal (far above [`crate::MAX_WEIGHT`] x
+/// [`crate::WEIGHT_ONE`]).
+const WEIGHT_CAP: u64 = 1 << 22;
+
+/// Orders two candidates by `(load + 1) / weight` (lower is better) by
+/// cross-multiplication. Weights are at least 1 (a weight of 0 counts as 1).
+/// Operands are capped so the products fit 64 bits (no 128-bit multiply,
+/// which BPF lacks).
+#[inline(always)]
+pub fn compare(a_load: u64, a_weight: u32, b_load: u64, b_weight: u32) -> Ordering {
+    let cap_w = |w: u32| (w as u64).clamp(1, WEIGHT_CAP);
+    let cap_l = |l: u64| if l >= LOAD_CAP { LOAD_CAP } else { l + 1 };
+    let left = cap_l(a_load) * cap_w(b_weight);
+    let right = cap_l(b_load) * cap_w(a_weight);
+    if left < right {
+        Ordering::Less
+    } else if left > right {
+        Ordering::Greater
+    } else {
+        Ordering::Equal
+    }
+}
 
 /// Active connections of a backend from the data path's counter and the
 /// daemon's correction (both wrapping `u64`, the correction a two's-complement
@@ -31,8 +65,8 @@ pub const fn active_connections(conns: u64, adjust: u64) -> u64 {
 ///
 /// * `choices`: the VIP's setting (see the module docs); 0 is treated as 1.
 /// * `rand`: a source of uniform 32-bit random numbers.
-/// * `load`: active connections of eligible index `i`; `None` (a failed map
-///   read) makes that candidate ineligible.
+/// * `load`: active connections and weight of eligible index `i`; `None` (a
+///   failed map read, a candidate skipped) makes that candidate ineligible.
 ///
 /// Returns `None` when `eligible` is 0 or no candidate's load could be read.
 /// `eligible` above [`MAX_BACKENDS_PER_VIP`] is clamped to it.
@@ -44,14 +78,14 @@ pub const fn active_connections(conns: u64, adjust: u64) -> u64 {
 pub fn choose<R, L>(eligible: u32, choices: u32, mut rand: R, mut load: L) -> Option<u32>
 where
     R: FnMut() -> u32,
-    L: FnMut(u32) -> Option<u64>,
+    L: FnMut(u32) -> Option<(u64, u32)>,
 {
     let mut c = Chooser::new(eligible, choices);
     let mut step = 0;
     while step < c.steps() {
         let i = c.candidate(step, &mut rand);
-        if let Some(l) = load(i) {
-            c.offer(i, l, &mut rand);
+        if let Some((l, w)) = load(i) {
+            c.offer(i, l, w, &mut rand);
         }
         step += 1;
     }
@@ -98,6 +132,12 @@ pub struct Chooser {
     best_index: u32,
     ties: u32,
     best_load: u64,
+    best_weight: u32,
+    /// 1 when a runner-up exists.
+    has_second: u32,
+    second_load: u64,
+    second_weight: u32,
+    _pad: u32,
 }
 
 impl Chooser {
@@ -128,6 +168,11 @@ impl Chooser {
             best_index: 0,
             ties: 0,
             best_load: 0,
+            best_weight: 0,
+            has_second: 0,
+            second_load: 0,
+            second_weight: 0,
+            _pad: 0,
         }
     }
 
@@ -166,19 +211,57 @@ impl Chooser {
         }
     }
 
-    /// Offers candidate `index` with `load` active connections.
+    /// Offers candidate `index` with `load` active connections and weight
+    /// `weight` (see [`compare`]).
     #[inline(always)]
-    pub fn offer<R: FnMut() -> u32>(&mut self, index: u32, load: u64, rand: &mut R) {
-        if self.ties == 0 || load < self.best_load {
-            self.best_index = index;
-            self.best_load = load;
+    pub fn offer<R: FnMut() -> u32>(&mut self, index: u32, load: u64, weight: u32, rand: &mut R) {
+        if self.ties == 0 {
+            self.take_best(index, load, weight);
             self.ties = 1;
-        } else if load == self.best_load {
-            self.ties += 1;
-            if below(rand(), self.ties) == 0 {
-                self.best_index = index;
+            return;
+        }
+        match compare(load, weight, self.best_load, self.best_weight) {
+            Ordering::Less => {
+                self.demote_best();
+                self.take_best(index, load, weight);
+                self.ties = 1;
+            }
+            Ordering::Equal => {
+                self.ties += 1;
+                if below(rand(), self.ties) == 0 {
+                    self.demote_best();
+                    self.take_best(index, load, weight);
+                } else {
+                    self.set_second(load, weight);
+                }
+            }
+            Ordering::Greater => {
+                if self.has_second == 0
+                    || compare(load, weight, self.second_load, self.second_weight) == Ordering::Less
+                {
+                    self.set_second(load, weight);
+                }
             }
         }
+    }
+
+    #[inline(always)]
+    fn take_best(&mut self, index: u32, load: u64, weight: u32) {
+        self.best_index = index;
+        self.best_load = load;
+        self.best_weight = weight;
+    }
+
+    #[inline(always)]
+    fn demote_best(&mut self) {
+        self.set_second(self.best_load, self.best_weight);
+    }
+
+    #[inline(always)]
+    fn set_second(&mut self, load: u64, weight: u32) {
+        self.has_second = 1;
+        self.second_load = load;
+        self.second_weight = weight;
     }
 
     /// The chosen eligible index, `None` when no candidate was offered.
@@ -189,6 +272,35 @@ impl Chooser {
         } else {
             Some(self.best_index)
         }
+    }
+
+    /// Active connections of the chosen candidate.
+    #[inline(always)]
+    pub fn chosen_load(&self) -> u64 {
+        self.best_load
+    }
+
+    /// Active connections of the best candidate not chosen, if any.
+    #[inline(always)]
+    pub fn rejected_load(&self) -> Option<u64> {
+        if self.has_second != 0 {
+            Some(self.second_load)
+        } else {
+            None
+        }
+    }
+
+    /// `true` when the best rejected candidate compared equal to the chosen
+    /// one (the choice between them was random).
+    #[inline(always)]
+    pub fn tied(&self) -> bool {
+        self.has_second != 0
+            && compare(
+                self.second_load,
+                self.second_weight,
+                self.best_load,
+                self.best_weight,
+            ) == Ordering::Equal
     }
 }
 
@@ -214,19 +326,86 @@ mod tests {
 
     #[test]
     fn empty_and_single() {
-        assert_eq!(choose(0, 2, rng(1), |_| Some(0)), None);
+        assert_eq!(choose(0, 2, rng(1), |_| Some((0, W))), None);
         for d in [1, 2, 3, CHOICES_FULL] {
-            assert_eq!(choose(1, d, rng(1), |_| Some(5)), Some(0));
+            assert_eq!(choose(1, d, rng(1), |_| Some((5, W))), Some(0));
         }
     }
     const CHOICES_FULL: u32 = crate::CHOICES_FULL_SCAN;
+    /// Weight 1.
+    const W: u32 = crate::WEIGHT_ONE;
+
+    #[test]
+    fn weights_compare_load_after_placement() {
+        // 3 connections at weight 3 vs 1 at weight 1: (3+1)/3 < (1+1)/1.
+        assert_eq!(compare(3, 3 * W, 1, W), Ordering::Less);
+        // Equal weights order as the counts do.
+        assert_eq!(compare(2, W, 3, W), Ordering::Less);
+        assert_eq!(compare(3, W, 3, W), Ordering::Equal);
+        // (1 + 1) / 1 = (5 + 1) / 3: a tie.
+        assert_eq!(compare(1, W, 5, 3 * W), Ordering::Equal);
+        // A zero weight counts as the smallest weight, never a division by 0.
+        assert_eq!(compare(0, 0, 0, 1), Ordering::Equal);
+    }
+
+    #[test]
+    fn weighted_split_follows_weights() {
+        // Place 400 flows on weights 1 and 3 with two choices: 100 and 300.
+        let w = [W, 3 * W];
+        let mut loads = [0u64; 2];
+        let mut r = rng(7);
+        for _ in 0..400 {
+            let i = choose(2, 2, &mut r, |i| Some((loads[i as usize], w[i as usize]))).unwrap();
+            loads[i as usize] += 1;
+        }
+        assert!((99..=101).contains(&loads[0]), "{loads:?}");
+    }
+
+    #[test]
+    fn runner_up_and_ties_are_reported() {
+        let mut c = Chooser::new(3, CHOICES_FULL);
+        let mut r = rng(3);
+        for (i, l) in [5u64, 2, 7].into_iter().enumerate() {
+            let i = i as u32;
+            c.candidate(i, &mut r);
+            c.offer(i, l, W, &mut r);
+        }
+        assert_eq!(c.result(), Some(1));
+        assert_eq!(
+            (c.chosen_load(), c.rejected_load(), c.tied()),
+            (2, Some(5), false)
+        );
+        let mut c = Chooser::new(2, 2);
+        c.offer(0, 4, W, &mut r);
+        c.offer(1, 4, W, &mut r);
+        assert_eq!(
+            (c.chosen_load(), c.rejected_load(), c.tied()),
+            (4, Some(4), true)
+        );
+        let mut c = Chooser::new(1, 2);
+        c.offer(0, 9, W, &mut r);
+        assert_eq!((c.rejected_load(), c.tied()), (None, false));
+    }
+
+    #[test]
+    fn load_buckets() {
+        use crate::{load_bucket, LOAD_BUCKETS};
+        assert_eq!(load_bucket(0), 0);
+        assert_eq!(load_bucket(1), 1);
+        assert_eq!(load_bucket(2), 2);
+        assert_eq!(load_bucket(3), 2);
+        assert_eq!(load_bucket(4), 3);
+        assert_eq!(load_bucket(16383), 14);
+        assert_eq!(load_bucket(16384), LOAD_BUCKETS - 1);
+        assert_eq!(load_bucket(u64::MAX), LOAD_BUCKETS - 1);
+    }
 
     #[test]
     fn two_choices_picks_lighter() {
         // With two backends and two choices both are always compared.
         for seed in 1..200 {
             assert_eq!(
-                choose(2, 2, rng(seed), |i| Some([7, 3][i as usize])),
+                choose(2, 2, rng(seed), |i| Some(([7, 3][i as usize], W))),
                 Some(1)
             );
         }
@@ -237,21 +416,21 @@ mod tests {
         let loads = [5u64, 4, 9, 1, 7, 1, 8];
         let mut seen = BTreeSet::new();
         for seed in 1..200 {
-            let i = choose(7, CHOICES_FULL, rng(seed), |i| Some(loads[i as usize])).unwrap();
+            let i = choose(7, CHOICES_FULL, rng(seed), |i| Some((loads[i as usize], W))).unwrap();
             assert_eq!(loads[i as usize], 1);
             seen.insert(i);
         }
         // Ties broken at random: both minima get picked.
         assert_eq!(seen.len(), 2);
         // choices >= n is a full scan too.
-        let i = choose(7, 7, rng(3), |i| Some(loads[i as usize])).unwrap();
+        let i = choose(7, 7, rng(3), |i| Some((loads[i as usize], W))).unwrap();
         assert_eq!(loads[i as usize], 1);
     }
 
     #[test]
     fn unreadable_candidates_skipped() {
         assert_eq!(
-            choose(3, CHOICES_FULL, rng(1), |i| (i == 2).then_some(9)),
+            choose(3, CHOICES_FULL, rng(1), |i| (i == 2).then_some((9, W))),
             Some(2)
         );
         assert_eq!(choose(3, CHOICES_FULL, rng(1), |_| None), None);
@@ -262,7 +441,7 @@ mod tests {
         let mut hits = [0u32; 2];
         let mut r = rng(42);
         for _ in 0..20000 {
-            hits[choose(2, 2, &mut r, |_| Some(0)).unwrap() as usize] += 1;
+            hits[choose(2, 2, &mut r, |_| Some((0, W))).unwrap() as usize] += 1;
         }
         assert!(hits[0] > 9_000 && hits[1] > 9_000, "{hits:?}");
     }
@@ -271,7 +450,7 @@ mod tests {
         #[test]
         fn samples_in_range_two_distinct(n in 2u32..200, d in 1u32..=16, seed in any::<u64>()) {
             let mut probed = Vec::new();
-            let got = choose(n, d, rng(seed), |i| { probed.push(i); Some(0) });
+            let got = choose(n, d, rng(seed), |i| { probed.push(i); Some((0, W)) });
             prop_assert!(got.unwrap() < n);
             prop_assert!(probed.iter().all(|&i| i < n));
             if d >= n {
@@ -289,7 +468,7 @@ mod tests {
         fn chosen_is_minimum_of_probed(n in 1u32..100, d in 1u32..=16, seed in any::<u64>(),
                                        loads in proptest::collection::vec(0u64..5, 100)) {
             let mut probed = Vec::new();
-            let got = choose(n, d, rng(seed), |i| { probed.push(i); Some(loads[i as usize]) }).unwrap();
+            let got = choose(n, d, rng(seed), |i| { probed.push(i); Some((loads[i as usize], W)) }).unwrap();
             let min = probed.iter().map(|&i| loads[i as usize]).min().unwrap();
             prop_assert_eq!(loads[got as usize], min);
         }
@@ -303,7 +482,7 @@ mod tests {
             let mut bins = vec![0u64; 1000];
             let mut r = rng(seed);
             for _ in 0..1000 {
-                let i = choose(1000, d, &mut r, |i| Some(bins[i as usize])).unwrap();
+                let i = choose(1000, d, &mut r, |i| Some((bins[i as usize], W))).unwrap();
                 bins[i as usize] += 1;
             }
             *bins.iter().max().unwrap()

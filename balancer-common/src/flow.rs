@@ -21,6 +21,10 @@ pub const F_SERVER_SEQ_KNOWN: u32 = 4;
 /// The client acknowledged something: the handshake completed (used to pick
 /// the half-open or the established idle timeout).
 pub const F_ESTABLISHED: u32 = 8;
+/// A segment carrying data went through, in either direction: the backend
+/// served the flow (passive failure detection counts a reset before this
+/// as a refused flow).
+pub const F_DATA: u32 = 16;
 
 /// Width of the window, in bytes past the next expected sequence number, in
 /// which an RST is accepted: 2^23 bytes, the largest receive window of a
@@ -123,6 +127,9 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
                 if seg.has(TCP_FIN) {
                     want |= F_CLIENT_FIN;
                 }
+                if seg.payload_len() != 0 {
+                    want |= F_DATA;
+                }
             }
         }
         Direction::ToClient => {
@@ -146,6 +153,9 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
                 if seg.has(TCP_FIN) {
                     want |= F_SERVER_FIN;
                 }
+                if seg.payload_len() != 0 {
+                    want |= F_DATA;
+                }
             }
         }
     }
@@ -160,6 +170,20 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
 pub const fn fin_closes(old: u32, set: u32) -> bool {
     let both = F_CLIENT_FIN | F_SERVER_FIN;
     old & both != both && (old | set) & both == both
+}
+
+/// `true` when setting `set` on a state word that held `old` is the moment
+/// `bit` becomes set (true for exactly one of concurrent atomic ORs).
+#[inline(always)]
+pub const fn became(old: u32, set: u32, bit: u32) -> bool {
+    old & bit == 0 && set & bit != 0
+}
+
+/// `true` when a flow the backend resets in state `state` counts as a
+/// refused new flow: no data went through it.
+#[inline(always)]
+pub const fn refused(state: u32) -> bool {
+    state & F_DATA == 0
 }
 
 /// The verdict of a step, given the state word's value just before the

@@ -59,6 +59,18 @@ pub mod map_names {
     /// (hash). A frame whose destination MAC is not its interface's is never
     /// forwarded.
     pub const LOCAL_MACS: &str = "LOCAL_MACS";
+    /// Active connections per server counted by the data path: `u64` by
+    /// server index (array). What a choice compares.
+    pub const SERVER_CONNS: &str = "SERVER_CONNS";
+    /// Corrections to [`SERVER_CONNS`] written only by the daemon: `u64` by
+    /// server index (array).
+    pub const SERVER_CONN_ADJUST: &str = "SERVER_CONN_ADJUST";
+    /// New flows refused in a row per server (reset before data, SYN
+    /// retransmitted): `u64` by server index (array); reset by the first
+    /// data of a flow, and by the daemon when a health check passes.
+    pub const SERVER_FAILS: &str = "SERVER_FAILS";
+    /// Choice telemetry: [`crate::ChoiceStats`] by VIP index (per-CPU array).
+    pub const CHOICE_STATS: &str = "CHOICE_STATS";
     /// Backend hosts: IPv4 address (network byte order, `u32`) ->
     /// [`crate::HostVips`] (hash), the VIPs the address is a backend of (for
     /// refusing hairpin connections).
@@ -121,7 +133,17 @@ pub struct VipInfo {
     /// fills the other list, then swaps this value in one map update, so the
     /// data path never sees a half-written list.
     pub list: u32,
+    /// `VIP_F_*` flags.
+    pub flags: u32,
+    /// A candidate whose server has refused this many new flows in a row
+    /// (`SERVER_FAILS`) is skipped: passive failure detection in the data
+    /// path. 0: never skipped.
+    pub eject_after: u32,
 }
+
+/// The VIP has no healthy backend and its policy is to fall back to all of
+/// its backends that are not drained (panic mode): its list holds them.
+pub const VIP_F_FALLBACK: u32 = 1;
 
 impl VipInfo {
     /// Index into `VIP_BACKENDS` of entry `i` of the active eligible list.
@@ -164,7 +186,20 @@ pub struct Backend {
     pub generation: u32,
     /// `BACKEND_F_*` flags.
     pub flags: u32,
+    /// Server index: one per backend address and port across all VIPs,
+    /// indexing the `SERVER_*` arrays (the load a choice compares is the
+    /// server's, whatever VIP its connections came through).
+    pub server: u32,
+    /// Effective weight in units of 1/[`WEIGHT_ONE`] (slow start applied),
+    /// at least 1. A choice compares (active connections + 1) / weight.
+    pub weight: u32,
 }
+
+/// A weight of 1 in [`Backend::weight`] units: weights are kept in 1/256
+/// so that slow start can ramp them smoothly.
+pub const WEIGHT_ONE: u32 = 256;
+/// Largest configured weight.
+pub const MAX_WEIGHT: u32 = 1000;
 
 /// Kind of a flow-table entry (a field of [`FlowKey`]).
 pub mod flow_kind {
@@ -357,11 +392,17 @@ pub enum Counter {
     /// with the same client address and port (a SYN-ACK never belongs to a
     /// closed flow).
     ClosedSuperseded,
+    /// New flows placed while their VIP had no healthy backend and fell back
+    /// to all of them (panic mode).
+    FallbackFlows,
+    /// Candidates skipped because their server has refused
+    /// `VipInfo::eject_after` new flows in a row (passive detection).
+    SkippedFailing,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::ClosedSuperseded;
+    pub const LAST: Counter = Counter::SkippedFailing;
 }
 
 /// Number of entries of the `STATS` array.
@@ -396,6 +437,8 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "refused_tuple_in_use",
     "tx_rst",
     "closed_superseded",
+    "fallback_flows",
+    "skipped_failing",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].
@@ -426,6 +469,46 @@ pub struct TrafficStats {
     pub new_flows: u64,
     /// Non-SYN segments that matched no flow (VIP only).
     pub misses: u64,
+    /// New flows the backend reset before any data went through (a refused
+    /// SYN among them).
+    pub refused: u64,
+    /// Retransmitted SYNs of flows the backend had not answered yet.
+    pub syn_retransmits: u64,
+}
+
+/// Buckets of the load histograms of [`ChoiceStats`]: bucket 0 holds load
+/// 0, bucket `k` (1..=14) loads `2^(k-1) ..= 2^k - 1`, bucket 15 the rest.
+pub const LOAD_BUCKETS: usize = 16;
+
+/// The histogram bucket of a load (log2 scale, see [`LOAD_BUCKETS`]).
+#[inline(always)]
+pub const fn load_bucket(load: u64) -> usize {
+    let b = (64 - load.leading_zeros()) as usize;
+    if b >= LOAD_BUCKETS {
+        LOAD_BUCKETS - 1
+    } else {
+        b
+    }
+}
+
+/// Per-VIP per-CPU telemetry of the choices (the signals the seeds ask for:
+/// candidate loads at decision time, chosen versus rejected load, ties).
+/// Loads are the servers' active connections.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ChoiceStats {
+    /// Choices made.
+    pub decisions: u64,
+    /// Choices whose best rejected candidate compared equal to the chosen
+    /// one (broken at random).
+    pub ties: u64,
+    /// Load of every candidate compared.
+    pub candidates: [u64; LOAD_BUCKETS],
+    /// Load of the candidate chosen.
+    pub chosen: [u64; LOAD_BUCKETS],
+    /// Load of the best candidate not chosen (the other one, for two
+    /// choices).
+    pub rejected: [u64; LOAD_BUCKETS],
 }
 
 /// Value of the `LOCAL_MACS` table: the MAC address of an interface the
@@ -452,13 +535,18 @@ pub struct HostVips {
 }
 
 impl HostVips {
-    /// `true` when VIP index `vip_index` is set.
+    /// `true` when VIP index `vip_index` is set. (Two words, picked by
+    /// comparison rather than by index: the verifier follows that.)
     #[inline(always)]
     pub fn has(&self, vip_index: u32) -> bool {
-        match self.vips.get((vip_index / 64) as usize) {
-            Some(w) => w & (1u64 << (vip_index % 64)) != 0,
-            None => false,
-        }
+        let w = if vip_index < 64 {
+            self.vips[0]
+        } else if vip_index < 128 {
+            self.vips[1]
+        } else {
+            return false;
+        };
+        w & (1u64 << (vip_index & 63)) != 0
     }
 
     /// Sets VIP index `vip_index` (ignored when out of range).
@@ -481,8 +569,8 @@ pub struct Settings {
 
 const _: () = {
     assert!(core::mem::size_of::<VipKey>() == 8);
-    assert!(core::mem::size_of::<VipInfo>() == 16);
-    assert!(core::mem::size_of::<Backend>() == 16);
+    assert!(core::mem::size_of::<VipInfo>() == 24);
+    assert!(core::mem::size_of::<Backend>() == 24);
     assert!(core::mem::size_of::<FlowKey>() == 16);
     assert!(core::mem::size_of::<FlowEntry>() == 40);
     assert!(core::mem::offset_of!(FlowEntry, vip_index) == FlowEntry::STATE_WORD_OFFSET);
@@ -493,10 +581,12 @@ const _: () = {
     assert!(cfg!(target_endian = "little"));
     assert!(core::mem::size_of::<BackendKey>() == 8);
     assert!(core::mem::size_of::<BackendVips>() == 4 + 8 * MAX_VIPS_PER_BACKEND as usize);
-    assert!(core::mem::size_of::<TrafficStats>() == 32);
+    assert!(core::mem::size_of::<TrafficStats>() == 48);
+    assert!(core::mem::size_of::<ChoiceStats>() == 8 * (2 + 3 * LOAD_BUCKETS));
     assert!(core::mem::size_of::<Settings>() == 8);
     assert!(core::mem::size_of::<LocalMac>() == 8);
     assert!(core::mem::size_of::<HostVips>() == 8 * VIP_BITMAP_WORDS);
+    assert!(VIP_BITMAP_WORDS == 2, "HostVips::has reads two words");
 };
 
 #[cfg(feature = "user")]
@@ -529,5 +619,6 @@ mod pod {
         BackendVips,
         LocalMac,
         HostVips,
+        ChoiceStats,
     );
 }

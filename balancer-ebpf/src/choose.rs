@@ -5,15 +5,13 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{
-    bindings::BPF_NOEXIST,
-    helpers::generated::{bpf_get_prandom_u32, bpf_loop},
-};
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_get_prandom_u32};
 use balancer_common::{
     choice::{self, Chooser},
-    flow,
+    flow, load_bucket,
     parse::Tcp4,
     Backend, Counter, FlowEntry, FlowKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED,
+    LOAD_BUCKETS, VIP_F_FALLBACK,
 };
 
 use crate::{
@@ -21,8 +19,8 @@ use crate::{
     frame::precise_ns,
     lookup::{backend_of, live_elsewhere},
     maps::{
-        BACKENDS, BACKEND_CONNS, BACKEND_CONN_ADJUST, BACKEND_HOSTS, FLOWS, RNG_STATE, SETTINGS,
-        VIP_BACKENDS,
+        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CHOICE_STATS, FLOWS, RNG_STATE, SERVER_CONNS,
+        SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS, VIP_BACKENDS,
     },
     stats::count,
 };
@@ -37,6 +35,25 @@ pub enum Refusal {
 
 /// No slot excluded.
 const NO_SLOT: u32 = u32::MAX;
+
+/// `bpf_loop` (helper 181, kernel 5.17+) with its count passed as a whole
+/// 64-bit register. The verifier inlines `bpf_loop` and compares the whole
+/// register with `BPF_MAX_LOOPS`; the generated binding takes the count as
+/// a `u32`, whose register may carry stale upper bits, which turned the
+/// call into `-E2BIG` (no step run) for some modes of the choice.
+///
+/// # Safety
+/// `callback` is a BPF-to-BPF function `extern "C" fn(u64, *mut c_void) ->
+/// i64`; `ctx` points to the caller's stack.
+#[inline(always)]
+unsafe fn bpf_loop(nr_loops: u64, callback: *mut c_void, ctx: *mut c_void) -> i64 {
+    // SAFETY: helper number 181 with its documented signature; flags 0.
+    unsafe {
+        let f: unsafe extern "C" fn(u64, *mut c_void, *mut c_void, u64) -> i64 =
+            core::mem::transmute(181usize);
+        f(nr_loops, callback, ctx, 0)
+    }
+}
 
 /// A uniform 32-bit random number: `bpf_get_prandom_u32`, or a seeded
 /// deterministic generator when `Settings::test_seed` is set (tests only).
@@ -74,19 +91,32 @@ struct ChooseCtx {
     list_base: u32,
     /// A slot that must not be chosen ([`NO_SLOT`]: none).
     exclude: u32,
+    /// `VipInfo::eject_after` (0: no candidate is skipped for failing).
+    eject_after: u32,
+    /// Candidates skipped for failing.
+    skipped: u32,
+    /// Loads of the candidates compared, by [`load_bucket`].
+    hist: [u16; LOAD_BUCKETS],
 }
 
-/// Active connections of the backend in `VIP_BACKENDS[list_index]`; `None`
-/// for the excluded slot.
+/// Active connections (server-wide) and weight of the backend in
+/// `VIP_BACKENDS[list_index]`; `None` for the excluded slot and for a
+/// server that has failed `eject_after` new flows in a row.
 #[inline(always)]
-fn load_of(list_index: u32, exclude: u32) -> Option<u64> {
+fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32)> {
     let slot = *VIP_BACKENDS.get(list_index)?;
-    if slot == exclude {
+    if slot == c.exclude {
         return None;
     }
-    let conns = *BACKEND_CONNS.get(slot)?;
-    let adjust = *BACKEND_CONN_ADJUST.get(slot)?;
-    Some(choice::active_connections(conns, adjust))
+    let b = BACKENDS.get(slot)?;
+    let (server, weight) = (b.server, b.weight);
+    if c.eject_after != 0 && *SERVER_FAILS.get(server)? >= c.eject_after as u64 {
+        c.skipped += 1;
+        return None;
+    }
+    let conns = *SERVER_CONNS.get(server)?;
+    let adjust = *SERVER_CONN_ADJUST.get(server)?;
+    Some((choice::active_connections(conns, adjust), weight))
 }
 
 /// One step of the choice rule, called by `bpf_loop` (kernel 5.17+), so the
@@ -97,10 +127,41 @@ extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
     let c = unsafe { &mut *(ctx as *mut ChooseCtx) };
     let mut rand = random;
     let i = c.chooser.candidate(step as u32, &mut rand);
-    if let Some(l) = load_of(c.list_base + i, c.exclude) {
-        c.chooser.offer(i, l, &mut rand);
+    if let Some((l, w)) = load_of(c, c.list_base + i) {
+        if let Some(h) = c.hist.get_mut(load_bucket(l)) {
+            *h += 1;
+        }
+        c.chooser.offer(i, l, w, &mut rand);
     }
     0
+}
+
+/// Adds one choice to the VIP's telemetry.
+#[inline(always)]
+fn record(vip: &VipInfo, c: &ChooseCtx) {
+    let Some(p) = CHOICE_STATS.get_ptr_mut(vip.index) else {
+        return;
+    };
+    // SAFETY: per-CPU value, no concurrent writer; indexes below
+    // LOAD_BUCKETS by load_bucket's contract, checked by `get_mut`.
+    let st = unsafe { &mut *p };
+    st.decisions += 1;
+    if c.chooser.tied() {
+        st.ties += 1;
+    }
+    let mut k = 0;
+    while k < LOAD_BUCKETS {
+        st.candidates[k] += c.hist[k] as u64;
+        k += 1;
+    }
+    if let Some(x) = st.chosen.get_mut(load_bucket(c.chooser.chosen_load())) {
+        *x += 1;
+    }
+    if let Some(r) = c.chooser.rejected_load() {
+        if let Some(x) = st.rejected.get_mut(load_bucket(r)) {
+            *x += 1;
+        }
+    }
 }
 
 /// Chooses a backend slot of `vip` other than `exclude`.
@@ -110,19 +171,28 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(Backend, u32)> {
         chooser: Chooser::new(vip.eligible, vip.choices),
         list_base: vip.list_index(0),
         exclude,
+        eject_after: vip.eject_after,
+        skipped: 0,
+        hist: [0; LOAD_BUCKETS],
     };
-    let steps = lctx.chooser.steps();
+    let steps = lctx.chooser.steps() as u64;
     // SAFETY: callback is a static function; the context pointer is a stack
     // object alive for the duration of the call.
-    unsafe {
+    let done = unsafe {
         bpf_loop(
             steps,
             choose_step as *mut c_void,
             &mut lctx as *mut ChooseCtx as *mut c_void,
-            0,
         )
     };
+    if done < 0 {
+        return None;
+    }
+    if lctx.skipped != 0 {
+        count(Counter::SkippedFailing, lctx.skipped as u64);
+    }
     let index = lctx.chooser.result()?;
+    record(vip, &lctx);
     let slot = *VIP_BACKENDS.get(vip.list_index(index))?;
     let b = *BACKENDS.get(slot)?;
     if b.flags & BACKEND_F_IN_USE == 0 {
@@ -135,6 +205,8 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(Backend, u32)> {
 ///
 /// * A SYN from a backend host of this very VIP (hairpin) is refused: in
 ///   NAT mode its replies would not come back through the balancer.
+/// * Candidates are compared by their server's active connections (across
+///   VIPs) and their weight; a server failing new flows in a row is skipped.
 /// * A backend serving several VIPs on which the client's address and port
 ///   is already live through another VIP is avoided (at the backend it
 ///   would be the same connection): the choice is made again without it,
@@ -191,6 +263,10 @@ pub fn place(
         return Err(Refusal::Drop);
     }
     atomic::add(&BACKEND_CONNS, slot, 1);
+    atomic::add(&SERVER_CONNS, b.server, 1);
+    if vip.flags & VIP_F_FALLBACK != 0 {
+        count(Counter::FallbackFlows, 1);
+    }
     // A CLOSED entry of an earlier connection on this 5-tuple may remain:
     // the LIVE entry is always looked up first, this connection's own close
     // overwrites it, and the daemon expires it after the closing timeout, so

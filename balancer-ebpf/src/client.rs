@@ -2,7 +2,7 @@
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use balancer_common::{
-    flow::Direction,
+    flow::{self, Direction},
     flow_kind,
     parse::{Frame, Tcp4, IPV4_DST_OFF},
     Backend, Counter, FlowEntry, FlowKey, VipInfo,
@@ -15,7 +15,7 @@ use crate::{
     lookup::backend_of,
     maps::{BACKEND_STATS, FLOWS, VIP_STATS},
     rewrite::{nat::Nat, reset::send_reset},
-    stats::{count, traffic},
+    stats::{count, traffic, Failure},
     track,
 };
 
@@ -36,8 +36,12 @@ pub fn pinned(
         return xdp_action::XDP_DROP;
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
-    // SAFETY: `e` is the entry of `key`.
-    unsafe { track::track(key, e, Direction::ToBackend, seg, now) };
+    if seg.is_syn() && entry.state & flow::F_SERVER_SEQ_KNOWN == 0 {
+        // The client retransmits its SYN: the backend has not answered.
+        track::failed(slot, &b, Failure::SynRetransmit);
+    }
+    // SAFETY: `e` is the entry of `key`, pinned to `b`.
+    unsafe { track::track(key, e, &b, Direction::ToBackend, seg, now) };
     to_backend(ctx, frame, seg, &b, slot, vip_index, false, now)
 }
 

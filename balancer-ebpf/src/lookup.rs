@@ -47,14 +47,14 @@ pub fn backend_of(entry: &FlowEntry) -> Option<Backend> {
     Some(b)
 }
 
-/// `true` when the flow is pinned to the backend at `addr:port` (network
-/// byte order): the same client tuple may be pinned to another backend of
+/// The flow's backend when it is the one at `addr:port` (network byte
+/// order): the same client tuple may be pinned to another backend of
 /// another VIP.
 #[inline(always)]
-pub fn pinned_to(entry: &FlowEntry, addr: u32, port: u16) -> bool {
+pub fn pinned_to(entry: &FlowEntry, addr: u32, port: u16) -> Option<Backend> {
     match backend_of(entry) {
-        Some(b) => b.addr == addr && b.port == port,
-        None => false,
+        Some(b) if b.addr == addr && b.port == port => Some(b),
+        _ => None,
     }
 }
 
@@ -91,7 +91,7 @@ pub fn live_elsewhere(key: &FlowKey, backend: &Backend) -> bool {
         let other = key_for(key.src_addr, key.src_port, v.addr, v.port);
         // SAFETY: the entry is only read.
         if let Some(e) = unsafe { FLOWS.get(&other) } {
-            if pinned_to(e, backend.addr, backend.port) {
+            if pinned_to(e, backend.addr, backend.port).is_some() {
                 return true;
             }
         }
@@ -102,8 +102,8 @@ pub fn live_elsewhere(key: &FlowKey, backend: &Backend) -> bool {
 /// Where a reply (backend -> client) belongs.
 pub enum Reply {
     /// The live flow (client -> VIP `vip_index`'s address) pinned to this
-    /// backend: its key, entry and the VIP it is rewritten to.
-    Live(FlowKey, *mut FlowEntry, u32, u16),
+    /// backend: its key, entry, the VIP it is rewritten to, and the backend.
+    Live(FlowKey, *mut FlowEntry, u32, u16, Backend),
     /// A closed flow pinned to this backend (a late segment): its entry and
     /// the VIP address and port.
     Closed(FlowEntry, u32, u16),
@@ -131,8 +131,8 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
         let key = key_for(seg.dst_addr, seg.dst_port, v.addr, v.port);
         if let Some(e) = FLOWS.get_ptr_mut(&key) {
             // SAFETY: pointer from a successful lookup.
-            if pinned_to(unsafe { &*e }, seg.src_addr, seg.src_port) {
-                return Reply::Live(key, e, v.addr, v.port);
+            if let Some(b) = pinned_to(unsafe { &*e }, seg.src_addr, seg.src_port) {
+                return Reply::Live(key, e, v.addr, v.port, b);
             }
         }
     }
@@ -153,7 +153,7 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
         let Some(e) = (unsafe { FLOWS.get(&key) }).copied() else {
             continue;
         };
-        if !pinned_to(&e, seg.src_addr, seg.src_port) {
+        if pinned_to(&e, seg.src_addr, seg.src_port).is_none() {
             continue;
         }
         if new_handshake {

@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use balancer_common::{
-    Backend, BackendKey, BackendVips, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac,
-    Settings, TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, DEFAULT_FLOW_TABLE_SIZE, MAX_VIPS,
-    PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+    Backend, BackendKey, BackendVips, ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips,
+    LocalMac, Settings, TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, DEFAULT_FLOW_TABLE_SIZE,
+    MAX_VIPS, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
 
 /// VIP table.
@@ -26,6 +26,19 @@ pub static BACKEND_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0)
 /// The daemon's corrections to [`BACKEND_CONNS`], by slot.
 #[map]
 pub static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// Active connections per server (a backend address and port across VIPs),
+/// atomic adds: what a choice compares.
+#[map]
+pub static SERVER_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// The daemon's corrections to [`SERVER_CONNS`].
+#[map]
+pub static SERVER_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// New flows refused in a row per server (passive failure detection).
+#[map]
+pub static SERVER_FAILS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// Choice telemetry per VIP, per CPU.
+#[map]
+pub static CHOICE_STATS: PerCpuArray<ChoiceStats> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
 /// Bitmap of VIP ports (bit p of word p / 64, p in host byte order): frames
 /// to any other port skip every hash lookup.
 #[map]

@@ -31,6 +31,29 @@ pub fn count_rx(bytes: u64) {
     }
 }
 
+/// A failure event of a new flow on a backend.
+#[derive(Clone, Copy)]
+pub enum Failure {
+    /// Reset by the backend before any data.
+    Refused,
+    /// The client retransmitted its SYN: the backend had not answered.
+    SynRetransmit,
+}
+
+/// Counts a failure event on backend `slot`'s traffic counters.
+#[inline(always)]
+pub fn backend_failure(slot: u32, f: Failure) {
+    if let Some(p) = crate::maps::BACKEND_STATS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe {
+            match f {
+                Failure::Refused => (*p).refused += 1,
+                Failure::SynRetransmit => (*p).syn_retransmits += 1,
+            }
+        }
+    }
+}
+
 /// Counts a forwarded frame (or a miss) on a VIP's or a backend's traffic
 /// counters.
 #[inline(always)]

@@ -1,30 +1,120 @@
 //! The control API between the CLI and the daemon: one JSON request per line
 //! on the daemon's unix socket, one JSON response line back.
 
-use std::net::SocketAddrV4;
+use std::{collections::BTreeMap, net::SocketAddrV4, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+use crate::state::{HealthCheck, NoHealthy, VipSettings};
+
 /// How many flows `Flows` returns at most, whatever the request asks.
 pub const MAX_FLOWS_LISTED: usize = 10_000;
+
+/// A health-check setting in a change request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthSetting {
+    /// No active check (a backend: use the VIP's).
+    Off,
+    /// This check.
+    Check(HealthCheck),
+}
+
+impl HealthSetting {
+    /// As an optional check.
+    pub fn into_option(self) -> Option<HealthCheck> {
+        match self {
+            HealthSetting::Off => None,
+            HealthSetting::Check(h) => Some(h),
+        }
+    }
+}
+
+/// Changes to a VIP's settings: fields left `None` keep their value.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VipPatch {
+    /// Choices per new flow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choices: Option<u32>,
+    /// Active health check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthSetting>,
+    /// Policy when no backend is healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_healthy: Option<NoHealthy>,
+    /// Slow-start time.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    pub slow_start: Option<Duration>,
+    /// Passive ejection threshold (failed new flows in a row, 0: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eject_after: Option<u32>,
+    /// Ejection time without an active check.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    pub ejection_time: Option<Duration>,
+}
+
+impl VipPatch {
+    /// `settings` with this patch applied.
+    pub fn apply(&self, settings: &VipSettings) -> VipSettings {
+        let mut s = settings.clone();
+        if let Some(c) = self.choices {
+            s.choices = c;
+        }
+        if let Some(h) = &self.health {
+            s.health = h.clone().into_option();
+        }
+        if let Some(n) = self.no_healthy {
+            s.no_healthy = n;
+        }
+        if let Some(t) = self.slow_start {
+            s.slow_start = t;
+        }
+        if let Some(e) = self.eject_after {
+            s.eject_after = e;
+        }
+        if let Some(t) = self.ejection_time {
+            s.ejection_time = t;
+        }
+        s
+    }
+}
+
+/// Changes to a backend: fields left `None` keep their value.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendPatch {
+    /// Weight, 1..=1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// Its own health check (`Off`: the VIP's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthSetting>,
+}
 
 /// A request to the daemon.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Add a VIP with `choices` (1..=16, or `u32::MAX` for a full scan).
+    /// Add a VIP.
     AddVip {
         /// VIP address and port.
         vip: SocketAddrV4,
-        /// Choices per new flow.
-        choices: u32,
+        /// Its settings.
+        settings: VipSettings,
     },
-    /// Change the choices of an existing VIP.
-    SetChoices {
+    /// Change settings of an existing VIP.
+    SetVip {
         /// VIP address and port.
         vip: SocketAddrV4,
-        /// Choices per new flow.
-        choices: u32,
+        /// The changes.
+        patch: VipPatch,
     },
     /// Remove a VIP, its backends and its flows.
     RemoveVip {
@@ -39,6 +129,18 @@ pub enum Request {
         vip: SocketAddrV4,
         /// Backend addresses and ports.
         backends: Vec<SocketAddrV4>,
+        /// Their weight (1 when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        weight: Option<u32>,
+    },
+    /// Change a backend's weight or health check.
+    SetBackend {
+        /// VIP address and port.
+        vip: SocketAddrV4,
+        /// Backend address and port.
+        backend: SocketAddrV4,
+        /// The changes.
+        patch: BackendPatch,
     },
     /// Stop sending new flows to a backend; its flows continue.
     DrainBackend {
@@ -112,12 +214,15 @@ pub enum Response {
 pub struct VipView {
     /// Address and port.
     pub vip: SocketAddrV4,
-    /// Choices per new flow (`u32::MAX`: full scan).
-    pub choices: u32,
+    /// Its settings.
+    pub settings: VipSettings,
     /// Backends (active and draining).
     pub backends: usize,
-    /// Backends receiving new flows.
+    /// Backends receiving new flows now.
     pub eligible: usize,
+    /// `true` when no backend is healthy and the VIP falls back to all of
+    /// them (panic mode).
+    pub fallback: bool,
 }
 
 /// Backend lifecycle state.
@@ -130,8 +235,45 @@ pub enum BackendState {
     Draining,
 }
 
-/// A backend with its counters.
+/// Health of a backend as its active checks see it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthStatus {
+    /// No active check configured.
+    Unchecked,
+    /// Checks configured, no result yet (eligible meanwhile).
+    Unknown,
+    /// Passing.
+    Healthy,
+    /// Failing: not eligible for new flows.
+    Unhealthy,
+}
+
+/// A backend's health, active and passive.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HealthView {
+    /// Active-check status.
+    pub status: HealthStatus,
+    /// The last failed check's error, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Time since the status last changed, ms.
+    pub since_ms: u64,
+    /// Checks run.
+    pub checks: u64,
+    /// Checks failed.
+    pub failed_checks: u64,
+    /// `true` while passive detection keeps its server out of the
+    /// candidates (new flows failed in a row).
+    pub ejected: bool,
+    /// Its server's new flows failed in a row now.
+    pub failing_streak: u64,
+    /// `true` while slow start ramps its weight up.
+    pub ramping: bool,
+}
+
+/// A backend with its counters.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct BackendView {
     /// The VIP it serves.
     pub vip: SocketAddrV4,
@@ -141,14 +283,57 @@ pub struct BackendView {
     pub state: BackendState,
     /// Slot in the backend arrays.
     pub slot: u32,
-    /// Connections it holds now.
+    /// Server index (shared by every VIP this address and port serves).
+    pub server: u32,
+    /// Configured weight.
+    pub weight: u32,
+    /// Weight in effect now (slow start), as a fraction of `weight`'s units:
+    /// equal to `weight` once ramped.
+    pub effective_weight: f64,
+    /// Health.
+    pub health: HealthView,
+    /// Connections it holds now through this VIP.
     pub active_connections: u64,
-    /// Connections ever placed on it.
+    /// Connections its server holds now through every VIP (what choices
+    /// compare).
+    pub server_connections: u64,
+    /// Connections ever placed on it through this VIP.
     pub total_connections: u64,
+    /// New flows reset before any data.
+    pub refused: u64,
+    /// SYNs retransmitted unanswered.
+    pub syn_retransmits: u64,
+    /// Handshakes that never completed (expired half-open).
+    pub handshake_timeouts: u64,
     /// Frames forwarded to or from it.
     pub packets: u64,
     /// Bytes of those frames.
     pub bytes: u64,
+}
+
+/// A load histogram: `counts[k]` for loads in bucket `k` (0; then
+/// `2^(k-1)..=2^k-1`; the last bucket open-ended).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LoadHistogram {
+    /// Lower bound of each bucket.
+    pub from: Vec<u64>,
+    /// Count per bucket.
+    pub counts: Vec<u64>,
+}
+
+/// A VIP's choice telemetry.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChoiceView {
+    /// Choices made.
+    pub decisions: u64,
+    /// Choices whose best rejected candidate tied with the chosen one.
+    pub ties: u64,
+    /// Loads of every candidate compared.
+    pub candidates: LoadHistogram,
+    /// Loads of the candidates chosen.
+    pub chosen: LoadHistogram,
+    /// Loads of the best candidates rejected.
+    pub rejected: LoadHistogram,
 }
 
 /// Per-VIP counters.
@@ -168,13 +353,15 @@ pub struct VipStatsView {
     pub misses: u64,
     /// Sum of the backends' active connections.
     pub active_connections: u64,
+    /// The choice telemetry.
+    pub choice: ChoiceView,
 }
 
 /// All counters.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StatsView {
     /// Global counters by name (summed over CPUs).
-    pub counters: Vec<(String, u64)>,
+    pub counters: BTreeMap<String, u64>,
     /// Per-VIP counters.
     pub vips: Vec<VipStatsView>,
     /// Per-backend counters.
@@ -192,10 +379,7 @@ pub struct StatsView {
 impl StatsView {
     /// A global counter by name, 0 when absent.
     pub fn counter(&self, name: &str) -> u64 {
-        self.counters
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0, |(_, v)| *v)
+        self.counters.get(name).copied().unwrap_or(0)
     }
 }
 

@@ -2,10 +2,16 @@
 //! desired state, and keeps the invariants between them. Each concern has
 //! its own module: [`crate::maps`] (the only code touching maps),
 //! [`crate::state`] (desired state, validation, persistence),
-//! [`crate::gc`] (expiry, reconciliation), [`crate::telemetry`] (views),
-//! [`crate::netdev`] (interfaces).
+//! [`crate::gc`] (expiry, reconciliation), [`crate::eligibility`] and
+//! [`crate::health`] (which backends take new flows), [`crate::telemetry`]
+//! (views), [`crate::netdev`] (interfaces).
 
-use std::{collections::BTreeSet, net::SocketAddrV4, path::PathBuf};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddrV4,
+    path::PathBuf,
+    time::Instant,
+};
 
 use aya::{
     programs::{Xdp, XdpMode},
@@ -16,12 +22,16 @@ use balancer_common::{
 };
 
 use crate::{
-    api::{BackendState, BackendView, FlowView, StatsView, VipView},
+    api::{BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch, VipView},
+    eligibility::{Changes, Eligibility},
     error::{BalancerError, Result},
     gc::{GcReport, Reconciler, Timeouts},
-    maps::{check_map_shapes, Maps, Traffic, PINNED_MAPS},
+    health::{Outcome, Target},
+    maps::{check_map_shapes, Count, Maps, Traffic, PINNED_MAPS},
     netdev,
-    state::{check_backend, check_choices, check_endpoint, BackendConfig, State, VipConfig},
+    state::{
+        check_backend, check_endpoint, check_weight, BackendConfig, State, VipConfig, VipSettings,
+    },
     telemetry,
 };
 
@@ -63,6 +73,7 @@ pub struct Balancer {
     maps: Maps,
     state: State,
     gc: Reconciler,
+    eligibility: Eligibility,
     attached: Vec<Attachment>,
 }
 
@@ -116,6 +127,7 @@ impl Balancer {
             maps,
             state: State::default(),
             gc: Reconciler::default(),
+            eligibility: Eligibility::default(),
             attached: Vec::new(),
         })
     }
@@ -240,11 +252,15 @@ impl Balancer {
     /// # Errors
     /// When the state does not fit the tables or a map write fails; the maps
     /// may then hold part of it and the caller should not serve.
-    pub fn restore(&mut self, state: State) -> Result<()> {
+    pub fn restore(&mut self, mut state: State) -> Result<()> {
+        // A state file written before server indexes existed gets them now.
+        let addrs: Vec<SocketAddrV4> = state.backend_uses().into_keys().collect();
+        for a in &addrs {
+            state.server_for(*a)?;
+        }
         state.validate()?;
         self.state = state;
-        let addrs: Vec<SocketAddrV4> = self.state.backend_uses().into_keys().collect();
-        self.maps.publish_backend_index(&self.state, &addrs)?;
+        self.publish_backends(&addrs)?;
         let vips: Vec<SocketAddrV4> = self.state.vips.keys().copied().collect();
         for v in &vips {
             self.publish_vip(v)?;
@@ -254,13 +270,28 @@ impl Balancer {
 
     // ---- VIPs ----
 
-    /// Adds a VIP.
+    /// Adds a VIP with default settings but `choices`.
     ///
     /// # Errors
     /// Invalid address or choices, duplicate VIP, full VIP table, map failure.
     pub fn add_vip(&mut self, addr: SocketAddrV4, choices: u32) -> Result<()> {
+        self.add_vip_with(
+            addr,
+            VipSettings {
+                choices,
+                ..VipSettings::default()
+            },
+        )
+    }
+
+    /// Adds a VIP.
+    ///
+    /// # Errors
+    /// Invalid address or settings, duplicate VIP, full VIP table, map
+    /// failure.
+    pub fn add_vip_with(&mut self, addr: SocketAddrV4, settings: VipSettings) -> Result<()> {
         check_endpoint("VIP", addr)?;
-        check_choices(choices)?;
+        settings.validate()?;
         if self.state.vips.contains_key(&addr) {
             return Err(BalancerError::DuplicateVip { vip: addr });
         }
@@ -274,12 +305,13 @@ impl Balancer {
         let cfg = VipConfig {
             addr,
             index,
-            choices,
             list: 0,
+            settings,
             backends: Vec::new(),
         };
         // Zero the VIP's counters left from an earlier VIP at this index.
         self.maps.reset_traffic(Traffic::Vip, index)?;
+        self.maps.reset_choice_stats(index)?;
         self.state.vips.insert(addr, cfg);
         if let Err(e) = self.publish_vip(&addr) {
             self.state.vips.remove(&addr);
@@ -294,12 +326,27 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, invalid choices, map failure.
     pub fn set_choices(&mut self, addr: SocketAddrV4, choices: u32) -> Result<()> {
-        check_choices(choices)?;
-        let v = self.state.vip_mut(&addr)?;
-        let old = v.choices;
-        v.choices = choices;
+        self.set_vip(
+            addr,
+            &VipPatch {
+                choices: Some(choices),
+                ..VipPatch::default()
+            },
+        )
+    }
+
+    /// Changes settings of a VIP: all of the patch, or nothing.
+    ///
+    /// # Errors
+    /// Unknown VIP, an invalid value, map failure.
+    pub fn set_vip(&mut self, addr: SocketAddrV4, patch: &VipPatch) -> Result<()> {
+        let old = self.state.vip(&addr)?.settings.clone();
+        let new = patch.apply(&old);
+        new.validate()?;
+        self.state.vip_mut(&addr)?.settings = new;
+        self.eligibility.forget_gone(&self.state);
         if let Err(e) = self.publish_vip(&addr) {
-            self.state.vip_mut(&addr)?.choices = old;
+            self.state.vip_mut(&addr)?.settings = old;
             return Err(e);
         }
         Ok(())
@@ -315,7 +362,9 @@ impl Balancer {
         self.state.vips.remove(&addr);
         self.retire_slots(&v.backends)?;
         let addrs: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
-        self.maps.publish_backend_index(&self.state, &addrs)?;
+        self.publish_backends(&addrs)?;
+        self.state.release_servers();
+        self.eligibility.forget_gone(&self.state);
         self.maps.publish_ports(&self.state)
     }
 
@@ -324,11 +373,15 @@ impl Balancer {
         self.state
             .vips
             .values()
-            .map(|v| VipView {
-                vip: v.addr,
-                choices: v.choices,
-                backends: v.backends.len(),
-                eligible: v.eligible_slots().len(),
+            .map(|v| {
+                let (list, fallback) = self.eligibility.list(&self.state, v);
+                VipView {
+                    vip: v.addr,
+                    settings: v.settings.clone(),
+                    backends: v.backends.len(),
+                    eligible: list.len(),
+                    fallback,
+                }
             })
             .collect()
     }
@@ -343,13 +396,28 @@ impl Balancer {
         self.add_backends(vip, &[addr])
     }
 
-    /// Adds several backends to a VIP at once: all of them or, on any
-    /// error, none. The VIP's eligible list is published once.
+    /// [`Balancer::add_backends_weighted`] with weight 1.
     ///
     /// # Errors
-    /// Unknown VIP, an invalid address, a duplicate (in the VIP or in
-    /// `addrs`), full tables, map failure.
+    /// As `add_backends_weighted`.
     pub fn add_backends(&mut self, vip: SocketAddrV4, addrs: &[SocketAddrV4]) -> Result<()> {
+        self.add_backends_weighted(vip, addrs, 1)
+    }
+
+    /// Adds several backends of weight `weight` to a VIP at once: all of
+    /// them or, on any error, none. The VIP's eligible list is published
+    /// once. With slow start, they ramp up.
+    ///
+    /// # Errors
+    /// Unknown VIP, an invalid address or weight, a duplicate (in the VIP or
+    /// in `addrs`), full tables, map failure.
+    pub fn add_backends_weighted(
+        &mut self,
+        vip: SocketAddrV4,
+        addrs: &[SocketAddrV4],
+        weight: u32,
+    ) -> Result<()> {
+        check_weight(weight)?;
         let v = self.state.vip(&vip)?;
         let mut seen: BTreeSet<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
         let mut listed = BTreeSet::new();
@@ -382,7 +450,17 @@ impl Balancer {
         }
         let slots = self.state.allocate_slots(addrs.len())?;
         let mut added = Vec::with_capacity(addrs.len());
+        let now = Instant::now();
         let result = (|| -> Result<()> {
+            for addr in addrs {
+                let (server, fresh) = self.state.server_for(*addr)?;
+                if fresh {
+                    // A server index starts at zero whatever the data path
+                    // counted for an earlier address.
+                    self.maps.set_count(Count::Server(server), 0)?;
+                    self.maps.clear_server_fails(server)?;
+                }
+            }
             for (addr, slot) in addrs.iter().zip(slots) {
                 let generation = self
                     .state
@@ -396,12 +474,13 @@ impl Balancer {
                     state: BackendState::Active,
                     slot,
                     generation,
+                    weight,
+                    health: None,
                 };
                 // A fresh slot starts at zero active connections whatever the
                 // data path's counter holds from an earlier backend.
-                self.maps.set_active(slot, 0)?;
+                self.maps.set_count(Count::Slot(slot), 0)?;
                 self.maps.reset_traffic(Traffic::Backend, slot)?;
-                self.maps.write_backend(&cfg, false)?;
                 self.state.slot_generations.insert(slot, generation);
                 self.state.next_slot = (slot + 1) % BACKEND_SLOTS;
                 added.push(cfg);
@@ -410,9 +489,13 @@ impl Balancer {
                 .vip_mut(&vip)?
                 .backends
                 .extend(added.iter().cloned());
-            // Before the VIP's list: flags and reply tables of every VIP
-            // the addresses serve are in place when the first SYN lands.
-            self.maps.publish_backend_index(&self.state, addrs)?;
+            let v = self.state.vip(&vip)?.clone();
+            for b in &added {
+                self.eligibility.start_ramp(&v, b, now);
+            }
+            // Before the VIP's list: slots, flags and reply tables of every
+            // VIP the addresses serve are in place when the first SYN lands.
+            self.publish_backends(addrs)?;
             self.publish_vip(&vip)
         })();
         if let Err(e) = result {
@@ -424,10 +507,48 @@ impl Balancer {
             for b in &added {
                 let _ = self.maps.clear_backend(b.slot);
             }
-            let _ = self.maps.publish_backend_index(&self.state, addrs);
+            let _ = self.publish_backends(addrs);
+            self.state.release_servers();
+            self.eligibility.forget_gone(&self.state);
             return Err(e);
         }
         self.maps.publish_ports(&self.state)
+    }
+
+    /// Changes a backend's weight or health check: all of the patch, or
+    /// nothing.
+    ///
+    /// # Errors
+    /// Unknown VIP or backend, an invalid value, map failure.
+    pub fn set_backend(
+        &mut self,
+        vip: SocketAddrV4,
+        addr: SocketAddrV4,
+        patch: &BackendPatch,
+    ) -> Result<()> {
+        let old = self.state.backend_mut(&vip, &addr)?.clone();
+        let mut new = old.clone();
+        if let Some(w) = patch.weight {
+            check_weight(w)?;
+            new.weight = w;
+        }
+        if let Some(h) = &patch.health {
+            new.health = h.clone().into_option();
+            if let Some(c) = &new.health {
+                c.validate()?;
+            }
+        }
+        *self.state.backend_mut(&vip, &addr)? = new;
+        self.eligibility.forget_gone(&self.state);
+        let r = self
+            .publish_backends(&[addr])
+            .and_then(|_| self.publish_vip(&vip));
+        if let Err(e) = r {
+            *self.state.backend_mut(&vip, &addr)? = old;
+            let _ = self.publish_backends(&[addr]);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Drains a backend: no new flows, existing flows continue.
@@ -455,6 +576,13 @@ impl Balancer {
         let b = self.state.backend_mut(&vip, &addr)?;
         let old = b.state;
         b.state = state;
+        if old == BackendState::Draining && state == BackendState::Active {
+            let v = self.state.vip(&vip)?.clone();
+            if let Some(b) = v.backends.iter().find(|b| b.addr == addr) {
+                self.eligibility.start_ramp(&v, b, Instant::now());
+                self.publish_backends(&[addr])?;
+            }
+        }
         if let Err(e) = self.publish_vip(&vip) {
             self.state.backend_mut(&vip, &addr)?.state = old;
             return Err(e);
@@ -478,7 +606,9 @@ impl Balancer {
             return Err(e);
         }
         self.retire_slots(std::slice::from_ref(&b))?;
-        self.maps.publish_backend_index(&self.state, &[addr])?;
+        self.publish_backends(&[addr])?;
+        self.state.release_servers();
+        self.eligibility.forget_gone(&self.state);
         self.maps.publish_ports(&self.state)
     }
 
@@ -487,7 +617,7 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, map failure.
     pub fn list_backends(&self, vip: Option<SocketAddrV4>) -> Result<Vec<BackendView>> {
-        telemetry::backends(&self.maps, &self.state, vip)
+        self.telemetry().backends(vip)
     }
 
     /// Active connections of a slot as the data path sees them (never
@@ -506,7 +636,7 @@ impl Balancer {
     /// # Errors
     /// Map read failure.
     pub fn active_signed(&self, slot: u32) -> Result<i64> {
-        self.maps.active_signed(slot)
+        self.maps.count_signed(Count::Slot(slot))
     }
 
     /// Sets a slot's active-connection count to `value` by writing the
@@ -516,7 +646,16 @@ impl Balancer {
     /// # Errors
     /// Map read or write failure.
     pub fn set_active(&mut self, slot: u32, value: u64) -> Result<()> {
-        self.maps.set_active(slot, value)
+        self.maps.set_count(Count::Slot(slot), value)
+    }
+
+    /// Sets a server's active-connection count (what choices compare) by
+    /// writing the daemon's correction; see [`Balancer::set_active`].
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn set_server_active(&mut self, server: u32, value: u64) -> Result<()> {
+        self.maps.set_count(Count::Server(server), value)
     }
 
     /// Makes the slot allocator continue at `slot`. Operators never need
@@ -530,12 +669,83 @@ impl Balancer {
     /// # Errors
     /// Map read failure.
     pub fn stats(&self) -> Result<StatsView> {
-        telemetry::stats(&self.maps, &self.state, &self.gc)
+        self.telemetry().stats()
     }
 
     /// Up to `limit` flows of the flow table (live and closed).
     pub fn flows(&self, limit: usize) -> (Vec<FlowView>, bool) {
         telemetry::flows(&self.maps, limit)
+    }
+
+    fn telemetry(&self) -> telemetry::View<'_> {
+        telemetry::View {
+            maps: &self.maps,
+            state: &self.state,
+            gc: &self.gc,
+            eligibility: &self.eligibility,
+            now: Instant::now(),
+        }
+    }
+
+    // ---- health ----
+
+    /// The active checks the configuration asks for.
+    pub fn health_targets(&self) -> Vec<Target> {
+        Eligibility::targets(&self.state)
+    }
+
+    /// Applies one active check's result; returns the transitions, for the
+    /// log. A backend that turns unhealthy leaves its VIP's list at once.
+    ///
+    /// # Errors
+    /// Map failure while publishing.
+    pub fn record_check(&mut self, outcome: &Outcome) -> Result<Vec<String>> {
+        let ch = self
+            .eligibility
+            .record_check(&self.state, outcome, Instant::now());
+        self.apply(ch)
+    }
+
+    /// Passive detection and slow start, run often (every 100 ms by the
+    /// daemon): takes the data path's failure streaks into the record and
+    /// moves ramping weights; returns the transitions, for the log.
+    ///
+    /// # Errors
+    /// Map failure.
+    pub fn poll_eligibility(&mut self) -> Result<Vec<String>> {
+        let now = Instant::now();
+        let maps = &self.maps;
+        let ch = self.eligibility.poll_ejections(
+            &self.state,
+            |s| maps.server_fails(s).unwrap_or(0),
+            now,
+        );
+        let msgs = self.apply(ch)?;
+        for (slot, w) in self.eligibility.ramp_weights(&self.state, now) {
+            self.maps.set_weight(slot, w)?;
+        }
+        Ok(msgs)
+    }
+
+    fn apply(&mut self, ch: Changes) -> Result<Vec<String>> {
+        for s in &ch.clear_fails {
+            self.maps.clear_server_fails(*s)?;
+        }
+        let ramped: Vec<SocketAddrV4> = self
+            .state
+            .vips
+            .values()
+            .flat_map(|v| v.backends.iter())
+            .filter(|b| self.eligibility.ramping(b.slot))
+            .map(|b| b.addr)
+            .collect();
+        self.publish_backends(&ramped)?;
+        for v in &ch.republish {
+            if self.state.vips.contains_key(v) {
+                self.publish_vip(v)?;
+            }
+        }
+        Ok(ch.messages)
     }
 
     /// One expiry and reconciliation pass over the flow table (see
@@ -562,9 +772,30 @@ impl Balancer {
 
     /// Publishes a VIP's eligible list and records which half is active.
     fn publish_vip(&mut self, addr: &SocketAddrV4) -> Result<()> {
-        let list = self.maps.publish_vip(self.state.vip(addr)?)?;
+        let v = self.state.vip(addr)?;
+        let (eligible, fallback) = self.eligibility.list(&self.state, v);
+        let list = self.maps.publish_vip(v, &eligible, fallback)?;
         self.state.vip_mut(addr)?.list = list;
         Ok(())
+    }
+
+    /// Writes the slots and reply tables of the backends at `addrs`, with
+    /// their weights as they are now.
+    fn publish_backends(&mut self, addrs: &[SocketAddrV4]) -> Result<()> {
+        let now = Instant::now();
+        let elig = &self.eligibility;
+        let weights: BTreeMap<u32, u32> = self
+            .state
+            .vips
+            .values()
+            .flat_map(|v| {
+                v.backends
+                    .iter()
+                    .map(move |b| (b.slot, elig.weight_units(v, b, now)))
+            })
+            .collect();
+        self.maps
+            .publish_backend_index(&self.state, addrs, |b| weights[&b.slot])
     }
 }
 

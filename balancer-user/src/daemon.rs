@@ -20,6 +20,7 @@ use crate::{
     api::{Request, Response, MAX_FLOWS_LISTED},
     balancer::{mode_name, Balancer, LoadOptions},
     gc::Timeouts,
+    health::Monitor,
     state::{read_state, write_state},
 };
 
@@ -27,6 +28,8 @@ use crate::{
 const MAX_REQUEST: usize = 4 << 20;
 /// How long a client may take to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Period of the passive-detection and slow-start poll.
+const ELIGIBILITY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Daemon settings; every field has a documented default in the CLI.
 #[derive(Clone, Debug)]
@@ -170,6 +173,45 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             }
         })
     };
+    // Active health checks: one task per checked backend, kept in line with
+    // the configuration; their results change eligibility at once.
+    let health = {
+        let lb = lb.clone();
+        tokio::spawn(async move {
+            let (mut monitor, mut outcomes) = Monitor::new();
+            let mut resync = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = resync.tick() => {
+                        let targets = lb.lock().await.health_targets();
+                        monitor.sync(targets);
+                    }
+                    Some(o) = outcomes.recv() => {
+                        let mut lb = lb.lock().await;
+                        match lb.record_check(&o) {
+                            Ok(msgs) => msgs.iter().for_each(|m| log::info!("{m}")),
+                            Err(e) => log::warn!("applying a health check result failed: {e:#}"),
+                        }
+                    }
+                }
+            }
+        })
+    };
+    // Passive detection and slow start: often, and cheap (one map read per
+    // server, one write per ramping backend).
+    let eligibility = {
+        let lb = lb.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ELIGIBILITY_INTERVAL);
+            loop {
+                tick.tick().await;
+                match lb.lock().await.poll_eligibility() {
+                    Ok(msgs) => msgs.iter().for_each(|m| log::info!("{m}")),
+                    Err(e) => log::warn!("eligibility poll failed: {e:#}"),
+                }
+            }
+        })
+    };
     let stats = {
         let lb = lb.clone();
         let every = cfg.stats_interval;
@@ -221,6 +263,8 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     log::info!("shutting down: detaching XDP");
     gc.abort();
     stats.abort();
+    health.abort();
+    eligibility.abort();
     drop(socket_guard);
     drop(lb);
     Ok(())
@@ -333,15 +377,24 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
         Request::ListVips | Request::ListBackends { .. } | Request::Stats | Request::Flows { .. }
     );
     let result = match req {
-        Request::AddVip { vip, choices } => lb.add_vip(vip, choices).map(|_| Response::Ok),
-        Request::SetChoices { vip, choices } => lb.set_choices(vip, choices).map(|_| Response::Ok),
+        Request::AddVip { vip, settings } => lb.add_vip_with(vip, settings).map(|_| Response::Ok),
+        Request::SetVip { vip, patch } => lb.set_vip(vip, &patch).map(|_| Response::Ok),
         Request::RemoveVip { vip } => lb.remove_vip(vip).map(|_| Response::Ok),
         Request::ListVips => Ok(Response::Vips {
             vips: lb.list_vips(),
         }),
-        Request::AddBackends { vip, backends } => {
-            lb.add_backends(vip, &backends).map(|_| Response::Ok)
-        }
+        Request::AddBackends {
+            vip,
+            backends,
+            weight,
+        } => lb
+            .add_backends_weighted(vip, &backends, weight.unwrap_or(1))
+            .map(|_| Response::Ok),
+        Request::SetBackend {
+            vip,
+            backend,
+            patch,
+        } => lb.set_backend(vip, backend, &patch).map(|_| Response::Ok),
         Request::DrainBackend { vip, backend } => {
             lb.drain_backend(vip, backend).map(|_| Response::Ok)
         }

@@ -6,7 +6,11 @@ use std::{collections::BTreeMap, time::Duration};
 use balancer_common::{flow as fl, flow_kind, FlowEntry};
 use serde::{Deserialize, Serialize};
 
-use crate::{error::Result, maps::Maps, state::State};
+use crate::{
+    error::Result,
+    maps::{Count, Maps},
+    state::State,
+};
 
 /// Idle timeouts of the flow table, by flow state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,8 +57,11 @@ pub struct GcReport {
     pub expired: u64,
     /// Closed and orphaned entries removed.
     pub removed: u64,
-    /// Sum of the corrections applied to active-connection counts.
+    /// Sum of the corrections applied to active-connection counts (slots
+    /// and servers).
     pub corrected: u64,
+    /// Half-open flows expired (handshakes that never completed).
+    pub half_open_expired: u64,
 }
 
 /// CLOCK_MONOTONIC in ns; the data path stamps flows with
@@ -106,8 +113,10 @@ pub fn correction(before: i64, after: i64, live: i64, prev: i64) -> (i64, i64) {
 /// `stats`.
 #[derive(Clone, Debug, Default)]
 pub struct Reconciler {
-    /// The last pass's count-minus-live excess per slot.
-    last_delta: BTreeMap<u32, i64>,
+    /// The last pass's count-minus-live excess per count.
+    last_delta: BTreeMap<Count, i64>,
+    /// Handshakes that never completed (half-open flows expired), by slot.
+    pub handshake_timeouts: BTreeMap<u32, u64>,
     /// Flows expired since start.
     pub expired_total: u64,
     /// Corrections applied since start.
@@ -140,47 +149,70 @@ impl Reconciler {
         let now = monotonic_ns();
         let mut report = GcReport::default();
         let slots = state.slots();
+        let server_of: BTreeMap<u32, u32> = state
+            .vips
+            .values()
+            .flat_map(|v| v.backends.iter())
+            .filter_map(|b| Some((b.slot, state.server(&b.addr)?)))
+            .collect();
+        let counts: Vec<Count> = slots
+            .keys()
+            .map(|s| Count::Slot(*s))
+            .chain(state.servers.values().map(|s| Count::Server(*s)))
+            .collect();
         let mut before = BTreeMap::new();
-        for &s in slots.keys() {
-            before.insert(s, maps.active(s)?);
+        for c in &counts {
+            before.insert(*c, maps.count(*c)?);
         }
-        let mut live_per_slot: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut live: BTreeMap<Count, u64> = BTreeMap::new();
         let entries = maps.flow_entries()?;
         report.entries = entries.len() as u64;
         for (k, e) in &entries {
             let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
             let current = slots.get(&e.backend_slot) == Some(&e.backend_generation);
+            let owners = [
+                Some(Count::Slot(e.backend_slot)),
+                server_of.get(&e.backend_slot).map(|s| Count::Server(*s)),
+            ];
             if k.kind == flow_kind::LIVE {
                 if idle > timeouts.for_live(e) {
                     if maps.remove_flow(k) {
                         report.expired += 1;
+                        if e.state & fl::F_ESTABLISHED == 0 {
+                            report.half_open_expired += 1;
+                            if current {
+                                *self.handshake_timeouts.entry(e.backend_slot).or_default() += 1;
+                            }
+                        }
                         if current {
-                            maps.add_adjust(e.backend_slot, u64::MAX)?;
+                            for c in owners.into_iter().flatten() {
+                                maps.add_adjust(c, u64::MAX)?;
+                            }
                         }
                     }
                 } else if current {
                     report.live += 1;
-                    *live_per_slot.entry(e.backend_slot).or_default() += 1;
+                    for c in owners.into_iter().flatten() {
+                        *live.entry(c).or_default() += 1;
+                    }
                 }
             } else if idle > timeouts.closing && maps.remove_flow(k) {
                 report.removed += 1;
             }
         }
         let mut deltas = BTreeMap::new();
-        for &s in slots.keys() {
-            let after = maps.active(s)? as i64;
-            let live = live_per_slot.get(&s).copied().unwrap_or(0) as i64;
-            let b = before.get(&s).copied().unwrap_or(0) as i64;
-            let prev = self.last_delta.get(&s).copied().unwrap_or(0);
-            let (fix, keep) = correction(b, after, live, prev);
+        for c in &counts {
+            let after = maps.count(*c)? as i64;
+            let l = live.get(c).copied().unwrap_or(0) as i64;
+            let b = before.get(c).copied().unwrap_or(0) as i64;
+            let prev = self.last_delta.get(c).copied().unwrap_or(0);
+            let (fix, keep) = correction(b, after, l, prev);
             if fix != 0 {
-                log::info!(
-                    "reconcile: slot {s}: counted {after}, live {live}, correcting by {fix}"
-                );
-                maps.add_adjust(s, fix as u64)?;
+                log::info!("reconcile: {c:?}: counted {after}, live {l}, correcting by {fix}");
+                maps.add_adjust(*c, fix as u64)?;
                 report.corrected += fix.unsigned_abs();
             }
-            deltas.insert(s, keep);
+            deltas.insert(*c, keep);
         }
         self.last_delta = deltas;
         self.expired_total += report.expired;

@@ -12,10 +12,10 @@ use aya::{
     Ebpf,
 };
 use balancer_common::{
-    eligible_list_base, map_names, Backend, BackendKey, BackendVips, FlowEntry, FlowKey,
-    GlobalStats, HostVips, LocalMac, Settings, TrafficStats, VipAddr, VipInfo, VipKey,
-    BACKEND_F_IN_USE, BACKEND_F_SHARED, BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, MAX_VIPS,
-    MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
+    eligible_list_base, map_names, Backend, BackendKey, BackendVips, ChoiceStats, FlowEntry,
+    FlowKey, GlobalStats, HostVips, LocalMac, Settings, TrafficStats, VipAddr, VipInfo, VipKey,
+    BACKEND_F_IN_USE, BACKEND_F_SHARED, BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS,
+    MAX_VIPS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_F_FALLBACK,
 };
 
 use crate::{
@@ -25,17 +25,21 @@ use crate::{
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
-pub const PINNED_MAPS: [&str; 10] = [
+pub const PINNED_MAPS: [&str; 14] = [
     map_names::VIPS,
     map_names::BACKEND_VIPS,
     map_names::VIP_BACKENDS,
     map_names::BACKENDS,
     map_names::BACKEND_CONNS,
     map_names::BACKEND_CONN_ADJUST,
+    map_names::SERVER_CONNS,
+    map_names::SERVER_CONN_ADJUST,
+    map_names::SERVER_FAILS,
     map_names::FLOWS,
     map_names::STATS,
     map_names::BACKEND_STATS,
     map_names::VIP_STATS,
+    map_names::CHOICE_STATS,
 ];
 
 /// Network-byte-order address as the maps hold it.
@@ -93,6 +97,25 @@ fn ignore_missing(r: std::result::Result<(), MapError>) -> std::result::Result<(
     }
 }
 
+/// An active-connection count: of a slot (one backend under one VIP, for
+/// reporting) or of a server (a backend address and port across VIPs, what
+/// choices compare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Count {
+    /// A slot.
+    Slot(u32),
+    /// A server index.
+    Server(u32),
+}
+
+impl Count {
+    fn index(self) -> u32 {
+        match self {
+            Count::Slot(i) | Count::Server(i) => i,
+        }
+    }
+}
+
 /// Which per-CPU traffic table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Traffic {
@@ -109,6 +132,10 @@ pub struct Maps {
     backends: Array<MapData, Backend>,
     conns: Array<MapData, u64>,
     adjust: Array<MapData, u64>,
+    server_conns: Array<MapData, u64>,
+    server_adjust: Array<MapData, u64>,
+    server_fails: Array<MapData, u64>,
+    choice_stats: PerCpuArray<MapData, ChoiceStats>,
     flows: HashMap<MapData, FlowKey, FlowEntry>,
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
     backend_hosts: HashMap<MapData, u32, HostVips>,
@@ -146,6 +173,10 @@ impl Maps {
             backends: take!(map_names::BACKENDS),
             conns: take!(map_names::BACKEND_CONNS),
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
+            server_conns: take!(map_names::SERVER_CONNS),
+            server_adjust: take!(map_names::SERVER_CONN_ADJUST),
+            server_fails: take!(map_names::SERVER_FAILS),
+            choice_stats: take!(map_names::CHOICE_STATS),
             flows: take!(map_names::FLOWS),
             backend_vips: take!(map_names::BACKEND_VIPS),
             backend_hosts: take!(map_names::BACKEND_HOSTS),
@@ -173,61 +204,112 @@ impl Maps {
 
     // ---- active connections ----
 
-    /// The raw sum of the data path's counter and the daemon's correction
-    /// for a slot, as a signed number: a negative value means a connection
-    /// was released more often than it was counted.
+    fn count_maps(
+        &self,
+        of: Count,
+    ) -> (
+        &Array<MapData, u64>,
+        &Array<MapData, u64>,
+        [&'static str; 2],
+    ) {
+        match of {
+            Count::Slot(_) => (
+                &self.conns,
+                &self.adjust,
+                [map_names::BACKEND_CONNS, map_names::BACKEND_CONN_ADJUST],
+            ),
+            Count::Server(_) => (
+                &self.server_conns,
+                &self.server_adjust,
+                [map_names::SERVER_CONNS, map_names::SERVER_CONN_ADJUST],
+            ),
+        }
+    }
+
+    fn adjust_map(&mut self, of: Count) -> &mut Array<MapData, u64> {
+        match of {
+            Count::Slot(_) => &mut self.adjust,
+            Count::Server(_) => &mut self.server_adjust,
+        }
+    }
+
+    /// The raw sum of the data path's counter and the daemon's correction,
+    /// as a signed number: a negative value means a connection was released
+    /// more often than it was counted.
     ///
     /// # Errors
     /// Map read failure.
-    pub fn active_signed(&self, slot: u32) -> Result<i64> {
-        let c = self
-            .conns
-            .get(&slot, 0)
-            .map_err(map_err(map_names::BACKEND_CONNS, "read"))?;
-        let a = self
-            .adjust
-            .get(&slot, 0)
-            .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "read"))?;
+    pub fn count_signed(&self, of: Count) -> Result<i64> {
+        let (conns, adjust, names) = self.count_maps(of);
+        let i = of.index();
+        let c = conns.get(&i, 0).map_err(map_err(names[0], "read"))?;
+        let a = adjust.get(&i, 0).map_err(map_err(names[1], "read"))?;
         Ok(c.wrapping_add(a) as i64)
     }
 
-    /// Active connections of a slot (never below 0).
+    /// Active connections (never below 0).
     ///
     /// # Errors
     /// Map read failure.
-    pub fn active(&self, slot: u32) -> Result<u64> {
-        Ok(self.active_signed(slot)?.max(0) as u64)
+    pub fn count(&self, of: Count) -> Result<u64> {
+        Ok(self.count_signed(of)?.max(0) as u64)
     }
 
-    /// Sets a slot's active count to `value` through the daemon's
-    /// correction (the data path's counter is left alone, so a concurrent
-    /// atomic add is not lost).
+    /// Sets a count to `value` through the daemon's correction (the data
+    /// path's counter is left alone, so a concurrent atomic add is not
+    /// lost).
     ///
     /// # Errors
     /// Map read or write failure.
-    pub fn set_active(&mut self, slot: u32, value: u64) -> Result<()> {
-        let c = self
-            .conns
-            .get(&slot, 0)
-            .map_err(map_err(map_names::BACKEND_CONNS, "read"))?;
-        self.adjust
-            .set(slot, value.wrapping_sub(c), 0)
-            .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "write"))
+    pub fn set_count(&mut self, of: Count, value: u64) -> Result<()> {
+        let (conns, _, names) = self.count_maps(of);
+        let i = of.index();
+        let c = conns.get(&i, 0).map_err(map_err(names[0], "read"))?;
+        self.adjust_map(of)
+            .set(i, value.wrapping_sub(c), 0)
+            .map_err(map_err(names[1], "write"))
     }
 
-    /// Adds `delta` (wrapping; `u64::MAX` subtracts one) to a slot's
+    /// Adds `delta` (wrapping; `u64::MAX` subtracts one) to a count's
     /// correction. Only the daemon writes corrections.
     ///
     /// # Errors
     /// Map read or write failure.
-    pub fn add_adjust(&mut self, slot: u32, delta: u64) -> Result<()> {
-        let a = self
-            .adjust
-            .get(&slot, 0)
-            .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "read"))?;
-        self.adjust
-            .set(slot, a.wrapping_add(delta), 0)
-            .map_err(map_err(map_names::BACKEND_CONN_ADJUST, "write"))
+    pub fn add_adjust(&mut self, of: Count, delta: u64) -> Result<()> {
+        let (_, adjust, names) = self.count_maps(of);
+        let i = of.index();
+        let a = adjust.get(&i, 0).map_err(map_err(names[1], "read"))?;
+        self.adjust_map(of)
+            .set(i, a.wrapping_add(delta), 0)
+            .map_err(map_err(names[1], "write"))
+    }
+
+    /// Active connections of a slot (a backend under one VIP).
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn active(&self, slot: u32) -> Result<u64> {
+        self.count(Count::Slot(slot))
+    }
+
+    /// New flows the server has failed in a row (passive detection).
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn server_fails(&self, server: u32) -> Result<u64> {
+        self.server_fails
+            .get(&server, 0)
+            .map_err(map_err(map_names::SERVER_FAILS, "read"))
+    }
+
+    /// Ends a server's failure streak (it is a candidate again).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn clear_server_fails(&mut self, server: u32) -> Result<()> {
+        self.server_fails
+            .set(server, 0, 0)
+            .map_err(map_err(map_names::SERVER_FAILS, "write"))
     }
 
     // ---- counters ----
@@ -272,8 +354,41 @@ impl Maps {
             acc.bytes += t.bytes;
             acc.new_flows += t.new_flows;
             acc.misses += t.misses;
+            acc.refused += t.refused;
+            acc.syn_retransmits += t.syn_retransmits;
             acc
         }))
+    }
+
+    /// A VIP's choice telemetry, summed over CPUs.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn choice_stats(&self, vip_index: u32) -> Result<ChoiceStats> {
+        let v = self
+            .choice_stats
+            .get(&vip_index, 0)
+            .map_err(map_err(map_names::CHOICE_STATS, "read"))?;
+        Ok(v.iter().fold(ChoiceStats::default(), |mut acc, c| {
+            acc.decisions += c.decisions;
+            acc.ties += c.ties;
+            for k in 0..LOAD_BUCKETS {
+                acc.candidates[k] += c.candidates[k];
+                acc.chosen[k] += c.chosen[k];
+                acc.rejected[k] += c.rejected[k];
+            }
+            acc
+        }))
+    }
+
+    /// Zeroes a VIP's choice telemetry (a fresh VIP index).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn reset_choice_stats(&mut self, vip_index: u32) -> Result<()> {
+        self.choice_stats
+            .set(vip_index, zeroed_per_cpu()?, 0)
+            .map_err(map_err(map_names::CHOICE_STATS, "write"))
     }
 
     /// Zeroes a VIP's or backend's traffic counters (a fresh index).
@@ -281,17 +396,7 @@ impl Maps {
     /// # Errors
     /// Map write failure.
     pub fn reset_traffic(&mut self, which: Traffic, index: u32) -> Result<()> {
-        let ncpu = aya::util::nr_cpus().map_err(|(_, source)| BalancerError::Io {
-            action: "reading the number of possible CPUs".into(),
-            source,
-        })?;
-        let zeros =
-            PerCpuValues::try_from(vec![TrafficStats::default(); ncpu]).map_err(|source| {
-                BalancerError::Io {
-                    action: "building per-CPU values".into(),
-                    source,
-                }
-            })?;
+        let zeros = zeroed_per_cpu()?;
         let (map, name) = match which {
             Traffic::Vip => (&mut self.vip_stats, map_names::VIP_STATS),
             Traffic::Backend => (&mut self.backend_stats, map_names::BACKEND_STATS),
@@ -311,11 +416,19 @@ impl Maps {
             .map_err(map_err(map_names::BACKENDS, "read"))
     }
 
-    /// Writes a backend into its slot.
+    /// Writes a backend into its slot: its server index, whether its
+    /// address and port serves several VIPs, and its effective weight in
+    /// `WEIGHT_ONE` units.
     ///
     /// # Errors
     /// Map write failure.
-    pub fn write_backend(&mut self, b: &BackendConfig, shared: bool) -> Result<()> {
+    pub fn write_backend(
+        &mut self,
+        b: &BackendConfig,
+        server: u32,
+        shared: bool,
+        weight: u32,
+    ) -> Result<()> {
         let flags = BACKEND_F_IN_USE | if shared { BACKEND_F_SHARED } else { 0 };
         self.backends
             .set(
@@ -326,9 +439,23 @@ impl Maps {
                     _pad: 0,
                     generation: b.generation,
                     flags,
+                    server,
+                    weight: weight.max(1),
                 },
                 0,
             )
+            .map_err(map_err(map_names::BACKENDS, "write"))
+    }
+
+    /// Changes only the effective weight of a slot (slow start).
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn set_weight(&mut self, slot: u32, weight: u32) -> Result<()> {
+        let mut b = self.backend(slot)?;
+        b.weight = weight.max(1);
+        self.backends
+            .set(slot, b, 0)
             .map_err(map_err(map_names::BACKENDS, "write"))
     }
 
@@ -343,14 +470,20 @@ impl Maps {
     }
 
     /// Writes what the data path derives from the backends at `addrs` (each
-    /// as `state` now has it): `BACKEND_VIPS` (the VIPs a reply may belong
-    /// to), the `BACKEND_F_SHARED` flag of their slots, and `BACKEND_HOSTS`
+    /// as `state` now has it): their slots (server index, the
+    /// `BACKEND_F_SHARED` flag, the weight `weight` gives each slot),
+    /// `BACKEND_VIPS` (the VIPs a reply may belong to) and `BACKEND_HOSTS`
     /// (the VIPs each host serves, for hairpin refusal). Entries of
     /// addresses that serve no VIP any more are removed.
     ///
     /// # Errors
     /// Map write failure.
-    pub fn publish_backend_index(&mut self, state: &State, addrs: &[SocketAddrV4]) -> Result<()> {
+    pub fn publish_backend_index(
+        &mut self,
+        state: &State,
+        addrs: &[SocketAddrV4],
+        weight: impl Fn(&BackendConfig) -> u32,
+    ) -> Result<()> {
         let uses = state.backend_uses();
         for a in addrs {
             let Some(u) = uses.get(a) else {
@@ -359,8 +492,12 @@ impl Maps {
                 continue;
             };
             let shared = u.vips.len() > 1;
+            let server = state.server(a).ok_or_else(|| BalancerError::Invalid {
+                what: "state",
+                reason: format!("backend {a} has no server index"),
+            })?;
             for b in &u.configs {
-                self.write_backend(b, shared)?;
+                self.write_backend(b, server, shared, weight(b))?;
             }
             let mut v = BackendVips {
                 count: u.vips.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
@@ -400,15 +537,16 @@ impl Maps {
 
     // ---- VIPs ----
 
-    /// Writes a VIP's eligible list into its inactive half, then switches
-    /// the VIP entry to it in one map update; returns the list now active.
+    /// Writes a VIP's eligible list (`eligible` slots) into its inactive
+    /// half, then switches the VIP entry to it in one map update; returns
+    /// the list now active. `fallback`: the list holds every backend that
+    /// is not drained because none is healthy (no passive skipping then).
     ///
     /// # Errors
     /// Map write failure (the active list is then unchanged).
-    pub fn publish_vip(&mut self, v: &VipConfig) -> Result<u32> {
+    pub fn publish_vip(&mut self, v: &VipConfig, eligible: &[u32], fallback: bool) -> Result<u32> {
         let next = v.list ^ 1;
         let base = eligible_list_base(v.index, next);
-        let eligible = v.eligible_slots();
         for (i, slot) in eligible.iter().enumerate() {
             self.vip_backends
                 .set(base + i as u32, *slot, 0)
@@ -419,9 +557,11 @@ impl Maps {
                 vip_key(&v.addr),
                 VipInfo {
                     index: v.index,
-                    choices: v.choices,
+                    choices: v.settings.choices,
                     eligible: eligible.len() as u32,
                     list: next,
+                    flags: if fallback { VIP_F_FALLBACK } else { 0 },
+                    eject_after: if fallback { 0 } else { v.settings.eject_after },
                 },
                 0,
             )
@@ -564,10 +704,22 @@ impl Maps {
     }
 }
 
+/// Per-CPU values all zero, one per possible CPU.
+fn zeroed_per_cpu<T: aya::Pod + Default + Clone>() -> Result<PerCpuValues<T>> {
+    let ncpu = aya::util::nr_cpus().map_err(|(_, source)| BalancerError::Io {
+        action: "reading the number of possible CPUs".into(),
+        source,
+    })?;
+    PerCpuValues::try_from(vec![T::default(); ncpu]).map_err(|source| BalancerError::Io {
+        action: "building per-CPU values".into(),
+        source,
+    })
+}
+
 /// The shape (max entries, value size) each pinned map must have. Maps
 /// reused from pins may come from another build or another
 /// `--flow-table-size`.
-fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 10] {
+fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 14] {
     use std::mem::size_of;
     [
         (
@@ -596,6 +748,14 @@ fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 10] {
             size_of::<TrafficStats>(),
         ),
         (map_names::VIP_STATS, MAX_VIPS, size_of::<TrafficStats>()),
+        (map_names::SERVER_CONNS, BACKEND_SLOTS, size_of::<u64>()),
+        (
+            map_names::SERVER_CONN_ADJUST,
+            BACKEND_SLOTS,
+            size_of::<u64>(),
+        ),
+        (map_names::SERVER_FAILS, BACKEND_SLOTS, size_of::<u64>()),
+        (map_names::CHOICE_STATS, MAX_VIPS, size_of::<ChoiceStats>()),
     ]
 }
 

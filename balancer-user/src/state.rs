@@ -6,10 +6,12 @@ use std::{
     io::Write as _,
     net::{Ipv4Addr, SocketAddrV4},
     path::Path,
+    time::Duration,
 };
 
 use balancer_common::{
-    BACKEND_SLOTS, CHOICES_FULL_SCAN, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND,
+    BACKEND_SLOTS, CHOICES_FULL_SCAN, DEFAULT_CHOICES, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND,
+    MAX_WEIGHT,
 };
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +19,214 @@ use crate::{
     api::BackendState,
     error::{BalancerError, Result},
 };
+
+/// What an active health check does.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CheckKind {
+    /// A TCP connection is accepted within the timeout.
+    Tcp,
+    /// `GET path HTTP/1.1` is answered with `status` within the timeout.
+    Http {
+        /// Request path, starting with `/`.
+        path: String,
+        /// Expected status code.
+        status: u16,
+    },
+}
+
+/// An active health check: what, how often, and how many results in a row
+/// change a backend's state (HAProxy's `inter`, `rise` and `fall`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// What the check does.
+    pub kind: CheckKind,
+    /// Port to check (default: the backend's port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Time between checks (each check's start is spread by up to 10 %).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Time a check may take.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Passes in a row that make an unhealthy backend healthy.
+    pub rise: u32,
+    /// Failures in a row that make a healthy backend unhealthy.
+    pub fall: u32,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        HealthCheck {
+            kind: CheckKind::Tcp,
+            port: None,
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+        }
+    }
+}
+
+impl HealthCheck {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "health check",
+            reason,
+        };
+        if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
+            return Err(bad(format!(
+                "interval {:?} is outside 10ms..=1h",
+                self.interval
+            )));
+        }
+        if self.timeout.is_zero() || self.timeout > self.interval {
+            return Err(bad(format!(
+                "timeout {:?} must be above 0 and at most the interval {:?}",
+                self.timeout, self.interval
+            )));
+        }
+        if !(1..=100).contains(&self.rise) || !(1..=100).contains(&self.fall) {
+            return Err(bad(format!(
+                "rise {} and fall {} must be in 1..=100",
+                self.rise, self.fall
+            )));
+        }
+        if self.port == Some(0) {
+            return Err(bad("port 0".into()));
+        }
+        if let CheckKind::Http { path, status } = &self.kind {
+            if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(bad(format!(
+                    "HTTP path {path:?} must start with / and hold no spaces"
+                )));
+            }
+            if !(100..=599).contains(status) {
+                return Err(bad(format!("HTTP status {status} is not in 100..=599")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What new connections to a VIP with no healthy backend do.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NoHealthy {
+    /// Fall back to every backend that is not drained, healthy or not
+    /// (Envoy's panic mode), so misconfigured checks do not take a service
+    /// down. Counted `fallback_flows`. The default.
+    #[default]
+    Fallback,
+    /// Drop new SYNs (`drop_no_backend`).
+    Drop,
+}
+
+/// Per-VIP settings.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VipSettings {
+    /// Backends compared per new flow (1..=16, or `u32::MAX` for a full
+    /// scan).
+    pub choices: u32,
+    /// Active health check of its backends (`None`: no active checks).
+    #[serde(default)]
+    pub health: Option<HealthCheck>,
+    /// What new connections do when no backend is healthy.
+    #[serde(default)]
+    pub no_healthy: NoHealthy,
+    /// A backend that joins or returns to health has its weight ramped up
+    /// over this time (0: at once).
+    #[serde(default, with = "humantime_serde")]
+    pub slow_start: Duration,
+    /// Passive detection: a server that fails this many new flows in a row
+    /// (reset before any data, or SYN retransmitted unanswered) leaves the
+    /// candidates at once (0: never).
+    #[serde(default = "default_eject_after")]
+    pub eject_after: u32,
+    /// How long a server ejected by passive detection stays out when the
+    /// VIP has no active check (with one, until the check passes).
+    #[serde(default = "default_ejection_time", with = "humantime_serde")]
+    pub ejection_time: Duration,
+}
+
+fn default_eject_after() -> u32 {
+    5
+}
+
+fn default_ejection_time() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl Default for VipSettings {
+    fn default() -> Self {
+        VipSettings {
+            choices: DEFAULT_CHOICES,
+            health: None,
+            no_healthy: NoHealthy::default(),
+            slow_start: Duration::ZERO,
+            eject_after: default_eject_after(),
+            ejection_time: default_ejection_time(),
+        }
+    }
+}
+
+impl VipSettings {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        check_choices(self.choices)?;
+        if let Some(h) = &self.health {
+            h.validate()?;
+        }
+        if self.slow_start > Duration::from_secs(3600) {
+            return Err(BalancerError::Invalid {
+                what: "slow start",
+                reason: format!("{:?} is longer than an hour", self.slow_start),
+            });
+        }
+        if self.eject_after > 1000 {
+            return Err(BalancerError::Invalid {
+                what: "eject-after",
+                reason: format!("{} is above 1000", self.eject_after),
+            });
+        }
+        if self.ejection_time < Duration::from_secs(1)
+            || self.ejection_time > Duration::from_secs(3600)
+        {
+            return Err(BalancerError::Invalid {
+                what: "ejection time",
+                reason: format!("{:?} is outside 1s..=1h", self.ejection_time),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Validates a backend weight: 1..=[`MAX_WEIGHT`].
+///
+/// # Errors
+/// [`BalancerError::Invalid`] otherwise.
+pub fn check_weight(w: u32) -> Result<()> {
+    if (1..=MAX_WEIGHT).contains(&w) {
+        Ok(())
+    } else {
+        Err(BalancerError::Invalid {
+            what: "weight",
+            reason: format!("{w} is not in 1..={MAX_WEIGHT}"),
+        })
+    }
+}
+
+fn default_weight() -> u32 {
+    1
+}
 
 /// Desired state of one backend.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -29,6 +239,13 @@ pub struct BackendConfig {
     pub slot: u32,
     /// Generation of the slot.
     pub generation: u32,
+    /// Weight, 1..=[`MAX_WEIGHT`] (capacity relative to the VIP's other
+    /// backends).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// A health check of its own instead of the VIP's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
 }
 
 /// Desired state of one VIP.
@@ -38,22 +255,20 @@ pub struct VipConfig {
     pub addr: SocketAddrV4,
     /// Index in the per-VIP arrays.
     pub index: u32,
-    /// Choices per new flow.
-    pub choices: u32,
     /// Which eligible list is active (0 or 1).
     pub list: u32,
+    /// Settings.
+    #[serde(flatten)]
+    pub settings: VipSettings,
     /// Backends in the order they were added.
     pub backends: Vec<BackendConfig>,
 }
 
 impl VipConfig {
-    /// Slots of the backends that take new flows, in order.
-    pub fn eligible_slots(&self) -> Vec<u32> {
-        self.backends
-            .iter()
-            .filter(|b| b.state == BackendState::Active)
-            .map(|b| b.slot)
-            .collect()
+    /// The health check that applies to backend `b`: its own, else the
+    /// VIP's.
+    pub fn check_for<'a>(&'a self, b: &'a BackendConfig) -> Option<&'a HealthCheck> {
+        b.health.as_ref().or(self.settings.health.as_ref())
     }
 }
 
@@ -66,6 +281,10 @@ pub struct State {
     pub slot_generations: BTreeMap<u32, u32>,
     /// Where the slot allocator continues.
     pub next_slot: u32,
+    /// Server index of each backend address and port in use (the index of
+    /// the `SERVER_*` arrays: one active count per server across VIPs).
+    #[serde(default)]
+    pub servers: BTreeMap<SocketAddrV4, u32>,
 }
 
 /// Where one backend address and port is used: what the data path's
@@ -106,7 +325,9 @@ impl State {
                 return Err(bad(format!("VIP {addr} stored as {}", v.addr)));
             }
             check_endpoint("VIP", v.addr).map_err(|e| bad(e.to_string()))?;
-            check_choices(v.choices).map_err(|e| bad(format!("VIP {addr}: {e}")))?;
+            v.settings
+                .validate()
+                .map_err(|e| bad(format!("VIP {addr}: {e}")))?;
             if v.index >= MAX_VIPS || !indexes.insert(v.index) {
                 return Err(bad(format!(
                     "VIP {addr}: index {} out of range or used twice",
@@ -125,9 +346,58 @@ impl State {
                         b.addr, b.slot
                     )));
                 }
+                check_weight(b.weight).map_err(|e| bad(format!("backend {}: {e}", b.addr)))?;
+                if let Some(h) = &b.health {
+                    h.validate()
+                        .map_err(|e| bad(format!("backend {}: {e}", b.addr)))?;
+                }
             }
         }
+        let uses = self.backend_uses();
+        let mut servers = BTreeSet::new();
+        for (addr, server) in &self.servers {
+            if !uses.contains_key(addr) || *server >= BACKEND_SLOTS || !servers.insert(*server) {
+                return Err(bad(format!(
+                    "server {addr}: index {server} unused, out of range or used twice"
+                )));
+            }
+        }
+        if let Some(a) = uses.keys().find(|a| !self.servers.contains_key(a)) {
+            return Err(bad(format!("backend {a} has no server index")));
+        }
         Ok(())
+    }
+
+    /// The server index of `addr`, allocating a free one when the address
+    /// has none; `true` when it was allocated now (its counts must start at
+    /// zero).
+    ///
+    /// # Errors
+    /// [`BalancerError::Full`] when every index is taken.
+    pub fn server_for(&mut self, addr: SocketAddrV4) -> Result<(u32, bool)> {
+        if let Some(s) = self.servers.get(&addr) {
+            return Ok((*s, false));
+        }
+        let used: BTreeSet<u32> = self.servers.values().copied().collect();
+        let free = (0..BACKEND_SLOTS)
+            .find(|i| !used.contains(i))
+            .ok_or(BalancerError::Full {
+                what: "server table",
+                capacity: BACKEND_SLOTS,
+            })?;
+        self.servers.insert(addr, free);
+        Ok((free, true))
+    }
+
+    /// Forgets the server index of every address no VIP uses any more.
+    pub fn release_servers(&mut self) {
+        let uses = self.backend_uses();
+        self.servers.retain(|a, _| uses.contains_key(a));
+    }
+
+    /// The server index of a backend address in use.
+    pub fn server(&self, addr: &SocketAddrV4) -> Option<u32> {
+        self.servers.get(addr).copied()
     }
 
     /// The VIP at `addr`.
@@ -370,8 +640,8 @@ mod tests {
         VipConfig {
             addr: addr.parse().unwrap(),
             index,
-            choices: 2,
             list: 0,
+            settings: VipSettings::default(),
             backends: backends
                 .iter()
                 .map(|(a, slot)| BackendConfig {
@@ -379,6 +649,8 @@ mod tests {
                     state: BackendState::Active,
                     slot: *slot,
                     generation: 1,
+                    weight: 1,
+                    health: None,
                 })
                 .collect(),
         }
@@ -401,7 +673,12 @@ mod tests {
         ] {
             s.vips.insert(v.addr, v);
         }
+        assert!(s.validate().is_err(), "backends without server indexes");
+        for a in ["10.0.2.36:8080", "10.0.2.37:8080", "10.0.2.36:9090"] {
+            s.server_for(a.parse().unwrap()).unwrap();
+        }
         s.validate().unwrap();
+        assert_eq!(s.server(&"10.0.2.36:9090".parse().unwrap()), Some(2));
         let uses = s.backend_uses();
         let shared = &uses[&"10.0.2.36:8080".parse().unwrap()];
         assert_eq!(shared.vips.len(), 2);

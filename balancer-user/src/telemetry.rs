@@ -1,77 +1,133 @@
 //! Reading counters, counts and flows into the views the API serves.
 
-use std::net::SocketAddrV4;
+use std::{net::SocketAddrV4, time::Instant};
 
-use balancer_common::{flow as fl, flow_kind, BACKEND_F_IN_USE};
+use balancer_common::{
+    flow as fl, flow_kind, ChoiceStats, BACKEND_F_IN_USE, LOAD_BUCKETS, WEIGHT_ONE,
+};
 
 use crate::{
-    api::{BackendView, FlowView, StatsView, VipStatsView},
+    api::{BackendView, ChoiceView, FlowView, LoadHistogram, StatsView, VipStatsView},
+    eligibility::Eligibility,
     error::Result,
     gc::{monotonic_ns, Reconciler},
-    maps::{flow_endpoints, ip_from_be, Maps, Traffic},
+    maps::{flow_endpoints, ip_from_be, Count, Maps, Traffic},
     state::{State, VipConfig},
 };
 
-/// Backends with their counters (of one VIP, or all).
-///
-/// # Errors
-/// Unknown VIP, map failure.
-pub fn backends(maps: &Maps, state: &State, vip: Option<SocketAddrV4>) -> Result<Vec<BackendView>> {
-    let vips: Vec<&VipConfig> = match vip {
-        Some(a) => vec![state.vip(&a)?],
-        None => state.vips.values().collect(),
-    };
-    let mut out = Vec::new();
-    for v in vips {
-        for b in &v.backends {
-            let t = maps.traffic(Traffic::Backend, b.slot)?;
-            out.push(BackendView {
-                vip: v.addr,
-                backend: b.addr,
-                state: b.state,
-                slot: b.slot,
-                active_connections: maps.active(b.slot)?,
-                total_connections: t.new_flows,
-                packets: t.packets,
-                bytes: t.bytes,
-            });
-        }
-    }
-    Ok(out)
+/// What the views are read from.
+pub struct View<'a> {
+    /// The maps.
+    pub maps: &'a Maps,
+    /// The desired state.
+    pub state: &'a State,
+    /// Expiry and reconciliation totals.
+    pub gc: &'a Reconciler,
+    /// Health, ejections, ramps.
+    pub eligibility: &'a Eligibility,
+    /// Now.
+    pub now: Instant,
 }
 
-/// All counters.
-///
-/// # Errors
-/// Map read failure.
-pub fn stats(maps: &Maps, state: &State, gc: &Reconciler) -> Result<StatsView> {
-    let backends = backends(maps, state, None)?;
-    let mut vips = Vec::new();
-    for v in state.vips.values() {
-        let t = maps.traffic(Traffic::Vip, v.index)?;
-        vips.push(VipStatsView {
-            vip: v.addr,
-            choices: v.choices,
-            packets: t.packets,
-            bytes: t.bytes,
-            new_flows: t.new_flows,
-            misses: t.misses,
-            active_connections: backends
-                .iter()
-                .filter(|b| b.vip == v.addr)
-                .map(|b| b.active_connections)
-                .sum(),
-        });
+impl View<'_> {
+    /// Backends with their counters (of one VIP, or all).
+    ///
+    /// # Errors
+    /// Unknown VIP, map failure.
+    pub fn backends(&self, vip: Option<SocketAddrV4>) -> Result<Vec<BackendView>> {
+        let vips: Vec<&VipConfig> = match vip {
+            Some(a) => vec![self.state.vip(&a)?],
+            None => self.state.vips.values().collect(),
+        };
+        let mut out = Vec::new();
+        for v in vips {
+            for b in &v.backends {
+                let t = self.maps.traffic(Traffic::Backend, b.slot)?;
+                let server = self.state.server(&b.addr).unwrap_or(u32::MAX);
+                let streak = self.maps.server_fails(server).unwrap_or(0);
+                out.push(BackendView {
+                    vip: v.addr,
+                    backend: b.addr,
+                    state: b.state,
+                    slot: b.slot,
+                    server,
+                    weight: b.weight,
+                    effective_weight: self.eligibility.weight_units(v, b, self.now) as f64
+                        / WEIGHT_ONE as f64,
+                    health: self.eligibility.view(self.state, v, b, streak, self.now),
+                    active_connections: self.maps.active(b.slot)?,
+                    server_connections: self.maps.count(Count::Server(server)).unwrap_or(0),
+                    total_connections: t.new_flows,
+                    refused: t.refused,
+                    syn_retransmits: t.syn_retransmits,
+                    handshake_timeouts: self
+                        .gc
+                        .handshake_timeouts
+                        .get(&b.slot)
+                        .copied()
+                        .unwrap_or(0),
+                    packets: t.packets,
+                    bytes: t.bytes,
+                });
+            }
+        }
+        Ok(out)
     }
-    Ok(StatsView {
-        counters: maps.counters()?,
-        vips,
-        backends,
-        flow_table_entries: gc.last.entries,
-        live_flows: gc.last.live,
-        expired_flows: gc.expired_total,
-        reconciled: gc.reconciled_total,
-    })
+
+    /// All counters.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn stats(&self) -> Result<StatsView> {
+        let backends = self.backends(None)?;
+        let mut vips = Vec::new();
+        for v in self.state.vips.values() {
+            let t = self.maps.traffic(Traffic::Vip, v.index)?;
+            vips.push(VipStatsView {
+                vip: v.addr,
+                choices: v.settings.choices,
+                packets: t.packets,
+                bytes: t.bytes,
+                new_flows: t.new_flows,
+                misses: t.misses,
+                active_connections: backends
+                    .iter()
+                    .filter(|b| b.vip == v.addr)
+                    .map(|b| b.active_connections)
+                    .sum(),
+                choice: choice_view(&self.maps.choice_stats(v.index)?),
+            });
+        }
+        Ok(StatsView {
+            counters: self.maps.counters()?.into_iter().collect(),
+            vips,
+            backends,
+            flow_table_entries: self.gc.last.entries,
+            live_flows: self.gc.last.live,
+            expired_flows: self.gc.expired_total,
+            reconciled: self.gc.reconciled_total,
+        })
+    }
+}
+
+fn histogram(counts: &[u64; LOAD_BUCKETS]) -> LoadHistogram {
+    LoadHistogram {
+        from: (0..LOAD_BUCKETS)
+            .map(|k| if k == 0 { 0 } else { 1u64 << (k - 1) })
+            .collect(),
+        counts: counts.to_vec(),
+    }
+}
+
+/// The operator's view of a VIP's choice telemetry.
+pub fn choice_view(c: &ChoiceStats) -> ChoiceView {
+    ChoiceView {
+        decisions: c.decisions,
+        ties: c.ties,
+        candidates: histogram(&c.candidates),
+        chosen: histogram(&c.chosen),
+        rejected: histogram(&c.rejected),
+    }
 }
 
 /// Up to `limit` flows of the flow table (live and closed), and whether

@@ -21,6 +21,7 @@ use crate::{
     rig::{backend, client, net_setup, Rig, Side, XDP_PASS, XDP_REDIRECT, XDP_TX},
 };
 
+mod eligibility;
 mod hairpin;
 mod multi_vip;
 mod race;
@@ -52,6 +53,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += multi_vip::run()?;
     n += router::run()?;
     n += hairpin::run()?;
+    n += eligibility::run()?;
     n += table_pressure()?;
     n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
@@ -563,6 +565,19 @@ fn choice_rule() -> anyhow::Result<usize> {
         "[{name}] {t:?}"
     );
     ensure!(t.len() == 3, "[{name}] {t:?}");
+    ok(name);
+    count += 1;
+
+    let name = "choice: choices 3 of 5 (independent draws) places every SYN, rarely on the unique heaviest";
+    let v = vip(34);
+    staged(&mut r, v, 3, &[34, 35, 36, 37, 38], 40, 8000)?;
+    let got = syns(&mut r, name, v, 50, 8100)?;
+    let t = tally(&got);
+    ensure!(got.len() == 50, "[{name}] {t:?}");
+    ensure!(
+        t.get(&backend(34)).copied().unwrap_or(0) < 10,
+        "[{name}] the heaviest took {t:?}"
+    );
     ok(name);
     count += 1;
 

@@ -271,6 +271,21 @@ impl Rig {
         Ok(())
     }
 
+    /// The counters that moved since the last [`Rig::expect_counters`], for
+    /// error messages.
+    pub fn moved(&self) -> String {
+        let Ok(now) = self.counters() else {
+            return "unreadable".into();
+        };
+        now.iter()
+            .filter_map(|(k, v)| {
+                let d = v - self.last.get(k).copied().unwrap_or(0);
+                (d != 0 && k != "rx_bytes").then(|| format!("{k} +{d}"))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Active connections (signed) of `backend` of `vip`.
     ///
     /// # Errors
@@ -398,8 +413,9 @@ impl Rig {
         let (a, out) = self.run(&seg.build(), side)?;
         ensure!(
             a == XDP_REDIRECT || a == XDP_TX,
-            "[{fixture}] action {}, expected a forward",
-            action_name(a)
+            "[{fixture}] action {}, expected a forward (counters moved: {})",
+            action_name(a),
+            self.moved()
         );
         let p = frames::parse(&out).with_context(|| format!("[{fixture}] output"))?;
         let mut want = seg.clone();

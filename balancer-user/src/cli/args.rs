@@ -1,0 +1,144 @@
+//! Argument parsers shared by the verbs.
+
+use std::{net::SocketAddrV4, time::Duration};
+
+use balancer::state::{check_choices, CheckKind, HealthCheck};
+use balancer_common::CHOICES_FULL_SCAN;
+
+/// Number of choices: 1..=16 or `all` (full least-connections scan).
+pub fn parse_choices(s: &str) -> Result<u32, String> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(CHOICES_FULL_SCAN);
+    }
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of choices (1..=16 or `all`)"))?;
+    check_choices(n).map_err(|e| e.to_string())?;
+    Ok(n)
+}
+
+/// An IPv4 `address:port`.
+pub fn parse_endpoint(s: &str) -> Result<SocketAddrV4, String> {
+    s.parse::<SocketAddrV4>()
+        .map_err(|_| format!("`{s}` is not an IPv4 address:port (like 10.0.0.10:80)"))
+}
+
+/// A duration like `2s`, `500ms`, `1m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration (like 2s, 500ms): {e}"))
+}
+
+/// The kind of a health check: `tcp`, `http:/PATH` (expects 200) or
+/// `http:/PATH=STATUS`, or `off`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HealthSpec {
+    /// No check.
+    Off,
+    /// This kind of check.
+    Kind(CheckKind),
+}
+
+/// Parses a [`HealthSpec`].
+pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
+    if s == "off" || s == "none" {
+        return Ok(HealthSpec::Off);
+    }
+    if s == "tcp" {
+        return Ok(HealthSpec::Kind(CheckKind::Tcp));
+    }
+    if let Some(rest) = s.strip_prefix("http:") {
+        let (path, status) = match rest.rsplit_once('=') {
+            Some((p, st)) => (
+                p,
+                st.parse::<u16>()
+                    .map_err(|_| format!("`{st}` is not an HTTP status"))?,
+            ),
+            None => (rest, 200),
+        };
+        let check = HealthCheck {
+            kind: CheckKind::Http {
+                path: path.to_string(),
+                status,
+            },
+            ..HealthCheck::default()
+        };
+        check.validate().map_err(|e| e.to_string())?;
+        return Ok(HealthSpec::Kind(check.kind));
+    }
+    Err(format!(
+        "`{s}` is not a health check: tcp, http:/PATH, http:/PATH=STATUS or off"
+    ))
+}
+
+/// The health-check options of `vip add`, `vip set` and `backend set`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HealthArgs {
+    /// Active health check: `tcp`, `http:/PATH` (expects 200),
+    /// `http:/PATH=STATUS`, or `off`.
+    #[arg(long, value_parser = parse_health)]
+    pub health: Option<HealthSpec>,
+    /// Port the check connects to (default: the backend's).
+    #[arg(long, requires = "health")]
+    pub health_port: Option<u16>,
+    /// Time between checks.
+    #[arg(long, value_parser = parse_duration, requires = "health")]
+    pub health_interval: Option<Duration>,
+    /// Time a check may take.
+    #[arg(long, value_parser = parse_duration, requires = "health")]
+    pub health_timeout: Option<Duration>,
+    /// Passes in a row that bring an unhealthy backend back.
+    #[arg(long, requires = "health")]
+    pub health_rise: Option<u32>,
+    /// Failures in a row that take a healthy backend out.
+    #[arg(long, requires = "health")]
+    pub health_fall: Option<u32>,
+}
+
+impl HealthArgs {
+    /// The check the options describe (defaults for the options not
+    /// given): `None` when `--health` is absent, `Some(None)` for `off`.
+    pub fn check(&self) -> Option<Option<HealthCheck>> {
+        let kind = match self.health.clone()? {
+            HealthSpec::Off => return Some(None),
+            HealthSpec::Kind(k) => k,
+        };
+        let d = HealthCheck::default();
+        Some(Some(HealthCheck {
+            kind,
+            port: self.health_port,
+            interval: self.health_interval.unwrap_or(d.interval),
+            timeout: self.health_timeout.unwrap_or(d.timeout),
+            rise: self.health_rise.unwrap_or(d.rise),
+            fall: self.health_fall.unwrap_or(d.fall),
+        }))
+    }
+}
+
+/// `all` for a full scan, else the number.
+pub fn choices_name(c: u32) -> String {
+    if c == CHOICES_FULL_SCAN {
+        "all".into()
+    } else {
+        c.to_string()
+    }
+}
+
+/// A check, in the syntax `--health` takes.
+pub fn health_name(h: &Option<HealthCheck>) -> String {
+    match h {
+        None => "-".into(),
+        Some(h) => {
+            let kind = match &h.kind {
+                CheckKind::Tcp => "tcp".to_string(),
+                CheckKind::Http { path, status } => format!("http:{path}={status}"),
+            };
+            format!(
+                "{kind}/{}/{}/{}",
+                humantime::format_duration(h.interval),
+                h.rise,
+                h.fall
+            )
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! `balancer backend ...`: add, change, drain, remove and list backends.
+
+use std::net::SocketAddrV4;
+
+use balancer::api::{BackendPatch, BackendView, HealthSetting, HealthStatus, Request};
+use clap::Subcommand;
+
+use super::args::{parse_endpoint, HealthArgs};
+
+/// `balancer backend ...`.
+#[derive(Subcommand, Debug)]
+pub enum BackendCmd {
+    /// Add one or more backends to a VIP (all or none).
+    Add {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        /// Backends as address:port.
+        #[arg(value_parser = parse_endpoint, required = true, num_args = 1..)]
+        backends: Vec<SocketAddrV4>,
+        /// Their weight, 1..=1000: capacity relative to the VIP's other
+        /// backends (default 1).
+        #[arg(long)]
+        weight: Option<u32>,
+    },
+    /// Change a backend's weight or give it a health check of its own
+    /// (`--health off`: the VIP's check again).
+    Set {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        /// Backend as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        backend: SocketAddrV4,
+        /// Weight, 1..=1000.
+        #[arg(long)]
+        weight: Option<u32>,
+        #[command(flatten)]
+        health: HealthArgs,
+    },
+    /// Drain a backend: no new flows; existing flows run to completion.
+    Drain {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        /// Backend as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        backend: SocketAddrV4,
+    },
+    /// Put a drained backend back into service.
+    Undrain {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        /// Backend as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        backend: SocketAddrV4,
+    },
+    /// Remove a backend; its flows are dropped.
+    Remove {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        /// Backend as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        backend: SocketAddrV4,
+    },
+    /// List backends with their health and active connections.
+    List {
+        /// Only this VIP.
+        #[arg(value_parser = parse_endpoint)]
+        vip: Option<SocketAddrV4>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+impl BackendCmd {
+    /// The request, and whether its answer is printed as JSON.
+    pub fn request(self) -> (Request, bool) {
+        match self {
+            BackendCmd::Add {
+                vip,
+                backends,
+                weight,
+            } => (
+                Request::AddBackends {
+                    vip,
+                    backends,
+                    weight,
+                },
+                false,
+            ),
+            BackendCmd::Set {
+                vip,
+                backend,
+                weight,
+                health,
+            } => (
+                Request::SetBackend {
+                    vip,
+                    backend,
+                    patch: BackendPatch {
+                        weight,
+                        health: health.check().map(|c| match c {
+                            None => HealthSetting::Off,
+                            Some(c) => HealthSetting::Check(c),
+                        }),
+                    },
+                },
+                false,
+            ),
+            BackendCmd::Undrain { vip, backend } => {
+                (Request::UndrainBackend { vip, backend }, false)
+            }
+            BackendCmd::Drain { vip, backend } => (Request::DrainBackend { vip, backend }, false),
+            BackendCmd::Remove { vip, backend } => (Request::RemoveBackend { vip, backend }, false),
+            BackendCmd::List { vip, json } => (Request::ListBackends { vip }, json),
+        }
+    }
+}
+
+/// A backend's health in one word (and a marker for ejection and ramping).
+pub fn health_word(b: &BackendView) -> String {
+    let mut w = match b.health.status {
+        HealthStatus::Unchecked => "-".to_string(),
+        s => format!("{s:?}").to_lowercase(),
+    };
+    if b.health.ejected {
+        w.push_str(",ejected");
+    }
+    if b.health.ramping {
+        w.push_str(",ramping");
+    }
+    w
+}
+
+/// Prints the backend table.
+pub fn print(backends: &[BackendView]) {
+    println!(
+        "{:<21} {:<21} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
+        "VIP",
+        "BACKEND",
+        "STATE",
+        "WEIGHT",
+        "HEALTH",
+        "ACTIVE",
+        "SERVER",
+        "TOTAL",
+        "REFUSED",
+        "PACKETS",
+        "BYTES"
+    );
+    for b in backends {
+        let weight = if (b.effective_weight - b.weight as f64).abs() < 1e-9 {
+            b.weight.to_string()
+        } else {
+            format!("{:.2}", b.effective_weight)
+        };
+        println!(
+            "{:<21} {:<21} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
+            b.vip.to_string(),
+            b.backend.to_string(),
+            format!("{:?}", b.state).to_lowercase(),
+            weight,
+            health_word(b),
+            b.active_connections,
+            b.server_connections,
+            b.total_connections,
+            b.refused,
+            b.packets,
+            b.bytes
+        );
+    }
+    for b in backends {
+        if let (HealthStatus::Unhealthy, Some(e)) = (b.health.status, &b.health.last_error) {
+            println!("  {} of {}: {e}", b.backend, b.vip);
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! The `balancer` command line: one file per verb group, each a thin
+//! client of the control API.
+
+pub mod args;
+pub mod backend;
+pub mod run;
+pub mod show;
+pub mod vip;

@@ -1,0 +1,88 @@
+//! `balancer run`: the daemon's options.
+
+use std::{path::PathBuf, time::Duration};
+
+use aya::programs::XdpMode;
+use balancer::{balancer::LoadOptions, daemon::DaemonConfig, Timeouts};
+use balancer_common::DEFAULT_FLOW_TABLE_SIZE;
+use clap::ValueEnum;
+
+/// XDP attach mode.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Mode {
+    /// Native (driver) XDP.
+    Native,
+    /// Generic (skb) XDP, for drivers without XDP support.
+    Generic,
+}
+
+/// `balancer run` options.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Interface to attach to (repeat for several).
+    #[arg(long = "iface", short = 'i', required = true)]
+    interfaces: Vec<String>,
+    /// Attach mode.
+    #[arg(long, value_enum, default_value = "native")]
+    mode: Mode,
+    /// State file holding VIPs and backends across restarts.
+    #[arg(long, default_value = "/var/lib/p2c-balancer/state.json")]
+    state_file: PathBuf,
+    /// bpffs directory where the maps are pinned.
+    #[arg(long, default_value = "/sys/fs/bpf/p2c-balancer")]
+    pin_dir: PathBuf,
+    /// Flow-table entries (one per connection, live or recently closed).
+    #[arg(long, default_value_t = DEFAULT_FLOW_TABLE_SIZE)]
+    flow_table_size: u32,
+    /// Idle timeout of half-open flows (SYN seen, handshake not completed).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    half_open_timeout: Duration,
+    /// Idle timeout of established flows.
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    established_timeout: Duration,
+    /// Idle timeout of closing flows (one FIN seen) and of closed flows kept
+    /// for late segments.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    closing_timeout: Duration,
+    /// Period of flow expiry and count reconciliation.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    gc_interval: Duration,
+    /// Period of the stats log line (0s: never).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    stats_interval: Duration,
+    /// Deterministic random draws with this seed (tests only; 0 = kernel random).
+    #[arg(long, default_value_t = 0, hide = true)]
+    test_seed: u64,
+    /// Remove the maps pinned by an earlier run and start with empty maps
+    /// (established connections are lost; the state file is still restored).
+    #[arg(long)]
+    fresh: bool,
+}
+
+impl RunArgs {
+    /// The daemon's configuration, serving `socket`.
+    pub fn config(self, socket: PathBuf) -> DaemonConfig {
+        DaemonConfig {
+            interfaces: self.interfaces,
+            mode: match self.mode {
+                Mode::Native => XdpMode::Driver,
+                Mode::Generic => XdpMode::Skb,
+            },
+            socket,
+            state_file: self.state_file,
+            load: LoadOptions {
+                flow_table_size: self.flow_table_size,
+                pin_dir: Some(self.pin_dir),
+            },
+            timeouts: Timeouts {
+                half_open: self.half_open_timeout,
+                established: self.established_timeout,
+                closing: self.closing_timeout,
+            },
+            gc_interval: self.gc_interval.max(Duration::from_millis(10)),
+            stats_interval: self.stats_interval,
+            test_seed: self.test_seed,
+            fresh: self.fresh,
+        }
+    }
+}

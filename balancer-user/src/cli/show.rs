@@ -1,0 +1,124 @@
+//! `balancer stats` and `balancer flows`: reading counters and flows.
+
+use balancer::api::{FlowView, LoadHistogram, StatsView};
+
+use super::{args::choices_name, backend};
+
+/// The range of the bucket holding the median of a histogram.
+fn median_bucket(h: &LoadHistogram) -> String {
+    let total: u64 = h.counts.iter().sum();
+    if total == 0 {
+        return "-".into();
+    }
+    let mut seen = 0;
+    for (k, c) in h.counts.iter().enumerate() {
+        seen += c;
+        if seen * 2 >= total {
+            let lo = h.from[k];
+            return match h.from.get(k + 1) {
+                Some(next) if next - 1 > lo => format!("{lo}-{}", next - 1),
+                Some(_) => lo.to_string(),
+                None => format!("{lo}+"),
+            };
+        }
+    }
+    "-".into()
+}
+
+/// Prints `stats`.
+pub fn print_stats(s: &StatsView) {
+    println!("VIPs");
+    println!(
+        "{:<21} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
+        "VIP", "CHOICES", "ACTIVE", "NEW", "PACKETS", "BYTES", "MISSES"
+    );
+    for v in &s.vips {
+        println!(
+            "{:<21} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
+            v.vip.to_string(),
+            choices_name(v.choices),
+            v.active_connections,
+            v.new_flows,
+            v.packets,
+            v.bytes,
+            v.misses
+        );
+    }
+    println!(
+        "\nChoices (loads are the servers' active connections at decision time; median bucket)"
+    );
+    println!(
+        "{:<21} {:>9} {:>7} {:>11} {:>11} {:>11}",
+        "VIP", "DECISIONS", "TIES", "CANDIDATE", "CHOSEN", "REJECTED"
+    );
+    for v in &s.vips {
+        let c = &v.choice;
+        println!(
+            "{:<21} {:>9} {:>7} {:>11} {:>11} {:>11}",
+            v.vip.to_string(),
+            c.decisions,
+            c.ties,
+            median_bucket(&c.candidates),
+            median_bucket(&c.chosen),
+            median_bucket(&c.rejected)
+        );
+    }
+    println!("\nBackends");
+    backend::print(&s.backends);
+    println!("\nCounters");
+    for (name, v) in &s.counters {
+        println!("  {name:<22} {v}");
+    }
+    println!(
+        "  {:<22} {}\n  {:<22} {}\n  {:<22} {}\n  {:<22} {}",
+        "flow_table_entries",
+        s.flow_table_entries,
+        "live_flows",
+        s.live_flows,
+        "expired_flows",
+        s.expired_flows,
+        "reconciled",
+        s.reconciled
+    );
+}
+
+/// Prints `flows`.
+pub fn print_flows(flows: &[FlowView], truncated: bool) {
+    println!(
+        "{:<21} {:<21} {:<21} {:<7} {:<7} {:>9}",
+        "CLIENT", "VIP", "BACKEND", "KIND", "FINS", "IDLE_MS"
+    );
+    for f in flows {
+        println!(
+            "{:<21} {:<21} {:<21} {:<7} {:<7} {:>9}",
+            f.client.to_string(),
+            f.vip.to_string(),
+            f.backend.map_or("(removed)".into(), |b| b.to_string()),
+            f.kind,
+            f.fins,
+            f.idle_ms
+        );
+    }
+    if truncated {
+        println!("(more flows not shown; raise --limit)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_buckets() {
+        let h = |counts: Vec<u64>| LoadHistogram {
+            from: (0..counts.len())
+                .map(|k| if k == 0 { 0 } else { 1 << (k - 1) })
+                .collect(),
+            counts,
+        };
+        assert_eq!(median_bucket(&h(vec![0, 0, 0])), "-");
+        assert_eq!(median_bucket(&h(vec![5, 1, 1])), "0");
+        assert_eq!(median_bucket(&h(vec![1, 1, 5, 0])), "2-3");
+        assert_eq!(median_bucket(&h(vec![0, 0, 0, 9])), "4+");
+    }
+}

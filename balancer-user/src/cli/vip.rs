@@ -1,0 +1,175 @@
+//! `balancer vip ...`: add, change, remove and list VIPs.
+
+use std::{net::SocketAddrV4, time::Duration};
+
+use balancer::{
+    api::{HealthSetting, Request, VipPatch, VipView},
+    state::{NoHealthy, VipSettings},
+};
+use clap::{Subcommand, ValueEnum};
+
+use super::args::{
+    choices_name, health_name, parse_choices, parse_duration, parse_endpoint, HealthArgs,
+};
+
+/// What new connections do when no backend is healthy.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum NoHealthyArg {
+    /// Fall back to every backend that is not drained (panic mode).
+    Fallback,
+    /// Drop new connections.
+    Drop,
+}
+
+impl From<NoHealthyArg> for NoHealthy {
+    fn from(a: NoHealthyArg) -> Self {
+        match a {
+            NoHealthyArg::Fallback => NoHealthy::Fallback,
+            NoHealthyArg::Drop => NoHealthy::Drop,
+        }
+    }
+}
+
+/// The settings options of `vip add` and `vip set`.
+#[derive(clap::Args, Debug)]
+pub struct VipArgs {
+    /// Backends compared per new flow: 1..=16, or `all` (default 2).
+    #[arg(long, value_parser = parse_choices)]
+    choices: Option<u32>,
+    #[command(flatten)]
+    health: HealthArgs,
+    /// When no backend is healthy: fall back to all (default) or drop.
+    #[arg(long, value_enum)]
+    no_healthy: Option<NoHealthyArg>,
+    /// Ramp up a backend that joins or returns to health over this time
+    /// (default 0s: at once).
+    #[arg(long, value_parser = parse_duration)]
+    slow_start: Option<Duration>,
+    /// Passive detection: skip a server that fails this many new flows in
+    /// a row (reset before data, unanswered SYN); 0 turns it off (default 5).
+    #[arg(long)]
+    eject_after: Option<u32>,
+    /// How long a server ejected by passive detection stays out when the
+    /// VIP has no active check (default 30s).
+    #[arg(long, value_parser = parse_duration)]
+    ejection_time: Option<Duration>,
+}
+
+impl VipArgs {
+    fn patch(&self) -> VipPatch {
+        VipPatch {
+            choices: self.choices,
+            health: self.health.check().map(|c| match c {
+                None => HealthSetting::Off,
+                Some(c) => HealthSetting::Check(c),
+            }),
+            no_healthy: self.no_healthy.map(Into::into),
+            slow_start: self.slow_start,
+            eject_after: self.eject_after,
+            ejection_time: self.ejection_time,
+        }
+    }
+}
+
+/// `balancer vip ...`.
+#[derive(Subcommand, Debug)]
+pub enum VipCmd {
+    /// Add a VIP.
+    Add {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        #[command(flatten)]
+        settings: VipArgs,
+    },
+    /// Change settings of a VIP (the options given; the others stay).
+    Set {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        #[command(flatten)]
+        settings: VipArgs,
+    },
+    /// Change the choices of a VIP (same as `vip set VIP --choices N`).
+    SetChoices {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+        /// Backends compared per new flow: 1..=16, or `all`.
+        #[arg(value_parser = parse_choices)]
+        choices: u32,
+    },
+    /// Remove a VIP with its backends and flows.
+    Remove {
+        /// VIP as address:port.
+        #[arg(value_parser = parse_endpoint)]
+        vip: SocketAddrV4,
+    },
+    /// List VIPs.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+impl VipCmd {
+    /// The request, and whether its answer is printed as JSON.
+    pub fn request(self) -> (Request, bool) {
+        match self {
+            VipCmd::Add { vip, settings } => (
+                Request::AddVip {
+                    vip,
+                    settings: settings.patch().apply(&VipSettings::default()),
+                },
+                false,
+            ),
+            VipCmd::Set { vip, settings } => (
+                Request::SetVip {
+                    vip,
+                    patch: settings.patch(),
+                },
+                false,
+            ),
+            VipCmd::SetChoices { vip, choices } => (
+                Request::SetVip {
+                    vip,
+                    patch: VipPatch {
+                        choices: Some(choices),
+                        ..VipPatch::default()
+                    },
+                },
+                false,
+            ),
+            VipCmd::Remove { vip } => (Request::RemoveVip { vip }, false),
+            VipCmd::List { json } => (Request::ListVips, json),
+        }
+    }
+}
+
+/// Prints the VIP table.
+pub fn print(vips: &[VipView]) {
+    println!(
+        "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6}",
+        "VIP", "CHOICES", "BACKENDS", "ELIGIBLE", "HEALTH", "NOHEALTHY", "SLOWSTART", "EJECT"
+    );
+    for v in vips {
+        let s = &v.settings;
+        println!(
+            "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6}{}",
+            v.vip.to_string(),
+            choices_name(s.choices),
+            v.backends,
+            v.eligible,
+            health_name(&s.health),
+            format!("{:?}", s.no_healthy).to_lowercase(),
+            humantime::format_duration(s.slow_start).to_string(),
+            s.eject_after,
+            if v.fallback {
+                "  (no healthy backend: fallback to all)"
+            } else {
+                ""
+            }
+        );
+    }
+}

@@ -1,0 +1,454 @@
+//! Eligibility before comparison: which backends of a VIP may take new
+//! flows (not drained, not failing their active checks, not ejected by
+//! passive detection), what a VIP with none does, and the weight each takes
+//! part with (slow start). Pure bookkeeping: the facade applies what it
+//! decides to the maps.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddrV4,
+    time::{Duration, Instant},
+};
+
+use balancer_common::WEIGHT_ONE;
+
+use crate::{
+    api::{BackendState, HealthStatus, HealthView},
+    health::{BackendHealth, Outcome, Target},
+    state::{BackendConfig, NoHealthy, State, VipConfig},
+};
+
+/// Smallest share of its weight a backend starts slow start with.
+const RAMP_FLOOR: f64 = 1.0 / 16.0;
+
+/// What a change of health or ejection requires of the maps and the log.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Transitions, for the log.
+    pub messages: Vec<String>,
+    /// VIPs whose eligible list must be published again.
+    pub republish: BTreeSet<SocketAddrV4>,
+    /// Servers whose failure streak must be cleared in the data path.
+    pub clear_fails: BTreeSet<u32>,
+}
+
+/// The health, ejections and ramps of the backends.
+#[derive(Debug, Default)]
+pub struct Eligibility {
+    health: BTreeMap<(SocketAddrV4, SocketAddrV4), BackendHealth>,
+    /// Servers ejected by passive detection, since when.
+    ejected: BTreeMap<u32, Instant>,
+    /// Slots ramping up (slow start), since when.
+    ramps: BTreeMap<u32, Instant>,
+}
+
+impl Eligibility {
+    /// The active-check status of backend `b` of `v`.
+    pub fn status(&self, v: &VipConfig, b: &BackendConfig) -> HealthStatus {
+        if v.check_for(b).is_none() {
+            return HealthStatus::Unchecked;
+        }
+        self.health
+            .get(&(v.addr, b.addr))
+            .map_or(HealthStatus::Unknown, |h| h.status)
+    }
+
+    /// `true` when passive detection keeps `b`'s server out of `v`'s
+    /// candidates.
+    pub fn ejected(&self, state: &State, v: &VipConfig, b: &BackendConfig) -> bool {
+        v.settings.eject_after != 0
+            && state
+                .server(&b.addr)
+                .is_some_and(|s| self.ejected.contains_key(&s))
+    }
+
+    /// `true` when `b` may take new flows of `v`.
+    pub fn eligible(&self, state: &State, v: &VipConfig, b: &BackendConfig) -> bool {
+        b.state == BackendState::Active
+            && self.status(v, b) != HealthStatus::Unhealthy
+            && !self.ejected(state, v, b)
+    }
+
+    /// The slots `v`'s new flows choose among, and whether that is the
+    /// fallback to all of them (no backend eligible, policy `fallback`).
+    pub fn list(&self, state: &State, v: &VipConfig) -> (Vec<u32>, bool) {
+        let good: Vec<u32> = v
+            .backends
+            .iter()
+            .filter(|b| self.eligible(state, v, b))
+            .map(|b| b.slot)
+            .collect();
+        if good.is_empty() && v.settings.no_healthy == NoHealthy::Fallback {
+            let all: Vec<u32> = v
+                .backends
+                .iter()
+                .filter(|b| b.state == BackendState::Active)
+                .map(|b| b.slot)
+                .collect();
+            if !all.is_empty() {
+                return (all, true);
+            }
+        }
+        (good, false)
+    }
+
+    /// `b`'s weight in `WEIGHT_ONE` units at `now`: its configured weight,
+    /// ramped from 1/16 to all of it over `v`'s slow-start time while it
+    /// ramps.
+    pub fn weight_units(&self, v: &VipConfig, b: &BackendConfig, now: Instant) -> u32 {
+        let full = b.weight * WEIGHT_ONE;
+        let Some(start) = self.ramps.get(&b.slot) else {
+            return full;
+        };
+        let total = v.settings.slow_start;
+        if total.is_zero() {
+            return full;
+        }
+        let frac = (now.saturating_duration_since(*start).as_secs_f64() / total.as_secs_f64())
+            .clamp(RAMP_FLOOR, 1.0);
+        ((full as f64 * frac) as u32).max(1)
+    }
+
+    /// Starts slow start for `b` (when `v` has one): it joined, or returned
+    /// to health or to service.
+    pub fn start_ramp(&mut self, v: &VipConfig, b: &BackendConfig, now: Instant) {
+        if !v.settings.slow_start.is_zero() {
+            self.ramps.insert(b.slot, now);
+        }
+    }
+
+    /// `true` while `slot` ramps.
+    pub fn ramping(&self, slot: u32) -> bool {
+        self.ramps.contains_key(&slot)
+    }
+
+    /// The slots whose weight slow start changes at `now`, with their
+    /// weight; slots whose ramp is over leave the ramp set (their full
+    /// weight is in the list one last time).
+    pub fn ramp_weights(&mut self, state: &State, now: Instant) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        let mut done = Vec::new();
+        for v in state.vips.values() {
+            for b in &v.backends {
+                let Some(start) = self.ramps.get(&b.slot) else {
+                    continue;
+                };
+                out.push((b.slot, self.weight_units(v, b, now)));
+                if now.saturating_duration_since(*start) >= v.settings.slow_start {
+                    done.push(b.slot);
+                }
+            }
+        }
+        for s in done {
+            self.ramps.remove(&s);
+        }
+        out
+    }
+
+    /// Forgets what belongs to backends and servers no longer in `state`.
+    pub fn forget_gone(&mut self, state: &State) {
+        let pairs: BTreeSet<(SocketAddrV4, SocketAddrV4)> = state
+            .vips
+            .values()
+            .flat_map(|v| v.backends.iter().map(move |b| (v.addr, b.addr)))
+            .collect();
+        self.health.retain(|k, _| pairs.contains(k));
+        let servers: BTreeSet<u32> = state.servers.values().copied().collect();
+        self.ejected.retain(|s, _| servers.contains(s));
+        let slots = state.slots();
+        self.ramps.retain(|s, _| slots.contains_key(s));
+    }
+
+    /// The checks to run: each backend whose VIP or itself has one.
+    pub fn targets(state: &State) -> Vec<Target> {
+        state
+            .vips
+            .values()
+            .flat_map(|v| {
+                v.backends.iter().filter_map(move |b| {
+                    v.check_for(b).map(|c| Target {
+                        vip: v.addr,
+                        backend: b.addr,
+                        check: c.clone(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Applies one check result. A transition changes the VIP's list; a
+    /// pass ends a passive ejection of the backend's server (the check says
+    /// it serves again). Results for checks no longer configured are
+    /// ignored.
+    pub fn record_check(&mut self, state: &State, o: &Outcome, now: Instant) -> Changes {
+        let mut ch = Changes::default();
+        let Some(v) = state.vips.get(&o.target.vip) else {
+            return ch;
+        };
+        let Some(b) = v.backends.iter().find(|b| b.addr == o.target.backend) else {
+            return ch;
+        };
+        if v.check_for(b) != Some(&o.target.check) {
+            return ch;
+        }
+        let h = self
+            .health
+            .entry((v.addr, b.addr))
+            .or_insert_with(|| BackendHealth::new(now));
+        if let Some((old, new)) = h.record(&o.result, o.target.check.rise, o.target.check.fall, now)
+        {
+            ch.messages.push(format!(
+                "health: backend {} of VIP {}: {old:?} -> {new:?}{}",
+                b.addr,
+                v.addr,
+                match &o.result {
+                    Err(e) => format!(" ({e})"),
+                    Ok(()) => String::new(),
+                }
+            ));
+            if old == HealthStatus::Unhealthy && new == HealthStatus::Healthy {
+                self.start_ramp(v, b, now);
+            }
+            ch.republish.insert(v.addr);
+        }
+        if o.result.is_ok() {
+            if let Some(server) = state.server(&b.addr) {
+                if self.ejected.remove(&server).is_some() {
+                    self.unejected(state, server, now, "its check passed", &mut ch);
+                }
+            }
+        }
+        ch
+    }
+
+    /// Takes the data path's failure streaks (`fails(server)`) into the
+    /// record: a server whose streak reached the lowest `eject_after` of its
+    /// VIPs is ejected (the data path already skips it); one ejected longer
+    /// than its VIPs' `ejection_time` with no active check is given another
+    /// chance.
+    pub fn poll_ejections(
+        &mut self,
+        state: &State,
+        mut fails: impl FnMut(u32) -> u64,
+        now: Instant,
+    ) -> Changes {
+        let mut ch = Changes::default();
+        for (addr, server) in &state.servers {
+            let vips: Vec<&VipConfig> = state
+                .vips
+                .values()
+                .filter(|v| v.backends.iter().any(|b| b.addr == *addr))
+                .collect();
+            let threshold = vips
+                .iter()
+                .map(|v| v.settings.eject_after)
+                .filter(|t| *t != 0)
+                .min();
+            let Some(threshold) = threshold else {
+                continue;
+            };
+            match self.ejected.get(server) {
+                None => {
+                    let f = fails(*server);
+                    if f >= threshold as u64 {
+                        self.ejected.insert(*server, now);
+                        ch.messages.push(format!(
+                            "passive: server {addr} ejected: {f} new flows failed in a row"
+                        ));
+                        ch.republish.extend(vips.iter().map(|v| v.addr));
+                    }
+                }
+                Some(since) => {
+                    let checked = vips.iter().any(|v| {
+                        v.backends
+                            .iter()
+                            .any(|b| b.addr == *addr && v.check_for(b).is_some())
+                    });
+                    let hold = vips
+                        .iter()
+                        .map(|v| v.settings.ejection_time)
+                        .max()
+                        .unwrap_or(Duration::from_secs(30));
+                    if !checked && now.saturating_duration_since(*since) >= hold {
+                        self.ejected.remove(server);
+                        self.unejected(state, *server, now, "its ejection time is over", &mut ch);
+                    }
+                }
+            }
+        }
+        ch
+    }
+
+    fn unejected(&mut self, state: &State, server: u32, now: Instant, why: &str, ch: &mut Changes) {
+        ch.clear_fails.insert(server);
+        for v in state.vips.values() {
+            for b in &v.backends {
+                if state.server(&b.addr) == Some(server) {
+                    self.start_ramp(v, b, now);
+                    ch.republish.insert(v.addr);
+                    ch.messages.push(format!(
+                        "passive: backend {} of VIP {} returns: {why}",
+                        b.addr, v.addr
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The operator's view of `b`'s health.
+    pub fn view(
+        &self,
+        state: &State,
+        v: &VipConfig,
+        b: &BackendConfig,
+        streak: u64,
+        now: Instant,
+    ) -> HealthView {
+        let h = self.health.get(&(v.addr, b.addr));
+        HealthView {
+            status: self.status(v, b),
+            last_error: h.and_then(|h| h.last_error.clone()),
+            since_ms: h.map_or(0, |h| {
+                now.saturating_duration_since(h.since).as_millis() as u64
+            }),
+            checks: h.map_or(0, |h| h.checks),
+            failed_checks: h.map_or(0, |h| h.failed_checks),
+            ejected: self.ejected(state, v, b),
+            failing_streak: streak,
+            ramping: self.ramping(b.slot),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{HealthCheck, VipSettings};
+
+    fn state(check: bool, eject_after: u32, slow_start: Duration) -> State {
+        let mut s = State::default();
+        let vip: SocketAddrV4 = "10.0.0.10:80".parse().unwrap();
+        let backends: Vec<BackendConfig> = (0..3)
+            .map(|i| BackendConfig {
+                addr: SocketAddrV4::new([10, 0, 2, 10 + i as u8].into(), 8080),
+                state: BackendState::Active,
+                slot: i,
+                generation: 1,
+                weight: 1 + i,
+                health: None,
+            })
+            .collect();
+        for b in &backends {
+            s.server_for(b.addr).unwrap();
+        }
+        s.vips.insert(
+            vip,
+            VipConfig {
+                addr: vip,
+                index: 0,
+                list: 0,
+                settings: VipSettings {
+                    health: check.then(HealthCheck::default),
+                    eject_after,
+                    slow_start,
+                    ..VipSettings::default()
+                },
+                backends,
+            },
+        );
+        s
+    }
+
+    fn outcome(s: &State, k: usize, ok: bool) -> Outcome {
+        let v = s.vips.values().next().unwrap();
+        Outcome {
+            target: Target {
+                vip: v.addr,
+                backend: v.backends[k].addr,
+                check: v.settings.health.clone().unwrap(),
+            },
+            result: if ok { Ok(()) } else { Err("refused".into()) },
+        }
+    }
+
+    #[test]
+    fn unhealthy_backends_leave_the_list_and_fallback_takes_all() {
+        let mut s = state(true, 0, Duration::ZERO);
+        let mut e = Eligibility::default();
+        let now = Instant::now();
+        let v = s.vips.values().next().unwrap().clone();
+        assert_eq!(
+            e.list(&s, &v),
+            (vec![0, 1, 2], false),
+            "unknown is eligible"
+        );
+        let ch = e.record_check(&s, &outcome(&s, 1, false), now);
+        assert_eq!(ch.republish.len(), 1);
+        assert_eq!(e.list(&s, &v), (vec![0, 2], false));
+        e.record_check(&s, &outcome(&s, 0, false), now);
+        e.record_check(&s, &outcome(&s, 2, false), now);
+        assert_eq!(e.list(&s, &v), (vec![0, 1, 2], true), "fallback");
+        s.vips.values_mut().next().unwrap().settings.no_healthy = NoHealthy::Drop;
+        let v = s.vips.values().next().unwrap().clone();
+        assert_eq!(e.list(&s, &v), (vec![], false));
+    }
+
+    #[test]
+    fn passive_ejection_without_checks_lasts_the_ejection_time() {
+        let s = state(false, 3, Duration::ZERO);
+        let mut e = Eligibility::default();
+        let t0 = Instant::now();
+        let v = s.vips.values().next().unwrap().clone();
+        let server1 = s.server(&v.backends[1].addr).unwrap();
+        let fails = |srv| if srv == server1 { 3 } else { 0 };
+        let ch = e.poll_ejections(&s, fails, t0);
+        assert_eq!(ch.messages.len(), 1, "{ch:?}");
+        assert_eq!(e.list(&s, &v), (vec![0, 2], false));
+        let ch = e.poll_ejections(&s, fails, t0 + Duration::from_secs(5));
+        assert!(ch.clear_fails.is_empty(), "back too early");
+        let ch = e.poll_ejections(&s, fails, t0 + Duration::from_secs(31));
+        assert!(ch.clear_fails.contains(&server1));
+        assert_eq!(e.list(&s, &v).0, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn with_checks_an_ejection_ends_when_the_check_passes() {
+        let s = state(true, 3, Duration::ZERO);
+        let mut e = Eligibility::default();
+        let t0 = Instant::now();
+        let v = s.vips.values().next().unwrap().clone();
+        e.poll_ejections(&s, |_| 5, t0);
+        assert_eq!(
+            e.list(&s, &v),
+            (vec![0, 1, 2], true),
+            "all ejected: fallback"
+        );
+        let ch = e.poll_ejections(&s, |_| 5, t0 + Duration::from_secs(600));
+        assert!(
+            ch.clear_fails.is_empty(),
+            "checked servers wait for their check"
+        );
+        let ch = e.record_check(&s, &outcome(&s, 2, true), t0);
+        assert_eq!(ch.clear_fails.len(), 1);
+        assert_eq!(e.list(&s, &v), (vec![2], false));
+    }
+
+    #[test]
+    fn slow_start_ramps_the_weight() {
+        let s = state(false, 0, Duration::from_secs(10));
+        let mut e = Eligibility::default();
+        let t0 = Instant::now();
+        let v = s.vips.values().next().unwrap().clone();
+        let b = &v.backends[2]; // weight 3
+        assert_eq!(e.weight_units(&v, b, t0), 3 * WEIGHT_ONE);
+        e.start_ramp(&v, b, t0);
+        assert_eq!(e.weight_units(&v, b, t0), 3 * WEIGHT_ONE / 16);
+        assert_eq!(
+            e.weight_units(&v, b, t0 + Duration::from_secs(5)),
+            3 * WEIGHT_ONE / 2
+        );
+        let w = e.ramp_weights(&s, t0 + Duration::from_secs(11));
+        assert_eq!(w, vec![(2, 3 * WEIGHT_ONE)]);
+        assert!(!e.ramping(2));
+    }
+}
