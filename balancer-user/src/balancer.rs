@@ -490,9 +490,7 @@ impl Balancer {
                 .backends
                 .extend(added.iter().cloned());
             let v = self.state.vip(&vip)?.clone();
-            for b in &added {
-                self.eligibility.start_ramp(&v, b, now);
-            }
+            self.eligibility.start_ramp(&self.state, &v, addrs, now);
             // Before the VIP's list: slots, flags and reply tables of every
             // VIP the addresses serve are in place when the first SYN lands.
             self.publish_backends(addrs)?;
@@ -578,10 +576,9 @@ impl Balancer {
         b.state = state;
         if old == BackendState::Draining && state == BackendState::Active {
             let v = self.state.vip(&vip)?.clone();
-            if let Some(b) = v.backends.iter().find(|b| b.addr == addr) {
-                self.eligibility.start_ramp(&v, b, Instant::now());
-                self.publish_backends(&[addr])?;
-            }
+            self.eligibility
+                .start_ramp(&self.state, &v, &[addr], Instant::now());
+            self.publish_backends(&[addr])?;
         }
         if let Err(e) = self.publish_vip(&vip) {
             self.state.backend_mut(&vip, &addr)?.state = old;

@@ -109,10 +109,27 @@ impl Eligibility {
         ((full as f64 * frac) as u32).max(1)
     }
 
-    /// Starts slow start for `b` (when `v` has one): it joined, or returned
-    /// to health or to service.
-    pub fn start_ramp(&mut self, v: &VipConfig, b: &BackendConfig, now: Instant) {
-        if !v.settings.slow_start.is_zero() {
+    /// Starts slow start for the backends of `v` at `joining` (when `v` has
+    /// one): they joined, or returned to health or to service. Only when
+    /// another backend of `v` serves at full weight: a VIP's first backends,
+    /// or all of them coming back at once, have nobody to be spared for.
+    pub fn start_ramp(
+        &mut self,
+        state: &State,
+        v: &VipConfig,
+        joining: &[SocketAddrV4],
+        now: Instant,
+    ) {
+        if v.settings.slow_start.is_zero() {
+            return;
+        }
+        let serving = v.backends.iter().any(|o| {
+            !joining.contains(&o.addr) && self.eligible(state, v, o) && !self.ramping(o.slot)
+        });
+        if !serving {
+            return;
+        }
+        for b in v.backends.iter().filter(|b| joining.contains(&b.addr)) {
             self.ramps.insert(b.slot, now);
         }
     }
@@ -207,7 +224,7 @@ impl Eligibility {
                 }
             ));
             if old == HealthStatus::Unhealthy && new == HealthStatus::Healthy {
-                self.start_ramp(v, b, now);
+                self.start_ramp(state, v, &[b.addr], now);
             }
             ch.republish.insert(v.addr);
         }
@@ -284,7 +301,7 @@ impl Eligibility {
         for v in state.vips.values() {
             for b in &v.backends {
                 if state.server(&b.addr) == Some(server) {
-                    self.start_ramp(v, b, now);
+                    self.start_ramp(state, v, &[b.addr], now);
                     ch.republish.insert(v.addr);
                     ch.messages.push(format!(
                         "passive: backend {} of VIP {} returns: {why}",
@@ -441,7 +458,10 @@ mod tests {
         let v = s.vips.values().next().unwrap().clone();
         let b = &v.backends[2]; // weight 3
         assert_eq!(e.weight_units(&v, b, t0), 3 * WEIGHT_ONE);
-        e.start_ramp(&v, b, t0);
+        let all: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
+        e.start_ramp(&s, &v, &all, t0);
+        assert!(!e.ramping(2), "all joining at once: nobody to spare");
+        e.start_ramp(&s, &v, &[b.addr], t0);
         assert_eq!(e.weight_units(&v, b, t0), 3 * WEIGHT_ONE / 16);
         assert_eq!(
             e.weight_units(&v, b, t0 + Duration::from_secs(5)),

@@ -14,6 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod health;
+
 use anyhow::{bail, ensure, Context as _};
 use aya::{
     maps::PerCpuArray,
@@ -1293,6 +1295,8 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     growth(&mut rep, &aux, sc, &dp)?;
     daemon_memory(&mut rep)?;
     drop(aux);
+    eprintln!("bench: health checks");
+    health::run(&mut rep, sc)?;
     eprintln!("bench: peers");
     // The peers run on two CPUs like a real host.
     // SAFETY: as above.

@@ -7,6 +7,7 @@ pub mod collisions;
 pub mod fixtures;
 pub mod frames;
 pub mod fuzz;
+pub mod health;
 pub mod netns;
 pub mod rig;
 pub mod scenario;

@@ -69,6 +69,18 @@ pub struct Server {
     pub addr: SocketAddrV4,
     /// Its counters.
     pub stats: Arc<ServerStats>,
+    /// Set to close its listening socket (its port then refuses
+    /// connections with RST; open connections go on).
+    closed: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Closes the listening socket: new connections are refused (RST).
+    pub fn close_port(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        // The accept loop polls every 200 us.
+        thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Starts a TCP server inside `ns` on `addr`. Protocol: the client sends
@@ -76,6 +88,8 @@ pub struct Server {
 /// followed by `len` payload bytes, per line, until the client closes.
 fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow::Result<Server> {
     let stats = Arc::new(ServerStats::default());
+    let closed = Arc::new(AtomicBool::new(false));
+    let closed2 = closed.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let nspath = ns.path();
     let st = stats.clone();
@@ -99,6 +113,9 @@ fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow
                 }
             };
             while !stop.load(Ordering::Relaxed) {
+                if closed2.load(Ordering::Relaxed) {
+                    return;
+                }
                 match l.accept() {
                     Ok((s, _)) => {
                         st.accepted.fetch_add(1, Ordering::Relaxed);
@@ -126,7 +143,11 @@ fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow
         })?;
     rx.recv_timeout(Duration::from_secs(10))
         .context("server did not start")??;
-    Ok(Server { addr, stats })
+    Ok(Server {
+        addr,
+        stats,
+        closed,
+    })
 }
 
 fn serve_conn(s: TcpStream, me: SocketAddrV4) -> anyhow::Result<()> {
@@ -371,6 +392,18 @@ impl Testbed {
     /// # Errors
     /// Any step of the set-up; everything built so far is torn down.
     pub fn build(n_backends: usize) -> anyhow::Result<Testbed> {
+        Testbed::build_with(n_backends, |_| true)
+    }
+
+    /// [`Testbed::build`] where backend `k` runs a server only when
+    /// `listening(k)` (the others' hosts are up, their port closed).
+    ///
+    /// # Errors
+    /// Any step of the set-up; everything built so far is torn down.
+    pub fn build_with(
+        n_backends: usize,
+        listening: impl Fn(usize) -> bool,
+    ) -> anyhow::Result<Testbed> {
         let tag = std::process::id();
         let dir = std::env::temp_dir().join(format!("balancer-testbed-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -408,7 +441,7 @@ impl Testbed {
             (&tb.client, "cl0"),
             (&tb.switch, "sw-lb"),
         ])?);
-        for k in 0..n_backends {
+        for k in (0..n_backends).filter(|k| listening(*k)) {
             let s = start_server(&tb.backends[k], backend_addr(k), tb.stop.clone())?;
             tb.servers.push(s);
         }

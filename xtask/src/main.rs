@@ -38,6 +38,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The long forms of the test-bed scenarios (minutes): case 18 for
+    /// choices 1, 2 and a full scan over 1,000 connections each, and the
+    /// others' long forms.
+    Long,
     /// The long fuzz run: random and mutated frames through the compiled
     /// program with BPF_PROG_TEST_RUN (the tests run a short one).
     Fuzz {
@@ -105,6 +109,11 @@ fn main() -> anyhow::Result<()> {
         Cmd::Test { args } => {
             build()?;
             run(cargo().args(["test", "--workspace"]).args(args))
+        }
+        Cmd::Long => {
+            build()?;
+            run(Command::new(root().join("target/debug/balancer-testbed"))
+                .args(["health", "--long"]))
         }
         Cmd::Fuzz { frames, seed } => {
             build()?;

@@ -4,12 +4,13 @@
 //! * `balancer-testbed demo [--connections N] [--held N] [--backends N]`
 //! * `balancer-testbed e2e`
 //! * `balancer-testbed collisions`
+//! * `balancer-testbed health [--long]`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
-use balancer_tests::{bench, collisions, fixtures, fuzz, netns, scenario};
+use balancer_tests::{bench, collisions, fixtures, fuzz, health, netns, scenario};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -38,6 +39,14 @@ enum Cmd {
     /// Real TCP for the colliding-flow cases: one client port to two VIPs
     /// sharing a backend, reconnects, a direct connection, a hairpin.
     Collisions,
+    /// Eligibility with real TCP: a closed port with and without detection,
+    /// a vanished host, refusals between checks, weights, slow start.
+    Health {
+        /// The long form: choices 1, 2 and a full scan over 1,000
+        /// connections each.
+        #[arg(long)]
+        long: bool,
+    },
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
     /// The benchmarks: writes BENCHMARKS.md and bench.json.
@@ -81,6 +90,7 @@ fn main() -> ExitCode {
         } => scenario::demo(connections, held.min(connections), backends as usize),
         Cmd::E2e => scenario::e2e(),
         Cmd::Collisions => collisions::run(),
+        Cmd::Health { long } => health::run(long),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::Bench {
             out,
