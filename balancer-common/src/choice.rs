@@ -23,29 +23,29 @@ use core::cmp::Ordering;
 
 use crate::{MAX_BACKENDS_PER_VIP, MAX_CHOICES};
 
-/// Loads above this compare as equal (2^40 connections: never reached).
-const LOAD_CAP: u64 = 1 << 40;
-/// Weights above this compare as equal (far above [`crate::MAX_WEIGHT`] x
-/// [`crate::WEIGHT_ONE`]).
-const WEIGHT_CAP: u64 = 1 << 22;
+/// Loads are capped here (2^38 connections: never reached) so that the
+/// fixed-point key fits 64 bits.
+const LOAD_CAP: u64 = 1 << 38;
+/// Fractional bits of [`key`].
+const KEY_SHIFT: u32 = 24;
 
-/// Orders two candidates by `(load + 1) / weight` (lower is better) by
-/// cross-multiplication. Weights are at least 1 (a weight of 0 counts as 1).
-/// Operands are capped so the products fit 64 bits (no 128-bit multiply,
-/// which BPF lacks).
+/// A candidate's comparison key, lower is better: `(load + 1) / weight` in
+/// fixed point (24 fractional bits), so that choosing compares one integer
+/// per candidate. A weight of 0 counts as 1. With weights in
+/// [`crate::WEIGHT_ONE`] units up to [`crate::MAX_WEIGHT`] the key keeps at
+/// least 6 fractional bits, so distinct ratios stay distinct and equal ones
+/// equal.
+#[inline(always)]
+pub fn key(load: u64, weight: u32) -> u64 {
+    let w = if weight == 0 { 1 } else { weight as u64 };
+    let l = if load >= LOAD_CAP { LOAD_CAP } else { load + 1 };
+    (l << KEY_SHIFT) / w
+}
+
+/// Orders two candidates by `(load + 1) / weight` (see [`key`]).
 #[inline(always)]
 pub fn compare(a_load: u64, a_weight: u32, b_load: u64, b_weight: u32) -> Ordering {
-    let cap_w = |w: u32| (w as u64).clamp(1, WEIGHT_CAP);
-    let cap_l = |l: u64| if l >= LOAD_CAP { LOAD_CAP } else { l + 1 };
-    let left = cap_l(a_load) * cap_w(b_weight);
-    let right = cap_l(b_load) * cap_w(a_weight);
-    if left < right {
-        Ordering::Less
-    } else if left > right {
-        Ordering::Greater
-    } else {
-        Ordering::Equal
-    }
+    key(a_load, a_weight).cmp(&key(b_load, b_weight))
 }
 
 /// Active connections of a backend from the data path's counter and the
@@ -131,13 +131,13 @@ pub struct Chooser {
     first: u32,
     best_index: u32,
     ties: u32,
-    best_load: u64,
-    best_weight: u32,
     /// 1 when a runner-up exists.
     has_second: u32,
-    second_load: u64,
-    second_weight: u32,
     _pad: u32,
+    best_key: u64,
+    best_load: u64,
+    second_key: u64,
+    second_load: u64,
 }
 
 impl Chooser {
@@ -167,12 +167,12 @@ impl Chooser {
             first: 0,
             best_index: 0,
             ties: 0,
-            best_load: 0,
-            best_weight: 0,
             has_second: 0,
-            second_load: 0,
-            second_weight: 0,
             _pad: 0,
+            best_key: 0,
+            best_load: 0,
+            second_key: 0,
+            second_load: 0,
         }
     }
 
@@ -212,56 +212,37 @@ impl Chooser {
     }
 
     /// Offers candidate `index` with `load` active connections and weight
-    /// `weight` (see [`compare`]).
+    /// `weight` (compared by [`key`]).
     #[inline(always)]
     pub fn offer<R: FnMut() -> u32>(&mut self, index: u32, load: u64, weight: u32, rand: &mut R) {
-        if self.ties == 0 {
-            self.take_best(index, load, weight);
+        let k = key(load, weight);
+        if self.ties == 0 || k < self.best_key {
+            if self.ties != 0 {
+                self.set_second(self.best_key, self.best_load);
+            }
+            self.best_index = index;
+            self.best_key = k;
+            self.best_load = load;
             self.ties = 1;
-            return;
-        }
-        match compare(load, weight, self.best_load, self.best_weight) {
-            Ordering::Less => {
-                self.demote_best();
-                self.take_best(index, load, weight);
-                self.ties = 1;
+        } else if k == self.best_key {
+            self.ties += 1;
+            if below(rand(), self.ties) == 0 {
+                self.set_second(self.best_key, self.best_load);
+                self.best_index = index;
+                self.best_load = load;
+            } else {
+                self.set_second(k, load);
             }
-            Ordering::Equal => {
-                self.ties += 1;
-                if below(rand(), self.ties) == 0 {
-                    self.demote_best();
-                    self.take_best(index, load, weight);
-                } else {
-                    self.set_second(load, weight);
-                }
-            }
-            Ordering::Greater => {
-                if self.has_second == 0
-                    || compare(load, weight, self.second_load, self.second_weight) == Ordering::Less
-                {
-                    self.set_second(load, weight);
-                }
-            }
+        } else if self.has_second == 0 || k < self.second_key {
+            self.set_second(k, load);
         }
     }
 
     #[inline(always)]
-    fn take_best(&mut self, index: u32, load: u64, weight: u32) {
-        self.best_index = index;
-        self.best_load = load;
-        self.best_weight = weight;
-    }
-
-    #[inline(always)]
-    fn demote_best(&mut self) {
-        self.set_second(self.best_load, self.best_weight);
-    }
-
-    #[inline(always)]
-    fn set_second(&mut self, load: u64, weight: u32) {
+    fn set_second(&mut self, key: u64, load: u64) {
         self.has_second = 1;
+        self.second_key = key;
         self.second_load = load;
-        self.second_weight = weight;
     }
 
     /// The chosen eligible index, `None` when no candidate was offered.
@@ -294,13 +275,7 @@ impl Chooser {
     /// one (the choice between them was random).
     #[inline(always)]
     pub fn tied(&self) -> bool {
-        self.has_second != 0
-            && compare(
-                self.second_load,
-                self.second_weight,
-                self.best_load,
-                self.best_weight,
-            ) == Ordering::Equal
+        self.has_second != 0 && self.second_key == self.best_key
     }
 }
 

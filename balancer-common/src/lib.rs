@@ -15,11 +15,24 @@
 pub mod choice;
 pub mod csum;
 pub mod flow;
+pub mod layout;
 pub mod nat;
 pub mod parse;
 pub mod reset;
 
 use bytemuck::{Pod, Zeroable};
+
+/// The XDP programs of the object.
+pub mod programs {
+    /// The entry point: parse, classify, guard, pinned flows, replies.
+    pub const ENTRY: &str = "balancer";
+    /// The new-flow stage, reached by a tail call from the entry for a SYN
+    /// that matches no flow: refusals, the choice, the pin (verified on its
+    /// own, so each program stays well inside the verifier's budget).
+    pub const NEW_FLOW: &str = "balancer_new_flow";
+    /// Index of [`NEW_FLOW`] in the `STAGES` program array.
+    pub const NEW_FLOW_STAGE: u32 = 0;
+}
 
 /// Names of the BPF maps, shared by the program and userspace.
 pub mod map_names {
@@ -33,8 +46,22 @@ pub mod map_names {
     pub const BACKEND_CONNS: &str = "BACKEND_CONNS";
     /// Corrections to [`BACKEND_CONNS`] written only by the daemon: `u64` by slot (array).
     pub const BACKEND_CONN_ADJUST: &str = "BACKEND_CONN_ADJUST";
-    /// Flow table: [`crate::FlowKey`] -> [`crate::FlowEntry`] (LRU hash).
+    /// Flow table of established flows (and closed ones kept for late
+    /// segments): [`crate::FlowKey`] -> [`crate::FlowEntry`] (LRU hash).
     pub const FLOWS: &str = "FLOWS";
+    /// Flow table of half-open flows (SYN placed, handshake not completed),
+    /// apart so that a SYN flood cannot evict established flows; a flow
+    /// moves to [`FLOWS`] on the client's first ACK. Same key and value
+    /// (LRU hash).
+    pub const HALF_OPEN: &str = "HALF_OPEN";
+    /// Flows the daemon expired or whose backend was removed:
+    /// [`crate::FlowKey`] -> [`crate::Orphan`] (LRU hash). Their client's
+    /// next segment gets a TCP RST instead of hanging.
+    pub const ORPHANS: &str = "ORPHANS";
+    /// The layout fingerprint of the pinned maps
+    /// ([`crate::layout::LAYOUT_FINGERPRINT`]) at index 0 (array of one
+    /// `u64`), pinned with them.
+    pub const LAYOUT: &str = "LAYOUT";
     /// Bitmap of VIP ports, [`crate::PORT_BITMAP_WORDS`] `u64` words (array).
     pub const VIP_PORTS: &str = "VIP_PORTS";
     /// Bitmap of the low 16 bits (host byte order) of VIP addresses, same
@@ -53,6 +80,9 @@ pub mod map_names {
     pub const VIP_STATS: &str = "VIP_STATS";
     /// Data-path settings: [`crate::Settings`] at index 0 (array of one).
     pub const SETTINGS: &str = "SETTINGS";
+    /// The stages the entry program tail-calls: program array indexed by
+    /// `programs::*_STAGE`.
+    pub const STAGES: &str = "STAGES";
     /// Frames counted by the `bench_count` program (per-CPU array of one `u64`).
     pub const BENCH_COUNT: &str = "BENCH_COUNT";
     /// Interfaces the program acts on: ifindex (`u32`) -> [`crate::LocalMac`]
@@ -69,8 +99,11 @@ pub mod map_names {
     /// retransmitted): `u64` by server index (array); reset by the first
     /// data of a flow, and by the daemon when a health check passes.
     pub const SERVER_FAILS: &str = "SERVER_FAILS";
-    /// Choice telemetry: [`crate::ChoiceStats`] by VIP index (per-CPU array).
+    /// Choice counts: [`crate::ChoiceCounts`] by VIP index (per-CPU array).
     pub const CHOICE_STATS: &str = "CHOICE_STATS";
+    /// Choice load histograms: `u64` counts by
+    /// [`crate::choice_hist_index`] (per-CPU array).
+    pub const CHOICE_HIST: &str = "CHOICE_HIST";
     /// Backend hosts: IPv4 address (network byte order, `u32`) ->
     /// [`crate::HostVips`] (hash), the VIPs the address is a backend of (for
     /// refusing hairpin connections).
@@ -87,6 +120,10 @@ pub const BACKEND_SLOTS: u32 = 16384;
 /// Default number of entries in the flow table: one per connection (live or
 /// recently closed).
 pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 1 << 19;
+/// Default number of entries of the half-open table.
+pub const DEFAULT_HALF_OPEN_TABLE_SIZE: u32 = 1 << 17;
+/// Entries of the orphan table.
+pub const ORPHAN_TABLE_SIZE: u32 = 1 << 16;
 /// Largest per-VIP `choices` value that samples; [`CHOICES_FULL_SCAN`] scans.
 pub const MAX_CHOICES: u32 = 16;
 /// `choices` value asking for a full least-connections scan of the VIP's
@@ -323,6 +360,26 @@ impl FlowEntry {
     pub const STATE_WORD_SHIFT: u32 = 32;
 }
 
+/// Why a flow is an orphan.
+pub mod orphan_reason {
+    /// Its backend was removed.
+    pub const BACKEND_REMOVED: u32 = 1;
+    /// The daemon expired it after its idle timeout.
+    pub const EXPIRED: u32 = 2;
+}
+
+/// Value of the `ORPHANS` table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Orphan {
+    /// One of [`orphan_reason`].
+    pub reason: u32,
+    /// Padding, always 0.
+    pub _pad: u32,
+    /// When it was orphaned, CLOCK_MONOTONIC ns.
+    pub since_ns: u64,
+}
+
 /// Counters of the global per-CPU `STATS` array.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,8 +400,9 @@ pub enum Counter {
     FlowMisses,
     /// SYNs to a VIP with no eligible backend (dropped).
     DropNoBackend,
-    /// Segments of a flow whose backend was removed (dropped).
-    DropBackendGone,
+    /// Segments of a flow whose backend was removed since (its slot freed or
+    /// reused): answered with a TCP RST.
+    ResetBackendGone,
     /// Flow-table inserts that failed (SYN dropped).
     DropFlowInsert,
     /// Frames forwarded with XDP_TX.
@@ -398,11 +456,20 @@ pub enum Counter {
     /// Candidates skipped because their server has refused
     /// `VipInfo::eject_after` new flows in a row (passive detection).
     SkippedFailing,
+    /// Segments of flows the daemon expired or removed (remembered in
+    /// `ORPHANS`): answered with a TCP RST.
+    ResetOrphaned,
+    /// Half-open flows moved to the established table on the client's
+    /// first ACK.
+    Promoted,
+    /// SYNs dropped because the new-flow stage could not be reached (its
+    /// program array entry is empty: never after a complete start).
+    DropNoStage,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::SkippedFailing;
+    pub const LAST: Counter = Counter::DropNoStage;
 }
 
 /// Number of entries of the `STATS` array.
@@ -418,7 +485,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "new_flows",
     "flow_misses",
     "drop_no_backend",
-    "drop_backend_gone",
+    "reset_backend_gone",
     "drop_flow_insert",
     "tx_packets",
     "redirect_packets",
@@ -439,6 +506,9 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "closed_superseded",
     "fallback_flows",
     "skipped_failing",
+    "reset_orphaned",
+    "promoted",
+    "drop_no_stage",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].
@@ -491,7 +561,41 @@ pub const fn load_bucket(load: u64) -> usize {
     }
 }
 
-/// Per-VIP per-CPU telemetry of the choices (the signals the seeds ask for:
+/// Per-VIP per-CPU counts of the choices (value of `CHOICE_STATS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ChoiceCounts {
+    /// Choices made.
+    pub decisions: u64,
+    /// Choices whose best rejected candidate compared equal to the chosen
+    /// one (broken at random).
+    pub ties: u64,
+}
+
+/// Which load histogram of `CHOICE_HIST`.
+pub mod hist {
+    /// Load of every candidate compared.
+    pub const CANDIDATE: u32 = 0;
+    /// Load of the candidate chosen.
+    pub const CHOSEN: u32 = 1;
+    /// Load of the best candidate not chosen.
+    pub const REJECTED: u32 = 2;
+}
+
+/// Entries of `CHOICE_HIST`: three histograms of [`LOAD_BUCKETS`] per VIP.
+pub const CHOICE_HIST_LEN: u32 = MAX_VIPS * 3 * LOAD_BUCKETS as u32;
+
+/// Index in `CHOICE_HIST` of bucket `bucket` of histogram `which`
+/// ([`hist`]) of VIP `vip_index`. A flat array indexed through a map key:
+/// an index computed into a map value would make the verifier track the
+/// load values exactly, which a choice's loop cannot afford.
+#[inline(always)]
+pub const fn choice_hist_index(vip_index: u32, which: u32, bucket: usize) -> u32 {
+    (vip_index * 3 + which) * LOAD_BUCKETS as u32 + bucket as u32
+}
+
+/// A VIP's choice telemetry summed over CPUs, as userspace assembles it
+/// from `CHOICE_STATS` and `CHOICE_HIST` (the signals the seeds ask for:
 /// candidate loads at decision time, chosen versus rejected load, ties).
 /// Loads are the servers' active connections.
 #[repr(C)]
@@ -565,7 +669,13 @@ pub struct Settings {
     /// with this value instead of `bpf_get_prandom_u32` (tests only; the
     /// production daemon leaves it 0).
     pub test_seed: u64,
+    /// `SETTINGS_F_*` flags.
+    pub flags: u64,
 }
+
+/// Do not record the choice telemetry (benchmarks measure its cost with
+/// and without).
+pub const SETTINGS_F_NO_CHOICE_TELEMETRY: u64 = 1;
 
 const _: () = {
     assert!(core::mem::size_of::<VipKey>() == 8);
@@ -583,8 +693,10 @@ const _: () = {
     assert!(core::mem::size_of::<BackendVips>() == 4 + 8 * MAX_VIPS_PER_BACKEND as usize);
     assert!(core::mem::size_of::<TrafficStats>() == 48);
     assert!(core::mem::size_of::<ChoiceStats>() == 8 * (2 + 3 * LOAD_BUCKETS));
-    assert!(core::mem::size_of::<Settings>() == 8);
+    assert!(core::mem::size_of::<ChoiceCounts>() == 16);
+    assert!(core::mem::size_of::<Settings>() == 16);
     assert!(core::mem::size_of::<LocalMac>() == 8);
+    assert!(core::mem::size_of::<Orphan>() == 16);
     assert!(core::mem::size_of::<HostVips>() == 8 * VIP_BITMAP_WORDS);
     assert!(VIP_BITMAP_WORDS == 2, "HostVips::has reads two words");
 };
@@ -620,5 +732,7 @@ mod pod {
         LocalMac,
         HostVips,
         ChoiceStats,
+        ChoiceCounts,
+        Orphan,
     );
 }

@@ -5,22 +5,25 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::generated::bpf_get_prandom_u32};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST, helpers::generated::bpf_get_prandom_u32, macros::map, maps::PerCpuArray,
+};
 use balancer_common::{
     choice::{self, Chooser},
-    flow, load_bucket,
+    choice_hist_index, flow, hist, load_bucket,
     parse::Tcp4,
     Backend, Counter, FlowEntry, FlowKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED,
-    LOAD_BUCKETS, VIP_F_FALLBACK,
+    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_FALLBACK,
 };
 
 use crate::{
     atomic,
     frame::precise_ns,
     lookup::{backend_of, live_elsewhere},
+    loops::bpf_loop,
     maps::{
-        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CHOICE_STATS, FLOWS, RNG_STATE, SERVER_CONNS,
-        SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS, VIP_BACKENDS,
+        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CHOICE_HIST, CHOICE_STATS, HALF_OPEN, RNG_STATE,
+        SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS, VIP_BACKENDS,
     },
     stats::count,
 };
@@ -35,25 +38,6 @@ pub enum Refusal {
 
 /// No slot excluded.
 const NO_SLOT: u32 = u32::MAX;
-
-/// `bpf_loop` (helper 181, kernel 5.17+) with its count passed as a whole
-/// 64-bit register. The verifier inlines `bpf_loop` and compares the whole
-/// register with `BPF_MAX_LOOPS`; the generated binding takes the count as
-/// a `u32`, whose register may carry stale upper bits, which turned the
-/// call into `-E2BIG` (no step run) for some modes of the choice.
-///
-/// # Safety
-/// `callback` is a BPF-to-BPF function `extern "C" fn(u64, *mut c_void) ->
-/// i64`; `ctx` points to the caller's stack.
-#[inline(always)]
-unsafe fn bpf_loop(nr_loops: u64, callback: *mut c_void, ctx: *mut c_void) -> i64 {
-    // SAFETY: helper number 181 with its documented signature; flags 0.
-    unsafe {
-        let f: unsafe extern "C" fn(u64, *mut c_void, *mut c_void, u64) -> i64 =
-            core::mem::transmute(181usize);
-        f(nr_loops, callback, ctx, 0)
-    }
-}
 
 /// A uniform 32-bit random number: `bpf_get_prandom_u32`, or a seeded
 /// deterministic generator when `Settings::test_seed` is set (tests only).
@@ -83,20 +67,29 @@ fn random() -> u32 {
     unsafe { bpf_get_prandom_u32() }
 }
 
-/// State of one choice, passed to [`choose_step`] through `bpf_loop`.
+/// The chooser of the choice in progress, per CPU: kept in a map value
+/// rather than in the loop's stack context, so that the verifier, which
+/// does not track what a map value holds, sees the loop's state unchanged
+/// from one step to the next and verifies a step once (on the stack, the
+/// loads and ties it carries made it unroll the loop past its budget).
+#[map]
+static CHOOSER: PerCpuArray<Chooser> = PerCpuArray::with_max_entries(1, 0);
+
+/// The constant part of one choice, passed to [`choose_step`] through
+/// `bpf_loop`.
 #[repr(C)]
 struct ChooseCtx {
-    chooser: Chooser,
     /// Index in `VIP_BACKENDS` of the first entry of the active list.
     list_base: u32,
     /// A slot that must not be chosen ([`NO_SLOT`]: none).
     exclude: u32,
     /// `VipInfo::eject_after` (0: no candidate is skipped for failing).
     eject_after: u32,
-    /// Candidates skipped for failing.
-    skipped: u32,
-    /// Loads of the candidates compared, by [`load_bucket`].
-    hist: [u16; LOAD_BUCKETS],
+    /// The VIP's index, for its telemetry.
+    vip_index: u32,
+    /// 1 when the choice telemetry is recorded.
+    telemetry: u32,
+    _pad: u32,
 }
 
 /// Active connections (server-wide) and weight of the backend in
@@ -111,7 +104,7 @@ fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32)> {
     let b = BACKENDS.get(slot)?;
     let (server, weight) = (b.server, b.weight);
     if c.eject_after != 0 && *SERVER_FAILS.get(server)? >= c.eject_after as u64 {
-        c.skipped += 1;
+        count(Counter::SkippedFailing, 1);
         return None;
     }
     let conns = *SERVER_CONNS.get(server)?;
@@ -125,57 +118,72 @@ fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32)> {
 extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: ctx is the ChooseCtx passed to bpf_loop.
     let c = unsafe { &mut *(ctx as *mut ChooseCtx) };
+    let Some(p) = CHOOSER.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's chooser, set up by `choose` for this choice.
+    let chooser = unsafe { &mut *p };
     let mut rand = random;
-    let i = c.chooser.candidate(step as u32, &mut rand);
+    let i = chooser.candidate(step as u32, &mut rand);
     if let Some((l, w)) = load_of(c, c.list_base + i) {
-        if let Some(h) = c.hist.get_mut(load_bucket(l)) {
-            *h += 1;
+        if c.telemetry != 0 {
+            bump(c.vip_index, hist::CANDIDATE, l);
         }
-        c.chooser.offer(i, l, w, &mut rand);
+        chooser.offer(i, l, w, &mut rand);
     }
     0
 }
 
+/// Adds one to the bucket of `load` in histogram `which` of a VIP (a map
+/// key, not an offset into a value: the verifier then need not track the
+/// load exactly).
+#[inline(always)]
+fn bump(vip_index: u32, which: u32, load: u64) {
+    if let Some(p) = CHOICE_HIST.get_ptr_mut(choice_hist_index(vip_index, which, load_bucket(load)))
+    {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe { *p += 1 };
+    }
+}
+
 /// Adds one choice to the VIP's telemetry.
 #[inline(always)]
-fn record(vip: &VipInfo, c: &ChooseCtx) {
-    let Some(p) = CHOICE_STATS.get_ptr_mut(vip.index) else {
-        return;
-    };
-    // SAFETY: per-CPU value, no concurrent writer; indexes below
-    // LOAD_BUCKETS by load_bucket's contract, checked by `get_mut`.
-    let st = unsafe { &mut *p };
-    st.decisions += 1;
-    if c.chooser.tied() {
-        st.ties += 1;
-    }
-    let mut k = 0;
-    while k < LOAD_BUCKETS {
-        st.candidates[k] += c.hist[k] as u64;
-        k += 1;
-    }
-    if let Some(x) = st.chosen.get_mut(load_bucket(c.chooser.chosen_load())) {
-        *x += 1;
-    }
-    if let Some(r) = c.chooser.rejected_load() {
-        if let Some(x) = st.rejected.get_mut(load_bucket(r)) {
-            *x += 1;
+fn record(vip: &VipInfo, chooser: &Chooser) {
+    if let Some(p) = CHOICE_STATS.get_ptr_mut(vip.index) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe {
+            (*p).decisions += 1;
+            if chooser.tied() {
+                (*p).ties += 1;
+            }
         }
+    }
+    bump(vip.index, hist::CHOSEN, chooser.chosen_load());
+    if let Some(r) = chooser.rejected_load() {
+        bump(vip.index, hist::REJECTED, r);
     }
 }
 
 /// Chooses a backend slot of `vip` other than `exclude`.
 #[inline(always)]
 fn choose(vip: &VipInfo, exclude: u32) -> Option<(Backend, u32)> {
+    let telemetry = SETTINGS
+        .get(0)
+        .is_none_or(|s| s.flags & SETTINGS_F_NO_CHOICE_TELEMETRY == 0);
+    let p = CHOOSER.get_ptr_mut(0)?;
+    let chooser = Chooser::new(vip.eligible, vip.choices);
+    let steps = chooser.steps() as u64;
+    // SAFETY: this CPU's chooser; nothing else runs on this CPU meanwhile.
+    unsafe { *p = chooser };
     let mut lctx = ChooseCtx {
-        chooser: Chooser::new(vip.eligible, vip.choices),
         list_base: vip.list_index(0),
         exclude,
         eject_after: vip.eject_after,
-        skipped: 0,
-        hist: [0; LOAD_BUCKETS],
+        vip_index: vip.index,
+        telemetry: telemetry as u32,
+        _pad: 0,
     };
-    let steps = lctx.chooser.steps() as u64;
+
     // SAFETY: callback is a static function; the context pointer is a stack
     // object alive for the duration of the call.
     let done = unsafe {
@@ -188,11 +196,12 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(Backend, u32)> {
     if done < 0 {
         return None;
     }
-    if lctx.skipped != 0 {
-        count(Counter::SkippedFailing, lctx.skipped as u64);
+    // SAFETY: as above.
+    let chooser = unsafe { *p };
+    let index = chooser.result()?;
+    if telemetry {
+        record(vip, &chooser);
     }
-    let index = lctx.chooser.result()?;
-    record(vip, &lctx);
     let slot = *VIP_BACKENDS.get(vip.list_index(index))?;
     let b = *BACKENDS.get(slot)?;
     if b.flags & BACKEND_F_IN_USE == 0 {
@@ -251,10 +260,10 @@ pub fn place(
     // Full resolution: of several closed flows of one backend tuple, the
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();
-    if FLOWS.insert(key, &entry, BPF_NOEXIST as u64).is_err() {
+    if HALF_OPEN.insert(key, &entry, BPF_NOEXIST as u64).is_err() {
         // Another CPU placed the same SYN first: follow it.
         // SAFETY: the entry is only read.
-        if let Some(e) = unsafe { FLOWS.get(key) } {
+        if let Some(e) = unsafe { HALF_OPEN.get(key) } {
             if let Some(b) = backend_of(e) {
                 return Ok((b, e.backend_slot));
             }
@@ -268,9 +277,11 @@ pub fn place(
         count(Counter::FallbackFlows, 1);
     }
     // A CLOSED entry of an earlier connection on this 5-tuple may remain:
-    // the LIVE entry is always looked up first, this connection's own close
+    // live entries are always looked up first, this connection's own close
     // overwrites it, and the daemon expires it after the closing timeout, so
-    // it is not deleted here (that lookup would cost every new flow).
+    // it is not deleted here (that lookup would cost every new flow). The
+    // flow starts in the half-open table and moves to the established one
+    // on the client's first ACK.
     count(Counter::NewFlows, 1);
     Ok((b, slot))
 }

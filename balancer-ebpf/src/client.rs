@@ -4,22 +4,23 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use balancer_common::{
     flow::{self, Direction},
     flow_kind,
-    parse::{Frame, Tcp4, IPV4_DST_OFF},
-    Backend, Counter, FlowEntry, FlowKey, VipInfo,
+    parse::{self, Frame, Parsed, Tcp4, IPV4_DST_OFF, TCP_RST},
+    programs, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
 };
 
 use crate::{
     choose::{self, Refusal},
     forward::{forward, HopCache},
     frame::{now_ns, XdpFrame},
-    lookup::backend_of,
-    maps::{BACKEND_STATS, FLOWS, VIP_STATS},
+    lookup::{backend_of, Table},
+    maps::{BACKEND_STATS, FLOWS, ORPHANS, STAGES, VIPS, VIP_STATS},
     rewrite::{nat::Nat, reset::send_reset},
     stats::{count, traffic, Failure},
     track,
 };
 
-/// A segment of a pinned flow, client to VIP.
+/// A segment of a pinned flow, client to VIP. A flow whose backend was
+/// removed since gets a reset.
 #[inline(always)]
 pub fn pinned(
     ctx: &XdpContext,
@@ -27,27 +28,29 @@ pub fn pinned(
     seg: &Tcp4,
     key: &FlowKey,
     e: *mut FlowEntry,
+    table: Table,
 ) -> u32 {
     let now = now_ns();
     // SAFETY: pointer from a successful lookup.
     let entry = unsafe { &*e };
     let Some(b) = backend_of(entry) else {
-        count(Counter::DropBackendGone, 1);
-        return xdp_action::XDP_DROP;
+        count(Counter::ResetBackendGone, 1);
+        return send_reset(ctx, frame, seg);
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
     if seg.is_syn() && entry.state & flow::F_SERVER_SEQ_KNOWN == 0 {
         // The client retransmits its SYN: the backend has not answered.
         track::failed(slot, &b, Failure::SynRetransmit);
     }
-    // SAFETY: `e` is the entry of `key`, pinned to `b`.
-    unsafe { track::track(key, e, &b, Direction::ToBackend, seg, now) };
+    // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
+    unsafe { track::track(key, e, table, &b, Direction::ToBackend, seg, now) };
     to_backend(ctx, frame, seg, &b, slot, vip_index, false, now)
 }
 
 /// A segment to a VIP that matches no live flow: a SYN is placed (or
-/// refused), a late segment of a closed flow follows it, anything else is
-/// passed and counted.
+/// refused), a late segment of a closed flow follows it, a segment of a
+/// flow the daemon expired or removed gets a reset, anything else is passed
+/// and counted (never balanced at random).
 #[inline(always)]
 pub fn unpinned(
     ctx: &XdpContext,
@@ -58,24 +61,58 @@ pub fn unpinned(
 ) -> u32 {
     let now = now_ns();
     if seg.is_syn() {
-        return match choose::place(key, seg, vip, now) {
-            Ok((b, slot)) => to_backend(ctx, frame, seg, &b, slot, vip.index, true, now),
-            Err(Refusal::Drop) => xdp_action::XDP_DROP,
-            Err(Refusal::Reset) => send_reset(ctx, frame, seg),
-        };
+        // The new-flow stage is a program of its own (tail call: does not
+        // return when it succeeds).
+        // SAFETY: the program array holds XDP programs of this object.
+        unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
+        count(Counter::DropNoStage, 1);
+        return xdp_action::XDP_DROP;
     }
     // SAFETY: the entry is only read.
     if let Some(e) = unsafe { FLOWS.get(&key.with_kind(flow_kind::CLOSED)) } {
         let Some(b) = backend_of(e) else {
-            count(Counter::DropBackendGone, 1);
-            return xdp_action::XDP_DROP;
+            count(Counter::ResetBackendGone, 1);
+            return send_reset(ctx, frame, seg);
         };
         count(Counter::ClosedFlowPackets, 1);
         return to_backend(ctx, frame, seg, &b, e.backend_slot, vip.index, false, now);
     }
+    // SAFETY: only the presence is read.
+    if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
+        count(Counter::ResetOrphaned, 1);
+        return send_reset(ctx, frame, seg);
+    }
     count(Counter::FlowMisses, 1);
     traffic(&VIP_STATS, vip.index, 0, false, true);
     xdp_action::XDP_PASS
+}
+
+/// The new-flow stage, tail-called by the entry program for a SYN to a VIP
+/// that matches no flow (the frame is unchanged and was admitted): places
+/// it (or refuses it) and forwards it.
+#[inline(always)]
+pub fn new_flow(ctx: &XdpContext) -> u32 {
+    let frame = XdpFrame(ctx);
+    let Parsed::Tcp4(seg) = parse::parse(&frame) else {
+        return xdp_action::XDP_PASS;
+    };
+    let key = crate::lookup::client_key(&seg);
+    let vip_key = VipKey {
+        addr: seg.dst_addr,
+        port: seg.dst_port,
+        proto: IPPROTO_TCP,
+        _pad: 0,
+    };
+    // SAFETY: copied out at once.
+    let Some(vip) = (unsafe { VIPS.get(&vip_key) }).copied() else {
+        return xdp_action::XDP_PASS;
+    };
+    let now = now_ns();
+    match choose::place(&key, &seg, &vip, now) {
+        Ok((b, slot)) => to_backend(ctx, &frame, &seg, &b, slot, vip.index, true, now),
+        Err(Refusal::Drop) => xdp_action::XDP_DROP,
+        Err(Refusal::Reset) => send_reset(ctx, &frame, &seg),
+    }
 }
 
 /// Counts and forwards a client segment to its backend (destination NAT).

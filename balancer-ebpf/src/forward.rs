@@ -11,7 +11,7 @@ use balancer_common::{nat::Ttl, parse::Tcp4, Counter, IPPROTO_TCP};
 
 use crate::{
     frame::XdpFrame,
-    maps::{HopKey, NextHop, SlotHop, BACKEND_HOPS, NEXT_HOPS},
+    maps::{HopKey, NextHop, SlotHop, BACKEND_HOPS, FIB_SCRATCH, NEXT_HOPS},
     rewrite::nat::{rewrite, Nat},
     stats::count,
 };
@@ -70,8 +70,17 @@ pub fn forward(
     let hop = if cached.expires_ns > now && seg.ip_total_len <= cached.max_len {
         cached
     } else {
-        // SAFETY: plain-old-data struct; all-zero is a valid value.
-        let mut p: FibParams = unsafe { core::mem::zeroed() };
+        // The 64-byte parameters live in a per-CPU scratch value, not on
+        // the stack (512 bytes for the whole call chain).
+        let Some(pp) = FIB_SCRATCH.get_ptr_mut(0) else {
+            count(Counter::DropFib, 1);
+            return xdp_action::XDP_DROP;
+        };
+        // SAFETY: a per-CPU map value of the right type; all-zero is valid.
+        let p = unsafe {
+            core::ptr::write_bytes(pp, 0, 1);
+            &mut *pp
+        };
         p.family = AF_INET;
         p.l4_protocol = IPPROTO_TCP;
         p.__bindgen_anon_1.tot_len = seg.ip_total_len;
@@ -82,7 +91,7 @@ pub fn forward(
         let rc = unsafe {
             bpf_fib_lookup(
                 ctx.ctx as *mut _,
-                &mut p,
+                pp,
                 core::mem::size_of::<FibParams>() as i32,
                 0,
             )

@@ -1,12 +1,45 @@
 //! Finding a segment's flow: client-side keys, the backend a flow is pinned
 //! to, and the search of a reply's flow among the VIPs its backend serves.
 
+use core::ffi::c_void;
+
 use balancer_common::{
-    flow_kind, parse::Tcp4, Backend, BackendKey, BackendVips, FlowEntry, FlowKey, BACKEND_F_IN_USE,
-    IPPROTO_TCP, MAX_VIPS_PER_BACKEND,
+    flow_kind, parse::Tcp4, Backend, BackendKey, BackendVips, FlowEntry, FlowKey, VipAddr,
+    BACKEND_F_IN_USE, IPPROTO_TCP, MAX_VIPS_PER_BACKEND,
 };
 
-use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS};
+use aya_ebpf::maps::LruHashMap;
+
+use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS, HALF_OPEN};
+
+/// Which flow table a live flow is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// [`FLOWS`]: established.
+    Established,
+    /// [`HALF_OPEN`]: handshake not completed.
+    HalfOpen,
+}
+
+impl Table {
+    /// The map.
+    #[inline(always)]
+    pub fn map(self) -> &'static LruHashMap<FlowKey, FlowEntry> {
+        match self {
+            Table::Established => &FLOWS,
+            Table::HalfOpen => &HALF_OPEN,
+        }
+    }
+}
+
+/// The live flow of `key`, established or half-open.
+#[inline(always)]
+pub fn live(key: &FlowKey) -> Option<(*mut FlowEntry, Table)> {
+    if let Some(e) = FLOWS.get_ptr_mut(key) {
+        return Some((e, Table::Established));
+    }
+    HALF_OPEN.get_ptr_mut(key).map(|e| (e, Table::HalfOpen))
+}
 
 /// The LIVE key of a client-side segment (client -> VIP).
 #[inline(always)]
@@ -89,9 +122,9 @@ pub fn live_elsewhere(key: &FlowKey, backend: &Backend) -> bool {
             continue;
         }
         let other = key_for(key.src_addr, key.src_port, v.addr, v.port);
-        // SAFETY: the entry is only read.
-        if let Some(e) = unsafe { FLOWS.get(&other) } {
-            if pinned_to(e, backend.addr, backend.port).is_some() {
+        if let Some((e, _)) = live(&other) {
+            // SAFETY: pointer from a successful lookup, only read.
+            if pinned_to(unsafe { &*e }, backend.addr, backend.port).is_some() {
                 return true;
             }
         }
@@ -102,8 +135,9 @@ pub fn live_elsewhere(key: &FlowKey, backend: &Backend) -> bool {
 /// Where a reply (backend -> client) belongs.
 pub enum Reply {
     /// The live flow (client -> VIP `vip_index`'s address) pinned to this
-    /// backend: its key, entry, the VIP it is rewritten to, and the backend.
-    Live(FlowKey, *mut FlowEntry, u32, u16, Backend),
+    /// backend: its key, entry, table, the VIP it is rewritten to, and the
+    /// backend.
+    Live(FlowKey, *mut FlowEntry, Table, u32, u16, Backend),
     /// A closed flow pinned to this backend (a late segment): its entry and
     /// the VIP address and port.
     Closed(FlowEntry, u32, u16),
@@ -116,66 +150,165 @@ pub enum Reply {
 }
 
 /// Finds the flow of a reply from the backend `seg.src` to the client
-/// `seg.dst` among the VIPs the backend serves: a LIVE flow of any of them
-/// first, then the most recently created CLOSED one, never a CLOSED one for
-/// a SYN-ACK (cases 14 and 15 of the packet cases).
+/// `seg.dst` among the VIPs the backend serves: a live flow (established or
+/// half-open) of any of them first, then the most recently created CLOSED
+/// one, never a CLOSED one for a SYN-ACK (cases 14 and 15 of the packet
+/// cases). A backend of one VIP (the common case) is looked up inline; for
+/// several, each search is a `bpf_loop` over them, so the verifier checks
+/// one step whatever their number.
 #[inline(always)]
 pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
-    let mut i = 0;
-    while i < MAX_VIPS_PER_BACKEND as usize {
-        if i as u32 >= bv.count {
-            break;
+    let (client_addr, client_port) = (seg.dst_addr, seg.dst_port);
+    let found = if bv.count <= 1 {
+        let v = bv.vips[0];
+        live_reply(client_addr, client_port, v, seg.src_addr, seg.src_port)
+    } else {
+        let mut c = SearchCtx::new(seg, bv);
+        // SAFETY: static callback; the context is a stack object alive for
+        // the call.
+        unsafe {
+            crate::loops::bpf_loop(
+                bv.count as u64,
+                live_step as *mut c_void,
+                &mut c as *mut SearchCtx as *mut c_void,
+            )
+        };
+        if c.found == 0 {
+            None
+        } else {
+            match c.vips.get(c.found_index as usize) {
+                Some(v) => live_reply(client_addr, client_port, *v, seg.src_addr, seg.src_port),
+                None => None,
+            }
         }
-        let v = bv.vips[i];
-        i += 1;
-        let key = key_for(seg.dst_addr, seg.dst_port, v.addr, v.port);
-        if let Some(e) = FLOWS.get_ptr_mut(&key) {
-            // SAFETY: pointer from a successful lookup.
-            if let Some(b) = pinned_to(unsafe { &*e }, seg.src_addr, seg.src_port) {
-                return Reply::Live(key, e, v.addr, v.port, b);
+    };
+    if let Some(r) = found {
+        return r;
+    }
+    let mut c = SearchCtx::new(seg, bv);
+    // SAFETY: as above.
+    unsafe {
+        crate::loops::bpf_loop(
+            bv.count as u64,
+            closed_step as *mut c_void,
+            &mut c as *mut SearchCtx as *mut c_void,
+        )
+    };
+    if c.found != 0 {
+        if let Some(v) = c.vips.get(c.found_index as usize) {
+            let key =
+                key_for(client_addr, client_port, v.addr, v.port).with_kind(flow_kind::CLOSED);
+            // SAFETY: copied out at once.
+            if let Some(e) = unsafe { FLOWS.get(&key) }.copied() {
+                return Reply::Closed(e, v.addr, v.port);
             }
         }
     }
-    // Several closed flows of this backend tuple (one per VIP it serves):
-    // the latest created is the connection the backend's socket belongs to.
-    let new_handshake = seg.is_syn_ack();
-    let mut superseded = false;
-    let mut latest: Option<(FlowEntry, u32, u16)> = None;
-    let mut i = 0;
-    while i < MAX_VIPS_PER_BACKEND as usize {
-        if i as u32 >= bv.count {
-            break;
-        }
-        let v = bv.vips[i];
-        i += 1;
-        let key = key_for(seg.dst_addr, seg.dst_port, v.addr, v.port).with_kind(flow_kind::CLOSED);
-        // SAFETY: the entry is copied out at once.
-        let Some(e) = (unsafe { FLOWS.get(&key) }).copied() else {
-            continue;
-        };
-        if pinned_to(&e, seg.src_addr, seg.src_port).is_none() {
-            continue;
-        }
-        if new_handshake {
-            if FLOWS.remove(&key).is_ok() {
-                superseded = true;
-            }
-            continue;
-        }
-        let newer = match &latest {
-            Some((l, _, _)) => e.created_ns > l.created_ns,
-            None => true,
-        };
-        if newer {
-            latest = Some((e, v.addr, v.port));
-        }
-    }
-    if let Some((e, addr, port)) = latest {
-        return Reply::Closed(e, addr, port);
-    }
-    if superseded {
+    if c.superseded != 0 {
         Reply::Superseded
     } else {
         Reply::None
     }
+}
+
+/// The live flow of client `addr:port` through VIP `v`, when it is pinned
+/// to the backend at `baddr:bport`.
+#[inline(always)]
+fn live_reply(addr: u32, port: u16, v: VipAddr, baddr: u32, bport: u16) -> Option<Reply> {
+    let key = key_for(addr, port, v.addr, v.port);
+    let (e, table) = live(&key)?;
+    // SAFETY: pointer from a successful lookup.
+    let b = pinned_to(unsafe { &*e }, baddr, bport)?;
+    Some(Reply::Live(key, e, table, v.addr, v.port, b))
+}
+
+/// State of a search over a backend's VIPs, through `bpf_loop`.
+#[repr(C)]
+struct SearchCtx {
+    vips: [VipAddr; MAX_VIPS_PER_BACKEND as usize],
+    client_addr: u32,
+    backend_addr: u32,
+    client_port: u16,
+    backend_port: u16,
+    syn_ack: u32,
+    /// 1 when a match was found.
+    found: u32,
+    /// Index of the match in `vips`.
+    found_index: u32,
+    /// 1 when closed entries were forgotten for a SYN-ACK.
+    superseded: u32,
+    _pad: u32,
+    /// Creation time of the newest closed match.
+    found_created: u64,
+}
+
+impl SearchCtx {
+    #[inline(always)]
+    fn new(seg: &Tcp4, bv: &BackendVips) -> Self {
+        SearchCtx {
+            vips: bv.vips,
+            client_addr: seg.dst_addr,
+            backend_addr: seg.src_addr,
+            client_port: seg.dst_port,
+            backend_port: seg.src_port,
+            syn_ack: seg.is_syn_ack() as u32,
+            found: 0,
+            found_index: 0,
+            superseded: 0,
+            _pad: 0,
+            found_created: 0,
+        }
+    }
+}
+
+/// One VIP of the live search: stops at the first live flow pinned to this
+/// backend.
+#[inline(never)]
+extern "C" fn live_step(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the SearchCtx passed to bpf_loop.
+    let c = unsafe { &mut *(ctx as *mut SearchCtx) };
+    let Some(v) = c.vips.get(i as usize) else {
+        return 1;
+    };
+    let key = key_for(c.client_addr, c.client_port, v.addr, v.port);
+    if let Some((e, _)) = live(&key) {
+        // SAFETY: pointer from a successful lookup, only read.
+        if pinned_to(unsafe { &*e }, c.backend_addr, c.backend_port).is_some() {
+            c.found = 1;
+            c.found_index = i as u32;
+            return 1;
+        }
+    }
+    0
+}
+
+/// One VIP of the closed search: keeps the newest closed flow pinned to
+/// this backend; for a SYN-ACK, forgets them instead.
+#[inline(never)]
+extern "C" fn closed_step(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the SearchCtx passed to bpf_loop.
+    let c = unsafe { &mut *(ctx as *mut SearchCtx) };
+    let Some(v) = c.vips.get(i as usize) else {
+        return 1;
+    };
+    let key = key_for(c.client_addr, c.client_port, v.addr, v.port).with_kind(flow_kind::CLOSED);
+    // SAFETY: only read.
+    let Some(e) = (unsafe { FLOWS.get(&key) }) else {
+        return 0;
+    };
+    if pinned_to(e, c.backend_addr, c.backend_port).is_none() {
+        return 0;
+    }
+    if c.syn_ack != 0 {
+        if FLOWS.remove(&key).is_ok() {
+            c.superseded = 1;
+        }
+        return 0;
+    }
+    if c.found == 0 || e.created_ns > c.found_created {
+        c.found = 1;
+        c.found_index = i as u32;
+        c.found_created = e.created_ns;
+    }
+    0
 }

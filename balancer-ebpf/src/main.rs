@@ -4,7 +4,8 @@
 //! frame -> parse (balancer_common::parse: Ethernet, up to two VLAN tags, IPv4 with options, TCP)
 //!       -> classify (this file): a pinned flow, a VIP, a backend's reply, or not ours
 //!       -> guard: addressed to this interface at L2, TTL left to forward
-//!       -> client side (client): pinned flow -> track (track); new SYN -> choose (choose)
+//!       -> client side (client): pinned flow -> track (track); new SYN -> tail call into
+//!          the new-flow program (its own verification budget) -> choose (choose)
 //!          reply side (reply): find the flow among the backend's VIPs (lookup) -> track
 //!       -> rewrite: NAT (rewrite/nat) or a refusal's RST (rewrite/reset)
 //!       -> forward: bpf_fib_lookup with a next-hop cache, XDP_TX or XDP_REDIRECT
@@ -33,6 +34,8 @@ mod guard;
 #[cfg(target_arch = "bpf")]
 mod lookup;
 #[cfg(target_arch = "bpf")]
+mod loops;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod reply;
@@ -55,11 +58,12 @@ mod entry {
         client,
         frame::XdpFrame,
         guard, lookup,
-        maps::{BACKEND_PORTS, FLOWS, VIPS, VIP_ADDRS, VIP_PORTS},
+        maps::{BACKEND_PORTS, VIPS, VIP_ADDRS, VIP_PORTS},
         reply,
         stats::{count, count_rx},
     };
 
+    /// The entry point (`programs::ENTRY`).
     #[xdp]
     pub fn balancer(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
@@ -72,6 +76,12 @@ mod entry {
         }
     }
 
+    /// The new-flow stage (`programs::NEW_FLOW`), tail-called by the entry.
+    #[xdp]
+    pub fn balancer_new_flow(ctx: XdpContext) -> u32 {
+        client::new_flow(&ctx)
+    }
+
     #[inline(always)]
     fn pass(c: Counter) -> u32 {
         count(c, 1);
@@ -80,8 +90,9 @@ mod entry {
 
     /// What a TCP segment is to the balancer.
     enum Target {
-        /// A segment of a live flow (client -> VIP).
-        Pinned(FlowKey, *mut FlowEntry),
+        /// A segment of a live flow (client -> VIP), established or
+        /// half-open.
+        Pinned(FlowKey, *mut FlowEntry, lookup::Table),
         /// A segment to a VIP matching no live flow.
         Vip(FlowKey, VipInfo),
         /// A segment from a backend address and port, with its VIPs.
@@ -100,8 +111,8 @@ mod entry {
         let addr_key = (u32::from_be(seg.dst_addr) as u16).to_be();
         if port_listed(&VIP_PORTS, seg.dst_port) && port_listed(&VIP_ADDRS, addr_key) {
             let key = lookup::client_key(seg);
-            if let Some(e) = FLOWS.get_ptr_mut(&key) {
-                return Target::Pinned(key, e);
+            if let Some((e, table)) = lookup::live(&key) {
+                return Target::Pinned(key, e, table);
             }
             let vip_key = VipKey {
                 addr: seg.dst_addr,
@@ -142,7 +153,7 @@ mod entry {
             return action;
         }
         match target {
-            Target::Pinned(key, e) => client::pinned(ctx, frame, seg, &key, e),
+            Target::Pinned(key, e, table) => client::pinned(ctx, frame, seg, &key, e, table),
             Target::Vip(key, vip) => client::unpinned(ctx, frame, seg, &key, &vip),
             Target::FromBackend(bv) => reply::to_client(ctx, frame, seg, &bv),
             Target::NotOurs => pass(Counter::PassNotVip),

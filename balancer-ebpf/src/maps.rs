@@ -3,13 +3,18 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use balancer_common::{
-    Backend, BackendKey, BackendVips, ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips,
-    LocalMac, Settings, TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, DEFAULT_FLOW_TABLE_SIZE,
-    MAX_VIPS, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+    Backend, BackendKey, BackendVips, ChoiceCounts, FlowEntry, FlowKey, GlobalStats, HostVips,
+    LocalMac, Orphan, Settings, TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN,
+    DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE, MAX_VIPS, ORPHAN_TABLE_SIZE,
+    PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
+
+/// The stages the entry program tail-calls (`programs::*_STAGE`).
+#[map]
+pub static STAGES: ProgramArray = ProgramArray::with_max_entries(4, 0);
 
 /// VIP table.
 #[map]
@@ -36,9 +41,12 @@ pub static SERVER_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOT
 /// New flows refused in a row per server (passive failure detection).
 #[map]
 pub static SERVER_FAILS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
-/// Choice telemetry per VIP, per CPU.
+/// Choice counts per VIP, per CPU.
 #[map]
-pub static CHOICE_STATS: PerCpuArray<ChoiceStats> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+pub static CHOICE_STATS: PerCpuArray<ChoiceCounts> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
+/// Choice load histograms, per CPU (`choice_hist_index`).
+#[map]
+pub static CHOICE_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(CHOICE_HIST_LEN, 0);
 /// Bitmap of VIP ports (bit p of word p / 64, p in host byte order): frames
 /// to any other port skip every hash lookup.
 #[map]
@@ -57,11 +65,25 @@ pub static BACKEND_VIPS: HashMap<BackendKey, BackendVips> =
 /// The VIPs each backend host (address, any port) serves: hairpin refusal.
 #[map]
 pub static BACKEND_HOSTS: HashMap<u32, HostVips> = HashMap::with_max_entries(BACKEND_SLOTS, 0);
-/// The flow table: one LIVE entry per connection, CLOSED entries for late
-/// segments. Resized by userspace (`--flow-table-size`).
+/// The flow table: one LIVE entry per established connection, CLOSED
+/// entries for late segments. Resized by userspace (`--flow-table-size`).
 #[map]
 pub static FLOWS: LruHashMap<FlowKey, FlowEntry> =
     LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+/// Half-open flows, apart from [`FLOWS`] so that a SYN flood evicts only
+/// its own kind. Resized by userspace (`--half-open-table-size`).
+#[map]
+pub static HALF_OPEN: LruHashMap<FlowKey, FlowEntry> =
+    LruHashMap::with_max_entries(DEFAULT_HALF_OPEN_TABLE_SIZE, 0);
+/// Flows the daemon expired or whose backend was removed: their client's
+/// next segment gets a reset.
+#[map]
+pub static ORPHANS: LruHashMap<FlowKey, Orphan> =
+    LruHashMap::with_max_entries(ORPHAN_TABLE_SIZE, 0);
+/// The layout fingerprint of the shared maps, written and pinned by the
+/// daemon (the program never reads it).
+#[map]
+pub static LAYOUT: Array<u64> = Array::with_max_entries(1, 0);
 /// MAC address of each interface the program acts on, by ifindex.
 #[map]
 pub static LOCAL_MACS: HashMap<u32, LocalMac> = HashMap::with_max_entries(256, 0);
@@ -129,6 +151,12 @@ pub struct SlotHop {
     /// Interface the frames came in on when it was looked up.
     pub ingress: u32,
 }
+
+/// Scratch space for `bpf_fib_lookup`'s parameters (per CPU: the stack of
+/// an XDP program is 512 bytes for the whole call chain).
+#[map]
+pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// Next hops towards backends, by slot.
 #[map]

@@ -24,11 +24,11 @@ use crate::{
 pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVips) -> u32 {
     let now = now_ns();
     let (slot, vip_index, vip_addr, vip_port) = match find_reply(seg, bv) {
-        Reply::Live(key, e, vip_addr, vip_port, b) => {
+        Reply::Live(key, e, table, vip_addr, vip_port, b) => {
             // SAFETY: pointer from a successful lookup.
             let (slot, vip_index) = unsafe { ((*e).backend_slot, (*e).vip_index) };
-            // SAFETY: `e` is the entry of `key`, pinned to `b`.
-            unsafe { track::track(&key, e, &b, Direction::ToClient, seg, now) };
+            // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
+            unsafe { track::track(&key, e, table, &b, Direction::ToClient, seg, now) };
             (slot, vip_index, vip_addr, vip_port)
         }
         Reply::Closed(e, vip_addr, vip_port) => {

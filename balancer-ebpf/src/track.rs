@@ -10,24 +10,33 @@ use balancer_common::{
     Backend, Counter, FlowEntry, FlowKey,
 };
 
+use aya_ebpf::bindings::BPF_NOEXIST;
+
 use crate::{
     atomic,
-    maps::{BACKEND_CONNS, FLOWS, SERVER_CONNS, SERVER_FAILS},
+    lookup::Table,
+    maps::{BACKEND_CONNS, FLOWS, HALF_OPEN, SERVER_CONNS, SERVER_FAILS},
     stats::{backend_failure, count, Failure},
 };
 
 /// Applies one segment travelling `dir` to the live flow `key` whose entry
-/// is at `e`, pinned to backend `b`: stamps it, stores the sequence
-/// numbers, sets its state bits with an atomic OR (so the other direction,
-/// handled on another CPU at the same moment, never loses a FIN) and closes
-/// the flow when this segment completed the close.
+/// is at `e` in `table`, pinned to backend `b`: stamps it, stores the
+/// sequence numbers, sets its state bits with an atomic OR (so the other
+/// direction, handled on another CPU at the same moment, never loses a
+/// FIN), moves a half-open flow to the established table on the client's
+/// first ACK, and closes the flow when this segment completed the close.
+///
+/// A half-open flow's idle time runs from the client's last segment only:
+/// the backend retransmitting its SYN-ACK to a client that never answers
+/// (a spoofed SYN) does not keep it alive.
 ///
 /// # Safety
-/// `e` comes from a successful lookup of `key` in `FLOWS`.
+/// `e` comes from a successful lookup of `key` in `table`.
 #[inline(always)]
 pub unsafe fn track(
     key: &FlowKey,
     e: *mut FlowEntry,
+    table: Table,
     b: &Backend,
     dir: Direction,
     seg: &Tcp4,
@@ -37,8 +46,11 @@ pub unsafe fn track(
     // contract); no reference to it is held across the atomic operation.
     let snapshot = unsafe { *e };
     let step = flow::track(&snapshot, dir, seg);
+    let stamp = table == Table::Established || dir == Direction::ToBackend;
     unsafe {
-        (*e).last_seen_ns = now;
+        if stamp {
+            (*e).last_seen_ns = now;
+        }
         if let Some(v) = step.client_next_seq {
             (*e).client_next_seq = v;
         }
@@ -54,7 +66,8 @@ pub unsafe fn track(
     if flow::became(old, step.set, flow::F_DATA) {
         served(b);
     }
-    match flow::verdict(old, &step) {
+    let verdict = flow::verdict(old, &step);
+    match verdict {
         Verdict::Open => {}
         Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
         v @ (Verdict::ClosedByFin | Verdict::ClosedByRst) => {
@@ -63,8 +76,24 @@ pub unsafe fn track(
             let refused = v == Verdict::ClosedByRst
                 && dir == Direction::ToClient
                 && flow::refused(old | step.set);
-            close(key, &copy, b, v, refused);
+            close(key, table, &copy, b, v, refused);
+            return;
         }
+    }
+    if table == Table::HalfOpen && flow::became(old, step.set, flow::F_ESTABLISHED) {
+        promote(key, e);
+    }
+}
+
+/// Moves a half-open flow to the established table (exactly one caller
+/// sees the handshake complete). Its count moves with it.
+#[inline(always)]
+fn promote(key: &FlowKey, e: *mut FlowEntry) {
+    // SAFETY: a flow-table value, copied.
+    let copy = unsafe { *e };
+    if FLOWS.insert(key, &copy, BPF_NOEXIST as u64).is_ok() {
+        let _ = HALF_OPEN.remove(key);
+        count(Counter::Promoted, 1);
     }
 }
 
@@ -92,11 +121,22 @@ pub fn failed(slot: u32, b: &Backend, f: Failure) {
 /// Moves a flow from LIVE to CLOSED and releases its active connection on
 /// its slot and its server. The release happens only for the caller whose
 /// delete of the LIVE entry succeeds, so racing closers (both directions,
-/// the daemon's expiry) release exactly once.
+/// the daemon's expiry) release exactly once. A half-open flow leaves no
+/// CLOSED entry (none of its late segments needs one, and a flood of reset
+/// handshakes must not fill the established table).
 #[inline(always)]
-fn close(live_key: &FlowKey, entry: &FlowEntry, b: &Backend, verdict: Verdict, refused: bool) {
-    let _ = FLOWS.insert(&live_key.with_kind(flow_kind::CLOSED), entry, 0);
-    if FLOWS.remove(live_key).is_ok() {
+fn close(
+    live_key: &FlowKey,
+    table: Table,
+    entry: &FlowEntry,
+    b: &Backend,
+    verdict: Verdict,
+    refused: bool,
+) {
+    if table == Table::Established {
+        let _ = FLOWS.insert(&live_key.with_kind(flow_kind::CLOSED), entry, 0);
+    }
+    if table.map().remove(live_key).is_ok() {
         atomic::add(&BACKEND_CONNS, entry.backend_slot, u64::MAX);
         atomic::add(&SERVER_CONNS, b.server, u64::MAX);
         if verdict == Verdict::ClosedByRst {

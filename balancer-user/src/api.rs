@@ -392,7 +392,7 @@ pub struct FlowView {
     pub vip: SocketAddrV4,
     /// Backend address and port (`None` when its slot was since reused).
     pub backend: Option<SocketAddrV4>,
-    /// `live` or `closed`.
+    /// `live` (established), `half-open` or `closed`.
     pub kind: String,
     /// Idle time, ms.
     pub idle_ms: u64,

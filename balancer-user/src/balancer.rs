@@ -14,11 +14,13 @@ use std::{
 };
 
 use aya::{
+    maps::{MapData, ProgramArray},
     programs::{Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
 use balancer_common::{
-    map_names, Settings, BACKEND_SLOTS, MAX_BACKENDS_PER_VIP, MAX_VIPS, MAX_VIPS_PER_BACKEND,
+    map_names, orphan_reason, programs, Settings, BACKEND_SLOTS, MAX_BACKENDS_PER_VIP, MAX_VIPS,
+    MAX_VIPS_PER_BACKEND, SETTINGS_F_NO_CHOICE_TELEMETRY,
 };
 
 use crate::{
@@ -27,7 +29,7 @@ use crate::{
     error::{BalancerError, Result},
     gc::{GcReport, Reconciler, Timeouts},
     health::{Outcome, Target},
-    maps::{check_map_shapes, Count, Maps, Traffic, PINNED_MAPS},
+    maps::{check_pins, Count, Maps, Traffic, PINNED_MAPS},
     netdev,
     state::{
         check_backend, check_endpoint, check_weight, BackendConfig, State, VipConfig, VipSettings,
@@ -38,8 +40,12 @@ use crate::{
 /// The compiled XDP program, built by build.rs.
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-xdp"));
 
-/// Name of the XDP program inside the object.
-pub const PROGRAM_NAME: &str = "balancer";
+/// Name of the XDP program inside the object (the entry point).
+pub const PROGRAM_NAME: &str = programs::ENTRY;
+
+/// Largest flow or half-open table (2^26 entries: about 7 GiB of kernel
+/// memory for the flow table; far more than a 2-core machine serves).
+pub const MAX_TABLE_SIZE: u32 = 1 << 26;
 
 /// How to load the program.
 #[derive(Clone, Debug)]
@@ -47,6 +53,9 @@ pub struct LoadOptions {
     /// Flow-table entries (one per connection). Default
     /// [`balancer_common::DEFAULT_FLOW_TABLE_SIZE`].
     pub flow_table_size: u32,
+    /// Half-open table entries (SYNs whose handshake is not complete).
+    /// Default [`balancer_common::DEFAULT_HALF_OPEN_TABLE_SIZE`].
+    pub half_open_table_size: u32,
     /// bpffs directory to pin the maps under; `None` pins nothing.
     pub pin_dir: Option<PathBuf>,
 }
@@ -55,6 +64,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             flow_table_size: balancer_common::DEFAULT_FLOW_TABLE_SIZE,
+            half_open_table_size: balancer_common::DEFAULT_HALF_OPEN_TABLE_SIZE,
             pin_dir: None,
         }
     }
@@ -70,10 +80,14 @@ struct Attachment {
 /// The balancer: the loaded XDP program, its maps and the desired state.
 pub struct Balancer {
     ebpf: Ebpf,
+    /// The program array of the stages: its entries last while a user
+    /// reference does (this handle, or its pin).
+    _stages: ProgramArray<MapData>,
     maps: Maps,
     state: State,
     gc: Reconciler,
     eligibility: Eligibility,
+    settings: Settings,
     attached: Vec<Attachment>,
 }
 
@@ -86,17 +100,23 @@ impl Balancer {
     /// [`BalancerError::Load`] / [`BalancerError::Program`] when the kernel
     /// refuses the object (the verifier log is in the error).
     pub fn load(opts: &LoadOptions) -> Result<Self> {
-        if opts.flow_table_size < 16 {
-            return Err(BalancerError::Invalid {
-                what: "flow table size",
-                reason: format!(
-                    "{} entries is too small (at least 16)",
-                    opts.flow_table_size
-                ),
-            });
+        for (what, n) in [
+            ("flow table size", opts.flow_table_size),
+            ("half-open table size", opts.half_open_table_size),
+        ] {
+            if !(16..=MAX_TABLE_SIZE).contains(&n) {
+                return Err(BalancerError::Invalid {
+                    what,
+                    reason: format!("{n} entries is outside 16..={MAX_TABLE_SIZE}"),
+                });
+            }
+        }
+        if let Some(dir) = &opts.pin_dir {
+            check_pins(dir, opts.flow_table_size, opts.half_open_table_size)?;
         }
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(map_names::FLOWS, opts.flow_table_size);
+        loader.map_max_entries(map_names::HALF_OPEN, opts.half_open_table_size);
         if let Some(dir) = &opts.pin_dir {
             std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {
                 action: format!("creating pin directory {}", dir.display()),
@@ -109,25 +129,56 @@ impl Balancer {
             }
         }
         let mut ebpf = loader.load(PROGRAM).map_err(BalancerError::Load)?;
-        if opts.pin_dir.is_some() {
-            check_map_shapes(&ebpf, opts.flow_table_size)?;
-        }
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
             log::debug!("no eBPF logs: {e}");
         }
-        let prog: &mut Xdp = program_mut(&mut ebpf)?;
-        prog.load().map_err(|source| BalancerError::Program {
-            action: "loading the XDP program into the kernel (verifier)".into(),
-            source,
-        })?;
+        for name in [programs::ENTRY, programs::NEW_FLOW] {
+            let prog: &mut Xdp = ebpf
+                .program_mut(name)
+                .ok_or_else(program_missing)?
+                .try_into()
+                .map_err(program_open_failed)?;
+            prog.load().map_err(|source| BalancerError::Program {
+                action: format!("loading the XDP program {name} into the kernel (verifier)"),
+                source,
+            })?;
+        }
+        let mut stages: ProgramArray<MapData> = ebpf
+            .take_map(map_names::STAGES)
+            .ok_or_else(|| BalancerError::Invalid {
+                what: "object",
+                reason: format!("map {} missing", map_names::STAGES),
+            })?
+            .try_into()
+            .map_err(|source| BalancerError::Map {
+                map: map_names::STAGES,
+                action: "open",
+                source,
+            })?;
+        let new_flow: &Xdp = ebpf
+            .program(programs::NEW_FLOW)
+            .ok_or_else(program_missing)?
+            .try_into()
+            .map_err(program_open_failed)?;
+        let fd = new_flow.fd().map_err(program_open_failed)?;
+        stages
+            .set(programs::NEW_FLOW_STAGE, fd, 0)
+            .map_err(|source| BalancerError::Map {
+                map: map_names::STAGES,
+                action: "write",
+                source,
+            })?;
         let mut maps = Maps::take(&mut ebpf)?;
         maps.set_settings(Settings::default())?;
+        maps.write_layout()?;
         Ok(Balancer {
             ebpf,
+            _stages: stages,
             maps,
             state: State::default(),
             gc: Reconciler::default(),
             eligibility: Eligibility::default(),
+            settings: Settings::default(),
             attached: Vec::new(),
         })
     }
@@ -239,7 +290,22 @@ impl Balancer {
     /// # Errors
     /// Map write failure.
     pub fn set_test_seed(&mut self, seed: u64) -> Result<()> {
-        self.maps.set_settings(Settings { test_seed: seed })
+        self.settings.test_seed = seed;
+        self.maps.set_settings(self.settings)
+    }
+
+    /// Turns the per-VIP choice telemetry on (the default) or off (the
+    /// benchmark measures what it costs the SYN path).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn set_choice_telemetry(&mut self, on: bool) -> Result<()> {
+        if on {
+            self.settings.flags &= !SETTINGS_F_NO_CHOICE_TELEMETRY;
+        } else {
+            self.settings.flags |= SETTINGS_F_NO_CHOICE_TELEMETRY;
+        }
+        self.maps.set_settings(self.settings)
     }
 
     /// The desired state, for persisting.
@@ -757,13 +823,20 @@ impl Balancer {
     // ---- internals ----
 
     /// Marks slots free and removes the flows pinned to them, in one pass
-    /// over the flow table.
+    /// over each flow table. Their flows are remembered as orphans: a
+    /// client's next segment gets a reset instead of hanging.
     fn retire_slots(&mut self, gone: &[BackendConfig]) -> Result<()> {
         for b in gone {
             self.maps.clear_backend(b.slot)?;
         }
-        self.maps
+        let removed = self
+            .maps
             .remove_flows_of(&gone.iter().map(|b| (b.slot, b.generation)).collect());
+        let now = crate::gc::monotonic_ns();
+        for k in &removed {
+            self.maps
+                .add_orphan(k, orphan_reason::BACKEND_REMOVED, now)?;
+        }
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use balancer_common::{flow as fl, flow_kind, FlowEntry};
+use balancer_common::{flow as fl, flow_kind, orphan_reason, FlowEntry};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -21,6 +21,14 @@ pub struct Timeouts {
     pub established: Duration,
     /// One FIN seen, or closed and kept for late segments (default 30 s).
     pub closing: Duration,
+    /// How long a flow the daemon expired or removed is remembered, so
+    /// that its client's next segment gets a reset (default 120 s).
+    #[serde(default = "default_orphan")]
+    pub orphan: Duration,
+}
+
+fn default_orphan() -> Duration {
+    Duration::from_secs(120)
 }
 
 impl Default for Timeouts {
@@ -29,6 +37,7 @@ impl Default for Timeouts {
             half_open: Duration::from_secs(30),
             established: Duration::from_secs(900),
             closing: Duration::from_secs(30),
+            orphan: default_orphan(),
         }
     }
 }
@@ -62,6 +71,8 @@ pub struct GcReport {
     pub corrected: u64,
     /// Half-open flows expired (handshakes that never completed).
     pub half_open_expired: u64,
+    /// Orphan records forgotten.
+    pub orphans_forgotten: u64,
 }
 
 /// CLOCK_MONOTONIC in ns; the data path stamps flows with
@@ -167,7 +178,7 @@ impl Reconciler {
         let mut live: BTreeMap<Count, u64> = BTreeMap::new();
         let entries = maps.flow_entries()?;
         report.entries = entries.len() as u64;
-        for (k, e) in &entries {
+        for (table, k, e) in &entries {
             let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
             let current = slots.get(&e.backend_slot) == Some(&e.backend_generation);
             let owners = [
@@ -176,13 +187,16 @@ impl Reconciler {
             ];
             if k.kind == flow_kind::LIVE {
                 if idle > timeouts.for_live(e) {
-                    if maps.remove_flow(k) {
+                    if maps.remove_flow(*table, k) {
                         report.expired += 1;
                         if e.state & fl::F_ESTABLISHED == 0 {
                             report.half_open_expired += 1;
                             if current {
                                 *self.handshake_timeouts.entry(e.backend_slot).or_default() += 1;
                             }
+                        } else {
+                            // Its client's next segment gets a reset.
+                            maps.add_orphan(k, orphan_reason::EXPIRED, now)?;
                         }
                         if current {
                             for c in owners.into_iter().flatten() {
@@ -196,8 +210,15 @@ impl Reconciler {
                         *live.entry(c).or_default() += 1;
                     }
                 }
-            } else if idle > timeouts.closing && maps.remove_flow(k) {
+            } else if idle > timeouts.closing && maps.remove_flow(*table, k) {
                 report.removed += 1;
+            }
+        }
+        for (k, o) in maps.orphans() {
+            if Duration::from_nanos(now.saturating_sub(o.since_ns)) > timeouts.orphan
+                && maps.remove_orphan(&k)
+            {
+                report.orphans_forgotten += 1;
             }
         }
         let mut deltas = BTreeMap::new();

@@ -5,6 +5,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
 };
 
 use aya::{
@@ -12,10 +13,11 @@ use aya::{
     Ebpf,
 };
 use balancer_common::{
-    eligible_list_base, map_names, Backend, BackendKey, BackendVips, ChoiceStats, FlowEntry,
-    FlowKey, GlobalStats, HostVips, LocalMac, Settings, TrafficStats, VipAddr, VipInfo, VipKey,
-    BACKEND_F_IN_USE, BACKEND_F_SHARED, BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS,
-    MAX_VIPS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_F_FALLBACK,
+    choice_hist_index, eligible_list_base, flow_kind, hist, layout::LAYOUT_FINGERPRINT, map_names,
+    Backend, BackendKey, BackendVips, ChoiceCounts, ChoiceStats, FlowEntry, FlowKey, GlobalStats,
+    HostVips, LocalMac, Orphan, Settings, TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_IN_USE,
+    BACKEND_F_SHARED, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND,
+    PORT_BITMAP_WORDS, VIP_F_FALLBACK,
 };
 
 use crate::{
@@ -25,7 +27,11 @@ use crate::{
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
-pub const PINNED_MAPS: [&str; 14] = [
+pub const PINNED_MAPS: [&str; 19] = [
+    map_names::LAYOUT,
+    map_names::STAGES,
+    map_names::HALF_OPEN,
+    map_names::ORPHANS,
     map_names::VIPS,
     map_names::BACKEND_VIPS,
     map_names::VIP_BACKENDS,
@@ -40,6 +46,7 @@ pub const PINNED_MAPS: [&str; 14] = [
     map_names::BACKEND_STATS,
     map_names::VIP_STATS,
     map_names::CHOICE_STATS,
+    map_names::CHOICE_HIST,
 ];
 
 /// Network-byte-order address as the maps hold it.
@@ -97,6 +104,15 @@ fn ignore_missing(r: std::result::Result<(), MapError>) -> std::result::Result<(
     }
 }
 
+/// Which flow table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowTable {
+    /// Established (and closed) flows.
+    Established,
+    /// Half-open flows.
+    HalfOpen,
+}
+
 /// An active-connection count: of a slot (one backend under one VIP, for
 /// reporting) or of a server (a backend address and port across VIPs, what
 /// choices compare).
@@ -135,8 +151,12 @@ pub struct Maps {
     server_conns: Array<MapData, u64>,
     server_adjust: Array<MapData, u64>,
     server_fails: Array<MapData, u64>,
-    choice_stats: PerCpuArray<MapData, ChoiceStats>,
+    choice_stats: PerCpuArray<MapData, ChoiceCounts>,
+    choice_hist: PerCpuArray<MapData, u64>,
     flows: HashMap<MapData, FlowKey, FlowEntry>,
+    half_open: HashMap<MapData, FlowKey, FlowEntry>,
+    orphans: HashMap<MapData, FlowKey, Orphan>,
+    layout: Array<MapData, u64>,
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
     backend_hosts: HashMap<MapData, u32, HostVips>,
     local_macs: HashMap<MapData, u32, LocalMac>,
@@ -177,7 +197,11 @@ impl Maps {
             server_adjust: take!(map_names::SERVER_CONN_ADJUST),
             server_fails: take!(map_names::SERVER_FAILS),
             choice_stats: take!(map_names::CHOICE_STATS),
+            choice_hist: take!(map_names::CHOICE_HIST),
             flows: take!(map_names::FLOWS),
+            half_open: take!(map_names::HALF_OPEN),
+            orphans: take!(map_names::ORPHANS),
+            layout: take!(map_names::LAYOUT),
             backend_vips: take!(map_names::BACKEND_VIPS),
             backend_hosts: take!(map_names::BACKEND_HOSTS),
             local_macs: take!(map_names::LOCAL_MACS),
@@ -369,16 +393,26 @@ impl Maps {
             .choice_stats
             .get(&vip_index, 0)
             .map_err(map_err(map_names::CHOICE_STATS, "read"))?;
-        Ok(v.iter().fold(ChoiceStats::default(), |mut acc, c| {
+        let mut acc = ChoiceStats::default();
+        for c in v.iter() {
             acc.decisions += c.decisions;
             acc.ties += c.ties;
-            for k in 0..LOAD_BUCKETS {
-                acc.candidates[k] += c.candidates[k];
-                acc.chosen[k] += c.chosen[k];
-                acc.rejected[k] += c.rejected[k];
+        }
+        for k in 0..LOAD_BUCKETS {
+            for (which, into) in [
+                (hist::CANDIDATE, &mut acc.candidates),
+                (hist::CHOSEN, &mut acc.chosen),
+                (hist::REJECTED, &mut acc.rejected),
+            ] {
+                let i = choice_hist_index(vip_index, which, k);
+                let per_cpu = self
+                    .choice_hist
+                    .get(&i, 0)
+                    .map_err(map_err(map_names::CHOICE_HIST, "read"))?;
+                into[k] = per_cpu.iter().sum();
             }
-            acc
-        }))
+        }
+        Ok(acc)
     }
 
     /// Zeroes a VIP's choice telemetry (a fresh VIP index).
@@ -388,7 +422,15 @@ impl Maps {
     pub fn reset_choice_stats(&mut self, vip_index: u32) -> Result<()> {
         self.choice_stats
             .set(vip_index, zeroed_per_cpu()?, 0)
-            .map_err(map_err(map_names::CHOICE_STATS, "write"))
+            .map_err(map_err(map_names::CHOICE_STATS, "write"))?;
+        for which in [hist::CANDIDATE, hist::CHOSEN, hist::REJECTED] {
+            for k in 0..LOAD_BUCKETS {
+                self.choice_hist
+                    .set(choice_hist_index(vip_index, which, k), zeroed_per_cpu()?, 0)
+                    .map_err(map_err(map_names::CHOICE_HIST, "write"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Zeroes a VIP's or backend's traffic counters (a fresh index).
@@ -619,58 +661,131 @@ impl Maps {
 
     // ---- flows ----
 
-    /// Every entry of the flow table (a walk: entries added or removed
+    fn table(&self, t: FlowTable) -> &HashMap<MapData, FlowKey, FlowEntry> {
+        match t {
+            FlowTable::Established => &self.flows,
+            FlowTable::HalfOpen => &self.half_open,
+        }
+    }
+
+    fn table_mut(&mut self, t: FlowTable) -> &mut HashMap<MapData, FlowKey, FlowEntry> {
+        match t {
+            FlowTable::Established => &mut self.flows,
+            FlowTable::HalfOpen => &mut self.half_open,
+        }
+    }
+
+    /// Every entry of both flow tables (a walk: entries added or removed
     /// meanwhile may or may not show).
     ///
     /// # Errors
     /// Map iteration failure.
-    pub fn flow_entries(&self) -> Result<Vec<(FlowKey, FlowEntry)>> {
+    pub fn flow_entries(&self) -> Result<Vec<(FlowTable, FlowKey, FlowEntry)>> {
         let mut entries = Vec::new();
-        for item in self.flows.iter() {
-            match item {
-                Ok(kv) => entries.push(kv),
-                Err(MapError::KeyNotFound) => continue,
-                Err(e) => return Err(map_err(map_names::FLOWS, "iterate")(e)),
+        for (t, name) in [
+            (FlowTable::Established, map_names::FLOWS),
+            (FlowTable::HalfOpen, map_names::HALF_OPEN),
+        ] {
+            for item in self.table(t).iter() {
+                match item {
+                    Ok((k, e)) => entries.push((t, k, e)),
+                    Err(MapError::KeyNotFound) => continue,
+                    Err(e) => return Err(map_err(name, "iterate")(e)),
+                }
             }
         }
         Ok(entries)
     }
 
-    /// Up to `limit` flow entries, and whether more exist.
-    pub fn some_flows(&self, limit: usize) -> (Vec<(FlowKey, FlowEntry)>, bool) {
+    /// Up to `limit` flow entries of both tables, and whether more exist.
+    pub fn some_flows(&self, limit: usize) -> (Vec<(FlowTable, FlowKey, FlowEntry)>, bool) {
         let mut out = Vec::new();
-        for (k, e) in self.flows.iter().filter_map(|r| r.ok()) {
-            if out.len() >= limit {
-                return (out, true);
+        for t in [FlowTable::Established, FlowTable::HalfOpen] {
+            for (k, e) in self.table(t).iter().filter_map(|r| r.ok()) {
+                if out.len() >= limit {
+                    return (out, true);
+                }
+                out.push((t, k, e));
             }
-            out.push((k, e));
         }
         (out, false)
     }
 
-    /// One flow entry.
+    /// One flow entry: a live key in either table, a closed key in the
+    /// established table.
     pub fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
-        self.flows.get(key, 0).ok()
+        self.flows
+            .get(key, 0)
+            .ok()
+            .or_else(|| self.half_open.get(key, 0).ok())
     }
 
     /// Removes a flow entry; `true` when this call removed it (the data
     /// path may have removed it first).
-    pub fn remove_flow(&mut self, key: &FlowKey) -> bool {
-        self.flows.remove(key).is_ok()
+    pub fn remove_flow(&mut self, t: FlowTable, key: &FlowKey) -> bool {
+        self.table_mut(t).remove(key).is_ok()
     }
 
-    /// Removes every flow pinned to one of `gone` (slot, generation).
-    pub fn remove_flows_of(&mut self, gone: &BTreeSet<(u32, u32)>) {
-        let doomed: Vec<FlowKey> = self
-            .flows
-            .iter()
-            .filter_map(|r| r.ok())
-            .filter(|(_, e)| gone.contains(&(e.backend_slot, e.backend_generation)))
-            .map(|(k, _)| k)
-            .collect();
-        for k in doomed {
-            let _ = self.flows.remove(&k);
+    /// Removes every flow pinned to one of `gone` (slot, generation);
+    /// returns the keys of the live ones removed.
+    pub fn remove_flows_of(&mut self, gone: &BTreeSet<(u32, u32)>) -> Vec<FlowKey> {
+        let mut removed = Vec::new();
+        for t in [FlowTable::Established, FlowTable::HalfOpen] {
+            let doomed: Vec<FlowKey> = self
+                .table(t)
+                .iter()
+                .filter_map(|r| r.ok())
+                .filter(|(_, e)| gone.contains(&(e.backend_slot, e.backend_generation)))
+                .map(|(k, _)| k)
+                .collect();
+            for k in doomed {
+                if self.table_mut(t).remove(&k).is_ok() && k.kind == flow_kind::LIVE {
+                    removed.push(k);
+                }
+            }
         }
+        removed
+    }
+
+    /// Remembers a flow the daemon removed (expired, or its backend gone):
+    /// its client's next segment gets a reset.
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn add_orphan(&mut self, key: &FlowKey, reason: u32, now_ns: u64) -> Result<()> {
+        self.orphans
+            .insert(
+                key.with_kind(flow_kind::LIVE),
+                Orphan {
+                    reason,
+                    _pad: 0,
+                    since_ns: now_ns,
+                },
+                0,
+            )
+            .map_err(map_err(map_names::ORPHANS, "write"))
+    }
+
+    /// The orphans remembered.
+    pub fn orphans(&self) -> Vec<(FlowKey, Orphan)> {
+        self.orphans.iter().filter_map(|r| r.ok()).collect()
+    }
+
+    /// Forgets an orphan.
+    pub fn remove_orphan(&mut self, key: &FlowKey) -> bool {
+        self.orphans.remove(key).is_ok()
+    }
+
+    // ---- layout ----
+
+    /// Writes this build's layout fingerprint beside the pinned maps.
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn write_layout(&mut self) -> Result<()> {
+        self.layout
+            .set(0, LAYOUT_FINGERPRINT, 0)
+            .map_err(map_err(map_names::LAYOUT, "write"))
     }
 
     // ---- interfaces ----
@@ -716,70 +831,77 @@ fn zeroed_per_cpu<T: aya::Pod + Default + Clone>() -> Result<PerCpuValues<T>> {
     })
 }
 
-/// The shape (max entries, value size) each pinned map must have. Maps
-/// reused from pins may come from another build or another
-/// `--flow-table-size`.
-fn expected_shapes(flow_table_size: u32) -> [(&'static str, u32, usize); 14] {
-    use std::mem::size_of;
-    [
-        (
-            map_names::BACKEND_VIPS,
-            BACKEND_SLOTS,
-            size_of::<BackendVips>(),
-        ),
-        (map_names::VIPS, MAX_VIPS, size_of::<VipInfo>()),
-        (
-            map_names::VIP_BACKENDS,
-            balancer_common::VIP_BACKENDS_LEN,
-            size_of::<u32>(),
-        ),
-        (map_names::BACKENDS, BACKEND_SLOTS, size_of::<Backend>()),
-        (map_names::BACKEND_CONNS, BACKEND_SLOTS, size_of::<u64>()),
-        (
-            map_names::BACKEND_CONN_ADJUST,
-            BACKEND_SLOTS,
-            size_of::<u64>(),
-        ),
-        (map_names::FLOWS, flow_table_size, size_of::<FlowEntry>()),
-        (map_names::STATS, 1, size_of::<GlobalStats>()),
-        (
-            map_names::BACKEND_STATS,
-            BACKEND_SLOTS,
-            size_of::<TrafficStats>(),
-        ),
-        (map_names::VIP_STATS, MAX_VIPS, size_of::<TrafficStats>()),
-        (map_names::SERVER_CONNS, BACKEND_SLOTS, size_of::<u64>()),
-        (
-            map_names::SERVER_CONN_ADJUST,
-            BACKEND_SLOTS,
-            size_of::<u64>(),
-        ),
-        (map_names::SERVER_FAILS, BACKEND_SLOTS, size_of::<u64>()),
-        (map_names::CHOICE_STATS, MAX_VIPS, size_of::<ChoiceStats>()),
-    ]
-}
-
-/// Checks that maps reused from pins have the shapes this build needs.
+/// Checks that the maps pinned in `dir` by an earlier run can be taken over
+/// by this build with these table sizes, before anything is loaded: the
+/// layout fingerprint pinned beside them must be this build's
+/// ([`LAYOUT_FINGERPRINT`], a hash of every shared type's fields), and the
+/// flow tables must have the sizes asked for. No pins at all is fine.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the map and what to do.
-pub fn check_map_shapes(ebpf: &Ebpf, flow_table_size: u32) -> Result<()> {
-    use aya::maps::Map;
-    for (name, entries, value) in expected_shapes(flow_table_size) {
-        let data = match ebpf.map(name) {
-            Some(Map::Array(d) | Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d)) => d,
-            _ => continue,
-        };
+/// [`BalancerError::Invalid`] saying what differs and what to do.
+pub fn check_pins(dir: &Path, flow_table_size: u32, half_open_size: u32) -> Result<()> {
+    let present: Vec<&str> = PINNED_MAPS
+        .iter()
+        .copied()
+        .filter(|n| dir.join(n).exists())
+        .collect();
+    if present.is_empty() {
+        return Ok(());
+    }
+    let what = "pinned maps";
+    let advice =
+        "start with --fresh to remove them and start empty (established connections are lost), \
+                  or run the build that pinned them";
+    let layout_pin = dir.join(map_names::LAYOUT);
+    let theirs = if layout_pin.exists() {
+        let data =
+            MapData::from_pin(&layout_pin).map_err(map_err(map_names::LAYOUT, "open pin"))?;
+        let arr: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(data))
+            .map_err(map_err(map_names::LAYOUT, "open"))?;
+        Some(arr.get(&0, 0).map_err(map_err(map_names::LAYOUT, "read"))?)
+    } else {
+        None
+    };
+    match theirs {
+        Some(f) if f == LAYOUT_FINGERPRINT => {}
+        Some(f) => return Err(BalancerError::Invalid {
+            what,
+            reason: format!(
+                "the maps in {} have layout {f:016x}, this build needs {LAYOUT_FINGERPRINT:016x} \
+                     (the shared map types changed); {advice}",
+                dir.display()
+            ),
+        }),
+        None => return Err(BalancerError::Invalid {
+            what,
+            reason: format!(
+                "the maps in {} carry no layout fingerprint (pinned by an older build); {advice}",
+                dir.display()
+            ),
+        }),
+    }
+    for (name, want, flag) in [
+        (map_names::FLOWS, flow_table_size, "--flow-table-size"),
+        (
+            map_names::HALF_OPEN,
+            half_open_size,
+            "--half-open-table-size",
+        ),
+    ] {
+        let pin = dir.join(name);
+        if !pin.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(&pin).map_err(map_err(name, "open pin"))?;
         let info = data.info().map_err(map_err(name, "read info"))?;
-        if info.max_entries() != entries || info.value_size() as usize != value {
+        if info.max_entries() != want {
             return Err(BalancerError::Invalid {
-                what: "pinned maps",
+                what,
                 reason: format!(
-                    "pinned map {name} has {} entries of {} bytes, this build and configuration need {entries} of {value}; \
-                     it was pinned by another build or another --flow-table-size. Start with --fresh (or remove the pin directory) to start with \
-                     empty maps (established connections are lost), or run the matching build",
+                    "the pinned map {name} holds {} entries, {flag} asks for {want}: \
+                     run with {flag} {} to keep its flows, or --fresh to start empty",
                     info.max_entries(),
-                    info.value_size()
+                    info.max_entries()
                 ),
             });
         }

@@ -11,7 +11,7 @@ use crate::{
     eligibility::Eligibility,
     error::Result,
     gc::{monotonic_ns, Reconciler},
-    maps::{flow_endpoints, ip_from_be, Count, Maps, Traffic},
+    maps::{flow_endpoints, ip_from_be, Count, FlowTable, Maps, Traffic},
     state::{State, VipConfig},
 };
 
@@ -137,10 +137,11 @@ pub fn flows(maps: &Maps, limit: usize) -> (Vec<FlowView>, bool) {
     let (entries, truncated) = maps.some_flows(limit);
     let out = entries
         .iter()
-        .filter_map(|(k, e)| {
-            let kind = match k.kind {
-                flow_kind::LIVE => "live",
-                flow_kind::CLOSED => "closed",
+        .filter_map(|(table, k, e)| {
+            let kind = match (table, k.kind) {
+                (FlowTable::HalfOpen, flow_kind::LIVE) => "half-open",
+                (_, flow_kind::LIVE) => "live",
+                (_, flow_kind::CLOSED) => "closed",
                 _ => return None,
             };
             let backend = maps

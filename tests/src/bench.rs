@@ -103,7 +103,7 @@ impl Aux {
             "bench_count",
         ] {
             let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
-            p.load()?;
+            p.load().with_context(|| format!("loading {name}"))?;
         }
         Ok(Aux { ebpf })
     }
@@ -291,6 +291,25 @@ impl Report {
     }
 }
 
+/// How many instructions the verifier processed for each program of the
+/// balancer (its complexity; the kernel refuses a program past 1,000,000).
+///
+/// # Errors
+/// Load failure.
+pub fn verifier_stats() -> anyhow::Result<Vec<(&'static str, u32)>> {
+    let mut ebpf = EbpfLoader::new().load(PROGRAM)?;
+    let mut out = Vec::new();
+    for name in [
+        balancer_common::programs::ENTRY,
+        balancer_common::programs::NEW_FLOW,
+    ] {
+        let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
+        p.load()?;
+        out.push((name, p.info()?.verified_instruction_count().unwrap_or(0)));
+    }
+    Ok(out)
+}
+
 /// Section 1: data-path cost per packet.
 fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<String, Cost>> {
     let table = balancer_common::DEFAULT_FLOW_TABLE_SIZE;
@@ -302,6 +321,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
         "ACK of a pinned flow",
         "reply (backend to client, NAT)",
         "new-flow SYN",
+        "new-flow SYN, choice telemetry off",
     ];
     let mut cells: BTreeMap<(usize, &str), String> = BTreeMap::new();
     let mut live_full = 0usize;
@@ -344,7 +364,16 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             let c_syn = time_path(&rig, aux, Side::Client, sc.rounds, |r| {
                 syn_frames(base + (r * sc.calls) as u32, sc.calls)
             })?;
-            for (p, c) in paths.iter().zip([c_nonvip, c_ack, c_reply, c_syn]) {
+            rig.lb.set_choice_telemetry(false)?;
+            let base = base + (sc.rounds * sc.calls) as u32;
+            let c_syn_quiet = time_path(&rig, aux, Side::Client, sc.rounds, |r| {
+                syn_frames(base + (r * sc.calls) as u32, sc.calls)
+            })?;
+            rig.lb.set_choice_telemetry(true)?;
+            for (p, c) in paths
+                .iter()
+                .zip([c_nonvip, c_ack, c_reply, c_syn, c_syn_quiet])
+            {
                 figures.insert(format!("{p} | {state} | {n}"), c);
                 cells.insert((ci, p), String::new());
                 let key = format!("{p}, table {state}");

@@ -199,6 +199,7 @@ impl Rig {
     pub fn new(flow_table: u32) -> anyhow::Result<Rig> {
         let mut lb = Balancer::load(&LoadOptions {
             flow_table_size: flow_table,
+            half_open_table_size: flow_table,
             pin_dir: None,
         })?;
         lb.register_interface("fx0")?;

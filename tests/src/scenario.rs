@@ -294,8 +294,10 @@ fn e2e_on(tb: &mut Testbed) -> anyhow::Result<()> {
         "drop_no_backend",
         "drop_fib",
         "drop_flow_insert",
-        "drop_backend_gone",
+        "reset_backend_gone",
+        "drop_no_stage",
     ] {
+        ensure!(s.counters.contains_key(c), "no counter named {c}");
         ensure!(s.counter(c) == 0, "{c} = {}", s.counter(c));
     }
     ensure!(

@@ -4,8 +4,20 @@ use std::{path::PathBuf, time::Duration};
 
 use aya::programs::XdpMode;
 use balancer::{balancer::LoadOptions, daemon::DaemonConfig, Timeouts};
-use balancer_common::DEFAULT_FLOW_TABLE_SIZE;
+use balancer_common::{DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE};
 use clap::ValueEnum;
+
+/// A timeout or period: a duration above zero and at most a week.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = super::args::parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("`{s}`: must be above zero"));
+    }
+    if d > Duration::from_secs(7 * 24 * 3600) {
+        return Err(format!("`{s}`: at most a week"));
+    }
+    Ok(d)
+}
 
 /// XDP attach mode.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -31,21 +43,30 @@ pub struct RunArgs {
     /// bpffs directory where the maps are pinned.
     #[arg(long, default_value = "/sys/fs/bpf/p2c-balancer")]
     pin_dir: PathBuf,
-    /// Flow-table entries (one per connection, live or recently closed).
+    /// Flow-table entries (one per established connection, live or
+    /// recently closed).
     #[arg(long, default_value_t = DEFAULT_FLOW_TABLE_SIZE)]
     flow_table_size: u32,
+    /// Half-open table entries (SYNs whose handshake is not complete; a
+    /// SYN flood evicts only these).
+    #[arg(long, default_value_t = DEFAULT_HALF_OPEN_TABLE_SIZE)]
+    half_open_table_size: u32,
     /// Idle timeout of half-open flows (SYN seen, handshake not completed).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
     half_open_timeout: Duration,
     /// Idle timeout of established flows.
-    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "15m", value_parser = parse_timeout)]
     established_timeout: Duration,
     /// Idle timeout of closing flows (one FIN seen) and of closed flows kept
     /// for late segments.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
     closing_timeout: Duration,
+    /// How long a flow the daemon expired or whose backend was removed is
+    /// remembered, so that its client's next segment gets a reset.
+    #[arg(long, default_value = "2m", value_parser = parse_timeout)]
+    orphan_timeout: Duration,
     /// Period of flow expiry and count reconciliation.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_timeout)]
     gc_interval: Duration,
     /// Period of the stats log line (0s: never).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -72,12 +93,14 @@ impl RunArgs {
             state_file: self.state_file,
             load: LoadOptions {
                 flow_table_size: self.flow_table_size,
+                half_open_table_size: self.half_open_table_size,
                 pin_dir: Some(self.pin_dir),
             },
             timeouts: Timeouts {
                 half_open: self.half_open_timeout,
                 established: self.established_timeout,
                 closing: self.closing_timeout,
+                orphan: self.orphan_timeout,
             },
             gc_interval: self.gc_interval.max(Duration::from_millis(10)),
             stats_interval: self.stats_interval,

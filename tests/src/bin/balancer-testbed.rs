@@ -49,6 +49,9 @@ enum Cmd {
     },
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
+    /// Loads the program and prints how many instructions the verifier
+    /// processed (its complexity; the kernel's limit is 1,000,000).
+    VerifierStats,
     /// The benchmarks: writes BENCHMARKS.md and bench.json.
     Bench {
         /// Output directory.
@@ -92,6 +95,11 @@ fn main() -> ExitCode {
         Cmd::Collisions => collisions::run(),
         Cmd::Health { long } => health::run(long),
         Cmd::Fixtures => fixtures::run_suite(),
+        Cmd::VerifierStats => bench::verifier_stats().map(|v| {
+            for (name, n) in v {
+                println!("{name}: {n} instructions verified (the kernel's limit is 1,000,000)");
+            }
+        }),
         Cmd::Bench {
             out,
             quick,

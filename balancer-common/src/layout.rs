@@ -1,0 +1,226 @@
+//! The layout fingerprint of the maps a running data path shares with the
+//! next daemon (the pinned maps): a hash (FNV-1a, 64 bits) over every
+//! shared type's name, size and each field's name, type, offset and size,
+//! and over each pinned map's name, key and value types. A new build may
+//! take over a running program's maps only when its fingerprint is the
+//! same; the daemon pins it (the `LAYOUT` map) beside them.
+//!
+//! The field lists are checked at compile time: each field must sit right
+//! after the previous one and the last must end the struct, so a field
+//! added, removed, moved or retyped without updating its list fails to
+//! build.
+
+use crate::{
+    map_names, Backend, BackendKey, BackendVips, ChoiceCounts, FlowEntry, FlowKey, GlobalStats,
+    Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
+};
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// FNV-1a over `bytes`, continuing from `h`.
+pub const fn mix_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    let mut i = 0;
+    while i < bytes.len() {
+        h ^= bytes[i] as u64;
+        h = h.wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    h
+}
+
+/// FNV-1a over the little-endian bytes of `v`, continuing from `h`.
+pub const fn mix_usize(h: u64, v: usize) -> u64 {
+    mix_bytes(h, &(v as u64).to_le_bytes())
+}
+
+/// Mixes a struct's name, size and fields (`name: type`) into `$h`,
+/// checking at compile time that the fields tile the struct.
+macro_rules! layout {
+    ($h:ident, $t:ident { $($f:ident : $ft:ty),+ $(,)? }) => {{
+        let mut h = mix_bytes($h, stringify!($t).as_bytes());
+        h = mix_usize(h, core::mem::size_of::<$t>());
+        let mut end = 0usize;
+        $(
+            assert!(core::mem::offset_of!($t, $f) == end, "fields out of order or missing");
+            h = mix_bytes(h, stringify!($f).as_bytes());
+            h = mix_bytes(h, stringify!($ft).as_bytes());
+            h = mix_usize(h, core::mem::offset_of!($t, $f));
+            h = mix_usize(h, core::mem::size_of::<$ft>());
+            end = core::mem::offset_of!($t, $f) + core::mem::size_of::<$ft>();
+        )+
+        assert!(end == core::mem::size_of::<$t>(), "fields do not end the struct");
+        h
+    }};
+}
+
+/// A pinned map: its name, key and value types.
+macro_rules! map {
+    ($h:ident, $name:expr, $k:ty, $v:ty) => {{
+        let mut h = mix_bytes($h, $name.as_bytes());
+        h = mix_bytes(h, stringify!($k).as_bytes());
+        h = mix_usize(h, core::mem::size_of::<$k>());
+        h = mix_bytes(h, stringify!($v).as_bytes());
+        mix_usize(h, core::mem::size_of::<$v>())
+    }};
+}
+
+const fn fingerprint() -> u64 {
+    let mut h = FNV_OFFSET;
+    h = layout!(
+        h,
+        VipKey {
+            addr: u32,
+            port: u16,
+            proto: u8,
+            _pad: u8
+        }
+    );
+    h = layout!(
+        h,
+        VipInfo {
+            index: u32,
+            choices: u32,
+            eligible: u32,
+            list: u32,
+            flags: u32,
+            eject_after: u32
+        }
+    );
+    h = layout!(
+        h,
+        Backend {
+            addr: u32,
+            port: u16,
+            _pad: u16,
+            generation: u32,
+            flags: u32,
+            server: u32,
+            weight: u32
+        }
+    );
+    h = layout!(
+        h,
+        BackendKey {
+            addr: u32,
+            port: u16,
+            _pad: u16
+        }
+    );
+    h = layout!(
+        h,
+        VipAddr {
+            addr: u32,
+            port: u16,
+            _pad: u16
+        }
+    );
+    h = layout!(
+        h,
+        BackendVips {
+            count: u32,
+            vips: [VipAddr; crate::MAX_VIPS_PER_BACKEND as usize]
+        }
+    );
+    h = layout!(
+        h,
+        FlowKey {
+            src_addr: u32,
+            dst_addr: u32,
+            src_port: u16,
+            dst_port: u16,
+            proto: u8,
+            kind: u8,
+            _pad: u16
+        }
+    );
+    h = layout!(
+        h,
+        FlowEntry {
+            backend_slot: u32,
+            backend_generation: u32,
+            vip_index: u32,
+            state: u32,
+            client_next_seq: u32,
+            server_next_seq: u32,
+            last_seen_ns: u64,
+            created_ns: u64,
+        }
+    );
+    h = layout!(
+        h,
+        GlobalStats {
+            counters: [u64; crate::COUNTER_COUNT as usize]
+        }
+    );
+    h = layout!(
+        h,
+        TrafficStats {
+            packets: u64,
+            bytes: u64,
+            new_flows: u64,
+            misses: u64,
+            refused: u64,
+            syn_retransmits: u64
+        }
+    );
+    h = layout!(
+        h,
+        ChoiceCounts {
+            decisions: u64,
+            ties: u64
+        }
+    );
+    h = mix_usize(h, crate::LOAD_BUCKETS);
+    h = layout!(
+        h,
+        Orphan {
+            reason: u32,
+            _pad: u32,
+            since_ns: u64
+        }
+    );
+    // The meaning of the state bits and of the flow kinds is layout too.
+    h = mix_usize(h, crate::flow::F_CLIENT_FIN as usize);
+    h = mix_usize(h, crate::flow::F_SERVER_FIN as usize);
+    h = mix_usize(h, crate::flow::F_SERVER_SEQ_KNOWN as usize);
+    h = mix_usize(h, crate::flow::F_ESTABLISHED as usize);
+    h = mix_usize(h, crate::flow::F_DATA as usize);
+    h = mix_usize(h, crate::flow_kind::CLOSED as usize);
+    h = mix_usize(h, crate::MAX_VIPS as usize);
+    h = mix_usize(h, crate::BACKEND_SLOTS as usize);
+    h = map!(h, map_names::VIPS, VipKey, VipInfo);
+    h = map!(h, map_names::BACKEND_VIPS, BackendKey, BackendVips);
+    h = map!(h, map_names::VIP_BACKENDS, u32, u32);
+    h = map!(h, map_names::BACKENDS, u32, Backend);
+    h = map!(h, map_names::BACKEND_CONNS, u32, u64);
+    h = map!(h, map_names::BACKEND_CONN_ADJUST, u32, u64);
+    h = map!(h, map_names::SERVER_CONNS, u32, u64);
+    h = map!(h, map_names::SERVER_CONN_ADJUST, u32, u64);
+    h = map!(h, map_names::SERVER_FAILS, u32, u64);
+    h = map!(h, map_names::FLOWS, FlowKey, FlowEntry);
+    h = map!(h, map_names::HALF_OPEN, FlowKey, FlowEntry);
+    h = map!(h, map_names::ORPHANS, FlowKey, Orphan);
+    h = map!(h, map_names::STATS, u32, GlobalStats);
+    h = map!(h, map_names::BACKEND_STATS, u32, TrafficStats);
+    h = map!(h, map_names::VIP_STATS, u32, TrafficStats);
+    h = map!(h, map_names::CHOICE_STATS, u32, ChoiceCounts);
+    h = map!(h, map_names::CHOICE_HIST, u32, u64);
+    h
+}
+
+/// The fingerprint of this build's shared map layout.
+pub const LAYOUT_FINGERPRINT: u64 = fingerprint();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_reference_values() {
+        // FNV-1a 64 of "" and "a" (Fowler, Noll, Vo reference values).
+        assert_eq!(mix_bytes(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(mix_bytes(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_ne!(LAYOUT_FINGERPRINT, FNV_OFFSET);
+    }
+}
