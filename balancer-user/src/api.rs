@@ -156,7 +156,7 @@ pub enum Request {
         /// Backend address and port.
         backend: SocketAddrV4,
     },
-    /// Remove a backend; its flows are dropped.
+    /// Remove a backend; its clients' next segments get a TCP reset.
     RemoveBackend {
         /// VIP address and port.
         vip: SocketAddrV4,
@@ -174,6 +174,14 @@ pub enum Request {
     Flows {
         /// Maximum number of flows returned.
         limit: usize,
+    },
+    /// Detach the program from every interface (the pinned links end),
+    /// then stop the daemon. Connections through the balancer break.
+    Detach {
+        /// Also remove the pinned maps (flows and counts are then gone for
+        /// good; the state file is kept).
+        #[serde(default)]
+        remove_maps: bool,
     },
 }
 
@@ -206,6 +214,13 @@ pub enum Response {
         flows: Vec<FlowView>,
         /// `true` when more flows exist than were listed.
         truncated: bool,
+    },
+    /// The program was detached (the daemon stops after answering).
+    Detached {
+        /// Interfaces it was detached from.
+        interfaces: Vec<String>,
+        /// Pins removed (with `remove_maps`).
+        removed_pins: Vec<String>,
     },
 }
 
@@ -374,6 +389,23 @@ pub struct StatsView {
     pub expired_flows: u64,
     /// Active-connection corrections applied by reconciliation.
     pub reconciled: u64,
+    /// The interfaces the program is attached to.
+    #[serde(default)]
+    pub attachments: Vec<AttachmentView>,
+}
+
+/// One interface the program is attached to, as the kernel reports it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AttachmentView {
+    /// Interface name.
+    pub interface: String,
+    /// `native`, `generic` or `offload`; `detached` when the kernel reports
+    /// no XDP program on it.
+    pub mode: String,
+    /// Kernel id of the XDP program running there (0 when none).
+    pub program_id: u32,
+    /// Kernel id of the BPF link (0 when not pinned).
+    pub link_id: u32,
 }
 
 impl StatsView {

@@ -24,11 +24,15 @@ use balancer_common::{
 };
 
 use crate::{
-    api::{BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch, VipView},
+    api::{
+        AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
+        VipView,
+    },
     eligibility::{Changes, Eligibility},
     error::{BalancerError, Result},
     gc::{GcReport, Reconciler, Timeouts},
     health::{Outcome, Target},
+    links::{self, Attached, Held},
     maps::{check_pins, Count, Maps, Traffic, PINNED_MAPS},
     netdev,
     state::{
@@ -70,11 +74,49 @@ impl Default for LoadOptions {
     }
 }
 
+/// The kernel's refusal to create the maps or load the object, in an
+/// operator's terms where the cause is known.
+fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
+    match crate::error::os_error(&e) {
+        Some(libc::EPERM) | Some(libc::EACCES) => BalancerError::Invalid {
+            what: "privileges",
+            reason: format!(
+                "the kernel refused to create the balancer's maps ({e}): run as root, or with \
+                 the capabilities CAP_BPF and CAP_NET_ADMIN"
+            ),
+        },
+        Some(libc::ENOMEM) | Some(libc::E2BIG) => BalancerError::Invalid {
+            what: "table sizes",
+            reason: format!(
+                "the kernel could not allocate the flow table ({} entries, about {} MiB) and \
+                 the half-open table ({} entries, about {} MiB): {e}; lower \
+                 --flow-table-size or --half-open-table-size",
+                opts.flow_table_size,
+                table_mib(opts.flow_table_size),
+                opts.half_open_table_size,
+                table_mib(opts.half_open_table_size),
+            ),
+        },
+        _ => BalancerError::Load(e),
+    }
+}
+
+/// Rough kernel memory of a flow table, MiB: key + value + the hash
+/// table's per-element overhead (about 48 bytes), per entry.
+fn table_mib(entries: u32) -> u64 {
+    let per_entry = (std::mem::size_of::<balancer_common::FlowKey>()
+        + std::mem::size_of::<balancer_common::FlowEntry>()
+        + 48) as u64;
+    (u64::from(entries) * per_entry).div_ceil(1 << 20)
+}
+
 /// An interface the program is attached to.
 struct Attachment {
     name: String,
     ifindex: u32,
-    link: aya::programs::xdp::XdpLinkId,
+    held: Held,
+    /// Made by this balancer (not taken over from an earlier run).
+    created: bool,
 }
 
 /// The balancer: the loaded XDP program, its maps and the desired state.
@@ -89,6 +131,8 @@ pub struct Balancer {
     eligibility: Eligibility,
     settings: Settings,
     attached: Vec<Attachment>,
+    /// Where the maps are pinned (and the XDP links, under `links/`).
+    pin_dir: Option<PathBuf>,
 }
 
 impl Balancer {
@@ -128,7 +172,9 @@ impl Balancer {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
-        let mut ebpf = loader.load(PROGRAM).map_err(BalancerError::Load)?;
+        let mut ebpf = loader
+            .load(PROGRAM)
+            .map_err(|e| explain_load_error(e, opts))?;
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
             log::debug!("no eBPF logs: {e}");
         }
@@ -180,6 +226,7 @@ impl Balancer {
             eligibility: Eligibility::default(),
             settings: Settings::default(),
             attached: Vec::new(),
+            pin_dir: opts.pin_dir.clone(),
         })
     }
 
@@ -216,51 +263,113 @@ impl Balancer {
     }
 
     /// Attaches the program to `interface` (native mode: `XdpMode::Driver`,
-    /// generic mode: `XdpMode::Skb`).
+    /// generic mode: `XdpMode::Skb`). With a pin directory the link is
+    /// pinned at `{pin_dir}/links/{interface}` and outlives the daemon; an
+    /// earlier run's link found there gets this program by atomic
+    /// replacement ([`crate::links`]).
     ///
     /// # Errors
-    /// [`BalancerError::Program`] naming the interface and mode; the
-    /// interface is then not registered.
-    pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<()> {
+    /// [`BalancerError::Program`] naming the interface, the mode and the
+    /// kernel's reason in an operator's terms; the interface is then not
+    /// registered.
+    pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<Attached> {
         let ifindex = self.register_interface(interface)?;
+        let link_dir = self.pin_dir.as_deref().map(links::link_dir);
         let prog = program_mut(&mut self.ebpf)?;
-        match prog.attach(interface, mode) {
-            Ok(link) => {
+        let result = match &link_dir {
+            Some(dir) => links::attach_pinned(prog, interface, mode, &dir.join(interface)),
+            None => prog
+                .attach(interface, mode)
+                .map(|id| (Held::Owned(id), Attached::New { link_id: 0 }))
+                .map_err(|source| links::explain_attach_error(interface, mode, source)),
+        };
+        match result {
+            Ok((held, how)) => {
                 self.attached.push(Attachment {
                     name: interface.to_string(),
                     ifindex,
-                    link,
+                    held,
+                    created: matches!(how, Attached::New { .. }),
                 });
-                Ok(())
+                Ok(how)
             }
-            Err(source) => {
+            Err(e) => {
                 let _ = self.maps.remove_local_mac(ifindex);
-                Err(BalancerError::Program {
-                    action: format!(
-                        "attaching XDP to interface {interface} in {} mode",
-                        mode_name(mode)
-                    ),
-                    source,
-                })
+                Err(e)
             }
         }
     }
 
-    /// Detaches the program from every interface it was attached to.
+    /// Detaches the program from every interface it was attached to (pinned
+    /// links: the pin is removed and the link ends). Without this, a
+    /// dropped balancer leaves pinned attachments running.
     ///
     /// # Errors
-    /// [`BalancerError::Program`] when the kernel refuses a detach.
+    /// [`BalancerError::Program`] or [`BalancerError::Io`] when the kernel
+    /// or the file system refuses.
     pub fn detach_all(&mut self) -> Result<()> {
         let attached = std::mem::take(&mut self.attached);
         let prog = program_mut(&mut self.ebpf)?;
         for a in attached {
-            prog.detach(a.link)
-                .map_err(|source| BalancerError::Program {
+            match a.held {
+                Held::Owned(id) => prog.detach(id).map_err(|source| BalancerError::Program {
                     action: format!("detaching XDP from {}", a.name),
                     source,
-                })?;
+                })?,
+                Held::Pinned { path, link } => {
+                    links::unpin(&path)?;
+                    drop(link);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Ends the attachments this balancer created (a start that fails
+    /// half-way undoes its new links; links taken over from an earlier run
+    /// keep the new program).
+    pub fn detach_new(&mut self) {
+        let mut prog = program_mut(&mut self.ebpf).ok();
+        let (new, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.attached)
+            .into_iter()
+            .partition(|a| a.created);
+        self.attached = kept;
+        for a in new {
+            match a.held {
+                Held::Owned(id) => {
+                    if let Some(p) = prog.as_mut() {
+                        let _ = p.detach(id);
+                    }
+                }
+                Held::Pinned { path, link } => {
+                    let _ = links::unpin(&path);
+                    drop(link);
+                }
+            }
+            let _ = self.maps.remove_local_mac(a.ifindex);
+        }
+    }
+
+    /// Removes the map pins (after [`Balancer::detach_all`], for a clean
+    /// uninstall); returns the names removed.
+    ///
+    /// # Errors
+    /// A pin that cannot be removed.
+    pub fn remove_map_pins(&mut self) -> Result<Vec<String>> {
+        match &self.pin_dir {
+            Some(dir) => {
+                let removed = crate::maps::remove_pins(dir)?;
+                let _ = std::fs::remove_dir(links::link_dir(dir));
+                let _ = std::fs::remove_dir(dir);
+                Ok(removed)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Names of the interfaces the program is attached to.
+    pub fn interfaces(&self) -> Vec<String> {
+        self.attached.iter().map(|a| a.name.clone()).collect()
     }
 
     /// Re-reads the MAC address of every attached interface and updates
@@ -653,8 +762,10 @@ impl Balancer {
         Ok(())
     }
 
-    /// Removes a backend. Its flows are removed too; their later segments
-    /// are dropped and counted (`drop_backend_gone`) or miss.
+    /// Removes a backend. Its flows are removed too and remembered as
+    /// orphans: each client's next segment gets a reset from the data path
+    /// (`reset_orphaned`; a segment of a flow still pinned to the freed slot
+    /// gets one too, `reset_backend_gone`).
     ///
     /// # Errors
     /// Unknown VIP or backend, map failure.
@@ -732,7 +843,28 @@ impl Balancer {
     /// # Errors
     /// Map read failure.
     pub fn stats(&self) -> Result<StatsView> {
-        self.telemetry().stats()
+        let mut s = self.telemetry().stats()?;
+        s.attachments = self.attachments();
+        Ok(s)
+    }
+
+    /// Each attached interface with the program the kernel says runs there.
+    pub fn attachments(&self) -> Vec<AttachmentView> {
+        self.attached
+            .iter()
+            .map(|a| {
+                let now = netdev::xdp_attached(a.ifindex).ok().flatten();
+                AttachmentView {
+                    interface: a.name.clone(),
+                    mode: now.map_or("detached", |n| n.mode.name()).to_string(),
+                    program_id: now.map_or(0, |n| n.program_id),
+                    link_id: match &a.held {
+                        Held::Pinned { link, .. } => link.info().map_or(0, |i| i.id()),
+                        Held::Owned(_) => 0,
+                    },
+                }
+            })
+            .collect()
     }
 
     /// Up to `limit` flows of the flow table (live and closed).

@@ -11,23 +11,22 @@ use std::{
 use anyhow::{bail, Context as _};
 use aya::programs::XdpMode;
 use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
-    net::{UnixListener, UnixStream},
-    sync::Mutex,
+    net::UnixListener,
+    sync::{Mutex, Notify},
 };
 
 use crate::{
-    api::{Request, Response, MAX_FLOWS_LISTED},
     balancer::{mode_name, Balancer, LoadOptions},
+    control,
     gc::Timeouts,
     health::Monitor,
-    state::{read_state, write_state},
+    links::{self, Attached},
+    maps::{check_pins, present_pins},
+    preflight,
+    state::read_state,
 };
 
-/// Longest request line accepted, bytes (16,384 backends in one request fit).
-const MAX_REQUEST: usize = 4 << 20;
-/// How long a client may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub use control::{error_chain, handle};
 /// Period of the passive-detection and slow-start poll.
 const ELIGIBILITY_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -86,62 +85,105 @@ pub fn ensure_bpffs() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the daemon until SIGINT or SIGTERM.
+/// Runs the daemon until SIGINT, SIGTERM or a `detach` request.
+///
+/// Start-up decides every refusal before it changes anything (see
+/// [`crate::preflight`]); a start that fails after that undoes what it did.
+/// Stopping leaves the program attached through its pinned links, so
+/// connections keep flowing until the next start takes over the links.
 ///
 /// # Errors
-/// Load, attach, socket or state-file failures at start.
+/// Refusals and load, attach, socket or state-file failures at start.
 pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     if cfg.interfaces.is_empty() {
         bail!("no interface given: pass at least one --iface");
     }
-    // Everything that can refuse comes before anything that changes the
-    // machine: another daemon on the socket, a bad or unwritable state file,
-    // pins that are not ours.
-    let listener = bind_socket(&cfg.socket)?;
-    let socket_guard = RemoveOnDrop(cfg.socket.clone());
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
+        bail!("interface {dup} given twice");
+    }
+    // --- Refusals: nothing below writes a map, a pin or a file of anyone's.
+    preflight::check_privileges()?;
     let state = read_state(&cfg.state_file)?;
     if let Some(s) = &state {
         s.validate().context("checking the state file")?;
     }
-    check_writable(&cfg.state_file)?;
-    let mut pins_existed = false;
+    preflight::check_state_file(&cfg.state_file)?;
+    let socket = preflight::check_socket(&cfg.socket)?;
+    let _state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
+    // Undoes what this start created if it does not get to serve.
+    let mut undo = Undo::default();
+    let mut pin_lock = None;
     if let Some(dir) = &cfg.load.pin_dir {
         ensure_bpffs()?;
-        pins_existed = dir.exists();
-        match (&state, pins_existed, cfg.fresh) {
-            (None, true, false) => bail!(
-                "maps are pinned in {} but there is no state file {}: they may belong to \
-                 another daemon or another state file. Point --state-file at the right file, or \
-                 pass --fresh to remove the pins (their established connections are lost)",
-                dir.display(),
-                cfg.state_file.display()
-            ),
-            (_, true, true) => {
-                log::warn!("--fresh: removing the pins in {}", dir.display());
-                std::fs::remove_dir_all(dir)
-                    .with_context(|| format!("removing {}", dir.display()))?;
-                pins_existed = false;
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating the pin directory {}", dir.display()))?;
+            undo.created_dir = Some(dir.clone());
+        }
+        pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
+        let maps_were_pinned = !present_pins(dir).is_empty();
+        if maps_were_pinned && !cfg.fresh {
+            if state.is_none() {
+                bail!(
+                    "maps are pinned in {} but there is no state file {}: they may belong to \
+                     another state file. Point --state-file at the right file, or pass --fresh \
+                     to remove the pinned maps (their established connections are lost)",
+                    dir.display(),
+                    cfg.state_file.display()
+                );
             }
-            (Some(s), false, _) if !s.vips.is_empty() => log::warn!(
-                "state file {} found but no pinned maps in {} (bpffs remounted or pins removed): \
-                 connections established before this start will miss and be passed",
+            check_pins(dir, cfg.load.flow_table_size, cfg.load.half_open_table_size)?;
+        }
+        if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.vips.is_empty()) {
+            log::warn!(
+                "state file {} found but no pinned maps in {} (bpffs remounted or pins \
+                 removed): connections established before this start will miss and be passed",
                 cfg.state_file.display(),
                 dir.display()
-            ),
-            _ => {}
+            );
+        }
+        if maps_were_pinned && cfg.fresh {
+            undo.fresh = Some(dir.clone());
+        }
+        if !maps_were_pinned {
+            undo.new_map_pins = Some(dir.clone());
         }
     }
-    let started = start_data_path(&cfg, state);
-    let lb = match started {
-        Ok(lb) => lb,
-        Err(e) => {
-            // Do not leave pins behind that this start created.
-            if let (Some(dir), false) = (&cfg.load.pin_dir, pins_existed) {
-                let _ = std::fs::remove_dir_all(dir);
+    let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
+    for iface in &cfg.interfaces {
+        let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
+        log::debug!("{iface}: {plan:?}");
+    }
+    raise_fd_limit();
+
+    // --- Changes.
+    if let Some(dir) = undo.fresh.take() {
+        let removed = crate::maps::remove_pins(dir.as_path())?;
+        log::warn!(
+            "--fresh: removed {} map pins in {} (the running program keeps its maps until \
+             the new one replaces it)",
+            removed.len(),
+            dir.display()
+        );
+        undo.new_map_pins = Some(dir);
+    }
+    if socket == preflight::SocketPath::Stale {
+        std::fs::remove_file(&cfg.socket)
+            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
+    }
+    let listener = bind_socket(&cfg.socket)?;
+    let socket_guard = RemoveOnDrop(cfg.socket.clone());
+    let lb = start_data_path(&cfg, state)?;
+    undo.disarm();
+    if let Some(dir) = &link_dir {
+        for stale in links::pinned_interfaces(dir)? {
+            if !cfg.interfaces.contains(&stale) {
+                links::unpin(&dir.join(&stale))?;
+                log::info!("detached from {stale}: not among the interfaces of this run");
             }
-            return Err(e);
         }
-    };
+    }
     log::info!("control socket {}", cfg.socket.display());
     let lb = Arc::new(Mutex::new(lb));
 
@@ -239,34 +281,42 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         })
     };
 
+    let stop = Arc::new(Notify::new());
+    let server = tokio::spawn(control::serve_forever(
+        listener,
+        Arc::new(control::Shared {
+            lb: lb.clone(),
+            state_file: cfg.state_file.clone(),
+            stop: stop.clone(),
+        }),
+    ));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let state_file = cfg.state_file.clone();
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = sigterm.recv() => break,
-            conn = listener.accept() => {
-                let (stream, _) = match conn {
-                    Ok(c) => c,
-                    Err(e) => { log::warn!("accept: {e}"); continue; }
-                };
-                let lb = lb.clone();
-                let state_file = state_file.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = serve(stream, lb, &state_file).await {
-                        log::debug!("control connection: {e:#}");
-                    }
-                });
-            }
-        }
-    }
-    log::info!("shutting down: detaching XDP");
+    let detached = tokio::select! {
+        _ = tokio::signal::ctrl_c() => false,
+        _ = sigterm.recv() => false,
+        _ = stop.notified() => true,
+    };
+    server.abort();
     gc.abort();
     stats.abort();
     health.abort();
     eligibility.abort();
-    drop(socket_guard);
+    let lb = lb.lock().await;
+    let interfaces = lb.interfaces();
+    if detached {
+        log::info!("detached; stopping");
+    } else if cfg.load.pin_dir.is_some() {
+        log::info!(
+            "stopping; the program stays attached to {} through its pinned links (the next \
+             start takes them over; `balancer detach` removes them)",
+            interfaces.join(", ")
+        );
+    } else {
+        log::info!("stopping; detaching from {}", interfaces.join(", "));
+    }
     drop(lb);
+    drop(socket_guard);
+    drop(pin_lock);
     Ok(())
 }
 
@@ -288,22 +338,76 @@ fn start_data_path(
         lb.set_test_seed(cfg.test_seed)?;
     }
     for iface in &cfg.interfaces {
-        lb.attach(iface, cfg.mode)?;
-        log::info!("attached to {iface} in {} mode", mode_name(cfg.mode));
+        match lb.attach(iface, cfg.mode) {
+            Ok(Attached::New { link_id }) => log::info!(
+                "attached to {iface} in {} mode (link {link_id})",
+                mode_name(cfg.mode)
+            ),
+            Ok(Attached::Replaced {
+                link_id,
+                old_program_id,
+            }) => log::info!(
+                "took over {iface}: link {link_id} now runs this program instead of program \
+                 {old_program_id} (atomic replacement)"
+            ),
+            Err(e) => {
+                // Links this start created end; links taken over keep this
+                // program (same maps, same layout).
+                lb.detach_new();
+                return Err(e.into());
+            }
+        }
     }
     Ok(lb)
 }
 
-/// Fails now, rather than at the first change, when the state file cannot
-/// be written: writes and removes a scratch file beside it.
-fn check_writable(path: &Path) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let probe = path.with_extension("probe");
-    std::fs::write(&probe, b"")
-        .with_context(|| format!("the state file {} must be writable", path.display()))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+/// Raises the soft limit of open descriptors to the hard limit (health
+/// checks and control connections each take one).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// What a start created before it could serve, removed on drop unless
+/// the start succeeded ([`Undo::disarm`]).
+#[derive(Default)]
+struct Undo {
+    /// The pin directory did not exist: remove it with all in it.
+    created_dir: Option<PathBuf>,
+    /// The map pins in this directory are this start's: remove them.
+    new_map_pins: Option<PathBuf>,
+    /// `--fresh` is to remove the existing map pins (a step, not an undo).
+    fresh: Option<PathBuf>,
+}
+
+impl Undo {
+    /// The start succeeded: keep everything. (Fields are cleared one by
+    /// one: assigning a new `Undo` would drop, and so run, the old one.)
+    fn disarm(&mut self) {
+        self.created_dir = None;
+        self.new_map_pins = None;
+        self.fresh = None;
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.new_map_pins {
+            let _ = crate::maps::remove_pins(dir);
+        }
+        if let Some(dir) = &self.created_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 /// Removes a file when dropped (the control socket).
@@ -319,125 +423,8 @@ fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            bail!("another daemon is listening on {}", path.display());
-        }
-        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
-    }
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 600 {}", path.display()))?;
     Ok(l)
-}
-
-async fn serve(
-    stream: UnixStream,
-    lb: Arc<Mutex<Balancer>>,
-    state_file: &Path,
-) -> anyhow::Result<()> {
-    let cred = stream.peer_cred()?;
-    let (r, mut w) = stream.into_split();
-    let resp = if cred.uid() != 0 {
-        Response::Error {
-            message: "permission denied: the control socket is for root only".into(),
-        }
-    } else {
-        let mut reader = BufReader::new(r.take(MAX_REQUEST as u64));
-        let mut line = Vec::new();
-        match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
-            Err(_) => Response::Error {
-                message: format!("no request within {} s", REQUEST_TIMEOUT.as_secs()),
-            },
-            Ok(Err(e)) => Response::Error {
-                message: format!("reading the request: {e}"),
-            },
-            Ok(Ok(_)) if line.len() >= MAX_REQUEST && !line.ends_with(b"\n") => Response::Error {
-                message: format!("request longer than {MAX_REQUEST} bytes"),
-            },
-            Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
-                Ok(req) => handle(&mut *lb.lock().await, req, state_file),
-                Err(e) => Response::Error {
-                    message: format!("bad request: {e}"),
-                },
-            },
-        }
-    };
-    let mut out = serde_json::to_string(&resp)?;
-    out.push('\n');
-    w.write_all(out.as_bytes()).await?;
-    Ok(())
-}
-
-/// Applies one request. Changes are persisted to `state_file`; a change that
-/// cannot be persisted is reported as an error (the maps already hold it).
-pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
-    let changes = !matches!(
-        req,
-        Request::ListVips | Request::ListBackends { .. } | Request::Stats | Request::Flows { .. }
-    );
-    let result = match req {
-        Request::AddVip { vip, settings } => lb.add_vip_with(vip, settings).map(|_| Response::Ok),
-        Request::SetVip { vip, patch } => lb.set_vip(vip, &patch).map(|_| Response::Ok),
-        Request::RemoveVip { vip } => lb.remove_vip(vip).map(|_| Response::Ok),
-        Request::ListVips => Ok(Response::Vips {
-            vips: lb.list_vips(),
-        }),
-        Request::AddBackends {
-            vip,
-            backends,
-            weight,
-        } => lb
-            .add_backends_weighted(vip, &backends, weight.unwrap_or(1))
-            .map(|_| Response::Ok),
-        Request::SetBackend {
-            vip,
-            backend,
-            patch,
-        } => lb.set_backend(vip, backend, &patch).map(|_| Response::Ok),
-        Request::DrainBackend { vip, backend } => {
-            lb.drain_backend(vip, backend).map(|_| Response::Ok)
-        }
-        Request::UndrainBackend { vip, backend } => {
-            lb.undrain_backend(vip, backend).map(|_| Response::Ok)
-        }
-        Request::RemoveBackend { vip, backend } => {
-            lb.remove_backend(vip, backend).map(|_| Response::Ok)
-        }
-        Request::ListBackends { vip } => lb
-            .list_backends(vip)
-            .map(|backends| Response::Backends { backends }),
-        Request::Stats => lb.stats().map(|s| Response::Stats(Box::new(s))),
-        Request::Flows { limit } => {
-            let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED));
-            Ok(Response::Flows { flows, truncated })
-        }
-    };
-    match result {
-        Ok(r) => {
-            if changes {
-                if let Err(e) = write_state(state_file, lb.state()) {
-                    return Response::Error {
-                        message: format!("applied, but persisting the state failed: {e}"),
-                    };
-                }
-            }
-            r
-        }
-        Err(e) => Response::Error {
-            message: error_chain(&e),
-        },
-    }
-}
-
-/// An error with its sources, on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

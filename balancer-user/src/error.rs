@@ -86,3 +86,17 @@ pub enum BalancerError {
 
 /// Result of balancer operations.
 pub type Result<T, E = BalancerError> = std::result::Result<T, E>;
+
+/// The OS error number at the bottom of `e`'s source chain, if any (the
+/// kernel's answer to a failed system call, e.g. `libc::EBUSY`).
+pub fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut found = None;
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            found = io.raw_os_error().or(found);
+        }
+        cur = c.source();
+    }
+    found
+}

@@ -11,13 +11,16 @@
 pub mod api;
 pub mod balancer;
 pub mod client;
+pub mod control;
 pub mod daemon;
 pub mod eligibility;
 pub mod error;
 pub mod gc;
 pub mod health;
+pub mod links;
 pub mod maps;
 pub mod netdev;
+pub mod preflight;
 pub mod state;
 pub mod telemetry;
 

@@ -12,7 +12,7 @@ use balancer::{
 };
 use clap::{Parser, Subcommand};
 
-use cli::{backend::BackendCmd, run::RunArgs, show, vip::VipCmd};
+use cli::{backend::BackendCmd, detach::DetachArgs, run::RunArgs, show, vip::VipCmd};
 
 /// Default control socket.
 const DEFAULT_SOCKET: &str = "/run/p2c-balancer/control.sock";
@@ -27,6 +27,10 @@ struct Cli {
     /// Control socket of the daemon.
     #[arg(long, global = true, default_value = DEFAULT_SOCKET, env = "BALANCER_SOCKET")]
     socket: PathBuf,
+    /// How long the CLI waits for the daemon's answer.
+    #[arg(long, global = true, default_value = "30s", env = "BALANCER_TIMEOUT",
+          value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -48,6 +52,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Detach the XDP program from every interface and stop the daemon
+    /// (connections through the balancer break). Stopping the daemon
+    /// otherwise leaves the program attached. With no daemon running, the
+    /// links pinned in --pin-dir are removed.
+    Detach(DetachArgs),
     /// List flows in the flow table.
     Flows {
         /// At most this many (at most 10000).
@@ -89,12 +98,13 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
     let socket = cli.socket;
     let (req, json) = match cli.cmd {
         Cmd::Run(a) => return daemon::run(a.config(socket)).await,
+        Cmd::Detach(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Vip(c) => c.request(),
         Cmd::Backend(c) => c.request(),
         Cmd::Stats { json } => (Request::Stats, json),
         Cmd::Flows { limit, json } => (Request::Flows { limit }, json),
     };
-    let resp = client::call(&socket, &req).await?;
+    let resp = client::call_with_timeout(&socket, &req, cli.timeout).await?;
     if let (Request::DrainBackend { vip, .. } | Request::RemoveBackend { vip, .. }, Response::Ok) =
         (&req, &resp)
     {
@@ -131,6 +141,7 @@ fn print_response(resp: Response) -> anyhow::Result<()> {
         Response::Backends { backends } => cli::backend::print(&backends),
         Response::Stats(s) => show::print_stats(&s),
         Response::Flows { flows, truncated } => show::print_flows(&flows, truncated),
+        Response::Detached { .. } => println!("detached"),
     }
     Ok(())
 }

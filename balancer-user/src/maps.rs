@@ -49,6 +49,33 @@ pub const PINNED_MAPS: [&str; 19] = [
     map_names::CHOICE_HIST,
 ];
 
+/// The map pins present in `dir`.
+pub fn present_pins(dir: &Path) -> Vec<&'static str> {
+    PINNED_MAPS
+        .iter()
+        .copied()
+        .filter(|n| dir.join(n).exists())
+        .collect()
+}
+
+/// Removes the map pins in `dir` (the maps go when no program or
+/// descriptor uses them any more); returns the names removed.
+///
+/// # Errors
+/// A pin that cannot be removed (the ones before it are gone).
+pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for name in present_pins(dir) {
+        let p = dir.join(name);
+        std::fs::remove_file(&p).map_err(|source| BalancerError::Io {
+            action: format!("removing the pin {}", p.display()),
+            source,
+        })?;
+        removed.push(name.to_string());
+    }
+    Ok(removed)
+}
+
 /// Network-byte-order address as the maps hold it.
 pub fn ip_be(a: &Ipv4Addr) -> u32 {
     u32::from_ne_bytes(a.octets())
@@ -840,12 +867,7 @@ fn zeroed_per_cpu<T: aya::Pod + Default + Clone>() -> Result<PerCpuValues<T>> {
 /// # Errors
 /// [`BalancerError::Invalid`] saying what differs and what to do.
 pub fn check_pins(dir: &Path, flow_table_size: u32, half_open_size: u32) -> Result<()> {
-    let present: Vec<&str> = PINNED_MAPS
-        .iter()
-        .copied()
-        .filter(|n| dir.join(n).exists())
-        .collect();
-    if present.is_empty() {
+    if present_pins(dir).is_empty() {
         return Ok(());
     }
     let what = "pinned maps";
@@ -864,21 +886,25 @@ pub fn check_pins(dir: &Path, flow_table_size: u32, half_open_size: u32) -> Resu
     };
     match theirs {
         Some(f) if f == LAYOUT_FINGERPRINT => {}
-        Some(f) => return Err(BalancerError::Invalid {
-            what,
-            reason: format!(
+        Some(f) => {
+            return Err(BalancerError::Invalid {
+                what,
+                reason: format!(
                 "the maps in {} have layout {f:016x}, this build needs {LAYOUT_FINGERPRINT:016x} \
                      (the shared map types changed); {advice}",
                 dir.display()
             ),
-        }),
-        None => return Err(BalancerError::Invalid {
-            what,
-            reason: format!(
+            })
+        }
+        None => {
+            return Err(BalancerError::Invalid {
+                what,
+                reason: format!(
                 "the maps in {} carry no layout fingerprint (pinned by an older build); {advice}",
                 dir.display()
             ),
-        }),
+            })
+        }
     }
     for (name, want, flag) in [
         (map_names::FLOWS, flow_table_size, "--flow-table-size"),

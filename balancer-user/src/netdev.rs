@@ -1,5 +1,6 @@
 //! Network interfaces: index and MAC address (the data path forwards only
-//! frames addressed to the MAC of the interface they arrived on).
+//! frames addressed to the MAC of the interface they arrived on), and the
+//! XDP program an interface carries (rtnetlink `RTM_GETLINK`, `IFLA_XDP`).
 
 use std::{ffi::CString, os::fd::AsRawFd as _, os::fd::FromRawFd as _, os::fd::OwnedFd};
 
@@ -78,6 +79,136 @@ pub fn mac(name: &str) -> Result<[u8; 6]> {
     Ok(m)
 }
 
+/// How an XDP program is attached to an interface (`XDP_ATTACHED_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttachMode {
+    /// In the driver (native XDP).
+    Native,
+    /// In the generic (skb) path.
+    Generic,
+    /// Offloaded to the NIC.
+    Offload,
+    /// Several programs in several modes.
+    Multiple,
+}
+
+impl XdpAttachMode {
+    /// The mode's name as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            XdpAttachMode::Native => "native",
+            XdpAttachMode::Generic => "generic",
+            XdpAttachMode::Offload => "offload",
+            XdpAttachMode::Multiple => "multiple",
+        }
+    }
+}
+
+/// The XDP program an interface carries, as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XdpAttached {
+    /// Kernel id of the program (as `bpftool prog show id N` names it).
+    pub program_id: u32,
+    /// How it is attached.
+    pub mode: XdpAttachMode,
+}
+
+/// The XDP program attached to interface `ifindex`, if any (one
+/// `RTM_GETLINK` request on a netlink route socket).
+///
+/// # Errors
+/// Netlink failure, or no such interface.
+pub fn xdp_attached(ifindex: u32) -> Result<Option<XdpAttached>> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+    use netlink_packet_route::{
+        link::{LinkAttribute, LinkMessage, LinkXdp, XdpAttached as Kind},
+        RouteNetlinkMessage,
+    };
+    use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+    let io = |source| BalancerError::Io {
+        action: format!("asking the kernel which XDP program interface {ifindex} carries"),
+        source,
+    };
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
+    socket.bind_auto().map_err(io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
+    let mut msg = LinkMessage::default();
+    msg.header.index = ifindex;
+    let mut packet = NetlinkMessage::new(
+        NetlinkHeader::default(),
+        NetlinkPayload::from(RouteNetlinkMessage::GetLink(msg)),
+    );
+    packet.header.flags = NLM_F_REQUEST;
+    packet.header.sequence_number = 1;
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    socket.send(&buf, 0).map_err(io)?;
+    let mut rx = Vec::with_capacity(64 * 1024);
+    socket.recv(&mut rx, 0).map_err(io)?;
+    let reply: NetlinkMessage<RouteNetlinkMessage> =
+        NetlinkMessage::deserialize(&rx).map_err(|e| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                e.to_string(),
+            ))
+        })?;
+    let link = match reply.payload {
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => link,
+        NetlinkPayload::Error(e) => {
+            let code = e.code.map_or(0, |c| -c.get());
+            return Err(io(std::io::Error::from_raw_os_error(code)));
+        }
+        other => {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("unexpected answer {other:?}"),
+            )))
+        }
+    };
+    let mut mode = None;
+    let mut program_id = 0;
+    for attr in link.attributes {
+        let LinkAttribute::Xdp(xdp) = attr else {
+            continue;
+        };
+        for x in xdp {
+            match x {
+                LinkXdp::Attached(Kind::Driver) => mode = Some(XdpAttachMode::Native),
+                LinkXdp::Attached(Kind::SocketBuffer) => mode = Some(XdpAttachMode::Generic),
+                LinkXdp::Attached(Kind::Hardware) => mode = Some(XdpAttachMode::Offload),
+                LinkXdp::Attached(Kind::Multiple) => mode = Some(XdpAttachMode::Multiple),
+                LinkXdp::ProgId(id) => program_id = id,
+                // With several programs only the per-mode ids are given;
+                // name the first.
+                LinkXdp::DrvProgId(id) | LinkXdp::SkbProgId(id) | LinkXdp::HwProgId(id)
+                    if program_id == 0 =>
+                {
+                    program_id = id
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(mode.map(|mode| XdpAttached { program_id, mode }))
+}
+
+/// The name of loaded BPF program `id`, when the kernel still has it.
+pub fn program_name(id: u32) -> Option<String> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .find(|p| p.id() == id)
+        .and_then(|p| p.name_as_str().map(str::to_string))
+}
+
+/// The MTU of interface `name`, bytes (from sysfs).
+pub fn mtu(name: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
 /// A MAC address as `aa:bb:cc:dd:ee:ff`.
 pub fn mac_string(m: &[u8; 6]) -> String {
     m.iter()
@@ -98,5 +229,9 @@ mod tests {
         let e = ifindex("no-such-if0").unwrap_err().to_string();
         assert!(e.contains("no interface named no-such-if0"), "{e}");
         assert_eq!(mac_string(&[2, 0, 0, 0, 0xbb, 1]), "02:00:00:00:bb:01");
+        // Nothing attaches XDP to loopback here.
+        assert_eq!(xdp_attached(1).unwrap(), None);
+        let e = xdp_attached(u32::MAX - 7).unwrap_err().to_string();
+        assert!(e.contains("XDP program interface"), "{e}");
     }
 }

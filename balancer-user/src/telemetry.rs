@@ -106,6 +106,7 @@ impl View<'_> {
             live_flows: self.gc.last.live,
             expired_flows: self.gc.expired_total,
             reconciled: self.gc.reconciled_total,
+            attachments: Vec::new(),
         })
     }
 }

@@ -23,6 +23,7 @@ use crate::{
 
 mod eligibility;
 mod hairpin;
+mod half_open;
 mod multi_vip;
 mod race;
 mod router;
@@ -55,6 +56,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += hairpin::run()?;
     n += eligibility::run()?;
     n += table_pressure()?;
+    n += half_open::run()?;
     n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())

@@ -2,13 +2,20 @@
 //! clients and servers around the real daemon and XDP program.
 #![deny(missing_docs)]
 
+pub mod abuse;
 pub mod bench;
 pub mod collisions;
 pub mod fixtures;
+pub mod flood;
 pub mod frames;
 pub mod fuzz;
+pub mod harness;
 pub mod health;
 pub mod netns;
+pub mod orphans;
+pub mod refusals;
+pub mod restart;
 pub mod rig;
 pub mod scenario;
 pub mod testbed;
+pub mod traffic;

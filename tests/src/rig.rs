@@ -197,9 +197,17 @@ impl Rig {
     /// # Errors
     /// Load failure, or the network of [`net_setup`] missing.
     pub fn new(flow_table: u32) -> anyhow::Result<Rig> {
+        Rig::with_tables(flow_table, flow_table)
+    }
+
+    /// [`Rig::new`] with a half-open table of its own size.
+    ///
+    /// # Errors
+    /// Load failure, or the network of [`net_setup`] missing.
+    pub fn with_tables(flow_table: u32, half_open_table: u32) -> anyhow::Result<Rig> {
         let mut lb = Balancer::load(&LoadOptions {
             flow_table_size: flow_table,
-            half_open_table_size: flow_table,
+            half_open_table_size: half_open_table,
             pin_dir: None,
         })?;
         lb.register_interface("fx0")?;

@@ -91,9 +91,12 @@ pub fn run_batch(
     Ok(batch)
 }
 
-/// Polls until `check` returns `Ok(true)` or `timeout` passes; returns the
-/// last explanation on time-out.
-fn wait_until(
+/// Polls until `check` returns `Ok(Ok(()))` or `timeout` passes; returns
+/// the last explanation on time-out.
+///
+/// # Errors
+/// `check` fails, or the time-out with its last explanation.
+pub fn wait_until(
     timeout: Duration,
     mut check: impl FnMut() -> anyhow::Result<Result<(), String>>,
 ) -> anyhow::Result<()> {
@@ -136,7 +139,10 @@ fn request_on_held(
 }
 
 /// CLI active counts must equal the connections open at the backends.
-fn counts_match_servers(tb: &Testbed) -> anyhow::Result<Result<(), String>> {
+///
+/// # Errors
+/// The CLI fails; a mismatch is the inner `Err`.
+pub fn counts_match_servers(tb: &Testbed) -> anyhow::Result<Result<(), String>> {
     let views = tb.backends()?;
     let mut diffs = Vec::new();
     for (k, s) in tb.servers.iter().enumerate() {
@@ -244,7 +250,7 @@ fn e2e_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let (ok, err) = tb.second_daemon()?;
     ensure!(!ok, "a second daemon started on the running daemon's pins");
     ensure!(
-        err.contains("pinned"),
+        err.contains("in use by another balancer daemon"),
         "second daemon refused for another reason: {err}"
     );
     wait_until(Duration::from_secs(10), || counts_match_servers(tb))

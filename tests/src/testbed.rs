@@ -85,7 +85,10 @@ impl Server {
 
 /// Starts a TCP server inside `ns` on `addr`. Protocol: the client sends
 /// lines `GET <id> <len>`; the server answers `BACKEND <addr>` and a newline
-/// followed by `len` payload bytes, per line, until the client closes.
+/// followed by `len` payload bytes, per line, until the client closes. A
+/// line `PUSH <id> <chunk>` turns the connection into a server push: after
+/// the `BACKEND` line the server sends [`push_chunk`]`(id, k, chunk)` for
+/// k = 0, 1, ... every [`PUSH_PERIOD`] until the client's FIN, then closes.
 fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow::Result<Server> {
     let stats = Arc::new(ServerStats::default());
     let closed = Arc::new(AtomicBool::new(false));
@@ -150,6 +153,42 @@ fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow
     })
 }
 
+/// Pause between two chunks of a server push.
+pub const PUSH_PERIOD: Duration = Duration::from_millis(5);
+
+/// Chunk `k` of the server push of stream `id`.
+pub fn push_chunk(id: u64, k: u64, len: usize) -> Vec<u8> {
+    payload(id.wrapping_mul(1_000_003).wrapping_add(k), len)
+}
+
+/// Whether the peer has sent its FIN (a zero-byte non-blocking peek).
+fn peer_closed(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut b = 0u8;
+    // SAFETY: one-byte peek into a local on a socket we own.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            (&mut b as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n == 0
+}
+
+fn serve_push(mut w: TcpStream, me: SocketAddrV4, id: u64, chunk: usize) -> anyhow::Result<()> {
+    w.write_all(format!("BACKEND {me}\n").as_bytes())?;
+    let mut k = 0;
+    while !peer_closed(&w) {
+        w.write_all(&push_chunk(id, k, chunk))?;
+        k += 1;
+        thread::sleep(PUSH_PERIOD);
+    }
+    let _ = w.shutdown(std::net::Shutdown::Write);
+    Ok(())
+}
+
 fn serve_conn(s: TcpStream, me: SocketAddrV4) -> anyhow::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(120)))?;
@@ -162,9 +201,16 @@ fn serve_conn(s: TcpStream, me: SocketAddrV4) -> anyhow::Result<()> {
             break; // client closed
         }
         let mut it = line.split_whitespace();
-        let (Some("GET"), Some(id), Some(len)) = (it.next(), it.next(), it.next()) else {
+        let (Some(verb), Some(id), Some(len)) = (it.next(), it.next(), it.next()) else {
             bail!("bad request {line:?}");
         };
+        if verb == "PUSH" {
+            let chunk = len.parse::<usize>()?.clamp(1, 1 << 16);
+            return serve_push(w, me, id.parse()?, chunk);
+        }
+        if verb != "GET" {
+            bail!("bad request {line:?}");
+        }
         let id: u64 = id.parse()?;
         let len: usize = len.parse::<usize>()?.min(1 << 20);
         let mut out = format!("BACKEND {me}\n").into_bytes();
@@ -288,6 +334,8 @@ pub struct Testbed {
     /// The daemon's `--gc-interval` (200ms by default, so tests see expiry
     /// and reconciliation quickly; the daemon's own default is 1s).
     pub gc_interval: &'static str,
+    /// Extra `balancer run` arguments for the next start.
+    pub daemon_args: Vec<String>,
     stop: Arc<AtomicBool>,
     daemon: Option<Child>,
     dir: PathBuf,
@@ -372,7 +420,20 @@ impl Testbed {
     /// # Errors
     /// Any step of the set-up; everything built so far is torn down.
     pub fn start(n_backends: usize, choices: &str) -> anyhow::Result<Testbed> {
+        Testbed::start_with(n_backends, choices, &[])
+    }
+
+    /// [`Testbed::start`] with extra `balancer run` arguments.
+    ///
+    /// # Errors
+    /// Any step of the set-up.
+    pub fn start_with(
+        n_backends: usize,
+        choices: &str,
+        daemon_args: &[&str],
+    ) -> anyhow::Result<Testbed> {
         let mut tb = Testbed::build(n_backends)?;
+        tb.daemon_args = daemon_args.iter().map(|a| a.to_string()).collect();
         tb.start_daemon()?;
         tb.cli(&["vip", "add", &VIP.to_string(), "--choices", choices])?;
         for k in 0..n_backends {
@@ -429,6 +490,7 @@ impl Testbed {
             servers: Vec::new(),
             stop,
             daemon: None,
+            daemon_args: Vec::new(),
             gc_interval: "200ms",
             socket: dir.join("control.sock"),
             log: dir.join("daemon.log"),
@@ -487,6 +549,55 @@ impl Testbed {
         ))
     }
 
+    /// A `balancer ARGS...` command run in the balancer's namespace (for
+    /// daemons other than the test bed's own), killed with the test bed.
+    pub fn balancer_in_lb(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.lb.name()])
+            .arg(&self.balancer_bin)
+            .args(args)
+            .stdin(Stdio::null());
+        // SAFETY: prctl in the child before exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Runs `balancer ARGS...` in the balancer's namespace to its end (a
+    /// refused start; killed after 30 s otherwise) and returns whether it
+    /// succeeded and its stderr.
+    ///
+    /// # Errors
+    /// The command cannot be started.
+    pub fn refused_start(&self, args: &[&str]) -> anyhow::Result<(bool, String)> {
+        let mut child = self
+            .balancer_in_lb(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = child.try_wait()? {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                return Ok((st.success(), err));
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok((true, "still running after 30 s".into()));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Stops the daemon (SIGTERM, then SIGKILL after 5 s).
     pub fn stop_daemon(&mut self) {
         if let Some(mut d) = self.daemon.take() {
@@ -501,6 +612,42 @@ impl Testbed {
             let _ = d.kill();
             let _ = d.wait();
         }
+    }
+
+    /// The `balancer` binary the test bed runs (daemon and CLI).
+    pub fn balancer_bin(&self) -> &Path {
+        &self.balancer_bin
+    }
+
+    /// Runs the daemon and the CLI from another binary from now on.
+    pub fn set_balancer_bin(&mut self, bin: PathBuf) {
+        self.balancer_bin = bin;
+    }
+
+    /// The control socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Runs a CLI verb against the daemon on `socket` (another daemon than
+    /// the test bed's own); returns its stdout.
+    ///
+    /// # Errors
+    /// Non-zero exit, with its stderr.
+    pub fn cli_on(&self, socket: &Path, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(&self.balancer_bin)
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "balancer {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Process id of the running daemon.
@@ -586,7 +733,11 @@ impl Testbed {
     /// # Errors
     /// The daemon exits or does not answer within 60 s.
     pub fn start_daemon(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::File::create(&self.log)?;
+        // Appended: the log of every start of this test bed, in order.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.lb.name()])
             .arg(&self.balancer_bin)
@@ -607,6 +758,7 @@ impl Testbed {
             .arg(self.dir.join("state.json"))
             .arg("--pin-dir")
             .arg(self.pin_dir())
+            .args(&self.daemon_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -646,19 +798,7 @@ impl Testbed {
     /// # Errors
     /// Non-zero exit, with its stderr.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(&self.balancer_bin)
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "balancer {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.cli_on(&self.socket, args)
     }
 
     /// `balancer stats --json`.

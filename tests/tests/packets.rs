@@ -2,48 +2,26 @@
 //! program: the fixture suite and a short fuzz run. Each runs
 //! `balancer-testbed` in network and mount namespaces of its own.
 
-use std::process::Command;
+use balancer_tests::harness::scenario;
 
-fn testbed(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_balancer-testbed"))
-        .args(args)
-        .output()
-        .expect("running balancer-testbed");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "balancer-testbed {args:?} failed: {stderr}"
-    );
-    stdout
-}
+const TESTBED: &str = env!("CARGO_BIN_EXE_balancer-testbed");
 
 #[test]
 fn fixture_suite() {
-    let out = testbed(&["fixtures"]);
-    assert!(out.contains(" passed, 0 failed"), "suite did not finish");
     // Every packet-level case of shared/cases/packet-cases.md has a named
-    // fixture (17 and 18 are about load and health, tested elsewhere).
-    for case in 1..=16 {
-        assert!(
-            out.contains(&format!("fixture ok: case {case}:")),
-            "no passing fixture for case {case}"
-        );
-    }
-    assert!(
-        out.contains("fixture ok: race: "),
-        "no passing two-CPU race fixture"
-    );
+    // fixture (17 and 18 are about load and health, tested elsewhere), and
+    // the two-CPU race fixture passes.
+    let cases: Vec<String> = (1..=16).map(|c| format!("fixture ok: case {c}:")).collect();
+    let mut markers: Vec<&str> = cases.iter().map(String::as_str).collect();
+    markers.extend([" passed, 0 failed", "fixture ok: race: "]);
+    scenario(TESTBED, &["fixtures"], &markers);
 }
 
 #[test]
 fn short_fuzz_run() {
-    let out = testbed(&["fuzz", "--frames", "30000", "--seed", "20261129"]);
-    assert!(
-        out.contains("30000 frames"),
-        "fuzz did not report its frames"
+    scenario(
+        TESTBED,
+        &["fuzz", "--frames", "30000", "--seed", "20261129"],
+        &["30000 frames", ", 0 failures"],
     );
-    assert!(out.contains(", 0 failures"), "fuzz found violations");
 }

@@ -39,8 +39,8 @@ enum Cmd {
         args: Vec<String>,
     },
     /// The long forms of the test-bed scenarios (minutes): case 18 for
-    /// choices 1, 2 and a full scan over 1,000 connections each, and the
-    /// others' long forms.
+    /// choices 1, 2 and a full scan over 1,000 connections each, and three
+    /// rounds of restarts and upgrades with 60 connections moving data.
     Long,
     /// The long fuzz run: random and mutated frames through the compiled
     /// program with BPF_PROG_TEST_RUN (the tests run a short one).
@@ -112,8 +112,10 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Long => {
             build()?;
-            run(Command::new(root().join("target/debug/balancer-testbed"))
-                .args(["health", "--long"]))
+            for scenario in [["health", "--long"], ["restart", "--long"]] {
+                run(Command::new(root().join("target/debug/balancer-testbed")).args(scenario))?;
+            }
+            Ok(())
         }
         Cmd::Fuzz { frames, seed } => {
             build()?;

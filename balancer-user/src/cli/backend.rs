@@ -56,7 +56,10 @@ pub enum BackendCmd {
         #[arg(value_parser = parse_endpoint)]
         backend: SocketAddrV4,
     },
-    /// Remove a backend; its flows are dropped.
+    /// Remove a backend. Its open connections end: the next segment of each
+    /// client gets a TCP reset from the balancer (for --orphan-timeout,
+    /// default 2m; later segments are passed to the host). Drain first to
+    /// let them finish.
     Remove {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]

@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod backend;
+pub mod detach;
 pub mod run;
 pub mod show;
 pub mod vip;

@@ -3,9 +3,16 @@
 use std::{path::PathBuf, time::Duration};
 
 use aya::programs::XdpMode;
-use balancer::{balancer::LoadOptions, daemon::DaemonConfig, Timeouts};
+use balancer::{
+    balancer::{LoadOptions, MAX_TABLE_SIZE},
+    daemon::DaemonConfig,
+    Timeouts,
+};
 use balancer_common::{DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE};
 use clap::ValueEnum;
+
+/// Default pin directory.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/p2c-balancer";
 
 /// A timeout or period: a duration above zero and at most a week.
 fn parse_timeout(s: &str) -> Result<Duration, String> {
@@ -40,16 +47,20 @@ pub struct RunArgs {
     /// State file holding VIPs and backends across restarts.
     #[arg(long, default_value = "/var/lib/p2c-balancer/state.json")]
     state_file: PathBuf,
-    /// bpffs directory where the maps are pinned.
-    #[arg(long, default_value = "/sys/fs/bpf/p2c-balancer")]
+    /// bpffs directory where the maps and the XDP links are pinned. The
+    /// links keep the program attached when the daemon stops; the next
+    /// start takes them over (`balancer detach` ends them).
+    #[arg(long, default_value = DEFAULT_PIN_DIR)]
     pin_dir: PathBuf,
     /// Flow-table entries (one per established connection, live or
     /// recently closed).
-    #[arg(long, default_value_t = DEFAULT_FLOW_TABLE_SIZE)]
+    #[arg(long, default_value_t = DEFAULT_FLOW_TABLE_SIZE,
+          value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
     flow_table_size: u32,
     /// Half-open table entries (SYNs whose handshake is not complete; a
     /// SYN flood evicts only these).
-    #[arg(long, default_value_t = DEFAULT_HALF_OPEN_TABLE_SIZE)]
+    #[arg(long, default_value_t = DEFAULT_HALF_OPEN_TABLE_SIZE,
+          value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
     half_open_table_size: u32,
     /// Idle timeout of half-open flows (SYN seen, handshake not completed).
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
@@ -75,7 +86,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0, hide = true)]
     test_seed: u64,
     /// Remove the maps pinned by an earlier run and start with empty maps
-    /// (established connections are lost; the state file is still restored).
+    /// (established connections are lost; the state file is still
+    /// restored). Pinned links are kept and get the new program.
     #[arg(long)]
     fresh: bool,
 }

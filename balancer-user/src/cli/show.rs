@@ -27,6 +27,20 @@ fn median_bucket(h: &LoadHistogram) -> String {
 
 /// Prints `stats`.
 pub fn print_stats(s: &StatsView) {
+    if !s.attachments.is_empty() {
+        println!("Attached");
+        println!(
+            "{:<16} {:>8} {:>10} {:>8}",
+            "INTERFACE", "MODE", "PROGRAM", "LINK"
+        );
+        for a in &s.attachments {
+            println!(
+                "{:<16} {:>8} {:>10} {:>8}",
+                a.interface, a.mode, a.program_id, a.link_id
+            );
+        }
+        println!();
+    }
     println!("VIPs");
     println!(
         "{:<21} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",

@@ -5,12 +5,20 @@
 //! * `balancer-testbed e2e`
 //! * `balancer-testbed collisions`
 //! * `balancer-testbed health [--long]`
+//! * `balancer-testbed restart [--long]`
+//! * `balancer-testbed refusals`
+//! * `balancer-testbed abuse`
+//! * `balancer-testbed flood`
+//! * `balancer-testbed orphans`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
-use balancer_tests::{bench, collisions, fixtures, fuzz, health, netns, scenario};
+use balancer_tests::{
+    abuse, bench, collisions, fixtures, flood, fuzz, health, netns, orphans, refusals, restart,
+    scenario,
+};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -47,6 +55,37 @@ enum Cmd {
         #[arg(long)]
         long: bool,
     },
+    /// Hitless restarts: connections moving data through SIGTERM and
+    /// SIGKILL restarts and an upgrade, an incompatible layout refused,
+    /// detach.
+    Restart {
+        /// The long form: 60 connections, three rounds.
+        #[arg(long)]
+        long: bool,
+    },
+    /// Start-up refusals against a running daemon: second daemons on its
+    /// pins, state file or socket, a socket path that is a file, another
+    /// program on the interface, an MTU native XDP cannot take, no root,
+    /// arguments out of range.
+    Refusals,
+    /// The control socket abused: 20,000 idle connections, a stopped daemon.
+    Abuse,
+    /// A SYN flood (100,000 spoofed SYNs) against 100 idle established
+    /// connections through small tables.
+    Flood,
+    /// Connections whose backend was removed or which expired get a reset.
+    Orphans,
+    /// (helper of `abuse`) Opens idle connections to a unix socket, prints
+    /// how many, holds them until stdin closes.
+    #[command(hide = true)]
+    HoldUnix {
+        /// The socket.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// Connections to open.
+        #[arg(long)]
+        count: usize,
+    },
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
     /// Loads the program and prints how many instructions the verifier
@@ -77,6 +116,16 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A helper process of a running scenario: already isolated.
+    if let Cmd::HoldUnix { socket, count } = &cli.cmd {
+        return match abuse::hold(socket, *count) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match netns::isolate() {
         Ok(Some(code)) => return ExitCode::from(code as u8),
         Ok(None) => {}
@@ -94,6 +143,12 @@ fn main() -> ExitCode {
         Cmd::E2e => scenario::e2e(),
         Cmd::Collisions => collisions::run(),
         Cmd::Health { long } => health::run(long),
+        Cmd::Restart { long } => restart::run(long),
+        Cmd::Refusals => refusals::run(),
+        Cmd::Abuse => abuse::run(),
+        Cmd::Flood => flood::run(),
+        Cmd::Orphans => orphans::run(),
+        Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {
             for (name, n) in v {

@@ -1,0 +1,283 @@
+//! The control socket: one JSON request line in, one JSON response line
+//! out, root only. The server stays responsive when abused: at most
+//! [`MAX_CONNECTIONS`] connections are served at once (more are answered
+//! "busy" and closed at once), a connection that sends no request within
+//! [`REQUEST_TIMEOUT`] is closed, accept errors (out of descriptors) back
+//! off instead of spinning, and their log lines are rate-limited.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::{UnixListener, UnixStream},
+    sync::{Mutex, Notify, Semaphore},
+};
+
+use crate::{
+    api::{Request, Response, MAX_FLOWS_LISTED},
+    balancer::Balancer,
+    state::write_state,
+};
+
+/// Longest request line accepted, bytes (16,384 backends in one request fit).
+pub const MAX_REQUEST: usize = 4 << 20;
+/// How long a client may take to send its request line.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// The answer given to connections beyond [`MAX_CONNECTIONS`].
+pub const BUSY: &str = "busy: the daemon is serving its maximum of control connections";
+/// Longest pause after repeated accept errors.
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+/// At most one log line per this period for a repeating condition.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs the first occurrence of a repeating condition, then at most one
+/// line per [`LOG_EVERY`] with the number of occurrences left unlogged.
+#[derive(Debug, Default)]
+pub struct RateLimitedLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    /// Logs `msg` at warn level unless a line was logged less than
+    /// [`LOG_EVERY`] ago (then counts it). Returns whether it logged.
+    pub fn warn(&mut self, now: Instant, msg: impl FnOnce() -> String) -> bool {
+        match self.last {
+            Some(t) if now.duration_since(t) < LOG_EVERY => {
+                self.suppressed += 1;
+                false
+            }
+            _ => {
+                let m = msg();
+                if self.suppressed > 0 {
+                    log::warn!(
+                        "{m} ({} more like it in the last {} s)",
+                        self.suppressed,
+                        LOG_EVERY.as_secs()
+                    );
+                } else {
+                    log::warn!("{m}");
+                }
+                self.last = Some(now);
+                self.suppressed = 0;
+                true
+            }
+        }
+    }
+}
+
+/// What the server shares with its connection tasks.
+pub struct Shared {
+    /// The balancer.
+    pub lb: Arc<Mutex<Balancer>>,
+    /// State file rewritten after every change.
+    pub state_file: PathBuf,
+    /// Notified when a `detach` request asks the daemon to stop.
+    pub stop: Arc<Notify>,
+}
+
+/// Accepts and serves control connections until the task is dropped.
+pub async fn serve_forever(listener: UnixListener, shared: Arc<Shared>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = Duration::from_millis(10);
+    let mut accept_log = RateLimitedLog::default();
+    let mut busy_log = RateLimitedLog::default();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => {
+                backoff = Duration::from_millis(10);
+                s
+            }
+            Err(e) => {
+                // EMFILE/ENFILE/ENOBUFS: the pending connection stays
+                // queued; retrying at once would spin. Wait, doubling.
+                accept_log.warn(Instant::now(), || {
+                    format!(
+                        "control socket: accept failed: {e}; retrying in {} ms",
+                        backoff.as_millis()
+                    )
+                });
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            busy_log.warn(Instant::now(), || {
+                format!("control socket: {MAX_CONNECTIONS} connections open, refusing more")
+            });
+            // Best effort, never waiting: the answer fits the socket buffer.
+            let mut line = serde_json::to_string(&Response::Error {
+                message: BUSY.into(),
+            })
+            .unwrap_or_default();
+            line.push('\n');
+            let _ = stream.try_write(line.as_bytes());
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve(stream, &shared).await {
+                log::debug!("control connection: {e:#}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve(stream: UnixStream, shared: &Shared) -> anyhow::Result<()> {
+    let cred = stream.peer_cred()?;
+    let (r, mut w) = stream.into_split();
+    let mut stop_after = false;
+    let resp = if cred.uid() != 0 {
+        Response::Error {
+            message: "permission denied: the control socket is for root only".into(),
+        }
+    } else {
+        let mut reader = BufReader::new(r.take(MAX_REQUEST as u64));
+        let mut line = Vec::new();
+        match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
+            Err(_) => Response::Error {
+                message: format!("no request within {} ms", REQUEST_TIMEOUT.as_millis()),
+            },
+            Ok(Err(e)) => Response::Error {
+                message: format!("reading the request: {e}"),
+            },
+            Ok(Ok(_)) if line.len() >= MAX_REQUEST && !line.ends_with(b"\n") => Response::Error {
+                message: format!("request longer than {MAX_REQUEST} bytes"),
+            },
+            Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
+                Ok(req) => {
+                    stop_after = matches!(req, Request::Detach { .. });
+                    let mut lb = shared.lb.lock().await;
+                    handle(&mut lb, req, &shared.state_file)
+                }
+                Err(e) => Response::Error {
+                    message: format!("bad request: {e}"),
+                },
+            },
+        }
+    };
+    if stop_after && matches!(resp, Response::Detached { .. }) {
+        shared.stop.notify_one();
+    }
+    let mut out = serde_json::to_string(&resp)?;
+    out.push('\n');
+    w.write_all(out.as_bytes()).await?;
+    Ok(())
+}
+
+/// Applies one request. Changes are persisted to `state_file`; a change that
+/// cannot be persisted is reported as an error (the maps already hold it).
+pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
+    let changes = !matches!(
+        req,
+        Request::ListVips
+            | Request::ListBackends { .. }
+            | Request::Stats
+            | Request::Flows { .. }
+            | Request::Detach { .. }
+    );
+    let result = match req {
+        Request::AddVip { vip, settings } => lb.add_vip_with(vip, settings).map(|_| Response::Ok),
+        Request::SetVip { vip, patch } => lb.set_vip(vip, &patch).map(|_| Response::Ok),
+        Request::RemoveVip { vip } => lb.remove_vip(vip).map(|_| Response::Ok),
+        Request::ListVips => Ok(Response::Vips {
+            vips: lb.list_vips(),
+        }),
+        Request::AddBackends {
+            vip,
+            backends,
+            weight,
+        } => lb
+            .add_backends_weighted(vip, &backends, weight.unwrap_or(1))
+            .map(|_| Response::Ok),
+        Request::SetBackend {
+            vip,
+            backend,
+            patch,
+        } => lb.set_backend(vip, backend, &patch).map(|_| Response::Ok),
+        Request::DrainBackend { vip, backend } => {
+            lb.drain_backend(vip, backend).map(|_| Response::Ok)
+        }
+        Request::UndrainBackend { vip, backend } => {
+            lb.undrain_backend(vip, backend).map(|_| Response::Ok)
+        }
+        Request::RemoveBackend { vip, backend } => {
+            lb.remove_backend(vip, backend).map(|_| Response::Ok)
+        }
+        Request::ListBackends { vip } => lb
+            .list_backends(vip)
+            .map(|backends| Response::Backends { backends }),
+        Request::Stats => lb.stats().map(|s| Response::Stats(Box::new(s))),
+        Request::Flows { limit } => {
+            let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED));
+            Ok(Response::Flows { flows, truncated })
+        }
+        Request::Detach { remove_maps } => {
+            let interfaces = lb.interfaces();
+            lb.detach_all().and_then(|_| {
+                let removed = if remove_maps {
+                    lb.remove_map_pins()?
+                } else {
+                    Vec::new()
+                };
+                Ok(Response::Detached {
+                    interfaces,
+                    removed_pins: removed,
+                })
+            })
+        }
+    };
+    match result {
+        Ok(r) => {
+            if changes {
+                if let Err(e) = write_state(state_file, lb.state()) {
+                    return Response::Error {
+                        message: format!("applied, but persisting the state failed: {e}"),
+                    };
+                }
+            }
+            r
+        }
+        Err(e) => Response::Error {
+            message: error_chain(&e),
+        },
+    }
+}
+
+/// An error with its sources, on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_warnings_are_rate_limited() {
+        let mut l = RateLimitedLog::default();
+        let t0 = Instant::now();
+        assert!(l.warn(t0, || "first".into()));
+        for i in 1..1000 {
+            assert!(!l.warn(t0 + Duration::from_millis(i), || "again".into()));
+        }
+        assert_eq!(l.suppressed, 999);
+        assert!(l.warn(t0 + LOG_EVERY, || "later".into()));
+        assert_eq!(l.suppressed, 0);
+    }
+}

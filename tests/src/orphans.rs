@@ -1,0 +1,137 @@
+//! Orphaned flows fail fast, on real TCP: a connection whose backend is
+//! removed, and a connection that idled past the established timeout, get
+//! a reset on their next segment (the client sees ECONNRESET at once
+//! instead of hanging); `backend remove --help` says so.
+
+use std::{
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _};
+
+use crate::{
+    netns::enter_ns,
+    scenario::run_batch,
+    testbed::{Conn, Testbed, VIP},
+};
+
+/// The daemon's established timeout in this scenario.
+const ESTABLISHED_TIMEOUT: &str = "2s";
+
+/// Runs the scenario.
+///
+/// # Errors
+/// The first assertion that fails, with the daemon's log.
+pub fn run() -> anyhow::Result<()> {
+    let mut tb = Testbed::start_with(3, "2", &["--established-timeout", ESTABLISHED_TIMEOUT])?;
+    let r = run_on(&mut tb);
+    if r.is_err() {
+        eprintln!("--- daemon log ---\n{}", tb.daemon_log());
+    }
+    r
+}
+
+/// Makes one request on `c` from the client namespace; returns how long
+/// the failure took to show and its text. A success is an error here.
+fn expect_reset(tb: &Testbed, mut c: Conn, what: &str) -> anyhow::Result<(Duration, String)> {
+    let ns = tb.client_ns_path();
+    let what = what.to_string();
+    thread::spawn(move || -> anyhow::Result<(Duration, String)> {
+        enter_ns(&ns)?;
+        let t0 = Instant::now();
+        // The first request may still be written into the socket; the
+        // reset shows on the read, or on the next write.
+        let mut last = None;
+        for i in 0..3 {
+            match c.request(1_000_000 + i, 64) {
+                Ok(_) => continue,
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            }
+        }
+        let took = t0.elapsed();
+        let Some(e) = last else {
+            anyhow::bail!("{what}: the connection was still served");
+        };
+        let reset = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
+        });
+        ensure!(
+            reset,
+            "{what}: failed without a reset after {took:?}: {e:#}"
+        );
+        Ok((took, format!("{e:#}")))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}
+
+fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
+    let batch = run_batch(tb, 30, 30, 3, 0)?;
+    let mut held = batch.held;
+    let removed = held[0].backend;
+    let before = tb.stats()?.counter("reset_orphaned");
+    tb.cli(&["backend", "remove", &VIP.to_string(), &removed.to_string()])?;
+    let (victims, rest): (Vec<Conn>, Vec<Conn>) =
+        held.drain(..).partition(|c| c.backend == removed);
+    ensure!(!victims.is_empty(), "no connection on {removed}");
+    let n = victims.len();
+    let mut slowest = Duration::ZERO;
+    for c in victims {
+        let (took, _) = expect_reset(tb, c, "backend removed")?;
+        slowest = slowest.max(took);
+    }
+    ensure!(
+        slowest < Duration::from_secs(2),
+        "a reset took {slowest:?} after the backend was removed"
+    );
+    let resets = tb.stats()?.counter("reset_orphaned") - before;
+    ensure!(
+        resets >= n as u64,
+        "reset_orphaned moved by {resets}, {n} connections"
+    );
+    println!(
+        "orphans: backend {removed} removed: {n} of its connections reset on their next \
+         segment (slowest {:.0} ms); reset_orphaned +{resets}",
+        slowest.as_secs_f64() * 1e3
+    );
+
+    // Idle past the established timeout: expired, remembered as orphans.
+    let idle = Duration::from_secs(2) + Duration::from_millis(1500);
+    thread::sleep(idle);
+    let n = rest.len();
+    let mut slowest = Duration::ZERO;
+    for c in rest {
+        let (took, _) = expect_reset(tb, c, "expired")?;
+        slowest = slowest.max(took);
+    }
+    ensure!(
+        slowest < Duration::from_secs(2),
+        "a reset of an expired flow took {slowest:?}"
+    );
+    println!(
+        "orphans: {n} connections idle {:.1}s past a {ESTABLISHED_TIMEOUT} established timeout \
+         reset on their next segment (slowest {:.0} ms)",
+        idle.as_secs_f64(),
+        slowest.as_secs_f64() * 1e3
+    );
+
+    // The CLI says the same.
+    let out = Command::new(tb.balancer_bin())
+        .args(["backend", "remove", "--help"])
+        .output()?;
+    let help = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        help.contains("reset"),
+        "`backend remove --help` does not say clients get a reset: {help}"
+    );
+    // New connections are placed as usual.
+    run_batch(tb, 50, 0, 2, 1 << 20).context("new connections after the orphans")?;
+    println!("orphans: `backend remove --help` names the reset; 50 new connections served");
+    Ok(())
+}
