@@ -3,7 +3,9 @@
 #
 # Installs what a fresh machine of this project's kind lacks:
 #   - Debian packages: ethtool (test bed offload settings), iproute2, util-linux;
-#     with --bench also haproxy, nginx with its stream module, a font
+#     the real clients and servers of the test bed: nginx, curl, wrk, ab
+#     (apache2-utils), iperf3; with --bench also haproxy, nginx's stream
+#     module, a font
 #   - the nightly toolchain's rust-src (for -Z build-std=core on bpfel-unknown-none)
 #   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
 #     toolchain ships (Debian has only LLVM 14, and bpf-linker's default
@@ -18,10 +20,16 @@ need_apt=()
 command -v ethtool >/dev/null 2>&1 || need_apt+=(ethtool)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+# Real clients and servers (balancer-testbed realclients).
+[ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
+command -v ab >/dev/null 2>&1 || need_apt+=(apache2-utils)
+command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
+command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ "${1:-}" = "--bench" ]; then
   # The peers the benchmark compares against, and a font for its plot.
   [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
-  [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
   [ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || need_apt+=(libnginx-mod-stream)
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
   command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
@@ -30,8 +38,8 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # No services started by package scripts (haproxy, nginx): the bench runs
-  # its own instances inside its namespaces.
+  # No services started by package scripts (haproxy, nginx, iperf3): the
+  # test bed and the bench run their own instances inside their namespaces.
   own_policy=0
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d

@@ -11,8 +11,8 @@
 //! build.
 
 use crate::{
-    map_names, Backend, BackendKey, BackendVips, ChoiceCounts, FlowEntry, FlowKey, GlobalStats,
-    Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
+    map_names, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
+    FlowEntry, FlowKey, GlobalStats, Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
 };
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -84,7 +84,9 @@ const fn fingerprint() -> u64 {
             eligible: u32,
             list: u32,
             flags: u32,
-            eject_after: u32
+            eject_after: u32,
+            persistence_s: u32,
+            persistence_mask: u32
         }
     );
     h = layout!(
@@ -174,6 +176,21 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, crate::LOAD_BUCKETS);
     h = layout!(
         h,
+        AffinityKey {
+            vip_index: u32,
+            client: u32
+        }
+    );
+    h = layout!(
+        h,
+        AffinityEntry {
+            backend_slot: u32,
+            backend_generation: u32,
+            last_seen_ns: u64
+        }
+    );
+    h = layout!(
+        h,
         Orphan {
             reason: u32,
             _pad: u32,
@@ -187,6 +204,10 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, crate::flow::F_ESTABLISHED as usize);
     h = mix_usize(h, crate::flow::F_DATA as usize);
     h = mix_usize(h, crate::flow_kind::CLOSED as usize);
+    h = mix_usize(h, crate::BACKEND_F_IN_USE as usize);
+    h = mix_usize(h, crate::BACKEND_F_SHARED as usize);
+    h = mix_usize(h, crate::BACKEND_F_ELIGIBLE as usize);
+    h = mix_usize(h, crate::VIP_F_FALLBACK as usize);
     h = mix_usize(h, crate::MAX_VIPS as usize);
     h = mix_usize(h, crate::BACKEND_SLOTS as usize);
     h = map!(h, map_names::VIPS, VipKey, VipInfo);
@@ -206,6 +227,7 @@ const fn fingerprint() -> u64 {
     h = map!(h, map_names::VIP_STATS, u32, TrafficStats);
     h = map!(h, map_names::CHOICE_STATS, u32, ChoiceCounts);
     h = map!(h, map_names::CHOICE_HIST, u32, u64);
+    h = map!(h, map_names::AFFINITY, AffinityKey, AffinityEntry);
     h
 }
 

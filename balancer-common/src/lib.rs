@@ -108,6 +108,10 @@ pub mod map_names {
     /// [`crate::HostVips`] (hash), the VIPs the address is a backend of (for
     /// refusing hairpin connections).
     pub const BACKEND_HOSTS: &str = "BACKEND_HOSTS";
+    /// Session affinity: [`crate::AffinityKey`] -> [`crate::AffinityEntry`]
+    /// (LRU hash), the backend a client address (masked) of a VIP with
+    /// persistence was last placed on.
+    pub const AFFINITY: &str = "AFFINITY";
 }
 
 /// Maximum number of VIPs (size of the VIP table and of the per-VIP arrays).
@@ -124,6 +128,9 @@ pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 1 << 19;
 pub const DEFAULT_HALF_OPEN_TABLE_SIZE: u32 = 1 << 17;
 /// Entries of the orphan table.
 pub const ORPHAN_TABLE_SIZE: u32 = 1 << 16;
+/// Default number of entries of the session-affinity table (one per client
+/// address, or per client network with a netmask, per VIP with persistence).
+pub const DEFAULT_AFFINITY_TABLE_SIZE: u32 = 1 << 16;
 /// Largest per-VIP `choices` value that samples; [`CHOICES_FULL_SCAN`] scans.
 pub const MAX_CHOICES: u32 = 16;
 /// `choices` value asking for a full least-connections scan of the VIP's
@@ -176,6 +183,13 @@ pub struct VipInfo {
     /// (`SERVER_FAILS`) is skipped: passive failure detection in the data
     /// path. 0: never skipped.
     pub eject_after: u32,
+    /// Session affinity (persistence), seconds: a new connection from a
+    /// client address seen within this time goes to the backend its last
+    /// connection got, while that backend is eligible. 0: off.
+    pub persistence_s: u32,
+    /// The netmask grouping clients for affinity, network byte order
+    /// (`0xffffffff`: each address on its own).
+    pub persistence_mask: u32,
 }
 
 /// The VIP has no healthy backend and its policy is to fall back to all of
@@ -206,6 +220,54 @@ pub const BACKEND_F_IN_USE: u32 = 1;
 /// on it must not reuse a client address and port that is live on it through
 /// another VIP (at the backend both would be one connection).
 pub const BACKEND_F_SHARED: u32 = 2;
+/// The slot is in its VIP's active eligible list (healthy, not drained, not
+/// ejected; or the VIP is falling back to all): an affinity to it holds.
+pub const BACKEND_F_ELIGIBLE: u32 = 4;
+
+/// Key of the `AFFINITY` table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct AffinityKey {
+    /// Index of the VIP.
+    pub vip_index: u32,
+    /// Client address masked with the VIP's `persistence_mask`, network
+    /// byte order.
+    pub client: u32,
+}
+
+/// Value of the `AFFINITY` table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct AffinityEntry {
+    /// Backend slot the client's connections go to.
+    pub backend_slot: u32,
+    /// That slot's generation when the affinity was made (a slot reused by
+    /// another backend breaks it).
+    pub backend_generation: u32,
+    /// When a connection of the client was last placed or (by the daemon's
+    /// pass) last seen, CLOCK_MONOTONIC ns.
+    pub last_seen_ns: u64,
+}
+
+/// Whether an affinity last seen at `last_seen_ns` still holds at `now_ns`
+/// for a persistence of `persistence_s` seconds.
+#[inline(always)]
+pub const fn affinity_fresh(last_seen_ns: u64, now_ns: u64, persistence_s: u32) -> bool {
+    now_ns.saturating_sub(last_seen_ns) <= persistence_s as u64 * 1_000_000_000
+}
+
+/// The netmask (network byte order) of a prefix length `0..=32`.
+#[inline(always)]
+pub const fn netmask_be(prefix: u8) -> u32 {
+    let host = if prefix == 0 {
+        0
+    } else if prefix >= 32 {
+        u32::MAX
+    } else {
+        u32::MAX << (32 - prefix)
+    };
+    host.to_be()
+}
 
 /// One backend slot.
 #[repr(C)]
@@ -465,11 +527,21 @@ pub enum Counter {
     /// SYNs dropped because the new-flow stage could not be reached (its
     /// program array entry is empty: never after a complete start).
     DropNoStage,
+    /// New flows of a VIP with persistence sent to the backend of the
+    /// client's affinity.
+    AffinityHits,
+    /// New flows of a VIP with persistence whose client had no affinity (or
+    /// one older than the persistence): placed by the choice rule.
+    AffinityMisses,
+    /// New flows whose client's affinity pointed at a backend no longer
+    /// eligible (drained, unhealthy, ejected, removed): placed by the choice
+    /// rule, and the affinity moved.
+    AffinityBroken,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::DropNoStage;
+    pub const LAST: Counter = Counter::AffinityBroken;
 }
 
 /// Number of entries of the `STATS` array.
@@ -509,6 +581,9 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "reset_orphaned",
     "promoted",
     "drop_no_stage",
+    "affinity_hits",
+    "affinity_misses",
+    "affinity_broken",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].
@@ -679,7 +754,7 @@ pub const SETTINGS_F_NO_CHOICE_TELEMETRY: u64 = 1;
 
 const _: () = {
     assert!(core::mem::size_of::<VipKey>() == 8);
-    assert!(core::mem::size_of::<VipInfo>() == 24);
+    assert!(core::mem::size_of::<VipInfo>() == 32);
     assert!(core::mem::size_of::<Backend>() == 24);
     assert!(core::mem::size_of::<FlowKey>() == 16);
     assert!(core::mem::size_of::<FlowEntry>() == 40);
@@ -734,5 +809,31 @@ mod pod {
         ChoiceStats,
         ChoiceCounts,
         Orphan,
+        AffinityKey,
+        AffinityEntry,
     );
+}
+
+#[cfg(test)]
+mod affinity_tests {
+    use super::*;
+
+    #[test]
+    fn netmasks_in_network_byte_order() {
+        assert_eq!(netmask_be(32), u32::MAX);
+        assert_eq!(netmask_be(0), 0);
+        assert_eq!(u32::from_be(netmask_be(24)), 0xffff_ff00);
+        assert_eq!(u32::from_be(netmask_be(1)), 0x8000_0000);
+        // 10.0.1.77 & /24 = 10.0.1.0, in the maps' byte order.
+        let a = u32::from_ne_bytes([10, 0, 1, 77]);
+        assert_eq!(a & netmask_be(24), u32::from_ne_bytes([10, 0, 1, 0]));
+    }
+
+    #[test]
+    fn freshness_bounds() {
+        assert!(affinity_fresh(0, 5_000_000_000, 5));
+        assert!(!affinity_fresh(0, 5_000_000_001, 5));
+        // A last-seen time ahead of now (another CPU's clock read) is fresh.
+        assert!(affinity_fresh(10, 5, 1));
+    }
 }

@@ -1,5 +1,6 @@
-//! Placing a new flow: refuse hairpins, choose a backend by the power of d
-//! choices (`balancer_common::choice`, stepped by `bpf_loop`), keep off a
+//! Placing a new flow: refuse hairpins, follow the client's session
+//! affinity when the VIP has persistence ([`crate::affinity`]), otherwise
+//! choose a backend by the power of d choices (`balancer_common::choice`, stepped by `bpf_loop`), keep off a
 //! backend where the client's tuple is live through another VIP, pin the
 //! flow and count it.
 
@@ -17,6 +18,7 @@ use balancer_common::{
 };
 
 use crate::{
+    affinity::{self, Affinity},
     atomic,
     frame::precise_ns,
     lookup::{backend_of, live_elsewhere},
@@ -234,7 +236,12 @@ pub fn place(
             return Err(Refusal::Reset);
         }
     }
-    let Some((mut b, mut slot)) = choose(vip, NO_SLOT) else {
+    let affinity = affinity::lookup(vip, seg.src_addr, now);
+    let found = match affinity {
+        Affinity::Hit(b, slot) => Some((b, slot)),
+        Affinity::Off | Affinity::Choose => choose(vip, NO_SLOT),
+    };
+    let Some((mut b, mut slot)) = found else {
         count(Counter::DropNoBackend, 1);
         return Err(Refusal::Drop);
     };
@@ -273,6 +280,7 @@ pub fn place(
     }
     atomic::add(&BACKEND_CONNS, slot, 1);
     atomic::add(&SERVER_CONNS, b.server, 1);
+    affinity::remember(vip, seg.src_addr, slot, b.generation, now);
     if vip.flags & VIP_F_FALLBACK != 0 {
         count(Counter::FallbackFlows, 1);
     }

@@ -18,6 +18,8 @@
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
+mod affinity;
+#[cfg(target_arch = "bpf")]
 mod atomic;
 #[cfg(target_arch = "bpf")]
 mod bench;

@@ -6,10 +6,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use balancer_common::{
-    Backend, BackendKey, BackendVips, ChoiceCounts, FlowEntry, FlowKey, GlobalStats, HostVips,
-    LocalMac, Orphan, Settings, TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN,
-    DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE, MAX_VIPS, ORPHAN_TABLE_SIZE,
-    PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+    AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts, FlowEntry, FlowKey,
+    GlobalStats, HostVips, LocalMac, Orphan, Settings, TrafficStats, VipInfo, VipKey,
+    BACKEND_SLOTS, CHOICE_HIST_LEN, DEFAULT_AFFINITY_TABLE_SIZE, DEFAULT_FLOW_TABLE_SIZE,
+    DEFAULT_HALF_OPEN_TABLE_SIZE, MAX_VIPS, ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
 
 /// The stages the entry program tail-calls (`programs::*_STAGE`).
@@ -80,6 +80,11 @@ pub static HALF_OPEN: LruHashMap<FlowKey, FlowEntry> =
 #[map]
 pub static ORPHANS: LruHashMap<FlowKey, Orphan> =
     LruHashMap::with_max_entries(ORPHAN_TABLE_SIZE, 0);
+/// Session affinity of VIPs with persistence: the backend a client (address
+/// masked by the VIP's netmask) was last placed on.
+#[map]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry> =
+    LruHashMap::with_max_entries(DEFAULT_AFFINITY_TABLE_SIZE, 0);
 /// The layout fingerprint of the shared maps, written and pinned by the
 /// daemon (the program never reads it).
 #[map]

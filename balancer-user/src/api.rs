@@ -59,6 +59,16 @@ pub struct VipPatch {
         with = "humantime_serde::option"
     )]
     pub ejection_time: Option<Duration>,
+    /// Session affinity time (0: off).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    pub persistence: Option<Duration>,
+    /// Prefix length grouping clients for affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_netmask: Option<u8>,
 }
 
 impl VipPatch {
@@ -82,6 +92,12 @@ impl VipPatch {
         }
         if let Some(t) = self.ejection_time {
             s.ejection_time = t;
+        }
+        if let Some(p) = self.persistence {
+            s.persistence = p;
+        }
+        if let Some(m) = self.persistence_netmask {
+            s.persistence_netmask = m;
         }
         s
     }

@@ -60,6 +60,9 @@ pub struct LoadOptions {
     /// Half-open table entries (SYNs whose handshake is not complete).
     /// Default [`balancer_common::DEFAULT_HALF_OPEN_TABLE_SIZE`].
     pub half_open_table_size: u32,
+    /// Session-affinity table entries. Default
+    /// [`balancer_common::DEFAULT_AFFINITY_TABLE_SIZE`].
+    pub affinity_table_size: u32,
     /// bpffs directory to pin the maps under; `None` pins nothing.
     pub pin_dir: Option<PathBuf>,
 }
@@ -69,6 +72,7 @@ impl Default for LoadOptions {
         LoadOptions {
             flow_table_size: balancer_common::DEFAULT_FLOW_TABLE_SIZE,
             half_open_table_size: balancer_common::DEFAULT_HALF_OPEN_TABLE_SIZE,
+            affinity_table_size: balancer_common::DEFAULT_AFFINITY_TABLE_SIZE,
             pin_dir: None,
         }
     }
@@ -147,6 +151,7 @@ impl Balancer {
         for (what, n) in [
             ("flow table size", opts.flow_table_size),
             ("half-open table size", opts.half_open_table_size),
+            ("affinity table size", opts.affinity_table_size),
         ] {
             if !(16..=MAX_TABLE_SIZE).contains(&n) {
                 return Err(BalancerError::Invalid {
@@ -156,11 +161,17 @@ impl Balancer {
             }
         }
         if let Some(dir) = &opts.pin_dir {
-            check_pins(dir, opts.flow_table_size, opts.half_open_table_size)?;
+            check_pins(
+                dir,
+                opts.flow_table_size,
+                opts.half_open_table_size,
+                opts.affinity_table_size,
+            )?;
         }
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(map_names::FLOWS, opts.flow_table_size);
         loader.map_max_entries(map_names::HALF_OPEN, opts.half_open_table_size);
+        loader.map_max_entries(map_names::AFFINITY, opts.affinity_table_size);
         if let Some(dir) = &opts.pin_dir {
             std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {
                 action: format!("creating pin directory {}", dir.display()),
@@ -977,6 +988,10 @@ impl Balancer {
         let v = self.state.vip(addr)?;
         let (eligible, fallback) = self.eligibility.list(&self.state, v);
         let list = self.maps.publish_vip(v, &eligible, fallback)?;
+        let in_list: BTreeSet<u32> = eligible.iter().copied().collect();
+        for b in &v.backends {
+            self.maps.set_eligible(b.slot, in_list.contains(&b.slot))?;
+        }
         self.state.vip_mut(addr)?.list = list;
         Ok(())
     }

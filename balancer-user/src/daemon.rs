@@ -133,7 +133,12 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     cfg.state_file.display()
                 );
             }
-            check_pins(dir, cfg.load.flow_table_size, cfg.load.half_open_table_size)?;
+            check_pins(
+                dir,
+                cfg.load.flow_table_size,
+                cfg.load.half_open_table_size,
+                cfg.load.affinity_table_size,
+            )?;
         }
         if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.vips.is_empty()) {
             log::warn!(

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use balancer_common::{flow as fl, flow_kind, orphan_reason, FlowEntry};
+use balancer_common::{flow as fl, flow_kind, orphan_reason, AffinityKey, FlowEntry};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -73,6 +73,9 @@ pub struct GcReport {
     pub half_open_expired: u64,
     /// Orphan records forgotten.
     pub orphans_forgotten: u64,
+    /// Session affinities forgotten (older than their VIP's persistence,
+    /// or of a VIP without persistence now).
+    pub affinities_forgotten: u64,
 }
 
 /// CLOCK_MONOTONIC in ns; the data path stamps flows with
@@ -214,6 +217,7 @@ impl Reconciler {
                 report.removed += 1;
             }
         }
+        report.affinities_forgotten = refresh_affinities(maps, state, &entries, now)?;
         for (k, o) in maps.orphans() {
             if Duration::from_nanos(now.saturating_sub(o.since_ns)) > timeouts.orphan
                 && maps.remove_orphan(&k)
@@ -241,6 +245,70 @@ impl Reconciler {
         self.last = report;
         Ok(report)
     }
+}
+
+/// Session affinity upkeep: a client is "seen" while any of its flows
+/// through the VIP is live, so each affinity is refreshed to the newest
+/// packet of the flows pinned to its backend; affinities older than their
+/// VIP's persistence, or of VIPs without persistence, are forgotten.
+/// Returns how many were forgotten.
+fn refresh_affinities(
+    maps: &mut Maps,
+    state: &State,
+    entries: &[(crate::maps::FlowTable, balancer_common::FlowKey, FlowEntry)],
+    now: u64,
+) -> Result<u64> {
+    let persistent: BTreeMap<u32, (u64, u32)> = state
+        .vips
+        .values()
+        .filter(|v| !v.settings.persistence.is_zero())
+        .map(|v| {
+            (
+                v.index,
+                (
+                    v.settings.persistence.as_nanos() as u64,
+                    balancer_common::netmask_be(v.settings.persistence_netmask),
+                ),
+            )
+        })
+        .collect();
+    let mut newest: BTreeMap<(u32, u32), (u32, u32, u64)> = BTreeMap::new();
+    for (_, k, e) in entries {
+        if k.kind != flow_kind::LIVE {
+            continue;
+        }
+        let Some((_, mask)) = persistent.get(&e.vip_index) else {
+            continue;
+        };
+        let n = newest.entry((e.vip_index, k.src_addr & mask)).or_insert((
+            e.backend_slot,
+            e.backend_generation,
+            0,
+        ));
+        if (n.0, n.1) == (e.backend_slot, e.backend_generation) {
+            n.2 = n.2.max(e.last_seen_ns);
+        }
+    }
+    for ((vip_index, client), (slot, generation, seen)) in newest {
+        let key = AffinityKey { vip_index, client };
+        if let Some(mut a) = maps.affinity(&key) {
+            if (a.backend_slot, a.backend_generation) == (slot, generation) && seen > a.last_seen_ns
+            {
+                a.last_seen_ns = seen;
+                maps.set_affinity(key, a)?;
+            }
+        }
+    }
+    let mut forgotten = 0;
+    for (k, a) in maps.affinities() {
+        let keep = persistent
+            .get(&k.vip_index)
+            .is_some_and(|(ttl, _)| now.saturating_sub(a.last_seen_ns) <= *ttl);
+        if !keep && maps.remove_affinity(&k) {
+            forgotten += 1;
+        }
+    }
+    Ok(forgotten)
 }
 
 #[cfg(test)]

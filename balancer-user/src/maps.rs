@@ -14,10 +14,11 @@ use aya::{
 };
 use balancer_common::{
     choice_hist_index, eligible_list_base, flow_kind, hist, layout::LAYOUT_FINGERPRINT, map_names,
-    Backend, BackendKey, BackendVips, ChoiceCounts, ChoiceStats, FlowEntry, FlowKey, GlobalStats,
-    HostVips, LocalMac, Orphan, Settings, TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_IN_USE,
-    BACKEND_F_SHARED, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND,
-    PORT_BITMAP_WORDS, VIP_F_FALLBACK,
+    netmask_be, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
+    ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, Settings,
+    TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED,
+    COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
+    VIP_F_FALLBACK,
 };
 
 use crate::{
@@ -27,7 +28,7 @@ use crate::{
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
-pub const PINNED_MAPS: [&str; 19] = [
+pub const PINNED_MAPS: [&str; 20] = [
     map_names::LAYOUT,
     map_names::STAGES,
     map_names::HALF_OPEN,
@@ -47,6 +48,7 @@ pub const PINNED_MAPS: [&str; 19] = [
     map_names::VIP_STATS,
     map_names::CHOICE_STATS,
     map_names::CHOICE_HIST,
+    map_names::AFFINITY,
 ];
 
 /// The map pins present in `dir`.
@@ -74,6 +76,13 @@ pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
         removed.push(name.to_string());
     }
     Ok(removed)
+}
+
+/// A persistence time as the data path holds it: whole seconds, rounded
+/// up (0: off).
+pub fn persistence_seconds(d: std::time::Duration) -> u32 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.min(u64::from(u32::MAX)) as u32
 }
 
 /// Network-byte-order address as the maps hold it.
@@ -183,6 +192,7 @@ pub struct Maps {
     flows: HashMap<MapData, FlowKey, FlowEntry>,
     half_open: HashMap<MapData, FlowKey, FlowEntry>,
     orphans: HashMap<MapData, FlowKey, Orphan>,
+    affinity: HashMap<MapData, AffinityKey, AffinityEntry>,
     layout: Array<MapData, u64>,
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
     backend_hosts: HashMap<MapData, u32, HostVips>,
@@ -228,6 +238,7 @@ impl Maps {
             flows: take!(map_names::FLOWS),
             half_open: take!(map_names::HALF_OPEN),
             orphans: take!(map_names::ORPHANS),
+            affinity: take!(map_names::AFFINITY),
             layout: take!(map_names::LAYOUT),
             backend_vips: take!(map_names::BACKEND_VIPS),
             backend_hosts: take!(map_names::BACKEND_HOSTS),
@@ -487,7 +498,8 @@ impl Maps {
 
     /// Writes a backend into its slot: its server index, whether its
     /// address and port serves several VIPs, and its effective weight in
-    /// `WEIGHT_ONE` units.
+    /// `WEIGHT_ONE` units. The slot's eligibility flag is kept while the
+    /// slot holds the same backend ([`Maps::set_eligible`] owns it).
     ///
     /// # Errors
     /// Map write failure.
@@ -498,7 +510,13 @@ impl Maps {
         shared: bool,
         weight: u32,
     ) -> Result<()> {
-        let flags = BACKEND_F_IN_USE | if shared { BACKEND_F_SHARED } else { 0 };
+        let kept = match self.backends.get(&b.slot, 0) {
+            Ok(old) if old.generation == b.generation && old.flags & BACKEND_F_IN_USE != 0 => {
+                old.flags & BACKEND_F_ELIGIBLE
+            }
+            _ => 0,
+        };
+        let flags = BACKEND_F_IN_USE | if shared { BACKEND_F_SHARED } else { 0 } | kept;
         self.backends
             .set(
                 b.slot,
@@ -513,6 +531,28 @@ impl Maps {
                 },
                 0,
             )
+            .map_err(map_err(map_names::BACKENDS, "write"))
+    }
+
+    /// Sets or clears a slot's `BACKEND_F_ELIGIBLE` flag (whether it is in
+    /// its VIP's active eligible list: an affinity to it holds only then);
+    /// writes only when it changes.
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn set_eligible(&mut self, slot: u32, eligible: bool) -> Result<()> {
+        let mut b = self.backend(slot)?;
+        let flags = if eligible {
+            b.flags | BACKEND_F_ELIGIBLE
+        } else {
+            b.flags & !BACKEND_F_ELIGIBLE
+        };
+        if flags == b.flags || b.flags & BACKEND_F_IN_USE == 0 {
+            return Ok(());
+        }
+        b.flags = flags;
+        self.backends
+            .set(slot, b, 0)
             .map_err(map_err(map_names::BACKENDS, "write"))
     }
 
@@ -631,6 +671,8 @@ impl Maps {
                     list: next,
                     flags: if fallback { VIP_F_FALLBACK } else { 0 },
                     eject_after: if fallback { 0 } else { v.settings.eject_after },
+                    persistence_s: persistence_seconds(v.settings.persistence),
+                    persistence_mask: netmask_be(v.settings.persistence_netmask),
                 },
                 0,
             )
@@ -803,6 +845,33 @@ impl Maps {
         self.orphans.remove(key).is_ok()
     }
 
+    // ---- session affinity ----
+
+    /// Every session-affinity entry.
+    pub fn affinities(&self) -> Vec<(AffinityKey, AffinityEntry)> {
+        self.affinity.iter().filter_map(|r| r.ok()).collect()
+    }
+
+    /// One client's affinity.
+    pub fn affinity(&self, key: &AffinityKey) -> Option<AffinityEntry> {
+        self.affinity.get(key, 0).ok()
+    }
+
+    /// Writes one client's affinity.
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn set_affinity(&mut self, key: AffinityKey, e: AffinityEntry) -> Result<()> {
+        self.affinity
+            .insert(key, e, 0)
+            .map_err(map_err(map_names::AFFINITY, "write"))
+    }
+
+    /// Forgets one client's affinity; `true` when this call removed it.
+    pub fn remove_affinity(&mut self, key: &AffinityKey) -> bool {
+        self.affinity.remove(key).is_ok()
+    }
+
     // ---- layout ----
 
     /// Writes this build's layout fingerprint beside the pinned maps.
@@ -866,7 +935,12 @@ fn zeroed_per_cpu<T: aya::Pod + Default + Clone>() -> Result<PerCpuValues<T>> {
 ///
 /// # Errors
 /// [`BalancerError::Invalid`] saying what differs and what to do.
-pub fn check_pins(dir: &Path, flow_table_size: u32, half_open_size: u32) -> Result<()> {
+pub fn check_pins(
+    dir: &Path,
+    flow_table_size: u32,
+    half_open_size: u32,
+    affinity_size: u32,
+) -> Result<()> {
     if present_pins(dir).is_empty() {
         return Ok(());
     }
@@ -913,6 +987,7 @@ pub fn check_pins(dir: &Path, flow_table_size: u32, half_open_size: u32) -> Resu
             half_open_size,
             "--half-open-table-size",
         ),
+        (map_names::AFFINITY, affinity_size, "--affinity-table-size"),
     ] {
         let pin = dir.join(name);
         if !pin.exists() {

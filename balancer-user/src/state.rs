@@ -152,6 +152,19 @@ pub struct VipSettings {
     /// VIP has no active check (with one, until the check passes).
     #[serde(default = "default_ejection_time", with = "humantime_serde")]
     pub ejection_time: Duration,
+    /// Session affinity: later connections from a client seen within this
+    /// time go to the backend its earlier connection got, while that
+    /// backend is eligible (0: off, every connection is placed on its own).
+    #[serde(default, with = "humantime_serde")]
+    pub persistence: Duration,
+    /// Prefix length grouping client addresses for affinity (32: each
+    /// address on its own; 24: a /24 shares one backend).
+    #[serde(default = "default_persistence_netmask")]
+    pub persistence_netmask: u8,
+}
+
+fn default_persistence_netmask() -> u8 {
+    32
 }
 
 fn default_eject_after() -> u32 {
@@ -171,6 +184,8 @@ impl Default for VipSettings {
             slow_start: Duration::ZERO,
             eject_after: default_eject_after(),
             ejection_time: default_ejection_time(),
+            persistence: Duration::ZERO,
+            persistence_netmask: default_persistence_netmask(),
         }
     }
 }
@@ -203,6 +218,21 @@ impl VipSettings {
             return Err(BalancerError::Invalid {
                 what: "ejection time",
                 reason: format!("{:?} is outside 1s..=1h", self.ejection_time),
+            });
+        }
+        if self.persistence > Duration::from_secs(24 * 3600) {
+            return Err(BalancerError::Invalid {
+                what: "persistence",
+                reason: format!("{:?} is longer than a day", self.persistence),
+            });
+        }
+        if !(1..=32).contains(&self.persistence_netmask) {
+            return Err(BalancerError::Invalid {
+                what: "persistence netmask",
+                reason: format!(
+                    "/{} is outside /1../32 (/0 would send every client to one backend)",
+                    self.persistence_netmask
+                ),
             });
         }
         Ok(())

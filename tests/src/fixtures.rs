@@ -21,6 +21,7 @@ use crate::{
     rig::{backend, client, net_setup, Rig, Side, XDP_PASS},
 };
 
+mod affinity;
 mod eligibility;
 mod hairpin;
 mod half_open;
@@ -57,6 +58,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += eligibility::run()?;
     n += table_pressure()?;
     n += half_open::run()?;
+    n += affinity::run()?;
     n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())

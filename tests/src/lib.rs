@@ -13,6 +13,7 @@ pub mod harness;
 pub mod health;
 pub mod netns;
 pub mod orphans;
+pub mod realclients;
 pub mod refusals;
 pub mod restart;
 pub mod rig;

@@ -208,6 +208,7 @@ impl Rig {
         let mut lb = Balancer::load(&LoadOptions {
             flow_table_size: flow_table,
             half_open_table_size: half_open_table,
+            affinity_table_size: 1024,
             pin_dir: None,
         })?;
         lb.register_interface("fx0")?;

@@ -8,7 +8,9 @@ use balancer::{
     daemon::DaemonConfig,
     Timeouts,
 };
-use balancer_common::{DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE};
+use balancer_common::{
+    DEFAULT_AFFINITY_TABLE_SIZE, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE,
+};
 use clap::ValueEnum;
 
 /// Default pin directory.
@@ -62,6 +64,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = DEFAULT_HALF_OPEN_TABLE_SIZE,
           value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
     half_open_table_size: u32,
+    /// Session-affinity entries (one per client address, or client network,
+    /// of each VIP with persistence; the least recently used go first).
+    #[arg(long, default_value_t = DEFAULT_AFFINITY_TABLE_SIZE,
+          value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
+    affinity_table_size: u32,
     /// Idle timeout of half-open flows (SYN seen, handshake not completed).
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
     half_open_timeout: Duration,
@@ -106,6 +113,7 @@ impl RunArgs {
             load: LoadOptions {
                 flow_table_size: self.flow_table_size,
                 half_open_table_size: self.half_open_table_size,
+                affinity_table_size: self.affinity_table_size,
                 pin_dir: Some(self.pin_dir),
             },
             timeouts: Timeouts {

@@ -53,6 +53,16 @@ pub struct VipArgs {
     /// VIP has no active check (default 30s).
     #[arg(long, value_parser = parse_duration)]
     ejection_time: Option<Duration>,
+    /// Session affinity: send later connections from a client seen within
+    /// this time to the backend its earlier connection got, while that
+    /// backend is eligible (as `ipvsadm -p`); 0s turns it off (default).
+    /// Needed by protocols of several connections (FTP, iperf3).
+    #[arg(long, value_parser = parse_duration)]
+    persistence: Option<Duration>,
+    /// Group clients for affinity by this prefix length (as `ipvsadm -M`;
+    /// default 32: each address on its own).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
+    persistence_netmask: Option<u8>,
 }
 
 impl VipArgs {
@@ -67,6 +77,8 @@ impl VipArgs {
             slow_start: self.slow_start,
             eject_after: self.eject_after,
             ejection_time: self.ejection_time,
+            persistence: self.persistence,
+            persistence_netmask: self.persistence_netmask,
         }
     }
 }
@@ -150,13 +162,30 @@ impl VipCmd {
 /// Prints the VIP table.
 pub fn print(vips: &[VipView]) {
     println!(
-        "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6}",
-        "VIP", "CHOICES", "BACKENDS", "ELIGIBLE", "HEALTH", "NOHEALTHY", "SLOWSTART", "EJECT"
+        "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
+        "VIP",
+        "CHOICES",
+        "BACKENDS",
+        "ELIGIBLE",
+        "HEALTH",
+        "NOHEALTHY",
+        "SLOWSTART",
+        "EJECT",
+        "PERSISTENCE"
     );
     for v in vips {
         let s = &v.settings;
+        let persistence = if s.persistence.is_zero() {
+            "off".to_string()
+        } else {
+            format!(
+                "{}/{}",
+                humantime::format_duration(s.persistence),
+                s.persistence_netmask
+            )
+        };
         println!(
-            "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6}{}",
+            "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
             v.vip.to_string(),
             choices_name(s.choices),
             v.backends,
@@ -165,6 +194,7 @@ pub fn print(vips: &[VipView]) {
             format!("{:?}", s.no_healthy).to_lowercase(),
             humantime::format_duration(s.slow_start).to_string(),
             s.eject_after,
+            persistence,
             if v.fallback {
                 "  (no healthy backend: fallback to all)"
             } else {

@@ -10,14 +10,15 @@
 //! * `balancer-testbed abuse`
 //! * `balancer-testbed flood`
 //! * `balancer-testbed orphans`
+//! * `balancer-testbed realclients`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, collisions, fixtures, flood, fuzz, health, netns, orphans, refusals, restart,
-    scenario,
+    abuse, bench, collisions, fixtures, flood, fuzz, health, netns, orphans, realclients, refusals,
+    restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -75,6 +76,9 @@ enum Cmd {
     Flood,
     /// Connections whose backend was removed or which expired get a reset.
     Orphans,
+    /// Debian's nginx behind the balancer; curl, wrk, ab and iperf3 (through
+    /// a VIP with session affinity) as clients.
+    Realclients,
     /// (helper of `abuse`) Opens idle connections to a unix socket, prints
     /// how many, holds them until stdin closes.
     #[command(hide = true)]
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
         Cmd::Abuse => abuse::run(),
         Cmd::Flood => flood::run(),
         Cmd::Orphans => orphans::run(),
+        Cmd::Realclients => realclients::run(),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {

@@ -1,0 +1,535 @@
+//! Real clients and servers nobody here wrote, through the balancer:
+//! Debian's nginx on three backends, curl, wrk and ab as HTTP clients,
+//! iperf3 (a control connection and data connections that must reach one
+//! server) through a VIP with session affinity. Checks: downloads byte for
+//! byte, no errors from wrk and ab, every iperf3 run completing through the
+//! persistence VIP, and no live flow and no active count left 1 s after the
+//! clients stop. [`measure`] (the bench) adds requests/s and Gbit/s through
+//! the balancer next to the host's own forwarding on the same path.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context as _};
+use balancer::api::{FlowView, Response};
+
+use crate::{
+    netns::Netns,
+    testbed::{Testbed, VIP},
+};
+
+/// The iperf3 VIP with persistence.
+pub const IPERF_VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 11), 5201);
+/// The same backends without persistence.
+pub const IPERF_VIP_PLAIN: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 12), 5201);
+/// nginx's port on the backends.
+const HTTP_PORT: u16 = 8080;
+/// iperf3's port on the backends.
+const IPERF_PORT: u16 = 5201;
+/// Backends.
+const BACKENDS: usize = 3;
+/// Size of the file downloaded with curl.
+const BIG: usize = 1 << 20;
+
+/// How much each client runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    /// curl downloads of the 1 MiB file.
+    pub downloads: u32,
+    /// wrk's duration.
+    pub wrk_seconds: u32,
+    /// ab's requests.
+    pub ab_requests: u32,
+    /// iperf3 runs through the persistence VIP (and as many without).
+    pub iperf_runs: u32,
+    /// iperf3's duration per run.
+    pub iperf_seconds: u32,
+}
+
+impl Scale {
+    /// The test command's short form.
+    pub const SHORT: Scale = Scale {
+        downloads: 20,
+        wrk_seconds: 2,
+        ab_requests: 3000,
+        iperf_runs: 3,
+        iperf_seconds: 1,
+    };
+    /// The bench's long form.
+    pub const LONG: Scale = Scale {
+        downloads: 20,
+        wrk_seconds: 10,
+        ab_requests: 30_000,
+        iperf_runs: 10,
+        iperf_seconds: 5,
+    };
+}
+
+/// A process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn backend_ip(k: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 2, 10 + k as u8)
+}
+
+/// Starts nginx and an iperf3 server on every backend host.
+fn start_servers(tb: &Testbed, www: &Path) -> anyhow::Result<Vec<Proc>> {
+    let mut procs = Vec::new();
+    for (k, ns) in tb.backends.iter().enumerate() {
+        let conf = tb.dir().join(format!("nginx-{k}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "user root;\nworker_processes 1;\ndaemon off;\npid {dir}/nginx-{k}.pid;\n\
+                 error_log {dir}/nginx-{k}.err;\nevents {{ worker_connections 4096; }}\n\
+                 http {{\n  access_log off;\n  keepalive_requests 1000000;\n\
+                 client_body_temp_path {dir}/nginx-{k}-body;\n  proxy_temp_path {dir}/nginx-{k}-proxy;\n\
+                 server {{ listen {ip}:{HTTP_PORT} backlog=4096; root {www}; }}\n}}\n",
+                dir = tb.dir().display(),
+                ip = backend_ip(k),
+                www = www.display(),
+            ),
+        )?;
+        procs.push(spawn_in(ns, "nginx", &["-c", &conf.to_string_lossy()])?);
+        procs.push(spawn_in(
+            ns,
+            "iperf3",
+            &[
+                "-s",
+                "-B",
+                &backend_ip(k).to_string(),
+                "-p",
+                &IPERF_PORT.to_string(),
+            ],
+        )?);
+    }
+    // Wait until every server listens.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (k, ns) in tb.backends.iter().enumerate() {
+        for port in [HTTP_PORT, IPERF_PORT] {
+            loop {
+                let out = ns.exec("ss", &["-Htln", &format!("sport = :{port}")])?;
+                if !out.stdout.is_empty() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("backend {k}: nothing listens on port {port}");
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    Ok(procs)
+}
+
+fn spawn_in(ns: &Netns, program: &str, args: &[&str]) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns.name(), program])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: prctl in the child before exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    Ok(Proc(
+        cmd.spawn().with_context(|| format!("starting {program}"))?,
+    ))
+}
+
+/// Runs `program args` in the client namespace, at most `limit`.
+fn client(tb: &Testbed, limit: Duration, program: &str, args: &[&str]) -> anyhow::Result<Output> {
+    Command::new("timeout")
+        .arg(limit.as_secs().to_string())
+        .args(["ip", "netns", "exec", tb.client.name(), program])
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program}"))
+}
+
+/// The flows of the balancer that are not closed.
+fn open_flows(tb: &Testbed) -> anyhow::Result<Vec<FlowView>> {
+    let out = tb.cli(&["flows", "--limit", "10000", "--json"])?;
+    match serde_json::from_str::<Response>(&out)? {
+        Response::Flows { flows, .. } => {
+            Ok(flows.into_iter().filter(|f| f.kind != "closed").collect())
+        }
+        other => bail!("unexpected answer {other:?}"),
+    }
+}
+
+/// No live or half-open flow and no active count within 1 s of `since`
+/// (when the clients stopped); the daemon's expiry pass must not be what
+/// clears them, so this is well inside every timeout.
+fn nothing_left(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Duration> {
+    loop {
+        let flows = open_flows(tb)?;
+        let active: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
+        if flows.is_empty() && active == 0 {
+            return Ok(since.elapsed());
+        }
+        if since.elapsed() > Duration::from_secs(1) {
+            let sample: Vec<String> = flows
+                .iter()
+                .take(5)
+                .map(|f| format!("{} -> {:?} {} fins {}", f.client, f.backend, f.kind, f.fins))
+                .collect();
+            bail!(
+                "{what}: {} flows open and {active} counted active 1 s after the clients \
+                 stopped: {}",
+                flows.len(),
+                sample.join("; ")
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A figure read from a client's output.
+fn figure(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// What one pass of the HTTP clients and iperf3 measured.
+#[derive(Clone, Debug, Default)]
+pub struct Measured {
+    /// wrk requests/s (50 keep-alive connections).
+    pub wrk_rps: f64,
+    /// ab requests/s (a new connection per request, 10 at a time).
+    pub ab_rps: f64,
+    /// iperf3 Gbit/s (received, the mean of the runs that completed).
+    pub iperf_gbps: f64,
+    /// iperf3 runs that completed, of those tried.
+    pub iperf_done: (u32, u32),
+    /// iperf3 runs that completed through the same backends without
+    /// persistence (the three-backend pass only).
+    pub iperf_plain_done: (u32, u32),
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// curl downloads of the big file from `url`, each compared byte for byte.
+fn downloads(tb: &Testbed, url: &str, n: u32, big: &[u8]) -> anyhow::Result<()> {
+    let dir = tb.dir().join("downloads");
+    std::fs::create_dir_all(&dir)?;
+    for i in 0..n {
+        let f = dir.join(format!("d{i}"));
+        let out = client(
+            tb,
+            Duration::from_secs(30),
+            "curl",
+            &["-sS", "-o", &s(&f), url],
+        )?;
+        ensure!(
+            out.status.success(),
+            "curl {url} ({i}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ensure!(std::fs::read(&f)? == big, "download {i} of {url} differs");
+    }
+    Ok(())
+}
+
+fn wrk(tb: &Testbed, url: &str, seconds: u32) -> anyhow::Result<f64> {
+    let out = client(
+        tb,
+        Duration::from_secs(u64::from(seconds) + 30),
+        "wrk",
+        &["-t2", "-c50", &format!("-d{seconds}s"), url],
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "wrk: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        !text.contains("Socket errors") && !text.contains("Non-2xx"),
+        "wrk saw errors: {text}"
+    );
+    figure(&text, "Requests/sec:").with_context(|| format!("no Requests/sec in {text}"))
+}
+
+fn ab(tb: &Testbed, url: &str, n: u32) -> anyhow::Result<f64> {
+    let out = client(
+        tb,
+        Duration::from_secs(120),
+        "ab",
+        &["-q", "-n", &n.to_string(), "-c", "10", url],
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "ab: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        figure(&text, "Failed requests:") == Some(0.0) && !text.contains("Non-2xx"),
+        "ab saw failures: {text}"
+    );
+    ensure!(
+        figure(&text, "Complete requests:") == Some(f64::from(n)),
+        "ab did not complete {n} requests: {text}"
+    );
+    figure(&text, "Requests per second:")
+        .with_context(|| format!("no Requests per second in {text}"))
+}
+
+/// iperf3 runs against `target`; returns how many completed and their mean
+/// received Gbit/s.
+fn iperf(
+    tb: &Testbed,
+    target: SocketAddrV4,
+    runs: u32,
+    seconds: u32,
+) -> anyhow::Result<(u32, f64)> {
+    let mut done = 0;
+    let mut gbps = 0.0;
+    for _ in 0..runs {
+        let out = client(
+            tb,
+            Duration::from_secs(u64::from(seconds) + 20),
+            "iperf3",
+            &[
+                "-c",
+                &target.ip().to_string(),
+                "-p",
+                &target.port().to_string(),
+                "-t",
+                &seconds.to_string(),
+                "--connect-timeout",
+                "3000",
+                "-J",
+            ],
+        )?;
+        if !out.status.success() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
+            done += 1;
+            gbps += bps / 1e9;
+        }
+    }
+    Ok((
+        done,
+        if done > 0 {
+            gbps / f64::from(done)
+        } else {
+            0.0
+        },
+    ))
+}
+
+/// Builds the test bed with nginx and iperf3 on three backends and the
+/// balancer's daemon attached (VIPs configured).
+fn testbed() -> anyhow::Result<(Testbed, Vec<Proc>, Vec<u8>)> {
+    let tb = Testbed::build_with(BACKENDS, |_| false)?;
+    let www = tb.dir().join("www");
+    std::fs::create_dir_all(&www)?;
+    let big = crate::testbed::payload(42, BIG);
+    std::fs::write(www.join("big.bin"), &big)?;
+    std::fs::write(www.join("index.html"), b"<html>p2c</html>\n")?;
+    let procs = start_servers(&tb, &www)?;
+    Ok((tb, procs, big))
+}
+
+fn configure(tb: &mut Testbed) -> anyhow::Result<()> {
+    tb.start_daemon()?;
+    tb.cli(&["vip", "add", &VIP.to_string()])?;
+    tb.cli(&["vip", "add", &IPERF_VIP.to_string(), "--persistence", "60s"])?;
+    tb.cli(&["vip", "add", &IPERF_VIP_PLAIN.to_string()])?;
+    for k in 0..BACKENDS {
+        let ip = backend_ip(k);
+        tb.cli(&[
+            "backend",
+            "add",
+            &VIP.to_string(),
+            &format!("{ip}:{HTTP_PORT}"),
+        ])?;
+        for v in [IPERF_VIP, IPERF_VIP_PLAIN] {
+            tb.cli(&[
+                "backend",
+                "add",
+                &v.to_string(),
+                &format!("{ip}:{IPERF_PORT}"),
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// The test-command scenario.
+///
+/// # Errors
+/// The first check that fails, with the daemon's log.
+pub fn run() -> anyhow::Result<()> {
+    let (mut tb, _procs, big) = testbed()?;
+    let r = configure(&mut tb).and_then(|_| run_on(&tb, Scale::SHORT, &big));
+    if r.is_err() {
+        eprintln!("--- daemon log ---\n{}", tb.daemon_log());
+    }
+    r.map(|_| ())
+}
+
+fn run_on(tb: &Testbed, sc: Scale, big: &[u8]) -> anyhow::Result<Measured> {
+    let mut m = Measured::default();
+    let vip = format!("http://{}", VIP.ip());
+    downloads(tb, &format!("{vip}/big.bin"), sc.downloads, big)?;
+    let t = nothing_left(tb, Instant::now(), "curl")?;
+    println!(
+        "realclients: curl: {} downloads of 1 MiB through the VIP, every byte intact; nothing \
+         left after {} ms",
+        sc.downloads,
+        t.as_millis()
+    );
+    m.wrk_rps = wrk(tb, &format!("{vip}/index.html"), sc.wrk_seconds)?;
+    let t = nothing_left(tb, Instant::now(), "wrk")?;
+    println!(
+        "realclients: wrk: 50 keep-alive connections for {} s, no errors, {:.0} requests/s; \
+         nothing left after {} ms",
+        sc.wrk_seconds,
+        m.wrk_rps,
+        t.as_millis()
+    );
+    m.ab_rps = ab(tb, &format!("{vip}/index.html"), sc.ab_requests)?;
+    let t = nothing_left(tb, Instant::now(), "ab")?;
+    println!(
+        "realclients: ab: {} requests each on a new connection, 0 failed, {:.0} requests/s; \
+         nothing left after {} ms",
+        sc.ab_requests,
+        m.ab_rps,
+        t.as_millis()
+    );
+    let (done, gbps) = iperf(tb, IPERF_VIP, sc.iperf_runs, sc.iperf_seconds)?;
+    m.iperf_done = (done, sc.iperf_runs);
+    m.iperf_gbps = gbps;
+    ensure!(
+        done == sc.iperf_runs,
+        "iperf3 through the persistence VIP completed {done} of {} runs",
+        sc.iperf_runs
+    );
+    let t = nothing_left(tb, Instant::now(), "iperf3")?;
+    let stats = tb.stats()?;
+    println!(
+        "realclients: iperf3: {done} of {} runs completed through a VIP with persistence and {BACKENDS} \
+         backends ({gbps:.2} Gbit/s mean); affinity hits {}, misses {}; nothing left after {} ms",
+        sc.iperf_runs,
+        stats.counter("affinity_hits"),
+        stats.counter("affinity_misses"),
+        t.as_millis()
+    );
+    let (plain, _) = iperf(tb, IPERF_VIP_PLAIN, sc.iperf_runs, sc.iperf_seconds)?;
+    m.iperf_plain_done = (plain, sc.iperf_runs);
+    nothing_left(tb, Instant::now(), "iperf3 without persistence")?;
+    println!(
+        "realclients: iperf3 without persistence (same backends): {plain} of {} runs completed",
+        sc.iperf_runs
+    );
+    Ok(m)
+}
+
+/// One backend behind a VIP, for comparing like with like against the
+/// host's forwarding to that backend.
+const ONE_HTTP_VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 13), 80);
+const ONE_IPERF_VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 14), 5201);
+
+/// What the bench's long form measured.
+#[derive(Clone, Debug)]
+pub struct Comparison {
+    /// Through the host's own forwarding, straight to backend 0 (no XDP
+    /// program on the balancer's interfaces).
+    pub host: Measured,
+    /// Through the balancer, a VIP whose one backend is backend 0.
+    pub balancer_one: Measured,
+    /// Through the balancer, the three-backend VIPs (the long form of the
+    /// test scenario, checks included).
+    pub balancer_three: Measured,
+    /// The long form's scale.
+    pub scale: Scale,
+}
+
+fn one_pass(
+    tb: &Testbed,
+    http: &str,
+    iperf_target: SocketAddrV4,
+    sc: Scale,
+) -> anyhow::Result<Measured> {
+    let mut m = Measured {
+        wrk_rps: wrk(tb, &format!("{http}/index.html"), sc.wrk_seconds)?,
+        ab_rps: ab(tb, &format!("{http}/index.html"), sc.ab_requests)?,
+        ..Measured::default()
+    };
+    let (done, gbps) = iperf(tb, iperf_target, sc.iperf_runs, sc.iperf_seconds)?;
+    m.iperf_done = (done, sc.iperf_runs);
+    m.iperf_gbps = gbps;
+    Ok(m)
+}
+
+/// The bench's long form: the clients straight to backend 0 through the
+/// host's own forwarding on the same path (measured first, before anything
+/// is attached), then through the balancer to a VIP whose one backend is
+/// backend 0, then the test scenario's checks at the long scale over three
+/// backends.
+///
+/// # Errors
+/// A client or a check fails.
+pub fn measure(sc: Scale) -> anyhow::Result<Comparison> {
+    let (mut tb, _procs, big) = testbed()?;
+    let host = one_pass(
+        &tb,
+        &format!("http://{}:{HTTP_PORT}", backend_ip(0)),
+        SocketAddrV4::new(backend_ip(0), IPERF_PORT),
+        sc,
+    )?;
+    configure(&mut tb)?;
+    tb.cli(&["vip", "add", &ONE_HTTP_VIP.to_string()])?;
+    tb.cli(&["vip", "add", &ONE_IPERF_VIP.to_string()])?;
+    tb.cli(&[
+        "backend",
+        "add",
+        &ONE_HTTP_VIP.to_string(),
+        &format!("{}:{HTTP_PORT}", backend_ip(0)),
+    ])?;
+    tb.cli(&[
+        "backend",
+        "add",
+        &ONE_IPERF_VIP.to_string(),
+        &format!("{}:{IPERF_PORT}", backend_ip(0)),
+    ])?;
+    let balancer_one = one_pass(
+        &tb,
+        &format!("http://{}", ONE_HTTP_VIP.ip()),
+        ONE_IPERF_VIP,
+        sc,
+    )?;
+    let balancer_three = run_on(&tb, sc, &big)?;
+    Ok(Comparison {
+        host,
+        balancer_one,
+        balancer_three,
+        scale: sc,
+    })
+}
