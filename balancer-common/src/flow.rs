@@ -163,6 +163,69 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
     step
 }
 
+/// What a client segment does to a flow whose backend replies to the
+/// client directly (the direct-server-return modes): the balancer sees only
+/// the client's side. `client_next_seq` then holds the next sequence number
+/// the client will send, learned from its own segments (sequence number
+/// plus payload, plus one for a FIN), and an RST is judged against it.
+/// The client's FIN closes the flow ([`verdict_one_sided`]): its final ACK
+/// and retransmissions still reach the backend through the closed entry.
+#[inline(always)]
+pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp4) -> Step {
+    let mut step = Step {
+        set: 0,
+        client_next_seq: None,
+        server_next_seq: None,
+        rst: Rst::None,
+    };
+    if seg.has(TCP_RST) {
+        step.rst = if in_window(seg.seq, entry.client_next_seq) {
+            Rst::InWindow
+        } else {
+            Rst::OutOfWindow
+        };
+        return step;
+    }
+    let mut want = 0;
+    if seg.has(TCP_ACK) {
+        step.server_next_seq = Some(seg.ack);
+        want |= F_SERVER_SEQ_KNOWN | F_ESTABLISHED;
+    }
+    let len = seg.payload_len();
+    if len != 0 {
+        want |= F_DATA;
+    }
+    let fin = seg.has(TCP_FIN);
+    if fin {
+        want |= F_CLIENT_FIN;
+    }
+    let next = seg.seq.wrapping_add(len).wrapping_add(fin as u32);
+    // Only forwards: a retransmission does not move it back.
+    if (next.wrapping_sub(entry.client_next_seq) as i32) > 0 {
+        step.client_next_seq = Some(next);
+    }
+    step.set = want & !entry.state;
+    step
+}
+
+/// The verdict of a one-sided step ([`track_one_sided`]): an acceptable RST
+/// or the client's first FIN closes the flow (exactly one of concurrent
+/// atomic ORs sees the FIN arrive).
+#[inline(always)]
+pub const fn verdict_one_sided(old: u32, step: &Step) -> Verdict {
+    match step.rst {
+        Rst::InWindow => Verdict::ClosedByRst,
+        Rst::OutOfWindow => Verdict::RstOutOfWindow,
+        Rst::None => {
+            if became(old, step.set, F_CLIENT_FIN) {
+                Verdict::ClosedByFin
+            } else {
+                Verdict::Open
+            }
+        }
+    }
+}
+
 /// `true` when setting `set` on a state word that held `old` completes
 /// FIN-in-both-directions: true for exactly one of any number of concurrent
 /// atomic ORs.
@@ -223,6 +286,58 @@ pub fn apply(entry: &mut FlowEntry, dir: Direction, seg: &Tcp4) -> Verdict {
 mod tests {
     extern crate std;
     use super::*;
+
+    fn apply_one_sided(e: &mut FlowEntry, s: &Tcp4) -> Verdict {
+        let step = track_one_sided(e, s);
+        if let Some(v) = step.client_next_seq {
+            e.client_next_seq = v;
+        }
+        let old = e.state;
+        e.state |= step.set;
+        verdict_one_sided(old, &step)
+    }
+
+    #[test]
+    fn one_sided_flow_closes_on_the_client_fin_and_judges_rst_by_its_own_sequence() {
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 5001)),
+            Verdict::Open
+        );
+        assert_ne!(e.state & F_ESTABLISHED, 0);
+        let mut data = seg(TCP_ACK, 1001, 5001);
+        data.ip_total_len = 40 + 100;
+        data.tcp_hlen = 20;
+        data.l3_off = 14;
+        data.l4_off = 34;
+        assert_eq!(data.payload_len(), 100);
+        assert_eq!(apply_one_sided(&mut e, &data), Verdict::Open);
+        assert_eq!(e.client_next_seq, 1101);
+        // A retransmission does not move it back.
+        assert_eq!(apply_one_sided(&mut e, &data), Verdict::Open);
+        assert_eq!(e.client_next_seq, 1101);
+        // An RST far off is not trusted; one at the client's next is.
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_RST, 1101 + (1 << 30), 0)),
+            Verdict::RstOutOfWindow
+        );
+        let mut e2 = e;
+        assert_eq!(
+            apply_one_sided(&mut e2, &seg(TCP_RST, 1101, 0)),
+            Verdict::ClosedByRst
+        );
+        // The client's FIN closes, once.
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_FIN | TCP_ACK, 1101, 5001)),
+            Verdict::ClosedByFin
+        );
+        assert_eq!(e.client_next_seq, 1102);
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_FIN | TCP_ACK, 1101, 5001)),
+            Verdict::Open
+        );
+    }
 
     fn seg(flags: u8, seq: u32, ack: u32) -> Tcp4 {
         Tcp4 {

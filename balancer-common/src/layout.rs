@@ -98,7 +98,10 @@ const fn fingerprint() -> u64 {
             generation: u32,
             flags: u32,
             server: u32,
-            weight: u32
+            weight: u32,
+            encap_src: u32,
+            mode: u16,
+            encap_port: u16
         }
     );
     h = layout!(
@@ -208,6 +211,10 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, crate::BACKEND_F_SHARED as usize);
     h = mix_usize(h, crate::BACKEND_F_ELIGIBLE as usize);
     h = mix_usize(h, crate::VIP_F_FALLBACK as usize);
+    h = mix_usize(h, crate::encap::mode::NAT as usize);
+    h = mix_usize(h, crate::encap::mode::DSR as usize);
+    h = mix_usize(h, crate::encap::mode::IPIP as usize);
+    h = mix_usize(h, crate::encap::mode::GUE as usize);
     h = mix_usize(h, crate::MAX_VIPS as usize);
     h = mix_usize(h, crate::BACKEND_SLOTS as usize);
     h = map!(h, map_names::VIPS, VipKey, VipInfo);

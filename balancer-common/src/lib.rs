@@ -14,6 +14,7 @@
 
 pub mod choice;
 pub mod csum;
+pub mod encap;
 pub mod flow;
 pub mod layout;
 pub mod nat;
@@ -32,6 +33,8 @@ pub mod programs {
     pub const NEW_FLOW: &str = "balancer_new_flow";
     /// Index of [`NEW_FLOW`] in the `STAGES` program array.
     pub const NEW_FLOW_STAGE: u32 = 0;
+    /// The backends' decapsulation program (object `balancer-decap`).
+    pub const DECAP: &str = "balancer_decap";
 }
 
 /// Names of the BPF maps, shared by the program and userspace.
@@ -112,7 +115,31 @@ pub mod map_names {
     /// (LRU hash), the backend a client address (masked) of a VIP with
     /// persistence was last placed on.
     pub const AFFINITY: &str = "AFFINITY";
+    /// The decapsulation program's settings: one [`crate::DecapConfig`]
+    /// (array of one).
+    pub const DECAP_CONFIG: &str = "DECAP_CONFIG";
+    /// The decapsulation program's counters: `u64` per CPU by
+    /// `DECAP_STAT_*` (per-CPU array).
+    pub const DECAP_STATS: &str = "DECAP_STATS";
 }
+
+/// Settings of the backends' decapsulation program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DecapConfig {
+    /// Only packets to this outer destination are decapsulated (network
+    /// byte order; 0: any).
+    pub local_addr: u32,
+    /// GUE's UDP destination port, network byte order.
+    pub gue_port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// `DECAP_STATS` index: packets decapsulated.
+pub const DECAP_STAT_STRIPPED: u32 = 0;
+/// `DECAP_STATS` index: frames passed untouched (not encapsulated for us).
+pub const DECAP_STAT_PASSED: u32 = 1;
 
 /// Maximum number of VIPs (size of the VIP table and of the per-VIP arrays).
 pub const MAX_VIPS: u32 = 128;
@@ -292,6 +319,14 @@ pub struct Backend {
     /// Effective weight in units of 1/[`WEIGHT_ONE`] (slow start applied),
     /// at least 1. A choice compares (active connections + 1) / weight.
     pub weight: u32,
+    /// Outer source address of encapsulated packets, network byte order
+    /// (IP-in-IP and GUE modes; 0 otherwise).
+    pub encap_src: u32,
+    /// How packets reach the backend: one of [`encap::mode`] (its VIP's
+    /// forwarding mode).
+    pub mode: u16,
+    /// GUE's UDP destination port, network byte order (GUE mode).
+    pub encap_port: u16,
 }
 
 /// A weight of 1 in [`Backend::weight`] units: weights are kept in 1/256
@@ -537,11 +572,18 @@ pub enum Counter {
     /// eligible (drained, unhealthy, ejected, removed): placed by the choice
     /// rule, and the affinity moved.
     AffinityBroken,
+    /// Frames of a direct-server-return VIP dropped because the kernel had
+    /// no neighbour entry (MAC) for the backend yet (the daemon resolves
+    /// its backends' neighbours).
+    DropNoNeigh,
+    /// Frames of an L2 direct-server-return VIP dropped because the
+    /// backend is not on a segment of this host (its route has a gateway).
+    DropNotOnLink,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::AffinityBroken;
+    pub const LAST: Counter = Counter::DropNotOnLink;
 }
 
 /// Number of entries of the `STATS` array.
@@ -584,6 +626,8 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "affinity_hits",
     "affinity_misses",
     "affinity_broken",
+    "drop_no_neigh",
+    "drop_not_on_link",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].
@@ -755,7 +799,7 @@ pub const SETTINGS_F_NO_CHOICE_TELEMETRY: u64 = 1;
 const _: () = {
     assert!(core::mem::size_of::<VipKey>() == 8);
     assert!(core::mem::size_of::<VipInfo>() == 32);
-    assert!(core::mem::size_of::<Backend>() == 24);
+    assert!(core::mem::size_of::<Backend>() == 32);
     assert!(core::mem::size_of::<FlowKey>() == 16);
     assert!(core::mem::size_of::<FlowEntry>() == 40);
     assert!(core::mem::offset_of!(FlowEntry, vip_index) == FlowEntry::STATE_WORD_OFFSET);
@@ -811,6 +855,7 @@ mod pod {
         Orphan,
         AffinityKey,
         AffinityEntry,
+        DecapConfig,
     );
 }
 

@@ -2,6 +2,7 @@
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use balancer_common::{
+    encap::{entropy_port, mode},
     flow::{self, Direction},
     flow_kind,
     parse::{self, Frame, Parsed, Tcp4, IPV4_DST_OFF, TCP_RST},
@@ -14,7 +15,7 @@ use crate::{
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
     maps::{BACKEND_STATS, FLOWS, ORPHANS, STAGES, VIPS, VIP_STATS},
-    rewrite::{nat::Nat, reset::send_reset},
+    rewrite::{encap::Encap, nat::Nat, reset::send_reset, Rewrite},
     stats::{count, traffic, Failure},
     track,
 };
@@ -115,7 +116,9 @@ pub fn new_flow(ctx: &XdpContext) -> u32 {
     }
 }
 
-/// Counts and forwards a client segment to its backend (destination NAT).
+/// Counts and forwards a client segment to its backend, by the backend's
+/// (its VIP's) mode: destination NAT, L2 direct server return (MACs only),
+/// or IP-in-IP / GUE encapsulation.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn to_backend(
@@ -131,18 +134,34 @@ fn to_backend(
     let bytes = frame.len() as u64;
     traffic(&VIP_STATS, vip_index, bytes, new_flow, false);
     traffic(&BACKEND_STATS, slot, bytes, new_flow, false);
-    let nat = Nat {
-        addr_off: IPV4_DST_OFF,
-        port_off: 2,
-        addr: backend.addr,
-        port: backend.port,
+    let (rw, fib_src) = match backend.mode {
+        mode::NAT => (
+            Rewrite::Nat(Nat {
+                addr_off: IPV4_DST_OFF,
+                port_off: 2,
+                addr: backend.addr,
+                port: backend.port,
+            }),
+            seg.src_addr,
+        ),
+        mode::DSR => (Rewrite::L2, seg.src_addr),
+        m => (
+            Rewrite::Encap(Encap {
+                mode: m,
+                src: backend.encap_src,
+                dst: backend.addr,
+                sport: entropy_port(seg.src_addr, seg.src_port),
+                dport: backend.encap_port,
+            }),
+            backend.encap_src,
+        ),
     };
     forward(
         ctx,
         frame,
         seg,
-        &nat,
-        seg.src_addr,
+        &rw,
+        fib_src,
         backend.addr,
         now,
         HopCache::Slot(slot, backend.generation),

@@ -1,18 +1,19 @@
-//! Forwarding a rewritten frame: the next hop from `bpf_fib_lookup` (cached
-//! per backend slot towards backends, per destination towards clients), the
-//! MTU check, then XDP_TX or XDP_REDIRECT.
+//! Forwarding a frame: the next hop from `bpf_fib_lookup` (cached per
+//! backend slot towards backends, per destination towards clients), the MTU
+//! check (of the frame as it will leave, encapsulation included), the
+//! rewrite (NAT, MACs only, or encapsulation), then XDP_TX or XDP_REDIRECT.
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup as FibParams, xdp_action},
     helpers::generated::{bpf_fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use balancer_common::{nat::Ttl, parse::Tcp4, Counter, IPPROTO_TCP};
+use balancer_common::{encap, nat::Ttl, parse::Frame, parse::Tcp4, Counter, IPPROTO_TCP};
 
 use crate::{
     frame::XdpFrame,
     maps::{HopKey, NextHop, SlotHop, BACKEND_HOPS, FIB_SCRATCH, NEXT_HOPS},
-    rewrite::nat::{rewrite, Nat},
+    rewrite::{encap::encapsulate, nat::rewrite, Rewrite},
     stats::count,
 };
 
@@ -36,25 +37,34 @@ const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
 
 /// Finds the next hop towards `dst` (from `cache`, or `bpf_fib_lookup` when
 /// the cached one is missing, older than [`NEXT_HOP_TTL_NS`] or checked only
-/// for smaller frames) and, only when the frame will leave, applies `nat`
+/// for smaller frames) and, only when the frame will leave, applies `rw`
 /// and sends it: XDP_TX when it leaves through the interface it came in on,
-/// XDP_REDIRECT otherwise. With no neighbour entry yet the rewritten frame
-/// goes to the kernel, which resolves the neighbour and forwards it. A frame
-/// that cannot be forwarded (no route, larger than the egress MTU) is
-/// dropped untouched and counted.
+/// XDP_REDIRECT otherwise. With no neighbour entry yet a NATed or
+/// encapsulated frame goes to the kernel, which resolves the neighbour and
+/// forwards it (an L2 direct-server-return frame cannot: it is dropped and
+/// counted). A frame that cannot be forwarded (no route, larger than the
+/// egress MTU, an L2 DSR backend behind a gateway) is dropped untouched and
+/// counted.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn forward(
     ctx: &XdpContext,
     frame: &XdpFrame,
     seg: &Tcp4,
-    nat: &Nat,
+    rw: &Rewrite,
     src: u32,
     dst: u32,
     now: u64,
     cache: HopCache,
 ) -> u32 {
     let ingress = ctx.ingress_ifindex() as u32;
+    // The IPv4 length as the frame will leave.
+    let out_len = match rw {
+        Rewrite::Encap(e) => seg
+            .ip_total_len
+            .wrapping_add(encap::overhead(e.mode) as u16),
+        _ => seg.ip_total_len,
+    };
     let key = HopKey { dst, ingress };
     let cached = match cache {
         HopCache::Slot(slot, generation) => match BACKEND_HOPS.get(slot) {
@@ -67,7 +77,7 @@ pub fn forward(
             None => NextHop::NONE,
         },
     };
-    let hop = if cached.expires_ns > now && seg.ip_total_len <= cached.max_len {
+    let hop = if cached.expires_ns > now && out_len <= cached.max_len {
         cached
     } else {
         // The 64-byte parameters live in a per-CPU scratch value, not on
@@ -83,7 +93,7 @@ pub fn forward(
         };
         p.family = AF_INET;
         p.l4_protocol = IPPROTO_TCP;
-        p.__bindgen_anon_1.tot_len = seg.ip_total_len;
+        p.__bindgen_anon_1.tot_len = out_len;
         p.ifindex = ingress;
         p.__bindgen_anon_3.ipv4_src = src;
         p.__bindgen_anon_4.ipv4_dst = dst;
@@ -101,17 +111,18 @@ pub fn forward(
             return xdp_action::XDP_DROP;
         }
         if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
-            // The host resolves the neighbour and routes the frame on,
-            // decrementing its TTL itself.
-            if rewrite(frame, seg, nat, Ttl::Keep).is_none() {
-                count(Counter::PassMalformed, 1);
-                return xdp_action::XDP_PASS;
-            }
-            count(Counter::PassFibNoNeigh, 1);
-            return xdp_action::XDP_PASS;
+            return no_neigh(ctx, frame, seg, rw);
         }
         if rc != BPF_FIB_LKUP_RET_SUCCESS {
             count(Counter::DropFib, 1);
+            return xdp_action::XDP_DROP;
+        }
+        // L2 DSR needs the backend itself as the next hop (the lookup
+        // replaces the destination with the gateway's address when there
+        // is one).
+        // SAFETY: union field of a plain struct.
+        if matches!(rw, Rewrite::L2) && unsafe { p.__bindgen_anon_4.ipv4_dst } != dst {
+            count(Counter::DropNotOnLink, 1);
             return xdp_action::XDP_DROP;
         }
         let mut macs = [0u8; 12];
@@ -122,10 +133,10 @@ pub fn forward(
         let fresh = NextHop {
             ifindex: p.ifindex,
             // A larger frame that fit raises what later frames may skip the lookup for.
-            max_len: if same_hop && cached.max_len > seg.ip_total_len {
+            max_len: if same_hop && cached.max_len > out_len {
                 cached.max_len
             } else {
-                seg.ip_total_len
+                out_len
             },
             macs,
             _pad: 0,
@@ -153,9 +164,27 @@ pub fn forward(
         }
         fresh
     };
-    if rewrite(frame, seg, nat, Ttl::Decrement).is_none() || frame.write(0, hop.macs).is_none() {
-        count(Counter::PassMalformed, 1);
-        return xdp_action::XDP_PASS;
+    match rw {
+        Rewrite::Nat(nat) => {
+            if rewrite(frame, seg, nat, Ttl::Decrement).is_none()
+                || frame.write(0, hop.macs).is_none()
+            {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_PASS;
+            }
+        }
+        Rewrite::L2 => {
+            if frame.write(0, hop.macs).is_none() {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_PASS;
+            }
+        }
+        Rewrite::Encap(e) => {
+            if encapsulate(ctx, frame, seg, e, hop.macs).is_none() {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_DROP;
+            }
+        }
     }
     if hop.ifindex == ingress {
         count(Counter::TxPackets, 1);
@@ -164,4 +193,38 @@ pub fn forward(
     count(Counter::RedirectPackets, 1);
     // SAFETY: plain helper call.
     unsafe { bpf_redirect(hop.ifindex, 0) as u32 }
+}
+
+/// The kernel has no neighbour entry for the next hop yet: a NATed or
+/// encapsulated frame goes to the kernel, which resolves it and routes the
+/// frame on (decrementing a NATed frame's TTL itself; an encapsulated frame
+/// keeps the Ethernet addresses it came with, so the kernel takes it as its
+/// own); an L2 DSR frame cannot be routed by the kernel (its destination is
+/// the VIP) and is dropped.
+#[inline(always)]
+fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rw: &Rewrite) -> u32 {
+    match rw {
+        Rewrite::Nat(nat) => {
+            if rewrite(frame, seg, nat, Ttl::Keep).is_none() {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_PASS;
+            }
+        }
+        Rewrite::L2 => {
+            count(Counter::DropNoNeigh, 1);
+            return xdp_action::XDP_DROP;
+        }
+        Rewrite::Encap(e) => {
+            let Some(macs) = frame.read::<12>(0) else {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_PASS;
+            };
+            if encapsulate(ctx, frame, seg, e, macs).is_none() {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_DROP;
+            }
+        }
+    }
+    count(Counter::PassFibNoNeigh, 1);
+    xdp_action::XDP_PASS
 }

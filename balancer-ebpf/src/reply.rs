@@ -12,7 +12,7 @@ use crate::{
     frame::{now_ns, XdpFrame},
     lookup::{find_reply, Reply},
     maps::{BACKEND_STATS, VIP_STATS},
-    rewrite::nat::Nat,
+    rewrite::{nat::Nat, Rewrite},
     stats::{count, traffic},
     track,
 };
@@ -49,12 +49,12 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
     traffic(&VIP_STATS, vip_index, bytes, false, false);
     traffic(&BACKEND_STATS, slot, bytes, false, false);
     count(Counter::ReplyPackets, 1);
-    let nat = Nat {
+    let nat = Rewrite::Nat(Nat {
         addr_off: IPV4_SRC_OFF,
         port_off: 0,
         addr: vip_addr,
         port: vip_port,
-    };
+    });
     forward(
         ctx,
         frame,

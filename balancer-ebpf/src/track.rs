@@ -4,6 +4,7 @@
 //! detection), and its first data clears the server's failure streak.
 
 use balancer_common::{
+    encap::mode,
     flow::{self, Direction, Verdict},
     flow_kind,
     parse::Tcp4,
@@ -45,7 +46,13 @@ pub unsafe fn track(
     // SAFETY (every access below): `e` is a flow-table value (the caller's
     // contract); no reference to it is held across the atomic operation.
     let snapshot = unsafe { *e };
-    let step = flow::track(&snapshot, dir, seg);
+    // Direct server return: the balancer sees the client's side only.
+    let one_sided = mode::one_sided(b.mode);
+    let step = if one_sided {
+        flow::track_one_sided(&snapshot, seg)
+    } else {
+        flow::track(&snapshot, dir, seg)
+    };
     let stamp = table == Table::Established || dir == Direction::ToBackend;
     unsafe {
         if stamp {
@@ -66,7 +73,11 @@ pub unsafe fn track(
     if flow::became(old, step.set, flow::F_DATA) {
         served(b);
     }
-    let verdict = flow::verdict(old, &step);
+    let verdict = if one_sided {
+        flow::verdict_one_sided(old, &step)
+    } else {
+        flow::verdict(old, &step)
+    };
     match verdict {
         Verdict::Open => {}
         Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),

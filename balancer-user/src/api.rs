@@ -1,11 +1,15 @@
 //! The control API between the CLI and the daemon: one JSON request per line
 //! on the daemon's unix socket, one JSON response line back.
 
-use std::{collections::BTreeMap, net::SocketAddrV4, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{HealthCheck, NoHealthy, VipSettings};
+use crate::state::{ForwardingMode, HealthCheck, NoHealthy, VipSettings};
 
 /// How many flows `Flows` returns at most, whatever the request asks.
 pub const MAX_FLOWS_LISTED: usize = 10_000;
@@ -69,6 +73,15 @@ pub struct VipPatch {
     /// Prefix length grouping clients for affinity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistence_netmask: Option<u8>,
+    /// Forwarding mode (only while the VIP has no backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ForwardingMode>,
+    /// Outer source address of encapsulated packets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encap_source: Option<Ipv4Addr>,
+    /// GUE's UDP destination port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gue_port: Option<u16>,
 }
 
 impl VipPatch {
@@ -98,6 +111,15 @@ impl VipPatch {
         }
         if let Some(m) = self.persistence_netmask {
             s.persistence_netmask = m;
+        }
+        if let Some(m) = self.mode {
+            s.mode = m;
+        }
+        if let Some(a) = self.encap_source {
+            s.encap_source = Some(a);
+        }
+        if let Some(p) = self.gue_port {
+            s.gue_port = p;
         }
         s
     }
@@ -372,6 +394,9 @@ pub struct ChoiceView {
 pub struct VipStatsView {
     /// Address and port.
     pub vip: SocketAddrV4,
+    /// Forwarding mode.
+    #[serde(default)]
+    pub mode: ForwardingMode,
     /// Choices per new flow.
     pub choices: u32,
     /// Frames forwarded (both directions).

@@ -526,16 +526,52 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, an invalid value, map failure.
     pub fn set_vip(&mut self, addr: SocketAddrV4, patch: &VipPatch) -> Result<()> {
-        let old = self.state.vip(&addr)?.settings.clone();
+        let v = self.state.vip(&addr)?;
+        let old = v.settings.clone();
         let new = patch.apply(&old);
         new.validate()?;
+        if new.mode != old.mode && !v.backends.is_empty() {
+            return Err(BalancerError::Invalid {
+                what: "mode",
+                reason: format!(
+                    "VIP {addr} has backends: a mode change would break their open \
+                     connections; remove the backends first (or add a new VIP)"
+                ),
+            });
+        }
+        let backends: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
+        let encap_changed = (new.encap_source, new.gue_port) != (old.encap_source, old.gue_port);
         self.state.vip_mut(&addr)?.settings = new;
         self.eligibility.forget_gone(&self.state);
-        if let Err(e) = self.publish_vip(&addr) {
+        let published = self.publish_vip(&addr).and_then(|_| {
+            if encap_changed {
+                self.publish_backends(&backends)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = published {
             self.state.vip_mut(&addr)?.settings = old;
+            let _ = self.publish_vip(&addr);
+            let _ = self.publish_backends(&backends);
             return Err(e);
         }
-        Ok(())
+        self.maps.publish_ports(&self.state)
+    }
+
+    /// Addresses of the backends of L2 direct-server-return VIPs: the
+    /// kernel must know their MAC addresses before the data path can send
+    /// to them ([`crate::netdev::resolve_neighbours`]; the other modes hand
+    /// a frame to the kernel, which resolves the next hop itself).
+    pub fn dsr_backend_addrs(&self) -> Vec<std::net::Ipv4Addr> {
+        let set: BTreeSet<std::net::Ipv4Addr> = self
+            .state
+            .vips
+            .values()
+            .filter(|v| v.settings.mode == crate::state::ForwardingMode::Dsr)
+            .flat_map(|v| v.backends.iter().map(|b| *b.addr.ip()))
+            .collect();
+        set.into_iter().collect()
     }
 
     /// Removes a VIP with its backends and flows.
@@ -607,8 +643,20 @@ impl Balancer {
         let v = self.state.vip(&vip)?;
         let mut seen: BTreeSet<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
         let mut listed = BTreeSet::new();
+        let mode = v.settings.mode;
         for a in addrs {
             check_backend(vip, *a)?;
+            if mode.direct_return() && a.port() != vip.port() {
+                return Err(BalancerError::Invalid {
+                    what: "backend",
+                    reason: format!(
+                        "{a}: in {} mode the packet reaches the backend unchanged, so it must \
+                         listen on the VIP's port {} (and hold the VIP on a loopback address)",
+                        mode.name(),
+                        vip.port()
+                    ),
+                });
+            }
             if !listed.insert(*a) {
                 return Err(BalancerError::Invalid {
                     what: "backend list",
@@ -695,6 +743,11 @@ impl Balancer {
             self.state.release_servers();
             self.eligibility.forget_gone(&self.state);
             return Err(e);
+        }
+        if mode == crate::state::ForwardingMode::Dsr {
+            // The first SYN must find their MACs known.
+            let ips: Vec<std::net::Ipv4Addr> = addrs.iter().map(|a| *a.ip()).collect();
+            netdev::resolve_neighbours(&ips);
         }
         self.maps.publish_ports(&self.state)
     }

@@ -213,6 +213,10 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     Ok(_) => {}
                     Err(e) => log::warn!("refreshing interface MACs failed: {e:#}"),
                 }
+                let probed = crate::netdev::resolve_neighbours(&lb.dsr_backend_addrs());
+                if !probed.is_empty() {
+                    log::debug!("resolving the MACs of DSR backends {probed:?}");
+                }
                 // A pass walks the whole flow table (about 1.7 s per million
                 // flows here, see BENCHMARKS.md) and holds the control API
                 // meanwhile: leave at least twice its time between passes.

@@ -13,6 +13,7 @@ pub mod balancer;
 pub mod client;
 pub mod control;
 pub mod daemon;
+pub mod decap;
 pub mod eligibility;
 pub mod error;
 pub mod gc;

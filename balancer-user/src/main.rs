@@ -12,7 +12,9 @@ use balancer::{
 };
 use clap::{Parser, Subcommand};
 
-use cli::{backend::BackendCmd, detach::DetachArgs, run::RunArgs, show, vip::VipCmd};
+use cli::{
+    backend::BackendCmd, decap::DecapCmd, detach::DetachArgs, run::RunArgs, show, vip::VipCmd,
+};
 
 /// Default control socket.
 const DEFAULT_SOCKET: &str = "/run/p2c-balancer/control.sock";
@@ -52,6 +54,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// On a backend of an ipip or gue VIP: attach, detach or count the
+    /// decapsulation program.
+    #[command(subcommand)]
+    Decap(DecapCmd),
     /// Detach the XDP program from every interface and stop the daemon
     /// (connections through the balancer break). Stopping the daemon
     /// otherwise leaves the program attached. With no daemon running, the
@@ -99,6 +105,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
     let (req, json) = match cli.cmd {
         Cmd::Run(a) => return daemon::run(a.config(socket)).await,
         Cmd::Detach(a) => return a.run(&socket, cli.timeout).await,
+        Cmd::Decap(c) => return c.run(),
         Cmd::Vip(c) => c.request(),
         Cmd::Backend(c) => c.request(),
         Cmd::Stats { json } => (Request::Stats, json),

@@ -23,7 +23,7 @@ use balancer_common::{
 
 use crate::{
     error::{BalancerError, Result},
-    state::{BackendConfig, State, VipConfig},
+    state::{BackendConfig, ForwardingMode, State, VipConfig, VipSettings},
 };
 
 /// Maps pinned under the pin directory: everything that must survive a
@@ -136,6 +136,8 @@ pub(crate) fn map_err(
 fn ignore_missing(r: std::result::Result<(), MapError>) -> std::result::Result<(), MapError> {
     match r {
         Err(MapError::KeyNotFound) => Ok(()),
+        // aya reports a delete of a missing key as the syscall's ENOENT.
+        Err(e) if crate::error::os_error(&e) == Some(libc::ENOENT) => Ok(()),
         other => other,
     }
 }
@@ -509,6 +511,7 @@ impl Maps {
         server: u32,
         shared: bool,
         weight: u32,
+        vip: &VipSettings,
     ) -> Result<()> {
         let kept = match self.backends.get(&b.slot, 0) {
             Ok(old) if old.generation == b.generation && old.flags & BACKEND_F_IN_USE != 0 => {
@@ -528,6 +531,9 @@ impl Maps {
                     flags,
                     server,
                     weight: weight.max(1),
+                    encap_src: vip.encap_source.map_or(0, |a| ip_be(&a)),
+                    mode: vip.mode.code(),
+                    encap_port: vip.gue_port.to_be(),
                 },
                 0,
             )
@@ -600,19 +606,27 @@ impl Maps {
                     .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
                 continue;
             };
-            let shared = u.vips.len() > 1;
+            // Replies come back through the balancer from NAT VIPs only.
+            let nat = u.nat_vips();
+            let shared = nat.len() > 1;
             let server = state.server(a).ok_or_else(|| BalancerError::Invalid {
                 what: "state",
                 reason: format!("backend {a} has no server index"),
             })?;
-            for b in &u.configs {
-                self.write_backend(b, server, shared, weight(b))?;
+            for (b, vs) in u.configs.iter().zip(&u.settings) {
+                let shared = shared && vs.mode == ForwardingMode::Nat;
+                self.write_backend(b, server, shared, weight(b), vs)?;
+            }
+            if nat.is_empty() {
+                ignore_missing(self.backend_vips.remove(&backend_key(a)))
+                    .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
+                continue;
             }
             let mut v = BackendVips {
-                count: u.vips.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
+                count: nat.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
                 ..Default::default()
             };
-            for (slot, vip) in v.vips.iter_mut().zip(&u.vips) {
+            for (slot, vip) in v.vips.iter_mut().zip(&nat) {
                 *slot = VipAddr {
                     addr: ip_be(vip.ip()),
                     port: vip.port().to_be(),
@@ -704,8 +718,11 @@ impl Maps {
         for v in state.vips.values() {
             set(0, v.addr.port());
             set(2, u32::from(*v.addr.ip()) as u16);
-            for b in &v.backends {
-                set(1, b.addr.port());
+            // Replies are looked up for NAT backends only.
+            if v.settings.mode == ForwardingMode::Nat {
+                for b in &v.backends {
+                    set(1, b.addr.port());
+                }
             }
         }
         for (which, name) in [

@@ -209,6 +209,39 @@ pub fn mtu(name: &str) -> Option<u32> {
         .and_then(|s| s.trim().parse().ok())
 }
 
+/// Makes the kernel resolve the MAC address of each of `addrs` that its
+/// neighbour table (`/proc/net/arp` of this network namespace) lacks, by
+/// sending it one empty UDP datagram to the discard port (RFC 863): the
+/// kernel resolves the neighbour to send it. The data path's L2 direct
+/// server return needs the entry and cannot ask for it. Returns the
+/// addresses probed.
+pub fn resolve_neighbours(addrs: &[std::net::Ipv4Addr]) -> Vec<std::net::Ipv4Addr> {
+    if addrs.is_empty() {
+        return Vec::new();
+    }
+    let table = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
+    let complete: std::collections::BTreeSet<std::net::Ipv4Addr> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Flags: ATF_COM (0x2) once the MAC is known.
+            let flags = u32::from_str_radix(f.get(2)?.trim_start_matches("0x"), 16).ok()?;
+            (flags & 0x2 != 0).then(|| f.first()?.parse().ok())?
+        })
+        .collect();
+    let Ok(sock) = std::net::UdpSocket::bind("0.0.0.0:0") else {
+        return Vec::new();
+    };
+    let _ = sock.set_nonblocking(true);
+    addrs
+        .iter()
+        .filter(|a| !complete.contains(a))
+        .filter(|a| sock.send_to(&[], (**a, 9)).is_ok())
+        .copied()
+        .collect()
+}
+
 /// A MAC address as `aa:bb:cc:dd:ee:ff`.
 pub fn mac_string(m: &[u8; 6]) -> String {
     m.iter()

@@ -161,6 +161,68 @@ pub struct VipSettings {
     /// address on its own; 24: a /24 shares one backend).
     #[serde(default = "default_persistence_netmask")]
     pub persistence_netmask: u8,
+    /// How packets reach the backends.
+    #[serde(default)]
+    pub mode: ForwardingMode,
+    /// Outer source address of encapsulated packets (required by the
+    /// `ipip` and `gue` modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encap_source: Option<Ipv4Addr>,
+    /// GUE's UDP destination port on the backends (the `gue` mode).
+    #[serde(default = "default_gue_port")]
+    pub gue_port: u16,
+}
+
+fn default_gue_port() -> u16 {
+    balancer_common::encap::DEFAULT_GUE_PORT
+}
+
+/// How a VIP's packets reach its backends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForwardingMode {
+    /// Destination NAT: the backends route their replies through the
+    /// balancer, which rewrites them back.
+    #[default]
+    Nat,
+    /// L2 direct server return: the destination MAC becomes the backend's;
+    /// backends on the same segment hold the VIP on loopback and reply
+    /// directly.
+    Dsr,
+    /// IP-in-IP to the backend, which decapsulates (`balancer decap`) and
+    /// replies directly.
+    Ipip,
+    /// GUE (IPv4 in UDP) to the backend, likewise.
+    Gue,
+}
+
+impl ForwardingMode {
+    /// The data path's value (`balancer_common::encap::mode`).
+    pub fn code(self) -> u16 {
+        use balancer_common::encap::mode;
+        match self {
+            ForwardingMode::Nat => mode::NAT,
+            ForwardingMode::Dsr => mode::DSR,
+            ForwardingMode::Ipip => mode::IPIP,
+            ForwardingMode::Gue => mode::GUE,
+        }
+    }
+
+    /// The name the CLI uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardingMode::Nat => "nat",
+            ForwardingMode::Dsr => "dsr",
+            ForwardingMode::Ipip => "ipip",
+            ForwardingMode::Gue => "gue",
+        }
+    }
+
+    /// `true` for the modes whose replies go straight to the client: the
+    /// packet reaches the backend unchanged, so its port must be the VIP's.
+    pub fn direct_return(self) -> bool {
+        self != ForwardingMode::Nat
+    }
 }
 
 fn default_persistence_netmask() -> u8 {
@@ -186,6 +248,9 @@ impl Default for VipSettings {
             ejection_time: default_ejection_time(),
             persistence: Duration::ZERO,
             persistence_netmask: default_persistence_netmask(),
+            mode: ForwardingMode::Nat,
+            encap_source: None,
+            gue_port: default_gue_port(),
         }
     }
 }
@@ -233,6 +298,31 @@ impl VipSettings {
                     "/{} is outside /1../32 (/0 would send every client to one backend)",
                     self.persistence_netmask
                 ),
+            });
+        }
+        match (self.mode, self.encap_source) {
+            (ForwardingMode::Ipip | ForwardingMode::Gue, None) => {
+                return Err(BalancerError::Invalid {
+                    what: "encap source",
+                    reason: format!(
+                        "mode {} needs --encap-source, the outer source address of the \
+                         encapsulated packets (an address of this host the backends can reach)",
+                        self.mode.name()
+                    ),
+                })
+            }
+            (_, Some(a)) if a.is_unspecified() || a.is_multicast() || a.is_broadcast() => {
+                return Err(BalancerError::Invalid {
+                    what: "encap source",
+                    reason: format!("{a} is not a unicast address"),
+                })
+            }
+            _ => {}
+        }
+        if self.gue_port == 0 {
+            return Err(BalancerError::Invalid {
+                what: "GUE port",
+                reason: "port 0".into(),
             });
         }
         Ok(())
@@ -325,6 +415,21 @@ pub struct BackendUse {
     pub vips: Vec<SocketAddrV4>,
     /// Its slot under each of them (same order).
     pub configs: Vec<BackendConfig>,
+    /// Each VIP's settings (same order).
+    pub settings: Vec<VipSettings>,
+}
+
+impl BackendUse {
+    /// The VIPs it serves in NAT mode (the only ones whose replies come
+    /// back through the balancer).
+    pub fn nat_vips(&self) -> Vec<SocketAddrV4> {
+        self.vips
+            .iter()
+            .zip(&self.settings)
+            .filter(|(_, s)| s.mode == ForwardingMode::Nat)
+            .map(|(v, _)| *v)
+            .collect()
+    }
 }
 
 impl State {
@@ -477,15 +582,22 @@ impl State {
                 let u = m.entry(b.addr).or_default();
                 u.vips.push(v.addr);
                 u.configs.push(b.clone());
+                u.settings.push(v.settings.clone());
             }
         }
         m
     }
 
-    /// The VIP indexes each backend host (address, any port) serves.
+    /// The NAT VIP indexes each backend host (address, any port) serves
+    /// (a connection from such a host to such a VIP is a hairpin the
+    /// balancer refuses; in the direct-return modes it works).
     pub fn backend_hosts(&self) -> BTreeMap<Ipv4Addr, Vec<u32>> {
         let mut m: BTreeMap<Ipv4Addr, Vec<u32>> = BTreeMap::new();
-        for v in self.vips.values() {
+        for v in self
+            .vips
+            .values()
+            .filter(|v| v.settings.mode == ForwardingMode::Nat)
+        {
             for b in &v.backends {
                 m.entry(*b.addr.ip()).or_default().push(v.index);
             }

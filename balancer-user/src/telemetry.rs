@@ -85,6 +85,7 @@ impl View<'_> {
             let t = self.maps.traffic(Traffic::Vip, v.index)?;
             vips.push(VipStatsView {
                 vip: v.addr,
+                mode: v.settings.mode,
                 choices: v.settings.choices,
                 packets: t.packets,
                 bytes: t.bytes,

@@ -25,6 +25,7 @@ mod affinity;
 mod eligibility;
 mod hairpin;
 mod half_open;
+mod modes;
 mod multi_vip;
 mod race;
 mod router;
@@ -59,6 +60,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += table_pressure()?;
     n += half_open::run()?;
     n += affinity::run()?;
+    n += modes::run()?;
     n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())

@@ -90,6 +90,17 @@ impl Server {
 /// the `BACKEND` line the server sends [`push_chunk`]`(id, k, chunk)` for
 /// k = 0, 1, ... every [`PUSH_PERIOD`] until the client's FIN, then closes.
 fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow::Result<Server> {
+    start_server_as(ns, addr, addr, stop)
+}
+
+/// [`start_server`] listening on `bind` and naming itself `me`.
+fn start_server_as(
+    ns: &Netns,
+    bind: SocketAddrV4,
+    me: SocketAddrV4,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Server> {
+    let addr = me;
     let stats = Arc::new(ServerStats::default());
     let closed = Arc::new(AtomicBool::new(false));
     let closed2 = closed.clone();
@@ -101,7 +112,7 @@ fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow
         .spawn(move || {
             let setup = || -> anyhow::Result<TcpListener> {
                 enter_ns(&nspath)?;
-                let l = TcpListener::bind(addr)?;
+                let l = TcpListener::bind(bind)?;
                 l.set_nonblocking(true)?;
                 Ok(l)
             };
@@ -612,6 +623,22 @@ impl Testbed {
             let _ = d.kill();
             let _ = d.wait();
         }
+    }
+
+    /// Starts a server on backend host `k` listening on `bind` and naming
+    /// itself `me` in its answers (added to [`Testbed::servers`]).
+    ///
+    /// # Errors
+    /// The server does not start.
+    pub fn start_server_as(
+        &mut self,
+        k: usize,
+        bind: SocketAddrV4,
+        me: SocketAddrV4,
+    ) -> anyhow::Result<()> {
+        let s = start_server_as(&self.backends[k], bind, me, self.stop.clone())?;
+        self.servers.push(s);
+        Ok(())
     }
 
     /// The `balancer` binary the test bed runs (daemon and CLI).

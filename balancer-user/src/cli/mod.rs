@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod backend;
+pub mod decap;
 pub mod detach;
 pub mod run;
 pub mod show;

@@ -37,6 +37,15 @@ pub enum Mode {
     Generic,
 }
 
+impl From<Mode> for XdpMode {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Native => XdpMode::Driver,
+            Mode::Generic => XdpMode::Skb,
+        }
+    }
+}
+
 /// `balancer run` options.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -104,10 +113,7 @@ impl RunArgs {
     pub fn config(self, socket: PathBuf) -> DaemonConfig {
         DaemonConfig {
             interfaces: self.interfaces,
-            mode: match self.mode {
-                Mode::Native => XdpMode::Driver,
-                Mode::Generic => XdpMode::Skb,
-            },
+            mode: self.mode.into(),
             socket,
             state_file: self.state_file,
             load: LoadOptions {

@@ -43,13 +43,14 @@ pub fn print_stats(s: &StatsView) {
     }
     println!("VIPs");
     println!(
-        "{:<21} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
-        "VIP", "CHOICES", "ACTIVE", "NEW", "PACKETS", "BYTES", "MISSES"
+        "{:<21} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
+        "VIP", "MODE", "CHOICES", "ACTIVE", "NEW", "PACKETS", "BYTES", "MISSES"
     );
     for v in &s.vips {
         println!(
-            "{:<21} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
+            "{:<21} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
             v.vip.to_string(),
+            v.mode.name(),
             choices_name(v.choices),
             v.active_connections,
             v.new_flows,

@@ -4,7 +4,7 @@ use std::{net::SocketAddrV4, time::Duration};
 
 use balancer::{
     api::{HealthSetting, Request, VipPatch, VipView},
-    state::{NoHealthy, VipSettings},
+    state::{ForwardingMode, NoHealthy, VipSettings},
 };
 use clap::{Subcommand, ValueEnum};
 
@@ -63,6 +63,44 @@ pub struct VipArgs {
     /// default 32: each address on its own).
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
     persistence_netmask: Option<u8>,
+    /// How packets reach the backends: nat (default; replies come back
+    /// through the balancer), dsr (L2 direct server return), ipip or gue
+    /// (L3 direct server return, encapsulated). Fixed once the VIP has
+    /// backends.
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
+    /// Outer source address of encapsulated packets (ipip, gue): an
+    /// address of this host the backends can reach.
+    #[arg(long)]
+    encap_source: Option<std::net::Ipv4Addr>,
+    /// GUE's UDP destination port on the backends (default 6080; the
+    /// backends' `balancer decap attach --gue-port` must match).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    gue_port: Option<u16>,
+}
+
+/// Forwarding mode on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// Destination NAT.
+    Nat,
+    /// L2 direct server return.
+    Dsr,
+    /// IP-in-IP direct server return.
+    Ipip,
+    /// GUE direct server return.
+    Gue,
+}
+
+impl From<ModeArg> for ForwardingMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Nat => ForwardingMode::Nat,
+            ModeArg::Dsr => ForwardingMode::Dsr,
+            ModeArg::Ipip => ForwardingMode::Ipip,
+            ModeArg::Gue => ForwardingMode::Gue,
+        }
+    }
 }
 
 impl VipArgs {
@@ -79,6 +117,9 @@ impl VipArgs {
             ejection_time: self.ejection_time,
             persistence: self.persistence,
             persistence_netmask: self.persistence_netmask,
+            mode: self.mode.map(Into::into),
+            encap_source: self.encap_source,
+            gue_port: self.gue_port,
         }
     }
 }
@@ -162,8 +203,9 @@ impl VipCmd {
 /// Prints the VIP table.
 pub fn print(vips: &[VipView]) {
     println!(
-        "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
+        "{:<21} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
         "VIP",
+        "MODE",
         "CHOICES",
         "BACKENDS",
         "ELIGIBLE",
@@ -185,8 +227,9 @@ pub fn print(vips: &[VipView]) {
             )
         };
         println!(
-            "{:<21} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
+            "{:<21} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
             v.vip.to_string(),
+            s.mode.name(),
             choices_name(s.choices),
             v.backends,
             v.eligible,

@@ -11,14 +11,15 @@
 //! * `balancer-testbed flood`
 //! * `balancer-testbed orphans`
 //! * `balancer-testbed realclients`
+//! * `balancer-testbed modes`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, collisions, fixtures, flood, fuzz, health, netns, orphans, realclients, refusals,
-    restart, scenario,
+    abuse, bench, collisions, fixtures, flood, fuzz, health, modes, netns, orphans, realclients,
+    refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -76,6 +77,8 @@ enum Cmd {
     Flood,
     /// Connections whose backend was removed or which expired get a reset.
     Orphans,
+    /// The direct-server-return modes (L2 DSR, IP-in-IP, GUE) with real TCP.
+    Modes,
     /// Debian's nginx behind the balancer; curl, wrk, ab and iperf3 (through
     /// a VIP with session affinity) as clients.
     Realclients,
@@ -153,6 +156,7 @@ fn main() -> ExitCode {
         Cmd::Flood => flood::run(),
         Cmd::Orphans => orphans::run(),
         Cmd::Realclients => realclients::run(),
+        Cmd::Modes => modes::run(),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {

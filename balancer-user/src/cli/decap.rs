@@ -1,0 +1,105 @@
+//! `balancer decap ...`: the backends' side of the ipip and gue modes.
+
+use std::{net::Ipv4Addr, path::PathBuf};
+
+use balancer::{
+    daemon::ensure_bpffs,
+    decap::{self, DecapOptions},
+    links::Attached,
+    preflight,
+};
+use clap::Subcommand;
+
+use super::run::Mode;
+
+/// Default pin directory of the decapsulation program.
+pub const DEFAULT_DECAP_PIN_DIR: &str = "/sys/fs/bpf/p2c-decap";
+
+/// `balancer decap ...`.
+#[derive(Subcommand, Debug)]
+pub enum DecapCmd {
+    /// Attach the decapsulation program to an interface of this backend:
+    /// IP-in-IP and GUE packets to it lose their outer headers and reach
+    /// the stack as the client sent them (the backend holds the VIP on a
+    /// loopback address and replies to the client directly). It stays
+    /// attached after the command ends; attaching again updates it.
+    Attach {
+        /// Interface receiving the encapsulated packets.
+        #[arg(long = "iface", short = 'i')]
+        iface: String,
+        /// XDP attach mode.
+        #[arg(long, value_enum, default_value = "native")]
+        mode: Mode,
+        /// GUE's UDP destination port (the VIPs' --gue-port).
+        #[arg(long, default_value_t = balancer_common::encap::DEFAULT_GUE_PORT,
+              value_parser = clap::value_parser!(u16).range(1..))]
+        gue_port: u16,
+        /// Decapsulate only packets to this outer destination (default: any).
+        #[arg(long)]
+        local: Option<Ipv4Addr>,
+        /// bpffs directory for its link and maps.
+        #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
+    /// Detach it from an interface.
+    Detach {
+        /// Interface.
+        #[arg(long = "iface", short = 'i')]
+        iface: String,
+        /// bpffs directory of its link and maps.
+        #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
+    /// Packets decapsulated and frames passed untouched, on every
+    /// interface it is attached to.
+    Stats {
+        /// bpffs directory of its link and maps.
+        #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
+}
+
+impl DecapCmd {
+    /// Runs the command.
+    ///
+    /// # Errors
+    /// Privileges, the interface, the kernel's refusal.
+    pub fn run(self) -> anyhow::Result<()> {
+        preflight::check_privileges()?;
+        ensure_bpffs()?;
+        match self {
+            DecapCmd::Attach {
+                iface,
+                mode,
+                gue_port,
+                local,
+                pin_dir,
+            } => {
+                let how = decap::attach(
+                    &iface,
+                    mode.into(),
+                    DecapOptions { gue_port, local },
+                    &pin_dir,
+                )?;
+                match how {
+                    Attached::New { link_id } => println!("attached to {iface} (link {link_id})"),
+                    Attached::Replaced { link_id, .. } => {
+                        println!("updated on {iface} (link {link_id})")
+                    }
+                }
+            }
+            DecapCmd::Detach { iface, pin_dir } => {
+                if decap::detach(&iface, &pin_dir)? {
+                    println!("detached from {iface}");
+                } else {
+                    println!("not attached to {iface}");
+                }
+            }
+            DecapCmd::Stats { pin_dir } => {
+                let (stripped, passed) = decap::stats(&pin_dir)?;
+                println!("decapsulated {stripped}\npassed {passed}");
+            }
+        }
+        Ok(())
+    }
+}
