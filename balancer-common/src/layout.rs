@@ -211,6 +211,7 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, crate::BACKEND_F_SHARED as usize);
     h = mix_usize(h, crate::BACKEND_F_ELIGIBLE as usize);
     h = mix_usize(h, crate::VIP_F_FALLBACK as usize);
+    h = mix_usize(h, crate::VIP_F_REMOVED as usize);
     h = mix_usize(h, crate::encap::mode::NAT as usize);
     h = mix_usize(h, crate::encap::mode::DSR as usize);
     h = mix_usize(h, crate::encap::mode::IPIP as usize);

@@ -222,6 +222,9 @@ pub struct VipInfo {
 /// The VIP has no healthy backend and its policy is to fall back to all of
 /// its backends that are not drained (panic mode): its list holds them.
 pub const VIP_F_FALLBACK: u32 = 1;
+/// The VIP was removed: kept for the orphan time so that its clients'
+/// segments get a reset (and new connections are refused with one).
+pub const VIP_F_REMOVED: u32 = 2;
 
 impl VipInfo {
     /// Index into `VIP_BACKENDS` of entry `i` of the active eligible list.
@@ -579,11 +582,18 @@ pub enum Counter {
     /// Frames of an L2 direct-server-return VIP dropped because the
     /// backend is not on a segment of this host (its route has a gateway).
     DropNotOnLink,
+    /// SYNs to a VIP removed within the orphan time: answered with a TCP
+    /// RST (connection refused).
+    RefusedVipRemoved,
+    /// New flows counted as failed against their server (refused before
+    /// data, SYN retransmitted unanswered): what passive detection adds up
+    /// per server (`SERVER_FAILS`).
+    ServerFailures,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::DropNotOnLink;
+    pub const LAST: Counter = Counter::ServerFailures;
 }
 
 /// Number of entries of the `STATS` array.
@@ -628,6 +638,8 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "affinity_broken",
     "drop_no_neigh",
     "drop_not_on_link",
+    "refused_vip_removed",
+    "server_failures",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

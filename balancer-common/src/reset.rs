@@ -27,17 +27,74 @@ pub const RESET_TTL: u8 = 64;
 /// segment's IPv4 header starts and trims the frame after them.
 #[inline(always)]
 pub fn reset_reply(seg: &Tcp4) -> [u8; RESET_LEN] {
-    let (seq, ack, flags) = if seg.has(TCP_ACK) {
+    let (seq, ack, flags) = reply_numbers(seg);
+    reset_headers(
+        seg.dst_addr,
+        seg.src_addr,
+        seg.dst_port,
+        seg.src_port,
+        seq,
+        ack,
+        flags,
+    )
+}
+
+/// The sequence number, acknowledgment number and flags of the RST
+/// answering `seg` (RFC 9293 3.10.7.1).
+#[inline(always)]
+pub fn reply_numbers(seg: &Tcp4) -> (u32, u32, u8) {
+    if seg.has(TCP_ACK) {
         (seg.ack, 0, TCP_RST)
     } else {
         (0, seg.seq.wrapping_add(seg.seg_len()), TCP_RST | TCP_ACK)
-    };
-    let src = seg.dst_addr.to_ne_bytes();
-    let dst = seg.src_addr.to_ne_bytes();
-    let sport = seg.dst_port.to_ne_bytes();
-    let dport = seg.src_port.to_ne_bytes();
-    let seq = seq.to_be_bytes();
-    let ack = ack.to_be_bytes();
+    }
+}
+
+/// The IPv4 and TCP headers of an RST sent on in `seg`'s direction in the
+/// name of `src_addr:src_port` (network byte order): a backend's segment
+/// of a flow the balancer no longer has (an orphan) becomes an RST from
+/// the VIP to the client, with the backend's sequence number, which is
+/// where the client expects the backend's next byte (RFC 9293 3.10.7.4:
+/// an RST is accepted at the next expected sequence number).
+#[inline(always)]
+pub fn reset_toward(seg: &Tcp4, src_addr: u32, src_port: u16) -> [u8; RESET_LEN] {
+    reset_headers(
+        src_addr,
+        seg.dst_addr,
+        src_port,
+        seg.dst_port,
+        seg.seq,
+        0,
+        TCP_RST,
+    )
+}
+
+/// An RST's IPv4 header (TTL [`RESET_TTL`], DF, no options) and TCP header
+/// (window 0, no options), addresses and ports in network byte order,
+/// sequence and acknowledgment numbers in host order.
+#[inline(always)]
+fn reset_headers(
+    src_addr: u32,
+    dst_addr: u32,
+    src_port: u16,
+    dst_port: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+) -> [u8; RESET_LEN] {
+    let mut out = [0u8; RESET_LEN];
+    out[..20].copy_from_slice(&reset_ip(src_addr, dst_addr));
+    out[20..].copy_from_slice(&reset_tcp(
+        src_addr, dst_addr, src_port, dst_port, seq, ack, flags,
+    ));
+    out
+}
+
+/// The IPv4 header of an RST (20 bytes, checksum filled).
+#[inline(always)]
+pub fn reset_ip(src_addr: u32, dst_addr: u32) -> [u8; 20] {
+    let src = src_addr.to_ne_bytes();
+    let dst = dst_addr.to_ne_bytes();
     let mut ip = [
         0x45, // version 4, IHL 5
         0,    // DSCP/ECN
@@ -63,6 +120,25 @@ pub fn reset_reply(seg: &Tcp4) -> [u8; RESET_LEN] {
     let ip_csum = csum::checksum20(&ip, 0).to_ne_bytes();
     ip[10] = ip_csum[0];
     ip[11] = ip_csum[1];
+    ip
+}
+
+/// The TCP header of an RST (20 bytes, checksum over the pseudo-header of
+/// `src_addr` and `dst_addr` filled).
+#[inline(always)]
+pub fn reset_tcp(
+    src_addr: u32,
+    dst_addr: u32,
+    src_port: u16,
+    dst_port: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+) -> [u8; 20] {
+    let sport = src_port.to_ne_bytes();
+    let dport = dst_port.to_ne_bytes();
+    let seq = seq.to_be_bytes();
+    let ack = ack.to_be_bytes();
     let mut tcp = [
         sport[0], sport[1], dport[0], dport[1], seq[0], seq[1], seq[2], seq[3], ack[0], ack[1],
         ack[2], ack[3], 0x50, // data offset 5
@@ -72,17 +148,14 @@ pub fn reset_reply(seg: &Tcp4) -> [u8; RESET_LEN] {
     ];
     // Pseudo-header (RFC 9293 3.1): source, destination, zero + protocol,
     // TCP length, summed as native-endian words like the rest of `csum`.
-    let pseudo = csum::add_words(&src, 0)
-        + csum::add_words(&dst, 0)
+    let pseudo = csum::add_words(&src_addr.to_ne_bytes(), 0)
+        + csum::add_words(&dst_addr.to_ne_bytes(), 0)
         + u16::from_ne_bytes([0, IPPROTO_TCP]) as u32
         + u16::from_ne_bytes([0, 20]) as u32;
     let tcp_csum = csum::checksum20(&tcp, pseudo).to_ne_bytes();
     tcp[16] = tcp_csum[0];
     tcp[17] = tcp_csum[1];
-    let mut out = [0u8; RESET_LEN];
-    out[..20].copy_from_slice(&ip);
-    out[20..].copy_from_slice(&tcp);
-    out
+    tcp
 }
 
 #[cfg(test)]
@@ -203,5 +276,20 @@ mod tests {
                 prop_assert_eq!((r.4, r.5, r.7), (0, seq.wrapping_add(seg_len), true));
             }
         }
+    }
+
+    #[test]
+    fn reset_toward_the_client_in_the_vips_name() {
+        // A segment 10.0.2.10:40000 -> 10.0.0.10:80 sent on in the name of
+        // 10.0.0.99:8080.
+        let (_, t) = segment(TCP_ACK, 777_000, 5000, b"data");
+        let r = reset_toward(&t, u32::from_ne_bytes([10, 0, 0, 99]), 8080u16.to_be());
+        let (src, dst, sport, dport, seq, _ack, rst, ackf) = read(&r);
+        assert_eq!(src, [10, 0, 0, 99]);
+        assert_eq!(dst, [10, 0, 0, 10]);
+        assert_eq!(sport, 8080);
+        assert_eq!(dport, 80);
+        assert_eq!(seq, 777_000);
+        assert!(rst && !ackf);
     }
 }

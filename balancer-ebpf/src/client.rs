@@ -6,12 +6,12 @@ use balancer_common::{
     flow::{self, Direction},
     flow_kind,
     parse::{self, Frame, Parsed, Tcp4, IPV4_DST_OFF, TCP_RST},
-    programs, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
+    programs, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP, VIP_F_REMOVED,
 };
 
 use crate::{
     choose::{self, Refusal},
-    forward::{forward, HopCache},
+    forward::{forward, Dest, HopCache},
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
     maps::{BACKEND_STATS, FLOWS, ORPHANS, STAGES, VIPS, VIP_STATS},
@@ -44,7 +44,19 @@ pub fn pinned(
         track::failed(slot, &b, Failure::SynRetransmit);
     }
     // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
-    unsafe { track::track(key, e, table, &b, Direction::ToBackend, seg, now) };
+    unsafe {
+        track::track(
+            key,
+            e,
+            &b,
+            seg,
+            &track::How {
+                table,
+                dir: Direction::ToBackend,
+                now,
+            },
+        )
+    };
     to_backend(ctx, frame, seg, &b, slot, vip_index, false, now)
 }
 
@@ -61,6 +73,20 @@ pub fn unpinned(
     vip: &VipInfo,
 ) -> u32 {
     let now = now_ns();
+    if vip.flags & VIP_F_REMOVED != 0 {
+        // A VIP removed within the orphan time: new connections are
+        // refused, its orphans reset, anything else passed.
+        if seg.is_syn() {
+            count(Counter::RefusedVipRemoved, 1);
+            return send_reset(ctx, frame, seg);
+        }
+        if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
+            count(Counter::ResetOrphaned, 1);
+            return send_reset(ctx, frame, seg);
+        }
+        count(Counter::FlowMisses, 1);
+        return xdp_action::XDP_PASS;
+    }
     if seg.is_syn() {
         // The new-flow stage is a program of its own (tail call: does not
         // return when it succeeds).
@@ -158,12 +184,13 @@ fn to_backend(
     };
     forward(
         ctx,
-        frame,
         seg,
         &rw,
-        fib_src,
-        backend.addr,
-        now,
-        HopCache::Slot(slot, backend.generation),
+        &Dest {
+            src: fib_src,
+            dst: backend.addr,
+            now,
+            cache: HopCache::Slot(slot, backend.generation),
+        },
     )
 }

@@ -17,6 +17,16 @@ use crate::{
     stats::count,
 };
 
+/// Where a frame goes: the FIB lookup's source and destination (network
+/// byte order), the time, and where the next hop is cached. (Packed in one
+/// struct: a BPF function takes at most five arguments.)
+pub struct Dest {
+    pub src: u32,
+    pub dst: u32,
+    pub now: u64,
+    pub cache: HopCache,
+}
+
 /// Where [`forward`] caches the next hop.
 #[derive(Clone, Copy)]
 pub enum HopCache {
@@ -45,18 +55,10 @@ const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
 /// counted). A frame that cannot be forwarded (no route, larger than the
 /// egress MTU, an L2 DSR backend behind a gateway) is dropped untouched and
 /// counted.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub fn forward(
-    ctx: &XdpContext,
-    frame: &XdpFrame,
-    seg: &Tcp4,
-    rw: &Rewrite,
-    src: u32,
-    dst: u32,
-    now: u64,
-    cache: HopCache,
-) -> u32 {
+pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
+    let frame = &XdpFrame(ctx);
+    let (src, dst, now, cache) = (to.src, to.dst, to.now, to.cache);
     let ingress = ctx.ingress_ifindex() as u32;
     // The IPv4 length as the frame will leave.
     let out_len = match rw {

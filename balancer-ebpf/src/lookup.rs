@@ -10,7 +10,7 @@ use balancer_common::{
 
 use aya_ebpf::maps::LruHashMap;
 
-use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS, HALF_OPEN};
+use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS, HALF_OPEN, ORPHANS};
 
 /// Which flow table a live flow is in.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -93,14 +93,15 @@ pub fn pinned_to(entry: &FlowEntry, addr: u32, port: u16) -> Option<Backend> {
 
 /// The VIPs the backend at `addr:port` serves.
 #[inline(always)]
-pub fn vips_of(addr: u32, port: u16) -> Option<BackendVips> {
+pub fn vips_of(addr: u32, port: u16) -> Option<&'static BackendVips> {
     let key = BackendKey {
         addr,
         port,
         _pad: 0,
     };
-    // SAFETY: the value is copied out at once.
-    unsafe { BACKEND_VIPS.get(&key) }.copied()
+    // SAFETY: a map value, valid for the rest of this run (not copied: the
+    // entry program's stack is short).
+    unsafe { BACKEND_VIPS.get(&key) }
 }
 
 /// `true` when client `key.src` has a LIVE flow pinned to `backend` through
@@ -138,9 +139,9 @@ pub enum Reply {
     /// backend: its key, entry, table, the VIP it is rewritten to, and the
     /// backend.
     Live(FlowKey, *mut FlowEntry, Table, u32, u16, Backend),
-    /// A closed flow pinned to this backend (a late segment): its entry and
-    /// the VIP address and port.
-    Closed(FlowEntry, u32, u16),
+    /// A closed flow pinned to this backend (a late segment): its slot, its
+    /// VIP's index, and the VIP address and port.
+    Closed(u32, u32, u32, u16),
     /// A SYN-ACK that found only closed flows: they are forgotten (the
     /// backend has started a new handshake on the tuple, which no VIP flow
     /// placed), and the segment passes untouched.
@@ -199,8 +200,8 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
             let key =
                 key_for(client_addr, client_port, v.addr, v.port).with_kind(flow_kind::CLOSED);
             // SAFETY: copied out at once.
-            if let Some(e) = unsafe { FLOWS.get(&key) }.copied() {
-                return Reply::Closed(e, v.addr, v.port);
+            if let Some(e) = unsafe { FLOWS.get(&key) } {
+                return Reply::Closed(e.backend_slot, e.vip_index, v.addr, v.port);
             }
         }
     }
@@ -209,6 +210,28 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
     } else {
         Reply::None
     }
+}
+
+/// The VIP through which the client `seg.dst` had a flow the daemon made an
+/// orphan (its backend removed, its VIP removed, or expired), among the
+/// VIPs the backend `seg.src` serves or served: a backend's segment of such
+/// a flow becomes the client's RST.
+#[inline(always)]
+pub fn find_orphan(seg: &Tcp4, bv: &BackendVips) -> Option<VipAddr> {
+    let mut i = 0;
+    // At most MAX_VIPS_PER_BACKEND (4) lookups, unrolled.
+    while i < MAX_VIPS_PER_BACKEND as usize {
+        if i as u32 >= bv.count {
+            break;
+        }
+        let v = bv.vips[i];
+        // SAFETY: only the presence is read.
+        if unsafe { ORPHANS.get(&key_for(seg.dst_addr, seg.dst_port, v.addr, v.port)) }.is_some() {
+            return Some(v);
+        }
+        i += 1;
+    }
+    None
 }
 
 /// The live flow of client `addr:port` through VIP `v`, when it is pinned

@@ -95,10 +95,12 @@ mod entry {
         /// A segment of a live flow (client -> VIP), established or
         /// half-open.
         Pinned(FlowKey, *mut FlowEntry, lookup::Table),
-        /// A segment to a VIP matching no live flow.
-        Vip(FlowKey, VipInfo),
+        /// A segment to a VIP matching no live flow (its entry in `VIPS`,
+        /// by pointer: a copy would take stack space the entry program
+        /// lacks).
+        Vip(FlowKey, *const VipInfo),
         /// A segment from a backend address and port, with its VIPs.
-        FromBackend(BackendVips),
+        FromBackend(&'static BackendVips),
         /// Anything else.
         NotOurs,
     }
@@ -122,9 +124,8 @@ mod entry {
                 proto: IPPROTO_TCP,
                 _pad: 0,
             };
-            // SAFETY: the value is copied out at once.
-            if let Some(vip) = unsafe { VIPS.get(&vip_key) } {
-                return Target::Vip(key, *vip);
+            if let Some(vip) = VIPS.get_ptr(&vip_key) {
+                return Target::Vip(key, vip);
             }
         }
         if port_listed(&BACKEND_PORTS, seg.src_port) {
@@ -156,8 +157,10 @@ mod entry {
         }
         match target {
             Target::Pinned(key, e, table) => client::pinned(ctx, frame, seg, &key, e, table),
-            Target::Vip(key, vip) => client::unpinned(ctx, frame, seg, &key, &vip),
-            Target::FromBackend(bv) => reply::to_client(ctx, frame, seg, &bv),
+            // SAFETY: a pointer from a successful lookup, valid for the
+            // rest of this run.
+            Target::Vip(key, vip) => client::unpinned(ctx, frame, seg, &key, unsafe { &*vip }),
+            Target::FromBackend(bv) => reply::to_client(ctx, frame, seg, bv),
             Target::NotOurs => pass(Counter::PassNotVip),
         }
     }

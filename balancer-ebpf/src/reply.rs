@@ -3,16 +3,16 @@
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use balancer_common::{
     flow::Direction,
-    parse::{Frame, Tcp4, IPV4_SRC_OFF},
+    parse::{Frame, Tcp4, IPV4_SRC_OFF, TCP_RST},
     BackendVips, Counter,
 };
 
 use crate::{
-    forward::{forward, HopCache},
+    forward::{forward, Dest, HopCache},
     frame::{now_ns, XdpFrame},
-    lookup::{find_reply, Reply},
+    lookup::{find_orphan, find_reply, Reply},
     maps::{BACKEND_STATS, VIP_STATS},
-    rewrite::{nat::Nat, Rewrite},
+    rewrite::{nat::Nat, reset::reset_client, Rewrite},
     stats::{count, traffic},
     track,
 };
@@ -28,12 +28,24 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
             // SAFETY: pointer from a successful lookup.
             let (slot, vip_index) = unsafe { ((*e).backend_slot, (*e).vip_index) };
             // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
-            unsafe { track::track(&key, e, table, &b, Direction::ToClient, seg, now) };
+            unsafe {
+                track::track(
+                    &key,
+                    e,
+                    &b,
+                    seg,
+                    &track::How {
+                        table,
+                        dir: Direction::ToClient,
+                        now,
+                    },
+                )
+            };
             (slot, vip_index, vip_addr, vip_port)
         }
-        Reply::Closed(e, vip_addr, vip_port) => {
+        Reply::Closed(slot, vip_index, vip_addr, vip_port) => {
             count(Counter::ClosedFlowPackets, 1);
-            (e.backend_slot, e.vip_index, vip_addr, vip_port)
+            (slot, vip_index, vip_addr, vip_port)
         }
         Reply::Superseded => {
             count(Counter::ClosedSuperseded, 1);
@@ -41,6 +53,13 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
             return xdp_action::XDP_PASS;
         }
         Reply::None => {
+            // A flow the daemon removed: its client gets the reset now, and
+            // the backend's segment never reaches it un-rewritten.
+            if !seg.has(TCP_RST) {
+                if let Some(v) = find_orphan(seg, bv) {
+                    return reset_client(ctx, frame, seg, v.addr, v.port);
+                }
+            }
             count(Counter::PassNotVip, 1);
             return xdp_action::XDP_PASS;
         }
@@ -57,12 +76,13 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
     });
     forward(
         ctx,
-        frame,
         seg,
         &nat,
-        vip_addr,
-        seg.dst_addr,
-        now,
-        HopCache::Dst,
+        &Dest {
+            src: vip_addr,
+            dst: seg.dst_addr,
+            now,
+            cache: HopCache::Dst,
+        },
     )
 }

@@ -20,6 +20,14 @@ use crate::{
     stats::{backend_failure, count, Failure},
 };
 
+/// Which table a flow is in, which way a segment travels and when: the
+/// rest of [`track`]'s arguments (a BPF function takes at most five).
+pub struct How {
+    pub table: Table,
+    pub dir: Direction,
+    pub now: u64,
+}
+
 /// Applies one segment travelling `dir` to the live flow `key` whose entry
 /// is at `e` in `table`, pinned to backend `b`: stamps it, stores the
 /// sequence numbers, sets its state bits with an atomic OR (so the other
@@ -31,18 +39,15 @@ use crate::{
 /// the backend retransmitting its SYN-ACK to a client that never answers
 /// (a spoofed SYN) does not keep it alive.
 ///
+/// Not inlined: the client side and the reply side both track, and their
+/// inlined copies took stack space the entry program lacks (512 bytes for
+/// the whole call chain).
+///
 /// # Safety
 /// `e` comes from a successful lookup of `key` in `table`.
-#[inline(always)]
-pub unsafe fn track(
-    key: &FlowKey,
-    e: *mut FlowEntry,
-    table: Table,
-    b: &Backend,
-    dir: Direction,
-    seg: &Tcp4,
-    now: u64,
-) {
+#[inline(never)]
+pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp4, how: &How) {
+    let (table, dir, now) = (how.table, how.dir, how.now);
     // SAFETY (every access below): `e` is a flow-table value (the caller's
     // contract); no reference to it is held across the atomic operation.
     let snapshot = unsafe { *e };
@@ -127,6 +132,7 @@ fn served(b: &Backend) {
 pub fn failed(slot: u32, b: &Backend, f: Failure) {
     backend_failure(slot, f);
     atomic::add(&SERVER_FAILS, b.server, 1);
+    count(Counter::ServerFailures, 1);
 }
 
 /// Moves a flow from LIVE to CLOSED and releases its active connection on

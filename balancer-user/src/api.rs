@@ -136,6 +136,21 @@ pub struct BackendPatch {
     pub health: Option<HealthSetting>,
 }
 
+/// One request line: the request and, from the CLI, the moment its sender
+/// stops waiting for the answer. The daemon does not start a request past
+/// that moment (its sender has given up and would report a failure), so a
+/// request that timed out is never applied later.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Envelope {
+    /// Wall-clock deadline, ms since the Unix epoch (sender and daemon run
+    /// on one host). Absent: no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_unix_ms: Option<u64>,
+    /// The request.
+    #[serde(flatten)]
+    pub request: Request,
+}
+
 /// A request to the daemon.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -220,6 +235,11 @@ pub enum Request {
         /// good; the state file is kept).
         #[serde(default)]
         remove_maps: bool,
+        /// The pin directory the sender means: refused when the daemon's is
+        /// another (the sender's socket reaches another daemon than it
+        /// thinks).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pin_dir: Option<std::path::PathBuf>,
     },
 }
 

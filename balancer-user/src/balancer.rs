@@ -35,6 +35,7 @@ use crate::{
     links::{self, Attached, Held},
     maps::{check_pins, Count, Maps, Traffic, PINNED_MAPS},
     netdev,
+    retired::Retired,
     state::{
         check_backend, check_endpoint, check_weight, BackendConfig, State, VipConfig, VipSettings,
     },
@@ -137,6 +138,12 @@ pub struct Balancer {
     attached: Vec<Attachment>,
     /// Where the maps are pinned (and the XDP links, under `links/`).
     pin_dir: Option<PathBuf>,
+    /// Removed VIPs and backends kept for their orphans.
+    retired: Retired,
+    /// The data path's failure counter at the last eligibility poll.
+    last_failures: u64,
+    /// Eligibility polls so far.
+    polls: u64,
 }
 
 impl Balancer {
@@ -238,6 +245,9 @@ impl Balancer {
             settings: Settings::default(),
             attached: Vec::new(),
             pin_dir: opts.pin_dir.clone(),
+            retired: Retired::default(),
+            last_failures: 0,
+            polls: 0,
         })
     }
 
@@ -288,7 +298,9 @@ impl Balancer {
         let link_dir = self.pin_dir.as_deref().map(links::link_dir);
         let prog = program_mut(&mut self.ebpf)?;
         let result = match &link_dir {
-            Some(dir) => links::attach_pinned(prog, interface, mode, &dir.join(interface)),
+            Some(dir) => {
+                links::attach_pinned(prog, interface, mode, &dir.join(links::pin_name(interface)))
+            }
             None => prog
                 .attach(interface, mode)
                 .map(|id| (Held::Owned(id), Attached::New { link_id: 0 }))
@@ -378,6 +390,11 @@ impl Balancer {
         }
     }
 
+    /// Where the maps and links are pinned.
+    pub fn pin_dir(&self) -> Option<&std::path::Path> {
+        self.pin_dir.as_deref()
+    }
+
     /// Names of the interfaces the program is attached to.
     pub fn interfaces(&self) -> Vec<String> {
         self.attached.iter().map(|a| a.name.clone()).collect()
@@ -446,12 +463,19 @@ impl Balancer {
         }
         state.validate()?;
         self.state = state;
+        self.retired.forget_present(&self.state);
+        // Entries no state accounts for (a change the state file never
+        // received) go first, so the maps hold the state file's content.
+        let gone = self.maps.prune(&self.state, &self.retired)?;
+        if gone > 0 {
+            log::warn!("removed {gone} map entries the state file does not hold");
+        }
         self.publish_backends(&addrs)?;
         let vips: Vec<SocketAddrV4> = self.state.vips.keys().copied().collect();
         for v in &vips {
             self.publish_vip(v)?;
         }
-        self.maps.publish_ports(&self.state)
+        self.maps.publish_ports(&self.state, &self.retired)
     }
 
     // ---- VIPs ----
@@ -481,7 +505,10 @@ impl Balancer {
         if self.state.vips.contains_key(&addr) {
             return Err(BalancerError::DuplicateVip { vip: addr });
         }
-        let used: BTreeSet<u32> = self.state.vips.values().map(|v| v.index).collect();
+        // A VIP added back at a removed address takes over its tombstone.
+        self.retired.forget_vip(&addr);
+        let mut used: BTreeSet<u32> = self.state.vips.values().map(|v| v.index).collect();
+        used.extend(self.retired.vip_indexes());
         let index = (0..MAX_VIPS)
             .find(|i| !used.contains(i))
             .ok_or(BalancerError::Full {
@@ -504,7 +531,7 @@ impl Balancer {
             let _ = self.maps.remove_vip(&addr);
             return Err(e);
         }
-        self.maps.publish_ports(&self.state)
+        self.maps.publish_ports(&self.state, &self.retired)
     }
 
     /// Changes the choices of a VIP.
@@ -556,7 +583,7 @@ impl Balancer {
             let _ = self.publish_backends(&backends);
             return Err(e);
         }
-        self.maps.publish_ports(&self.state)
+        self.maps.publish_ports(&self.state, &self.retired)
     }
 
     /// Addresses of the backends of L2 direct-server-return VIPs: the
@@ -580,14 +607,23 @@ impl Balancer {
     /// Unknown VIP, map failure.
     pub fn remove_vip(&mut self, addr: SocketAddrV4) -> Result<()> {
         let v = self.state.vip(&addr)?.clone();
-        self.maps.remove_vip(&addr)?;
+        // A tombstone for the orphan time: its clients' next segments get a
+        // reset, new connections a refusal (crate::retired).
+        self.maps.publish_tombstone(&addr, v.index)?;
+        let now = Instant::now();
+        self.retired.add_vip(addr, v.index, now);
+        if v.settings.mode == crate::state::ForwardingMode::Nat {
+            for b in &v.backends {
+                self.retired.add_backend(b.addr, addr, now);
+            }
+        }
         self.state.vips.remove(&addr);
         self.retire_slots(&v.backends)?;
         let addrs: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
         self.publish_backends(&addrs)?;
         self.state.release_servers();
         self.eligibility.forget_gone(&self.state);
-        self.maps.publish_ports(&self.state)
+        self.maps.publish_ports(&self.state, &self.retired)
     }
 
     /// The VIPs.
@@ -723,6 +759,8 @@ impl Balancer {
                 .vip_mut(&vip)?
                 .backends
                 .extend(added.iter().cloned());
+            // A backend added back to a VIP it left is live again there.
+            self.retired.forget_present(&self.state);
             let v = self.state.vip(&vip)?.clone();
             self.eligibility.start_ramp(&self.state, &v, addrs, now);
             // Before the VIP's list: slots, flags and reply tables of every
@@ -749,7 +787,7 @@ impl Balancer {
             let ips: Vec<std::net::Ipv4Addr> = addrs.iter().map(|a| *a.ip()).collect();
             netdev::resolve_neighbours(&ips);
         }
-        self.maps.publish_ports(&self.state)
+        self.maps.publish_ports(&self.state, &self.retired)
     }
 
     /// Changes a backend's weight or health check: all of the patch, or
@@ -843,11 +881,14 @@ impl Balancer {
             self.state.vip_mut(&vip)?.backends.push(b);
             return Err(e);
         }
+        if self.state.vip(&vip)?.settings.mode == crate::state::ForwardingMode::Nat {
+            self.retired.add_backend(addr, vip, Instant::now());
+        }
         self.retire_slots(std::slice::from_ref(&b))?;
         self.publish_backends(&[addr])?;
         self.state.release_servers();
         self.eligibility.forget_gone(&self.state);
-        self.maps.publish_ports(&self.state)
+        self.maps.publish_ports(&self.state, &self.retired)
     }
 
     /// Backends with their counters (of one VIP, or all).
@@ -973,10 +1014,28 @@ impl Balancer {
     /// Map failure.
     pub fn poll_eligibility(&mut self) -> Result<Vec<String>> {
         let now = Instant::now();
+        // A server's failure streak only grows when the data path counts a
+        // failure: without one since the last poll no streak can have
+        // crossed its threshold, and the per-server reads are skipped
+        // (they were most of an idle daemon's work with thousands of
+        // backends); every tenth poll reads them anyway (a threshold
+        // lowered by `vip set`).
+        let failures = self
+            .maps
+            .counter(balancer_common::Counter::ServerFailures)?;
+        self.polls = self.polls.wrapping_add(1);
+        let scan = failures != self.last_failures || self.polls.is_multiple_of(10);
+        self.last_failures = failures;
         let maps = &self.maps;
         let ch = self.eligibility.poll_ejections(
             &self.state,
-            |s| maps.server_fails(s).unwrap_or(0),
+            |s| {
+                if scan {
+                    maps.server_fails(s).unwrap_or(0)
+                } else {
+                    0
+                }
+            },
             now,
         );
         let msgs = self.apply(ch)?;
@@ -1013,7 +1072,18 @@ impl Balancer {
     /// # Errors
     /// Map read or write failure.
     pub fn expire_and_reconcile(&mut self, timeouts: &Timeouts) -> Result<GcReport> {
-        self.gc.pass(&mut self.maps, &self.state, timeouts)
+        let report = self.gc.pass(&mut self.maps, &self.state, timeouts)?;
+        let (vips, backends) = self.retired.expire(timeouts.orphan, Instant::now());
+        for v in &vips {
+            self.maps.remove_vip(v)?;
+        }
+        if !backends.is_empty() {
+            self.publish_backends(&backends)?;
+        }
+        if !vips.is_empty() || !backends.is_empty() {
+            self.maps.publish_ports(&self.state, &self.retired)?;
+        }
+        Ok(report)
     }
 
     // ---- internals ----
@@ -1065,7 +1135,7 @@ impl Balancer {
             })
             .collect();
         self.maps
-            .publish_backend_index(&self.state, addrs, |b| weights[&b.slot])
+            .publish_backend_index(&self.state, addrs, |b| weights[&b.slot], &self.retired)
     }
 }
 

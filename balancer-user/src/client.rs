@@ -9,7 +9,7 @@ use tokio::{
 };
 
 use crate::{
-    api::{Request, Response},
+    api::{Envelope, Request, Response},
     control::BUSY,
 };
 
@@ -48,10 +48,18 @@ pub async fn call_with_timeout(
     req: &Request,
     timeout: Duration,
 ) -> anyhow::Result<Response> {
+    let deadline = std::time::SystemTime::now() + timeout;
+    let env = Envelope {
+        deadline_unix_ms: deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as u64),
+        request: req.clone(),
+    };
     let attempt = async {
         let mut pause = Duration::from_millis(20);
         loop {
-            match call_once(socket, req).await? {
+            match call_once(socket, &env).await? {
                 Response::Error { message } if message == BUSY => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
@@ -63,14 +71,16 @@ pub async fn call_with_timeout(
     match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
         Err(_) => bail!(
-            "the daemon on {} did not answer within {} (stopped, or stuck); see its log",
+            "the daemon on {} did not answer within {} (stopped, or stuck; see its log). It \
+             does not start a request after that time, so a change sent was not applied \
+             unless it was already under way",
             socket.display(),
             humantime::format_duration(timeout)
         ),
     }
 }
 
-async fn call_once(socket: &Path, req: &Request) -> anyhow::Result<Response> {
+async fn call_once(socket: &Path, req: &Envelope) -> anyhow::Result<Response> {
     let stream = match UnixStream::connect(socket).await {
         Ok(s) => s,
         Err(e)

@@ -18,17 +18,24 @@ use tokio::{
 };
 
 use crate::{
-    api::{Request, Response, MAX_FLOWS_LISTED},
+    api::{Envelope, Request, Response, MAX_FLOWS_LISTED},
     balancer::Balancer,
     state::write_state,
 };
 
-/// Longest request line accepted, bytes (16,384 backends in one request fit).
-pub const MAX_REQUEST: usize = 4 << 20;
+/// Longest request line accepted, bytes (16,384 backends in one request
+/// take about 400 KB).
+pub const MAX_REQUEST: usize = 1 << 20;
 /// How long a client may take to send its request line.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take to read the answer.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once (with [`MAX_REQUEST`], at most 64 MiB of
+/// request buffers).
+pub const MAX_CONNECTIONS: usize = 64;
+/// A request is started only if its sender will wait at least this much
+/// longer for the answer.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 /// The answer given to connections beyond [`MAX_CONNECTIONS`].
 pub const BUSY: &str = "busy: the daemon is serving its maximum of control connections";
 /// Longest pause after repeated accept errors.
@@ -152,11 +159,26 @@ async fn serve(stream: UnixStream, shared: &Shared) -> anyhow::Result<()> {
             Ok(Ok(_)) if line.len() >= MAX_REQUEST && !line.ends_with(b"\n") => Response::Error {
                 message: format!("request longer than {MAX_REQUEST} bytes"),
             },
-            Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
-                Ok(req) => {
-                    stop_after = matches!(req, Request::Detach { .. });
+            Ok(Ok(_)) => match serde_json::from_slice::<Envelope>(&line) {
+                Ok(env) => {
+                    let req = env.request;
                     let mut lb = shared.lb.lock().await;
-                    handle(&mut lb, req, &shared.state_file)
+                    // Checked once the lock is held: the request starts now.
+                    if past_deadline(env.deadline_unix_ms) {
+                        log::warn!(
+                            "control: a request arrived after its sender's deadline; not \
+                             applied ({:?})",
+                            req_name(&req)
+                        );
+                        Response::Error {
+                            message: "the request reached the daemon after its deadline; not \
+                                      applied"
+                                .into(),
+                        }
+                    } else {
+                        stop_after = matches!(req, Request::Detach { .. });
+                        handle(&mut lb, req, &shared.state_file)
+                    }
                 }
                 Err(e) => Response::Error {
                     message: format!("bad request: {e}"),
@@ -169,12 +191,37 @@ async fn serve(stream: UnixStream, shared: &Shared) -> anyhow::Result<()> {
     }
     let mut out = serde_json::to_string(&resp)?;
     out.push('\n');
-    w.write_all(out.as_bytes()).await?;
+    // A client that does not read its answer gives up its slot.
+    tokio::time::timeout(ANSWER_TIMEOUT, w.write_all(out.as_bytes()))
+        .await
+        .map_err(|_| anyhow::anyhow!("the client did not read its answer"))??;
     Ok(())
 }
 
-/// Applies one request. Changes are persisted to `state_file`; a change that
-/// cannot be persisted is reported as an error (the maps already hold it).
+/// `true` when a deadline (ms since the Unix epoch) leaves less than
+/// [`DEADLINE_MARGIN`].
+fn past_deadline(deadline_unix_ms: Option<u64>) -> bool {
+    let Some(d) = deadline_unix_ms else {
+        return false;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_millis() as u64);
+    now + DEADLINE_MARGIN.as_millis() as u64 > d
+}
+
+/// The operation's name, for the log.
+fn req_name(r: &Request) -> String {
+    serde_json::to_value(r)
+        .ok()
+        .and_then(|v| v.get("op").and_then(|o| o.as_str()).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Applies one request. A change is persisted to `state_file`; a change
+/// that cannot be persisted is rolled back (the maps return to the state
+/// before it) and reported as not applied, so the maps never hold what the
+/// state file does not.
 pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
     let changes = !matches!(
         req,
@@ -184,6 +231,7 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             | Request::Flows { .. }
             | Request::Detach { .. }
     );
+    let before = changes.then(|| lb.state().clone());
     let result = match req {
         Request::AddVip { vip, settings } => lb.add_vip_with(vip, settings).map(|_| Response::Ok),
         Request::SetVip { vip, patch } => lb.set_vip(vip, &patch).map(|_| Response::Ok),
@@ -220,7 +268,19 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED));
             Ok(Response::Flows { flows, truncated })
         }
-        Request::Detach { remove_maps } => {
+        Request::Detach {
+            pin_dir: Some(p), ..
+        } if lb.pin_dir() != Some(p.as_path()) => Err(crate::error::BalancerError::Invalid {
+            what: "pin directory",
+            reason: format!(
+                "this daemon's pin directory is {}, not {}: nothing detached (check \
+                     --socket)",
+                lb.pin_dir()
+                    .map_or("none".into(), |d| d.display().to_string()),
+                p.display()
+            ),
+        }),
+        Request::Detach { remove_maps, .. } => {
             let interfaces = lb.interfaces();
             lb.detach_all().and_then(|_| {
                 let removed = if remove_maps {
@@ -237,10 +297,22 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
     };
     match result {
         Ok(r) => {
-            if changes {
+            if let Some(before) = before {
                 if let Err(e) = write_state(state_file, lb.state()) {
+                    let undone = match lb.restore(before) {
+                        Ok(()) => "the change was rolled back".to_string(),
+                        Err(r) => format!(
+                            "rolling the change back failed too ({}); restart the daemon to \
+                             return to the state file",
+                            error_chain(&r)
+                        ),
+                    };
+                    log::warn!("persisting the state failed: {}; {undone}", error_chain(&e));
                     return Response::Error {
-                        message: format!("applied, but persisting the state failed: {e}"),
+                        message: format!(
+                            "not applied: persisting the state failed: {}; {undone}",
+                            error_chain(&e)
+                        ),
                     };
                 }
             }

@@ -23,7 +23,7 @@ use crate::{
     links::{self, Attached},
     maps::{check_pins, present_pins},
     preflight,
-    state::read_state,
+    state::{read_state, write_state},
 };
 
 pub use control::{error_chain, handle};
@@ -102,7 +102,21 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
         bail!("interface {dup} given twice");
     }
-    // --- Refusals: nothing below writes a map, a pin or a file of anyone's.
+    log::info!(
+        "starting on {} (pins {}, state {})",
+        cfg.interfaces.join(", "),
+        cfg.load
+            .pin_dir
+            .as_deref()
+            .map_or("none".into(), |d| d.display().to_string()),
+        cfg.state_file.display()
+    );
+    // Signals are handled from here on: a SIGTERM during a long start
+    // (large tables) stops the daemon once the start is complete, cleanly.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+
+    // --- Refusals, reading only.
     preflight::check_privileges()?;
     let state = read_state(&cfg.state_file)?;
     if let Some(s) = &state {
@@ -110,17 +124,31 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     preflight::check_state_file(&cfg.state_file)?;
     let socket = preflight::check_socket(&cfg.socket)?;
-    let _state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
-    // Undoes what this start created if it does not get to serve.
+    let pin_dir_plan = match &cfg.load.pin_dir {
+        Some(dir) => Some(preflight::check_pin_dir(dir)?),
+        None => None,
+    };
+    let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
+    for iface in &cfg.interfaces {
+        let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
+        log::debug!("{iface}: {plan:?}");
+    }
+
+    // --- Directories and locks (undone if anything below refuses).
     let mut undo = Undo::default();
+    undo.created_dirs = preflight::create_dirs(crate::state::dir_of(&cfg.state_file))?;
+    let lock_existed = preflight::lock_path(&cfg.state_file).exists();
+    let _state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
+    if !lock_existed {
+        undo.created_files
+            .push(preflight::lock_path(&cfg.state_file));
+    }
     let mut pin_lock = None;
     if let Some(dir) = &cfg.load.pin_dir {
-        ensure_bpffs()?;
-        if !dir.exists() {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("creating the pin directory {}", dir.display()))?;
-            undo.created_dir = Some(dir.clone());
+        if pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) {
+            ensure_bpffs()?;
         }
+        undo.created_pin_dirs = preflight::create_dirs(dir)?;
         pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
         let maps_were_pinned = !present_pins(dir).is_empty();
         if maps_were_pinned && !cfg.fresh {
@@ -155,14 +183,19 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             undo.new_map_pins = Some(dir.clone());
         }
     }
-    let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
-    for iface in &cfg.interfaces {
-        let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
-        log::debug!("{iface}: {plan:?}");
-    }
     raise_fd_limit();
 
     // --- Changes.
+    if let Some(dir) = cfg.socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        undo.created_dirs.extend(preflight::create_dirs(dir)?);
+    }
+    if socket == preflight::SocketPath::Stale {
+        std::fs::remove_file(&cfg.socket)
+            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
+    }
+    let listener = bind_socket(&cfg.socket)?;
+    let socket_guard = RemoveOnDrop(cfg.socket.clone());
+    // Only now, with the socket ours: --fresh discards the pinned maps.
     if let Some(dir) = undo.fresh.take() {
         let removed = crate::maps::remove_pins(dir.as_path())?;
         log::warn!(
@@ -173,18 +206,16 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         );
         undo.new_map_pins = Some(dir);
     }
-    if socket == preflight::SocketPath::Stale {
-        std::fs::remove_file(&cfg.socket)
-            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
-    }
-    let listener = bind_socket(&cfg.socket)?;
-    let socket_guard = RemoveOnDrop(cfg.socket.clone());
     let lb = start_data_path(&cfg, state)?;
+    if !cfg.state_file.exists() {
+        // The next start then finds the state that goes with the pins.
+        write_state(&cfg.state_file, lb.state()).context("writing the first state file")?;
+    }
     undo.disarm();
     if let Some(dir) = &link_dir {
         for stale in links::pinned_interfaces(dir)? {
             if !cfg.interfaces.contains(&stale) {
-                links::unpin(&dir.join(&stale))?;
+                links::unpin(&dir.join(links::pin_name(&stale)))?;
                 log::info!("detached from {stale}: not among the interfaces of this run");
             }
         }
@@ -299,9 +330,8 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             stop: stop.clone(),
         }),
     ));
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let detached = tokio::select! {
-        _ = tokio::signal::ctrl_c() => false,
+        _ = sigint.recv() => false,
         _ = sigterm.recv() => false,
         _ = stop.notified() => true,
     };
@@ -390,8 +420,13 @@ fn raise_fd_limit() {
 /// the start succeeded ([`Undo::disarm`]).
 #[derive(Default)]
 struct Undo {
-    /// The pin directory did not exist: remove it with all in it.
-    created_dir: Option<PathBuf>,
+    /// Directories it created for the state file and the socket (removed
+    /// when empty, innermost first).
+    created_dirs: Vec<PathBuf>,
+    /// Files it created (the state file's lock).
+    created_files: Vec<PathBuf>,
+    /// Directories it created for the pins (removed with what they hold).
+    created_pin_dirs: Vec<PathBuf>,
     /// The map pins in this directory are this start's: remove them.
     new_map_pins: Option<PathBuf>,
     /// `--fresh` is to remove the existing map pins (a step, not an undo).
@@ -402,7 +437,9 @@ impl Undo {
     /// The start succeeded: keep everything. (Fields are cleared one by
     /// one: assigning a new `Undo` would drop, and so run, the old one.)
     fn disarm(&mut self) {
-        self.created_dir = None;
+        self.created_dirs.clear();
+        self.created_files.clear();
+        self.created_pin_dirs.clear();
         self.new_map_pins = None;
         self.fresh = None;
     }
@@ -413,8 +450,12 @@ impl Drop for Undo {
         if let Some(dir) = &self.new_map_pins {
             let _ = crate::maps::remove_pins(dir);
         }
-        if let Some(dir) = &self.created_dir {
-            let _ = std::fs::remove_dir_all(dir);
+        preflight::remove_created(&self.created_pin_dirs);
+        for f in &self.created_files {
+            let _ = std::fs::remove_file(f);
+        }
+        for d in self.created_dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
         }
     }
 }
@@ -429,9 +470,6 @@ impl Drop for RemoveOnDrop {
 }
 
 fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 600 {}", path.display()))?;

@@ -43,16 +43,16 @@ pub struct DecapOptions {
 pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) -> Result<Attached> {
     let ifindex = netdev::ifindex(iface)?;
     netdev::mac(iface)?;
-    let link_pin = links::link_dir(pin_dir).join(iface);
+    let link_pin = links::link_dir(pin_dir).join(links::pin_name(iface));
     if let Some(now) = netdev::xdp_attached(ifindex)? {
         let ours = links::pinned_link(&link_pin)?;
         if ours.map(|l| l.program_id) != Some(now.program_id) {
             return Err(BalancerError::Invalid {
                 what: "interface",
                 reason: format!(
-                    "{iface} already carries {}; remove it first (`ip link set dev {iface} \
-                     xdp off`) or choose another interface",
-                    links::describe_program(now.program_id, now.mode)
+                    "{iface} already carries {}; {}, or choose another interface",
+                    links::describe_program(now.program_id, now.mode),
+                    links::removal_hint(iface, now.program_id)
                 ),
             });
         }
@@ -112,7 +112,7 @@ pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) ->
 /// # Errors
 /// The pin cannot be removed.
 pub fn detach(iface: &str, pin_dir: &Path) -> Result<bool> {
-    let pin = links::link_dir(pin_dir).join(iface);
+    let pin = links::link_dir(pin_dir).join(links::pin_name(iface));
     let was = pin.exists();
     links::unpin(&pin)?;
     Ok(was)

@@ -250,12 +250,18 @@ impl Eligibility {
         now: Instant,
     ) -> Changes {
         let mut ch = Changes::default();
+        // Each server's VIPs, gathered once (not per server: with thousands
+        // of backends that search was most of an idle daemon's CPU).
+        let mut by_addr: BTreeMap<SocketAddrV4, Vec<&VipConfig>> = BTreeMap::new();
+        for v in state.vips.values() {
+            for b in &v.backends {
+                by_addr.entry(b.addr).or_default().push(v);
+            }
+        }
         for (addr, server) in &state.servers {
-            let vips: Vec<&VipConfig> = state
-                .vips
-                .values()
-                .filter(|v| v.backends.iter().any(|b| b.addr == *addr))
-                .collect();
+            let Some(vips) = by_addr.get(addr) else {
+                continue;
+            };
             let threshold = vips
                 .iter()
                 .map(|v| v.settings.eject_after)

@@ -22,6 +22,7 @@ pub mod links;
 pub mod maps;
 pub mod netdev;
 pub mod preflight;
+pub mod retired;
 pub mod state;
 pub mod telemetry;
 

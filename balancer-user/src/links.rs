@@ -27,6 +27,18 @@ use crate::{
     netdev,
 };
 
+/// The pin's name of interface `iface`: bpffs refuses names with a '.'
+/// (VLAN interfaces like `eth0.100` have one), and interface names never
+/// hold a ':', so each '.' becomes a ':'.
+pub fn pin_name(iface: &str) -> String {
+    iface.replace('.', ":")
+}
+
+/// The interface of pin name `name` (the inverse of [`pin_name`]).
+pub fn iface_of_pin(name: &str) -> String {
+    name.replace(':', ".")
+}
+
 /// Directory of the link pins under a pin directory.
 pub fn link_dir(pin_dir: &Path) -> PathBuf {
     pin_dir.join("links")
@@ -76,6 +88,7 @@ pub fn pinned_interfaces(dir: &Path) -> Result<Vec<String>> {
     let mut names: Vec<String> = rd
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
+        .map(|n| iface_of_pin(&n))
         .collect();
     names.sort();
     Ok(names)
@@ -249,9 +262,16 @@ pub fn explain_attach_error(
                 .and_then(|i| netdev::xdp_attached(i).ok().flatten())
                 .map(|a| describe_program(a.program_id, a.mode))
                 .unwrap_or_else(|| "another XDP program".into());
+            let hint = netdev::ifindex(interface)
+                .ok()
+                .and_then(|i| netdev::xdp_attached(i).ok().flatten())
+                .map(|a| removal_hint(interface, a.program_id))
+                .unwrap_or_else(|| {
+                    format!("remove it first (`ip link set dev {interface} xdp off`)")
+                });
             format!(
-                "attaching XDP to {interface}: the interface already carries {who}; \
-                 remove it first (`ip link set dev {interface} xdp off`) or choose another interface"
+                "attaching XDP to {interface}: the interface already carries {who}; {hint}, or \
+                 choose another interface"
             )
         }
         Some(libc::ERANGE) => {
@@ -271,6 +291,29 @@ pub fn explain_attach_error(
         _ => format!("attaching XDP to interface {interface} in {mode_name} mode"),
     };
     BalancerError::Program { action, source }
+}
+
+/// The BPF link through which program `program_id` is attached, if it is
+/// attached through one (rather than through netlink).
+pub fn link_of_program(program_id: u32) -> Option<u32> {
+    aya::programs::loaded_links()
+        .flatten()
+        .find(|l| l.program_id() == program_id)
+        .map(|l| l.id())
+}
+
+/// How an operator removes a foreign XDP program from `iface`: through its
+/// BPF link when it has one (`ip link set ... xdp off` cannot end a link),
+/// through netlink otherwise.
+pub fn removal_hint(iface: &str, program_id: u32) -> String {
+    match link_of_program(program_id) {
+        Some(link) => format!(
+            "it is attached through BPF link id {link}, which ends when its owner detaches it \
+             (for a balancer: `balancer detach --pin-dir` with its pin directory) or with \
+             `bpftool link detach id {link}`"
+        ),
+        None => format!("remove it first (`ip link set dev {iface} xdp off`)"),
+    }
 }
 
 /// "XDP program id N (name NAME) in MODE mode".

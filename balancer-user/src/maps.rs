@@ -17,12 +17,13 @@ use balancer_common::{
     netmask_be, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
     ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, Settings,
     TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED,
-    COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
-    VIP_F_FALLBACK,
+    BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND,
+    PORT_BITMAP_WORDS, VIP_F_FALLBACK, VIP_F_REMOVED,
 };
 
 use crate::{
     error::{BalancerError, Result},
+    retired::Retired,
     state::{BackendConfig, ForwardingMode, State, VipConfig, VipSettings},
 };
 
@@ -83,6 +84,23 @@ pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
 pub fn persistence_seconds(d: std::time::Duration) -> u32 {
     let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
     s.min(u64::from(u32::MAX)) as u32
+}
+
+/// Removes the keys of `map` that `keep` refuses; returns how many went.
+fn remove_keys<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    keep: impl Fn(&K) -> bool,
+    name: &'static str,
+) -> Result<usize> {
+    let stale: Vec<K> = map
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| !keep(k))
+        .collect();
+    for k in &stale {
+        ignore_missing(map.remove(k)).map_err(map_err(name, "remove"))?;
+    }
+    Ok(stale.len())
 }
 
 /// Network-byte-order address as the maps hold it.
@@ -399,6 +417,18 @@ impl Maps {
             .collect())
     }
 
+    /// One global counter, summed over CPUs.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn counter(&self, c: balancer_common::Counter) -> Result<u64> {
+        let per_cpu = self
+            .stats
+            .get(&0, 0)
+            .map_err(map_err(map_names::STATS, "read"))?;
+        Ok(per_cpu.iter().map(|g| g.counters[c as usize]).sum())
+    }
+
     fn traffic_map(&self, which: Traffic) -> (&PerCpuArray<MapData, TrafficStats>, &'static str) {
         match which {
             Traffic::Vip => (&self.vip_stats, map_names::VIP_STATS),
@@ -598,16 +628,26 @@ impl Maps {
         state: &State,
         addrs: &[SocketAddrV4],
         weight: impl Fn(&BackendConfig) -> u32,
+        retired: &Retired,
     ) -> Result<()> {
         let uses = state.backend_uses();
         for a in addrs {
             let Some(u) = uses.get(a) else {
-                ignore_missing(self.backend_vips.remove(&backend_key(a)))
-                    .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
+                // Gone: its entry stays while it has orphans to reset.
+                let left = retired.vips_of(a);
+                if left.is_empty() {
+                    ignore_missing(self.backend_vips.remove(&backend_key(a)))
+                        .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
+                } else {
+                    self.write_backend_vips(a, &left)?;
+                }
                 continue;
             };
-            // Replies come back through the balancer from NAT VIPs only.
+            // Replies come back through the balancer from NAT VIPs only (and
+            // the VIPs it left keep its orphans' resets).
             let nat = u.nat_vips();
+            let mut listed = nat.clone();
+            listed.extend(retired.vips_of(a).into_iter().filter(|v| !nat.contains(v)));
             let shared = nat.len() > 1;
             let server = state.server(a).ok_or_else(|| BalancerError::Invalid {
                 what: "state",
@@ -617,25 +657,12 @@ impl Maps {
                 let shared = shared && vs.mode == ForwardingMode::Nat;
                 self.write_backend(b, server, shared, weight(b), vs)?;
             }
-            if nat.is_empty() {
+            if listed.is_empty() {
                 ignore_missing(self.backend_vips.remove(&backend_key(a)))
                     .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
                 continue;
             }
-            let mut v = BackendVips {
-                count: nat.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
-                ..Default::default()
-            };
-            for (slot, vip) in v.vips.iter_mut().zip(&nat) {
-                *slot = VipAddr {
-                    addr: ip_be(vip.ip()),
-                    port: vip.port().to_be(),
-                    _pad: 0,
-                };
-            }
-            self.backend_vips
-                .insert(backend_key(a), v, 0)
-                .map_err(map_err(map_names::BACKEND_VIPS, "write"))?;
+            self.write_backend_vips(a, &listed)?;
         }
         let hosts = state.backend_hosts();
         let ips: BTreeSet<Ipv4Addr> = addrs.iter().map(|a| *a.ip()).collect();
@@ -656,6 +683,89 @@ impl Maps {
             }
         }
         Ok(())
+    }
+
+    /// Writes the reply-table entry of backend `a`: the VIPs (at most
+    /// `MAX_VIPS_PER_BACKEND`, the first ones) a segment from it may
+    /// belong to.
+    fn write_backend_vips(&mut self, a: &SocketAddrV4, vips: &[SocketAddrV4]) -> Result<()> {
+        let mut v = BackendVips {
+            count: vips.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
+            ..Default::default()
+        };
+        for (slot, vip) in v.vips.iter_mut().zip(vips) {
+            *slot = VipAddr {
+                addr: ip_be(vip.ip()),
+                port: vip.port().to_be(),
+                _pad: 0,
+            };
+        }
+        self.backend_vips
+            .insert(backend_key(a), v, 0)
+            .map_err(map_err(map_names::BACKEND_VIPS, "write"))
+    }
+
+    /// Replaces a VIP's entry by a tombstone (`VIP_F_REMOVED`): its
+    /// orphans get resets, new connections a refusal ([`crate::retired`]).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn publish_tombstone(&mut self, addr: &SocketAddrV4, index: u32) -> Result<()> {
+        self.vips
+            .insert(
+                vip_key(addr),
+                VipInfo {
+                    index,
+                    flags: VIP_F_REMOVED,
+                    ..VipInfo::default()
+                },
+                0,
+            )
+            .map_err(map_err(map_names::VIPS, "write"))
+    }
+
+    /// Removes every map entry `state` and `retired` do not account for:
+    /// VIPs, backend slots, reply-table and hairpin entries left by a
+    /// change that was not persisted (a crash between the two, a failed
+    /// state write), so the maps hold exactly the state file's content.
+    /// Returns how many entries went.
+    ///
+    /// # Errors
+    /// Map failure.
+    pub fn prune(&mut self, state: &State, retired: &Retired) -> Result<usize> {
+        let mut gone = 0;
+        let mut vips: Vec<VipKey> = state.vips.keys().map(vip_key).collect();
+        vips.extend(retired.vips().map(|(v, _)| vip_key(&v)));
+        gone += remove_keys(&mut self.vips, |k| vips.contains(k), map_names::VIPS)?;
+        let slots = state.slots();
+        for slot in 0..BACKEND_SLOTS {
+            let Ok(b) = self.backends.get(&slot, 0) else {
+                continue;
+            };
+            if b.flags & BACKEND_F_IN_USE != 0 && slots.get(&slot) != Some(&b.generation) {
+                self.clear_backend(slot)?;
+                gone += 1;
+            }
+        }
+        let uses = state.backend_uses();
+        let mut keep: Vec<BackendKey> = uses
+            .iter()
+            .filter(|(_, u)| !u.nat_vips().is_empty())
+            .map(|(a, _)| backend_key(a))
+            .collect();
+        keep.extend(retired.backends().map(|a| backend_key(&a)));
+        gone += remove_keys(
+            &mut self.backend_vips,
+            |k| keep.contains(k),
+            map_names::BACKEND_VIPS,
+        )?;
+        let hosts: BTreeSet<u32> = state.backend_hosts().keys().map(ip_be).collect();
+        gone += remove_keys(
+            &mut self.backend_hosts,
+            |k| hosts.contains(k),
+            map_names::BACKEND_HOSTS,
+        )?;
+        Ok(gone)
     }
 
     // ---- VIPs ----
@@ -708,7 +818,7 @@ impl Maps {
     ///
     /// # Errors
     /// Map write failure.
-    pub fn publish_ports(&mut self, state: &State) -> Result<()> {
+    pub fn publish_ports(&mut self, state: &State, retired: &Retired) -> Result<()> {
         let words = PORT_BITMAP_WORDS as usize;
         let mut want = [vec![0u64; words], vec![0u64; words], vec![0u64; words]];
         let mut set = |which: usize, key: u16| {
@@ -724,6 +834,14 @@ impl Maps {
                     set(1, b.addr.port());
                 }
             }
+        }
+        // What was removed stays visible for its orphans.
+        for (v, _) in retired.vips() {
+            set(0, v.port());
+            set(2, u32::from(*v.ip()) as u16);
+        }
+        for b in retired.backends() {
+            set(1, b.port());
         }
         for (which, name) in [
             (0, map_names::VIP_PORTS),

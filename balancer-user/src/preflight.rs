@@ -19,6 +19,11 @@ use aya::programs::XdpMode;
 
 use crate::{links, netdev};
 
+/// `statfs` magic of bpffs (linux/magic.h).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// Longest unix socket path (`sun_path` holds 108 bytes with the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 /// Capability numbers (linux/capability.h).
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
@@ -71,6 +76,109 @@ impl Lock {
     }
 }
 
+/// The nearest existing ancestor of `p` (`p` itself when it exists).
+fn existing_ancestor(p: &Path) -> PathBuf {
+    let mut cur = p.to_path_buf();
+    while !cur.exists() {
+        match cur.parent() {
+            Some(par) if !par.as_os_str().is_empty() => cur = par.to_path_buf(),
+            _ => return PathBuf::from("."),
+        }
+    }
+    cur
+}
+
+fn is_bpffs(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs into a zeroed struct with a valid C string.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
+/// What the pin directory needs.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PinDir {
+    /// It is, or will be created, on a mounted bpffs.
+    OnBpffs,
+    /// It lies under /sys/fs/bpf, where no bpffs is mounted yet: the
+    /// daemon mounts one there.
+    MountSysFsBpf,
+}
+
+/// Checks that `dir` is (or can be created) on a bpffs and that the
+/// directories to create have names bpffs accepts (no '.').
+///
+/// # Errors
+/// Not on a bpffs (and not under /sys/fs/bpf), or a name with a dot.
+pub fn check_pin_dir(dir: &Path) -> anyhow::Result<PinDir> {
+    let base = existing_ancestor(dir);
+    let missing = dir.strip_prefix(&base).unwrap_or(Path::new(""));
+    if let Some(c) = missing
+        .components()
+        .find(|c| c.as_os_str().to_string_lossy().contains('.'))
+    {
+        bail!(
+            "the pin directory {} would need a directory {:?} on bpffs, which does not accept \
+             names with a '.'; choose another --pin-dir",
+            dir.display(),
+            c.as_os_str()
+        );
+    }
+    if is_bpffs(&base) {
+        return Ok(PinDir::OnBpffs);
+    }
+    if dir.starts_with("/sys/fs/bpf") && base == Path::new("/sys/fs/bpf") {
+        return Ok(PinDir::MountSysFsBpf);
+    }
+    bail!(
+        "the pin directory {} is not on a bpffs ({} is not one): mount one (`mount -t bpf bpf \
+         DIR`) or choose a --pin-dir under /sys/fs/bpf",
+        dir.display(),
+        base.display()
+    )
+}
+
+/// Creates the missing directories of `dir` one at a time and returns
+/// those this call created, outermost first (a directory another process
+/// created meanwhile is not counted as ours).
+///
+/// # Errors
+/// A directory cannot be created.
+pub fn create_dirs(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let base = existing_ancestor(dir);
+    let missing = dir
+        .strip_prefix(&base)
+        .unwrap_or(Path::new(""))
+        .to_path_buf();
+    let mut created = Vec::new();
+    let mut cur = base;
+    for c in missing.components() {
+        cur.push(c);
+        match std::fs::create_dir(&cur) {
+            Ok(()) => created.push(cur.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                remove_created(&created);
+                return Err(e).with_context(|| format!("creating {}", cur.display()));
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// Removes directories [`create_dirs`] created, innermost first, with all
+/// they hold (they were this start's).
+pub fn remove_created(dirs: &[PathBuf]) {
+    for d in dirs.iter().rev() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 /// Takes an exclusive lock on directory `dir` (a pin directory on bpffs,
 /// which holds only pins, so the lock is on the directory itself).
 ///
@@ -89,19 +197,26 @@ pub fn lock_dir(dir: &Path, what: &str) -> anyhow::Result<Lock> {
 /// # Errors
 /// Another process holds it, or the lock file cannot be created.
 pub fn lock_beside(file: &Path, what: &str) -> anyhow::Result<Lock> {
-    let mut name = file.as_os_str().to_owned();
-    name.push(".lock");
-    let path = PathBuf::from(name);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
+    let path = lock_path(file);
+    let existed = path.exists();
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
         .with_context(|| format!("opening the lock file {}", path.display()))?;
-    lock(f, &path, what, file)
+    lock(f, &path, what, file).inspect_err(|_| {
+        if !existed {
+            let _ = std::fs::remove_file(&path);
+        }
+    })
+}
+
+/// The lock file of `file`: `{file}.lock`.
+pub fn lock_path(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
 }
 
 fn lock(file: File, path: &Path, what: &str, named: &Path) -> anyhow::Result<Lock> {
@@ -162,6 +277,13 @@ pub enum SocketPath {
 /// A daemon listens there, or the path holds something that is not a
 /// socket (it is never removed).
 pub fn check_socket(path: &Path) -> anyhow::Result<SocketPath> {
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        bail!(
+            "the socket path {} is {} bytes long; unix sockets take at most {MAX_SOCKET_PATH}",
+            path.display(),
+            path.as_os_str().len()
+        );
+    }
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SocketPath::Free),
@@ -194,11 +316,25 @@ pub fn check_state_file(path: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = crate::state::dir_of(path);
+    if !dir.exists() {
+        // Created later, once nothing refuses: its nearest existing
+        // ancestor must take a directory.
+        let base = existing_ancestor(dir);
+        use std::os::unix::ffi::OsStrExt as _;
+        let c = std::ffi::CString::new(base.as_os_str().as_bytes())?;
+        // SAFETY: access() with a valid C string.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            return Err(std::io::Error::last_os_error()).with_context(|| {
+                format!(
+                    "the state file {} needs its directory created in {}",
+                    path.display(),
+                    base.display()
+                )
+            });
+        }
+        return Ok(());
+    }
     // A unique name, removed on drop: nothing of anyone else's is touched.
     tempfile::NamedTempFile::new_in(dir).with_context(|| {
         format!(
@@ -247,7 +383,7 @@ pub fn check_interface(
         return Ok(InterfacePlan::Attach);
     };
     let ours = match link_dir {
-        Some(dir) => links::pinned_link(&dir.join(name))?,
+        Some(dir) => links::pinned_link(&dir.join(links::pin_name(name)))?,
         None => None,
     };
     match ours {
@@ -267,10 +403,10 @@ pub fn check_interface(
             })
         }
         _ => bail!(
-            "{name} already carries {}, not attached by this balancer's pin directory; \
-             remove it first (`ip link set dev {name} xdp off`, or `balancer detach` with the \
-             --pin-dir that attached it) or choose another interface",
-            links::describe_program(now.program_id, now.mode)
+            "{name} already carries {}, not attached through this pin directory; {}, or choose \
+             another interface",
+            links::describe_program(now.program_id, now.mode),
+            links::removal_hint(name, now.program_id)
         ),
     }
 }

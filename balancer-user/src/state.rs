@@ -711,6 +711,15 @@ pub fn read_state(path: &Path) -> Result<Option<State>> {
     }
 }
 
+/// The directory of a file path (a relative name without a directory has
+/// "" as its parent: the current directory).
+pub fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
 /// Writes the state file atomically and durably: a temporary file beside
 /// it, fsync, rename over the old one, fsync of the directory.
 ///
@@ -722,7 +731,7 @@ pub fn write_state(path: &Path, state: &State) -> Result<()> {
         reason: e.to_string(),
     })?;
     let io = |action: String| move |source| BalancerError::Io { action, source };
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = dir_of(path);
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io(format!(
         "creating a temporary file in {}",
@@ -759,6 +768,13 @@ mod tests {
         assert!(check_endpoint("VIP", "10.0.0.10:0".parse().unwrap()).is_err());
         assert!(check_endpoint("VIP", "0.0.0.0:80".parse().unwrap()).is_err());
         assert!(check_endpoint("VIP", "224.0.0.1:80".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_relative_name_lives_in_the_current_directory() {
+        assert_eq!(dir_of(Path::new("state.json")), Path::new("."));
+        assert_eq!(dir_of(Path::new("a/state.json")), Path::new("a"));
+        assert_eq!(dir_of(Path::new("/state.json")), Path::new("/"));
     }
 
     #[test]

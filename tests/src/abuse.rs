@@ -199,10 +199,15 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         Command::new("kill").args(["-STOP", p]).status()?;
     }
     let r = cli_timed(tb, "2s", &["vip", "list"]);
+    // A change sent to the stopped daemon, given up by its sender: it must
+    // not be applied when the daemon continues.
+    let late = cli_timed(tb, "1s", &["vip", "add", "10.0.0.99:80"]);
     for p in &daemon_pids {
         Command::new("kill").args(["-CONT", p]).status()?;
     }
     let (ok, err, took) = r?;
+    let (late_ok, _, _) = late?;
+    ensure!(!late_ok, "a change to a stopped daemon reported success");
     ensure!(!ok, "the CLI succeeded against a stopped daemon");
     ensure!(
         err.contains("did not answer within 2s") && took < Duration::from_secs(10),
@@ -210,10 +215,54 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     );
     let (ok, err_after, _) = cli_timed(tb, "20s", &["vip", "list"])?;
     ensure!(ok, "the CLI failed after the daemon continued: {err_after}");
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, _, _) = cli_timed(tb, "20s", &["vip", "list"])?;
+    let vips = tb.cli(&["vip", "list"])?;
+    ensure!(
+        !vips.contains("10.0.0.99"),
+        "a change given up by its sender was applied later: {vips}"
+    );
     println!(
-        "abuse: against a stopped daemon the CLI gave up after {:.1}s: {}",
+        "abuse: against a stopped daemon the CLI gave up after {:.1}s: {}; a change given up \
+         meanwhile was not applied when the daemon continued",
         took.as_secs_f64(),
         err.trim()
+    );
+    slow_readers(tb)?;
+    Ok(())
+}
+
+/// Clients that send a request with a large answer and never read it must
+/// not keep the daemon from answering others.
+fn slow_readers(tb: &Testbed) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    // A VIP with 2,000 backends: `backend list` is then about a megabyte.
+    let vip = "10.0.0.98:80";
+    tb.cli(&["vip", "add", vip])?;
+    let backends: Vec<String> = (0..2000u32)
+        .map(|i| format!("10.3.{}.{}:80", i / 250, i % 250 + 1))
+        .collect();
+    let mut args = vec!["backend", "add", vip];
+    args.extend(backends.iter().map(String::as_str));
+    tb.cli(&args)?;
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        let mut s = UnixStream::connect(tb.socket())?;
+        // Those beyond the daemon's connection cap are answered "busy" and
+        // closed: their write may fail.
+        let _ = s.write_all(b"{\"op\":\"list_backends\",\"vip\":null}\n");
+        held.push(s);
+    }
+    let (ok, err, took) = cli_timed(tb, "30s", &["vip", "list"])?;
+    drop(held);
+    ensure!(
+        ok,
+        "the CLI failed while 300 clients did not read their answers: {err}"
+    );
+    tb.cli(&["vip", "remove", vip])?;
+    println!(
+        "abuse: 300 clients not reading a 1 MB answer each: the CLI answered in {:.1}s",
+        took.as_secs_f64()
     );
     Ok(())
 }

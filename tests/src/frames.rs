@@ -218,25 +218,51 @@ pub fn reset_for(seg: &Seg) -> Vec<u8> {
     };
     let mut out = Vec::new();
     write_link(&mut out, seg.dmac, seg.smac, &seg.vlans);
-    let mut tcp = TcpHeader::new(seg.dst.port(), seg.src.port(), seq, 0);
+    write_rst(&mut out, seg.dst, seg.src, seq, ack, fl & flags::ACK != 0);
+    out
+}
+
+/// The RST the client should get for a backend's segment `seg` of an
+/// orphaned flow of VIP `vip`: the frame's Ethernet header (and tags) as it
+/// came, an IPv4 header from `vip` to the segment's destination (TTL 64,
+/// DF, identification 0), a TCP header from the VIP's port with the
+/// backend's sequence number, RST alone, window 0, no payload.
+pub fn reset_toward_for(seg: &Seg, vip: std::net::SocketAddrV4) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_link(&mut out, seg.smac, seg.dmac, &seg.vlans);
+    write_rst(&mut out, vip, seg.dst, seg.seq, 0, false);
+    out
+}
+
+/// Writes an RST's IPv4 header (TTL 64, DF, identification 0, no options)
+/// and TCP header (window 0, RST and, with `ack_flag`, ACK), both
+/// checksums as etherparse computes them.
+fn write_rst(
+    out: &mut Vec<u8>,
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    seq: u32,
+    ack: u32,
+    ack_flag: bool,
+) {
+    let mut tcp = TcpHeader::new(src.port(), dst.port(), seq, 0);
     tcp.acknowledgment_number = ack;
     tcp.rst = true;
-    tcp.ack = fl & flags::ACK != 0;
+    tcp.ack = ack_flag;
     let mut ip = Ipv4Header::new(
         tcp.header_len() as u16,
         64,
         IpNumber::TCP,
-        seg.dst.ip().octets(),
-        seg.src.ip().octets(),
+        src.ip().octets(),
+        dst.ip().octets(),
     )
     .expect("ipv4");
     ip.identification = 0;
     ip.dont_fragment = true;
     ip.header_checksum = ip.calc_header_checksum();
     tcp.checksum = tcp.calc_checksum_ipv4(&ip, &[]).expect("tcp checksum");
-    ip.write(&mut out).expect("ipv4 write");
-    tcp.write(&mut out).expect("tcp write");
-    out
+    ip.write(out).expect("ipv4 write");
+    tcp.write(out).expect("tcp write");
 }
 
 /// Writes an Ethernet header and its VLAN tags (outermost first), the last

@@ -4,6 +4,7 @@
 //! instead of hanging); `backend remove --help` says so.
 
 use std::{
+    net::SocketAddrV4,
     process::Command,
     thread,
     time::{Duration, Instant},
@@ -15,6 +16,7 @@ use crate::{
     netns::enter_ns,
     scenario::run_batch,
     testbed::{Conn, Testbed, VIP},
+    traffic::{Kind, Mover},
 };
 
 /// The daemon's established timeout in this scenario.
@@ -121,6 +123,9 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         slowest.as_secs_f64() * 1e3
     );
 
+    removed_with_server_push(tb)?;
+    removed_vip(tb)?;
+
     // The CLI says the same.
     let out = Command::new(tb.balancer_bin())
         .args(["backend", "remove", "--help"])
@@ -133,5 +138,94 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     // New connections are placed as usual.
     run_batch(tb, 50, 0, 2, 1 << 20).context("new connections after the orphans")?;
     println!("orphans: `backend remove --help` names the reset; 50 new connections served");
+    Ok(())
+}
+
+/// A connection that only receives (a server push) on a backend that is
+/// removed: the backend's next segment becomes the client's reset.
+fn removed_with_server_push(tb: &Testbed) -> anyhow::Result<()> {
+    let m = Mover::start(tb.client_ns_path(), Kind::Push, 9 << 40)?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while m.received() == 0 {
+        ensure!(Instant::now() < deadline, "the push moved no data");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let b = m.backend.lock().unwrap().context("no backend")?;
+    tb.cli(&["backend", "remove", &VIP.to_string(), &b.to_string()])?;
+    let t0 = Instant::now();
+    while !m.ended() {
+        ensure!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the receiving client was not reset within 5 s of its backend's removal"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let took = t0.elapsed();
+    let e = m
+        .finish()
+        .err()
+        .context("the push ended without an error")?;
+    ensure!(e.contains("reset"), "the push ended with: {e}");
+    tb.cli(&["backend", "add", &VIP.to_string(), &b.to_string()])?;
+    println!(
+        "orphans: a client only receiving from a removed backend was reset after {:.0} ms \
+         (the backend's next segment became its reset)",
+        took.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// Connections to a removed VIP get a reset on their next segment, and new
+/// connections to it are refused at once.
+fn removed_vip(tb: &Testbed) -> anyhow::Result<()> {
+    let v2 = SocketAddrV4::new(std::net::Ipv4Addr::new(10, 0, 0, 11), 80);
+    tb.cli(&["vip", "add", &v2.to_string()])?;
+    for k in 0..3 {
+        tb.cli(&[
+            "backend",
+            "add",
+            &v2.to_string(),
+            &crate::testbed::backend_addr(k).to_string(),
+        ])?;
+    }
+    let ns = tb.client_ns_path();
+    let held = thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
+        enter_ns(&ns)?;
+        (0..5)
+            .map(|i| Conn::open_to(None, v2, 7 << 40 | i, 100))
+            .collect()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    tb.cli(&["vip", "remove", &v2.to_string()])?;
+    let mut slowest = Duration::ZERO;
+    for c in held {
+        let (took, _) = expect_reset(tb, c, "VIP removed")?;
+        slowest = slowest.max(took);
+    }
+    let ns = tb.client_ns_path();
+    let refused = thread::spawn(move || -> anyhow::Result<Duration> {
+        enter_ns(&ns)?;
+        let t0 = Instant::now();
+        match crate::testbed::connect(None, v2, Duration::from_secs(5)) {
+            Ok(_) => anyhow::bail!("a new connection to the removed VIP was accepted"),
+            Err(e) => {
+                let refused = e.chain().any(|c| {
+                    c.downcast_ref::<std::io::Error>()
+                        .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+                });
+                ensure!(refused, "not refused: {e:#}");
+                Ok(t0.elapsed())
+            }
+        }
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    println!(
+        "orphans: VIP {v2} removed: 5 of its connections reset on their next segment (slowest \
+         {:.0} ms), a new connection refused after {:.0} ms",
+        slowest.as_secs_f64() * 1e3,
+        refused.as_secs_f64() * 1e3
+    );
     Ok(())
 }

@@ -8,12 +8,12 @@
 //! each, the running daemon still serves new connections and the files
 //! involved are unchanged.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{path::Path, process::Command};
 
 use anyhow::{ensure, Context as _};
 
 use crate::{
-    scenario::{run_batch, wait_until},
+    scenario::run_batch,
     testbed::{backend_addr, PeerPrograms, Testbed},
 };
 
@@ -75,6 +75,17 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let state = dir.join("state.json");
     let state_before = std::fs::read(&state).context("the test bed's state file")?;
     let pins = s(&tb.pin_dir());
+    // Interfaces of their own, free of any XDP program.
+    tb.lb
+        .ip(&["link", "add", "px0", "type", "veth", "peer", "name", "px1"])?;
+    tb.lb
+        .ip(&["link", "add", "jb0", "type", "veth", "peer", "name", "jb1"])?;
+    for i in ["px0", "px1", "jb1"] {
+        tb.lb.ip(&["link", "set", i, "up"])?;
+    }
+    tb.lb.ip(&["link", "set", "jb0", "mtu", "9000"])?;
+    tb.lb.ip(&["link", "set", "jb1", "mtu", "9000"])?;
+    tb.lb.ip(&["link", "set", "jb0", "up"])?;
 
     // A second daemon on the same pins, with its own socket and a state
     // file of its own whose VIP uses the same backends.
@@ -116,7 +127,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
             &s(&other_sock),
             "run",
             "--iface",
-            "lb0",
+            "px0",
             "--state-file",
             &s(&state),
             "--pin-dir",
@@ -138,7 +149,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
             &s(tb.socket()),
             "run",
             "--iface",
-            "lb0",
+            "px0",
             "--state-file",
             &s(&dir.join("c.json")),
             "--pin-dir",
@@ -175,18 +186,6 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     );
     still_serving(tb, "the refused starts", 2 << 32)?;
 
-    // Interfaces of their own for the next checks.
-    tb.lb
-        .ip(&["link", "add", "px0", "type", "veth", "peer", "name", "px1"])?;
-    tb.lb
-        .ip(&["link", "add", "jb0", "type", "veth", "peer", "name", "jb1"])?;
-    for i in ["px0", "px1", "jb1"] {
-        tb.lb.ip(&["link", "set", i, "up"])?;
-    }
-    tb.lb.ip(&["link", "set", "jb0", "mtu", "9000"])?;
-    tb.lb.ip(&["link", "set", "jb1", "mtu", "9000"])?;
-    tb.lb.ip(&["link", "set", "jb0", "up"])?;
-
     probe_named_state_file(tb)?;
 
     // An interface that carries another XDP program.
@@ -209,7 +208,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         &[
             "px1 already carries XDP program id",
             "bench_empty",
-            "xdp off",
+            "BPF link id",
         ],
     )?;
     ensure!(!f_pins.exists(), "the refused start left its pin directory");
@@ -261,7 +260,9 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let generic = j_args("generic");
     let generic: Vec<&str> = generic.iter().map(String::as_str).collect();
     let j_sock = dir.join("j.sock");
-    let mut child = start_other(tb, &generic, &j_sock).context("the generic-mode daemon on jb0")?;
+    let mut child = tb
+        .start_other(&generic, &j_sock)
+        .context("the generic-mode daemon on jb0")?;
     tb.cli_on(&j_sock, &["detach", "--remove-maps"])?;
     let _ = child.wait();
     println!("refusals: the same veth in --mode generic: attached, then detached");
@@ -275,23 +276,6 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     );
     println!("refusals: the running daemon served new connections on every backend after each refusal; its state file unchanged");
     Ok(())
-}
-
-/// Starts another daemon (`balancer ARGS`, in the balancer's namespace)
-/// and waits until it answers on `socket`.
-fn start_other(tb: &Testbed, args: &[&str], socket: &Path) -> anyhow::Result<std::process::Child> {
-    let child = tb
-        .balancer_in_lb(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    wait_until(Duration::from_secs(30), || {
-        Ok(tb
-            .cli_on(socket, &["vip", "list"])
-            .map(|_| ())
-            .map_err(|e| e.to_string()))
-    })?;
-    Ok(child)
 }
 
 /// A state file named `*.probe` survives start-up (the writability check
@@ -314,7 +298,9 @@ fn probe_named_state_file(tb: &Testbed) -> anyhow::Result<()> {
         "0s".into(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut d = start_other(tb, &args, &sock).context("a daemon with state file st.probe")?;
+    let mut d = tb
+        .start_other(&args, &sock)
+        .context("a daemon with state file st.probe")?;
     tb.cli_on(&sock, &["vip", "add", "10.0.0.30:80"])?;
     ensure!(st.exists(), "no state file written");
     let _ = Command::new("kill")
@@ -322,8 +308,9 @@ fn probe_named_state_file(tb: &Testbed) -> anyhow::Result<()> {
         .status();
     let _ = d.wait();
     ensure!(st.exists(), "st.probe gone after the daemon stopped");
-    let mut d =
-        start_other(tb, &args, &sock).context("restarting the daemon with state file st.probe")?;
+    let mut d = tb
+        .start_other(&args, &sock)
+        .context("restarting the daemon with state file st.probe")?;
     ensure!(st.exists(), "st.probe deleted by the start-up checks");
     let vips = tb.cli_on(&sock, &["vip", "list"])?;
     ensure!(

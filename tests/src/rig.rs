@@ -410,6 +410,34 @@ impl Rig {
         Ok(())
     }
 
+    /// Runs a backend's segment `seg` of a flow of `vip` the daemon made an
+    /// orphan: it must become the client's RST (from the VIP, with the
+    /// backend's sequence number), handed to the host (XDP_PASS), byte for
+    /// byte as [`frames::reset_toward_for`] builds it.
+    ///
+    /// # Errors
+    /// Another action or any difference.
+    pub fn expect_client_reset(
+        &mut self,
+        fixture: &str,
+        seg: &Seg,
+        vip: SocketAddrV4,
+    ) -> anyhow::Result<()> {
+        let (a, out) = self.run(&seg.build(), Side::Backend)?;
+        ensure!(
+            a == XDP_PASS,
+            "[{fixture}] action {}, expected XDP_PASS of the client's reset",
+            action_name(a)
+        );
+        let want = frames::reset_toward_for(seg, vip);
+        ensure!(
+            out == want,
+            "[{fixture}] the client's reset differs: {}",
+            diff(&want, &out)
+        );
+        Ok(())
+    }
+
     /// Runs `seg` from `side`; it must be forwarded and equal, byte for
     /// byte, `seg` as `rewrite` changes it (given the parsed output) and as
     /// etherparse builds it. Returns the parsed output.

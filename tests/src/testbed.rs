@@ -579,6 +579,38 @@ impl Testbed {
         cmd
     }
 
+    /// Starts another daemon (`balancer ARGS`, in the balancer's namespace,
+    /// its log appended to `log`) and waits until it answers on `socket`.
+    ///
+    /// # Errors
+    /// It does not come up within 30 s.
+    pub fn start_other(&self, args: &[&str], socket: &Path) -> anyhow::Result<Child> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("others.log"))?;
+        let mut child = self
+            .balancer_in_lb(args)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if self.cli_on(socket, &["vip", "list"]).is_ok() {
+                return Ok(child);
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                bail!(
+                    "the daemon exited ({st}): {}",
+                    std::fs::read_to_string(self.dir.join("others.log")).unwrap_or_default()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        bail!("the daemon on {} did not come up", socket.display())
+    }
+
     /// Runs `balancer ARGS...` in the balancer's namespace to its end (a
     /// refused start; killed after 30 s otherwise) and returns whether it
     /// succeeded and its stderr.

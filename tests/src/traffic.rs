@@ -93,6 +93,11 @@ impl Mover {
         }
     }
 
+    /// `true` once its thread has ended (a broken connection ends it).
+    pub fn ended(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
+    }
+
     /// Bytes received so far.
     pub fn received(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)

@@ -13,10 +13,11 @@ use balancer::{
 /// `balancer detach` options.
 #[derive(clap::Args, Debug)]
 pub struct DetachArgs {
-    /// The pin directory the daemon ran with (used when no daemon is
-    /// running: its pinned links are removed directly).
-    #[arg(long, default_value = super::run::DEFAULT_PIN_DIR)]
-    pin_dir: PathBuf,
+    /// The pin directory the daemon ran with: with no daemon on the socket,
+    /// its links (and with --remove-maps its maps) are removed directly;
+    /// with one, it must be that daemon's (default /sys/fs/bpf/p2c-balancer).
+    #[arg(long)]
+    pin_dir: Option<PathBuf>,
     /// Also remove the pinned maps: flows and counts are gone for good (the
     /// state file is kept, so the next start restores VIPs and backends).
     #[arg(long)]
@@ -28,10 +29,12 @@ impl DetachArgs {
     /// running, removes the link pins in the pin directory itself.
     ///
     /// # Errors
-    /// The daemon refuses, or the pins cannot be removed.
+    /// The daemon refuses, the pins are not this balancer's, nothing was
+    /// attached, or the pins cannot be removed.
     pub async fn run(self, socket: &Path, timeout: std::time::Duration) -> anyhow::Result<()> {
         let req = Request::Detach {
             remove_maps: self.remove_maps,
+            pin_dir: self.pin_dir.clone(),
         };
         match client::call_with_timeout(socket, &req, timeout).await {
             Ok(Response::Detached {
@@ -43,23 +46,53 @@ impl DetachArgs {
             }
             Ok(Response::Error { message }) => bail!("{message}"),
             Ok(other) => bail!("unexpected answer {other:?}"),
-            Err(e) if e.downcast_ref::<client::NotRunning>().is_some() => self.offline(),
+            Err(e) if e.downcast_ref::<client::NotRunning>().is_some() => self.offline(socket),
             Err(e) => Err(e),
         }
     }
 
-    fn offline(self) -> anyhow::Result<()> {
-        let dir = &self.pin_dir;
-        if !dir.exists() {
-            println!("nothing pinned in {}: nothing to detach", dir.display());
-            return Ok(());
+    fn offline(self, socket: &Path) -> anyhow::Result<()> {
+        let dir = self
+            .pin_dir
+            .unwrap_or_else(|| PathBuf::from(super::run::DEFAULT_PIN_DIR));
+        let dir = &dir;
+        let link_dir = links::link_dir(dir);
+        let interfaces = links::pinned_interfaces(&link_dir)?;
+        let ours_maps = !maps::present_pins(dir).is_empty()
+            && dir.join(balancer_common::map_names::LAYOUT).exists();
+        if interfaces.is_empty() && !(self.remove_maps && ours_maps) {
+            bail!(
+                "nothing to detach: no daemon listens on {} and no link is pinned in {}",
+                socket.display(),
+                link_dir.display()
+            );
         }
         // A daemon serving another socket may own these pins.
         let _lock = preflight::lock_dir(dir, "the pin directory")?;
-        let link_dir = links::link_dir(dir);
-        let interfaces = links::pinned_interfaces(&link_dir)?;
+        // Only this balancer's: each link must run its program, the maps
+        // must carry its layout map.
         for i in &interfaces {
-            links::unpin(&link_dir.join(i))?;
+            let pin = link_dir.join(links::pin_name(i));
+            let name = links::pinned_link(&pin)?
+                .and_then(|l| balancer::netdev::program_name(l.program_id))
+                .unwrap_or_default();
+            if name != balancer_common::programs::ENTRY {
+                bail!(
+                    "the link pinned at {} runs program {name:?}, not this balancer's; nothing \
+                     was removed",
+                    pin.display()
+                );
+            }
+        }
+        if self.remove_maps && !ours_maps {
+            bail!(
+                "{} holds no maps of this balancer (no {} pin); nothing was removed",
+                dir.display(),
+                balancer_common::map_names::LAYOUT
+            );
+        }
+        for i in &interfaces {
+            links::unpin(&link_dir.join(links::pin_name(i)))?;
         }
         let removed = if self.remove_maps {
             let r = maps::remove_pins(dir)?;

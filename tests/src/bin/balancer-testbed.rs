@@ -12,14 +12,15 @@
 //! * `balancer-testbed orphans`
 //! * `balancer-testbed realclients`
 //! * `balancer-testbed modes`
+//! * `balancer-testbed mistakes`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, collisions, fixtures, flood, fuzz, health, modes, netns, orphans, realclients,
-    refusals, restart, scenario,
+    abuse, bench, collisions, fixtures, flood, fuzz, health, mistakes, modes, netns, orphans,
+    realclients, refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -79,6 +80,9 @@ enum Cmd {
     Orphans,
     /// The direct-server-return modes (L2 DSR, IP-in-IP, GUE) with real TCP.
     Modes,
+    /// Operator mistakes and crashes: unsaved changes, dotted interface
+    /// names, SIGTERM during a start, detach of the wrong pins, leftovers.
+    Mistakes,
     /// Debian's nginx behind the balancer; curl, wrk, ab and iperf3 (through
     /// a VIP with session affinity) as clients.
     Realclients,
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
         Cmd::Orphans => orphans::run(),
         Cmd::Realclients => realclients::run(),
         Cmd::Modes => modes::run(),
+        Cmd::Mistakes => mistakes::run(),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {
