@@ -7,6 +7,13 @@
 //! section 3 (blind reset attacks): a forged or stale RST far outside the
 //! window must not release the count while the connection lives on. The RST
 //! is still forwarded; the endpoint applies its own, stricter check.
+//!
+//! One RST before the window is accepted too, as Linux accepts it
+//! (`tcp_reset_check`, net/ipv4/tcp_input.c): after its sender's FIN, an RST
+//! one below the next expected sequence number. A closed socket answers a
+//! late segment with an RST carrying that segment's acknowledgment number,
+//! which may not count the FIN yet; the receiver in CLOSE-WAIT, LAST-ACK or
+//! CLOSING takes it and is gone, so the balancer must take it as well.
 
 use crate::{
     parse::Tcp4, parse::TCP_ACK, parse::TCP_FIN, parse::TCP_RST, parse::TCP_SYN, FlowEntry,
@@ -68,6 +75,13 @@ fn in_window(seq: u32, expected: u32) -> bool {
     seq.wrapping_sub(expected) < RST_WINDOW
 }
 
+/// [`in_window`], or one below it when the RST's sender had sent its FIN
+/// (`fin_sent`): the receiver's `tcp_reset_check` case (module docs).
+#[inline(always)]
+fn rst_acceptable(seq: u32, expected: u32, fin_sent: bool) -> bool {
+    in_window(seq, expected) || (fin_sent && seq == expected.wrapping_sub(1))
+}
+
 /// How an RST segment was judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rst {
@@ -114,7 +128,8 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
     match dir {
         Direction::ToBackend => {
             if seg.has(TCP_RST) {
-                step.rst = if in_window(seg.seq, entry.client_next_seq) {
+                let fin_sent = state & F_CLIENT_FIN != 0;
+                step.rst = if rst_acceptable(seg.seq, entry.client_next_seq, fin_sent) {
                     Rst::InWindow
                 } else {
                     Rst::OutOfWindow
@@ -135,7 +150,8 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
         Direction::ToClient => {
             if seg.has(TCP_RST) {
                 let ok = if state & F_SERVER_SEQ_KNOWN != 0 {
-                    in_window(seg.seq, entry.server_next_seq)
+                    let fin_sent = state & F_SERVER_FIN != 0;
+                    rst_acceptable(seg.seq, entry.server_next_seq, fin_sent)
                 } else {
                     // Refusing the SYN: RFC 9293 3.10.7.3, the RST must
                     // acknowledge exactly the SYN.
@@ -418,6 +434,58 @@ mod tests {
                 Direction::ToClient,
                 &seg(TCP_RST | TCP_ACK, 5001, 1001)
             ),
+            Verdict::ClosedByRst
+        );
+    }
+
+    /// Seen with iperf3 through the balancer: the server closed after its
+    /// FIN, the client's late data hit no socket, and the server's kernel
+    /// answered with an RST carrying that segment's acknowledgment number,
+    /// the FIN's own sequence number, while the client had already
+    /// acknowledged the FIN. The client (CLOSE-WAIT) took it; so must the
+    /// flow. Without the FIN, one below the window stays out of it.
+    #[test]
+    fn rst_one_below_the_window_after_its_senders_fin() {
+        let mut e = opened();
+        assert_eq!(
+            apply(
+                &mut e,
+                Direction::ToClient,
+                &seg(TCP_RST | TCP_ACK, 5000, 1001)
+            ),
+            Verdict::RstOutOfWindow
+        );
+        // Server FIN at 5001, the client acknowledges it: expected 5002.
+        assert_eq!(
+            apply(
+                &mut e,
+                Direction::ToClient,
+                &seg(TCP_FIN | TCP_ACK, 5001, 1001)
+            ),
+            Verdict::Open
+        );
+        assert_eq!(
+            apply(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 5002)),
+            Verdict::Open
+        );
+        assert_eq!(
+            apply(&mut e, Direction::ToClient, &seg(TCP_RST, 5000, 0)),
+            Verdict::RstOutOfWindow
+        );
+        assert_eq!(
+            apply(&mut e, Direction::ToClient, &seg(TCP_RST, 5001, 0)),
+            Verdict::ClosedByRst
+        );
+        // The same from the client's side.
+        let mut e = opened();
+        apply(
+            &mut e,
+            Direction::ToBackend,
+            &seg(TCP_FIN | TCP_ACK, 1001, 5001),
+        );
+        apply(&mut e, Direction::ToClient, &seg(TCP_ACK, 5001, 1002));
+        assert_eq!(
+            apply(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001, 0)),
             Verdict::ClosedByRst
         );
     }

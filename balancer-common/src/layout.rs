@@ -11,8 +11,8 @@
 //! build.
 
 use crate::{
-    map_names, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    FlowEntry, FlowKey, GlobalStats, Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
+    map_names, programs, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips,
+    ChoiceCounts, FlowEntry, FlowKey, GlobalStats, Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
 };
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -236,6 +236,19 @@ const fn fingerprint() -> u64 {
     h = map!(h, map_names::CHOICE_STATS, u32, ChoiceCounts);
     h = map!(h, map_names::CHOICE_HIST, u32, u64);
     h = map!(h, map_names::AFFINITY, AffinityKey, AffinityEntry);
+    // The stages: a running entry program tail-calls the next build's
+    // stages during a restart, handing them what these hold.
+    h = map!(h, map_names::STAGES, u32, u32);
+    h = mix_bytes(h, programs::NEW_FLOW.as_bytes());
+    h = mix_usize(h, programs::NEW_FLOW_STAGE as usize);
+    h = mix_bytes(h, programs::ICMP.as_bytes());
+    h = mix_usize(h, programs::ICMP_STAGE as usize);
+    h = mix_bytes(h, programs::TOO_BIG.as_bytes());
+    h = mix_usize(h, programs::TOO_BIG_STAGE as usize);
+    h = mix_bytes(h, programs::REPLY.as_bytes());
+    h = mix_usize(h, programs::REPLY_STAGE as usize);
+    h = map!(h, map_names::REPLY_SCRATCH, u32, BackendVips);
+    h = map!(h, map_names::TOO_BIG_MTU, u32, u32);
     h
 }
 

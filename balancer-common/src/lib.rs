@@ -16,6 +16,7 @@ pub mod choice;
 pub mod csum;
 pub mod encap;
 pub mod flow;
+pub mod icmp;
 pub mod layout;
 pub mod nat;
 pub mod parse;
@@ -33,6 +34,22 @@ pub mod programs {
     pub const NEW_FLOW: &str = "balancer_new_flow";
     /// Index of [`NEW_FLOW`] in the `STAGES` program array.
     pub const NEW_FLOW_STAGE: u32 = 0;
+    /// The ICMP stage, reached by a tail call from the entry for ICMP to a
+    /// VIP address: "fragmentation needed" to a pinned flow's backend.
+    pub const ICMP: &str = "balancer_icmp";
+    /// Index of [`ICMP`] in the `STAGES` program array.
+    pub const ICMP_STAGE: u32 = 1;
+    /// The "packet too big" stage: answers a client's packet that does not
+    /// fit the way to its backend with an ICMP "fragmentation needed".
+    pub const TOO_BIG: &str = "balancer_too_big";
+    /// Index of [`TOO_BIG`] in the `STAGES` program array.
+    pub const TOO_BIG_STAGE: u32 = 2;
+    /// The reply stage: a segment from a backend (its flow found among the
+    /// backend's VIPs, tracked, rewritten back to the VIP), reached by a
+    /// tail call from the entry (its own stack and verification budget).
+    pub const REPLY: &str = "balancer_reply";
+    /// Index of [`REPLY`] in the `STAGES` program array.
+    pub const REPLY_STAGE: u32 = 3;
     /// The backends' decapsulation program (object `balancer-decap`).
     pub const DECAP: &str = "balancer_decap";
 }
@@ -86,6 +103,15 @@ pub mod map_names {
     /// The stages the entry program tail-calls: program array indexed by
     /// `programs::*_STAGE`.
     pub const STAGES: &str = "STAGES";
+    /// What the entry hands the reply stage: the replying backend's
+    /// [`crate::BackendVips`] at index 0 (per-CPU array of one). Pinned
+    /// with [`STAGES`]: while a restart replaces the stages, the running
+    /// entry program tail-calls the next build's, which must read what it
+    /// wrote.
+    pub const REPLY_SCRATCH: &str = "REPLY_SCRATCH";
+    /// The next-hop MTU `forward` hands the too-big stage (`u32`, per-CPU
+    /// array of one); pinned for the same reason.
+    pub const TOO_BIG_MTU: &str = "TOO_BIG_MTU";
     /// Frames counted by the `bench_count` program (per-CPU array of one `u64`).
     pub const BENCH_COUNT: &str = "BENCH_COUNT";
     /// Interfaces the program acts on: ifindex (`u32`) -> [`crate::LocalMac`]
@@ -562,8 +588,9 @@ pub enum Counter {
     /// Half-open flows moved to the established table on the client's
     /// first ACK.
     Promoted,
-    /// SYNs dropped because the new-flow stage could not be reached (its
-    /// program array entry is empty: never after a complete start).
+    /// Frames whose stage (new flow, ICMP, too big, reply) could not be
+    /// reached: its program array entry is empty, never after a complete
+    /// start. SYNs are dropped, other frames passed to the host.
     DropNoStage,
     /// New flows of a VIP with persistence sent to the backend of the
     /// client's affinity.
@@ -589,11 +616,24 @@ pub enum Counter {
     /// data, SYN retransmitted unanswered): what passive detection adds up
     /// per server (`SERVER_FAILS`).
     ServerFailures,
+    /// ICMP "fragmentation needed" messages to a VIP sent on to the backend
+    /// of the flow they quote (path MTU discovery through the balancer).
+    IcmpToBackend,
+    /// Such messages quoting no live flow: passed to the host.
+    IcmpNoFlow,
+    /// A backend's reply too big for the way to the client, DF set: passed
+    /// untouched, so the host answers the backend with an ICMP
+    /// "fragmentation needed" quoting the backend's own packet.
+    PassFragNeeded,
+    /// ICMP "fragmentation needed" sent back to a client whose packet did
+    /// not fit the way to its backend (the next-hop MTU less what the mode
+    /// adds).
+    TxIcmpTooBig,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::ServerFailures;
+    pub const LAST: Counter = Counter::TxIcmpTooBig;
 }
 
 /// Number of entries of the `STATS` array.
@@ -640,6 +680,10 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "drop_not_on_link",
     "refused_vip_removed",
     "server_failures",
+    "icmp_to_backend",
+    "icmp_no_flow",
+    "pass_frag_needed",
+    "tx_icmp_too_big",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

@@ -150,6 +150,13 @@ pub enum Parsed {
         /// Destination address, network byte order.
         dst_addr: u32,
     },
+    /// IPv4 ICMP, not a fragment: `crate::icmp` reads it further.
+    Icmp {
+        /// Offset of the IPv4 header.
+        l3_off: usize,
+        /// Destination address, network byte order.
+        dst_addr: u32,
+    },
     /// IPv6 (no IPv6 VIPs exist yet).
     Ipv6,
     /// Any other EtherType (ARP, LLDP, ...), or more than [`MAX_VLAN_TAGS`] tags.
@@ -214,6 +221,9 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
     let frag = be16([ip[6], ip[7]]);
     let more_fragments = frag & 0x2000 != 0;
     let frag_offset = frag & 0x1fff;
+    if proto == crate::icmp::IPPROTO_ICMP && !more_fragments && frag_offset == 0 {
+        return Parsed::Icmp { l3_off, dst_addr };
+    }
     if proto != crate::IPPROTO_TCP {
         return Parsed::OtherIpv4;
     }

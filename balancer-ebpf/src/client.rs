@@ -11,7 +11,7 @@ use balancer_common::{
 
 use crate::{
     choose::{self, Refusal},
-    forward::{forward, Dest, HopCache},
+    forward::{Dest, HopCache, Next},
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
     maps::{BACKEND_STATS, FLOWS, ORPHANS, STAGES, VIPS, VIP_STATS},
@@ -30,13 +30,13 @@ pub fn pinned(
     key: &FlowKey,
     e: *mut FlowEntry,
     table: Table,
-) -> u32 {
+) -> Next {
     let now = now_ns();
     // SAFETY: pointer from a successful lookup.
     let entry = unsafe { &*e };
     let Some(b) = backend_of(entry) else {
         count(Counter::ResetBackendGone, 1);
-        return send_reset(ctx, frame, seg);
+        return Next::Action(send_reset(ctx, frame, seg));
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
     if seg.is_syn() && entry.state & flow::F_SERVER_SEQ_KNOWN == 0 {
@@ -44,7 +44,7 @@ pub fn pinned(
         track::failed(slot, &b, Failure::SynRetransmit);
     }
     // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
-    unsafe {
+    let event = unsafe {
         track::track(
             key,
             e,
@@ -57,7 +57,8 @@ pub fn pinned(
             },
         )
     };
-    to_backend(ctx, frame, seg, &b, slot, vip_index, false, now)
+    event.log(key);
+    to_backend(frame, seg, &b, slot, vip_index, false, now)
 }
 
 /// A segment to a VIP that matches no live flow: a SYN is placed (or
@@ -71,21 +72,21 @@ pub fn unpinned(
     seg: &Tcp4,
     key: &FlowKey,
     vip: &VipInfo,
-) -> u32 {
+) -> Next {
     let now = now_ns();
     if vip.flags & VIP_F_REMOVED != 0 {
         // A VIP removed within the orphan time: new connections are
         // refused, its orphans reset, anything else passed.
         if seg.is_syn() {
             count(Counter::RefusedVipRemoved, 1);
-            return send_reset(ctx, frame, seg);
+            return Next::Action(send_reset(ctx, frame, seg));
         }
         if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
             count(Counter::ResetOrphaned, 1);
-            return send_reset(ctx, frame, seg);
+            return Next::Action(send_reset(ctx, frame, seg));
         }
         count(Counter::FlowMisses, 1);
-        return xdp_action::XDP_PASS;
+        return Next::Action(xdp_action::XDP_PASS);
     }
     if seg.is_syn() {
         // The new-flow stage is a program of its own (tail call: does not
@@ -93,25 +94,25 @@ pub fn unpinned(
         // SAFETY: the program array holds XDP programs of this object.
         unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
         count(Counter::DropNoStage, 1);
-        return xdp_action::XDP_DROP;
+        return Next::Action(xdp_action::XDP_DROP);
     }
     // SAFETY: the entry is only read.
     if let Some(e) = unsafe { FLOWS.get(&key.with_kind(flow_kind::CLOSED)) } {
         let Some(b) = backend_of(e) else {
             count(Counter::ResetBackendGone, 1);
-            return send_reset(ctx, frame, seg);
+            return Next::Action(send_reset(ctx, frame, seg));
         };
         count(Counter::ClosedFlowPackets, 1);
-        return to_backend(ctx, frame, seg, &b, e.backend_slot, vip.index, false, now);
+        return to_backend(frame, seg, &b, e.backend_slot, vip.index, false, now);
     }
     // SAFETY: only the presence is read.
     if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
         count(Counter::ResetOrphaned, 1);
-        return send_reset(ctx, frame, seg);
+        return Next::Action(send_reset(ctx, frame, seg));
     }
     count(Counter::FlowMisses, 1);
     traffic(&VIP_STATS, vip.index, 0, false, true);
-    xdp_action::XDP_PASS
+    Next::Action(xdp_action::XDP_PASS)
 }
 
 /// The new-flow stage, tail-called by the entry program for a SYN to a VIP
@@ -136,7 +137,7 @@ pub fn new_flow(ctx: &XdpContext) -> u32 {
     };
     let now = now_ns();
     match choose::place(&key, &seg, &vip, now) {
-        Ok((b, slot)) => to_backend(ctx, &frame, &seg, &b, slot, vip.index, true, now),
+        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now).finish(ctx, &seg),
         Err(Refusal::Drop) => xdp_action::XDP_DROP,
         Err(Refusal::Reset) => send_reset(ctx, &frame, &seg),
     }
@@ -148,7 +149,6 @@ pub fn new_flow(ctx: &XdpContext) -> u32 {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn to_backend(
-    ctx: &XdpContext,
     frame: &XdpFrame,
     seg: &Tcp4,
     backend: &Backend,
@@ -156,41 +156,41 @@ fn to_backend(
     vip_index: u32,
     new_flow: bool,
     now: u64,
-) -> u32 {
+) -> Next {
     let bytes = frame.len() as u64;
     traffic(&VIP_STATS, vip_index, bytes, new_flow, false);
     traffic(&BACKEND_STATS, slot, bytes, new_flow, false);
     let (rw, fib_src) = match backend.mode {
         mode::NAT => (
-            Rewrite::Nat(Nat {
-                addr_off: IPV4_DST_OFF,
+            Rewrite::nat(Nat {
+                addr_off: IPV4_DST_OFF as u32,
                 port_off: 2,
                 addr: backend.addr,
                 port: backend.port,
+                _pad: 0,
             }),
             seg.src_addr,
         ),
-        mode::DSR => (Rewrite::L2, seg.src_addr),
+        mode::DSR => (Rewrite::l2(), seg.src_addr),
         m => (
-            Rewrite::Encap(Encap {
+            Rewrite::encap(Encap {
                 mode: m,
-                src: backend.encap_src,
-                dst: backend.addr,
                 sport: entropy_port(seg.src_addr, seg.src_port),
                 dport: backend.encap_port,
+                _pad: 0,
+                src: backend.encap_src,
+                dst: backend.addr,
             }),
             backend.encap_src,
         ),
     };
-    forward(
-        ctx,
-        seg,
-        &rw,
-        &Dest {
+    Next::Forward(
+        rw,
+        Dest {
             src: fib_src,
             dst: backend.addr,
             now,
-            cache: HopCache::Slot(slot, backend.generation),
+            cache: HopCache::slot(slot, backend.generation),
         },
     )
 }

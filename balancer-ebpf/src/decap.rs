@@ -7,8 +7,6 @@
 //! on a loopback address; the backend replies to the client directly.
 //! Everything else passes untouched.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
-#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
-#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
 #[path = "frame.rs"]

@@ -8,12 +8,12 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use balancer_common::{encap, nat::Ttl, parse::Frame, parse::Tcp4, Counter, IPPROTO_TCP};
+use balancer_common::{encap, nat::Ttl, parse::Frame, parse::Tcp4, programs, Counter, IPPROTO_TCP};
 
 use crate::{
     frame::XdpFrame,
-    maps::{HopKey, NextHop, SlotHop, BACKEND_HOPS, FIB_SCRATCH, NEXT_HOPS},
-    rewrite::{encap::encapsulate, nat::rewrite, Rewrite},
+    maps::{HopKey, NextHop, SlotHop, BACKEND_HOPS, FIB_SCRATCH, NEXT_HOPS, STAGES, TOO_BIG_MTU},
+    rewrite::{encap::encapsulate, kind, nat::rewrite, Rewrite},
     stats::count,
 };
 
@@ -27,13 +27,61 @@ pub struct Dest {
     pub cache: HopCache,
 }
 
-/// Where [`forward`] caches the next hop.
+/// What a stage decided for a frame: an action, or forwarding (done by the
+/// caller, in one place: each inlined copy of [`forward`] takes stack
+/// space, and the entry program has 512 bytes for its whole call chain).
+pub enum Next {
+    /// Return this XDP action.
+    Action(u32),
+    /// Forward with this rewrite, to this destination.
+    Forward(Rewrite, Dest),
+}
+
+impl Next {
+    /// Forwards, or returns the action.
+    #[inline(always)]
+    pub fn finish(self, ctx: &XdpContext, seg: &Tcp4) -> u32 {
+        match self {
+            Next::Action(a) => a,
+            Next::Forward(rw, to) => forward(ctx, seg, &rw, &to),
+        }
+    }
+}
+
+/// Where [`forward`] caches the next hop: per backend slot and generation
+/// (towards a backend), or per destination address in an LRU table
+/// (towards a client). A plain struct, like [`Rewrite`].
 #[derive(Clone, Copy)]
-pub enum HopCache {
-    /// Per backend slot and generation (client to backend).
-    Slot(u32, u32),
-    /// Per destination address, LRU (backend to client).
-    Dst,
+#[repr(C)]
+pub struct HopCache {
+    /// 1: per slot; 0: per destination.
+    pub per_slot: u32,
+    /// The slot.
+    pub slot: u32,
+    /// Its generation.
+    pub generation: u32,
+    pub _pad: u32,
+}
+
+impl HopCache {
+    /// Per backend slot and generation.
+    #[inline(always)]
+    pub fn slot(slot: u32, generation: u32) -> Self {
+        HopCache {
+            per_slot: 1,
+            slot,
+            generation,
+            _pad: 0,
+        }
+    }
+
+    /// Per destination.
+    pub const DST: HopCache = HopCache {
+        per_slot: 0,
+        slot: 0,
+        generation: 0,
+        _pad: 0,
+    };
 }
 
 /// How long a next hop is reused before it is looked up again (ns): a
@@ -61,23 +109,24 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
     let (src, dst, now, cache) = (to.src, to.dst, to.now, to.cache);
     let ingress = ctx.ingress_ifindex() as u32;
     // The IPv4 length as the frame will leave.
-    let out_len = match rw {
-        Rewrite::Encap(e) => seg
-            .ip_total_len
-            .wrapping_add(encap::overhead(e.mode) as u16),
-        _ => seg.ip_total_len,
+    let out_len = if rw.kind == kind::ENCAP {
+        seg.ip_total_len
+            .wrapping_add(encap::overhead(rw.encap.mode) as u16)
+    } else {
+        seg.ip_total_len
     };
     let key = HopKey { dst, ingress };
-    let cached = match cache {
-        HopCache::Slot(slot, generation) => match BACKEND_HOPS.get(slot) {
-            Some(h) if h.generation == generation && h.ingress == ingress => h.hop,
+    let cached = if cache.per_slot != 0 {
+        match BACKEND_HOPS.get(cache.slot) {
+            Some(h) if h.generation == cache.generation && h.ingress == ingress => h.hop,
             _ => NextHop::NONE,
-        },
-        HopCache::Dst => match NEXT_HOPS.get_ptr(&key) {
+        }
+    } else {
+        match NEXT_HOPS.get_ptr(&key) {
             // SAFETY: pointer from a successful lookup.
             Some(h) => unsafe { *h },
             None => NextHop::NONE,
-        },
+        }
     };
     let hop = if cached.expires_ns > now && out_len <= cached.max_len {
         cached
@@ -109,8 +158,9 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
             )
         };
         if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
-            count(Counter::DropMtu, 1);
-            return xdp_action::XDP_DROP;
+            // SAFETY: union field of a plain struct, set by the helper.
+            let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
+            return too_big(ctx, frame, seg, rw, cache, mtu);
         }
         if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
             return no_neigh(ctx, frame, seg, rw);
@@ -123,7 +173,7 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
         // replaces the destination with the gateway's address when there
         // is one).
         // SAFETY: union field of a plain struct.
-        if matches!(rw, Rewrite::L2) && unsafe { p.__bindgen_anon_4.ipv4_dst } != dst {
+        if rw.kind == kind::L2 && unsafe { p.__bindgen_anon_4.ipv4_dst } != dst {
             count(Counter::DropNotOnLink, 1);
             return xdp_action::XDP_DROP;
         }
@@ -148,43 +198,40 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
                 now + NEXT_HOP_TTL_NS
             },
         };
-        match cache {
-            HopCache::Slot(slot, generation) => {
-                let _ = BACKEND_HOPS.set(
-                    slot,
-                    SlotHop {
-                        hop: fresh,
-                        generation,
-                        ingress,
-                    },
-                    0,
-                );
-            }
-            HopCache::Dst => {
-                let _ = NEXT_HOPS.insert(&key, &fresh, 0);
-            }
+        if cache.per_slot != 0 {
+            let _ = BACKEND_HOPS.set(
+                cache.slot,
+                SlotHop {
+                    hop: fresh,
+                    generation: cache.generation,
+                    ingress,
+                },
+                0,
+            );
+        } else {
+            let _ = NEXT_HOPS.insert(&key, &fresh, 0);
         }
         fresh
     };
-    match rw {
-        Rewrite::Nat(nat) => {
-            if rewrite(frame, seg, nat, Ttl::Decrement).is_none()
+    match rw.kind {
+        kind::NAT => {
+            if rewrite(frame, seg, &rw.nat, Ttl::Decrement).is_none()
                 || frame.write(0, hop.macs).is_none()
             {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_PASS;
             }
         }
-        Rewrite::L2 => {
+        kind::ENCAP => {
+            if encapsulate(ctx, frame, seg, &rw.encap, hop.macs).is_none() {
+                count(Counter::PassMalformed, 1);
+                return xdp_action::XDP_DROP;
+            }
+        }
+        _ => {
             if frame.write(0, hop.macs).is_none() {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_PASS;
-            }
-        }
-        Rewrite::Encap(e) => {
-            if encapsulate(ctx, frame, seg, e, hop.macs).is_none() {
-                count(Counter::PassMalformed, 1);
-                return xdp_action::XDP_DROP;
             }
         }
     }
@@ -205,28 +252,73 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
 /// the VIP) and is dropped.
 #[inline(always)]
 fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rw: &Rewrite) -> u32 {
-    match rw {
-        Rewrite::Nat(nat) => {
-            if rewrite(frame, seg, nat, Ttl::Keep).is_none() {
+    match rw.kind {
+        kind::NAT => {
+            if rewrite(frame, seg, &rw.nat, Ttl::Keep).is_none() {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_PASS;
             }
         }
-        Rewrite::L2 => {
+        kind::L2 => {
             count(Counter::DropNoNeigh, 1);
             return xdp_action::XDP_DROP;
         }
-        Rewrite::Encap(e) => {
+        kind::ENCAP => {
             let Some(macs) = frame.read::<12>(0) else {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_PASS;
             };
-            if encapsulate(ctx, frame, seg, e, macs).is_none() {
+            if encapsulate(ctx, frame, seg, &rw.encap, macs).is_none() {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_DROP;
             }
         }
+        _ => {}
     }
     count(Counter::PassFibNoNeigh, 1);
     xdp_action::XDP_PASS
+}
+
+/// A frame too big for the next hop (the lookup's `mtu`), DF set (TCP's
+/// path MTU discovery): a backend's reply is passed to the host untouched,
+/// which answers the backend with an ICMP "fragmentation needed" quoting
+/// its own packet; a client's packet is answered by the too-big stage with
+/// one quoting the client's packet, for the MTU less what the mode adds.
+/// Without DF (no discovery to serve), or when neither applies, the frame
+/// is dropped and counted.
+#[inline(always)]
+fn too_big(
+    ctx: &XdpContext,
+    frame: &XdpFrame,
+    seg: &Tcp4,
+    rw: &Rewrite,
+    cache: HopCache,
+    mtu: u16,
+) -> u32 {
+    let df = frame
+        .read::<1>(seg.l3_off + 6)
+        .is_some_and(|b| b[0] & 0x40 != 0);
+    if df {
+        if cache.per_slot == 0 && rw.kind == kind::NAT {
+            count(Counter::PassFragNeeded, 1);
+            return xdp_action::XDP_PASS;
+        }
+        if cache.per_slot != 0 && rw.kind != kind::DONE {
+            {
+                let over = if rw.kind == kind::ENCAP {
+                    encap::overhead(rw.encap.mode) as u32
+                } else {
+                    0
+                };
+                if let Some(p) = TOO_BIG_MTU.get_ptr_mut(0) {
+                    // SAFETY: per-CPU value, read by the stage on this CPU.
+                    unsafe { *p = (mtu as u32).saturating_sub(over) };
+                }
+                // SAFETY: the program array holds XDP programs of this object.
+                unsafe { STAGES.tail_call(ctx, programs::TOO_BIG_STAGE) };
+            }
+        }
+    }
+    count(Counter::DropMtu, 1);
+    xdp_action::XDP_DROP
 }

@@ -160,11 +160,13 @@ pub enum Reply {
 #[inline(always)]
 pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
     let (client_addr, client_port) = (seg.dst_addr, seg.dst_port);
+    // One search state for both searches (the entry program's stack is
+    // short).
+    let mut c = SearchCtx::new(seg, bv);
     let found = if bv.count <= 1 {
         let v = bv.vips[0];
         live_reply(client_addr, client_port, v, seg.src_addr, seg.src_port)
     } else {
-        let mut c = SearchCtx::new(seg, bv);
         // SAFETY: static callback; the context is a stack object alive for
         // the call.
         unsafe {
@@ -186,7 +188,8 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
     if let Some(r) = found {
         return r;
     }
-    let mut c = SearchCtx::new(seg, bv);
+    c.found = 0;
+    c.found_index = 0;
     // SAFETY: as above.
     unsafe {
         crate::loops::bpf_loop(

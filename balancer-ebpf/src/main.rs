@@ -34,6 +34,8 @@ mod frame;
 #[cfg(target_arch = "bpf")]
 mod guard;
 #[cfg(target_arch = "bpf")]
+mod icmp;
+#[cfg(target_arch = "bpf")]
 mod lookup;
 #[cfg(target_arch = "bpf")]
 mod loops;
@@ -53,14 +55,15 @@ mod entry {
     use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
     use balancer_common::{
         parse::{self, Frame, Parsed, Tcp4},
-        BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
+        programs, BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
     };
 
     use crate::{
         client,
+        forward::Next,
         frame::XdpFrame,
-        guard, lookup,
-        maps::{BACKEND_PORTS, VIPS, VIP_ADDRS, VIP_PORTS},
+        guard, icmp, lookup,
+        maps::{BACKEND_PORTS, REPLY_SCRATCH, STAGES, VIPS, VIP_ADDRS, VIP_PORTS},
         reply,
         stats::{count, count_rx},
     };
@@ -74,6 +77,7 @@ mod entry {
             Parsed::Tcp4(seg) => tcp(&ctx, &frame, &seg),
             Parsed::Fragment { .. } => pass(Counter::PassFragment),
             Parsed::Malformed => pass(Counter::PassMalformed),
+            Parsed::Icmp { dst_addr, .. } => icmp_stage(&ctx, dst_addr),
             Parsed::OtherIpv4 | Parsed::Ipv6 | Parsed::OtherL2 => pass(Counter::PassNotVip),
         }
     }
@@ -82,6 +86,59 @@ mod entry {
     #[xdp]
     pub fn balancer_new_flow(ctx: XdpContext) -> u32 {
         client::new_flow(&ctx)
+    }
+
+    /// The ICMP stage (`programs::ICMP`), tail-called by the entry.
+    #[xdp]
+    pub fn balancer_icmp(ctx: XdpContext) -> u32 {
+        icmp::to_backend(&ctx)
+    }
+
+    /// The too-big stage (`programs::TOO_BIG`), tail-called by `forward`.
+    #[xdp]
+    pub fn balancer_too_big(ctx: XdpContext) -> u32 {
+        icmp::too_big(&ctx)
+    }
+
+    /// The reply stage (`programs::REPLY`), tail-called by the entry.
+    #[xdp]
+    pub fn balancer_reply(ctx: XdpContext) -> u32 {
+        let frame = XdpFrame(&ctx);
+        // Parsed again: offsets read from a map would be unbounded for the
+        // verifier's packet checks.
+        let Parsed::Tcp4(seg) = parse::parse(&frame) else {
+            return pass(Counter::DropNoStage);
+        };
+        let Some(bv) = REPLY_SCRATCH.get(0).copied() else {
+            return pass(Counter::DropNoStage);
+        };
+        reply::to_client(&ctx, &frame, &seg, &bv).finish(&ctx, &seg)
+    }
+
+    /// A segment from a backend: the reply stage, a program of its own (its
+    /// own stack: the entry program's 512 bytes do not hold both sides).
+    #[inline(always)]
+    fn reply_stage(ctx: &XdpContext, bv: &BackendVips) -> u32 {
+        if let Some(p) = REPLY_SCRATCH.get_ptr_mut(0) {
+            // SAFETY: this CPU's value; the stage reads it on this CPU next.
+            unsafe { *p = *bv };
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(ctx, programs::REPLY_STAGE) };
+        }
+        pass(Counter::DropNoStage)
+    }
+
+    /// ICMP to an address whose low bits a VIP's have: the ICMP stage (a
+    /// program of its own, with its own verification and stack budget).
+    #[inline(always)]
+    fn icmp_stage(ctx: &XdpContext, dst_addr: u32) -> u32 {
+        let addr_key = (u32::from_be(dst_addr) as u16).to_be();
+        if !port_listed(&VIP_ADDRS, addr_key) {
+            return pass(Counter::PassNotVip);
+        }
+        // SAFETY: the program array holds XDP programs of this object.
+        unsafe { STAGES.tail_call(ctx, programs::ICMP_STAGE) };
+        pass(Counter::DropNoStage)
     }
 
     #[inline(always)]
@@ -155,14 +212,15 @@ mod entry {
         if let Err(action) = guard::admit(ctx, frame, seg) {
             return action;
         }
-        match target {
+        let next = match target {
             Target::Pinned(key, e, table) => client::pinned(ctx, frame, seg, &key, e, table),
             // SAFETY: a pointer from a successful lookup, valid for the
             // rest of this run.
             Target::Vip(key, vip) => client::unpinned(ctx, frame, seg, &key, unsafe { &*vip }),
-            Target::FromBackend(bv) => reply::to_client(ctx, frame, seg, bv),
-            Target::NotOurs => pass(Counter::PassNotVip),
-        }
+            Target::FromBackend(bv) => Next::Action(reply_stage(ctx, bv)),
+            Target::NotOurs => Next::Action(pass(Counter::PassNotVip)),
+        };
+        next.finish(ctx, seg)
     }
 
     #[cfg(not(test))]

@@ -12,6 +12,16 @@ use balancer_common::{
     DEFAULT_HALF_OPEN_TABLE_SIZE, MAX_VIPS, ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
 
+/// What the entry hands the reply stage (per CPU: the tail call runs on
+/// the same CPU at once): the backend's VIPs, already looked up.
+#[map]
+pub static REPLY_SCRATCH: PerCpuArray<BackendVips> = PerCpuArray::with_max_entries(1, 0);
+
+/// The next-hop MTU the too-big stage reports, set just before the tail
+/// call into it (per CPU: the call runs on the same CPU at once).
+#[map]
+pub static TOO_BIG_MTU: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 /// The stages the entry program tail-calls (`programs::*_STAGE`).
 #[map]
 pub static STAGES: ProgramArray = ProgramArray::with_max_entries(4, 0);

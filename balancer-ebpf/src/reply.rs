@@ -8,7 +8,7 @@ use balancer_common::{
 };
 
 use crate::{
-    forward::{forward, Dest, HopCache},
+    forward::{Dest, HopCache, Next},
     frame::{now_ns, XdpFrame},
     lookup::{find_orphan, find_reply, Reply},
     maps::{BACKEND_STATS, VIP_STATS},
@@ -21,14 +21,14 @@ use crate::{
 /// (a live flow first, see `lookup::find_reply`), tracks it and rewrites the
 /// source back to the VIP. A reply that matches no flow passes untouched.
 #[inline(always)]
-pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVips) -> u32 {
+pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVips) -> Next {
     let now = now_ns();
     let (slot, vip_index, vip_addr, vip_port) = match find_reply(seg, bv) {
         Reply::Live(key, e, table, vip_addr, vip_port, b) => {
             // SAFETY: pointer from a successful lookup.
             let (slot, vip_index) = unsafe { ((*e).backend_slot, (*e).vip_index) };
             // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
-            unsafe {
+            let event = unsafe {
                 track::track(
                     &key,
                     e,
@@ -41,6 +41,7 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
                     },
                 )
             };
+            event.log(&key);
             (slot, vip_index, vip_addr, vip_port)
         }
         Reply::Closed(slot, vip_index, vip_addr, vip_port) => {
@@ -50,39 +51,38 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
         Reply::Superseded => {
             count(Counter::ClosedSuperseded, 1);
             count(Counter::PassNotVip, 1);
-            return xdp_action::XDP_PASS;
+            return Next::Action(xdp_action::XDP_PASS);
         }
         Reply::None => {
             // A flow the daemon removed: its client gets the reset now, and
             // the backend's segment never reaches it un-rewritten.
             if !seg.has(TCP_RST) {
                 if let Some(v) = find_orphan(seg, bv) {
-                    return reset_client(ctx, frame, seg, v.addr, v.port);
+                    return Next::Action(reset_client(ctx, frame, seg, v.addr, v.port));
                 }
             }
             count(Counter::PassNotVip, 1);
-            return xdp_action::XDP_PASS;
+            return Next::Action(xdp_action::XDP_PASS);
         }
     };
     let bytes = frame.len() as u64;
     traffic(&VIP_STATS, vip_index, bytes, false, false);
     traffic(&BACKEND_STATS, slot, bytes, false, false);
     count(Counter::ReplyPackets, 1);
-    let nat = Rewrite::Nat(Nat {
-        addr_off: IPV4_SRC_OFF,
+    let nat = Rewrite::nat(Nat {
+        addr_off: IPV4_SRC_OFF as u32,
         port_off: 0,
         addr: vip_addr,
         port: vip_port,
+        _pad: 0,
     });
-    forward(
-        ctx,
-        seg,
-        &nat,
-        &Dest {
+    Next::Forward(
+        nat,
+        Dest {
             src: vip_addr,
             dst: seg.dst_addr,
             now,
-            cache: HopCache::Dst,
+            cache: HopCache::DST,
         },
     )
 }

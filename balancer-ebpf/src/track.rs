@@ -46,7 +46,7 @@ pub struct How {
 /// # Safety
 /// `e` comes from a successful lookup of `key` in `table`.
 #[inline(never)]
-pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp4, how: &How) {
+pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp4, how: &How) -> Event {
     let (table, dir, now) = (how.table, how.dir, how.now);
     // SAFETY (every access below): `e` is a flow-table value (the caller's
     // contract); no reference to it is held across the atomic operation.
@@ -85,7 +85,17 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp4, h
     };
     match verdict {
         Verdict::Open => {}
-        Verdict::RstOutOfWindow => count(Counter::RstOutOfWindow, 1),
+        Verdict::RstOutOfWindow => {
+            count(Counter::RstOutOfWindow, 1);
+            let expected = match dir {
+                Direction::ToBackend => snapshot.client_next_seq,
+                Direction::ToClient => snapshot.server_next_seq,
+            };
+            return Event::rst_out_of_window(
+                seg.seq.wrapping_sub(expected),
+                dir == Direction::ToBackend,
+            );
+        }
         v @ (Verdict::ClosedByFin | Verdict::ClosedByRst) => {
             let copy = unsafe { *e };
             // A reset from the backend before any data: it refused the flow.
@@ -93,11 +103,50 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp4, h
                 && dir == Direction::ToClient
                 && flow::refused(old | step.set);
             close(key, table, &copy, b, v, refused);
-            return;
+            return Event::NONE;
         }
     }
     if table == Table::HalfOpen && flow::became(old, step.set, flow::F_ESTABLISHED) {
         promote(key, e);
+    }
+    Event::NONE
+}
+
+/// A rare event [`track`] saw, for the data-path log ([`Event::log`]):
+/// one word, so that it comes back in a register. Logged by the caller,
+/// not by `track` itself: the entry program and the reply stage spend all
+/// but nothing of their 512 stack bytes with `track`'s frame on top.
+#[derive(Clone, Copy)]
+pub struct Event(u64);
+
+/// Set in an [`Event`] word for an RST outside the window.
+const EV_RST_OUT_OF_WINDOW: u64 = 1 << 40;
+/// Set in an [`Event`] word when the client sent it.
+const EV_FROM_CLIENT: u64 = 1 << 32;
+
+impl Event {
+    /// Nothing to log.
+    pub const NONE: Event = Event(0);
+
+    /// An RST `offset` bytes past the start of its window.
+    #[inline(always)]
+    fn rst_out_of_window(offset: u32, from_client: bool) -> Event {
+        Event(
+            EV_RST_OUT_OF_WINDOW | u64::from(offset) | if from_client { EV_FROM_CLIENT } else { 0 },
+        )
+    }
+
+    /// Logs the event for the flow `key` (nothing for [`Event::NONE`]).
+    #[inline(always)]
+    pub fn log(self, key: &FlowKey) {
+        if self.0 & EV_RST_OUT_OF_WINDOW != 0 {
+            rst_out_of_window(
+                key.src_addr,
+                key.src_port,
+                self.0 as u32,
+                self.0 & EV_FROM_CLIENT != 0,
+            );
+        }
     }
 }
 
@@ -165,4 +214,22 @@ fn close(
             count(Counter::ClosedFin, 1);
         }
     }
+}
+
+/// Logs an RST judged outside the window (a rare event: the data-path
+/// log is off unless the daemon runs with `--datapath-log`): the client of
+/// the flow (`client_addr`, `client_port` in network byte order), who sent
+/// it, and how far past the window's start its sequence number was
+/// (`offset`, bytes; the window is [`flow::RST_WINDOW`]). Plain scalars:
+/// the caller's stack is what the reply stage's budget is short of.
+#[inline(never)]
+fn rst_out_of_window(client_addr: u32, client_port: u16, offset: u32, from_client: bool) {
+    aya_log_ebpf::warn!(
+        &(),
+        "RST out of window on the flow of {:i}:{} from the {}: {} bytes past the expected sequence number",
+        u32::from_be(client_addr),
+        u16::from_be(client_port),
+        if from_client { "client" } else { "backend" },
+        offset
+    );
 }

@@ -66,6 +66,10 @@ pub struct LoadOptions {
     pub affinity_table_size: u32,
     /// bpffs directory to pin the maps under; `None` pins nothing.
     pub pin_dir: Option<PathBuf>,
+    /// The most verbose data-path log records the program emits (aya-log:
+    /// rare events such as an RST outside the window); `None`, the
+    /// default, emits none (one global read on those paths, nothing else).
+    pub datapath_log: Option<log::Level>,
 }
 
 impl Default for LoadOptions {
@@ -75,6 +79,7 @@ impl Default for LoadOptions {
             half_open_table_size: balancer_common::DEFAULT_HALF_OPEN_TABLE_SIZE,
             affinity_table_size: balancer_common::DEFAULT_AFFINITY_TABLE_SIZE,
             pin_dir: None,
+            datapath_log: None,
         }
     }
 }
@@ -144,7 +149,14 @@ pub struct Balancer {
     last_failures: u64,
     /// Eligibility polls so far.
     polls: u64,
+    /// The data path's log records, until [`Balancer::take_datapath_log`].
+    logger: Option<DatapathLog>,
 }
+
+/// The reader of the data path's log records (aya-log's ring buffer): the
+/// daemon waits for its descriptor to be readable and calls `flush`, which
+/// hands the records to the `log` crate.
+pub type DatapathLog = aya_log::EbpfLogger<&'static dyn log::Log>;
 
 impl Balancer {
     /// Loads the program and its maps into the kernel (nothing attached yet).
@@ -190,13 +202,29 @@ impl Balancer {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
+        // aya-log-common's levels: Error = 1 .. Trace = 5; 0 emits nothing.
+        let level: u8 = opts.datapath_log.map_or(0, |l| l as u8);
+        loader.override_global(aya_log::LEVEL, &level, true);
         let mut ebpf = loader
             .load(PROGRAM)
             .map_err(|e| explain_load_error(e, opts))?;
-        if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
-            log::debug!("no eBPF logs: {e}");
-        }
-        for name in [programs::ENTRY, programs::NEW_FLOW] {
+        let logger = match opts.datapath_log {
+            Some(_) => match aya_log::EbpfLogger::init(&mut ebpf) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    log::warn!("the data-path log is not available: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
+        for name in [
+            programs::ENTRY,
+            programs::NEW_FLOW,
+            programs::ICMP,
+            programs::TOO_BIG,
+            programs::REPLY,
+        ] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
                 .ok_or_else(program_missing)?
@@ -219,19 +247,26 @@ impl Balancer {
                 action: "open",
                 source,
             })?;
-        let new_flow: &Xdp = ebpf
-            .program(programs::NEW_FLOW)
-            .ok_or_else(program_missing)?
-            .try_into()
-            .map_err(program_open_failed)?;
-        let fd = new_flow.fd().map_err(program_open_failed)?;
-        stages
-            .set(programs::NEW_FLOW_STAGE, fd, 0)
-            .map_err(|source| BalancerError::Map {
-                map: map_names::STAGES,
-                action: "write",
-                source,
-            })?;
+        for (name, index) in [
+            (programs::NEW_FLOW, programs::NEW_FLOW_STAGE),
+            (programs::ICMP, programs::ICMP_STAGE),
+            (programs::TOO_BIG, programs::TOO_BIG_STAGE),
+            (programs::REPLY, programs::REPLY_STAGE),
+        ] {
+            let stage: &Xdp = ebpf
+                .program(name)
+                .ok_or_else(program_missing)?
+                .try_into()
+                .map_err(program_open_failed)?;
+            let fd = stage.fd().map_err(program_open_failed)?;
+            stages
+                .set(index, fd, 0)
+                .map_err(|source| BalancerError::Map {
+                    map: map_names::STAGES,
+                    action: "write",
+                    source,
+                })?;
+        }
         let mut maps = Maps::take(&mut ebpf)?;
         maps.set_settings(Settings::default())?;
         maps.write_layout()?;
@@ -248,6 +283,7 @@ impl Balancer {
             retired: Retired::default(),
             last_failures: 0,
             polls: 0,
+            logger,
         })
     }
 
@@ -419,6 +455,12 @@ impl Balancer {
             }
         }
         Ok(changed)
+    }
+
+    /// The data path's log reader, once (`None` when the log is off or was
+    /// taken already).
+    pub fn take_datapath_log(&mut self) -> Option<DatapathLog> {
+        self.logger.take()
     }
 
     /// Sets the deterministic test seed of the random draws (0: the kernel's
@@ -1092,13 +1134,22 @@ impl Balancer {
     /// over each flow table. Their flows are remembered as orphans: a
     /// client's next segment gets a reset instead of hanging.
     fn retire_slots(&mut self, gone: &[BackendConfig]) -> Result<()> {
+        // Orphans first, while the flows still work: from the moment a slot
+        // is cleared, a segment of its flows must find its orphan (a
+        // backend's segment passed un-rewritten meanwhile would reach the
+        // client with the backend's address, and the client's kernel would
+        // reset the backend).
+        let slots: BTreeSet<(u32, u32)> = gone.iter().map(|b| (b.slot, b.generation)).collect();
+        let now = crate::gc::monotonic_ns();
+        for k in self.maps.live_flows_of(&slots) {
+            self.maps
+                .add_orphan(&k, orphan_reason::BACKEND_REMOVED, now)?;
+        }
         for b in gone {
             self.maps.clear_backend(b.slot)?;
         }
-        let removed = self
-            .maps
-            .remove_flows_of(&gone.iter().map(|b| (b.slot, b.generation)).collect());
-        let now = crate::gc::monotonic_ns();
+        let removed = self.maps.remove_flows_of(&slots);
+        // Flows placed while the orphans were written.
         for k in &removed {
             self.maps
                 .add_orphan(k, orphan_reason::BACKEND_REMOVED, now)?;

@@ -221,6 +221,33 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         }
     }
     log::info!("control socket {}", cfg.socket.display());
+    let mut lb = lb;
+    let datapath_log = lb.take_datapath_log().map(|logger| {
+        tokio::spawn(async move {
+            // SAFETY: the logger owns its ring buffer's descriptor for as
+            // long as it lives, and the AsyncFd owns the logger.
+            let registered = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    logger,
+                    tokio::io::Interest::READABLE,
+                )
+            };
+            let mut fd = match registered {
+                Ok(fd) => fd,
+                Err(e) => {
+                    log::warn!("the data-path log cannot be read: {}", e.into_parts().1);
+                    return;
+                }
+            };
+            loop {
+                let Ok(mut ready) = fd.readable_mut().await else {
+                    return;
+                };
+                ready.get_inner_mut().flush();
+                ready.clear_ready();
+            }
+        })
+    });
     let lb = Arc::new(Mutex::new(lb));
 
     let gc = {
@@ -340,6 +367,9 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     stats.abort();
     health.abort();
     eligibility.abort();
+    if let Some(t) = datapath_log {
+        t.abort();
+    }
     let lb = lb.lock().await;
     let interfaces = lb.interfaces();
     if detached {

@@ -190,16 +190,19 @@ impl Reconciler {
             ];
             if k.kind == flow_kind::LIVE {
                 if idle > timeouts.for_live(e) {
+                    let established = e.state & fl::F_ESTABLISHED != 0;
+                    if established {
+                        // Its client's next segment gets a reset; written
+                        // before the flow goes, so no segment finds neither.
+                        maps.add_orphan(k, orphan_reason::EXPIRED, now)?;
+                    }
                     if maps.remove_flow(*table, k) {
                         report.expired += 1;
-                        if e.state & fl::F_ESTABLISHED == 0 {
+                        if !established {
                             report.half_open_expired += 1;
                             if current {
                                 *self.handshake_timeouts.entry(e.backend_slot).or_default() += 1;
                             }
-                        } else {
-                            // Its client's next segment gets a reset.
-                            maps.add_orphan(k, orphan_reason::EXPIRED, now)?;
                         }
                         if current {
                             for c in owners.into_iter().flatten() {

@@ -29,9 +29,11 @@ use crate::{
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
-pub const PINNED_MAPS: [&str; 20] = [
+pub const PINNED_MAPS: [&str; 22] = [
     map_names::LAYOUT,
     map_names::STAGES,
+    map_names::REPLY_SCRATCH,
+    map_names::TOO_BIG_MTU,
     map_names::HALF_OPEN,
     map_names::ORPHANS,
     map_names::VIPS,
@@ -928,6 +930,25 @@ impl Maps {
     /// path may have removed it first).
     pub fn remove_flow(&mut self, t: FlowTable, key: &FlowKey) -> bool {
         self.table_mut(t).remove(key).is_ok()
+    }
+
+    /// The live flows pinned to one of `of` (slot, generation), in both
+    /// tables.
+    pub fn live_flows_of(&self, of: &BTreeSet<(u32, u32)>) -> Vec<FlowKey> {
+        [FlowTable::Established, FlowTable::HalfOpen]
+            .into_iter()
+            .flat_map(|t| {
+                self.table(t)
+                    .iter()
+                    .filter_map(|r| r.ok())
+                    .filter(|(k, e)| {
+                        k.kind == flow_kind::LIVE
+                            && of.contains(&(e.backend_slot, e.backend_generation))
+                    })
+                    .map(|(k, _)| k)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// Removes every flow pinned to one of `gone` (slot, generation);

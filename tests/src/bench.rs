@@ -303,6 +303,9 @@ pub fn verifier_stats() -> anyhow::Result<Vec<(&'static str, u32)>> {
     for name in [
         balancer_common::programs::ENTRY,
         balancer_common::programs::NEW_FLOW,
+        balancer_common::programs::ICMP,
+        balancer_common::programs::TOO_BIG,
+        balancer_common::programs::REPLY,
     ] {
         let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
         p.load()?;

@@ -25,6 +25,7 @@ mod affinity;
 mod eligibility;
 mod hairpin;
 mod half_open;
+mod icmp;
 mod modes;
 mod multi_vip;
 mod race;
@@ -61,6 +62,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += half_open::run()?;
     n += affinity::run()?;
     n += modes::run()?;
+    n += icmp::run()?;
     n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
@@ -149,6 +151,14 @@ fn main_vip() -> anyhow::Result<usize> {
         r.active(VIP, b)?
     );
     r.expect_counters(name, &[("rst_out_of_window", 1), ("closed_rst", 0)])?;
+    let log = r.datapath_log()?;
+    ensure!(
+        log.iter().any(|l| l.starts_with("WARN RST out of window")
+            && l.contains(&format!("{}:{}", c1.ip(), c1.port()))
+            && l.contains("from the client")
+            && l.contains(&format!("{} bytes past", 1u32 << 31))),
+        "[{name}] the data-path log has no record of it: {log:?}"
+    );
     done(name);
 
     let name = "case 7: client FIN (half-close), then server data: count stays 1";
@@ -196,6 +206,42 @@ fn main_vip() -> anyhow::Result<usize> {
         r.active(VIP, b)?
     );
     r.expect_counters(name, &[("closed_fin", 0)])?;
+    done(name);
+
+    let name = "a closed server socket's RST at its FIN's own sequence number (the client \
+                acknowledged the FIN) releases the count, as the client's kernel accepts it";
+    let c3 = client(0, 40003);
+    let mut s3 = Seg::new(c3, VIP, SYN);
+    s3.seq = 7000;
+    let b3 = r.expect_to_backend(name, &s3)?;
+    let b3_src = SocketAddrV4::new(*b3.ip(), b3.port());
+    let mut sa3 = Seg::reply(b3_src, c3, SYN | ACK);
+    sa3.seq = 9000;
+    sa3.ack = 7001;
+    r.expect_to_client(name, &sa3, VIP)?;
+    let mut a3 = Seg::new(c3, VIP, ACK);
+    a3.seq = 7001;
+    a3.ack = 9001;
+    r.expect_to_backend(name, &a3)?;
+    let mut f3 = Seg::reply(b3_src, c3, FIN | ACK);
+    f3.seq = 9001;
+    f3.ack = 7001;
+    r.expect_to_client(name, &f3, VIP)?;
+    let mut fa3 = Seg::new(c3, VIP, ACK | PSH);
+    fa3.seq = 7001;
+    fa3.ack = 9002;
+    fa3.payload = vec![3; 100];
+    r.expect_to_backend(name, &fa3)?;
+    ensure!(r.active(VIP, b3)? == 1, "[{name}] count before the RST");
+    let mut rst3 = Seg::reply(b3_src, c3, RST);
+    rst3.seq = 9001;
+    r.expect_to_client(name, &rst3, VIP)?;
+    ensure!(
+        r.active(VIP, b3)? == 0 && active_sum(&r)? == 0,
+        "[{name}] count {} after the RST",
+        r.active(VIP, b3)?
+    );
+    r.expect_counters(name, &[("closed_rst", 1), ("rst_out_of_window", 0)])?;
     done(name);
 
     let name = "case 6: 5-tuple reuse: a new SYN is balanced afresh and counted once";
@@ -396,7 +442,7 @@ fn main_vip() -> anyhow::Result<usize> {
     // The option and VLAN fixtures left their four flows open.
     ensure!(active_sum(&r)? == 4, "[{name}] counts {}", active_sum(&r)?);
     ensure!(
-        c["new_flows"] == 2 + 2 + 2 + 300,
+        c["new_flows"] == 2 + 3 + 2 + 300,
         "[{name}] new_flows {}",
         c["new_flows"]
     );

@@ -339,3 +339,116 @@ pub fn seg_of(frame: &[u8]) -> anyhow::Result<Seg> {
         payload: tcp.payload().to_vec(),
     })
 }
+
+/// An ICMP "fragmentation needed" (type 3 code 4, next-hop MTU `mtu`) from
+/// `router` to `to`, quoting the first 20 bytes of a TCP segment `quoted_src`
+/// -> `quoted_dst` (sequence number `seq`, TCP checksum 0x1234, IPv4 total
+/// length 1500, TTL 63), on Ethernet `smac` -> `dmac`, outer TTL `ttl`.
+#[allow(clippy::too_many_arguments)]
+pub fn frag_needed(
+    smac: [u8; 6],
+    dmac: [u8; 6],
+    router: Ipv4Addr,
+    to: Ipv4Addr,
+    ttl: u8,
+    quoted_src: SocketAddrV4,
+    quoted_dst: SocketAddrV4,
+    seq: u32,
+    mtu: u16,
+) -> Vec<u8> {
+    use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Header, Icmpv4Type};
+    let mut inner = Ipv4Header::new(
+        1480,
+        63,
+        IpNumber::TCP,
+        quoted_src.ip().octets(),
+        quoted_dst.ip().octets(),
+    )
+    .expect("ipv4");
+    inner.header_checksum = inner.calc_header_checksum();
+    let mut tcp = TcpHeader::new(quoted_src.port(), quoted_dst.port(), seq, 500);
+    tcp.ack = true;
+    tcp.checksum = 0x1234;
+    let mut quote = Vec::new();
+    inner.write(&mut quote).expect("inner");
+    tcp.write(&mut quote).expect("tcp");
+    let icmp_type =
+        Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::FragmentationNeeded {
+            next_hop_mtu: mtu,
+        });
+    let icmp = Icmpv4Header::with_checksum(icmp_type, &quote);
+    let mut ip = Ipv4Header::new(
+        (icmp.header_len() + quote.len()) as u16,
+        ttl,
+        IpNumber::ICMP,
+        router.octets(),
+        to.octets(),
+    )
+    .expect("ipv4");
+    ip.identification = 99;
+    ip.header_checksum = ip.calc_header_checksum();
+    let mut out = Vec::new();
+    Ethernet2Header {
+        source: smac,
+        destination: dmac,
+        ether_type: EtherType::IPV4,
+    }
+    .write(&mut out)
+    .expect("eth");
+    ip.write(&mut out).expect("ip");
+    icmp.write(&mut out).expect("icmp");
+    out.extend_from_slice(&quote);
+    out
+}
+
+/// The ICMP "fragmentation needed" the balancer answers client segment
+/// `seg` (built as `frame`) with when it does not fit the way to its
+/// backend: MACs swapped, IPv4 from the segment's destination (the VIP) to
+/// its source, TTL 64, no DF, identification 0, ICMP type 3 code 4 with
+/// next-hop MTU `mtu`, quoting the segment's 20-byte IPv4 header and first
+/// 8 TCP bytes.
+pub fn too_big_for(seg: &Seg, frame: &[u8], mtu: u16) -> Vec<u8> {
+    let mut out = Vec::new();
+    Ethernet2Header {
+        source: seg.dmac,
+        destination: seg.smac,
+        ether_type: EtherType::IPV4,
+    }
+    .write(&mut out)
+    .expect("eth");
+    out.extend_from_slice(&too_big_l3(
+        *seg.dst.ip(),
+        *seg.src.ip(),
+        &frame[14..14 + 28],
+        mtu,
+    ));
+    out
+}
+
+/// The IPv4 and ICMP part of [`too_big_for`]: from `src` to `dst`, quoting
+/// `quote` (the IPv4 header and 8 TCP bytes), next-hop MTU `mtu`.
+pub fn too_big_l3(src: Ipv4Addr, dst: Ipv4Addr, quote: &[u8], mtu: u16) -> Vec<u8> {
+    use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Header, Icmpv4Type};
+    let icmp = Icmpv4Header::with_checksum(
+        Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::FragmentationNeeded {
+            next_hop_mtu: mtu,
+        }),
+        quote,
+    );
+    let mut ip = Ipv4Header::new(
+        (icmp.header_len() + quote.len()) as u16,
+        64,
+        IpNumber::ICMP,
+        src.octets(),
+        dst.octets(),
+    )
+    .expect("ipv4");
+    ip.identification = 0;
+    ip.dont_fragment = false;
+    ip.header_checksum = ip.calc_header_checksum();
+    let mut out = Vec::new();
+    ip.write(&mut out).expect("ip");
+    icmp.write(&mut out).expect("icmp");
+    out.extend_from_slice(quote);
+    out
+}

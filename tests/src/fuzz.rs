@@ -21,6 +21,10 @@
 //!   backend host of that VIP (case 16);
 //! * a segment answered with a reset is a SYN to a VIP, and the reset is
 //!   byte for byte the one RFC 9293 prescribes (built by etherparse);
+//! * a segment answered with an ICMP "fragmentation needed" is a DF segment
+//!   to a VIP too long for the egress MTU, and the answer (from the VIP,
+//!   for that MTU, quoting its IPv4 header and 8 TCP bytes, L2 tags kept)
+//!   is byte for byte the one etherparse builds;
 //! * no backend's active-connection count ever goes below zero.
 //!
 //! The generator is seeded; the program's own random draws are seeded too
@@ -443,6 +447,9 @@ impl Before {
     }
 }
 
+/// MTU of the rig's interfaces.
+const EGRESS_MTU: u16 = 1500;
+
 /// `true` when `out` is a TCP RST going back to `input`'s sender.
 fn is_reset_of(input: &[u8], out: &[u8]) -> bool {
     match (frames::parse(input), frames::parse(out)) {
@@ -535,6 +542,31 @@ fn check(
             "reset differs from RFC 9293's: L2 {} / L3+ {}",
             diff(&l2, &out[..l3.min(out.len())]),
             diff(&want[14..], &out[l3.min(out.len())..])
+        );
+        return Ok(());
+    }
+    // A client's segment too big for the way to its backend (DF set):
+    // answered with an ICMP "fragmentation needed" for the egress MTU,
+    // quoting its IPv4 header and first 8 TCP bytes, L2 tags kept, MACs
+    // swapped.
+    if action == XDP_TX && out.len() > p.l3_off + 9 && out[p.l3_off + 9] == 1 {
+        let df = input[p.l3_off + 6] & 0x40 != 0;
+        let total = u16::from_be_bytes([input[p.l3_off + 2], input[p.l3_off + 3]]);
+        ensure!(
+            layout.is_vip(p.dst) && df && total > EGRESS_MTU && p.l4_off == p.l3_off + 20,
+            "answered frag-needed to a frame that fits or is not a DF segment to a VIP"
+        );
+        let mut quote = input[p.l3_off..p.l3_off + 20].to_vec();
+        quote.extend_from_slice(&input[p.l4_off..p.l4_off + 8]);
+        let want = frames::too_big_l3(*p.dst.ip(), *p.src.ip(), &quote, EGRESS_MTU);
+        let mut l2 = input[6..12].to_vec();
+        l2.extend_from_slice(&input[..6]);
+        l2.extend_from_slice(&input[12..p.l3_off]);
+        ensure!(
+            out[..p.l3_off] == l2[..] && out[p.l3_off..] == want[..],
+            "frag-needed differs: L2 {} / L3+ {}",
+            diff(&l2, &out[..p.l3_off]),
+            diff(&want, &out[p.l3_off..])
         );
         return Ok(());
     }

@@ -3,8 +3,8 @@
 //! iperf3 (a control connection and data connections that must reach one
 //! server) through a VIP with session affinity. Checks: downloads byte for
 //! byte, no errors from wrk and ab, every iperf3 run completing through the
-//! persistence VIP, and no live flow and no active count left 1 s after the
-//! clients stop. [`measure`] (the bench) adds requests/s and Gbit/s through
+//! persistence VIP, and no live flow and no active count left 5 s after the
+//! clients stop (a close slower than 1 s is printed). [`measure`] (the bench) adds requests/s and Gbit/s through
 //! the balancer next to the host's own forwarding on the same path.
 
 use std::{
@@ -180,28 +180,54 @@ fn open_flows(tb: &Testbed) -> anyhow::Result<Vec<FlowView>> {
     }
 }
 
-/// No live or half-open flow and no active count within 1 s of `since`
-/// (when the clients stopped); the daemon's expiry pass must not be what
-/// clears them, so this is well inside every timeout.
+/// How long after the clients stopped every flow must be closed and every
+/// count back to zero. A connection's last segment (a FIN, or the RST a
+/// closed socket answers late data with) can be dropped on a veth under
+/// load; TCP sends it again after its retransmission timeout (200 ms at
+/// least, doubling), so a close may take a few seconds. This is still far
+/// inside the closing timeout (30 s) and the established one (15 min): the
+/// daemon's expiry pass is not what clears them.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// No live or half-open flow and no active count within [`SETTLE`] of
+/// `since` (when the clients stopped). Flows still open after 1 s are
+/// printed with the tracking counters (a slow close is shown, not hidden).
 fn nothing_left(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Duration> {
+    let mut shown = false;
     loop {
         let flows = open_flows(tb)?;
         let active: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
         if flows.is_empty() && active == 0 {
             return Ok(since.elapsed());
         }
-        if since.elapsed() > Duration::from_secs(1) {
+        let late = since.elapsed() > Duration::from_secs(1);
+        if late && !shown || since.elapsed() > SETTLE {
+            shown = true;
+            let st = tb.stats()?;
+            let counters: Vec<String> = [
+                "closed_fin",
+                "closed_rst",
+                "rst_out_of_window",
+                "flow_misses",
+            ]
+            .iter()
+            .map(|c| format!("{c} {}", st.counter(c)))
+            .collect();
             let sample: Vec<String> = flows
                 .iter()
                 .take(5)
                 .map(|f| format!("{} -> {:?} {} fins {}", f.client, f.backend, f.kind, f.fins))
                 .collect();
-            bail!(
-                "{what}: {} flows open and {active} counted active 1 s after the clients \
-                 stopped: {}",
+            let msg = format!(
+                "{what}: {} flows open and {active} counted active {:?} after the clients \
+                 stopped: {} ({})",
                 flows.len(),
-                sample.join("; ")
+                since.elapsed(),
+                sample.join("; "),
+                counters.join(", ")
             );
+            ensure!(since.elapsed() <= SETTLE, "{msg}");
+            eprintln!("realclients: slow close: {msg}");
         }
         thread::sleep(Duration::from_millis(50));
     }
@@ -362,6 +388,9 @@ fn testbed() -> anyhow::Result<(Testbed, Vec<Proc>, Vec<u8>)> {
 }
 
 fn configure(tb: &mut Testbed) -> anyhow::Result<()> {
+    // Rare data-path events (an RST outside the window) in the daemon's
+    // log, which a failure prints.
+    tb.daemon_args = vec!["--datapath-log".into(), "warn".into()];
     tb.start_daemon()?;
     tb.cli(&["vip", "add", &VIP.to_string()])?;
     tb.cli(&["vip", "add", &IPERF_VIP.to_string(), "--persistence", "60s"])?;

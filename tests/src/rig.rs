@@ -188,7 +188,27 @@ pub struct Rig {
     /// Frames run so far.
     pub frames: u64,
     last: BTreeMap<String, u64>,
+    /// The data path's log (the rig loads the program with it on, at warn).
+    datapath_log: Option<balancer::balancer::DatapathLog>,
 }
+
+/// Records of the `log` crate, kept for [`Rig::datapath_log`] (this
+/// process's logger, installed by the first rig).
+struct Captured(std::sync::Mutex<Vec<String>>);
+
+impl log::Log for Captured {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(format!("{} {}", r.level(), r.args()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURED: Captured = Captured(std::sync::Mutex::new(Vec::new()));
 
 impl Rig {
     /// Loads a fresh program instance with a flow table of `flow_table`
@@ -205,12 +225,18 @@ impl Rig {
     /// # Errors
     /// Load failure, or the network of [`net_setup`] missing.
     pub fn with_tables(flow_table: u32, half_open_table: u32) -> anyhow::Result<Rig> {
+        // Errs when a logger is installed already (the first rig's).
+        if log::set_logger(&CAPTURED).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
         let mut lb = Balancer::load(&LoadOptions {
             flow_table_size: flow_table,
             half_open_table_size: half_open_table,
             affinity_table_size: 1024,
             pin_dir: None,
+            datapath_log: Some(log::Level::Warn),
         })?;
+        let datapath_log = lb.take_datapath_log();
         lb.register_interface("fx0")?;
         lb.register_interface("fx1")?;
         let mut r = Rig {
@@ -221,9 +247,28 @@ impl Rig {
             backend_if_mac: mac_of("fx1")?,
             frames: 0,
             last: BTreeMap::new(),
+            datapath_log,
         };
         r.last = r.counters()?;
         Ok(r)
+    }
+
+    /// The data path's log records emitted since the last call (level and
+    /// text).
+    ///
+    /// # Errors
+    /// The program was loaded without its log.
+    pub fn datapath_log(&mut self) -> anyhow::Result<Vec<String>> {
+        let logger = self
+            .datapath_log
+            .as_mut()
+            .context("the program was loaded without its data-path log")?;
+        logger.flush();
+        let mut v = CAPTURED
+            .0
+            .lock()
+            .map_err(|_| anyhow::anyhow!("log poisoned"))?;
+        Ok(std::mem::take(&mut *v))
     }
 
     /// Runs one frame through the program as if received on `side`'s

@@ -108,7 +108,9 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Test { args } => {
             build()?;
-            run(cargo().args(["test", "--workspace"]).args(args))
+            run(cargo()
+                .args(["test", "--workspace", "--no-fail-fast"])
+                .args(args))
         }
         Cmd::Long => {
             build()?;

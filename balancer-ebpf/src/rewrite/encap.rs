@@ -12,12 +12,26 @@ use crate::frame::XdpFrame;
 
 /// An encapsulation: mode, outer source and destination (network byte
 /// order), and for GUE the UDP ports (network byte order).
+#[repr(C)]
 pub struct Encap {
     pub mode: u16,
-    pub src: u32,
-    pub dst: u32,
     pub sport: u16,
     pub dport: u16,
+    pub _pad: u16,
+    pub src: u32,
+    pub dst: u32,
+}
+
+impl Encap {
+    /// No encapsulation (a [`super::Rewrite`] of another kind).
+    pub const NONE: Encap = Encap {
+        mode: 0,
+        sport: 0,
+        dport: 0,
+        _pad: 0,
+        src: 0,
+        dst: 0,
+    };
 }
 
 /// Replaces the frame's Ethernet header (and VLAN tags) with `macs`, an

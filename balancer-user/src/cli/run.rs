@@ -95,6 +95,13 @@ pub struct RunArgs {
     /// Period of flow expiry and count reconciliation.
     #[arg(long, default_value = "1s", value_parser = parse_timeout)]
     gc_interval: Duration,
+    /// Data-path log records (aya-log) at this level and above, written to
+    /// the daemon's log: rare events only (an RST outside the window, a
+    /// flow that could not be inserted, a missing stage). Off by default;
+    /// the records go through a 128 KiB ring buffer and are lost, not
+    /// queued, when it is full.
+    #[arg(long, value_name = "LEVEL")]
+    datapath_log: Option<log::Level>,
     /// Period of the stats log line (0s: never).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     stats_interval: Duration,
@@ -121,6 +128,7 @@ impl RunArgs {
                 half_open_table_size: self.half_open_table_size,
                 affinity_table_size: self.affinity_table_size,
                 pin_dir: Some(self.pin_dir),
+                datapath_log: self.datapath_log,
             },
             timeouts: Timeouts {
                 half_open: self.half_open_timeout,
