@@ -1,19 +1,22 @@
 //! Forwarding modes other than NAT, as pure functions the XDP program and
-//! the host tests share: the outer headers of IP-in-IP (RFC 2003) and GUE
-//! (variant 1 of draft-ietf-intarea-gue: the UDP payload is the inner IPv4
-//! packet itself, no GUE header) encapsulation, and the decapsulation of
-//! both on a backend.
+//! the host tests share: the outer headers of IP-in-IP (RFC 2003 for IPv4
+//! in IPv4, RFC 2473 for IPv6 in IPv6, and either family in the other) and
+//! GUE (variant 1 of draft-ietf-intarea-gue: the UDP payload is the inner
+//! IP packet itself, no GUE header) encapsulation, and the decapsulation of
+//! both on a backend. The outer family is the backend's; the inner packet
+//! is the client's, untouched.
 //!
-//! Layout on the wire (IPv4):
+//! Layout on the wire:
 //!
 //! ```text
-//! IP-in-IP: [Ethernet 14][outer IPv4 20, proto 4][inner IPv4 packet, untouched]
-//! GUE:      [Ethernet 14][outer IPv4 20, proto 17][UDP 8][inner IPv4 packet, untouched]
+//! IP-in-IP: [Ethernet 14][outer IPv4 20 | IPv6 40, proto 4 | 41][inner IP packet, untouched]
+//! GUE:      [Ethernet 14][outer IPv4 20 | IPv6 40, proto 17][UDP 8][inner IP packet, untouched]
 //! ```
 
 use crate::{
     csum,
-    parse::{Frame, ETH_HLEN, ETH_P_IPV4},
+    parse::{Frame, ETH_HLEN, ETH_P_IPV4, ETH_P_IPV6, IPV6_HLEN},
+    Addr,
 };
 
 /// How a VIP's packets reach its backends (`Backend::mode`).
@@ -46,32 +49,54 @@ pub mod mode {
     }
 }
 
-/// IP protocol number of IPv4-in-IPv4 (RFC 2003).
+/// IP protocol number of IPv4 encapsulated in IP (RFC 2003).
 pub const IPPROTO_IPIP: u8 = 4;
+/// IP protocol number of IPv6 encapsulated in IP (RFC 2473).
+pub const IPPROTO_IPV6: u8 = 41;
 /// IP protocol number of UDP.
 pub const IPPROTO_UDP: u8 = 17;
 /// Default UDP destination port of GUE on the backends.
 pub const DEFAULT_GUE_PORT: u16 = 6080;
-/// TTL of the outer header.
+/// TTL (IPv4) or hop limit (IPv6) of the outer header.
 pub const OUTER_TTL: u8 = 64;
-/// Bytes IP-in-IP adds.
+/// Bytes IP-in-IP adds with an outer IPv4 header.
 pub const IPIP_OVERHEAD: usize = 20;
-/// Bytes GUE adds.
+/// Bytes GUE adds with an outer IPv4 header.
 pub const GUE_OVERHEAD: usize = 28;
-/// Bytes mode `m` adds in front of the inner packet.
+/// Bytes IP-in-IP adds with an outer IPv6 header.
+pub const IPIP6_OVERHEAD: usize = 40;
+/// Bytes GUE adds with an outer IPv6 header.
+pub const GUE6_OVERHEAD: usize = 48;
+
+/// Bytes mode `m` adds in front of the inner packet, with an outer header
+/// of family `outer_v6`.
 #[inline(always)]
-pub const fn overhead(m: u16) -> usize {
-    match m {
-        mode::IPIP => IPIP_OVERHEAD,
-        mode::GUE => GUE_OVERHEAD,
+pub const fn overhead(m: u16, outer_v6: bool) -> usize {
+    match (m, outer_v6) {
+        (mode::IPIP, false) => IPIP_OVERHEAD,
+        (mode::GUE, false) => GUE_OVERHEAD,
+        (mode::IPIP, true) => IPIP6_OVERHEAD,
+        (mode::GUE, true) => GUE6_OVERHEAD,
         _ => 0,
     }
 }
 
+/// The protocol number announcing an inner packet of family `inner_v6`.
+#[inline(always)]
+pub const fn inner_proto(inner_v6: bool) -> u8 {
+    if inner_v6 {
+        IPPROTO_IPV6
+    } else {
+        IPPROTO_IPIP
+    }
+}
+
 /// The outer IPv4 header (20 bytes, checksum filled) in front of an inner
-/// IPv4 packet of `inner_len` bytes: `src` and `dst` in network byte order,
-/// the inner packet's TOS and DF bit copied, identification 0, TTL
-/// [`OUTER_TTL`], protocol `proto`.
+/// packet of `inner_len` bytes, `extra` bytes between them (GUE's UDP
+/// header): `src` and `dst` as wire bytes read as native-endian `u32`, the
+/// inner packet's TOS and DF bit copied (an inner IPv6 packet: its traffic
+/// class, and DF set, as IPv6 is never fragmented on the way),
+/// identification 0, TTL [`OUTER_TTL`], protocol `proto`.
 #[inline(always)]
 pub fn outer_ipv4(
     inner_len: u16,
@@ -82,7 +107,7 @@ pub fn outer_ipv4(
     src: u32,
     dst: u32,
 ) -> [u8; 20] {
-    let total = inner_len.wrapping_add(extra).to_be_bytes();
+    let total = inner_len.wrapping_add(extra).wrapping_add(20).to_be_bytes();
     let s = src.to_ne_bytes();
     let d = dst.to_ne_bytes();
     let mut h = [
@@ -113,9 +138,59 @@ pub fn outer_ipv4(
     h
 }
 
+/// The outer IPv6 header (40 bytes) in front of an inner packet of
+/// `inner_len` bytes, `extra` bytes between them: traffic class `tclass`
+/// (the inner packet's), flow label 0, next header `next`, hop limit
+/// [`OUTER_TTL`].
+#[inline(always)]
+pub fn outer_ipv6(
+    inner_len: u16,
+    extra: u16,
+    tclass: u8,
+    next: u8,
+    src: &Addr,
+    dst: &Addr,
+) -> [u8; 40] {
+    let mut h = [0u8; 40];
+    h[..8].copy_from_slice(&outer_ipv6_fixed(inner_len, extra, tclass, next));
+    h[8..24].copy_from_slice(&src.v6_bytes());
+    h[24..40].copy_from_slice(&dst.v6_bytes());
+    h
+}
+
+/// The first 8 bytes of [`outer_ipv6`] (the addresses follow; the data
+/// path writes them one by one rather than hold 40 bytes on its stack).
+#[inline(always)]
+pub const fn outer_ipv6_fixed(inner_len: u16, extra: u16, tclass: u8, next: u8) -> [u8; 8] {
+    let plen = inner_len.wrapping_add(extra).to_be_bytes();
+    [
+        0x60 | (tclass >> 4),
+        tclass << 4,
+        0,
+        0,
+        plen[0],
+        plen[1],
+        next,
+        OUTER_TTL,
+    ]
+}
+
+/// The traffic class (IPv6) or TOS (IPv4) byte of the IP header whose
+/// first two bytes are `first2`.
+#[inline(always)]
+pub const fn tos_of(first2: [u8; 2]) -> u8 {
+    if first2[0] >> 4 == 6 {
+        (first2[0] << 4) | (first2[1] >> 4)
+    } else {
+        first2[1]
+    }
+}
+
 /// The UDP header of GUE (8 bytes): source port `sport` (network byte
 /// order, from [`entropy_port`]), destination `dport` (network byte order),
-/// checksum 0 (allowed over IPv4, RFC 768; the inner packet has its own).
+/// checksum 0: allowed over IPv4 (RFC 768) and, for tunnels, over IPv6
+/// (RFC 6935, RFC 6936; the backends' decapsulation program accepts it);
+/// the inner packet has its own.
 #[inline(always)]
 pub fn gue_udp(sport: u16, dport: u16, inner_len: u16) -> [u8; 8] {
     let s = sport.to_ne_bytes();
@@ -129,9 +204,9 @@ pub fn gue_udp(sport: u16, dport: u16, inner_len: u16) -> [u8; 8] {
 /// (RSS on the outer header) while each flow stays on one: in the
 /// ephemeral range 49152..=65535 (RFC 6335).
 #[inline(always)]
-pub fn entropy_port(client_addr: u32, client_port: u16) -> u16 {
+pub fn entropy_port(client_addr: &Addr, client_port: u16) -> u16 {
     // A multiplicative hash (Knuth, TAOCP vol. 3, 6.4) of both fields.
-    let h = (client_addr ^ (client_port as u32).rotate_left(16)).wrapping_mul(0x9E37_79B1);
+    let h = (client_addr.fold32() ^ (client_port as u32).rotate_left(16)).wrapping_mul(0x9E37_79B1);
     (0xC000 | (h >> 18) as u16 & 0x3FFF).to_be()
 }
 
@@ -140,50 +215,80 @@ pub fn entropy_port(client_addr: u32, client_port: u16) -> u16 {
 pub enum Decap {
     /// Not encapsulated for us: leave the frame alone.
     NotOurs,
-    /// Strip this many bytes after the Ethernet header (the outer IPv4
-    /// header, and UDP for GUE); the inner IPv4 packet follows.
-    Strip(usize),
+    /// Strip `len` bytes after the Ethernet header (the outer IP header,
+    /// and UDP for GUE); the inner packet follows, of family `inner_v6`
+    /// (the EtherType to write).
+    Strip {
+        /// Bytes to strip.
+        len: usize,
+        /// `true` when the inner packet is IPv6.
+        inner_v6: bool,
+    },
 }
 
 /// Decides what to strip from a frame received on a backend: an IPv4
-/// packet (untagged Ethernet) without options, not a fragment, carrying
-/// IP-in-IP, or UDP to `gue_port` (network byte order) whose payload
-/// starts with an IPv4 header. `local` (network byte order, 0: any) must
-/// be the outer destination.
-pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: u32) -> Decap {
+/// packet without options, not a fragment, or an IPv6 packet without
+/// extension headers (untagged Ethernet both), carrying IP-in-IP (either
+/// inner family), or UDP to `gue_port` (network byte order) whose payload
+/// starts with an IP header. `local` ([`Addr::ZERO`]: any) must be the
+/// outer destination.
+pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
     let Some(eth) = f.read::<14>(0) else {
         return Decap::NotOurs;
     };
-    if u16::from_be_bytes([eth[12], eth[13]]) != ETH_P_IPV4 {
-        return Decap::NotOurs;
-    }
-    let Some(ip) = f.read::<20>(ETH_HLEN) else {
-        return Decap::NotOurs;
-    };
-    // Version 4, IHL 5 (our encapsulation never adds options), no fragment.
-    if ip[0] != 0x45 || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
-        return Decap::NotOurs;
-    }
-    let dst = u32::from_ne_bytes([ip[16], ip[17], ip[18], ip[19]]);
-    if local != 0 && dst != local {
-        return Decap::NotOurs;
-    }
-    let inner_first = |off: usize| f.read::<1>(ETH_HLEN + off).map(|b| b[0] >> 4);
-    match ip[9] {
-        IPPROTO_IPIP if inner_first(IPIP_OVERHEAD) == Some(4) => Decap::Strip(IPIP_OVERHEAD),
-        IPPROTO_UDP => {
-            let Some(udp) = f.read::<8>(ETH_HLEN + 20) else {
+    let (hlen, proto, dst) = match u16::from_be_bytes([eth[12], eth[13]]) {
+        ETH_P_IPV4 => {
+            let Some(ip) = f.read::<20>(ETH_HLEN) else {
                 return Decap::NotOurs;
             };
-            if u16::from_ne_bytes([udp[2], udp[3]]) == gue_port
-                && inner_first(GUE_OVERHEAD) == Some(4)
-            {
-                Decap::Strip(GUE_OVERHEAD)
-            } else {
-                Decap::NotOurs
+            // Version 4, IHL 5 (our encapsulation never adds options), no
+            // fragment.
+            if ip[0] != 0x45 || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
+                return Decap::NotOurs;
+            }
+            let Some(dst) = f.read_addr4(ETH_HLEN + 16) else {
+                return Decap::NotOurs;
+            };
+            (20, ip[9], dst)
+        }
+        ETH_P_IPV6 => {
+            let (Some(ip), Some(dst)) = (f.read::<8>(ETH_HLEN), f.read_addr6(ETH_HLEN + 24)) else {
+                return Decap::NotOurs;
+            };
+            if ip[0] >> 4 != 6 {
+                return Decap::NotOurs;
+            }
+            (IPV6_HLEN, ip[6], dst)
+        }
+        _ => return Decap::NotOurs,
+    };
+    if !local.is_zero() && dst != *local {
+        return Decap::NotOurs;
+    }
+    let inner_version = |off: usize| f.read::<1>(ETH_HLEN + off).map(|b| b[0] >> 4);
+    let (len, expect) = match proto {
+        IPPROTO_IPIP => (hlen, 4),
+        IPPROTO_IPV6 => (hlen, 6),
+        IPPROTO_UDP => {
+            let Some(udp) = f.read::<8>(ETH_HLEN + hlen) else {
+                return Decap::NotOurs;
+            };
+            if u16::from_ne_bytes([udp[2], udp[3]]) != gue_port {
+                return Decap::NotOurs;
+            }
+            match inner_version(hlen + 8) {
+                Some(v @ (4 | 6)) => (hlen + 8, v),
+                _ => return Decap::NotOurs,
             }
         }
-        _ => Decap::NotOurs,
+        _ => return Decap::NotOurs,
+    };
+    if inner_version(len) != Some(expect) {
+        return Decap::NotOurs;
+    }
+    Decap::Strip {
+        len,
+        inner_v6: expect == 6,
     }
 }
 
@@ -196,9 +301,22 @@ mod tests {
 
     use super::*;
 
+    const SIX_A: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    const SIX_B: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10];
+
     fn inner() -> Vec<u8> {
         let mut v = Vec::new();
         PacketBuilder::ipv4([10, 0, 1, 2], [10, 0, 0, 10], 63)
+            .tcp(40000, 80, 1000, 64240)
+            .syn()
+            .write(&mut v, &[])
+            .unwrap();
+        v
+    }
+
+    fn inner6() -> Vec<u8> {
+        let mut v = Vec::new();
+        PacketBuilder::ipv6(SIX_A, SIX_B, 63)
             .tcp(40000, 80, 1000, 64240)
             .syn()
             .write(&mut v, &[])
@@ -215,7 +333,7 @@ mod tests {
         let inner = inner();
         let h = outer_ipv4(
             inner.len() as u16,
-            20,
+            0,
             0x10,
             true,
             IPPROTO_IPIP,
@@ -236,14 +354,36 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_outer_header_parses() {
+        let inner = inner6();
+        let h = outer_ipv6(
+            inner.len() as u16,
+            0,
+            0xb8,
+            IPPROTO_IPV6,
+            &Addr::from_v6_bytes(&SIX_A),
+            &Addr::from_v6_bytes(&SIX_B),
+        );
+        let mut pkt = h.to_vec();
+        pkt.extend_from_slice(&inner);
+        let (hdr, _) = etherparse::Ipv6Header::from_slice(&pkt).unwrap();
+        assert_eq!(hdr.source, SIX_A);
+        assert_eq!(hdr.destination, SIX_B);
+        assert_eq!(hdr.payload_length as usize, inner.len());
+        assert_eq!(hdr.next_header.0, IPPROTO_IPV6);
+        assert_eq!(hdr.hop_limit, OUTER_TTL);
+        assert_eq!(hdr.traffic_class, 0xb8);
+    }
+
+    #[test]
     fn gue_headers_parse_and_decap_strips_them() {
         let inner = inner();
         let port = DEFAULT_GUE_PORT.to_be();
-        let sport = entropy_port(addr([10, 0, 1, 2]), 40000u16.to_be());
+        let sport = entropy_port(&Addr::v4(addr([10, 0, 1, 2])), 40000u16.to_be());
         let mut frame = [2u8, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00].to_vec();
         frame.extend_from_slice(&outer_ipv4(
             inner.len() as u16,
-            28,
+            8,
             0,
             true,
             IPPROTO_UDP,
@@ -261,17 +401,75 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(decap(&frame[..], port, 0), Decap::Strip(GUE_OVERHEAD));
+        let strip = Decap::Strip {
+            len: GUE_OVERHEAD,
+            inner_v6: false,
+        };
+        assert_eq!(decap(&frame[..], port, &Addr::ZERO), strip);
         assert_eq!(
-            decap(&frame[..], port, addr([10, 0, 2, 10])),
-            Decap::Strip(GUE_OVERHEAD)
+            decap(&frame[..], port, &Addr::v4(addr([10, 0, 2, 10]))),
+            strip
         );
         assert_eq!(
-            decap(&frame[..], port, addr([10, 0, 2, 11])),
+            decap(&frame[..], port, &Addr::v4(addr([10, 0, 2, 11]))),
             Decap::NotOurs
         );
-        assert_eq!(decap(&frame[..], 9999u16.to_be(), 0), Decap::NotOurs);
+        assert_eq!(
+            decap(&frame[..], 9999u16.to_be(), &Addr::ZERO),
+            Decap::NotOurs
+        );
         assert_eq!(&frame[14 + GUE_OVERHEAD..], &inner[..]);
+    }
+
+    /// Each inner family in each outer family, both modes: etherparse reads
+    /// the outer headers, and decapsulation strips exactly them.
+    #[test]
+    fn every_family_combination_round_trips() {
+        for inner_v6 in [false, true] {
+            for outer_v6 in [false, true] {
+                for m in [mode::IPIP, mode::GUE] {
+                    let inner = if inner_v6 { inner6() } else { inner() };
+                    let n = inner.len() as u16;
+                    let extra = if m == mode::GUE { 8 } else { 0 };
+                    let proto = if m == mode::GUE {
+                        IPPROTO_UDP
+                    } else {
+                        inner_proto(inner_v6)
+                    };
+                    let mut frame = [0u8; 12].to_vec();
+                    if outer_v6 {
+                        frame.extend_from_slice(&ETH_P_IPV6.to_be_bytes());
+                        frame.extend_from_slice(&outer_ipv6(
+                            n,
+                            extra,
+                            0,
+                            proto,
+                            &Addr::from_v6_bytes(&SIX_A),
+                            &Addr::from_v6_bytes(&SIX_B),
+                        ));
+                    } else {
+                        frame.extend_from_slice(&ETH_P_IPV4.to_be_bytes());
+                        frame.extend_from_slice(&outer_ipv4(n, extra, 0, true, proto, 1, 2));
+                    }
+                    if m == mode::GUE {
+                        frame.extend_from_slice(&gue_udp(0xc001u16.to_be(), 6080u16.to_be(), n));
+                    }
+                    let over = overhead(m, outer_v6);
+                    assert_eq!(frame.len(), 14 + over);
+                    frame.extend_from_slice(&inner);
+                    let p = SlicedPacket::from_ethernet(&frame).unwrap();
+                    assert!(p.net.is_some());
+                    assert_eq!(
+                        decap(&frame[..], 6080u16.to_be(), &Addr::ZERO),
+                        Decap::Strip {
+                            len: over,
+                            inner_v6
+                        },
+                        "inner v6 {inner_v6} outer v6 {outer_v6} mode {m}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
@@ -281,7 +479,7 @@ mod tests {
         frame.extend_from_slice(&[0x08, 0x00]);
         frame.extend_from_slice(&outer_ipv4(
             inner.len() as u16,
-            20,
+            0,
             0,
             false,
             IPPROTO_IPIP,
@@ -289,28 +487,39 @@ mod tests {
             2,
         ));
         frame.extend_from_slice(&inner);
-        assert_eq!(decap(&frame[..], 0, 0), Decap::Strip(IPIP_OVERHEAD));
+        assert_eq!(
+            decap(&frame[..], 0, &Addr::ZERO),
+            Decap::Strip {
+                len: IPIP_OVERHEAD,
+                inner_v6: false
+            }
+        );
         // The inner packet itself is not encapsulated.
         let mut plain = [0u8; 12].to_vec();
         plain.extend_from_slice(&[0x08, 0x00]);
         plain.extend_from_slice(&inner);
-        assert_eq!(decap(&plain[..], 0, 0), Decap::NotOurs);
+        assert_eq!(decap(&plain[..], 0, &Addr::ZERO), Decap::NotOurs);
         // Truncated, or an outer fragment.
-        assert_eq!(decap(&frame[..30], 0, 0), Decap::NotOurs);
+        assert_eq!(decap(&frame[..30], 0, &Addr::ZERO), Decap::NotOurs);
         let mut frag = frame.clone();
         frag[14 + 6] |= 0x20;
-        assert_eq!(decap(&frag[..], 0, 0), Decap::NotOurs);
+        assert_eq!(decap(&frag[..], 0, &Addr::ZERO), Decap::NotOurs);
+        // Protocol 41 announcing IPv6 with an IPv4 packet inside.
+        let mut lie = frame.clone();
+        lie[14 + 9] = IPPROTO_IPV6;
+        assert_eq!(decap(&lie[..], 0, &Addr::ZERO), Decap::NotOurs);
     }
 
     #[test]
     fn entropy_ports_spread_and_stay_ephemeral() {
         let mut seen = std::collections::BTreeSet::new();
+        let a = Addr::v4(addr([10, 0, 1, 2]));
         for p in 0..1000u16 {
-            let sp = u16::from_be(entropy_port(addr([10, 0, 1, 2]), p.to_be()));
+            let sp = u16::from_be(entropy_port(&a, p.to_be()));
             assert!(sp >= 0xC000);
             seen.insert(sp);
         }
         assert!(seen.len() > 900, "{} distinct ports", seen.len());
-        assert_eq!(entropy_port(7, 9), entropy_port(7, 9));
+        assert_eq!(entropy_port(&a, 9), entropy_port(&a, 9));
     }
 }

@@ -16,7 +16,7 @@
 //! CLOSING takes it and is gone, so the balancer must take it as well.
 
 use crate::{
-    parse::Tcp4, parse::TCP_ACK, parse::TCP_FIN, parse::TCP_RST, parse::TCP_SYN, FlowEntry,
+    parse::Tcp, parse::TCP_ACK, parse::TCP_FIN, parse::TCP_RST, parse::TCP_SYN, FlowEntry,
 };
 
 /// The client sent FIN.
@@ -62,7 +62,7 @@ pub enum Verdict {
 
 /// Fills the tracking fields of a new flow from its SYN.
 #[inline(always)]
-pub fn start(entry: &mut FlowEntry, syn: &Tcp4, now_ns: u64) {
+pub fn start(entry: &mut FlowEntry, syn: &Tcp, now_ns: u64) {
     entry.state = 0;
     entry.client_next_seq = syn.seq.wrapping_add(1);
     entry.server_next_seq = 0;
@@ -116,7 +116,7 @@ pub struct Step {
 /// Computes what a segment travelling `dir` does to the flow whose current
 /// fields are `entry` (a snapshot; nothing is written).
 #[inline(always)]
-pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
+pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
     let state = entry.state;
     let mut step = Step {
         set: 0,
@@ -187,7 +187,7 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp4) -> Step {
 /// The client's FIN closes the flow ([`verdict_one_sided`]): its final ACK
 /// and retransmissions still reach the backend through the closed entry.
 #[inline(always)]
-pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp4) -> Step {
+pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp) -> Step {
     let mut step = Step {
         set: 0,
         client_next_seq: None,
@@ -285,7 +285,7 @@ pub const fn verdict(old: u32, step: &Step) -> Verdict {
 /// [`track`] and its writes in one go, for a single writer (userspace and
 /// tests): stores the sequence numbers, sets the bits and returns the
 /// verdict. Does not touch `last_seen_ns`.
-pub fn apply(entry: &mut FlowEntry, dir: Direction, seg: &Tcp4) -> Verdict {
+pub fn apply(entry: &mut FlowEntry, dir: Direction, seg: &Tcp) -> Verdict {
     let step = track(entry, dir, seg);
     if let Some(v) = step.client_next_seq {
         entry.client_next_seq = v;
@@ -303,7 +303,7 @@ mod tests {
     extern crate std;
     use super::*;
 
-    fn apply_one_sided(e: &mut FlowEntry, s: &Tcp4) -> Verdict {
+    fn apply_one_sided(e: &mut FlowEntry, s: &Tcp) -> Verdict {
         let step = track_one_sided(e, s);
         if let Some(v) = step.client_next_seq {
             e.client_next_seq = v;
@@ -355,8 +355,8 @@ mod tests {
         );
     }
 
-    fn seg(flags: u8, seq: u32, ack: u32) -> Tcp4 {
-        Tcp4 {
+    fn seg(flags: u8, seq: u32, ack: u32) -> Tcp {
+        Tcp {
             flags,
             seq,
             ack,
@@ -509,7 +509,7 @@ mod tests {
     #[derive(Clone, Copy)]
     struct Ev {
         dir: Direction,
-        seg: Tcp4,
+        seg: Tcp,
     }
 
     /// Runs every interleaving of two per-direction segment sequences, each

@@ -1,7 +1,8 @@
 //! Path MTU discovery through the balancer: an ICMP "fragmentation needed"
-//! (IPv4 type 3 code 4, RFC 1191) addressed to a VIP carries the header of
-//! the packet that was too big, from the VIP to a client: it names a pinned
-//! flow, and goes to that flow's backend, whose TCP lowers its segment size.
+//! (IPv4 type 3 code 4, RFC 1191) or ICMPv6 "packet too big" (type 2,
+//! RFC 8201) addressed to a VIP carries the header of the packet that was
+//! too big, from the VIP to a client: it names a pinned flow, and goes to
+//! that flow's backend, whose TCP lowers its segment size.
 //! In NAT mode the backend knows the flow by its own address and port, so
 //! the outer destination, the embedded source address and port are
 //! rewritten to the backend's and every checksum they touch is updated
@@ -10,8 +11,11 @@
 
 use crate::{
     csum,
-    parse::{Frame, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, IPV4_TTL_OFF},
-    IPPROTO_TCP,
+    parse::{
+        Frame, IPPROTO_ICMPV6, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, IPV4_TTL_OFF,
+        IPV6_DST_OFF, IPV6_HLEN, IPV6_SRC_OFF,
+    },
+    Addr, IPPROTO_TCP,
 };
 
 /// IP protocol number of ICMP.
@@ -24,35 +28,53 @@ pub const ICMP_FRAG_NEEDED: u8 = 4;
 pub const ICMP_CSUM_OFF: usize = 2;
 /// Length of the ICMP header before the embedded packet.
 pub const ICMP_HLEN: usize = 8;
+/// ICMPv6 type "packet too big" (RFC 4443 3.2).
+pub const ICMPV6_PACKET_TOO_BIG: u8 = 2;
+/// The smallest MTU an IPv6 link has (RFC 8200 section 5).
+pub const IPV6_MIN_MTU: u32 = 1280;
 
-/// A "fragmentation needed" message and the packet it quotes. Offsets are
-/// from the frame's start; addresses and ports in network byte order.
+/// A "fragmentation needed" or "packet too big" message and the packet it
+/// quotes. Offsets are from the frame's start; ports in network byte order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TooBig {
-    /// Offset of the outer IPv4 header.
+    /// Offset of the outer IP header.
     pub l3_off: usize,
     /// Offset of the ICMP header.
     pub icmp_off: usize,
-    /// Offset of the embedded IPv4 header.
+    /// Offset of the embedded IP header.
     pub inner_off: usize,
     /// Offset of the embedded TCP header (its first 8 bytes are there).
     pub inner_l4_off: usize,
-    /// Outer total length, bytes.
-    pub total_len: u16,
-    /// Outer TTL.
+    /// Outer packet length, bytes (IPv4 total length; IPv6 40 + payload).
+    pub total_len: u32,
+    /// Outer TTL or hop limit.
     pub ttl: u8,
+    /// `true` for ICMPv6.
+    pub v6: bool,
     /// Outer source (the router that sent it).
-    pub src_addr: u32,
+    pub src_addr: Addr,
     /// Outer destination (the VIP).
-    pub dst_addr: u32,
+    pub dst_addr: Addr,
     /// The quoted packet's source: the VIP.
-    pub vip_addr: u32,
+    pub vip_addr: Addr,
     /// The quoted packet's source port: the VIP's.
     pub vip_port: u16,
     /// The quoted packet's destination: the client.
-    pub client_addr: u32,
+    pub client_addr: Addr,
     /// The quoted packet's destination port: the client's.
     pub client_port: u16,
+}
+
+/// `true` when the IP packet of `total_len` bytes at `l3_off` fits the
+/// frame of `frame_len` bytes and holds the quoted TCP ports at
+/// `inner_l4_off`. The packet's end goes through `black_box`: from the two
+/// comparisons together the compiler could prove the parser's reads in
+/// bounds and drop their own checks against the frame's end, which are the
+/// ones the verifier follows (it does not relate the scalars).
+#[inline(always)]
+fn fits(l3_off: usize, total_len: u32, inner_l4_off: usize, frame_len: usize) -> bool {
+    let end = core::hint::black_box(l3_off + total_len as usize);
+    end <= frame_len && inner_l4_off + 8 <= end
 }
 
 /// Parses the "fragmentation needed" message whose outer IPv4 header is at
@@ -83,23 +105,75 @@ pub fn parse_too_big<F: Frame + ?Sized>(f: &F, l3_off: usize) -> Option<TooBig> 
     }
     let inner_l4_off = inner_off + inner_ihl;
     let ports = f.read::<8>(inner_l4_off)?;
-    if l3_off + total_len as usize > f.len() || inner_l4_off + 8 > l3_off + total_len as usize {
+    // Every read before the length checks on scalars (see `fits`).
+    let t = TooBig {
+        l3_off,
+        icmp_off,
+        inner_off,
+        inner_l4_off,
+        total_len: total_len as u32,
+        ttl: ip[8],
+        v6: false,
+        src_addr: f.read_addr4(l3_off + IPV4_SRC_OFF)?,
+        dst_addr: f.read_addr4(l3_off + IPV4_DST_OFF)?,
+        vip_addr: f.read_addr4(inner_off + IPV4_SRC_OFF)?,
+        vip_port: u16::from_ne_bytes([ports[0], ports[1]]),
+        client_addr: f.read_addr4(inner_off + IPV4_DST_OFF)?,
+        client_port: u16::from_ne_bytes([ports[2], ports[3]]),
+    };
+    if !fits(l3_off, total_len as u32, inner_l4_off, f.len()) {
         return None;
     }
-    Some(TooBig {
+    Some(t)
+}
+
+/// Parses the ICMPv6 "packet too big" message whose IPv6 header is at
+/// `l3_off` and whose ICMPv6 header is at `icmp_off` (the parser walked any
+/// extension headers between): type 2 code 0, quoting an IPv6 header whose
+/// next header is TCP and at least 8 bytes of TCP. `None` for anything
+/// else.
+#[inline(always)]
+pub fn parse_too_big6<F: Frame + ?Sized>(f: &F, l3_off: usize, icmp_off: usize) -> Option<TooBig> {
+    let ip = f.read::<8>(l3_off)?;
+    let total_len = IPV6_HLEN as u32 + u16::from_be_bytes([ip[4], ip[5]]) as u32;
+    let icmp = f.read::<ICMP_HLEN>(icmp_off)?;
+    if icmp[0] != ICMPV6_PACKET_TOO_BIG || icmp[1] != 0 {
+        return None;
+    }
+    let inner_off = icmp_off + ICMP_HLEN;
+    let inner = f.read::<8>(inner_off)?;
+    if inner[0] >> 4 != 6 || inner[6] != IPPROTO_TCP {
+        return None;
+    }
+    let inner_l4_off = inner_off + IPV6_HLEN;
+    // Every read before the length checks on scalars (see `fits`), in the
+    // order of their ends in the frame: a read whose check an earlier one
+    // implies loses it to the compiler, and the verifier does not relate
+    // the two pointers.
+    let src_addr = f.read_addr6(l3_off + IPV6_SRC_OFF)?;
+    let dst_addr = f.read_addr6(l3_off + IPV6_DST_OFF)?;
+    let vip_addr = f.read_addr6(inner_off + IPV6_SRC_OFF)?;
+    let client_addr = f.read_addr6(inner_off + IPV6_DST_OFF)?;
+    let ports = f.read::<8>(inner_l4_off)?;
+    let t = TooBig {
         l3_off,
         icmp_off,
         inner_off,
         inner_l4_off,
         total_len,
-        ttl: ip[8],
-        src_addr: u32::from_ne_bytes([ip[12], ip[13], ip[14], ip[15]]),
-        dst_addr: u32::from_ne_bytes([ip[16], ip[17], ip[18], ip[19]]),
-        vip_addr: u32::from_ne_bytes([inner[12], inner[13], inner[14], inner[15]]),
+        ttl: ip[7],
+        v6: true,
+        src_addr,
+        dst_addr,
+        vip_addr,
         vip_port: u16::from_ne_bytes([ports[0], ports[1]]),
-        client_addr: u32::from_ne_bytes([inner[16], inner[17], inner[18], inner[19]]),
+        client_addr,
         client_port: u16::from_ne_bytes([ports[2], ports[3]]),
-    })
+    };
+    if !fits(l3_off, total_len, inner_l4_off, f.len()) {
+        return None;
+    }
+    Some(t)
 }
 
 /// The words a NAT rewrite of a [`TooBig`] changes, each as its wire bytes
@@ -129,10 +203,10 @@ impl NatWords {
         Some(NatWords {
             ttl_proto: u16::from_ne_bytes(f.read::<2>(t.l3_off + IPV4_TTL_OFF)?),
             ip_csum: u16::from_ne_bytes(f.read::<2>(t.l3_off + IPV4_CSUM_OFF)?),
-            dst: u32::from_ne_bytes(f.read::<4>(t.l3_off + IPV4_DST_OFF)?),
+            dst: f.read_u32(t.l3_off + IPV4_DST_OFF)?,
             icmp_csum: u16::from_ne_bytes(f.read::<2>(t.icmp_off + ICMP_CSUM_OFF)?),
             inner_csum: u16::from_ne_bytes(f.read::<2>(t.inner_off + IPV4_CSUM_OFF)?),
-            inner_src: u32::from_ne_bytes(f.read::<4>(t.inner_off + IPV4_SRC_OFF)?),
+            inner_src: f.read_u32(t.inner_off + IPV4_SRC_OFF)?,
             inner_sport: u16::from_ne_bytes(f.read::<2>(t.inner_l4_off)?),
         })
     }
@@ -180,24 +254,15 @@ pub fn nat_to_backend(w: &NatWords, addr: u32, port: u16) -> NatWords {
 /// ICMP header 8, the quoted IPv4 header 20 and 8 bytes of TCP.
 pub const TOO_BIG_LEN: usize = 56;
 
-/// The "fragmentation needed" (RFC 792, RFC 1191) answering a packet too
-/// big for the next hop: from `src` (the address the packet was sent to,
-/// the VIP) to `dst` (its sender), TTL 64, next-hop MTU `mtu`, quoting the
-/// packet's 20-byte IPv4 header `quoted_ip` and its first 8 TCP bytes
-/// `quoted_l4`; both checksums filled. Addresses in network byte order.
+/// The IPv4 header of a "fragmentation needed" the data path sends: from
+/// `src` to `dst` (wire bytes read as native-endian `u32`), total length
+/// [`TOO_BIG_LEN`], TTL 64, protocol ICMP, checksum filled.
 #[inline(always)]
-pub fn too_big_reply(
-    src: u32,
-    dst: u32,
-    mtu: u16,
-    quoted_ip: &[u8; 20],
-    quoted_l4: &[u8; 8],
-) -> [u8; TOO_BIG_LEN] {
+pub fn too_big_ip(src: u32, dst: u32) -> [u8; 20] {
     let s = src.to_ne_bytes();
     let d = dst.to_ne_bytes();
-    let mut out = [0u8; TOO_BIG_LEN];
     let total = (TOO_BIG_LEN as u16).to_be_bytes();
-    let ip = [
+    let mut ip = [
         0x45,
         0,
         total[0],
@@ -219,22 +284,170 @@ pub fn too_big_reply(
         d[2],
         d[3],
     ];
-    out[..20].copy_from_slice(&ip);
     let c = csum::checksum20(&ip, 0).to_ne_bytes();
-    out[10] = c[0];
-    out[11] = c[1];
+    ip[10] = c[0];
+    ip[11] = c[1];
+    ip
+}
+
+/// The ICMP header (type 3 code 4, checksum, next-hop MTU) of a
+/// "fragmentation needed" reporting `mtu`, whose 28 quoted bytes (an IPv4
+/// header without options and 8 bytes of TCP) have the unfolded
+/// one's-complement sum `quoted_sum` (as [`csum::add_words`]).
+#[inline(always)]
+pub fn too_big_icmp(mtu: u16, quoted_sum: u32) -> [u8; 8] {
     let m = mtu.to_be_bytes();
-    out[20] = ICMP_DEST_UNREACH;
-    out[21] = ICMP_FRAG_NEEDED;
-    out[26] = m[0];
-    out[27] = m[1];
+    let mut h = [ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, 0, 0, 0, 0, m[0], m[1]];
+    let c = (!csum::fold(csum::add_words(&h, quoted_sum))).to_ne_bytes();
+    h[2] = c[0];
+    h[3] = c[1];
+    h
+}
+
+/// The "fragmentation needed" (RFC 792, RFC 1191) answering a packet too
+/// big for the next hop: from `src` (the address the packet was sent to,
+/// the VIP) to `dst` (its sender), TTL 64, next-hop MTU `mtu`, quoting the
+/// packet's 20-byte IPv4 header `quoted_ip` and its first 8 TCP bytes
+/// `quoted_l4`; both checksums filled. Addresses in network byte order.
+/// (The data path writes the same bytes in pieces: [`too_big_ip`],
+/// [`too_big_icmp`].)
+pub fn too_big_reply(
+    src: u32,
+    dst: u32,
+    mtu: u16,
+    quoted_ip: &[u8; 20],
+    quoted_l4: &[u8; 8],
+) -> [u8; TOO_BIG_LEN] {
+    let mut out = [0u8; TOO_BIG_LEN];
+    out[..20].copy_from_slice(&too_big_ip(src, dst));
     out[28..48].copy_from_slice(quoted_ip);
     out[48..56].copy_from_slice(quoted_l4);
-    let mut icmp = [0u8; 36];
-    icmp.copy_from_slice(&out[20..56]);
-    let c = (!csum::fold(csum::add_words(&icmp, 0))).to_ne_bytes();
-    out[22] = c[0];
-    out[23] = c[1];
+    let mut quoted = [0u8; 28];
+    quoted.copy_from_slice(&out[28..56]);
+    out[20..28].copy_from_slice(&too_big_icmp(mtu, csum::add_words(&quoted, 0)));
+    out
+}
+
+/// The words an IPv6 NAT rewrite of a [`TooBig`] changes (the ICMPv6
+/// checksum covers a pseudo-header with the outer addresses; IPv6 has no
+/// header checksum).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatWords6 {
+    /// Outer next header and hop limit word (offset 6).
+    pub hop_word: u16,
+    /// Outer destination (the VIP, then the backend).
+    pub dst: Addr,
+    /// ICMPv6 checksum.
+    pub icmp_csum: u16,
+    /// Embedded source (the VIP, then the backend).
+    pub inner_src: Addr,
+    /// Embedded source port (the VIP's, then the backend's).
+    pub inner_sport: u16,
+}
+
+/// Offset of the ICMPv6 checksum (as ICMP's).
+const ICMPV6_CSUM_OFF: usize = ICMP_CSUM_OFF;
+
+impl NatWords6 {
+    /// Reads the words of `t` from the frame.
+    #[inline(always)]
+    pub fn read<F: Frame + ?Sized>(f: &F, t: &TooBig) -> Option<NatWords6> {
+        Some(NatWords6 {
+            hop_word: u16::from_ne_bytes(f.read::<2>(t.l3_off + crate::nat::TTL_WORD_OFF_V6)?),
+            dst: f.read_addr6(t.l3_off + IPV6_DST_OFF)?,
+            icmp_csum: u16::from_ne_bytes(f.read::<2>(t.icmp_off + ICMPV6_CSUM_OFF)?),
+            inner_src: f.read_addr6(t.inner_off + IPV6_SRC_OFF)?,
+            inner_sport: u16::from_ne_bytes(f.read::<2>(t.inner_l4_off)?),
+        })
+    }
+}
+
+/// The words after rewriting an ICMPv6 message to backend `addr:port`
+/// (port in network byte order): the outer destination, the hop limit
+/// (minus one; the caller has checked it may forward), the embedded source
+/// address and port, and the ICMPv6 checksum, which covers the outer
+/// destination through its pseudo-header (RFC 4443 2.3) and the embedded
+/// bytes (each changed field at an even offset, so the RFC 1624 update
+/// applies word for word).
+#[inline(always)]
+pub fn nat_to_backend6(w: &NatWords6, addr: &Addr, port: u16) -> NatWords6 {
+    let hw = w.hop_word.to_ne_bytes();
+    let icmp_csum = csum::replace16(
+        csum::replace_addr(
+            csum::replace_addr(w.icmp_csum, &w.dst, addr),
+            &w.inner_src,
+            addr,
+        ),
+        w.inner_sport,
+        port,
+    );
+    NatWords6 {
+        hop_word: u16::from_ne_bytes([hw[0], hw[1].wrapping_sub(1)]),
+        dst: *addr,
+        icmp_csum,
+        inner_src: *addr,
+        inner_sport: port,
+    }
+}
+
+/// Bytes of a "packet too big" the data path sends: IPv6 header 40, ICMPv6
+/// header 8, the quoted IPv6 header 40 and 8 bytes of TCP.
+pub const TOO_BIG_LEN_V6: usize = 96;
+
+/// The first 8 bytes of the IPv6 header of a "packet too big" the data
+/// path sends (version 6, payload length 56, next header ICMPv6, hop limit
+/// 64); the addresses follow.
+#[inline(always)]
+pub const fn too_big6_fixed() -> [u8; 8] {
+    let plen = ((TOO_BIG_LEN_V6 - IPV6_HLEN) as u16).to_be_bytes();
+    [0x60, 0, 0, 0, plen[0], plen[1], IPPROTO_ICMPV6, 64]
+}
+
+/// The ICMPv6 header (type, code, checksum, MTU) of a "packet too big"
+/// from `src` to `dst` reporting `mtu`, whose 48 quoted bytes (an IPv6
+/// header and 8 bytes of TCP) have the unfolded one's-complement sum
+/// `quoted_sum` (16-bit words read native-endian, as [`csum::add_words`]);
+/// the checksum covers the pseudo-header (RFC 4443 2.3).
+#[inline(always)]
+pub fn too_big6_icmp(src: &Addr, dst: &Addr, mtu: u32, quoted_sum: u32) -> [u8; 8] {
+    let plen = (TOO_BIG_LEN_V6 - IPV6_HLEN) as u16;
+    let m = mtu.to_be_bytes();
+    let mut h = [ICMPV6_PACKET_TOO_BIG, 0, 0, 0, m[0], m[1], m[2], m[3]];
+    let sum = csum::sum_addr(src)
+        + csum::sum_addr(dst)
+        + u16::from_ne_bytes(plen.to_be_bytes()) as u32
+        + u16::from_ne_bytes([0, IPPROTO_ICMPV6]) as u32
+        + csum::add_words(&h, 0)
+        + quoted_sum;
+    let c = (!csum::fold(sum)).to_ne_bytes();
+    h[2] = c[0];
+    h[3] = c[1];
+    h
+}
+
+/// The ICMPv6 "packet too big" (RFC 4443 3.2) answering a packet too big
+/// for the next hop: from `src` (the VIP) to `dst` (its sender), hop limit
+/// 64, MTU `mtu`, quoting the packet's IPv6 header `quoted_ip` and its
+/// first 8 TCP bytes; checksum over the pseudo-header filled. (The data
+/// path writes the same bytes in pieces: [`too_big6_fixed`],
+/// [`too_big6_icmp`].)
+pub fn too_big_reply6(
+    src: &Addr,
+    dst: &Addr,
+    mtu: u32,
+    quoted_ip: &[u8; 40],
+    quoted_l4: &[u8; 8],
+) -> [u8; TOO_BIG_LEN_V6] {
+    let mut out = [0u8; TOO_BIG_LEN_V6];
+    out[..8].copy_from_slice(&too_big6_fixed());
+    out[8..24].copy_from_slice(&src.v6_bytes());
+    out[24..40].copy_from_slice(&dst.v6_bytes());
+    out[48..88].copy_from_slice(quoted_ip);
+    out[88..96].copy_from_slice(quoted_l4);
+    let mut quoted = [0u8; 48];
+    quoted.copy_from_slice(&out[48..96]);
+    let icmp = too_big6_icmp(src, dst, mtu, csum::add_words(&quoted, 0));
+    out[40..48].copy_from_slice(&icmp);
     out
 }
 
@@ -316,9 +529,9 @@ mod tests {
     fn parses_the_quoted_flow() {
         let m = message(8);
         let t = parse_too_big(&m[..], 14).unwrap();
-        assert_eq!(t.vip_addr, u32::from_ne_bytes([10, 0, 0, 10]));
+        assert_eq!(t.vip_addr, Addr::v4(u32::from_ne_bytes([10, 0, 0, 10])));
         assert_eq!(u16::from_be(t.vip_port), 80);
-        assert_eq!(t.client_addr, u32::from_ne_bytes([10, 0, 1, 2]));
+        assert_eq!(t.client_addr, Addr::v4(u32::from_ne_bytes([10, 0, 1, 2])));
         assert_eq!(u16::from_be(t.client_port), 40000);
         assert_eq!(t.dst_addr, t.vip_addr);
         // Fewer than 8 quoted TCP bytes: not usable.
@@ -376,5 +589,137 @@ mod tests {
             assert_eq!(inner.header_checksum, inner.calc_header_checksum());
             assert_eq!(u16::from_be_bytes([tcp[0], tcp[1]]), 8080);
         }
+    }
+
+    const ROUTER6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    const VIP6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10];
+    const CLIENT6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    const BACKEND6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x13];
+
+    /// A packet-too-big from a router to the VIP, quoting a segment VIP:80
+    /// -> client:40000 with 8 bytes of TCP.
+    fn message6() -> Vec<u8> {
+        let inner = etherparse::Ipv6Header {
+            traffic_class: 0,
+            flow_label: Default::default(),
+            payload_length: 1460,
+            next_header: IpNumber::TCP,
+            hop_limit: 63,
+            source: VIP6,
+            destination: CLIENT6,
+        };
+        let mut quote = Vec::new();
+        inner.write(&mut quote).unwrap();
+        let mut tcp = TcpHeader::new(80, 40000, 77, 500);
+        tcp.checksum = 0x1234;
+        let mut t = Vec::new();
+        tcp.write(&mut t).unwrap();
+        quote.extend_from_slice(&t[..8]);
+        let mut out = Vec::new();
+        PacketBuilder::ethernet2([1; 6], [2; 6])
+            .ipv6(ROUTER6, VIP6, 64)
+            .icmpv6(etherparse::Icmpv6Type::PacketTooBig { mtu: 1400 })
+            .write(&mut out, &quote)
+            .unwrap();
+        out
+    }
+
+    fn icmp6_valid(frame: &[u8]) -> bool {
+        let p = etherparse::SlicedPacket::from_ethernet(frame).unwrap();
+        let Some(etherparse::NetSlice::Ipv6(ip)) = &p.net else {
+            panic!("not ipv6")
+        };
+        let Some(etherparse::TransportSlice::Icmpv6(icmp)) = &p.transport else {
+            panic!("not icmpv6")
+        };
+        let h = ip.header();
+        icmp.header().checksum
+            == icmp
+                .icmp_type()
+                .calc_checksum(h.source(), h.destination(), icmp.payload())
+                .unwrap()
+    }
+
+    #[test]
+    fn parses_and_rewrites_a_packet_too_big() {
+        let mut m = message6();
+        assert!(icmp6_valid(&m));
+        let Some(crate::parse::Parsed::Icmp {
+            l3_off,
+            l4_off,
+            v6: true,
+            ..
+        }) = Some(crate::parse::parse(&m[..]))
+        else {
+            panic!("not icmpv6")
+        };
+        let t = parse_too_big6(&m[..], l3_off, l4_off).unwrap();
+        assert_eq!(t.vip_addr, Addr::from_v6_bytes(&VIP6));
+        assert_eq!(t.client_addr, Addr::from_v6_bytes(&CLIENT6));
+        assert_eq!(
+            (u16::from_be(t.vip_port), u16::from_be(t.client_port)),
+            (80, 40000)
+        );
+        let w = NatWords6::read(&m[..], &t).unwrap();
+        let b = Addr::from_v6_bytes(&BACKEND6);
+        let n = nat_to_backend6(&w, &b, 8080u16.to_be());
+        let put = |m: &mut Vec<u8>, off: usize, bytes: &[u8]| {
+            m[off..off + bytes.len()].copy_from_slice(bytes)
+        };
+        put(
+            &mut m,
+            t.l3_off + crate::nat::TTL_WORD_OFF_V6,
+            &n.hop_word.to_ne_bytes(),
+        );
+        put(&mut m, t.l3_off + IPV6_DST_OFF, &n.dst.v6_bytes());
+        put(
+            &mut m,
+            t.icmp_off + ICMP_CSUM_OFF,
+            &n.icmp_csum.to_ne_bytes(),
+        );
+        put(&mut m, t.inner_off + IPV6_SRC_OFF, &n.inner_src.v6_bytes());
+        put(&mut m, t.inner_l4_off, &n.inner_sport.to_ne_bytes());
+        assert!(icmp6_valid(&m), "ICMPv6 checksum after the rewrite");
+        assert_eq!(m[14 + 7], 63);
+        assert_eq!(&m[14 + 24..14 + 40], &BACKEND6);
+        assert_eq!(
+            u16::from_be_bytes([m[t.inner_l4_off], m[t.inner_l4_off + 1]]),
+            8080
+        );
+        // An echo request is not one.
+        let mut echo = message6();
+        echo[l4_off] = 128;
+        assert!(parse_too_big6(&echo[..], l3_off, l4_off).is_none());
+    }
+
+    #[test]
+    fn packet_too_big_reply_parses_with_a_valid_checksum() {
+        let mut seg = Vec::new();
+        PacketBuilder::ipv6(CLIENT6, VIP6, 64)
+            .tcp(40000, 80, 1234, 500)
+            .write(&mut seg, &[0u8; 1440])
+            .unwrap();
+        let q: [u8; 40] = seg[..40].try_into().unwrap();
+        let l4: [u8; 8] = seg[40..48].try_into().unwrap();
+        let r = too_big_reply6(
+            &Addr::from_v6_bytes(&VIP6),
+            &Addr::from_v6_bytes(&CLIENT6),
+            1452,
+            &q,
+            &l4,
+        );
+        let mut frame = [0u8; 12].to_vec();
+        frame.extend_from_slice(&[0x86, 0xdd]);
+        frame.extend_from_slice(&r);
+        assert!(icmp6_valid(&frame));
+        let p = etherparse::SlicedPacket::from_ethernet(&frame).unwrap();
+        let Some(etherparse::TransportSlice::Icmpv6(icmp)) = &p.transport else {
+            panic!("not icmpv6")
+        };
+        assert_eq!(
+            icmp.icmp_type(),
+            etherparse::Icmpv6Type::PacketTooBig { mtu: 1452 }
+        );
+        assert_eq!(&icmp.payload()[..40], &q);
     }
 }

@@ -11,8 +11,10 @@
 //! build.
 
 use crate::{
-    map_names, programs, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips,
-    ChoiceCounts, FlowEntry, FlowKey, GlobalStats, Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
+    map_names,
+    plan::{Dest, Encap, ForwardPlan, HopCache, Nat, ResetPlan, Rewrite},
+    programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
+    FlowEntry, FlowKey, GlobalStats, Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
 };
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -67,10 +69,13 @@ macro_rules! map {
 
 const fn fingerprint() -> u64 {
     let mut h = FNV_OFFSET;
+    // Addr is a tuple struct of one field: four u32 words.
+    h = mix_bytes(h, b"Addr([u32; 4])");
+    h = mix_usize(h, core::mem::size_of::<Addr>());
     h = layout!(
         h,
         VipKey {
-            addr: u32,
+            addr: Addr,
             port: u16,
             proto: u8,
             _pad: u8
@@ -86,20 +91,20 @@ const fn fingerprint() -> u64 {
             flags: u32,
             eject_after: u32,
             persistence_s: u32,
-            persistence_mask: u32
+            persistence_mask: Addr
         }
     );
     h = layout!(
         h,
         Backend {
-            addr: u32,
+            addr: Addr,
             port: u16,
             _pad: u16,
             generation: u32,
             flags: u32,
             server: u32,
             weight: u32,
-            encap_src: u32,
+            encap_src: Addr,
             mode: u16,
             encap_port: u16
         }
@@ -107,7 +112,7 @@ const fn fingerprint() -> u64 {
     h = layout!(
         h,
         BackendKey {
-            addr: u32,
+            addr: Addr,
             port: u16,
             _pad: u16
         }
@@ -115,7 +120,7 @@ const fn fingerprint() -> u64 {
     h = layout!(
         h,
         VipAddr {
-            addr: u32,
+            addr: Addr,
             port: u16,
             _pad: u16
         }
@@ -130,8 +135,8 @@ const fn fingerprint() -> u64 {
     h = layout!(
         h,
         FlowKey {
-            src_addr: u32,
-            dst_addr: u32,
+            src_addr: Addr,
+            dst_addr: Addr,
             src_port: u16,
             dst_port: u16,
             proto: u8,
@@ -181,7 +186,7 @@ const fn fingerprint() -> u64 {
         h,
         AffinityKey {
             vip_index: u32,
-            client: u32
+            client: Addr
         }
     );
     h = layout!(
@@ -247,6 +252,75 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, programs::TOO_BIG_STAGE as usize);
     h = mix_bytes(h, programs::REPLY.as_bytes());
     h = mix_usize(h, programs::REPLY_STAGE as usize);
+    h = mix_bytes(h, programs::FORWARD.as_bytes());
+    h = mix_usize(h, programs::FORWARD_STAGE as usize);
+    h = mix_bytes(h, programs::RESET.as_bytes());
+    h = mix_usize(h, programs::RESET_STAGE as usize);
+    h = layout!(
+        h,
+        Nat {
+            dst: u32,
+            addr: Addr,
+            port: u16,
+            _pad: u16
+        }
+    );
+    h = layout!(
+        h,
+        Encap {
+            mode: u16,
+            sport: u16,
+            dport: u16,
+            _pad: u16,
+            src: Addr,
+            dst: Addr
+        }
+    );
+    h = layout!(
+        h,
+        Rewrite {
+            kind: u32,
+            nat: Nat,
+            encap: Encap
+        }
+    );
+    h = layout!(
+        h,
+        HopCache {
+            per_slot: u32,
+            slot: u32,
+            generation: u32,
+            _pad: u32
+        }
+    );
+    h = layout!(
+        h,
+        Dest {
+            src: Addr,
+            dst: Addr,
+            now: u64,
+            cache: HopCache
+        }
+    );
+    h = layout!(
+        h,
+        ForwardPlan {
+            rw: Rewrite,
+            _pad: u32,
+            to: Dest
+        }
+    );
+    h = layout!(
+        h,
+        ResetPlan {
+            kind: u32,
+            vip_port: u16,
+            _pad: u16,
+            vip_addr: Addr
+        }
+    );
+    h = map!(h, map_names::FORWARD_PLAN, u32, ForwardPlan);
+    h = map!(h, map_names::RESET_PLAN, u32, ResetPlan);
     h = map!(h, map_names::REPLY_SCRATCH, u32, BackendVips);
     h = map!(h, map_names::TOO_BIG_MTU, u32, u32);
     h

@@ -12,6 +12,7 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod addr;
 pub mod choice;
 pub mod csum;
 pub mod encap;
@@ -20,9 +21,12 @@ pub mod icmp;
 pub mod layout;
 pub mod nat;
 pub mod parse;
+pub mod plan;
 pub mod reset;
 
 use bytemuck::{Pod, Zeroable};
+
+pub use addr::Addr;
 
 /// The XDP programs of the object.
 pub mod programs {
@@ -50,6 +54,18 @@ pub mod programs {
     pub const REPLY: &str = "balancer_reply";
     /// Index of [`REPLY`] in the `STAGES` program array.
     pub const REPLY_STAGE: u32 = 3;
+    /// The forward stage: next hop, rewrite and XDP_TX or XDP_REDIRECT of a
+    /// frame whose stage decided where it goes (`crate::plan::ForwardPlan`).
+    pub const FORWARD: &str = "balancer_forward";
+    /// Index of [`FORWARD`] in the `STAGES` program array.
+    pub const FORWARD_STAGE: u32 = 4;
+    /// The reset stage: the frame becomes a TCP RST
+    /// (`crate::plan::ResetPlan`).
+    pub const RESET: &str = "balancer_reset";
+    /// Index of [`RESET`] in the `STAGES` program array.
+    pub const RESET_STAGE: u32 = 5;
+    /// Entries of the `STAGES` program array.
+    pub const STAGE_COUNT: u32 = 6;
     /// The backends' decapsulation program (object `balancer-decap`).
     pub const DECAP: &str = "balancer_decap";
 }
@@ -109,6 +125,12 @@ pub mod map_names {
     /// entry program tail-calls the next build's, which must read what it
     /// wrote.
     pub const REPLY_SCRATCH: &str = "REPLY_SCRATCH";
+    /// What the forward stage is handed: [`crate::plan::ForwardPlan`] at
+    /// index 0 (per-CPU array).
+    pub const FORWARD_PLAN: &str = "FORWARD_PLAN";
+    /// What the reset stage is handed: [`crate::plan::ResetPlan`] at index 0
+    /// (per-CPU array).
+    pub const RESET_PLAN: &str = "RESET_PLAN";
     /// The next-hop MTU `forward` hands the too-big stage (`u32`, per-CPU
     /// array of one); pinned for the same reason.
     pub const TOO_BIG_MTU: &str = "TOO_BIG_MTU";
@@ -133,9 +155,8 @@ pub mod map_names {
     /// Choice load histograms: `u64` counts by
     /// [`crate::choice_hist_index`] (per-CPU array).
     pub const CHOICE_HIST: &str = "CHOICE_HIST";
-    /// Backend hosts: IPv4 address (network byte order, `u32`) ->
-    /// [`crate::HostVips`] (hash), the VIPs the address is a backend of (for
-    /// refusing hairpin connections).
+    /// Backend hosts: [`crate::Addr`] -> [`crate::HostVips`] (hash), the
+    /// VIPs the address is a backend of (for refusing hairpin connections).
     pub const BACKEND_HOSTS: &str = "BACKEND_HOSTS";
     /// Session affinity: [`crate::AffinityKey`] -> [`crate::AffinityEntry`]
     /// (LRU hash), the backend a client address (masked) of a VIP with
@@ -153,9 +174,9 @@ pub mod map_names {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct DecapConfig {
-    /// Only packets to this outer destination are decapsulated (network
-    /// byte order; 0: any).
-    pub local_addr: u32,
+    /// Only packets to this outer destination are decapsulated
+    /// ([`Addr::ZERO`]: any).
+    pub local_addr: Addr,
     /// GUE's UDP destination port, network byte order.
     pub gue_port: u16,
     /// Padding, always 0.
@@ -203,9 +224,8 @@ pub const IPPROTO_TCP: u8 = 6;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct VipKey {
-    /// IPv4 address, network byte order (the four bytes as on the wire,
-    /// read as a native-endian `u32`).
-    pub addr: u32,
+    /// The VIP's address.
+    pub addr: Addr,
     /// TCP port, network byte order.
     pub port: u16,
     /// IP protocol number (6 for TCP).
@@ -240,9 +260,9 @@ pub struct VipInfo {
     /// client address seen within this time goes to the backend its last
     /// connection got, while that backend is eligible. 0: off.
     pub persistence_s: u32,
-    /// The netmask grouping clients for affinity, network byte order
-    /// (`0xffffffff`: each address on its own).
-    pub persistence_mask: u32,
+    /// The netmask grouping clients for affinity ([`Addr::netmask`]; all
+    /// ones: each address on its own).
+    pub persistence_mask: Addr,
 }
 
 /// The VIP has no healthy backend and its policy is to fall back to all of
@@ -286,9 +306,8 @@ pub const BACKEND_F_ELIGIBLE: u32 = 4;
 pub struct AffinityKey {
     /// Index of the VIP.
     pub vip_index: u32,
-    /// Client address masked with the VIP's `persistence_mask`, network
-    /// byte order.
-    pub client: u32,
+    /// Client address masked with the VIP's `persistence_mask`.
+    pub client: Addr,
 }
 
 /// Value of the `AFFINITY` table.
@@ -312,25 +331,13 @@ pub const fn affinity_fresh(last_seen_ns: u64, now_ns: u64, persistence_s: u32) 
     now_ns.saturating_sub(last_seen_ns) <= persistence_s as u64 * 1_000_000_000
 }
 
-/// The netmask (network byte order) of a prefix length `0..=32`.
-#[inline(always)]
-pub const fn netmask_be(prefix: u8) -> u32 {
-    let host = if prefix == 0 {
-        0
-    } else if prefix >= 32 {
-        u32::MAX
-    } else {
-        u32::MAX << (32 - prefix)
-    };
-    host.to_be()
-}
-
 /// One backend slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Backend {
-    /// IPv4 address, network byte order.
-    pub addr: u32,
+    /// The backend's address (of the VIP's family, or of either family in
+    /// the encapsulating modes).
+    pub addr: Addr,
     /// TCP port, network byte order.
     pub port: u16,
     /// Padding, always 0.
@@ -348,9 +355,9 @@ pub struct Backend {
     /// Effective weight in units of 1/[`WEIGHT_ONE`] (slow start applied),
     /// at least 1. A choice compares (active connections + 1) / weight.
     pub weight: u32,
-    /// Outer source address of encapsulated packets, network byte order
-    /// (IP-in-IP and GUE modes; 0 otherwise).
-    pub encap_src: u32,
+    /// Outer source address of encapsulated packets, of the backend's
+    /// family (IP-in-IP and GUE modes; [`Addr::ZERO`] otherwise).
+    pub encap_src: Addr,
     /// How packets reach the backend: one of [`encap::mode`] (its VIP's
     /// forwarding mode).
     pub mode: u16,
@@ -385,8 +392,8 @@ pub const MAX_VIPS_PER_BACKEND: u32 = 4;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
 pub struct BackendKey {
-    /// IPv4 address, network byte order.
-    pub addr: u32,
+    /// The backend's address.
+    pub addr: Addr,
     /// TCP port, network byte order.
     pub port: u16,
     /// Padding, always 0.
@@ -397,8 +404,8 @@ pub struct BackendKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct VipAddr {
-    /// IPv4 address, network byte order.
-    pub addr: u32,
+    /// The VIP's address.
+    pub addr: Addr,
     /// TCP port, network byte order.
     pub port: u16,
     /// Padding, always 0.
@@ -420,10 +427,10 @@ pub struct BackendVips {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct FlowKey {
-    /// Source IPv4 address, network byte order.
-    pub src_addr: u32,
-    /// Destination IPv4 address, network byte order.
-    pub dst_addr: u32,
+    /// Source address (the client).
+    pub src_addr: Addr,
+    /// Destination address (the VIP).
+    pub dst_addr: Addr,
     /// Source port, network byte order.
     pub src_port: u16,
     /// Destination port, network byte order.
@@ -616,8 +623,9 @@ pub enum Counter {
     /// data, SYN retransmitted unanswered): what passive detection adds up
     /// per server (`SERVER_FAILS`).
     ServerFailures,
-    /// ICMP "fragmentation needed" messages to a VIP sent on to the backend
-    /// of the flow they quote (path MTU discovery through the balancer).
+    /// ICMP "fragmentation needed" and ICMPv6 "packet too big" messages to
+    /// a VIP sent on to the backend of the flow they quote (path MTU
+    /// discovery through the balancer).
     IcmpToBackend,
     /// Such messages quoting no live flow: passed to the host.
     IcmpNoFlow,
@@ -625,15 +633,19 @@ pub enum Counter {
     /// untouched, so the host answers the backend with an ICMP
     /// "fragmentation needed" quoting the backend's own packet.
     PassFragNeeded,
-    /// ICMP "fragmentation needed" sent back to a client whose packet did
-    /// not fit the way to its backend (the next-hop MTU less what the mode
-    /// adds).
+    /// ICMP "fragmentation needed" (or ICMPv6 "packet too big") sent back
+    /// to a client whose packet did not fit the way to its backend (the
+    /// next-hop MTU less what the mode adds).
     TxIcmpTooBig,
+    /// IPv6 frames whose extension headers the parser does not walk (more
+    /// than `parse::MAX_IPV6_EXT`, or a routing header with segments left):
+    /// passed untouched.
+    PassIpv6Ext,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::TxIcmpTooBig;
+    pub const LAST: Counter = Counter::PassIpv6Ext;
 }
 
 /// Number of entries of the `STATS` array.
@@ -684,6 +696,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "icmp_no_flow",
     "pass_frag_needed",
     "tx_icmp_too_big",
+    "pass_ipv6_ext",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].
@@ -853,10 +866,12 @@ pub struct Settings {
 pub const SETTINGS_F_NO_CHOICE_TELEMETRY: u64 = 1;
 
 const _: () = {
-    assert!(core::mem::size_of::<VipKey>() == 8);
-    assert!(core::mem::size_of::<VipInfo>() == 32);
-    assert!(core::mem::size_of::<Backend>() == 32);
-    assert!(core::mem::size_of::<FlowKey>() == 16);
+    assert!(core::mem::size_of::<Addr>() == 16);
+    assert!(core::mem::size_of::<VipKey>() == 20);
+    assert!(core::mem::size_of::<VipInfo>() == 44);
+    assert!(core::mem::size_of::<Backend>() == 56);
+    assert!(core::mem::size_of::<FlowKey>() == 40);
+    assert!(core::mem::size_of::<AffinityKey>() == 20);
     assert!(core::mem::size_of::<FlowEntry>() == 40);
     assert!(core::mem::offset_of!(FlowEntry, vip_index) == FlowEntry::STATE_WORD_OFFSET);
     assert!(core::mem::offset_of!(FlowEntry, state) == FlowEntry::STATE_WORD_OFFSET + 4);
@@ -864,8 +879,8 @@ const _: () = {
         FlowEntry::STATE_WORD_OFFSET.is_multiple_of(8) && core::mem::align_of::<FlowEntry>() == 8
     );
     assert!(cfg!(target_endian = "little"));
-    assert!(core::mem::size_of::<BackendKey>() == 8);
-    assert!(core::mem::size_of::<BackendVips>() == 4 + 8 * MAX_VIPS_PER_BACKEND as usize);
+    assert!(core::mem::size_of::<BackendKey>() == 20);
+    assert!(core::mem::size_of::<BackendVips>() == 4 + 20 * MAX_VIPS_PER_BACKEND as usize);
     assert!(core::mem::size_of::<TrafficStats>() == 48);
     assert!(core::mem::size_of::<ChoiceStats>() == 8 * (2 + 3 * LOAD_BUCKETS));
     assert!(core::mem::size_of::<ChoiceCounts>() == 16);
@@ -912,23 +927,15 @@ mod pod {
         AffinityKey,
         AffinityEntry,
         DecapConfig,
+        Addr,
+        crate::plan::ForwardPlan,
+        crate::plan::ResetPlan,
     );
 }
 
 #[cfg(test)]
 mod affinity_tests {
     use super::*;
-
-    #[test]
-    fn netmasks_in_network_byte_order() {
-        assert_eq!(netmask_be(32), u32::MAX);
-        assert_eq!(netmask_be(0), 0);
-        assert_eq!(u32::from_be(netmask_be(24)), 0xffff_ff00);
-        assert_eq!(u32::from_be(netmask_be(1)), 0x8000_0000);
-        // 10.0.1.77 & /24 = 10.0.1.0, in the maps' byte order.
-        let a = u32::from_ne_bytes([10, 0, 1, 77]);
-        assert_eq!(a & netmask_be(24), u32::from_ne_bytes([10, 0, 1, 0]));
-    }
 
     #[test]
     fn freshness_bounds() {

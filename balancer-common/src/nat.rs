@@ -1,29 +1,48 @@
 //! What forwarding a NATed segment changes in its headers: one address, one
-//! port, the TTL (the balancer routes, so it decrements the TTL like any
-//! router, RFC 1812 section 5.3.1) and both checksums, updated incrementally
-//! (RFC 1624) rather than recomputed.
+//! port, the TTL or hop limit (the balancer routes, so it decrements it
+//! like any router, RFC 1812 section 5.3.1, RFC 8200 section 3) and the
+//! checksums, updated incrementally (RFC 1624) rather than recomputed:
+//! IPv4's header checksum and TCP's (whose pseudo-header holds the
+//! addresses); IPv6 has no header checksum.
 
-use crate::csum;
+use crate::{csum, Addr};
 
 /// The header words a forwarded segment's rewrite reads and writes, each as
 /// its wire bytes read as a native-endian integer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fields {
-    /// The IPv4 address being replaced (source or destination).
-    pub addr: u32,
+    /// The address being replaced (source or destination).
+    pub addr: Addr,
     /// The TCP port being replaced (source or destination).
     pub port: u16,
-    /// The IPv4 word holding TTL (first byte) and protocol (second byte).
-    pub ttl_proto: u16,
-    /// IPv4 header checksum.
+    /// The word holding the TTL: IPv4's TTL (first byte) and protocol, at
+    /// [`crate::parse::IPV4_TTL_OFF`]; IPv6's next header and hop limit
+    /// (second byte), at [`TTL_WORD_OFF_V6`].
+    pub ttl_word: u16,
+    /// IPv4 header checksum (unused for IPv6).
     pub ip_csum: u16,
     /// TCP checksum.
     pub tcp_csum: u16,
 }
 
-/// `true` when a frame that arrived with `ttl` may be forwarded: it must
-/// leave with a TTL of at least 1 (RFC 1812 5.3.1: a router never forwards
-/// a packet whose TTL it decremented to 0).
+/// Offset of the 16-bit word holding IPv6's hop limit (with the next
+/// header before it) in the IPv6 header.
+pub const TTL_WORD_OFF_V6: usize = 6;
+
+/// Offset of the word holding the TTL or hop limit ([`Fields::ttl_word`]).
+#[inline(always)]
+pub const fn ttl_word_off(v6: bool) -> usize {
+    if v6 {
+        TTL_WORD_OFF_V6
+    } else {
+        crate::parse::IPV4_TTL_OFF
+    }
+}
+
+/// `true` when a frame that arrived with `ttl` (TTL or hop limit) may be
+/// forwarded: it must leave with at least 1 (RFC 1812 5.3.1: a router never
+/// forwards a packet whose TTL it decremented to 0; RFC 8200 section 3 for
+/// the hop limit).
 #[inline(always)]
 pub const fn forwardable_ttl(ttl: u8) -> bool {
     ttl > 1
@@ -39,29 +58,37 @@ pub enum Ttl {
 }
 
 /// The fields after the rewrite: `addr` and `port` become `new_addr` and
-/// `new_port` (network byte order), the TTL goes down by one when `ttl` says
-/// so (the caller has checked [`forwardable_ttl`]), the IPv4 checksum
-/// covers the address and the TTL, the TCP checksum the address (through
-/// the pseudo-header) and the port.
+/// `new_port` (network byte order), the TTL or hop limit (`v6`) goes down
+/// by one when `ttl` says so (the caller has checked [`forwardable_ttl`]),
+/// the IPv4 checksum covers the address and the TTL, the TCP checksum the
+/// address (through the pseudo-header) and the port.
 #[inline(always)]
-pub fn forward(old: &Fields, new_addr: u32, new_port: u16, ttl: Ttl) -> Fields {
-    let tp = old.ttl_proto.to_ne_bytes();
+pub fn forward(old: &Fields, new_addr: &Addr, new_port: u16, ttl: Ttl, v6: bool) -> Fields {
+    let tw = old.ttl_word.to_ne_bytes();
     let step = if ttl == Ttl::Decrement { 1 } else { 0 };
-    let ttl_proto = u16::from_ne_bytes([tp[0].wrapping_sub(step), tp[1]]);
-    let ip_csum = csum::replace16(
-        csum::replace32(old.ip_csum, old.addr, new_addr),
-        old.ttl_proto,
-        ttl_proto,
-    );
+    let ttl_word = if v6 {
+        u16::from_ne_bytes([tw[0], tw[1].wrapping_sub(step)])
+    } else {
+        u16::from_ne_bytes([tw[0].wrapping_sub(step), tw[1]])
+    };
+    let ip_csum = if v6 {
+        old.ip_csum
+    } else {
+        csum::replace16(
+            csum::replace_addr(old.ip_csum, &old.addr, new_addr),
+            old.ttl_word,
+            ttl_word,
+        )
+    };
     let tcp_csum = csum::replace16(
-        csum::replace32(old.tcp_csum, old.addr, new_addr),
+        csum::replace_addr(old.tcp_csum, &old.addr, new_addr),
         old.port,
         new_port,
     );
     Fields {
-        addr: new_addr,
+        addr: *new_addr,
         port: new_port,
-        ttl_proto,
+        ttl_word,
         ip_csum,
         tcp_csum,
     }
@@ -71,7 +98,9 @@ pub fn forward(old: &Fields, new_addr: u32, new_port: u16, ttl: Ttl) -> Fields {
 mod tests {
     extern crate std;
     use super::*;
-    use crate::parse::{parse, Parsed, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_TTL_OFF, TCP_CSUM_OFF};
+    use crate::parse::{
+        parse, Parsed, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_TTL_OFF, IPV6_DST_OFF, TCP_CSUM_OFF,
+    };
     use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
     use proptest::prelude::*;
     use std::vec::Vec;
@@ -81,8 +110,8 @@ mod tests {
     }
 
     proptest! {
-        /// Destination NAT of random segments: the incremental result equals
-        /// what etherparse computes from scratch, TTL one lower.
+        /// Destination NAT of random IPv4 segments: the incremental result
+        /// equals what etherparse computes from scratch, TTL one lower.
         #[test]
         fn matches_full_recomputation(src in any::<[u8; 4]>(), dst in any::<[u8; 4]>(),
                                       new in any::<[u8; 4]>(), new_port in 1u16..,
@@ -90,19 +119,19 @@ mod tests {
             let b = PacketBuilder::ethernet2([1; 6], [2; 6]).ipv4(src, dst, ttl).tcp(sport, 80, 1, 100);
             let mut f = Vec::new();
             b.write(&mut f, &payload).unwrap();
-            let Parsed::Tcp4(t) = parse(&f[..]) else { panic!("not tcp") };
+            let Parsed::Tcp(t) = parse(&f[..]) else { panic!("not tcp") };
             let (l3, l4) = (t.l3_off, t.l4_off);
             let old = Fields {
-                addr: u32::from_ne_bytes(f[l3 + IPV4_DST_OFF..l3 + IPV4_DST_OFF + 4].try_into().unwrap()),
+                addr: t.dst_addr,
                 port: w16(&f, l4 + 2),
-                ttl_proto: w16(&f, l3 + IPV4_TTL_OFF),
+                ttl_word: w16(&f, l3 + IPV4_TTL_OFF),
                 ip_csum: w16(&f, l3 + IPV4_CSUM_OFF),
                 tcp_csum: w16(&f, l4 + TCP_CSUM_OFF),
             };
-            let n = forward(&old, u32::from_ne_bytes(new), new_port.to_be(), Ttl::Decrement);
-            f[l3 + IPV4_DST_OFF..l3 + IPV4_DST_OFF + 4].copy_from_slice(&n.addr.to_ne_bytes());
+            let n = forward(&old, &Addr::v4(u32::from_ne_bytes(new)), new_port.to_be(), Ttl::Decrement, false);
+            f[l3 + IPV4_DST_OFF..l3 + IPV4_DST_OFF + 4].copy_from_slice(&n.addr.v4_be().to_ne_bytes());
             f[l4 + 2..l4 + 4].copy_from_slice(&n.port.to_ne_bytes());
-            f[l3 + IPV4_TTL_OFF..l3 + IPV4_TTL_OFF + 2].copy_from_slice(&n.ttl_proto.to_ne_bytes());
+            f[l3 + IPV4_TTL_OFF..l3 + IPV4_TTL_OFF + 2].copy_from_slice(&n.ttl_word.to_ne_bytes());
             f[l3 + IPV4_CSUM_OFF..l3 + IPV4_CSUM_OFF + 2].copy_from_slice(&n.ip_csum.to_ne_bytes());
             f[l4 + TCP_CSUM_OFF..l4 + TCP_CSUM_OFF + 2].copy_from_slice(&n.tcp_csum.to_ne_bytes());
             let p = SlicedPacket::from_ethernet(&f).unwrap();
@@ -116,23 +145,68 @@ mod tests {
             let th = tcp.to_header();
             prop_assert_eq!(th.calc_checksum_ipv4(&h, tcp.payload()).unwrap(), th.checksum);
         }
+
+        /// The same for IPv6: hop limit one lower, the TCP checksum over the
+        /// IPv6 pseudo-header equal to a full recomputation.
+        #[test]
+        fn matches_full_recomputation_v6(src in any::<[u8; 16]>(), dst in any::<[u8; 16]>(),
+                                         new in any::<[u8; 16]>(), new_port in 1u16..,
+                                         hop in 2u8.., sport in 1u16.., payload in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let b = PacketBuilder::ethernet2([1; 6], [2; 6]).ipv6(src, dst, hop).tcp(sport, 80, 1, 100);
+            let mut f = Vec::new();
+            b.write(&mut f, &payload).unwrap();
+            let Parsed::Tcp(t) = parse(&f[..]) else { panic!("not tcp") };
+            prop_assert!(t.v6);
+            let (l3, l4) = (t.l3_off, t.l4_off);
+            let old = Fields {
+                addr: t.dst_addr,
+                port: w16(&f, l4 + 2),
+                ttl_word: w16(&f, l3 + TTL_WORD_OFF_V6),
+                ip_csum: 0,
+                tcp_csum: w16(&f, l4 + TCP_CSUM_OFF),
+            };
+            let n = forward(&old, &Addr::from_v6_bytes(&new), new_port.to_be(), Ttl::Decrement, true);
+            f[l3 + IPV6_DST_OFF..l3 + IPV6_DST_OFF + 16].copy_from_slice(&n.addr.v6_bytes());
+            f[l4 + 2..l4 + 4].copy_from_slice(&n.port.to_ne_bytes());
+            f[l3 + TTL_WORD_OFF_V6..l3 + TTL_WORD_OFF_V6 + 2].copy_from_slice(&n.ttl_word.to_ne_bytes());
+            f[l4 + TCP_CSUM_OFF..l4 + TCP_CSUM_OFF + 2].copy_from_slice(&n.tcp_csum.to_ne_bytes());
+            let p = SlicedPacket::from_ethernet(&f).unwrap();
+            let Some(etherparse::NetSlice::Ipv6(ip)) = &p.net else { panic!("not ipv6") };
+            let Some(TransportSlice::Tcp(tcp)) = &p.transport else { panic!("not tcp") };
+            let h = ip.header().to_header();
+            prop_assert_eq!(h.hop_limit, hop - 1);
+            prop_assert_eq!(h.destination, new);
+            prop_assert_eq!(h.next_header, etherparse::IpNumber::TCP);
+            prop_assert_eq!(tcp.destination_port(), new_port);
+            let th = tcp.to_header();
+            prop_assert_eq!(th.calc_checksum_ipv6(&h, tcp.payload()).unwrap(), th.checksum);
+        }
     }
 
     #[test]
     fn kept_ttl_changes_only_the_nat_fields() {
         let old = Fields {
-            addr: 0x0a00_000a,
+            addr: Addr::v4(0x0a00_000a),
             port: 80u16.to_be(),
-            ttl_proto: u16::from_ne_bytes([9, 6]),
+            ttl_word: u16::from_ne_bytes([9, 6]),
             ip_csum: 0x1234,
             tcp_csum: 0x4321,
         };
-        let kept = forward(&old, 0x0a00_020a, 8080u16.to_be(), Ttl::Keep);
-        let dec = forward(&old, 0x0a00_020a, 8080u16.to_be(), Ttl::Decrement);
-        assert_eq!(kept.ttl_proto, old.ttl_proto);
-        assert_eq!(dec.ttl_proto.to_ne_bytes(), [8, 6]);
+        let new = Addr::v4(0x0a00_020a);
+        let kept = forward(&old, &new, 8080u16.to_be(), Ttl::Keep, false);
+        let dec = forward(&old, &new, 8080u16.to_be(), Ttl::Decrement, false);
+        assert_eq!(kept.ttl_word, old.ttl_word);
+        assert_eq!(dec.ttl_word.to_ne_bytes(), [8, 6]);
         assert_eq!(kept.tcp_csum, dec.tcp_csum);
         assert_ne!(kept.ip_csum, dec.ip_csum);
+        // IPv6: the hop limit is the word's second byte; no header checksum.
+        let old6 = Fields {
+            ttl_word: u16::from_ne_bytes([6, 9]),
+            ..old
+        };
+        let dec6 = forward(&old6, &new, 8080u16.to_be(), Ttl::Decrement, true);
+        assert_eq!(dec6.ttl_word.to_ne_bytes(), [6, 8]);
+        assert_eq!(dec6.ip_csum, old.ip_csum);
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! Frame parsing: Ethernet (up to two VLAN tags), IPv4 honouring IHL, TCP.
+//! Frame parsing: Ethernet (up to two VLAN tags), IPv4 honouring IHL or
+//! IPv6 with up to [`MAX_IPV6_EXT`] extension headers, TCP.
 //!
 //! The parser reads through the [`Frame`] trait, so the same code runs on a
 //! byte slice on the host and on the XDP context in the kernel, where every
 //! read is checked against `data_end` in a form the verifier accepts. No read
 //! ever goes past the end of the frame: a short frame is reported as
 //! [`Parsed::Malformed`].
+
+use crate::Addr;
 
 /// Read access to a frame's bytes.
 pub trait Frame {
@@ -16,6 +19,24 @@ pub trait Frame {
     }
     /// The `N` bytes at `off`, or `None` when `off + N` is past the end.
     fn read<const N: usize>(&self, off: usize) -> Option<[u8; N]>;
+    /// The 4 bytes at `off` read as a native-endian `u32` (an IPv4
+    /// address in the maps' form). An implementation may read them as one
+    /// word: `off` must be even (every address in a frame is).
+    #[inline(always)]
+    fn read_u32(&self, off: usize) -> Option<u32> {
+        self.read::<4>(off).map(u32::from_ne_bytes)
+    }
+    /// The IPv4 address at `off` (even) as an [`Addr`].
+    #[inline(always)]
+    fn read_addr4(&self, off: usize) -> Option<Addr> {
+        self.read_u32(off).map(Addr::v4)
+    }
+    /// The 16-byte IPv6 address at `off` (even) as an [`Addr`], read as
+    /// four words where the implementation can.
+    #[inline(always)]
+    fn read_addr6(&self, off: usize) -> Option<Addr> {
+        self.read::<16>(off).map(|b| Addr::from_v6_bytes(&b))
+    }
 }
 
 impl Frame for [u8] {
@@ -50,6 +71,54 @@ pub const VLAN_HLEN: usize = 4;
 /// VLAN tags parsed at most; a frame with more is passed untouched.
 pub const MAX_VLAN_TAGS: usize = 2;
 
+/// Extension headers the parser walks before an IPv6 packet's TCP header
+/// (hop-by-hop, routing with no segments left, destination options,
+/// authentication); a packet with more is passed untouched
+/// ([`Parsed::Ipv6Ext`]).
+pub const MAX_IPV6_EXT: usize = 4;
+/// Length of the fixed IPv6 header, bytes.
+pub const IPV6_HLEN: usize = 40;
+/// Byte offset of the payload length inside the IPv6 header.
+pub const IPV6_PLEN_OFF: usize = 4;
+/// Byte offset of the hop limit inside the IPv6 header.
+pub const IPV6_HOP_OFF: usize = 7;
+/// Byte offset of the source address inside the IPv6 header.
+pub const IPV6_SRC_OFF: usize = 8;
+/// Byte offset of the destination address inside the IPv6 header.
+pub const IPV6_DST_OFF: usize = 24;
+/// Offset of the source address in the IP header of family `v6`.
+#[inline(always)]
+pub const fn src_addr_off(v6: bool) -> usize {
+    if v6 {
+        IPV6_SRC_OFF
+    } else {
+        IPV4_SRC_OFF
+    }
+}
+
+/// Offset of the destination address in the IP header of family `v6`.
+#[inline(always)]
+pub const fn dst_addr_off(v6: bool) -> usize {
+    if v6 {
+        IPV6_DST_OFF
+    } else {
+        IPV4_DST_OFF
+    }
+}
+
+/// IPv6 next header: hop-by-hop options.
+pub const NEXT_HOP_BY_HOP: u8 = 0;
+/// IPv6 next header: routing.
+pub const NEXT_ROUTING: u8 = 43;
+/// IPv6 next header: fragment.
+pub const NEXT_FRAGMENT: u8 = 44;
+/// IPv6 next header: authentication header (RFC 4302).
+pub const NEXT_AH: u8 = 51;
+/// IPv6 next header: destination options.
+pub const NEXT_DEST_OPTS: u8 = 60;
+/// IP protocol number of ICMPv6.
+pub const IPPROTO_ICMPV6: u8 = 58;
+
 /// TCP FIN flag.
 pub const TCP_FIN: u8 = 0x01;
 /// TCP SYN flag.
@@ -71,19 +140,20 @@ pub const IPV4_DST_OFF: usize = 16;
 /// Byte offset of the checksum inside the TCP header.
 pub const TCP_CSUM_OFF: usize = 16;
 
-/// A TCP segment in an IPv4 packet, with the offsets needed to rewrite it.
-/// Addresses and ports are in network byte order (the wire bytes read as a
+/// A TCP segment in an IPv4 or IPv6 packet, with the offsets needed to
+/// rewrite it. Ports are in network byte order (the wire bytes read as a
 /// native-endian integer); sequence numbers are in host byte order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tcp4 {
-    /// Offset of the IPv4 header in the frame, bytes (14, 18 or 22).
+pub struct Tcp {
+    /// Offset of the IP header in the frame, bytes (14, 18 or 22).
     pub l3_off: usize,
-    /// Offset of the TCP header in the frame, bytes (`l3_off` + IHL x 4).
+    /// Offset of the TCP header in the frame, bytes (`l3_off` + IHL x 4 for
+    /// IPv4; after the fixed header and the extension headers for IPv6).
     pub l4_off: usize,
-    /// Source address, network byte order.
-    pub src_addr: u32,
-    /// Destination address, network byte order.
-    pub dst_addr: u32,
+    /// Source address.
+    pub src_addr: Addr,
+    /// Destination address.
+    pub dst_addr: Addr,
     /// Source port, network byte order.
     pub src_port: u16,
     /// Destination port, network byte order.
@@ -94,15 +164,18 @@ pub struct Tcp4 {
     pub seq: u32,
     /// Acknowledgment number, host byte order.
     pub ack: u32,
-    /// IPv4 total length field, bytes.
-    pub ip_total_len: u16,
-    /// IPv4 time to live.
+    /// Length of the IP packet, bytes: IPv4's total length, or IPv6's
+    /// payload length plus its 40-byte header.
+    pub ip_total_len: u32,
+    /// IPv4 time to live, or IPv6 hop limit.
     pub ttl: u8,
     /// TCP header length (data offset x 4), bytes.
     pub tcp_hlen: u8,
+    /// `true` for IPv6.
+    pub v6: bool,
 }
 
-impl Tcp4 {
+impl Tcp {
     /// `true` for a pure connection request: SYN set, ACK, RST and FIN clear.
     #[inline(always)]
     pub fn is_syn(&self) -> bool {
@@ -123,7 +196,7 @@ impl Tcp4 {
     /// parser guarantees the headers fit inside the total length).
     #[inline(always)]
     pub fn payload_len(&self) -> u32 {
-        (self.ip_total_len as u32)
+        self.ip_total_len
             .saturating_sub((self.l4_off - self.l3_off) as u32)
             .saturating_sub(self.tcp_hlen as u32)
     }
@@ -139,26 +212,37 @@ impl Tcp4 {
 /// What a frame is, as far as the balancer cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parsed {
-    /// An unfragmented IPv4 TCP segment.
-    Tcp4(Tcp4),
-    /// IPv4, not TCP (or TCP in a fragment: see [`Parsed::Fragment`]).
-    OtherIpv4,
-    /// An IPv4 fragment (MF set or offset non-zero) carrying protocol 6. Never
-    /// treated as a TCP segment: the first fragment's ports would be found, but
-    /// the later fragments of the same datagram carry none.
+    /// An unfragmented TCP segment.
+    Tcp(Tcp),
+    /// IPv4 or IPv6, not TCP or ICMP (or TCP in a fragment: see
+    /// [`Parsed::Fragment`]).
+    OtherIp,
+    /// A fragment carrying TCP (IPv4: MF set or offset non-zero; IPv6: a
+    /// fragment header). Never treated as a TCP segment: the first
+    /// fragment's ports would be found, but the later fragments of the same
+    /// datagram carry none.
     Fragment {
-        /// Destination address, network byte order.
-        dst_addr: u32,
+        /// Destination address.
+        dst_addr: Addr,
     },
-    /// IPv4 ICMP, not a fragment: `crate::icmp` reads it further.
+    /// ICMP (IPv4) or ICMPv6, not a fragment: `crate::icmp` reads it
+    /// further.
     Icmp {
-        /// Offset of the IPv4 header.
+        /// Offset of the IP header.
         l3_off: usize,
-        /// Destination address, network byte order.
-        dst_addr: u32,
+        /// Offset of the ICMP header.
+        l4_off: usize,
+        /// Destination address.
+        dst_addr: Addr,
+        /// Length of the IP packet, bytes (as [`Tcp::ip_total_len`]).
+        total_len: u32,
+        /// `true` for ICMPv6.
+        v6: bool,
     },
-    /// IPv6 (no IPv6 VIPs exist yet).
-    Ipv6,
+    /// IPv6 whose extension headers the parser does not walk: more than
+    /// [`MAX_IPV6_EXT`], or a routing header with segments left (the
+    /// destination is not the final one).
+    Ipv6Ext,
     /// Any other EtherType (ARP, LLDP, ...), or more than [`MAX_VLAN_TAGS`] tags.
     OtherL2,
     /// Cut short, or with impossible header lengths (IHL < 5, IHL or total
@@ -196,7 +280,7 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
     }
     match ethertype {
         ETH_P_IPV4 => {}
-        ETH_P_IPV6 => return Parsed::Ipv6,
+        ETH_P_IPV6 => return parse_ipv6(frame, l3_off),
         _ => return Parsed::OtherL2,
     }
     let Some(ip) = frame.read::<20>(l3_off) else {
@@ -217,31 +301,143 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
         return Parsed::Malformed;
     }
     let proto = ip[9];
-    let dst_addr = u32::from_ne_bytes([ip[16], ip[17], ip[18], ip[19]]);
+    let Some(dst_addr) = frame.read_addr4(l3_off + IPV4_DST_OFF) else {
+        return Parsed::Malformed;
+    };
     let frag = be16([ip[6], ip[7]]);
     let more_fragments = frag & 0x2000 != 0;
     let frag_offset = frag & 0x1fff;
+    let l4_off = l3_off + ip_hlen;
     if proto == crate::icmp::IPPROTO_ICMP && !more_fragments && frag_offset == 0 {
-        return Parsed::Icmp { l3_off, dst_addr };
+        return Parsed::Icmp {
+            l3_off,
+            l4_off,
+            dst_addr,
+            total_len: total_len as u32,
+            v6: false,
+        };
     }
     if proto != crate::IPPROTO_TCP {
-        return Parsed::OtherIpv4;
+        return Parsed::OtherIp;
     }
     if more_fragments || frag_offset != 0 {
         return Parsed::Fragment { dst_addr };
     }
-    let l4_off = l3_off + ip_hlen;
+    let Some(src_addr) = frame.read_addr4(l3_off + IPV4_SRC_OFF) else {
+        return Parsed::Malformed;
+    };
+    tcp(
+        frame,
+        l3_off,
+        l4_off,
+        src_addr,
+        dst_addr,
+        total_len as u32,
+        ip[8],
+        false,
+    )
+}
+
+/// Parses the IPv6 packet at `l3_off`: the fixed header, up to
+/// [`MAX_IPV6_EXT`] extension headers, then TCP or ICMPv6. The payload
+/// length must fit the frame (a jumbogram's zero payload length does not
+/// leave room for TCP and is malformed).
+#[inline(always)]
+fn parse_ipv6<F: Frame + ?Sized>(frame: &F, l3_off: usize) -> Parsed {
+    // The fixed header's first 8 bytes; the addresses are read as words.
+    let Some(ip) = frame.read::<8>(l3_off) else {
+        return Parsed::Malformed;
+    };
+    let (Some(src_addr), Some(dst_addr)) = (
+        frame.read_addr6(l3_off + IPV6_SRC_OFF),
+        frame.read_addr6(l3_off + IPV6_DST_OFF),
+    ) else {
+        return Parsed::Malformed;
+    };
+    if ip[0] >> 4 != 6 {
+        return Parsed::Malformed;
+    }
+    let total_len = IPV6_HLEN as u32 + be16([ip[4], ip[5]]) as u32;
+    let end = l3_off + total_len as usize;
+    if end > frame.len() {
+        return Parsed::Malformed;
+    }
+    let mut next = ip[6];
+    let mut off = l3_off + IPV6_HLEN;
+    let mut i = 0;
+    while i <= MAX_IPV6_EXT {
+        match next {
+            crate::IPPROTO_TCP => {
+                return tcp(
+                    frame, l3_off, off, src_addr, dst_addr, total_len, ip[7], true,
+                );
+            }
+            IPPROTO_ICMPV6 => {
+                return Parsed::Icmp {
+                    l3_off,
+                    l4_off: off,
+                    dst_addr,
+                    total_len,
+                    v6: true,
+                };
+            }
+            NEXT_HOP_BY_HOP | NEXT_DEST_OPTS | NEXT_ROUTING | NEXT_AH | NEXT_FRAGMENT => {}
+            _ => return Parsed::OtherIp,
+        }
+        if i == MAX_IPV6_EXT {
+            break;
+        }
+        let Some(h) = frame.read::<8>(off) else {
+            return Parsed::Malformed;
+        };
+        let len = match next {
+            NEXT_FRAGMENT => {
+                // Every fragment, the first included: its later fragments
+                // carry no ports.
+                return Parsed::Fragment { dst_addr };
+            }
+            // RFC 4302: length in 4-byte units, minus 2.
+            NEXT_AH => (h[1] as usize + 2) * 4,
+            NEXT_ROUTING if h[3] != 0 => return Parsed::Ipv6Ext,
+            // RFC 8200 4.3-4.6: length in 8-byte units, not counting the
+            // first 8.
+            _ => (h[1] as usize + 1) * 8,
+        };
+        next = h[0];
+        off += len;
+        if off > end {
+            return Parsed::Malformed;
+        }
+        i += 1;
+    }
+    Parsed::Ipv6Ext
+}
+
+/// The TCP header at `l4_off` of an IP packet of `total_len` bytes at
+/// `l3_off`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tcp<F: Frame + ?Sized>(
+    frame: &F,
+    l3_off: usize,
+    l4_off: usize,
+    src_addr: Addr,
+    dst_addr: Addr,
+    total_len: u32,
+    ttl: u8,
+    v6: bool,
+) -> Parsed {
     let Some(tcp) = frame.read::<20>(l4_off) else {
         return Parsed::Malformed;
     };
     let doff = (tcp[12] >> 4) as usize;
-    if doff < 5 || ip_hlen + doff * 4 > total_len as usize {
+    if doff < 5 || (l4_off - l3_off) + doff * 4 > total_len as usize {
         return Parsed::Malformed;
     }
-    Parsed::Tcp4(Tcp4 {
+    Parsed::Tcp(Tcp {
         l3_off,
         l4_off,
-        src_addr: u32::from_ne_bytes([ip[12], ip[13], ip[14], ip[15]]),
+        src_addr,
         dst_addr,
         src_port: u16::from_ne_bytes([tcp[0], tcp[1]]),
         dst_port: u16::from_ne_bytes([tcp[2], tcp[3]]),
@@ -249,8 +445,9 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
         seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
         ack: u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
         ip_total_len: total_len,
-        ttl: ip[8],
+        ttl,
         tcp_hlen: (doff * 4) as u8,
+        v6,
     })
 }
 
@@ -301,14 +498,15 @@ mod tests {
     #[test]
     fn plain_syn() {
         let f = syn_frame(&[], &[]);
-        let Parsed::Tcp4(t) = parse(&f[..]) else {
+        let Parsed::Tcp(t) = parse(&f[..]) else {
             panic!("not tcp")
         };
         assert_eq!(t.l3_off, 14);
         assert_eq!(t.l4_off, 34);
         assert!(t.is_syn());
         assert_eq!(t.dst_port, 80u16.to_be());
-        assert_eq!(t.dst_addr.to_ne_bytes(), [10, 0, 0, 10]);
+        assert_eq!(t.dst_addr.v4_be().to_ne_bytes(), [10, 0, 0, 10]);
+        assert!(t.dst_addr.is_v4() && !t.v6);
         assert_eq!(t.seq, 1000);
         assert_eq!(t.ttl, 64);
         assert_eq!(t.tcp_hlen, 20);
@@ -319,12 +517,12 @@ mod tests {
     #[test]
     fn ipv4_options_move_tcp() {
         let f = syn_frame(&[], &[1, 1, 1, 0]);
-        let Parsed::Tcp4(t) = parse(&f[..]) else {
+        let Parsed::Tcp(t) = parse(&f[..]) else {
             panic!("not tcp")
         };
         assert_eq!(t.l4_off, 38);
         let f = syn_frame(&[], &[1; 40]);
-        let Parsed::Tcp4(t) = parse(&f[..]) else {
+        let Parsed::Tcp(t) = parse(&f[..]) else {
             panic!("not tcp")
         };
         assert_eq!(t.l4_off, 14 + 60);
@@ -342,12 +540,12 @@ mod tests {
     #[test]
     fn vlan_depths() {
         let f = syn_frame(&[100], &[]);
-        let Parsed::Tcp4(t) = parse(&f[..]) else {
+        let Parsed::Tcp(t) = parse(&f[..]) else {
             panic!("not tcp")
         };
         assert_eq!(t.l3_off, 18);
         let f = syn_frame(&[100, 200], &[]);
-        let Parsed::Tcp4(t) = parse(&f[..]) else {
+        let Parsed::Tcp(t) = parse(&f[..]) else {
             panic!("not tcp")
         };
         assert_eq!(t.l3_off, 22);
@@ -389,7 +587,7 @@ mod tests {
         #[test]
         fn agrees_with_etherparse(bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
             // Whenever we find a TCP segment, etherparse must find the same ports.
-            if let Parsed::Tcp4(t) = parse(&bytes[..]) {
+            if let Parsed::Tcp(t) = parse(&bytes[..]) {
                 let s = SlicedPacket::from_ethernet(&bytes);
                 if let Ok(s) = s {
                     if let Some(TransportSlice::Tcp(tcp)) = s.transport {
@@ -398,6 +596,154 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    const SRC6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    const DST6: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10];
+
+    /// An IPv6 SYN with the extension headers `ext` (each `(next header
+    /// announcing it, bytes)`, chained in order) before TCP.
+    fn syn6(ext: &[(u8, Vec<u8>)]) -> Vec<u8> {
+        let mut tcp = Vec::new();
+        PacketBuilder::ipv6(SRC6, DST6, 64)
+            .tcp(40000, 80, 1000, 64240)
+            .syn()
+            .write(&mut tcp, &[])
+            .unwrap();
+        let tcp = tcp[40..].to_vec();
+        let mut payload = Vec::new();
+        for (k, (_, bytes)) in ext.iter().enumerate() {
+            let mut h = bytes.clone();
+            // Each header's next-header byte names the one after it.
+            h[0] = ext.get(k + 1).map_or(6, |n| n.0);
+            payload.extend_from_slice(&h);
+        }
+        payload.extend_from_slice(&tcp);
+        let mut f = std::vec![1, 2, 3, 4, 5, 6, 6, 5, 4, 3, 2, 1, 0x86, 0xdd];
+        let mut ip = std::vec![0x60, 0, 0, 0];
+        ip.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        ip.push(ext.first().map_or(6, |e| e.0));
+        ip.push(64);
+        ip.extend_from_slice(&SRC6);
+        ip.extend_from_slice(&DST6);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&payload);
+        f
+    }
+
+    /// An 8-byte options header (hop-by-hop or destination options: PadN).
+    fn opts8() -> Vec<u8> {
+        std::vec![0, 0, 1, 4, 0, 0, 0, 0]
+    }
+
+    #[test]
+    fn ipv6_syn() {
+        let f = syn6(&[]);
+        let Parsed::Tcp(t) = parse(&f[..]) else {
+            panic!("not tcp")
+        };
+        assert!(t.v6 && !t.src_addr.is_v4());
+        assert_eq!((t.l3_off, t.l4_off), (14, 54));
+        assert_eq!(t.dst_addr.v6_bytes(), DST6);
+        assert_eq!(t.src_addr.v6_bytes(), SRC6);
+        assert_eq!(t.ttl, 64);
+        assert_eq!(t.ip_total_len, 60);
+        assert_eq!(t.payload_len(), 0);
+        assert!(t.is_syn());
+    }
+
+    #[test]
+    fn ipv6_extension_headers_are_walked() {
+        // Hop-by-hop, a routing header with no segments left, destination
+        // options, an authentication header (24 bytes), then TCP.
+        let routing = std::vec![0, 0, 0, 0, 0, 0, 0, 0];
+        let mut ah = std::vec![0u8; 24];
+        ah[1] = 4; // (4 + 2) x 4 = 24 bytes
+        let f = syn6(&[
+            (NEXT_HOP_BY_HOP, opts8()),
+            (NEXT_ROUTING, routing.clone()),
+            (NEXT_DEST_OPTS, opts8()),
+            (NEXT_AH, ah),
+        ]);
+        let Parsed::Tcp(t) = parse(&f[..]) else {
+            panic!("not tcp: {:?}", parse(&f[..]))
+        };
+        assert_eq!(t.l4_off, 14 + 40 + 8 + 8 + 8 + 24);
+        assert_eq!(u16::from_be(t.dst_port), 80);
+        assert_eq!(t.payload_len(), 0);
+        // A fifth header: not walked.
+        let five = syn6(&[
+            (NEXT_HOP_BY_HOP, opts8()),
+            (NEXT_DEST_OPTS, opts8()),
+            (NEXT_DEST_OPTS, opts8()),
+            (NEXT_DEST_OPTS, opts8()),
+            (NEXT_DEST_OPTS, opts8()),
+        ]);
+        assert_eq!(parse(&five[..]), Parsed::Ipv6Ext);
+        // Segments left: this is not the final destination.
+        let mut left = routing;
+        left[3] = 1;
+        assert_eq!(parse(&syn6(&[(NEXT_ROUTING, left)])[..]), Parsed::Ipv6Ext);
+        // A fragment header: a fragment, whatever its offset.
+        let frag = syn6(&[(NEXT_FRAGMENT, std::vec![0; 8])]);
+        assert!(matches!(parse(&frag[..]), Parsed::Fragment { .. }));
+        // An extension header longer than the packet.
+        let mut long = opts8();
+        long[1] = 200;
+        assert_eq!(
+            parse(&syn6(&[(NEXT_HOP_BY_HOP, long)])[..]),
+            Parsed::Malformed
+        );
+        // No next header, UDP: other IP.
+        let mut none = syn6(&[]);
+        none[20] = 59;
+        assert_eq!(parse(&none[..]), Parsed::OtherIp);
+    }
+
+    #[test]
+    fn ipv6_truncations_and_lengths() {
+        let f = syn6(&[(NEXT_HOP_BY_HOP, opts8())]);
+        for cut in 0..f.len() {
+            let p = parse(&f[..cut]);
+            assert!(matches!(p, Parsed::Malformed), "cut at {cut} gave {p:?}");
+        }
+        // A payload length past the frame.
+        let mut long = f.clone();
+        long[18] = 0xff;
+        assert_eq!(parse(&long[..]), Parsed::Malformed);
+        // Version 4 in an IPv6 EtherType.
+        let mut v = f.clone();
+        v[14] = 0x40;
+        assert_eq!(parse(&v[..]), Parsed::Malformed);
+    }
+
+    proptest! {
+        #[test]
+        fn agrees_with_etherparse_v6(hbh in any::<bool>(), dst_opts in any::<bool>(),
+                                     sport in 1u16.., dport in 1u16.., payload in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let mut ext = Vec::new();
+            if hbh {
+                ext.push((NEXT_HOP_BY_HOP, opts8()));
+            }
+            if dst_opts {
+                ext.push((NEXT_DEST_OPTS, opts8()));
+            }
+            let mut f = syn6(&ext);
+            // Ports and a payload.
+            let l4 = 14 + 40 + ext.len() * 8;
+            f[l4..l4 + 2].copy_from_slice(&sport.to_be_bytes());
+            f[l4 + 2..l4 + 4].copy_from_slice(&dport.to_be_bytes());
+            f.extend_from_slice(&payload);
+            let plen = (f.len() - 54) as u16;
+            f[18..20].copy_from_slice(&plen.to_be_bytes());
+            let Parsed::Tcp(t) = parse(&f[..]) else { panic!("not tcp") };
+            let s = SlicedPacket::from_ethernet(&f).unwrap();
+            let Some(TransportSlice::Tcp(tcp)) = s.transport else { panic!("etherparse: not tcp") };
+            prop_assert_eq!(tcp.source_port(), u16::from_be(t.src_port));
+            prop_assert_eq!(tcp.destination_port(), u16::from_be(t.dst_port));
+            prop_assert_eq!(t.payload_len() as usize, payload.len());
+            prop_assert_eq!(t.l4_off, l4);
         }
     }
 }

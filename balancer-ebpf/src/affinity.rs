@@ -6,8 +6,8 @@
 //! netmask (`ipvsadm -M`).
 
 use balancer_common::{
-    affinity_fresh, AffinityEntry, AffinityKey, Backend, Counter, VipInfo, BACKEND_F_ELIGIBLE,
-    BACKEND_F_IN_USE,
+    affinity_fresh, Addr, AffinityEntry, AffinityKey, Backend, Counter, VipInfo,
+    BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE,
 };
 
 use crate::{
@@ -20,16 +20,16 @@ pub enum Affinity {
     /// The VIP has no persistence.
     Off,
     /// Go to this backend (slot).
-    Hit(Backend, u32),
+    Hit(&'static Backend, u32),
     /// No affinity that holds: choose (and remember the choice).
     Choose,
 }
 
 #[inline(always)]
-fn key(vip: &VipInfo, client_addr: u32) -> AffinityKey {
+fn key(vip: &VipInfo, client_addr: &Addr) -> AffinityKey {
     AffinityKey {
         vip_index: vip.index,
-        client: client_addr & vip.persistence_mask,
+        client: client_addr.masked(&vip.persistence_mask),
     }
 }
 
@@ -37,7 +37,7 @@ fn key(vip: &VipInfo, client_addr: u32) -> AffinityKey {
 /// affinity (its backend no longer eligible, its slot reused, or its
 /// server ejected by passive detection).
 #[inline(always)]
-pub fn lookup(vip: &VipInfo, client_addr: u32, now: u64) -> Affinity {
+pub fn lookup(vip: &VipInfo, client_addr: &Addr, now: u64) -> Affinity {
     if vip.persistence_s == 0 {
         return Affinity::Off;
     }
@@ -50,7 +50,7 @@ pub fn lookup(vip: &VipInfo, client_addr: u32, now: u64) -> Affinity {
         count(Counter::AffinityMisses, 1);
         return Affinity::Choose;
     }
-    let usable = BACKENDS.get(e.backend_slot).copied().filter(|b| {
+    let usable = BACKENDS.get(e.backend_slot).filter(|b| {
         b.generation == e.backend_generation
             && b.flags & (BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE)
                 == BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE
@@ -73,7 +73,7 @@ pub fn lookup(vip: &VipInfo, client_addr: u32, now: u64) -> Affinity {
 
 /// Records that the client's new flow went to `slot` (refreshing a hit).
 #[inline(always)]
-pub fn remember(vip: &VipInfo, client_addr: u32, slot: u32, generation: u32, now: u64) {
+pub fn remember(vip: &VipInfo, client_addr: &Addr, slot: u32, generation: u32, now: u64) {
     if vip.persistence_s == 0 {
         return;
     }

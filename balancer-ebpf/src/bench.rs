@@ -31,7 +31,7 @@ pub fn bench_empty(_ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn bench_baseline(ctx: XdpContext) -> u32 {
     match parse::parse(&XdpFrame(&ctx)) {
-        Parsed::Tcp4(_) => xdp_action::XDP_TX,
+        Parsed::Tcp(_) => xdp_action::XDP_TX,
         _ => xdp_action::XDP_PASS,
     }
 }

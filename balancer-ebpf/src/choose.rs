@@ -12,7 +12,7 @@ use aya_ebpf::{
 use balancer_common::{
     choice::{self, Chooser},
     choice_hist_index, flow, hist, load_bucket,
-    parse::Tcp4,
+    parse::Tcp,
     Backend, Counter, FlowEntry, FlowKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED,
     SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_FALLBACK,
 };
@@ -168,7 +168,7 @@ fn record(vip: &VipInfo, chooser: &Chooser) {
 
 /// Chooses a backend slot of `vip` other than `exclude`.
 #[inline(always)]
-fn choose(vip: &VipInfo, exclude: u32) -> Option<(Backend, u32)> {
+fn choose(vip: &VipInfo, exclude: u32) -> Option<(&'static Backend, u32)> {
     let telemetry = SETTINGS
         .get(0)
         .is_none_or(|s| s.flags & SETTINGS_F_NO_CHOICE_TELEMETRY == 0);
@@ -205,7 +205,7 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(Backend, u32)> {
         record(vip, &chooser);
     }
     let slot = *VIP_BACKENDS.get(vip.list_index(index))?;
-    let b = *BACKENDS.get(slot)?;
+    let b = BACKENDS.get(slot)?;
     if b.flags & BACKEND_F_IN_USE == 0 {
         return None;
     }
@@ -225,10 +225,10 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(Backend, u32)> {
 #[inline(always)]
 pub fn place(
     key: &FlowKey,
-    seg: &Tcp4,
+    seg: &Tcp,
     vip: &VipInfo,
     now: u64,
-) -> Result<(Backend, u32), Refusal> {
+) -> Result<(&'static Backend, u32), Refusal> {
     // SAFETY: the value is only read.
     if let Some(h) = unsafe { BACKEND_HOSTS.get(&seg.src_addr) } {
         if h.has(vip.index) {
@@ -236,7 +236,7 @@ pub fn place(
             return Err(Refusal::Reset);
         }
     }
-    let affinity = affinity::lookup(vip, seg.src_addr, now);
+    let affinity = affinity::lookup(vip, &seg.src_addr, now);
     let found = match affinity {
         Affinity::Hit(b, slot) => Some((b, slot)),
         Affinity::Off | Affinity::Choose => choose(vip, NO_SLOT),
@@ -245,9 +245,9 @@ pub fn place(
         count(Counter::DropNoBackend, 1);
         return Err(Refusal::Drop);
     };
-    if b.flags & BACKEND_F_SHARED != 0 && live_elsewhere(key, &b) {
+    if b.flags & BACKEND_F_SHARED != 0 && live_elsewhere(key, b) {
         match choose(vip, slot) {
-            Some((b2, s2)) if b2.flags & BACKEND_F_SHARED == 0 || !live_elsewhere(key, &b2) => {
+            Some((b2, s2)) if b2.flags & BACKEND_F_SHARED == 0 || !live_elsewhere(key, b2) => {
                 count(Counter::TupleInUseAvoided, 1);
                 (b, slot) = (b2, s2);
             }
@@ -280,7 +280,7 @@ pub fn place(
     }
     atomic::add(&BACKEND_CONNS, slot, 1);
     atomic::add(&SERVER_CONNS, b.server, 1);
-    affinity::remember(vip, seg.src_addr, slot, b.generation, now);
+    affinity::remember(vip, &seg.src_addr, slot, b.generation, now);
     if vip.flags & VIP_F_FALLBACK != 0 {
         count(Counter::FallbackFlows, 1);
     }

@@ -5,7 +5,7 @@ use balancer_common::{
     encap::{entropy_port, mode},
     flow::{self, Direction},
     flow_kind,
-    parse::{self, Frame, Parsed, Tcp4, IPV4_DST_OFF, TCP_RST},
+    parse::{self, Frame, Parsed, Tcp, TCP_RST},
     programs, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP, VIP_F_REMOVED,
 };
 
@@ -15,7 +15,7 @@ use crate::{
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
     maps::{BACKEND_STATS, FLOWS, ORPHANS, STAGES, VIPS, VIP_STATS},
-    rewrite::{encap::Encap, nat::Nat, reset::send_reset, Rewrite},
+    rewrite::{encap::Encap, nat::Nat, Rewrite},
     stats::{count, traffic, Failure},
     track,
 };
@@ -23,20 +23,13 @@ use crate::{
 /// A segment of a pinned flow, client to VIP. A flow whose backend was
 /// removed since gets a reset.
 #[inline(always)]
-pub fn pinned(
-    ctx: &XdpContext,
-    frame: &XdpFrame,
-    seg: &Tcp4,
-    key: &FlowKey,
-    e: *mut FlowEntry,
-    table: Table,
-) -> Next {
+pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: Table) -> Next {
     let now = now_ns();
     // SAFETY: pointer from a successful lookup.
     let entry = unsafe { &*e };
     let Some(b) = backend_of(entry) else {
         count(Counter::ResetBackendGone, 1);
-        return Next::Action(send_reset(ctx, frame, seg));
+        return Next::Reset;
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
     if seg.is_syn() && entry.state & flow::F_SERVER_SEQ_KNOWN == 0 {
@@ -69,7 +62,7 @@ pub fn pinned(
 pub fn unpinned(
     ctx: &XdpContext,
     frame: &XdpFrame,
-    seg: &Tcp4,
+    seg: &Tcp,
     key: &FlowKey,
     vip: &VipInfo,
 ) -> Next {
@@ -79,11 +72,11 @@ pub fn unpinned(
         // refused, its orphans reset, anything else passed.
         if seg.is_syn() {
             count(Counter::RefusedVipRemoved, 1);
-            return Next::Action(send_reset(ctx, frame, seg));
+            return Next::Reset;
         }
         if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
             count(Counter::ResetOrphaned, 1);
-            return Next::Action(send_reset(ctx, frame, seg));
+            return Next::Reset;
         }
         count(Counter::FlowMisses, 1);
         return Next::Action(xdp_action::XDP_PASS);
@@ -100,7 +93,7 @@ pub fn unpinned(
     if let Some(e) = unsafe { FLOWS.get(&key.with_kind(flow_kind::CLOSED)) } {
         let Some(b) = backend_of(e) else {
             count(Counter::ResetBackendGone, 1);
-            return Next::Action(send_reset(ctx, frame, seg));
+            return Next::Reset;
         };
         count(Counter::ClosedFlowPackets, 1);
         return to_backend(frame, seg, &b, e.backend_slot, vip.index, false, now);
@@ -108,7 +101,7 @@ pub fn unpinned(
     // SAFETY: only the presence is read.
     if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
         count(Counter::ResetOrphaned, 1);
-        return Next::Action(send_reset(ctx, frame, seg));
+        return Next::Reset;
     }
     count(Counter::FlowMisses, 1);
     traffic(&VIP_STATS, vip.index, 0, false, true);
@@ -121,7 +114,7 @@ pub fn unpinned(
 #[inline(always)]
 pub fn new_flow(ctx: &XdpContext) -> u32 {
     let frame = XdpFrame(ctx);
-    let Parsed::Tcp4(seg) = parse::parse(&frame) else {
+    let Parsed::Tcp(seg) = parse::parse(&frame) else {
         return xdp_action::XDP_PASS;
     };
     let key = crate::lookup::client_key(&seg);
@@ -137,9 +130,9 @@ pub fn new_flow(ctx: &XdpContext) -> u32 {
     };
     let now = now_ns();
     match choose::place(&key, &seg, &vip, now) {
-        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now).finish(ctx, &seg),
+        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now).finish(ctx),
         Err(Refusal::Drop) => xdp_action::XDP_DROP,
-        Err(Refusal::Reset) => send_reset(ctx, &frame, &seg),
+        Err(Refusal::Reset) => Next::Reset.finish(ctx),
     }
 }
 
@@ -150,7 +143,7 @@ pub fn new_flow(ctx: &XdpContext) -> u32 {
 #[inline(always)]
 fn to_backend(
     frame: &XdpFrame,
-    seg: &Tcp4,
+    seg: &Tcp,
     backend: &Backend,
     slot: u32,
     vip_index: u32,
@@ -160,37 +153,41 @@ fn to_backend(
     let bytes = frame.len() as u64;
     traffic(&VIP_STATS, vip_index, bytes, new_flow, false);
     traffic(&BACKEND_STATS, slot, bytes, new_flow, false);
-    let (rw, fib_src) = match backend.mode {
-        mode::NAT => (
-            Rewrite::nat(Nat {
-                addr_off: IPV4_DST_OFF as u32,
-                port_off: 2,
+    let o = match Next::plan() {
+        Ok(o) => o,
+        Err(n) => return n,
+    };
+    let fib_src = match backend.mode {
+        mode::NAT => {
+            o.rw = Rewrite::nat(Nat {
+                dst: 1,
                 addr: backend.addr,
                 port: backend.port,
                 _pad: 0,
-            }),
-            seg.src_addr,
-        ),
-        mode::DSR => (Rewrite::l2(), seg.src_addr),
-        m => (
-            Rewrite::encap(Encap {
+            });
+            seg.src_addr
+        }
+        mode::DSR => {
+            o.rw = Rewrite::l2();
+            seg.src_addr
+        }
+        m => {
+            o.rw = Rewrite::encap(Encap {
                 mode: m,
-                sport: entropy_port(seg.src_addr, seg.src_port),
+                sport: entropy_port(&seg.src_addr, seg.src_port),
                 dport: backend.encap_port,
                 _pad: 0,
                 src: backend.encap_src,
                 dst: backend.addr,
-            }),
-            backend.encap_src,
-        ),
+            });
+            backend.encap_src
+        }
     };
-    Next::Forward(
-        rw,
-        Dest {
-            src: fib_src,
-            dst: backend.addr,
-            now,
-            cache: HopCache::slot(slot, backend.generation),
-        },
-    )
+    o.to = Dest {
+        src: fib_src,
+        dst: backend.addr,
+        now,
+        cache: HopCache::slot(slot, backend.generation),
+    };
+    Next::Forward
 }

@@ -7,6 +7,7 @@
 //! on a loopback address; the backend replies to the client directly.
 //! Everything else passes untouched.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
 #[path = "frame.rs"]
@@ -24,7 +25,7 @@ mod prog {
     };
     use balancer_common::{
         encap::{decap, Decap},
-        parse::{Frame, ETH_P_IPV4},
+        parse::{Frame, ETH_P_IPV4, ETH_P_IPV6},
         DecapConfig, DECAP_STAT_PASSED, DECAP_STAT_STRIPPED,
     };
 
@@ -50,7 +51,7 @@ mod prog {
     pub fn balancer_decap(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
         let cfg = DECAP_CONFIG.get(0).copied().unwrap_or_default();
-        let Decap::Strip(n) = decap(&frame, cfg.gue_port, cfg.local_addr) else {
+        let Decap::Strip { len: n, inner_v6 } = decap(&frame, cfg.gue_port, &cfg.local_addr) else {
             bump(DECAP_STAT_PASSED);
             return xdp_action::XDP_PASS;
         };
@@ -62,7 +63,8 @@ mod prog {
         if unsafe { bpf_xdp_adjust_head(ctx.ctx as *mut _, n as i32) } != 0 {
             return xdp_action::XDP_PASS;
         }
-        if frame.write(0, macs).is_none() || frame.write(12, ETH_P_IPV4.to_be_bytes()).is_none() {
+        let ethertype = if inner_v6 { ETH_P_IPV6 } else { ETH_P_IPV4 };
+        if frame.write(0, macs).is_none() || frame.write(12, ethertype.to_be_bytes()).is_none() {
             return xdp_action::XDP_DROP;
         }
         bump(DECAP_STAT_STRIPPED);

@@ -8,80 +8,126 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use balancer_common::{encap, nat::Ttl, parse::Frame, parse::Tcp4, programs, Counter, IPPROTO_TCP};
+use balancer_common::{
+    nat::Ttl,
+    parse::{self, Frame, Parsed, Tcp},
+    plan::{reset_kind, ResetPlan},
+    programs, Addr, Counter, IPPROTO_TCP,
+};
 
 use crate::{
     frame::XdpFrame,
-    maps::{HopKey, NextHop, SlotHop, BACKEND_HOPS, FIB_SCRATCH, NEXT_HOPS, STAGES, TOO_BIG_MTU},
+    maps::{
+        HopKey, NextHop, SlotHop, BACKEND_HOPS, FIB_SCRATCH, FORWARD_PLAN, NEXT_HOPS, RESET_PLAN,
+        STAGES, TOO_BIG_MTU,
+    },
     rewrite::{encap::encapsulate, kind, nat::rewrite, Rewrite},
     stats::count,
 };
 
-/// Where a frame goes: the FIB lookup's source and destination (network
-/// byte order), the time, and where the next hop is cached. (Packed in one
-/// struct: a BPF function takes at most five arguments.)
-pub struct Dest {
-    pub src: u32,
-    pub dst: u32,
-    pub now: u64,
-    pub cache: HopCache,
-}
+pub use balancer_common::plan::{Dest, ForwardPlan, HopCache};
 
-/// What a stage decided for a frame: an action, or forwarding (done by the
-/// caller, in one place: each inlined copy of [`forward`] takes stack
-/// space, and the entry program has 512 bytes for its whole call chain).
+/// What a stage decided for a frame: an action, or a stage of its own to
+/// carry it out (the forward and reset stages, reached by tail calls: with
+/// 16-byte addresses the forwarding code no longer fitted in one 512-byte
+/// stack beside the lookups and the tracking).
 pub enum Next {
     /// Return this XDP action.
     Action(u32),
-    /// Forward with this rewrite, to this destination.
-    Forward(Rewrite, Dest),
+    /// Forward as this CPU's [`ForwardPlan`] says (filled through
+    /// [`Next::plan`]).
+    Forward,
+    /// Answer the sender with a TCP RST (`plan::reset_kind::ANSWER`).
+    Reset,
+    /// A backend's segment becomes its client's RST from the VIP at this
+    /// address and port (`plan::reset_kind::TOWARD_CLIENT`).
+    ResetClient(Addr, u16),
 }
 
 impl Next {
-    /// Forwards, or returns the action.
+    /// This CPU's [`ForwardPlan`], to fill before returning
+    /// [`Next::Forward`]; the action when there is none (never: a per-CPU
+    /// array of one entry).
     #[inline(always)]
-    pub fn finish(self, ctx: &XdpContext, seg: &Tcp4) -> u32 {
-        match self {
-            Next::Action(a) => a,
-            Next::Forward(rw, to) => forward(ctx, seg, &rw, &to),
-        }
-    }
-}
-
-/// Where [`forward`] caches the next hop: per backend slot and generation
-/// (towards a backend), or per destination address in an LRU table
-/// (towards a client). A plain struct, like [`Rewrite`].
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct HopCache {
-    /// 1: per slot; 0: per destination.
-    pub per_slot: u32,
-    /// The slot.
-    pub slot: u32,
-    /// Its generation.
-    pub generation: u32,
-    pub _pad: u32,
-}
-
-impl HopCache {
-    /// Per backend slot and generation.
-    #[inline(always)]
-    pub fn slot(slot: u32, generation: u32) -> Self {
-        HopCache {
-            per_slot: 1,
-            slot,
-            generation,
-            _pad: 0,
+    pub fn plan() -> Result<&'static mut ForwardPlan, Next> {
+        match FORWARD_PLAN.get_ptr_mut(0) {
+            // SAFETY: this CPU's value; nothing else runs on this CPU
+            // meanwhile, and the forward stage reads it next.
+            Some(p) => Ok(unsafe { &mut *p }),
+            None => {
+                count(Counter::DropNoStage, 1);
+                Err(Next::Action(xdp_action::XDP_DROP))
+            }
         }
     }
 
-    /// Per destination.
-    pub const DST: HopCache = HopCache {
-        per_slot: 0,
-        slot: 0,
-        generation: 0,
-        _pad: 0,
+    /// Returns the action, or tail-calls the stage that carries it out
+    /// (which does not return when it runs).
+    #[inline(always)]
+    pub fn finish(self, ctx: &XdpContext) -> u32 {
+        let stage = match self {
+            Next::Action(a) => return a,
+            Next::Forward => programs::FORWARD_STAGE,
+            Next::Reset | Next::ResetClient(..) => {
+                let (kind, vip_addr, vip_port) = match self {
+                    Next::ResetClient(a, p) => (reset_kind::TOWARD_CLIENT, a, p),
+                    _ => (reset_kind::ANSWER, Addr::ZERO, 0),
+                };
+                let Some(p) = RESET_PLAN.get_ptr_mut(0) else {
+                    count(Counter::DropNoStage, 1);
+                    return xdp_action::XDP_DROP;
+                };
+                // SAFETY: this CPU's value, read by the reset stage next.
+                unsafe {
+                    *p = ResetPlan {
+                        kind,
+                        vip_port,
+                        _pad: 0,
+                        vip_addr,
+                    }
+                };
+                programs::RESET_STAGE
+            }
+        };
+        // SAFETY: the program array holds XDP programs of this object.
+        unsafe { STAGES.tail_call(ctx, stage) };
+        count(Counter::DropNoStage, 1);
+        xdp_action::XDP_DROP
+    }
+}
+
+/// The forward stage (`programs::FORWARD`): the frame is parsed again (its
+/// offsets must come from this program's own checks) and forwarded as its
+/// CPU's [`ForwardPlan`] says. A TCP segment, or an ICMP message the ICMP
+/// stage has rewritten (kind `DONE`) or will encapsulate.
+#[inline(always)]
+pub fn stage(ctx: &XdpContext) -> u32 {
+    let frame = XdpFrame(ctx);
+    let seg = match parse::parse(&frame) {
+        Parsed::Tcp(seg) => seg,
+        Parsed::Icmp {
+            l3_off,
+            l4_off,
+            total_len,
+            v6,
+            ..
+        } => Tcp {
+            l3_off,
+            l4_off,
+            ip_total_len: total_len,
+            v6,
+            ..Tcp::default()
+        },
+        _ => {
+            count(Counter::DropNoStage, 1);
+            return xdp_action::XDP_DROP;
+        }
     };
+    let Some(plan) = FORWARD_PLAN.get(0) else {
+        count(Counter::DropNoStage, 1);
+        return xdp_action::XDP_DROP;
+    };
+    forward(ctx, &seg, &plan.rw, &plan.to)
 }
 
 /// How long a next hop is reused before it is looked up again (ns): a
@@ -89,6 +135,7 @@ impl HopCache {
 const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
 
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
 const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
 const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
@@ -104,18 +151,22 @@ const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
 /// egress MTU, an L2 DSR backend behind a gateway) is dropped untouched and
 /// counted.
 #[inline(always)]
-pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
+fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
     let frame = &XdpFrame(ctx);
-    let (src, dst, now, cache) = (to.src, to.dst, to.now, to.cache);
+    let (now, cache) = (to.now, to.cache);
     let ingress = ctx.ingress_ifindex() as u32;
-    // The IPv4 length as the frame will leave.
+    // The IP packet's length as the frame will leave.
     let out_len = if rw.kind == kind::ENCAP {
-        seg.ip_total_len
-            .wrapping_add(encap::overhead(rw.encap.mode) as u16)
+        (seg.ip_total_len as u16).wrapping_add(rw.encap.overhead() as u16)
     } else {
-        seg.ip_total_len
+        seg.ip_total_len as u16
     };
-    let key = HopKey { dst, ingress };
+    let key = HopKey {
+        dst: to.dst,
+        ingress,
+    };
+    // The family the frame leaves in: the destination's.
+    let v6 = !to.dst.is_v4();
     let cached = if cache.per_slot != 0 {
         match BACKEND_HOPS.get(cache.slot) {
             Some(h) if h.generation == cache.generation && h.ingress == ingress => h.hop,
@@ -142,12 +193,18 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
             core::ptr::write_bytes(pp, 0, 1);
             &mut *pp
         };
-        p.family = AF_INET;
         p.l4_protocol = IPPROTO_TCP;
         p.__bindgen_anon_1.tot_len = out_len;
         p.ifindex = ingress;
-        p.__bindgen_anon_3.ipv4_src = src;
-        p.__bindgen_anon_4.ipv4_dst = dst;
+        if v6 {
+            p.family = AF_INET6;
+            p.__bindgen_anon_3.ipv6_src = to.src.0;
+            p.__bindgen_anon_4.ipv6_dst = to.dst.0;
+        } else {
+            p.family = AF_INET;
+            p.__bindgen_anon_3.ipv4_src = to.src.v4_be();
+            p.__bindgen_anon_4.ipv4_dst = to.dst.v4_be();
+        }
         // SAFETY: valid context and params pointers, size of the params struct.
         let rc = unsafe {
             bpf_fib_lookup(
@@ -172,10 +229,19 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
         // L2 DSR needs the backend itself as the next hop (the lookup
         // replaces the destination with the gateway's address when there
         // is one).
-        // SAFETY: union field of a plain struct.
-        if rw.kind == kind::L2 && unsafe { p.__bindgen_anon_4.ipv4_dst } != dst {
-            count(Counter::DropNotOnLink, 1);
-            return xdp_action::XDP_DROP;
+        if rw.kind == kind::L2 {
+            // SAFETY: union fields of a plain struct.
+            let next = unsafe {
+                if v6 {
+                    Addr(p.__bindgen_anon_4.ipv6_dst)
+                } else {
+                    Addr::v4(p.__bindgen_anon_4.ipv4_dst)
+                }
+            };
+            if next != to.dst {
+                count(Counter::DropNotOnLink, 1);
+                return xdp_action::XDP_DROP;
+            }
         }
         let mut macs = [0u8; 12];
         macs[..6].copy_from_slice(&p.dmac);
@@ -251,7 +317,7 @@ pub fn forward(ctx: &XdpContext, seg: &Tcp4, rw: &Rewrite, to: &Dest) -> u32 {
 /// own); an L2 DSR frame cannot be routed by the kernel (its destination is
 /// the VIP) and is dropped.
 #[inline(always)]
-fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rw: &Rewrite) -> u32 {
+fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp, rw: &Rewrite) -> u32 {
     match rw.kind {
         kind::NAT => {
             if rewrite(frame, seg, &rw.nat, Ttl::Keep).is_none() {
@@ -279,25 +345,28 @@ fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, rw: &Rewrite) -> u32
     xdp_action::XDP_PASS
 }
 
-/// A frame too big for the next hop (the lookup's `mtu`), DF set (TCP's
-/// path MTU discovery): a backend's reply is passed to the host untouched,
-/// which answers the backend with an ICMP "fragmentation needed" quoting
-/// its own packet; a client's packet is answered by the too-big stage with
-/// one quoting the client's packet, for the MTU less what the mode adds.
+/// A frame too big for the next hop (the lookup's `mtu`), DF set or IPv6
+/// (TCP's path MTU discovery): a backend's reply is passed to the host
+/// untouched, which answers the backend with an ICMP "fragmentation
+/// needed" (ICMPv6 "packet too big") quoting its own packet; a client's
+/// packet is answered by the too-big stage with one quoting the client's
+/// packet, for the MTU less what the mode adds.
 /// Without DF (no discovery to serve), or when neither applies, the frame
 /// is dropped and counted.
 #[inline(always)]
 fn too_big(
     ctx: &XdpContext,
     frame: &XdpFrame,
-    seg: &Tcp4,
+    seg: &Tcp,
     rw: &Rewrite,
     cache: HopCache,
     mtu: u16,
 ) -> u32 {
-    let df = frame
-        .read::<1>(seg.l3_off + 6)
-        .is_some_and(|b| b[0] & 0x40 != 0);
+    // IPv6 routers never fragment: every IPv6 packet is as if DF were set.
+    let df = seg.v6
+        || frame
+            .read::<1>(seg.l3_off + 6)
+            .is_some_and(|b| b[0] & 0x40 != 0);
     if df {
         if cache.per_slot == 0 && rw.kind == kind::NAT {
             count(Counter::PassFragNeeded, 1);
@@ -306,7 +375,7 @@ fn too_big(
         if cache.per_slot != 0 && rw.kind != kind::DONE {
             {
                 let over = if rw.kind == kind::ENCAP {
-                    encap::overhead(rw.encap.mode) as u32
+                    rw.encap.overhead() as u32
                 } else {
                     0
                 };

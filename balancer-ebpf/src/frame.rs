@@ -4,7 +4,35 @@ use aya_ebpf::{
     helpers::generated::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     programs::XdpContext,
 };
-use balancer_common::parse::Frame;
+use balancer_common::{parse::Frame, Addr};
+
+/// A 32-bit word at an even address: every address in a frame starts at an
+/// even offset (Ethernet 14 bytes, VLAN tags 4, IP headers whole multiples
+/// of 4) and XDP frames start at least 2-aligned. Loaded and stored as one
+/// value: the BPF backend splits every access it cannot prove aligned into
+/// bytes, and the bytes of an address each took a register, or a stack
+/// slot, until they were put together (16 of them for an IPv6 address).
+#[repr(C, packed(2))]
+struct Word(u32);
+
+/// An IPv6 address's four words at an even address.
+#[repr(C, packed(2))]
+struct Words4([u32; 4]);
+
+/// `p` (a frame address), with what the compiler knows of it hidden by an
+/// empty `asm!` (libbpf's `barrier_var`): each access's check against
+/// `data_end` is then made on the very pointer the access uses. Left to
+/// itself, the compiler drops a check that an earlier one implies and
+/// reaches the bytes from that earlier access's pointer plus a constant,
+/// which the verifier rejects (it relates no two pointers computed from
+/// different offsets).
+#[inline(always)]
+fn at(p: usize) -> usize {
+    let mut p = p;
+    // SAFETY: an empty instruction sequence; `p` comes back unchanged.
+    unsafe { core::arch::asm!("{0} = {0}", inout(reg) p, options(pure, nomem, nostack)) };
+    p
+}
 
 /// The frame behind an XDP context. Every access compares against
 /// `data_end` with pointer arithmetic the verifier can follow.
@@ -18,25 +46,70 @@ impl Frame for XdpFrame<'_> {
 
     #[inline(always)]
     fn read<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
-        let start = self.0.data();
-        if start + off + N > self.0.data_end() {
+        let p = at(self.0.data() + off);
+        if p + N > self.0.data_end() {
             return None;
         }
         // SAFETY: bounds checked against data_end just above.
-        Some(unsafe { core::ptr::read_unaligned((start + off) as *const [u8; N]) })
+        Some(unsafe { core::ptr::read_unaligned(p as *const [u8; N]) })
+    }
+
+    #[inline(always)]
+    fn read_u32(&self, off: usize) -> Option<u32> {
+        let p = at(self.0.data() + off);
+        if p + 4 > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: bounds checked just above; an even address (see `Word`).
+        Some(unsafe { core::ptr::read(p as *const Word) }.0)
+    }
+
+    #[inline(always)]
+    fn read_addr6(&self, off: usize) -> Option<Addr> {
+        let p = at(self.0.data() + off);
+        if p + 16 > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: bounds checked just above; an even address (see `Word`).
+        Some(Addr(unsafe { core::ptr::read(p as *const Words4) }.0))
     }
 }
 
 impl XdpFrame<'_> {
+    /// Writes `w` (native-endian: the wire bytes of an IPv4 address in
+    /// the maps' form) at `off` (even) as one word.
+    #[inline(always)]
+    pub fn write_u32(&self, off: usize, w: u32) -> Option<()> {
+        let p = at(self.0.data() + off);
+        if p + 4 > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: bounds checked just above; an even address (see `Word`).
+        unsafe { core::ptr::write(p as *mut Word, Word(w)) };
+        Some(())
+    }
+
+    /// Writes the IPv6 address `a` at `off` (even) as four words.
+    #[inline(always)]
+    pub fn write_addr6(&self, off: usize, a: &Addr) -> Option<()> {
+        let p = at(self.0.data() + off);
+        if p + 16 > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: bounds checked just above; an even address (see `Word`).
+        unsafe { core::ptr::write(p as *mut Words4, Words4(a.0)) };
+        Some(())
+    }
+
     /// Writes `bytes` at `off`; `None` (nothing written) when they do not fit.
     #[inline(always)]
     pub fn write<const N: usize>(&self, off: usize, bytes: [u8; N]) -> Option<()> {
-        let start = self.0.data();
-        if start + off + N > self.0.data_end() {
+        let p = at(self.0.data() + off);
+        if p + N > self.0.data_end() {
             return None;
         }
         // SAFETY: bounds checked against data_end just above.
-        unsafe { core::ptr::write_unaligned((start + off) as *mut [u8; N], bytes) };
+        unsafe { core::ptr::write_unaligned(p as *mut [u8; N], bytes) };
         Some(())
     }
 }

@@ -3,7 +3,7 @@
 //! untouched before any flow is looked up, placed or tracked.
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use balancer_common::{nat, parse::Frame, parse::Tcp4, Counter};
+use balancer_common::{nat, parse::Frame, parse::Tcp, Counter};
 
 use crate::{frame::XdpFrame, maps::LOCAL_MACS, stats::count};
 
@@ -18,11 +18,15 @@ use crate::{frame::XdpFrame, maps::LOCAL_MACS, stats::count};
 ///   routes it like any other and answers ICMP time exceeded:
 ///   `pass_ttl_expired`.
 #[inline(always)]
-pub fn admit(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> Result<(), u32> {
-    let ours = match (frame.read::<6>(0), unsafe {
-        LOCAL_MACS.get(&(ctx.ingress_ifindex() as u32))
-    }) {
-        (Some(dst), Some(local)) => dst == local.mac,
+pub fn admit(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> Result<(), u32> {
+    // SAFETY: the value is only read.
+    let local = unsafe { LOCAL_MACS.get(&(ctx.ingress_ifindex() as u32)) };
+    // Compared as a 4-byte and a 2-byte word (both at even offsets).
+    let ours = match (local, frame.read_u32(0), frame.read::<2>(4)) {
+        (Some(l), Some(hi), Some(lo)) => {
+            let m = l.mac;
+            hi == u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) && lo == [m[4], m[5]]
+        }
         _ => false,
     };
     if !ours {

@@ -8,15 +8,24 @@ use aya_ebpf::{
     bindings::xdp_action, helpers::generated::bpf_xdp_adjust_tail, programs::XdpContext,
 };
 use balancer_common::{
+    csum,
     encap::{entropy_port, mode},
-    icmp::{nat_to_backend, parse_too_big, too_big_reply, NatWords, ICMP_CSUM_OFF, TOO_BIG_LEN},
+    icmp::{
+        nat_to_backend, nat_to_backend6, parse_too_big, parse_too_big6, too_big6_fixed,
+        too_big6_icmp, too_big_icmp, too_big_ip, NatWords, NatWords6, TooBig, ICMP_CSUM_OFF,
+        IPV6_MIN_MTU, TOO_BIG_LEN, TOO_BIG_LEN_V6,
+    },
+    nat::TTL_WORD_OFF_V6,
     parse::Frame,
-    parse::{self, Parsed, Tcp4, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, IPV4_TTL_OFF},
-    Counter,
+    parse::{
+        self, Parsed, Tcp, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, IPV4_TTL_OFF, IPV6_DST_OFF,
+        IPV6_HLEN, IPV6_SRC_OFF,
+    },
+    Backend, Counter,
 };
 
 use crate::{
-    forward::{forward, Dest, HopCache},
+    forward::{Dest, HopCache, Next},
     frame::{now_ns, XdpFrame},
     guard,
     lookup::{backend_of, key_for, live},
@@ -29,10 +38,18 @@ use crate::{
 #[inline(always)]
 pub fn to_backend(ctx: &XdpContext) -> u32 {
     let frame = XdpFrame(ctx);
-    let Parsed::Icmp { l3_off, .. } = parse::parse(&frame) else {
+    let Parsed::Icmp {
+        l3_off, l4_off, v6, ..
+    } = parse::parse(&frame)
+    else {
         return xdp_action::XDP_PASS;
     };
-    let Some(t) = parse_too_big(&frame, l3_off) else {
+    let parsed = if v6 {
+        parse_too_big6(&frame, l3_off, l4_off)
+    } else {
+        parse_too_big(&frame, l3_off)
+    };
+    let Some(t) = parsed else {
         count(Counter::PassNotVip, 1);
         return xdp_action::XDP_PASS;
     };
@@ -55,75 +72,89 @@ pub fn to_backend(ctx: &XdpContext) -> u32 {
         }
     };
     // What forwarding needs of the outer packet.
-    let seg = Tcp4 {
+    let seg = Tcp {
         l3_off: t.l3_off,
         l4_off: t.icmp_off,
         src_addr: t.src_addr,
         dst_addr: t.dst_addr,
         ip_total_len: t.total_len,
         ttl: t.ttl,
-        ..Tcp4::default()
+        v6: t.v6,
+        ..Tcp::default()
     };
     if let Err(action) = guard::admit(ctx, &frame, &seg) {
         return action;
     }
-    let (rw, src) = match b.mode {
+    let o = match Next::plan() {
+        Ok(o) => o,
+        Err(n) => return n.finish(ctx),
+    };
+    let src = match b.mode {
         mode::NAT => {
-            let Some(w) = NatWords::read(&frame, &t) else {
-                return xdp_action::XDP_PASS;
+            let rewritten = if t.v6 {
+                nat6(&frame, &t, b)
+            } else {
+                nat4(&frame, &t, b)
             };
-            let n = nat_to_backend(&w, b.addr, b.port);
-            if frame
-                .write(t.l3_off + IPV4_TTL_OFF, n.ttl_proto.to_ne_bytes())
-                .is_none()
-                || frame
-                    .write(t.l3_off + IPV4_CSUM_OFF, n.ip_csum.to_ne_bytes())
-                    .is_none()
-                || frame
-                    .write(t.l3_off + IPV4_DST_OFF, n.dst.to_ne_bytes())
-                    .is_none()
-                || frame
-                    .write(t.icmp_off + ICMP_CSUM_OFF, n.icmp_csum.to_ne_bytes())
-                    .is_none()
-                || frame
-                    .write(t.inner_off + IPV4_CSUM_OFF, n.inner_csum.to_ne_bytes())
-                    .is_none()
-                || frame
-                    .write(t.inner_off + IPV4_SRC_OFF, n.inner_src.to_ne_bytes())
-                    .is_none()
-                || frame
-                    .write(t.inner_l4_off, n.inner_sport.to_ne_bytes())
-                    .is_none()
-            {
+            if rewritten.is_none() {
                 return xdp_action::XDP_DROP;
             }
-            (Rewrite::done(), t.src_addr)
+            o.rw = Rewrite::done();
+            t.src_addr
         }
-        mode::DSR => (Rewrite::l2(), t.src_addr),
-        m => (
-            Rewrite::encap(Encap {
+        mode::DSR => {
+            o.rw = Rewrite::l2();
+            t.src_addr
+        }
+        m => {
+            o.rw = Rewrite::encap(Encap {
                 mode: m,
-                sport: entropy_port(t.client_addr, t.client_port),
+                sport: entropy_port(&t.client_addr, t.client_port),
                 dport: b.encap_port,
                 _pad: 0,
                 src: b.encap_src,
                 dst: b.addr,
-            }),
-            b.encap_src,
-        ),
+            });
+            b.encap_src
+        }
+    };
+    o.to = Dest {
+        src,
+        dst: b.addr,
+        now: now_ns(),
+        cache: HopCache::slot(slot, b.generation),
     };
     count(Counter::IcmpToBackend, 1);
-    forward(
-        ctx,
-        &seg,
-        &rw,
-        &Dest {
-            src,
-            dst: b.addr,
-            now: now_ns(),
-            cache: HopCache::slot(slot, b.generation),
-        },
-    )
+    Next::Forward.finish(ctx)
+}
+
+/// Rewrites an ICMP "fragmentation needed" to the NAT backend `b` (an
+/// IPv4 backend of an IPv4 VIP). Reads before writing: `None` from a read
+/// leaves the frame as it was.
+#[inline(always)]
+fn nat4(frame: &XdpFrame, t: &TooBig, b: &Backend) -> Option<()> {
+    let w = NatWords::read(frame, t)?;
+    let n = nat_to_backend(&w, b.addr.v4_be(), b.port);
+    frame.write(t.l3_off + IPV4_TTL_OFF, n.ttl_proto.to_ne_bytes())?;
+    frame.write(t.l3_off + IPV4_CSUM_OFF, n.ip_csum.to_ne_bytes())?;
+    frame.write_u32(t.l3_off + IPV4_DST_OFF, n.dst)?;
+    frame.write(t.icmp_off + ICMP_CSUM_OFF, n.icmp_csum.to_ne_bytes())?;
+    frame.write(t.inner_off + IPV4_CSUM_OFF, n.inner_csum.to_ne_bytes())?;
+    frame.write_u32(t.inner_off + IPV4_SRC_OFF, n.inner_src)?;
+    frame.write(t.inner_l4_off, n.inner_sport.to_ne_bytes())
+}
+
+/// Rewrites an ICMPv6 "packet too big" to the NAT backend `b` (an IPv6
+/// backend of an IPv6 VIP), as [`nat4`].
+#[inline(always)]
+fn nat6(frame: &XdpFrame, t: &TooBig, b: &Backend) -> Option<()> {
+    let w = NatWords6::read(frame, t)?;
+    let n = nat_to_backend6(&w, &b.addr, b.port);
+    frame.write(t.l3_off + TTL_WORD_OFF_V6, n.hop_word.to_ne_bytes())?;
+    frame.write_addr6(t.l3_off + IPV6_DST_OFF, &n.dst)?;
+    frame.write(t.icmp_off + ICMP_CSUM_OFF, n.icmp_csum.to_ne_bytes())?;
+    frame.write_addr6(t.inner_off + IPV6_SRC_OFF, &n.inner_src)?;
+    frame.write(t.inner_l4_off, n.inner_sport.to_ne_bytes())
 }
 
 /// The too-big stage (`programs::TOO_BIG`): the client's packet becomes
@@ -134,35 +165,99 @@ pub fn to_backend(ctx: &XdpContext) -> u32 {
 #[inline(always)]
 pub fn too_big(ctx: &XdpContext) -> u32 {
     let frame = XdpFrame(ctx);
-    let Parsed::Tcp4(seg) = parse::parse(&frame) else {
+    let Parsed::Tcp(seg) = parse::parse(&frame) else {
         count(Counter::DropMtu, 1);
         return xdp_action::XDP_DROP;
     };
-    let mtu = TOO_BIG_MTU.get(0).copied().unwrap_or(0) as u16;
-    let (Some(ip), Some(l4), Some(macs)) = (
-        frame.read::<20>(seg.l3_off),
-        frame.read::<8>(seg.l4_off),
-        frame.read::<12>(0),
-    ) else {
+    let mtu = TOO_BIG_MTU.get(0).copied().unwrap_or(0);
+    let len = frame.len();
+    let Some(macs) = frame.read::<12>(0) else {
         count(Counter::DropMtu, 1);
         return xdp_action::XDP_DROP;
     };
-    if seg.l4_off != seg.l3_off + 20 {
-        count(Counter::DropMtu, 1);
-        return xdp_action::XDP_DROP;
-    }
-    let reply = too_big_reply(seg.dst_addr, seg.src_addr, mtu, &ip, &l4);
+    let written = if seg.v6 {
+        too_big_v6(&frame, &seg, mtu)
+    } else {
+        too_big_v4(&frame, &seg, mtu as u16)
+    };
     let mut swapped = [0u8; 12];
     swapped[..6].copy_from_slice(&macs[6..]);
     swapped[6..].copy_from_slice(&macs[..6]);
-    let len = frame.len();
-    if frame.write(seg.l3_off, reply).is_none() || frame.write(0, swapped).is_none() {
+    let Some(reply_len) = written else {
+        count(Counter::DropMtu, 1);
+        return xdp_action::XDP_DROP;
+    };
+    if frame.write(0, swapped).is_none() {
         count(Counter::DropMtu, 1);
         return xdp_action::XDP_DROP;
     }
-    let delta = (seg.l3_off + TOO_BIG_LEN) as i32 - len as i32;
+    let delta = (seg.l3_off + reply_len) as i32 - len as i32;
     // SAFETY: valid context; shrinking only.
     unsafe { bpf_xdp_adjust_tail(ctx.ctx as *mut _, delta) };
     count(Counter::TxIcmpTooBig, 1);
     xdp_action::XDP_TX
+}
+
+/// Writes the "fragmentation needed" answering the IPv4 segment `seg` over
+/// its IP packet and returns its length; `None` (nothing written) for a
+/// packet with options or too short to quote. Not inlined, nor is
+/// [`too_big_v6`]: the stage's stack holds one of them at a time.
+#[inline(never)]
+fn too_big_v4(frame: &XdpFrame, seg: &Tcp, mtu: u16) -> Option<usize> {
+    if seg.l4_off != seg.l3_off + 20 {
+        return None;
+    }
+    let l3 = seg.l3_off;
+    // Room for the reply (the packet was too big: it has far more).
+    frame.read::<1>(l3 + TOO_BIG_LEN - 1)?;
+    // The quoted header and 8 bytes of TCP move 28 bytes on, word by word,
+    // summed for the checksum on the way (as in `too_big_v6`).
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i < 7 {
+        let w = frame.read_u32(l3 + 4 * i)?;
+        sum += (w & 0xffff) + (w >> 16);
+        frame.write_u32(l3 + 28 + 4 * i, w)?;
+        i += 1;
+    }
+    frame.write(l3, too_big_ip(seg.dst_addr.v4_be(), seg.src_addr.v4_be()))?;
+    frame.write(l3 + 20, too_big_icmp(mtu, sum))?;
+    Some(TOO_BIG_LEN)
+}
+
+/// Writes the ICMPv6 "packet too big" answering the IPv6 segment `seg`
+/// and returns its length; `None` for a packet with extension headers.
+/// The MTU reported is never below IPv6's minimum of 1,280 bytes.
+#[inline(never)]
+fn too_big_v6(frame: &XdpFrame, seg: &Tcp, mtu: u32) -> Option<usize> {
+    if seg.l4_off != seg.l3_off + IPV6_HLEN {
+        return None;
+    }
+    let l3 = seg.l3_off;
+    // Room for the reply (the packet was too big: it has far more).
+    frame.read::<1>(l3 + TOO_BIG_LEN_V6 - 1)?;
+    // The quoted header and 8 bytes of TCP move 48 bytes on, word by word
+    // (a 96-byte reply built on the stack would not fit it), summed for
+    // the checksum on the way.
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i < 3 {
+        let w = frame.read_addr6(l3 + 16 * i)?;
+        sum += csum::sum_addr(&w);
+        frame.write_addr6(l3 + 48 + 16 * i, &w)?;
+        i += 1;
+    }
+    let mtu = if mtu < IPV6_MIN_MTU {
+        IPV6_MIN_MTU
+    } else {
+        mtu
+    };
+    frame.write(l3, too_big6_fixed())?;
+    frame.write_addr6(l3 + IPV6_SRC_OFF, &seg.dst_addr)?;
+    frame.write_addr6(l3 + IPV6_DST_OFF, &seg.src_addr)?;
+    frame.write(
+        l3 + IPV6_HLEN,
+        too_big6_icmp(&seg.dst_addr, &seg.src_addr, mtu, sum),
+    )?;
+    Some(TOO_BIG_LEN_V6)
 }

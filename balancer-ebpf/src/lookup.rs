@@ -4,13 +4,13 @@
 use core::ffi::c_void;
 
 use balancer_common::{
-    flow_kind, parse::Tcp4, Backend, BackendKey, BackendVips, FlowEntry, FlowKey, VipAddr,
+    flow_kind, parse::Tcp, Addr, Backend, BackendKey, BackendVips, FlowEntry, FlowKey, VipAddr,
     BACKEND_F_IN_USE, IPPROTO_TCP, MAX_VIPS_PER_BACKEND,
 };
 
 use aya_ebpf::maps::LruHashMap;
 
-use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS, HALF_OPEN, ORPHANS};
+use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS, HALF_OPEN, ORPHANS, REPLY_SCRATCH};
 
 /// Which flow table a live flow is in.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub fn live(key: &FlowKey) -> Option<(*mut FlowEntry, Table)> {
 
 /// The LIVE key of a client-side segment (client -> VIP).
 #[inline(always)]
-pub fn client_key(seg: &Tcp4) -> FlowKey {
+pub fn client_key(seg: &Tcp) -> FlowKey {
     FlowKey {
         src_addr: seg.src_addr,
         dst_addr: seg.dst_addr,
@@ -57,7 +57,7 @@ pub fn client_key(seg: &Tcp4) -> FlowKey {
 
 /// The LIVE key of the flow client `addr:port` -> VIP `vip_addr:vip_port`.
 #[inline(always)]
-pub fn key_for(addr: u32, port: u16, vip_addr: u32, vip_port: u16) -> FlowKey {
+pub fn key_for(addr: Addr, port: u16, vip_addr: Addr, vip_port: u16) -> FlowKey {
     FlowKey {
         src_addr: addr,
         dst_addr: vip_addr,
@@ -70,30 +70,31 @@ pub fn key_for(addr: u32, port: u16, vip_addr: u32, vip_port: u16) -> FlowKey {
 }
 
 /// The backend a flow is pinned to, if its slot still holds that backend
-/// (same generation).
+/// (same generation): a reference into the `BACKENDS` array, not a copy
+/// (56 bytes of a stage's 512-byte stack).
 #[inline(always)]
-pub fn backend_of(entry: &FlowEntry) -> Option<Backend> {
-    let b = *BACKENDS.get(entry.backend_slot)?;
+pub fn backend_of(entry: &FlowEntry) -> Option<&'static Backend> {
+    let b = BACKENDS.get(entry.backend_slot)?;
     if b.flags & BACKEND_F_IN_USE == 0 || b.generation != entry.backend_generation {
         return None;
     }
     Some(b)
 }
 
-/// The flow's backend when it is the one at `addr:port` (network byte
-/// order): the same client tuple may be pinned to another backend of
+/// The flow's backend when it is the one at `addr:port` (port in network
+/// byte order): the same client tuple may be pinned to another backend of
 /// another VIP.
 #[inline(always)]
-pub fn pinned_to(entry: &FlowEntry, addr: u32, port: u16) -> Option<Backend> {
+pub fn pinned_to(entry: &FlowEntry, addr: &Addr, port: u16) -> Option<&'static Backend> {
     match backend_of(entry) {
-        Some(b) if b.addr == addr && b.port == port => Some(b),
+        Some(b) if b.addr == *addr && b.port == port => Some(b),
         _ => None,
     }
 }
 
 /// The VIPs the backend at `addr:port` serves.
 #[inline(always)]
-pub fn vips_of(addr: u32, port: u16) -> Option<&'static BackendVips> {
+pub fn vips_of(addr: Addr, port: u16) -> Option<&'static BackendVips> {
     let key = BackendKey {
         addr,
         port,
@@ -125,7 +126,7 @@ pub fn live_elsewhere(key: &FlowKey, backend: &Backend) -> bool {
         let other = key_for(key.src_addr, key.src_port, v.addr, v.port);
         if let Some((e, _)) = live(&other) {
             // SAFETY: pointer from a successful lookup, only read.
-            if pinned_to(unsafe { &*e }, backend.addr, backend.port).is_some() {
+            if pinned_to(unsafe { &*e }, &backend.addr, backend.port).is_some() {
                 return true;
             }
         }
@@ -135,13 +136,13 @@ pub fn live_elsewhere(key: &FlowKey, backend: &Backend) -> bool {
 
 /// Where a reply (backend -> client) belongs.
 pub enum Reply {
-    /// The live flow (client -> VIP `vip_index`'s address) pinned to this
-    /// backend: its key, entry, table, the VIP it is rewritten to, and the
+    /// The live flow (client -> VIP, the key's destination) pinned to this
+    /// backend: its key (in this CPU's `scratch::LIVE` key), entry, table and
     /// backend.
-    Live(FlowKey, *mut FlowEntry, Table, u32, u16, Backend),
+    Live(&'static FlowKey, *mut FlowEntry, Table, &'static Backend),
     /// A closed flow pinned to this backend (a late segment): its slot, its
-    /// VIP's index, and the VIP address and port.
-    Closed(u32, u32, u32, u16),
+    /// VIP's index, and the VIP.
+    Closed(u32, u32, &'static VipAddr),
     /// A SYN-ACK that found only closed flows: they are forgotten (the
     /// backend has started a new handshake on the tuple, which no VIP flow
     /// placed), and the segment passes untouched.
@@ -158,14 +159,13 @@ pub enum Reply {
 /// several, each search is a `bpf_loop` over them, so the verifier checks
 /// one step whatever their number.
 #[inline(always)]
-pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
+pub fn find_reply(seg: &Tcp, bv: &'static BackendVips) -> Reply {
     let (client_addr, client_port) = (seg.dst_addr, seg.dst_port);
     // One search state for both searches (the entry program's stack is
     // short).
-    let mut c = SearchCtx::new(seg, bv);
+    let mut c = SearchCtx::new(seg);
     let found = if bv.count <= 1 {
-        let v = bv.vips[0];
-        live_reply(client_addr, client_port, v, seg.src_addr, seg.src_port)
+        live_reply(seg, &bv.vips[0])
     } else {
         // SAFETY: static callback; the context is a stack object alive for
         // the call.
@@ -179,8 +179,8 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
         if c.found == 0 {
             None
         } else {
-            match c.vips.get(c.found_index as usize) {
-                Some(v) => live_reply(client_addr, client_port, *v, seg.src_addr, seg.src_port),
+            match bv.vips.get(c.found_index as usize) {
+                Some(v) => live_reply(seg, v),
                 None => None,
             }
         }
@@ -199,12 +199,12 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
         )
     };
     if c.found != 0 {
-        if let Some(v) = c.vips.get(c.found_index as usize) {
+        if let Some(v) = bv.vips.get(c.found_index as usize) {
             let key =
                 key_for(client_addr, client_port, v.addr, v.port).with_kind(flow_kind::CLOSED);
             // SAFETY: copied out at once.
             if let Some(e) = unsafe { FLOWS.get(&key) } {
-                return Reply::Closed(e.backend_slot, e.vip_index, v.addr, v.port);
+                return Reply::Closed(e.backend_slot, e.vip_index, v);
             }
         }
     }
@@ -220,14 +220,14 @@ pub fn find_reply(seg: &Tcp4, bv: &BackendVips) -> Reply {
 /// VIPs the backend `seg.src` serves or served: a backend's segment of such
 /// a flow becomes the client's RST.
 #[inline(always)]
-pub fn find_orphan(seg: &Tcp4, bv: &BackendVips) -> Option<VipAddr> {
+pub fn find_orphan(seg: &Tcp, bv: &'static BackendVips) -> Option<&'static VipAddr> {
     let mut i = 0;
     // At most MAX_VIPS_PER_BACKEND (4) lookups, unrolled.
     while i < MAX_VIPS_PER_BACKEND as usize {
         if i as u32 >= bv.count {
             break;
         }
-        let v = bv.vips[i];
+        let v = &bv.vips[i];
         // SAFETY: only the presence is read.
         if unsafe { ORPHANS.get(&key_for(seg.dst_addr, seg.dst_port, v.addr, v.port)) }.is_some() {
             return Some(v);
@@ -237,23 +237,29 @@ pub fn find_orphan(seg: &Tcp4, bv: &BackendVips) -> Option<VipAddr> {
     None
 }
 
-/// The live flow of client `addr:port` through VIP `v`, when it is pinned
-/// to the backend at `baddr:bport`.
+/// The live flow of the client `seg.dst` through VIP `v`, when it is
+/// pinned to the backend `seg.src`. Its key is built in this CPU's
+/// `scratch::LIVE` key (40 bytes the reply stage's stack lacks).
 #[inline(always)]
-fn live_reply(addr: u32, port: u16, v: VipAddr, baddr: u32, bport: u16) -> Option<Reply> {
-    let key = key_for(addr, port, v.addr, v.port);
-    let (e, table) = live(&key)?;
+fn live_reply(seg: &Tcp, v: &VipAddr) -> Option<Reply> {
+    let key = crate::scratch::key(
+        crate::scratch::LIVE,
+        key_for(seg.dst_addr, seg.dst_port, v.addr, v.port),
+    )?;
+    let (e, table) = live(key)?;
     // SAFETY: pointer from a successful lookup.
-    let b = pinned_to(unsafe { &*e }, baddr, bport)?;
-    Some(Reply::Live(key, e, table, v.addr, v.port, b))
+    let b = pinned_to(unsafe { &*e }, &seg.src_addr, seg.src_port)?;
+    Some(Reply::Live(key, e, table, b))
 }
 
-/// State of a search over a backend's VIPs, through `bpf_loop`.
+/// State of a search over a backend's VIPs, through `bpf_loop`. The VIPs
+/// themselves are read from `REPLY_SCRATCH` (this CPU's copy, which the
+/// reply stage was handed): a copy here would take 80 bytes of the stage's
+/// stack.
 #[repr(C)]
 struct SearchCtx {
-    vips: [VipAddr; MAX_VIPS_PER_BACKEND as usize],
-    client_addr: u32,
-    backend_addr: u32,
+    client_addr: Addr,
+    backend_addr: Addr,
     client_port: u16,
     backend_port: u16,
     syn_ack: u32,
@@ -270,9 +276,8 @@ struct SearchCtx {
 
 impl SearchCtx {
     #[inline(always)]
-    fn new(seg: &Tcp4, bv: &BackendVips) -> Self {
+    fn new(seg: &Tcp) -> Self {
         SearchCtx {
-            vips: bv.vips,
             client_addr: seg.dst_addr,
             backend_addr: seg.src_addr,
             client_port: seg.dst_port,
@@ -287,19 +292,29 @@ impl SearchCtx {
     }
 }
 
+/// VIP `i` of the backend whose reply this CPU's reply stage handles.
+#[inline(always)]
+fn scratch_vip(i: u64) -> Option<VipAddr> {
+    let bv = REPLY_SCRATCH.get(0)?;
+    if i >= bv.count as u64 {
+        return None;
+    }
+    bv.vips.get(i as usize).copied()
+}
+
 /// One VIP of the live search: stops at the first live flow pinned to this
 /// backend.
 #[inline(never)]
 extern "C" fn live_step(i: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: ctx is the SearchCtx passed to bpf_loop.
     let c = unsafe { &mut *(ctx as *mut SearchCtx) };
-    let Some(v) = c.vips.get(i as usize) else {
+    let Some(v) = scratch_vip(i) else {
         return 1;
     };
     let key = key_for(c.client_addr, c.client_port, v.addr, v.port);
     if let Some((e, _)) = live(&key) {
         // SAFETY: pointer from a successful lookup, only read.
-        if pinned_to(unsafe { &*e }, c.backend_addr, c.backend_port).is_some() {
+        if pinned_to(unsafe { &*e }, &c.backend_addr, c.backend_port).is_some() {
             c.found = 1;
             c.found_index = i as u32;
             return 1;
@@ -314,7 +329,7 @@ extern "C" fn live_step(i: u64, ctx: *mut c_void) -> i64 {
 extern "C" fn closed_step(i: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: ctx is the SearchCtx passed to bpf_loop.
     let c = unsafe { &mut *(ctx as *mut SearchCtx) };
-    let Some(v) = c.vips.get(i as usize) else {
+    let Some(v) = scratch_vip(i) else {
         return 1;
     };
     let key = key_for(c.client_addr, c.client_port, v.addr, v.port).with_kind(flow_kind::CLOSED);
@@ -322,7 +337,7 @@ extern "C" fn closed_step(i: u64, ctx: *mut c_void) -> i64 {
     let Some(e) = (unsafe { FLOWS.get(&key) }) else {
         return 0;
     };
-    if pinned_to(e, c.backend_addr, c.backend_port).is_none() {
+    if pinned_to(e, &c.backend_addr, c.backend_port).is_none() {
         return 0;
     }
     if c.syn_ack != 0 {

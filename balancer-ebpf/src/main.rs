@@ -14,7 +14,7 @@
 //! Counters live in `stats`, maps in `maps`. Everything that can run on the
 //! host lives in `balancer-common`, with host tests.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
-#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics, asm_experimental_arch))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
@@ -46,6 +46,8 @@ mod reply;
 #[cfg(target_arch = "bpf")]
 mod rewrite;
 #[cfg(target_arch = "bpf")]
+mod scratch;
+#[cfg(target_arch = "bpf")]
 mod stats;
 #[cfg(target_arch = "bpf")]
 mod track;
@@ -54,17 +56,17 @@ mod track;
 mod entry {
     use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
     use balancer_common::{
-        parse::{self, Frame, Parsed, Tcp4},
-        programs, BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
+        parse::{self, Frame, Parsed, Tcp},
+        programs, Addr, BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
     };
 
     use crate::{
         client,
-        forward::Next,
+        forward::{self, Next},
         frame::XdpFrame,
         guard, icmp, lookup,
         maps::{BACKEND_PORTS, REPLY_SCRATCH, STAGES, VIPS, VIP_ADDRS, VIP_PORTS},
-        reply,
+        reply, rewrite,
         stats::{count, count_rx},
     };
 
@@ -74,11 +76,12 @@ mod entry {
         let frame = XdpFrame(&ctx);
         count_rx(frame.len() as u64);
         match parse::parse(&frame) {
-            Parsed::Tcp4(seg) => tcp(&ctx, &frame, &seg),
+            Parsed::Tcp(seg) => tcp(&ctx, &frame, &seg),
             Parsed::Fragment { .. } => pass(Counter::PassFragment),
             Parsed::Malformed => pass(Counter::PassMalformed),
             Parsed::Icmp { dst_addr, .. } => icmp_stage(&ctx, dst_addr),
-            Parsed::OtherIpv4 | Parsed::Ipv6 | Parsed::OtherL2 => pass(Counter::PassNotVip),
+            Parsed::Ipv6Ext => pass(Counter::PassIpv6Ext),
+            Parsed::OtherIp | Parsed::OtherL2 => pass(Counter::PassNotVip),
         }
     }
 
@@ -100,19 +103,34 @@ mod entry {
         icmp::too_big(&ctx)
     }
 
+    /// The forward stage (`programs::FORWARD`), tail-called by the stage
+    /// that decided where a frame goes.
+    #[xdp]
+    pub fn balancer_forward(ctx: XdpContext) -> u32 {
+        forward::stage(&ctx)
+    }
+
+    /// The reset stage (`programs::RESET`), tail-called by the stage that
+    /// refused or reset a flow.
+    #[xdp]
+    pub fn balancer_reset(ctx: XdpContext) -> u32 {
+        rewrite::reset::stage(&ctx)
+    }
+
     /// The reply stage (`programs::REPLY`), tail-called by the entry.
     #[xdp]
     pub fn balancer_reply(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
         // Parsed again: offsets read from a map would be unbounded for the
         // verifier's packet checks.
-        let Parsed::Tcp4(seg) = parse::parse(&frame) else {
+        let Parsed::Tcp(seg) = parse::parse(&frame) else {
             return pass(Counter::DropNoStage);
         };
-        let Some(bv) = REPLY_SCRATCH.get(0).copied() else {
+        // By reference: a copy would take 84 bytes of the stage's stack.
+        let Some(bv) = REPLY_SCRATCH.get(0) else {
             return pass(Counter::DropNoStage);
         };
-        reply::to_client(&ctx, &frame, &seg, &bv).finish(&ctx, &seg)
+        reply::to_client(&frame, &seg, bv).finish(&ctx)
     }
 
     /// A segment from a backend: the reply stage, a program of its own (its
@@ -131,9 +149,8 @@ mod entry {
     /// ICMP to an address whose low bits a VIP's have: the ICMP stage (a
     /// program of its own, with its own verification and stack budget).
     #[inline(always)]
-    fn icmp_stage(ctx: &XdpContext, dst_addr: u32) -> u32 {
-        let addr_key = (u32::from_be(dst_addr) as u16).to_be();
-        if !port_listed(&VIP_ADDRS, addr_key) {
+    fn icmp_stage(ctx: &XdpContext, dst_addr: Addr) -> u32 {
+        if !port_listed(&VIP_ADDRS, dst_addr.low16_be()) {
             return pass(Counter::PassNotVip);
         }
         // SAFETY: the program array holds XDP programs of this object.
@@ -167,9 +184,9 @@ mod entry {
     /// without a hash lookup; a pinned flow is looked up before the VIP
     /// table (established traffic needs no VIP lookup).
     #[inline(always)]
-    fn classify(seg: &Tcp4) -> Target {
+    fn classify(seg: &Tcp) -> Target {
         // Low 16 bits of the address, as a port-sized key (network byte order).
-        let addr_key = (u32::from_be(seg.dst_addr) as u16).to_be();
+        let addr_key = seg.dst_addr.low16_be();
         if port_listed(&VIP_PORTS, seg.dst_port) && port_listed(&VIP_ADDRS, addr_key) {
             let key = lookup::client_key(seg);
             if let Some((e, table)) = lookup::live(&key) {
@@ -204,7 +221,7 @@ mod entry {
     }
 
     #[inline(always)]
-    fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4) -> u32 {
+    fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> u32 {
         let target = classify(seg);
         if let Target::NotOurs = target {
             return pass(Counter::PassNotVip);
@@ -213,14 +230,14 @@ mod entry {
             return action;
         }
         let next = match target {
-            Target::Pinned(key, e, table) => client::pinned(ctx, frame, seg, &key, e, table),
+            Target::Pinned(key, e, table) => client::pinned(frame, seg, &key, e, table),
             // SAFETY: a pointer from a successful lookup, valid for the
             // rest of this run.
             Target::Vip(key, vip) => client::unpinned(ctx, frame, seg, &key, unsafe { &*vip }),
             Target::FromBackend(bv) => Next::Action(reply_stage(ctx, bv)),
             Target::NotOurs => Next::Action(pass(Counter::PassNotVip)),
         };
-        next.finish(ctx, seg)
+        next.finish(ctx)
     }
 
     #[cfg(not(test))]

@@ -6,9 +6,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use balancer_common::{
-    AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts, FlowEntry, FlowKey,
-    GlobalStats, HostVips, LocalMac, Orphan, Settings, TrafficStats, VipInfo, VipKey,
-    BACKEND_SLOTS, CHOICE_HIST_LEN, DEFAULT_AFFINITY_TABLE_SIZE, DEFAULT_FLOW_TABLE_SIZE,
+    plan::{ForwardPlan, ResetPlan},
+    programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
+    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, Settings, TrafficStats, VipInfo,
+    VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN, DEFAULT_AFFINITY_TABLE_SIZE, DEFAULT_FLOW_TABLE_SIZE,
     DEFAULT_HALF_OPEN_TABLE_SIZE, MAX_VIPS, ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
 
@@ -22,9 +23,18 @@ pub static REPLY_SCRATCH: PerCpuArray<BackendVips> = PerCpuArray::with_max_entri
 #[map]
 pub static TOO_BIG_MTU: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-/// The stages the entry program tail-calls (`programs::*_STAGE`).
+/// What the forward stage is handed (per CPU: the tail call runs on the
+/// same CPU at once).
 #[map]
-pub static STAGES: ProgramArray = ProgramArray::with_max_entries(4, 0);
+pub static FORWARD_PLAN: PerCpuArray<ForwardPlan> = PerCpuArray::with_max_entries(1, 0);
+
+/// What the reset stage is handed (per CPU, as [`FORWARD_PLAN`]).
+#[map]
+pub static RESET_PLAN: PerCpuArray<ResetPlan> = PerCpuArray::with_max_entries(1, 0);
+
+/// The stages the programs tail-call (`programs::*_STAGE`).
+#[map]
+pub static STAGES: ProgramArray = ProgramArray::with_max_entries(programs::STAGE_COUNT, 0);
 
 /// VIP table.
 #[map]
@@ -74,7 +84,7 @@ pub static BACKEND_VIPS: HashMap<BackendKey, BackendVips> =
     HashMap::with_max_entries(BACKEND_SLOTS, 0);
 /// The VIPs each backend host (address, any port) serves: hairpin refusal.
 #[map]
-pub static BACKEND_HOSTS: HashMap<u32, HostVips> = HashMap::with_max_entries(BACKEND_SLOTS, 0);
+pub static BACKEND_HOSTS: HashMap<Addr, HostVips> = HashMap::with_max_entries(BACKEND_SLOTS, 0);
 /// The flow table: one LIVE entry per established connection, CLOSED
 /// entries for late segments. Resized by userspace (`--flow-table-size`).
 #[map]
@@ -120,12 +130,12 @@ pub static SETTINGS: Array<Settings> = Array::with_max_entries(1, 0);
 #[map]
 pub static RNG_STATE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Key of the next-hop cache towards clients: destination address (network
-/// byte order) and the interface the frame came in on.
+/// Key of the next-hop cache towards clients: destination address and the
+/// interface the frame came in on.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct HopKey {
-    pub dst: u32,
+    pub dst: Addr,
     pub ingress: u32,
 }
 
@@ -135,7 +145,7 @@ pub struct HopKey {
 pub struct NextHop {
     /// Egress interface.
     pub ifindex: u32,
-    /// Largest IPv4 total length the lookup accepted (MTU check), bytes.
+    /// Largest IP packet the lookup accepted (MTU check), bytes.
     pub max_len: u16,
     /// Destination then source MAC, as written into the frame.
     pub macs: [u8; 12],

@@ -1,9 +1,9 @@
 //! The reply side: segments from a backend back to a client.
 
-use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use aya_ebpf::bindings::xdp_action;
 use balancer_common::{
     flow::Direction,
-    parse::{Frame, Tcp4, IPV4_SRC_OFF, TCP_RST},
+    parse::{Frame, Tcp, TCP_RST},
     BackendVips, Counter,
 };
 
@@ -12,7 +12,7 @@ use crate::{
     frame::{now_ns, XdpFrame},
     lookup::{find_orphan, find_reply, Reply},
     maps::{BACKEND_STATS, VIP_STATS},
-    rewrite::{nat::Nat, reset::reset_client, Rewrite},
+    rewrite::{nat::Nat, Rewrite},
     stats::{count, traffic},
     track,
 };
@@ -21,18 +21,18 @@ use crate::{
 /// (a live flow first, see `lookup::find_reply`), tracks it and rewrites the
 /// source back to the VIP. A reply that matches no flow passes untouched.
 #[inline(always)]
-pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVips) -> Next {
+pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next {
     let now = now_ns();
     let (slot, vip_index, vip_addr, vip_port) = match find_reply(seg, bv) {
-        Reply::Live(key, e, table, vip_addr, vip_port, b) => {
+        Reply::Live(key, e, table, b) => {
             // SAFETY: pointer from a successful lookup.
             let (slot, vip_index) = unsafe { ((*e).backend_slot, (*e).vip_index) };
             // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
             let event = unsafe {
                 track::track(
-                    &key,
+                    key,
                     e,
-                    &b,
+                    b,
                     seg,
                     &track::How {
                         table,
@@ -41,12 +41,12 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
                     },
                 )
             };
-            event.log(&key);
-            (slot, vip_index, vip_addr, vip_port)
+            event.log(key);
+            (slot, vip_index, &key.dst_addr, key.dst_port)
         }
-        Reply::Closed(slot, vip_index, vip_addr, vip_port) => {
+        Reply::Closed(slot, vip_index, v) => {
             count(Counter::ClosedFlowPackets, 1);
-            (slot, vip_index, vip_addr, vip_port)
+            (slot, vip_index, &v.addr, v.port)
         }
         Reply::Superseded => {
             count(Counter::ClosedSuperseded, 1);
@@ -58,7 +58,7 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
             // the backend's segment never reaches it un-rewritten.
             if !seg.has(TCP_RST) {
                 if let Some(v) = find_orphan(seg, bv) {
-                    return Next::Action(reset_client(ctx, frame, seg, v.addr, v.port));
+                    return Next::ResetClient(v.addr, v.port);
                 }
             }
             count(Counter::PassNotVip, 1);
@@ -69,20 +69,21 @@ pub fn to_client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp4, bv: &BackendVip
     traffic(&VIP_STATS, vip_index, bytes, false, false);
     traffic(&BACKEND_STATS, slot, bytes, false, false);
     count(Counter::ReplyPackets, 1);
-    let nat = Rewrite::nat(Nat {
-        addr_off: IPV4_SRC_OFF as u32,
-        port_off: 0,
-        addr: vip_addr,
+    let o = match Next::plan() {
+        Ok(o) => o,
+        Err(n) => return n,
+    };
+    o.rw = Rewrite::nat(Nat {
+        dst: 0,
+        addr: *vip_addr,
         port: vip_port,
         _pad: 0,
     });
-    Next::Forward(
-        nat,
-        Dest {
-            src: vip_addr,
-            dst: seg.dst_addr,
-            now,
-            cache: HopCache::DST,
-        },
-    )
+    o.to = Dest {
+        src: *vip_addr,
+        dst: seg.dst_addr,
+        now,
+        cache: HopCache::DST,
+    };
+    Next::Forward
 }

@@ -7,8 +7,8 @@ use balancer_common::{
     encap::mode,
     flow::{self, Direction, Verdict},
     flow_kind,
-    parse::Tcp4,
-    Backend, Counter, FlowEntry, FlowKey,
+    parse::Tcp,
+    Addr, Backend, Counter, FlowEntry, FlowKey,
 };
 
 use aya_ebpf::bindings::BPF_NOEXIST;
@@ -17,6 +17,7 @@ use crate::{
     atomic,
     lookup::Table,
     maps::{BACKEND_CONNS, FLOWS, HALF_OPEN, SERVER_CONNS, SERVER_FAILS},
+    scratch,
     stats::{backend_failure, count, Failure},
 };
 
@@ -46,7 +47,7 @@ pub struct How {
 /// # Safety
 /// `e` comes from a successful lookup of `key` in `table`.
 #[inline(never)]
-pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp4, how: &How) -> Event {
+pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, how: &How) -> Event {
     let (table, dir, now) = (how.table, how.dir, how.now);
     // SAFETY (every access below): `e` is a flow-table value (the caller's
     // contract); no reference to it is held across the atomic operation.
@@ -97,12 +98,12 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp4, h
             );
         }
         v @ (Verdict::ClosedByFin | Verdict::ClosedByRst) => {
-            let copy = unsafe { *e };
             // A reset from the backend before any data: it refused the flow.
             let refused = v == Verdict::ClosedByRst
                 && dir == Direction::ToClient
                 && flow::refused(old | step.set);
-            close(key, table, &copy, b, v, refused);
+            // SAFETY: the entry stays valid until `close` deletes it.
+            close(key, table, unsafe { &*e }, b, v, refused);
             return Event::NONE;
         }
     }
@@ -141,7 +142,7 @@ impl Event {
     pub fn log(self, key: &FlowKey) {
         if self.0 & EV_RST_OUT_OF_WINDOW != 0 {
             rst_out_of_window(
-                key.src_addr,
+                &key.src_addr,
                 key.src_port,
                 self.0 as u32,
                 self.0 & EV_FROM_CLIENT != 0,
@@ -154,9 +155,12 @@ impl Event {
 /// sees the handshake complete). Its count moves with it.
 #[inline(always)]
 fn promote(key: &FlowKey, e: *mut FlowEntry) {
-    // SAFETY: a flow-table value, copied.
-    let copy = unsafe { *e };
-    if FLOWS.insert(key, &copy, BPF_NOEXIST as u64).is_ok() {
+    // SAFETY: a flow-table value, copied by the insert (not to the stack:
+    // 40 bytes of it).
+    if FLOWS
+        .insert(key, unsafe { &*e }, BPF_NOEXIST as u64)
+        .is_ok()
+    {
         let _ = HALF_OPEN.remove(key);
         count(Counter::Promoted, 1);
     }
@@ -199,16 +203,20 @@ fn close(
     verdict: Verdict,
     refused: bool,
 ) {
+    // Read before the delete, which frees `entry`.
+    let slot = entry.backend_slot;
     if table == Table::Established {
-        let _ = FLOWS.insert(&live_key.with_kind(flow_kind::CLOSED), entry, 0);
+        if let Some(k) = scratch::key(scratch::TEMP, live_key.with_kind(flow_kind::CLOSED)) {
+            let _ = FLOWS.insert(k, entry, 0);
+        }
     }
     if table.map().remove(live_key).is_ok() {
-        atomic::add(&BACKEND_CONNS, entry.backend_slot, u64::MAX);
+        atomic::add(&BACKEND_CONNS, slot, u64::MAX);
         atomic::add(&SERVER_CONNS, b.server, u64::MAX);
         if verdict == Verdict::ClosedByRst {
             count(Counter::ClosedRst, 1);
             if refused {
-                failed(entry.backend_slot, b, Failure::Refused);
+                failed(slot, b, Failure::Refused);
             }
         } else {
             count(Counter::ClosedFin, 1);
@@ -220,16 +228,29 @@ fn close(
 /// log is off unless the daemon runs with `--datapath-log`): the client of
 /// the flow (`client_addr`, `client_port` in network byte order), who sent
 /// it, and how far past the window's start its sequence number was
-/// (`offset`, bytes; the window is [`flow::RST_WINDOW`]). Plain scalars:
-/// the caller's stack is what the reply stage's budget is short of.
+/// (`offset`, bytes; the window is [`flow::RST_WINDOW`]). The address by
+/// reference and the rest as scalars: the caller's stack is what the reply
+/// stage's budget is short of.
 #[inline(never)]
-fn rst_out_of_window(client_addr: u32, client_port: u16, offset: u32, from_client: bool) {
-    aya_log_ebpf::warn!(
-        &(),
-        "RST out of window on the flow of {:i}:{} from the {}: {} bytes past the expected sequence number",
-        u32::from_be(client_addr),
-        u16::from_be(client_port),
-        if from_client { "client" } else { "backend" },
-        offset
-    );
+fn rst_out_of_window(client_addr: &Addr, client_port: u16, offset: u32, from_client: bool) {
+    let who = if from_client { "client" } else { "backend" };
+    if client_addr.is_v4() {
+        aya_log_ebpf::warn!(
+            &(),
+            "RST out of window on the flow of {:i}:{} from the {}: {} bytes past the expected sequence number",
+            u32::from_be(client_addr.v4_be()),
+            u16::from_be(client_port),
+            who,
+            offset
+        );
+    } else {
+        aya_log_ebpf::warn!(
+            &(),
+            "RST out of window on the flow of [{:i}]:{} from the {}: {} bytes past the expected sequence number",
+            client_addr.v6_bytes(),
+            u16::from_be(client_port),
+            who,
+            offset
+        );
+    }
 }

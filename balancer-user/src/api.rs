@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     time::Duration,
 };
 
@@ -78,7 +78,7 @@ pub struct VipPatch {
     pub mode: Option<ForwardingMode>,
     /// Outer source address of encapsulated packets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub encap_source: Option<Ipv4Addr>,
+    pub encap_source: Option<IpAddr>,
     /// GUE's UDP destination port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gue_port: Option<u16>,
@@ -110,7 +110,7 @@ impl VipPatch {
             s.persistence = p;
         }
         if let Some(m) = self.persistence_netmask {
-            s.persistence_netmask = m;
+            s.persistence_netmask = Some(m);
         }
         if let Some(m) = self.mode {
             s.mode = m;
@@ -158,30 +158,30 @@ pub enum Request {
     /// Add a VIP.
     AddVip {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Its settings.
         settings: VipSettings,
     },
     /// Change settings of an existing VIP.
     SetVip {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// The changes.
         patch: VipPatch,
     },
     /// Remove a VIP, its backends and its flows.
     RemoveVip {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
     },
     /// List VIPs.
     ListVips,
     /// Add backends to a VIP: all of them, or none on any error.
     AddBackends {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend addresses and ports.
-        backends: Vec<SocketAddrV4>,
+        backends: Vec<SocketAddr>,
         /// Their weight (1 when absent).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weight: Option<u32>,
@@ -189,37 +189,37 @@ pub enum Request {
     /// Change a backend's weight or health check.
     SetBackend {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend address and port.
-        backend: SocketAddrV4,
+        backend: SocketAddr,
         /// The changes.
         patch: BackendPatch,
     },
     /// Stop sending new flows to a backend; its flows continue.
     DrainBackend {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend address and port.
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// Put a drained backend back into service.
     UndrainBackend {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend address and port.
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// Remove a backend; its clients' next segments get a TCP reset.
     RemoveBackend {
         /// VIP address and port.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend address and port.
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// List the backends of a VIP (all VIPs when `None`).
     ListBackends {
         /// VIP address and port.
-        vip: Option<SocketAddrV4>,
+        vip: Option<SocketAddr>,
     },
     /// Counters.
     Stats,
@@ -286,7 +286,7 @@ pub enum Response {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VipView {
     /// Address and port.
-    pub vip: SocketAddrV4,
+    pub vip: SocketAddr,
     /// Its settings.
     pub settings: VipSettings,
     /// Backends (active and draining).
@@ -349,9 +349,9 @@ pub struct HealthView {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct BackendView {
     /// The VIP it serves.
-    pub vip: SocketAddrV4,
+    pub vip: SocketAddr,
     /// Address and port.
-    pub backend: SocketAddrV4,
+    pub backend: SocketAddr,
     /// Lifecycle state.
     pub state: BackendState,
     /// Slot in the backend arrays.
@@ -413,7 +413,7 @@ pub struct ChoiceView {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VipStatsView {
     /// Address and port.
-    pub vip: SocketAddrV4,
+    pub vip: SocketAddr,
     /// Forwarding mode.
     #[serde(default)]
     pub mode: ForwardingMode,
@@ -480,11 +480,11 @@ impl StatsView {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FlowView {
     /// Client address and port.
-    pub client: SocketAddrV4,
+    pub client: SocketAddr,
     /// VIP address and port.
-    pub vip: SocketAddrV4,
+    pub vip: SocketAddr,
     /// Backend address and port (`None` when its slot was since reused).
-    pub backend: Option<SocketAddrV4>,
+    pub backend: Option<SocketAddr>,
     /// `live` (established), `half-open` or `closed`.
     pub kind: String,
     /// Idle time, ms.

@@ -8,7 +8,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddrV4,
+    net::SocketAddr,
     path::PathBuf,
     time::Instant,
 };
@@ -37,7 +37,8 @@ use crate::{
     netdev,
     retired::Retired,
     state::{
-        check_backend, check_endpoint, check_weight, BackendConfig, State, VipConfig, VipSettings,
+        check_backend_for, check_endpoint, check_weight, BackendConfig, State, VipConfig,
+        VipSettings,
     },
     telemetry,
 };
@@ -224,6 +225,8 @@ impl Balancer {
             programs::ICMP,
             programs::TOO_BIG,
             programs::REPLY,
+            programs::FORWARD,
+            programs::RESET,
         ] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
@@ -252,6 +255,8 @@ impl Balancer {
             (programs::ICMP, programs::ICMP_STAGE),
             (programs::TOO_BIG, programs::TOO_BIG_STAGE),
             (programs::REPLY, programs::REPLY_STAGE),
+            (programs::FORWARD, programs::FORWARD_STAGE),
+            (programs::RESET, programs::RESET_STAGE),
         ] {
             let stage: &Xdp = ebpf
                 .program(name)
@@ -499,7 +504,7 @@ impl Balancer {
     /// may then hold part of it and the caller should not serve.
     pub fn restore(&mut self, mut state: State) -> Result<()> {
         // A state file written before server indexes existed gets them now.
-        let addrs: Vec<SocketAddrV4> = state.backend_uses().into_keys().collect();
+        let addrs: Vec<SocketAddr> = state.backend_uses().into_keys().collect();
         for a in &addrs {
             state.server_for(*a)?;
         }
@@ -513,7 +518,7 @@ impl Balancer {
             log::warn!("removed {gone} map entries the state file does not hold");
         }
         self.publish_backends(&addrs)?;
-        let vips: Vec<SocketAddrV4> = self.state.vips.keys().copied().collect();
+        let vips: Vec<SocketAddr> = self.state.vips.keys().copied().collect();
         for v in &vips {
             self.publish_vip(v)?;
         }
@@ -526,7 +531,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Invalid address or choices, duplicate VIP, full VIP table, map failure.
-    pub fn add_vip(&mut self, addr: SocketAddrV4, choices: u32) -> Result<()> {
+    pub fn add_vip(&mut self, addr: SocketAddr, choices: u32) -> Result<()> {
         self.add_vip_with(
             addr,
             VipSettings {
@@ -541,9 +546,9 @@ impl Balancer {
     /// # Errors
     /// Invalid address or settings, duplicate VIP, full VIP table, map
     /// failure.
-    pub fn add_vip_with(&mut self, addr: SocketAddrV4, settings: VipSettings) -> Result<()> {
+    pub fn add_vip_with(&mut self, addr: SocketAddr, settings: VipSettings) -> Result<()> {
         check_endpoint("VIP", addr)?;
-        settings.validate()?;
+        settings.validate_for(addr)?;
         if self.state.vips.contains_key(&addr) {
             return Err(BalancerError::DuplicateVip { vip: addr });
         }
@@ -580,7 +585,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP, invalid choices, map failure.
-    pub fn set_choices(&mut self, addr: SocketAddrV4, choices: u32) -> Result<()> {
+    pub fn set_choices(&mut self, addr: SocketAddr, choices: u32) -> Result<()> {
         self.set_vip(
             addr,
             &VipPatch {
@@ -594,11 +599,14 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP, an invalid value, map failure.
-    pub fn set_vip(&mut self, addr: SocketAddrV4, patch: &VipPatch) -> Result<()> {
+    pub fn set_vip(&mut self, addr: SocketAddr, patch: &VipPatch) -> Result<()> {
         let v = self.state.vip(&addr)?;
         let old = v.settings.clone();
         let new = patch.apply(&old);
-        new.validate()?;
+        new.validate_for(addr)?;
+        for b in &v.backends {
+            check_backend_for(addr, &new, b.addr)?;
+        }
         if new.mode != old.mode && !v.backends.is_empty() {
             return Err(BalancerError::Invalid {
                 what: "mode",
@@ -608,7 +616,7 @@ impl Balancer {
                 ),
             });
         }
-        let backends: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
+        let backends: Vec<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
         let encap_changed = (new.encap_source, new.gue_port) != (old.encap_source, old.gue_port);
         self.state.vip_mut(&addr)?.settings = new;
         self.eligibility.forget_gone(&self.state);
@@ -632,13 +640,13 @@ impl Balancer {
     /// kernel must know their MAC addresses before the data path can send
     /// to them ([`crate::netdev::resolve_neighbours`]; the other modes hand
     /// a frame to the kernel, which resolves the next hop itself).
-    pub fn dsr_backend_addrs(&self) -> Vec<std::net::Ipv4Addr> {
-        let set: BTreeSet<std::net::Ipv4Addr> = self
+    pub fn dsr_backend_addrs(&self) -> Vec<std::net::IpAddr> {
+        let set: BTreeSet<std::net::IpAddr> = self
             .state
             .vips
             .values()
             .filter(|v| v.settings.mode == crate::state::ForwardingMode::Dsr)
-            .flat_map(|v| v.backends.iter().map(|b| *b.addr.ip()))
+            .flat_map(|v| v.backends.iter().map(|b| b.addr.ip()))
             .collect();
         set.into_iter().collect()
     }
@@ -647,7 +655,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP, map failure.
-    pub fn remove_vip(&mut self, addr: SocketAddrV4) -> Result<()> {
+    pub fn remove_vip(&mut self, addr: SocketAddr) -> Result<()> {
         let v = self.state.vip(&addr)?.clone();
         // A tombstone for the orphan time: its clients' next segments get a
         // reset, new connections a refusal (crate::retired).
@@ -661,7 +669,7 @@ impl Balancer {
         }
         self.state.vips.remove(&addr);
         self.retire_slots(&v.backends)?;
-        let addrs: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
+        let addrs: Vec<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
         self.publish_backends(&addrs)?;
         self.state.release_servers();
         self.eligibility.forget_gone(&self.state);
@@ -692,7 +700,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP, invalid address, duplicate backend, full tables, map failure.
-    pub fn add_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
+    pub fn add_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
         self.add_backends(vip, &[addr])
     }
 
@@ -700,7 +708,7 @@ impl Balancer {
     ///
     /// # Errors
     /// As `add_backends_weighted`.
-    pub fn add_backends(&mut self, vip: SocketAddrV4, addrs: &[SocketAddrV4]) -> Result<()> {
+    pub fn add_backends(&mut self, vip: SocketAddr, addrs: &[SocketAddr]) -> Result<()> {
         self.add_backends_weighted(vip, addrs, 1)
     }
 
@@ -713,17 +721,17 @@ impl Balancer {
     /// in `addrs`), full tables, map failure.
     pub fn add_backends_weighted(
         &mut self,
-        vip: SocketAddrV4,
-        addrs: &[SocketAddrV4],
+        vip: SocketAddr,
+        addrs: &[SocketAddr],
         weight: u32,
     ) -> Result<()> {
         check_weight(weight)?;
         let v = self.state.vip(&vip)?;
-        let mut seen: BTreeSet<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
+        let mut seen: BTreeSet<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
         let mut listed = BTreeSet::new();
         let mode = v.settings.mode;
         for a in addrs {
-            check_backend(vip, *a)?;
+            check_backend_for(vip, &v.settings, *a)?;
             if mode.direct_return() && a.port() != vip.port() {
                 return Err(BalancerError::Invalid {
                     what: "backend",
@@ -811,7 +819,7 @@ impl Balancer {
             self.publish_vip(&vip)
         })();
         if let Err(e) = result {
-            let gone: BTreeSet<SocketAddrV4> = added.iter().map(|b| b.addr).collect();
+            let gone: BTreeSet<SocketAddr> = added.iter().map(|b| b.addr).collect();
             self.state
                 .vip_mut(&vip)?
                 .backends
@@ -826,7 +834,7 @@ impl Balancer {
         }
         if mode == crate::state::ForwardingMode::Dsr {
             // The first SYN must find their MACs known.
-            let ips: Vec<std::net::Ipv4Addr> = addrs.iter().map(|a| *a.ip()).collect();
+            let ips: Vec<std::net::IpAddr> = addrs.iter().map(|a| a.ip()).collect();
             netdev::resolve_neighbours(&ips);
         }
         self.maps.publish_ports(&self.state, &self.retired)
@@ -839,8 +847,8 @@ impl Balancer {
     /// Unknown VIP or backend, an invalid value, map failure.
     pub fn set_backend(
         &mut self,
-        vip: SocketAddrV4,
-        addr: SocketAddrV4,
+        vip: SocketAddr,
+        addr: SocketAddr,
         patch: &BackendPatch,
     ) -> Result<()> {
         let old = self.state.backend_mut(&vip, &addr)?.clone();
@@ -872,7 +880,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP or backend, map failure.
-    pub fn drain_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
+    pub fn drain_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
         self.set_backend_state(vip, addr, BackendState::Draining)
     }
 
@@ -880,14 +888,14 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP or backend, map failure.
-    pub fn undrain_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
+    pub fn undrain_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
         self.set_backend_state(vip, addr, BackendState::Active)
     }
 
     fn set_backend_state(
         &mut self,
-        vip: SocketAddrV4,
-        addr: SocketAddrV4,
+        vip: SocketAddr,
+        addr: SocketAddr,
         state: BackendState,
     ) -> Result<()> {
         let b = self.state.backend_mut(&vip, &addr)?;
@@ -913,7 +921,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP or backend, map failure.
-    pub fn remove_backend(&mut self, vip: SocketAddrV4, addr: SocketAddrV4) -> Result<()> {
+    pub fn remove_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
         let b = self.state.backend_mut(&vip, &addr)?.clone();
         self.state
             .vip_mut(&vip)?
@@ -937,7 +945,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Unknown VIP, map failure.
-    pub fn list_backends(&self, vip: Option<SocketAddrV4>) -> Result<Vec<BackendView>> {
+    pub fn list_backends(&self, vip: Option<SocketAddr>) -> Result<Vec<BackendView>> {
         self.telemetry().backends(vip)
     }
 
@@ -1091,7 +1099,7 @@ impl Balancer {
         for s in &ch.clear_fails {
             self.maps.clear_server_fails(*s)?;
         }
-        let ramped: Vec<SocketAddrV4> = self
+        let ramped: Vec<SocketAddr> = self
             .state
             .vips
             .values()
@@ -1158,7 +1166,7 @@ impl Balancer {
     }
 
     /// Publishes a VIP's eligible list and records which half is active.
-    fn publish_vip(&mut self, addr: &SocketAddrV4) -> Result<()> {
+    fn publish_vip(&mut self, addr: &SocketAddr) -> Result<()> {
         let v = self.state.vip(addr)?;
         let (eligible, fallback) = self.eligibility.list(&self.state, v);
         let list = self.maps.publish_vip(v, &eligible, fallback)?;
@@ -1172,7 +1180,7 @@ impl Balancer {
 
     /// Writes the slots and reply tables of the backends at `addrs`, with
     /// their weights as they are now.
-    fn publish_backends(&mut self, addrs: &[SocketAddrV4]) -> Result<()> {
+    fn publish_backends(&mut self, addrs: &[SocketAddr]) -> Result<()> {
         let now = Instant::now();
         let elig = &self.eligibility;
         let weights: BTreeMap<u32, u32> = self

@@ -5,7 +5,7 @@
 //! own, so it outlives the command; attaching again replaces the program
 //! in the same link.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{net::IpAddr, path::Path};
 
 use aya::{
     maps::{Array, MapData, PerCpuArray},
@@ -31,7 +31,7 @@ pub struct DecapOptions {
     /// GUE's UDP destination port (the VIPs' `--gue-port`).
     pub gue_port: u16,
     /// Only packets to this outer destination (`None`: any).
-    pub local: Option<Ipv4Addr>,
+    pub local: Option<IpAddr>,
 }
 
 /// Attaches the decapsulation program to `iface` (native or generic XDP)
@@ -79,7 +79,7 @@ pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) ->
         .set(
             0,
             DecapConfig {
-                local_addr: opts.local.map_or(0, |a| ip_be(&a)),
+                local_addr: opts.local.map_or(balancer_common::Addr::ZERO, ip_be),
                 gue_port: opts.gue_port.to_be(),
                 _pad: 0,
             },

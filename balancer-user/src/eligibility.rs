@@ -6,7 +6,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddrV4,
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -27,7 +27,7 @@ pub struct Changes {
     /// Transitions, for the log.
     pub messages: Vec<String>,
     /// VIPs whose eligible list must be published again.
-    pub republish: BTreeSet<SocketAddrV4>,
+    pub republish: BTreeSet<SocketAddr>,
     /// Servers whose failure streak must be cleared in the data path.
     pub clear_fails: BTreeSet<u32>,
 }
@@ -35,7 +35,7 @@ pub struct Changes {
 /// The health, ejections and ramps of the backends.
 #[derive(Debug, Default)]
 pub struct Eligibility {
-    health: BTreeMap<(SocketAddrV4, SocketAddrV4), BackendHealth>,
+    health: BTreeMap<(SocketAddr, SocketAddr), BackendHealth>,
     /// Servers ejected by passive detection, since when.
     ejected: BTreeMap<u32, Instant>,
     /// Slots ramping up (slow start), since when.
@@ -117,7 +117,7 @@ impl Eligibility {
         &mut self,
         state: &State,
         v: &VipConfig,
-        joining: &[SocketAddrV4],
+        joining: &[SocketAddr],
         now: Instant,
     ) {
         if v.settings.slow_start.is_zero() {
@@ -164,7 +164,7 @@ impl Eligibility {
 
     /// Forgets what belongs to backends and servers no longer in `state`.
     pub fn forget_gone(&mut self, state: &State) {
-        let pairs: BTreeSet<(SocketAddrV4, SocketAddrV4)> = state
+        let pairs: BTreeSet<(SocketAddr, SocketAddr)> = state
             .vips
             .values()
             .flat_map(|v| v.backends.iter().map(move |b| (v.addr, b.addr)))
@@ -252,7 +252,7 @@ impl Eligibility {
         let mut ch = Changes::default();
         // Each server's VIPs, gathered once (not per server: with thousands
         // of backends that search was most of an idle daemon's CPU).
-        let mut by_addr: BTreeMap<SocketAddrV4, Vec<&VipConfig>> = BTreeMap::new();
+        let mut by_addr: BTreeMap<SocketAddr, Vec<&VipConfig>> = BTreeMap::new();
         for v in state.vips.values() {
             for b in &v.backends {
                 by_addr.entry(b.addr).or_default().push(v);
@@ -350,10 +350,10 @@ mod tests {
 
     fn state(check: bool, eject_after: u32, slow_start: Duration) -> State {
         let mut s = State::default();
-        let vip: SocketAddrV4 = "10.0.0.10:80".parse().unwrap();
+        let vip: SocketAddr = "10.0.0.10:80".parse().unwrap();
         let backends: Vec<BackendConfig> = (0..3)
             .map(|i| BackendConfig {
-                addr: SocketAddrV4::new([10, 0, 2, 10 + i as u8].into(), 8080),
+                addr: SocketAddr::new([10, 0, 2, 10 + i as u8].into(), 8080),
                 state: BackendState::Active,
                 slot: i,
                 generation: 1,
@@ -464,7 +464,7 @@ mod tests {
         let v = s.vips.values().next().unwrap().clone();
         let b = &v.backends[2]; // weight 3
         assert_eq!(e.weight_units(&v, b, t0), 3 * WEIGHT_ONE);
-        let all: Vec<SocketAddrV4> = v.backends.iter().map(|b| b.addr).collect();
+        let all: Vec<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
         e.start_ramp(&s, &v, &all, t0);
         assert!(!e.ramping(2), "all joining at once: nobody to spare");
         e.start_ramp(&s, &v, &[b.addr], t0);

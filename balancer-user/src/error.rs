@@ -1,6 +1,6 @@
 //! Errors of the balancer library.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 /// Everything a balancer operation can refuse or fail with. Refusals (bad
 /// input, unknown names, full tables) leave the balancer unchanged.
@@ -10,29 +10,29 @@ pub enum BalancerError {
     #[error("no such VIP {vip}")]
     UnknownVip {
         /// The VIP asked for.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
     },
     /// A VIP with this address and port exists already.
     #[error("VIP {vip} exists already")]
     DuplicateVip {
         /// The VIP asked for.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
     },
     /// The backend is not a backend of the VIP.
     #[error("{backend} is not a backend of VIP {vip}")]
     UnknownBackend {
         /// The VIP.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// The backend asked for.
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// The backend is already a backend of the VIP.
     #[error("{backend} is already a backend of VIP {vip}")]
     DuplicateBackend {
         /// The VIP.
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// The backend asked for.
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// A table is full.
     #[error("{what} is full ({capacity} entries)")]

@@ -261,7 +261,7 @@ fn refresh_affinities(
     entries: &[(crate::maps::FlowTable, balancer_common::FlowKey, FlowEntry)],
     now: u64,
 ) -> Result<u64> {
-    let persistent: BTreeMap<u32, (u64, u32)> = state
+    let persistent: BTreeMap<u32, (u64, balancer_common::Addr)> = state
         .vips
         .values()
         .filter(|v| !v.settings.persistence.is_zero())
@@ -270,12 +270,15 @@ fn refresh_affinities(
                 v.index,
                 (
                     v.settings.persistence.as_nanos() as u64,
-                    balancer_common::netmask_be(v.settings.persistence_netmask),
+                    balancer_common::Addr::netmask(
+                        v.addr.is_ipv4(),
+                        v.settings.persistence_prefix(&v.addr),
+                    ),
                 ),
             )
         })
         .collect();
-    let mut newest: BTreeMap<(u32, u32), (u32, u32, u64)> = BTreeMap::new();
+    let mut newest: BTreeMap<(u32, balancer_common::Addr), (u32, u32, u64)> = BTreeMap::new();
     for (_, k, e) in entries {
         if k.kind != flow_kind::LIVE {
             continue;
@@ -283,11 +286,9 @@ fn refresh_affinities(
         let Some((_, mask)) = persistent.get(&e.vip_index) else {
             continue;
         };
-        let n = newest.entry((e.vip_index, k.src_addr & mask)).or_insert((
-            e.backend_slot,
-            e.backend_generation,
-            0,
-        ));
+        let n = newest
+            .entry((e.vip_index, k.src_addr.masked(mask)))
+            .or_insert((e.backend_slot, e.backend_generation, 0));
         if (n.0, n.1) == (e.backend_slot, e.backend_generation) {
             n.2 = n.2.max(e.last_seen_ns);
         }

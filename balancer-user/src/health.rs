@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    net::SocketAddrV4,
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -101,15 +101,15 @@ impl BackendHealth {
 ///
 /// # Errors
 /// What failed, for a person: refused, timed out, wrong status.
-pub async fn check_once(target: SocketAddrV4, check: &HealthCheck) -> Result<(), String> {
-    let addr = SocketAddrV4::new(*target.ip(), check.port.unwrap_or(target.port()));
+pub async fn check_once(target: SocketAddr, check: &HealthCheck) -> Result<(), String> {
+    let addr = SocketAddr::new(target.ip(), check.port.unwrap_or(target.port()));
     match tokio::time::timeout(check.timeout, run(addr, &check.kind)).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer from {addr} within {:?}", check.timeout)),
     }
 }
 
-async fn run(addr: SocketAddrV4, kind: &CheckKind) -> Result<(), String> {
+async fn run(addr: SocketAddr, kind: &CheckKind) -> Result<(), String> {
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connecting to {addr}: {e}"))?;
@@ -148,9 +148,9 @@ async fn run(addr: SocketAddrV4, kind: &CheckKind) -> Result<(), String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     /// The VIP.
-    pub vip: SocketAddrV4,
+    pub vip: SocketAddr,
     /// The backend.
-    pub backend: SocketAddrV4,
+    pub backend: SocketAddr,
     /// Its check.
     pub check: HealthCheck,
 }
@@ -167,7 +167,7 @@ pub struct Outcome {
 /// The running checks: one task per target, started, restarted and stopped
 /// by [`Monitor::sync`] as the configuration changes.
 pub struct Monitor {
-    tasks: HashMap<(SocketAddrV4, SocketAddrV4), (HealthCheck, JoinHandle<()>)>,
+    tasks: HashMap<(SocketAddr, SocketAddr), (HealthCheck, JoinHandle<()>)>,
     tx: mpsc::UnboundedSender<Outcome>,
 }
 
@@ -318,7 +318,7 @@ mod tests {
                 });
             }
         });
-        let target = SocketAddrV4::new([127, 0, 0, 1].into(), port);
+        let target = SocketAddr::new([127, 0, 0, 1].into(), port);
         let mut c = HealthCheck::default();
         assert_eq!(check_once(target, &c).await, Ok(()));
         c.kind = CheckKind::Http {
@@ -338,7 +338,7 @@ mod tests {
             l.local_addr().unwrap().port()
         };
         c.kind = CheckKind::Tcp;
-        let e = check_once(SocketAddrV4::new([127, 0, 0, 1].into(), closed), &c)
+        let e = check_once(SocketAddr::new([127, 0, 0, 1].into(), closed), &c)
             .await
             .unwrap_err();
         assert!(e.contains("connecting to"), "{e}");

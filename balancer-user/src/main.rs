@@ -3,7 +3,7 @@
 
 mod cli;
 
-use std::{net::SocketAddrV4, path::PathBuf, process::ExitCode};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::bail;
 use balancer::{
@@ -129,7 +129,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
 
 /// After a drain or a removal, warns when the VIP has no backend left that
 /// takes new connections.
-async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddrV4) {
+async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddr) {
     if let Ok(Response::Vips { vips }) = client::call(socket, &Request::ListVips).await {
         if vips.iter().any(|v| v.vip == vip && v.eligible == 0) {
             eprintln!(

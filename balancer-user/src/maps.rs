@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     path::Path,
 };
 
@@ -14,11 +14,11 @@ use aya::{
 };
 use balancer_common::{
     choice_hist_index, eligible_list_base, flow_kind, hist, layout::LAYOUT_FINGERPRINT, map_names,
-    netmask_be, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, Settings,
-    TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED,
-    BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND,
-    PORT_BITMAP_WORDS, VIP_F_FALLBACK, VIP_F_REMOVED,
+    Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts, ChoiceStats,
+    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, Settings, TrafficStats, VipAddr,
+    VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED, BACKEND_SLOTS,
+    COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
+    VIP_F_FALLBACK, VIP_F_REMOVED,
 };
 
 use crate::{
@@ -29,11 +29,13 @@ use crate::{
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
-pub const PINNED_MAPS: [&str; 22] = [
+pub const PINNED_MAPS: [&str; 24] = [
     map_names::LAYOUT,
     map_names::STAGES,
     map_names::REPLY_SCRATCH,
     map_names::TOO_BIG_MTU,
+    map_names::FORWARD_PLAN,
+    map_names::RESET_PLAN,
     map_names::HALF_OPEN,
     map_names::ORPHANS,
     map_names::VIPS,
@@ -105,18 +107,19 @@ fn remove_keys<K: aya::Pod, V: aya::Pod>(
     Ok(stale.len())
 }
 
-/// Network-byte-order address as the maps hold it.
-pub fn ip_be(a: &Ipv4Addr) -> u32 {
-    u32::from_ne_bytes(a.octets())
+/// An address as the maps hold it ([`Addr`]: IPv4 in its IPv4-mapped
+/// IPv6 form).
+pub fn ip_be(a: IpAddr) -> Addr {
+    Addr::from(a)
 }
 
-/// An address as the maps hold it, back to an [`Ipv4Addr`].
-pub fn ip_from_be(v: u32) -> Ipv4Addr {
-    Ipv4Addr::from(v.to_ne_bytes())
+/// An address as the maps hold it, back to an [`IpAddr`].
+pub fn ip_from_be(v: Addr) -> IpAddr {
+    IpAddr::from(v)
 }
 
 /// The `VIPS` key of a VIP.
-pub fn vip_key(a: &SocketAddrV4) -> VipKey {
+pub fn vip_key(a: &SocketAddr) -> VipKey {
     VipKey {
         addr: ip_be(a.ip()),
         port: a.port().to_be(),
@@ -126,7 +129,7 @@ pub fn vip_key(a: &SocketAddrV4) -> VipKey {
 }
 
 /// The `BACKEND_VIPS` key of a backend.
-pub fn backend_key(a: &SocketAddrV4) -> BackendKey {
+pub fn backend_key(a: &SocketAddr) -> BackendKey {
     BackendKey {
         addr: ip_be(a.ip()),
         port: a.port().to_be(),
@@ -135,10 +138,10 @@ pub fn backend_key(a: &SocketAddrV4) -> BackendKey {
 }
 
 /// The client and VIP of a flow key.
-pub fn flow_endpoints(k: &FlowKey) -> (SocketAddrV4, SocketAddrV4) {
+pub fn flow_endpoints(k: &FlowKey) -> (SocketAddr, SocketAddr) {
     (
-        SocketAddrV4::new(ip_from_be(k.src_addr), u16::from_be(k.src_port)),
-        SocketAddrV4::new(ip_from_be(k.dst_addr), u16::from_be(k.dst_port)),
+        SocketAddr::new(ip_from_be(k.src_addr), u16::from_be(k.src_port)),
+        SocketAddr::new(ip_from_be(k.dst_addr), u16::from_be(k.dst_port)),
     )
 }
 
@@ -217,7 +220,7 @@ pub struct Maps {
     affinity: HashMap<MapData, AffinityKey, AffinityEntry>,
     layout: Array<MapData, u64>,
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
-    backend_hosts: HashMap<MapData, u32, HostVips>,
+    backend_hosts: HashMap<MapData, Addr, HostVips>,
     local_macs: HashMap<MapData, u32, LocalMac>,
     vip_ports: Array<MapData, u64>,
     backend_ports: Array<MapData, u64>,
@@ -563,7 +566,7 @@ impl Maps {
                     flags,
                     server,
                     weight: weight.max(1),
-                    encap_src: vip.encap_source.map_or(0, |a| ip_be(&a)),
+                    encap_src: vip.encap_source.map_or(Addr::ZERO, ip_be),
                     mode: vip.mode.code(),
                     encap_port: vip.gue_port.to_be(),
                 },
@@ -628,7 +631,7 @@ impl Maps {
     pub fn publish_backend_index(
         &mut self,
         state: &State,
-        addrs: &[SocketAddrV4],
+        addrs: &[SocketAddr],
         weight: impl Fn(&BackendConfig) -> u32,
         retired: &Retired,
     ) -> Result<()> {
@@ -667,9 +670,9 @@ impl Maps {
             self.write_backend_vips(a, &listed)?;
         }
         let hosts = state.backend_hosts();
-        let ips: BTreeSet<Ipv4Addr> = addrs.iter().map(|a| *a.ip()).collect();
+        let ips: BTreeSet<IpAddr> = addrs.iter().map(|a| a.ip()).collect();
         for ip in ips {
-            let key = ip_be(&ip);
+            let key = ip_be(ip);
             match hosts.get(&ip) {
                 Some(indexes) => {
                     let mut h = HostVips::default();
@@ -690,7 +693,7 @@ impl Maps {
     /// Writes the reply-table entry of backend `a`: the VIPs (at most
     /// `MAX_VIPS_PER_BACKEND`, the first ones) a segment from it may
     /// belong to.
-    fn write_backend_vips(&mut self, a: &SocketAddrV4, vips: &[SocketAddrV4]) -> Result<()> {
+    fn write_backend_vips(&mut self, a: &SocketAddr, vips: &[SocketAddr]) -> Result<()> {
         let mut v = BackendVips {
             count: vips.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
             ..Default::default()
@@ -712,7 +715,7 @@ impl Maps {
     ///
     /// # Errors
     /// Map write failure.
-    pub fn publish_tombstone(&mut self, addr: &SocketAddrV4, index: u32) -> Result<()> {
+    pub fn publish_tombstone(&mut self, addr: &SocketAddr, index: u32) -> Result<()> {
         self.vips
             .insert(
                 vip_key(addr),
@@ -761,7 +764,7 @@ impl Maps {
             |k| keep.contains(k),
             map_names::BACKEND_VIPS,
         )?;
-        let hosts: BTreeSet<u32> = state.backend_hosts().keys().map(ip_be).collect();
+        let hosts: BTreeSet<Addr> = state.backend_hosts().keys().map(|a| ip_be(*a)).collect();
         gone += remove_keys(
             &mut self.backend_hosts,
             |k| hosts.contains(k),
@@ -798,7 +801,10 @@ impl Maps {
                     flags: if fallback { VIP_F_FALLBACK } else { 0 },
                     eject_after: if fallback { 0 } else { v.settings.eject_after },
                     persistence_s: persistence_seconds(v.settings.persistence),
-                    persistence_mask: netmask_be(v.settings.persistence_netmask),
+                    persistence_mask: Addr::netmask(
+                        v.addr.is_ipv4(),
+                        v.settings.persistence_prefix(&v.addr),
+                    ),
                 },
                 0,
             )
@@ -810,7 +816,7 @@ impl Maps {
     ///
     /// # Errors
     /// Map failure.
-    pub fn remove_vip(&mut self, addr: &SocketAddrV4) -> Result<()> {
+    pub fn remove_vip(&mut self, addr: &SocketAddr) -> Result<()> {
         ignore_missing(self.vips.remove(&vip_key(addr))).map_err(map_err(map_names::VIPS, "remove"))
     }
 
@@ -829,7 +835,7 @@ impl Maps {
         };
         for v in state.vips.values() {
             set(0, v.addr.port());
-            set(2, u32::from(*v.addr.ip()) as u16);
+            set(2, u16::from_be(ip_be(v.addr.ip()).low16_be()));
             // Replies are looked up for NAT backends only.
             if v.settings.mode == ForwardingMode::Nat {
                 for b in &v.backends {
@@ -840,7 +846,7 @@ impl Maps {
         // What was removed stays visible for its orphans.
         for (v, _) in retired.vips() {
             set(0, v.port());
-            set(2, u32::from(*v.ip()) as u16);
+            set(2, u16::from_be(ip_be(v.ip()).low16_be()));
         }
         for b in retired.backends() {
             set(1, b.port());

@@ -210,17 +210,20 @@ pub fn mtu(name: &str) -> Option<u32> {
 }
 
 /// Makes the kernel resolve the MAC address of each of `addrs` that its
-/// neighbour table (`/proc/net/arp` of this network namespace) lacks, by
-/// sending it one empty UDP datagram to the discard port (RFC 863): the
-/// kernel resolves the neighbour to send it. The data path's L2 direct
-/// server return needs the entry and cannot ask for it. Returns the
+/// neighbour table lacks, by sending it one empty UDP datagram to the
+/// discard port (RFC 863): the kernel resolves the neighbour (ARP, or
+/// neighbour discovery for IPv6) to send it. The data path's L2 direct
+/// server return needs the entry and cannot ask for it. IPv4 addresses
+/// already complete in `/proc/net/arp` (of this network namespace) are
+/// skipped; IPv6 ones are always sent one (procfs has no IPv6 neighbour
+/// table, and a datagram is cheaper than asking netlink). Returns the
 /// addresses probed.
-pub fn resolve_neighbours(addrs: &[std::net::Ipv4Addr]) -> Vec<std::net::Ipv4Addr> {
+pub fn resolve_neighbours(addrs: &[std::net::IpAddr]) -> Vec<std::net::IpAddr> {
     if addrs.is_empty() {
         return Vec::new();
     }
     let table = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
-    let complete: std::collections::BTreeSet<std::net::Ipv4Addr> = table
+    let complete: std::collections::BTreeSet<std::net::IpAddr> = table
         .lines()
         .skip(1)
         .filter_map(|l| {
@@ -230,14 +233,19 @@ pub fn resolve_neighbours(addrs: &[std::net::Ipv4Addr]) -> Vec<std::net::Ipv4Add
             (flags & 0x2 != 0).then(|| f.first()?.parse().ok())?
         })
         .collect();
-    let Ok(sock) = std::net::UdpSocket::bind("0.0.0.0:0") else {
-        return Vec::new();
-    };
-    let _ = sock.set_nonblocking(true);
+    let v4 = std::net::UdpSocket::bind("0.0.0.0:0").ok();
+    let v6 = std::net::UdpSocket::bind("[::]:0").ok();
+    for s in [&v4, &v6].into_iter().flatten() {
+        let _ = s.set_nonblocking(true);
+    }
     addrs
         .iter()
         .filter(|a| !complete.contains(a))
-        .filter(|a| sock.send_to(&[], (**a, 9)).is_ok())
+        .filter(|a| {
+            let sock = if a.is_ipv4() { &v4 } else { &v6 };
+            sock.as_ref()
+                .is_some_and(|s| s.send_to(&[], (**a, 9)).is_ok())
+        })
         .copied()
         .collect()
 }

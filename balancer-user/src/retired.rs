@@ -15,7 +15,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddrV4,
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -25,24 +25,24 @@ use crate::state::State;
 #[derive(Clone, Debug, Default)]
 pub struct Retired {
     /// Tombstoned VIPs: their index and when they were removed.
-    vips: BTreeMap<SocketAddrV4, (u32, Instant)>,
+    vips: BTreeMap<SocketAddr, (u32, Instant)>,
     /// Removed backends: the VIPs each served, with when it left each.
-    backends: BTreeMap<SocketAddrV4, BTreeMap<SocketAddrV4, Instant>>,
+    backends: BTreeMap<SocketAddr, BTreeMap<SocketAddr, Instant>>,
 }
 
 impl Retired {
     /// A VIP was removed.
-    pub fn add_vip(&mut self, vip: SocketAddrV4, index: u32, now: Instant) {
+    pub fn add_vip(&mut self, vip: SocketAddr, index: u32, now: Instant) {
         self.vips.insert(vip, (index, now));
     }
 
     /// Forgets the tombstone of `vip` (added back).
-    pub fn forget_vip(&mut self, vip: &SocketAddrV4) {
+    pub fn forget_vip(&mut self, vip: &SocketAddr) {
         self.vips.remove(vip);
     }
 
     /// A backend left a VIP.
-    pub fn add_backend(&mut self, backend: SocketAddrV4, vip: SocketAddrV4, now: Instant) {
+    pub fn add_backend(&mut self, backend: SocketAddr, vip: SocketAddr, now: Instant) {
         self.backends.entry(backend).or_default().insert(vip, now);
     }
 
@@ -67,17 +67,17 @@ impl Retired {
     }
 
     /// The tombstoned VIPs.
-    pub fn vips(&self) -> impl Iterator<Item = (SocketAddrV4, u32)> + '_ {
+    pub fn vips(&self) -> impl Iterator<Item = (SocketAddr, u32)> + '_ {
         self.vips.iter().map(|(v, (i, _))| (*v, *i))
     }
 
     /// The removed backends.
-    pub fn backends(&self) -> impl Iterator<Item = SocketAddrV4> + '_ {
+    pub fn backends(&self) -> impl Iterator<Item = SocketAddr> + '_ {
         self.backends.keys().copied()
     }
 
     /// The VIPs backend `b` left.
-    pub fn vips_of(&self, b: &SocketAddrV4) -> Vec<SocketAddrV4> {
+    pub fn vips_of(&self, b: &SocketAddr) -> Vec<SocketAddr> {
         self.backends
             .get(b)
             .map(|v| v.keys().copied().collect())
@@ -86,13 +86,9 @@ impl Retired {
 
     /// Forgets what was removed longer than `after` ago; returns the VIPs
     /// and the backends forgotten.
-    pub fn expire(
-        &mut self,
-        after: Duration,
-        now: Instant,
-    ) -> (Vec<SocketAddrV4>, Vec<SocketAddrV4>) {
+    pub fn expire(&mut self, after: Duration, now: Instant) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
         let old = |t: &Instant| now.duration_since(*t) > after;
-        let vips: Vec<SocketAddrV4> = self
+        let vips: Vec<SocketAddr> = self
             .vips
             .iter()
             .filter(|(_, (_, t))| old(t))
@@ -122,11 +118,11 @@ mod tests {
     fn expire_forgets_only_what_is_old() {
         let mut r = Retired::default();
         let t0 = Instant::now();
-        let (v1, v2): (SocketAddrV4, SocketAddrV4) = (
+        let (v1, v2): (SocketAddr, SocketAddr) = (
             "10.0.0.1:80".parse().unwrap(),
             "10.0.0.2:80".parse().unwrap(),
         );
-        let b: SocketAddrV4 = "10.0.2.1:8080".parse().unwrap();
+        let b: SocketAddr = "10.0.2.1:8080".parse().unwrap();
         r.add_vip(v1, 3, t0);
         r.add_backend(b, v1, t0);
         r.add_backend(b, v2, t0 + Duration::from_secs(10));

@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::Write as _,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     path::Path,
     time::Duration,
 };
@@ -157,17 +157,19 @@ pub struct VipSettings {
     /// backend is eligible (0: off, every connection is placed on its own).
     #[serde(default, with = "humantime_serde")]
     pub persistence: Duration,
-    /// Prefix length grouping client addresses for affinity (32: each
-    /// address on its own; 24: a /24 shares one backend).
-    #[serde(default = "default_persistence_netmask")]
-    pub persistence_netmask: u8,
+    /// Prefix length grouping client addresses for affinity (none: each
+    /// address on its own, as /32 for an IPv4 VIP and /128 for an IPv6
+    /// one; 24: an IPv4 /24 shares one backend). Clients are of the VIP's
+    /// family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_netmask: Option<u8>,
     /// How packets reach the backends.
     #[serde(default)]
     pub mode: ForwardingMode,
     /// Outer source address of encapsulated packets (required by the
     /// `ipip` and `gue` modes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub encap_source: Option<Ipv4Addr>,
+    pub encap_source: Option<IpAddr>,
     /// GUE's UDP destination port on the backends (the `gue` mode).
     #[serde(default = "default_gue_port")]
     pub gue_port: u16,
@@ -225,10 +227,6 @@ impl ForwardingMode {
     }
 }
 
-fn default_persistence_netmask() -> u8 {
-    32
-}
-
 fn default_eject_after() -> u32 {
     5
 }
@@ -247,7 +245,7 @@ impl Default for VipSettings {
             eject_after: default_eject_after(),
             ejection_time: default_ejection_time(),
             persistence: Duration::ZERO,
-            persistence_netmask: default_persistence_netmask(),
+            persistence_netmask: None,
             mode: ForwardingMode::Nat,
             encap_source: None,
             gue_port: default_gue_port(),
@@ -291,14 +289,15 @@ impl VipSettings {
                 reason: format!("{:?} is longer than a day", self.persistence),
             });
         }
-        if !(1..=32).contains(&self.persistence_netmask) {
-            return Err(BalancerError::Invalid {
-                what: "persistence netmask",
-                reason: format!(
-                    "/{} is outside /1../32 (/0 would send every client to one backend)",
-                    self.persistence_netmask
-                ),
-            });
+        if let Some(m) = self.persistence_netmask {
+            if !(1..=128).contains(&m) {
+                return Err(BalancerError::Invalid {
+                    what: "persistence netmask",
+                    reason: format!(
+                        "/{m} is outside /1../128 (/0 would send every client to one backend)"
+                    ),
+                });
+            }
         }
         match (self.mode, self.encap_source) {
             (ForwardingMode::Ipip | ForwardingMode::Gue, None) => {
@@ -311,7 +310,7 @@ impl VipSettings {
                     ),
                 })
             }
-            (_, Some(a)) if a.is_unspecified() || a.is_multicast() || a.is_broadcast() => {
+            (_, Some(a)) if !is_unicast(&a) => {
                 return Err(BalancerError::Invalid {
                     what: "encap source",
                     reason: format!("{a} is not a unicast address"),
@@ -352,7 +351,7 @@ fn default_weight() -> u32 {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BackendConfig {
     /// Address and port.
-    pub addr: SocketAddrV4,
+    pub addr: SocketAddr,
     /// Lifecycle state.
     pub state: BackendState,
     /// Slot in the backend arrays.
@@ -372,7 +371,7 @@ pub struct BackendConfig {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VipConfig {
     /// Address and port.
-    pub addr: SocketAddrV4,
+    pub addr: SocketAddr,
     /// Index in the per-VIP arrays.
     pub index: u32,
     /// Which eligible list is active (0 or 1).
@@ -396,7 +395,7 @@ impl VipConfig {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct State {
     /// VIPs by address.
-    pub vips: BTreeMap<SocketAddrV4, VipConfig>,
+    pub vips: BTreeMap<SocketAddr, VipConfig>,
     /// Generation of each backend slot that has ever been used.
     pub slot_generations: BTreeMap<u32, u32>,
     /// Where the slot allocator continues.
@@ -404,7 +403,7 @@ pub struct State {
     /// Server index of each backend address and port in use (the index of
     /// the `SERVER_*` arrays: one active count per server across VIPs).
     #[serde(default)]
-    pub servers: BTreeMap<SocketAddrV4, u32>,
+    pub servers: BTreeMap<SocketAddr, u32>,
 }
 
 /// Where one backend address and port is used: what the data path's
@@ -412,7 +411,7 @@ pub struct State {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackendUse {
     /// The VIPs it serves, in address order.
-    pub vips: Vec<SocketAddrV4>,
+    pub vips: Vec<SocketAddr>,
     /// Its slot under each of them (same order).
     pub configs: Vec<BackendConfig>,
     /// Each VIP's settings (same order).
@@ -422,7 +421,7 @@ pub struct BackendUse {
 impl BackendUse {
     /// The VIPs it serves in NAT mode (the only ones whose replies come
     /// back through the balancer).
-    pub fn nat_vips(&self) -> Vec<SocketAddrV4> {
+    pub fn nat_vips(&self) -> Vec<SocketAddr> {
         self.vips
             .iter()
             .zip(&self.settings)
@@ -461,7 +460,7 @@ impl State {
             }
             check_endpoint("VIP", v.addr).map_err(|e| bad(e.to_string()))?;
             v.settings
-                .validate()
+                .validate_for(v.addr)
                 .map_err(|e| bad(format!("VIP {addr}: {e}")))?;
             if v.index >= MAX_VIPS || !indexes.insert(v.index) {
                 return Err(bad(format!(
@@ -471,7 +470,7 @@ impl State {
             }
             let mut seen = BTreeSet::new();
             for b in &v.backends {
-                check_backend(v.addr, b.addr).map_err(|e| bad(e.to_string()))?;
+                check_backend_for(v.addr, &v.settings, b.addr).map_err(|e| bad(e.to_string()))?;
                 if !seen.insert(b.addr) {
                     return Err(bad(format!("VIP {addr}: backend {} listed twice", b.addr)));
                 }
@@ -509,7 +508,7 @@ impl State {
     ///
     /// # Errors
     /// [`BalancerError::Full`] when every index is taken.
-    pub fn server_for(&mut self, addr: SocketAddrV4) -> Result<(u32, bool)> {
+    pub fn server_for(&mut self, addr: SocketAddr) -> Result<(u32, bool)> {
         if let Some(s) = self.servers.get(&addr) {
             return Ok((*s, false));
         }
@@ -531,7 +530,7 @@ impl State {
     }
 
     /// The server index of a backend address in use.
-    pub fn server(&self, addr: &SocketAddrV4) -> Option<u32> {
+    pub fn server(&self, addr: &SocketAddr) -> Option<u32> {
         self.servers.get(addr).copied()
     }
 
@@ -539,7 +538,7 @@ impl State {
     ///
     /// # Errors
     /// [`BalancerError::UnknownVip`].
-    pub fn vip(&self, addr: &SocketAddrV4) -> Result<&VipConfig> {
+    pub fn vip(&self, addr: &SocketAddr) -> Result<&VipConfig> {
         self.vips
             .get(addr)
             .ok_or(BalancerError::UnknownVip { vip: *addr })
@@ -549,7 +548,7 @@ impl State {
     ///
     /// # Errors
     /// [`BalancerError::UnknownVip`].
-    pub fn vip_mut(&mut self, addr: &SocketAddrV4) -> Result<&mut VipConfig> {
+    pub fn vip_mut(&mut self, addr: &SocketAddr) -> Result<&mut VipConfig> {
         self.vips
             .get_mut(addr)
             .ok_or(BalancerError::UnknownVip { vip: *addr })
@@ -559,11 +558,7 @@ impl State {
     ///
     /// # Errors
     /// [`BalancerError::UnknownVip`], [`BalancerError::UnknownBackend`].
-    pub fn backend_mut(
-        &mut self,
-        vip: &SocketAddrV4,
-        b: &SocketAddrV4,
-    ) -> Result<&mut BackendConfig> {
+    pub fn backend_mut(&mut self, vip: &SocketAddr, b: &SocketAddr) -> Result<&mut BackendConfig> {
         self.vip_mut(vip)?
             .backends
             .iter_mut()
@@ -575,8 +570,8 @@ impl State {
     }
 
     /// Every backend address and port with the VIPs it serves.
-    pub fn backend_uses(&self) -> BTreeMap<SocketAddrV4, BackendUse> {
-        let mut m: BTreeMap<SocketAddrV4, BackendUse> = BTreeMap::new();
+    pub fn backend_uses(&self) -> BTreeMap<SocketAddr, BackendUse> {
+        let mut m: BTreeMap<SocketAddr, BackendUse> = BTreeMap::new();
         for v in self.vips.values() {
             for b in &v.backends {
                 let u = m.entry(b.addr).or_default();
@@ -591,15 +586,15 @@ impl State {
     /// The NAT VIP indexes each backend host (address, any port) serves
     /// (a connection from such a host to such a VIP is a hairpin the
     /// balancer refuses; in the direct-return modes it works).
-    pub fn backend_hosts(&self) -> BTreeMap<Ipv4Addr, Vec<u32>> {
-        let mut m: BTreeMap<Ipv4Addr, Vec<u32>> = BTreeMap::new();
+    pub fn backend_hosts(&self) -> BTreeMap<IpAddr, Vec<u32>> {
+        let mut m: BTreeMap<IpAddr, Vec<u32>> = BTreeMap::new();
         for v in self
             .vips
             .values()
             .filter(|v| v.settings.mode == ForwardingMode::Nat)
         {
             for b in &v.backends {
-                m.entry(*b.addr.ip()).or_default().push(v.index);
+                m.entry(b.addr.ip()).or_default().push(v.index);
             }
         }
         m
@@ -650,18 +645,103 @@ pub fn check_choices(choices: u32) -> Result<()> {
     }
 }
 
+/// `true` for a unicast address: not unspecified, multicast or (IPv4)
+/// broadcast.
+pub fn is_unicast(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast()),
+        IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast()),
+    }
+}
+
+/// The family's name, for messages.
+pub fn family(a: &IpAddr) -> &'static str {
+    if a.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    }
+}
+
+impl VipSettings {
+    /// [`VipSettings::validate`], and what depends on the VIP's family: the
+    /// persistence netmask fits it (/1../32 for IPv4, /1../128 for IPv6).
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the setting.
+    pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
+        self.validate()?;
+        if let Some(m) = self.persistence_netmask {
+            let max = if vip.is_ipv4() { 32 } else { 128 };
+            if m > max {
+                return Err(BalancerError::Invalid {
+                    what: "persistence netmask",
+                    reason: format!(
+                        "/{m} is longer than an {} address (/{max})",
+                        family(&vip.ip())
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The affinity prefix for clients of `vip`: the netmask, or the whole
+    /// address.
+    pub fn persistence_prefix(&self, vip: &SocketAddr) -> u8 {
+        self.persistence_netmask
+            .unwrap_or(if vip.is_ipv4() { 32 } else { 128 })
+    }
+}
+
+/// Validates backend `b` of `vip` under `settings`: an endpoint other than
+/// the VIP, of the VIP's family in the NAT and L2 DSR modes (the packet
+/// reaches it with its own header rewritten or untouched), of the outer
+/// source's family in the encapsulating modes (the inner packet keeps the
+/// VIP's family; the outer header is the backend's).
+///
+/// # Errors
+/// [`BalancerError::Invalid`].
+pub fn check_backend_for(vip: SocketAddr, settings: &VipSettings, b: SocketAddr) -> Result<()> {
+    check_backend(vip, b)?;
+    match (settings.mode, settings.encap_source) {
+        (ForwardingMode::Nat | ForwardingMode::Dsr, _) if b.is_ipv4() != vip.is_ipv4() => {
+            Err(BalancerError::Invalid {
+                what: "backend",
+                reason: format!(
+                    "{b} is {} but the VIP {vip} is {}: in {} mode a VIP's backends are of                      its family (the encapsulating modes, ipip and gue, carry one family in                      the other)",
+                    family(&b.ip()),
+                    family(&vip.ip()),
+                    settings.mode.name()
+                ),
+            })
+        }
+        (ForwardingMode::Ipip | ForwardingMode::Gue, Some(src)) if src.is_ipv4() != b.is_ipv4() => {
+            Err(BalancerError::Invalid {
+                what: "backend",
+                reason: format!(
+                    "{b} is {} but the encapsulation's outer source {src} is {}: the outer                      header is of the backend's family",
+                    family(&b.ip()),
+                    family(&src)
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Validates a VIP or backend address: unicast, not loopback, port not 0.
 ///
 /// # Errors
 /// [`BalancerError::Invalid`] naming `what`.
-pub fn check_endpoint(what: &'static str, a: SocketAddrV4) -> Result<()> {
+pub fn check_endpoint(what: &'static str, a: SocketAddr) -> Result<()> {
     if a.port() == 0 {
         return Err(BalancerError::Invalid {
             what,
             reason: format!("{a}: port 0"),
         });
     }
-    if a.ip().is_unspecified() || a.ip().is_broadcast() || a.ip().is_multicast() {
+    if !is_unicast(&a.ip()) {
         return Err(BalancerError::Invalid {
             what,
             reason: format!("{a}: not a unicast address"),
@@ -680,7 +760,7 @@ pub fn check_endpoint(what: &'static str, a: SocketAddrV4) -> Result<()> {
 ///
 /// # Errors
 /// [`BalancerError::Invalid`].
-pub fn check_backend(vip: SocketAddrV4, b: SocketAddrV4) -> Result<()> {
+pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
     check_endpoint("backend", b)?;
     if b == vip {
         return Err(BalancerError::Invalid {
@@ -846,8 +926,8 @@ mod tests {
         );
         assert_eq!(uses[&"10.0.2.37:8080".parse().unwrap()].vips.len(), 1);
         let hosts = s.backend_hosts();
-        assert_eq!(hosts[&"10.0.2.36".parse::<Ipv4Addr>().unwrap()], [0, 3, 3]);
-        assert_eq!(hosts[&"10.0.2.37".parse::<Ipv4Addr>().unwrap()], [0]);
+        assert_eq!(hosts[&"10.0.2.36".parse::<IpAddr>().unwrap()], [0, 3, 3]);
+        assert_eq!(hosts[&"10.0.2.37".parse::<IpAddr>().unwrap()], [0]);
         assert_eq!(s.allocate_slots(2).unwrap(), [3, 5]);
     }
 }

@@ -1,6 +1,6 @@
 //! Reading counters, counts and flows into the views the API serves.
 
-use std::{net::SocketAddrV4, time::Instant};
+use std::{net::SocketAddr, time::Instant};
 
 use balancer_common::{
     flow as fl, flow_kind, ChoiceStats, BACKEND_F_IN_USE, LOAD_BUCKETS, WEIGHT_ONE,
@@ -34,7 +34,7 @@ impl View<'_> {
     ///
     /// # Errors
     /// Unknown VIP, map failure.
-    pub fn backends(&self, vip: Option<SocketAddrV4>) -> Result<Vec<BackendView>> {
+    pub fn backends(&self, vip: Option<SocketAddr>) -> Result<Vec<BackendView>> {
         let vips: Vec<&VipConfig> = match vip {
             Some(a) => vec![self.state.vip(&a)?],
             None => self.state.vips.values().collect(),
@@ -150,7 +150,7 @@ pub fn flows(maps: &Maps, limit: usize) -> (Vec<FlowView>, bool) {
                 .backend(e.backend_slot)
                 .ok()
                 .filter(|b| b.flags & BACKEND_F_IN_USE != 0 && b.generation == e.backend_generation)
-                .map(|b| SocketAddrV4::new(ip_from_be(b.addr), u16::from_be(b.port)));
+                .map(|b| SocketAddr::new(ip_from_be(b.addr), u16::from_be(b.port)));
             let fins = match e.state & (fl::F_CLIENT_FIN | fl::F_SERVER_FIN) {
                 0 => "none",
                 fl::F_CLIENT_FIN => "client",

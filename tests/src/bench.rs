@@ -6,7 +6,7 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    net::SocketAddrV4,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::Ordering,
@@ -233,7 +233,7 @@ fn syn_frames(first: u32, n: usize) -> Vec<Vec<u8>> {
 
 /// Places `n` flows (SYNs from distinct clients starting at `first`) and
 /// returns (client, backend) of each that was placed.
-fn place(rig: &mut Rig, first: u32, n: u32) -> anyhow::Result<Vec<(SocketAddrV4, SocketAddrV4)>> {
+fn place(rig: &mut Rig, first: u32, n: u32) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
         let k = first + i;
@@ -246,7 +246,7 @@ fn place(rig: &mut Rig, first: u32, n: u32) -> anyhow::Result<Vec<(SocketAddrV4,
     Ok(out)
 }
 
-fn ack_frames(flows: &[(SocketAddrV4, SocketAddrV4)]) -> Vec<Vec<u8>> {
+fn ack_frames(flows: &[(SocketAddr, SocketAddr)]) -> Vec<Vec<u8>> {
     flows
         .iter()
         .map(|(c, _)| {
@@ -257,7 +257,7 @@ fn ack_frames(flows: &[(SocketAddrV4, SocketAddrV4)]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn reply_frames(flows: &[(SocketAddrV4, SocketAddrV4)]) -> Vec<Vec<u8>> {
+fn reply_frames(flows: &[(SocketAddr, SocketAddr)]) -> Vec<Vec<u8>> {
     flows
         .iter()
         .map(|(c, b)| {
@@ -271,7 +271,7 @@ fn reply_frames(flows: &[(SocketAddrV4, SocketAddrV4)]) -> Vec<Vec<u8>> {
 fn rig_with_backends(table: u32, n: u32, choices: u32) -> anyhow::Result<Rig> {
     let mut rig = Rig::new(table)?;
     rig.lb.add_vip(VIP, choices)?;
-    let bs: Vec<SocketAddrV4> = (0..n).map(many_backend).collect();
+    let bs: Vec<SocketAddr> = (0..n).map(many_backend).collect();
     rig.lb.add_backends(VIP, &bs)?;
     Ok(rig)
 }
@@ -306,6 +306,8 @@ pub fn verifier_stats() -> anyhow::Result<Vec<(&'static str, u32)>> {
         balancer_common::programs::ICMP,
         balancer_common::programs::TOO_BIG,
         balancer_common::programs::REPLY,
+        balancer_common::programs::FORWARD,
+        balancer_common::programs::RESET,
     ] {
         let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
         p.load()?;
@@ -353,7 +355,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
                 .map(|i| {
                     Seg::new(
                         many_client(200, 2000 + i as u16),
-                        SocketAddrV4::new([10, 0, 0, 99].into(), 80),
+                        SocketAddr::new([10, 0, 0, 99].into(), 80),
                         SYN,
                     )
                     .build()
@@ -393,7 +395,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
     let rig = rig_with_backends(4096, 10, 2)?;
     let f = Seg::new(
         many_client(200, 9),
-        SocketAddrV4::new([10, 0, 0, 99].into(), 80),
+        SocketAddr::new([10, 0, 0, 99].into(), 80),
         SYN,
     )
     .build();
@@ -539,7 +541,7 @@ fn herd_gap(choices: u32, k: u32) -> anyhow::Result<f64> {
     const FLOWS: u32 = 10_000;
     let mut rig = rig_with_backends(1 << 15, N, choices)?;
     let views = rig.lb.list_backends(Some(VIP))?;
-    let slot_of: BTreeMap<SocketAddrV4, u32> = views.iter().map(|v| (v.backend, v.slot)).collect();
+    let slot_of: BTreeMap<SocketAddr, u32> = views.iter().map(|v| (v.backend, v.slot)).collect();
     let mut placed: BTreeMap<u32, u64> = slot_of.values().map(|s| (*s, 0)).collect();
     let mut snapshot = placed.clone();
     for i in 0..FLOWS {
@@ -643,10 +645,10 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     rig::set_neigh([10, 9, 1, 2].into(), [2, 0, 0, 0, 9, 2], "lbin")?;
     let gen = ifindex("gen0")?;
     let mut lb = balancer::Balancer::load(&balancer::LoadOptions::default())?;
-    let vip: SocketAddrV4 = "10.9.0.10:80".parse()?;
+    let vip: SocketAddr = "10.9.0.10:80".parse()?;
     lb.add_vip(vip, 2)?;
     lb.add_backend(vip, "10.9.2.10:8080".parse()?)?;
-    let client: SocketAddrV4 = "10.9.1.2:40000".parse()?;
+    let client: SocketAddr = "10.9.1.2:40000".parse()?;
     // Frames from gen0 are addressed to lbin's MAC.
     lb.register_interface("lbin")?;
     let lbin_mac = rig::mac_of("lbin")?;
@@ -773,12 +775,12 @@ fn growth(
     for nv in [1u32, 16, 128] {
         let mut rig = rig_with_backends(1 << 16, 10, 2)?;
         for v in 1..nv {
-            let addr = SocketAddrV4::new(
+            let addr = SocketAddr::new(
                 [10, 0, 1 + (v / 200) as u8, (v % 200) as u8 + 50].into(),
                 80,
             );
             rig.lb.add_vip(addr, 2)?;
-            let bs: Vec<SocketAddrV4> = (0..10).map(|i| many_backend(1000 + v * 10 + i)).collect();
+            let bs: Vec<SocketAddr> = (0..10).map(|i| many_backend(1000 + v * 10 + i)).collect();
             rig.lb.add_backends(addr, &bs)?;
         }
         let pinned = place(&mut rig, 0, sc.calls as u32)?;
@@ -1098,8 +1100,7 @@ fn wait_listening(tb: &Testbed) -> anyhow::Result<()> {
         let ns2 = ns.clone();
         let ok = thread::spawn(move || {
             enter_ns(&ns2).is_ok()
-                && std::net::TcpStream::connect_timeout(&TB_VIP.into(), Duration::from_millis(300))
-                    .is_ok()
+                && std::net::TcpStream::connect_timeout(&TB_VIP, Duration::from_millis(300)).is_ok()
         })
         .join()
         .unwrap_or(false);
@@ -1128,7 +1129,7 @@ fn peers(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
             ns.sysctl("net.ipv4.ip_local_port_range", "1024 65000")?;
             ns.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
         }
-        let backends: Vec<SocketAddrV4> = (0..n).map(backend_addr).collect();
+        let backends: Vec<SocketAddr> = (0..n).map(backend_addr).collect();
         let dir = std::env::temp_dir().join(format!("balancer-bench-peer-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let mut child: Option<KillOnDrop> = None;

@@ -5,7 +5,7 @@
 
 use std::{
     io::ErrorKind,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     thread,
     time::{Duration, Instant},
 };
@@ -18,8 +18,8 @@ use crate::{
 };
 
 /// Two VIPs whose only backend at first is backend 0.
-const VIP_A: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 20), 80);
-const VIP_B: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 21), 80);
+const VIP_A: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 20)), 80);
+const VIP_B: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 21)), 80);
 
 /// Runs `f` on a thread inside the network namespace at `ns`.
 fn in_ns<T: Send + 'static>(
@@ -44,7 +44,7 @@ fn refused(e: &anyhow::Error) -> bool {
 
 /// Expects a connection from `local` to `remote` to be refused at once (a
 /// reset, not a time-out); returns how long the refusal took.
-fn expect_refused(local: Option<SocketAddrV4>, remote: SocketAddrV4) -> anyhow::Result<Duration> {
+fn expect_refused(local: Option<SocketAddr>, remote: SocketAddr) -> anyhow::Result<Duration> {
     let t0 = Instant::now();
     match connect(local, remote, Duration::from_secs(5)) {
         Ok(_) => bail!("connection from {local:?} to {remote} was accepted"),
@@ -85,7 +85,7 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
     let client_ns = tb.client_ns_path();
 
     // Case 14: one client port, live to VIP A, then towards VIP B.
-    let p = SocketAddrV4::new(CLIENT_ADDR, 5000);
+    let p = SocketAddr::new(CLIENT_ADDR, 5000);
     let mut held = in_ns(client_ns.clone(), move || {
         Conn::open_to(Some(p), VIP_A, 1, 100)
     })?;
@@ -122,7 +122,7 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
     // Case 15: reconnect from a closed flow's port to the other VIP, and a
     // direct connection to the backend from another closed flow's port.
     tb.cli(&["backend", "remove", &VIP_B.to_string(), &b1.to_string()])?;
-    let q = SocketAddrV4::new(CLIENT_ADDR, 6000);
+    let q = SocketAddr::new(CLIENT_ADDR, 6000);
     let (first, again) = in_ns(client_ns.clone(), move || {
         let c = Conn::open_to(Some(q), VIP_A, 7, 100)?;
         let first = c.backend;
@@ -134,7 +134,7 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
     })?;
     ensure!(first == b0 && again == b0, "served by {first} then {again}");
     println!("collisions: case 15: port 6000 closed to VIP A, reconnected to VIP B on the same backend: served");
-    let d = SocketAddrV4::new(CLIENT_ADDR, 6001);
+    let d = SocketAddr::new(CLIENT_ADDR, 6001);
     let superseded_before = counter(tb, "closed_superseded")?;
     in_ns(client_ns.clone(), move || {
         let c = Conn::open_to(Some(d), VIP_A, 10, 100)?;

@@ -8,7 +8,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
 };
 
 use anyhow::{ensure, Context as _};
@@ -32,11 +32,11 @@ mod race;
 mod router;
 
 /// The main VIP of the suite.
-pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10), 80);
+pub const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80);
 
 /// VIP 10.0.0.`last`:80.
-fn vip(last: u8) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, last), 80)
+fn vip(last: u8) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)), 80)
 }
 
 /// Prints one line per fixture that passed.
@@ -72,11 +72,11 @@ pub fn run_suite() -> anyhow::Result<()> {
 fn main_vip() -> anyhow::Result<usize> {
     let mut r = Rig::new(4096)?;
     r.lb.add_vip(VIP, 2)?;
-    let backends: Vec<SocketAddrV4> = (10..14).map(backend).collect();
+    let backends: Vec<SocketAddr> = (10..14).map(backend).collect();
     for b in &backends {
         r.lb.add_backend(VIP, *b)?;
     }
-    let set: BTreeSet<SocketAddrV4> = backends.iter().copied().collect();
+    let set: BTreeSet<SocketAddr> = backends.iter().copied().collect();
     let active_sum =
         |r: &Rig| -> anyhow::Result<i64> { backends.iter().map(|b| r.active(VIP, *b)).sum() };
     let mut count = 0;
@@ -108,7 +108,7 @@ fn main_vip() -> anyhow::Result<usize> {
     done(name);
 
     let name = "SYN-ACK from the backend: source rewritten back to the VIP";
-    let mut synack = Seg::reply(SocketAddrV4::new(*b.ip(), b.port()), c1, SYN | ACK);
+    let mut synack = Seg::reply(SocketAddr::new(b.ip(), b.port()), c1, SYN | ACK);
     synack.seq = 5000;
     synack.ack = 1001;
     r.expect_to_client(name, &synack, VIP)?;
@@ -214,7 +214,7 @@ fn main_vip() -> anyhow::Result<usize> {
     let mut s3 = Seg::new(c3, VIP, SYN);
     s3.seq = 7000;
     let b3 = r.expect_to_backend(name, &s3)?;
-    let b3_src = SocketAddrV4::new(*b3.ip(), b3.port());
+    let b3_src = SocketAddr::new(b3.ip(), b3.port());
     let mut sa3 = Seg::reply(b3_src, c3, SYN | ACK);
     sa3.seq = 9000;
     sa3.ack = 7001;
@@ -317,7 +317,13 @@ fn main_vip() -> anyhow::Result<usize> {
             payload = Seg::new(client(3, 40300), VIP, SYN).build()[34..].to_vec();
         }
         payload.extend_from_slice(&[0u8; 16]);
-        let frame = ipv4_frame(client(3, 0).ip(), VIP.ip(), mf, off, &payload);
+        let frame = ipv4_frame(
+            &crate::frames::v4(client(3, 0).ip()),
+            &crate::frames::v4(VIP.ip()),
+            mf,
+            off,
+            &payload,
+        );
         r.expect_pass_untouched(&name, &frame, Side::Client)?;
         ensure!(active_sum(&r)? == before, "[{name}] counts changed");
         r.expect_counters(&name, &[("pass_fragment", 1), ("new_flows", 0)])?;
@@ -354,7 +360,10 @@ fn main_vip() -> anyhow::Result<usize> {
     let before = active_sum(&r)?;
     let mut rng = StdRng::seed_from_u64(4);
     for i in 0..300u32 {
-        let src = SocketAddrV4::new(Ipv4Addr::from(rng.gen::<u32>()), rng.gen_range(1..=65535));
+        let src = SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::from(rng.gen::<u32>())),
+            rng.gen_range(1..=65535),
+        );
         let mut s = Seg::new(src, VIP, SYN);
         s.seq = rng.gen();
         s.ip_id = rng.gen();
@@ -382,7 +391,7 @@ fn main_vip() -> anyhow::Result<usize> {
     done(name);
     let name =
         "case 11: SYN to a non-VIP address whose low 16 bits match the VIP's is passed untouched";
-    let twin = SocketAddrV4::new(Ipv4Addr::new(10, 1, 0, 10), 80);
+    let twin = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 0, 10)), 80);
     r.expect_pass_untouched(
         name,
         &Seg::new(client(5, 40503), twin, SYN).build(),
@@ -391,7 +400,7 @@ fn main_vip() -> anyhow::Result<usize> {
     r.expect_counters(name, &[("pass_not_vip", 1), ("new_flows", 0)])?;
     done(name);
     let name = "case 11: SYN to the VIP address on another port is passed untouched";
-    let other = SocketAddrV4::new(*VIP.ip(), 81);
+    let other = SocketAddr::new(VIP.ip(), 81);
     r.expect_pass_untouched(
         name,
         &Seg::new(client(5, 40501), other, SYN).build(),
@@ -514,16 +523,16 @@ fn ipv6_frame() -> Vec<u8> {
 fn syns(
     r: &mut Rig,
     name: &str,
-    v: SocketAddrV4,
+    v: SocketAddr,
     n: u16,
     port_base: u16,
-) -> anyhow::Result<Vec<SocketAddrV4>> {
+) -> anyhow::Result<Vec<SocketAddr>> {
     (0..n)
         .map(|i| r.expect_to_backend(name, &Seg::new(client(7, port_base + i), v, SYN)))
         .collect()
 }
 
-fn tally(v: &[SocketAddrV4]) -> BTreeMap<SocketAddrV4, usize> {
+fn tally(v: &[SocketAddr]) -> BTreeMap<SocketAddr, usize> {
     let mut m = BTreeMap::new();
     for b in v {
         *m.entry(*b).or_default() += 1;
@@ -566,7 +575,7 @@ fn choice_rule() -> anyhow::Result<usize> {
     // Loads (k, 0, ...): stage by placing k flows while only the first
     // backend exists, then add the others.
     let staged = |r: &mut Rig,
-                  v: SocketAddrV4,
+                  v: SocketAddr,
                   choices: u32,
                   lasts: &[u8],
                   k: u16,

@@ -125,7 +125,7 @@ fn send_syns(
             let (src, port) = spoofed(i);
             frame.clear();
             PacketBuilder::ethernet2(src_mac, dst_mac)
-                .ipv4(src.octets(), VIP.ip().octets(), 64)
+                .ipv4(src.octets(), crate::frames::v4(VIP.ip()).octets(), 64)
                 .tcp(port, VIP.port(), i.wrapping_mul(2_654_435_761), 64_240)
                 .syn()
                 .write(&mut frame, &[])?;

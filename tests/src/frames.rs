@@ -1,12 +1,94 @@
 //! Building and checking frames with etherparse, independently of the data
-//! path's own parser and checksum code.
+//! path's own parser and checksum code. IPv4 and IPv6 alike: a segment's
+//! family is its addresses'.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::{bail, ensure, Context as _};
 use etherparse::{
-    EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv4Options, SingleVlanHeader, TcpHeader,
+    EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv4Options, Ipv6Header, SingleVlanHeader,
+    TcpHeader,
 };
+
+/// The IPv4 address of `a`.
+///
+/// # Panics
+/// `a` is IPv6.
+pub fn v4(a: IpAddr) -> Ipv4Addr {
+    match a {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(a) => panic!("{a} is not IPv4"),
+    }
+}
+
+/// The IPv6 address of `a`.
+///
+/// # Panics
+/// `a` is IPv4.
+pub fn v6(a: IpAddr) -> Ipv6Addr {
+    match a {
+        IpAddr::V6(a) => a,
+        IpAddr::V4(a) => panic!("{a} is not IPv6"),
+    }
+}
+
+/// The EtherType of a family.
+fn ether_type(a: &IpAddr) -> EtherType {
+    if a.is_ipv4() {
+        EtherType::IPV4
+    } else {
+        EtherType::IPV6
+    }
+}
+
+/// Writes the IP header of a TCP segment of `tcp_len` bytes from `src` to
+/// `dst` and returns the TCP checksum of `tcp` (with `payload`) over its
+/// pseudo-header. IPv4: identification `ip_id`, `options`, DF as given,
+/// header checksum filled; IPv6: traffic class and flow label 0, the hop
+/// limit `ttl`.
+#[allow(clippy::too_many_arguments)]
+fn write_ip(
+    out: &mut Vec<u8>,
+    src: IpAddr,
+    dst: IpAddr,
+    ttl: u8,
+    ip_id: u16,
+    options: &[u8],
+    dont_fragment: bool,
+    tcp: &TcpHeader,
+    payload: &[u8],
+) -> u16 {
+    let tcp_len = tcp.header_len() + payload.len();
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip =
+                Ipv4Header::new(tcp_len as u16, ttl, IpNumber::TCP, s.octets(), d.octets())
+                    .expect("ipv4");
+            ip.identification = ip_id;
+            ip.dont_fragment = dont_fragment;
+            ip.options = Ipv4Options::try_from(options).expect("ipv4 options");
+            ip.total_len = (ip.header_len() + tcp_len) as u16;
+            ip.header_checksum = ip.calc_header_checksum();
+            ip.write(out).expect("ipv4 write");
+            tcp.calc_checksum_ipv4(&ip, payload).expect("tcp checksum")
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            assert!(options.is_empty(), "IPv4 options on an IPv6 segment");
+            let ip = Ipv6Header {
+                traffic_class: 0,
+                flow_label: Default::default(),
+                payload_length: tcp_len as u16,
+                next_header: IpNumber::TCP,
+                hop_limit: ttl,
+                source: s.octets(),
+                destination: d.octets(),
+            };
+            ip.write(out).expect("ipv6 write");
+            tcp.calc_checksum_ipv6(&ip, payload).expect("tcp checksum")
+        }
+        _ => panic!("{src} and {dst} are of two families"),
+    }
+}
 
 /// TCP flag bits as on the wire.
 pub mod flags {
@@ -29,7 +111,7 @@ pub const CLIENT_SIDE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x01];
 /// frames from backends.
 pub const BACKEND_SIDE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xbb, 0x02];
 
-/// Everything that describes one Ethernet/IPv4/TCP frame.
+/// Everything that describes one Ethernet/IPv4-or-IPv6/TCP frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seg {
     /// Source MAC.
@@ -38,12 +120,12 @@ pub struct Seg {
     pub dmac: [u8; 6],
     /// VLAN tags, outermost first: (TPID, VLAN id).
     pub vlans: Vec<(u16, u16)>,
-    /// IPv4 options (a multiple of 4 bytes, at most 40).
+    /// IPv4 options (a multiple of 4 bytes, at most 40; none for IPv6).
     pub ip_options: Vec<u8>,
     /// Source address and port.
-    pub src: SocketAddrV4,
+    pub src: SocketAddr,
     /// Destination address and port.
-    pub dst: SocketAddrV4,
+    pub dst: SocketAddr,
     /// TCP flags (see [`flags`]).
     pub flags: u8,
     /// Sequence number.
@@ -52,7 +134,7 @@ pub struct Seg {
     pub ack: u32,
     /// IP identification.
     pub ip_id: u16,
-    /// IPv4 time to live.
+    /// IPv4 time to live, or IPv6 hop limit.
     pub ttl: u8,
     /// TCP payload.
     pub payload: Vec<u8>,
@@ -61,7 +143,7 @@ pub struct Seg {
 impl Seg {
     /// A segment from a client, addressed at L2 to the rig's client-side
     /// interface, with plain defaults (TTL 64).
-    pub fn new(src: SocketAddrV4, dst: SocketAddrV4, flags: u8) -> Self {
+    pub fn new(src: SocketAddr, dst: SocketAddr, flags: u8) -> Self {
         Seg {
             smac: [0x02, 0, 0, 0, 0xaa, 0x01],
             dmac: CLIENT_SIDE_MAC,
@@ -80,7 +162,7 @@ impl Seg {
 
     /// A segment from a backend, addressed at L2 to the rig's backend-side
     /// interface.
-    pub fn reply(src: SocketAddrV4, dst: SocketAddrV4, flags: u8) -> Self {
+    pub fn reply(src: SocketAddr, dst: SocketAddr, flags: u8) -> Self {
         Seg {
             smac: [0x02, 0, 0, 0, 0xcc, 0x01],
             dmac: BACKEND_SIDE_MAC,
@@ -88,10 +170,16 @@ impl Seg {
         }
     }
 
-    /// Serializes the frame with etherparse, computing both checksums.
+    /// Serializes the frame with etherparse, computing the checksums.
     pub fn build(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        write_link(&mut out, self.smac, self.dmac, &self.vlans);
+        write_link(
+            &mut out,
+            self.smac,
+            self.dmac,
+            &self.vlans,
+            ether_type(&self.src.ip()),
+        );
         let mut tcp = TcpHeader::new(self.src.port(), self.dst.port(), self.seq, 64240);
         tcp.acknowledgment_number = self.ack;
         tcp.fin = self.flags & flags::FIN != 0;
@@ -99,29 +187,25 @@ impl Seg {
         tcp.rst = self.flags & flags::RST != 0;
         tcp.psh = self.flags & flags::PSH != 0;
         tcp.ack = self.flags & flags::ACK != 0;
-        let mut ip = Ipv4Header::new(
-            (tcp.header_len() + self.payload.len()) as u16,
+        tcp.checksum = write_ip(
+            &mut out,
+            self.src.ip(),
+            self.dst.ip(),
             self.ttl,
-            IpNumber::TCP,
-            self.src.ip().octets(),
-            self.dst.ip().octets(),
-        )
-        .expect("ipv4");
-        ip.identification = self.ip_id;
-        ip.options = Ipv4Options::try_from(&self.ip_options[..]).expect("ipv4 options");
-        ip.total_len = (ip.header_len() + tcp.header_len() + self.payload.len()) as u16;
-        ip.header_checksum = ip.calc_header_checksum();
-        tcp.checksum = tcp
-            .calc_checksum_ipv4(&ip, &self.payload)
-            .expect("tcp checksum");
-        ip.write(&mut out).expect("ipv4 write");
+            self.ip_id,
+            &self.ip_options,
+            // etherparse's Ipv4Header::new sets DF, as TCP stacks do.
+            true,
+            &tcp,
+            &self.payload,
+        );
         tcp.write(&mut out).expect("tcp write");
         out.extend_from_slice(&self.payload);
         out
     }
 }
 
-/// A parsed Ethernet/IPv4/TCP frame.
+/// A parsed Ethernet/IPv4-or-IPv6/TCP frame.
 #[derive(Clone, Debug)]
 pub struct Parsed {
     /// Source MAC.
@@ -129,18 +213,18 @@ pub struct Parsed {
     /// Destination MAC.
     pub dmac: [u8; 6],
     /// Source address and port.
-    pub src: SocketAddrV4,
+    pub src: SocketAddr,
     /// Destination address and port.
-    pub dst: SocketAddrV4,
-    /// Offset of the IPv4 header, bytes.
+    pub dst: SocketAddr,
+    /// Offset of the IP header, bytes.
     pub l3_off: usize,
     /// Offset of the TCP header, bytes.
     pub l4_off: usize,
-    /// IPv4 header checksum valid.
+    /// IPv4 header checksum valid (always `true` for IPv6, which has none).
     pub ip_csum_ok: bool,
     /// TCP checksum valid.
     pub tcp_csum_ok: bool,
-    /// IPv4 time to live.
+    /// IPv4 time to live, or IPv6 hop limit.
     pub ttl: u8,
     /// TCP flags byte.
     pub flags: u8,
@@ -162,28 +246,46 @@ pub fn parse(frame: &[u8]) -> anyhow::Result<Parsed> {
     let Some(etherparse::LinkSlice::Ethernet2(eth)) = &p.link else {
         bail!("no ethernet header");
     };
-    let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
-        bail!("not IPv4");
-    };
     let Some(etherparse::TransportSlice::Tcp(tcp)) = &p.transport else {
         bail!("not TCP");
     };
-    let iph = ip.header().to_header();
-    let ip_csum_ok = iph.calc_header_checksum() == iph.header_checksum;
     let th = tcp.to_header();
-    let tcp_csum_ok = th.calc_checksum_ipv4(&iph, tcp.payload()).ok() == Some(th.checksum);
-    let l3_off = ip.header().slice().as_ptr() as usize - frame.as_ptr() as usize;
-    let l4_off = l3_off + ip.header().slice().len();
+    let (src, dst, ip_csum_ok, tcp_csum_ok, ttl, l3_off) = match &p.net {
+        Some(etherparse::NetSlice::Ipv4(ip)) => {
+            let iph = ip.header().to_header();
+            (
+                IpAddr::V4(Ipv4Addr::from(iph.source)),
+                IpAddr::V4(Ipv4Addr::from(iph.destination)),
+                iph.calc_header_checksum() == iph.header_checksum,
+                th.calc_checksum_ipv4(&iph, tcp.payload()).ok() == Some(th.checksum),
+                iph.time_to_live,
+                ip.header().slice().as_ptr() as usize - frame.as_ptr() as usize,
+            )
+        }
+        Some(etherparse::NetSlice::Ipv6(ip)) => {
+            let iph = ip.header().to_header();
+            (
+                IpAddr::V6(Ipv6Addr::from(iph.source)),
+                IpAddr::V6(Ipv6Addr::from(iph.destination)),
+                true,
+                th.calc_checksum_ipv6(&iph, tcp.payload()).ok() == Some(th.checksum),
+                iph.hop_limit,
+                ip.header().slice().as_ptr() as usize - frame.as_ptr() as usize,
+            )
+        }
+        _ => bail!("not IP"),
+    };
+    let l4_off = tcp.slice().as_ptr() as usize - frame.as_ptr() as usize;
     Ok(Parsed {
         smac: eth.source(),
         dmac: eth.destination(),
-        src: SocketAddrV4::new(Ipv4Addr::from(iph.source), th.source_port),
-        dst: SocketAddrV4::new(Ipv4Addr::from(iph.destination), th.destination_port),
+        src: SocketAddr::new(src, th.source_port),
+        dst: SocketAddr::new(dst, th.destination_port),
         l3_off,
         l4_off,
         ip_csum_ok,
         tcp_csum_ok,
-        ttl: iph.time_to_live,
+        ttl,
         flags: tcp.slice()[13],
         seq: th.sequence_number,
         ack: th.acknowledgment_number,
@@ -191,7 +293,7 @@ pub fn parse(frame: &[u8]) -> anyhow::Result<Parsed> {
     })
 }
 
-/// Checks that a forwarded frame has valid IPv4 and TCP checksums.
+/// Checks that a forwarded frame has valid IP (IPv4) and TCP checksums.
 ///
 /// # Errors
 /// Unparsable, or a checksum that does not verify.
@@ -205,8 +307,9 @@ pub fn checksums_valid(frame: &[u8]) -> anyhow::Result<Parsed> {
 /// The RST a host answers `seg` with when no connection exists (RFC 9293
 /// 3.10.7.1), as the balancer sends it back out of the interface the
 /// segment came in on: MACs swapped, VLAN tags kept, addresses and ports
-/// swapped, IPv4 without options (TTL 64, DF, identification 0), TCP
-/// without options, window 0, no payload. Built with etherparse.
+/// swapped, IPv4 without options (TTL 64, DF, identification 0) or IPv6
+/// without extension headers (hop limit 64, traffic class and flow label
+/// 0), TCP without options, window 0, no payload. Built with etherparse.
 pub fn reset_for(seg: &Seg) -> Vec<u8> {
     let seg_len = seg.payload.len() as u32
         + (seg.flags & flags::SYN != 0) as u32
@@ -217,30 +320,42 @@ pub fn reset_for(seg: &Seg) -> Vec<u8> {
         (0, seg.seq.wrapping_add(seg_len), flags::RST | flags::ACK)
     };
     let mut out = Vec::new();
-    write_link(&mut out, seg.dmac, seg.smac, &seg.vlans);
+    write_link(
+        &mut out,
+        seg.dmac,
+        seg.smac,
+        &seg.vlans,
+        ether_type(&seg.src.ip()),
+    );
     write_rst(&mut out, seg.dst, seg.src, seq, ack, fl & flags::ACK != 0);
     out
 }
 
 /// The RST the client should get for a backend's segment `seg` of an
 /// orphaned flow of VIP `vip`: the frame's Ethernet header (and tags) as it
-/// came, an IPv4 header from `vip` to the segment's destination (TTL 64,
-/// DF, identification 0), a TCP header from the VIP's port with the
-/// backend's sequence number, RST alone, window 0, no payload.
-pub fn reset_toward_for(seg: &Seg, vip: std::net::SocketAddrV4) -> Vec<u8> {
+/// came, an IP header from `vip` to the segment's destination (as
+/// [`reset_for`]'s), a TCP header from the VIP's port with the backend's
+/// sequence number, RST alone, window 0, no payload.
+pub fn reset_toward_for(seg: &Seg, vip: std::net::SocketAddr) -> Vec<u8> {
     let mut out = Vec::new();
-    write_link(&mut out, seg.smac, seg.dmac, &seg.vlans);
+    write_link(
+        &mut out,
+        seg.smac,
+        seg.dmac,
+        &seg.vlans,
+        ether_type(&vip.ip()),
+    );
     write_rst(&mut out, vip, seg.dst, seg.seq, 0, false);
     out
 }
 
-/// Writes an RST's IPv4 header (TTL 64, DF, identification 0, no options)
-/// and TCP header (window 0, RST and, with `ack_flag`, ACK), both
-/// checksums as etherparse computes them.
+/// Writes an RST's IP header (IPv4: TTL 64, DF, identification 0, no
+/// options; IPv6: hop limit 64) and TCP header (window 0, RST and, with
+/// `ack_flag`, ACK), the checksums as etherparse computes them.
 fn write_rst(
     out: &mut Vec<u8>,
-    src: std::net::SocketAddrV4,
-    dst: std::net::SocketAddrV4,
+    src: std::net::SocketAddr,
+    dst: std::net::SocketAddr,
     seq: u32,
     ack: u32,
     ack_flag: bool,
@@ -249,28 +364,22 @@ fn write_rst(
     tcp.acknowledgment_number = ack;
     tcp.rst = true;
     tcp.ack = ack_flag;
-    let mut ip = Ipv4Header::new(
-        tcp.header_len() as u16,
-        64,
-        IpNumber::TCP,
-        src.ip().octets(),
-        dst.ip().octets(),
-    )
-    .expect("ipv4");
-    ip.identification = 0;
-    ip.dont_fragment = true;
-    ip.header_checksum = ip.calc_header_checksum();
-    tcp.checksum = tcp.calc_checksum_ipv4(&ip, &[]).expect("tcp checksum");
-    ip.write(out).expect("ipv4 write");
+    tcp.checksum = write_ip(out, src.ip(), dst.ip(), 64, 0, &[], true, &tcp, &[]);
     tcp.write(out).expect("tcp write");
 }
 
 /// Writes an Ethernet header and its VLAN tags (outermost first), the last
-/// announcing IPv4.
-fn write_link(out: &mut Vec<u8>, smac: [u8; 6], dmac: [u8; 6], vlans: &[(u16, u16)]) {
+/// announcing `inner` (IPv4 or IPv6).
+fn write_link(
+    out: &mut Vec<u8>,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+    vlans: &[(u16, u16)],
+    inner: EtherType,
+) {
     let first_type = match vlans.first() {
         Some((tpid, _)) => EtherType(*tpid),
-        None => EtherType::IPV4,
+        None => inner,
     };
     Ethernet2Header {
         source: smac,
@@ -282,7 +391,7 @@ fn write_link(out: &mut Vec<u8>, smac: [u8; 6], dmac: [u8; 6], vlans: &[(u16, u1
     for (i, (_, vid)) in vlans.iter().enumerate() {
         let next = match vlans.get(i + 1) {
             Some((tpid, _)) => EtherType(*tpid),
-            None => EtherType::IPV4,
+            None => inner,
         };
         SingleVlanHeader {
             vlan_id: (*vid).try_into().expect("vlan id"),
@@ -304,9 +413,6 @@ pub fn seg_of(frame: &[u8]) -> anyhow::Result<Seg> {
     let Some(etherparse::LinkSlice::Ethernet2(eth)) = &p.link else {
         bail!("no ethernet header");
     };
-    let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
-        bail!("not IPv4");
-    };
     let Some(etherparse::TransportSlice::Tcp(tcp)) = &p.transport else {
         bail!("not TCP");
     };
@@ -323,19 +429,41 @@ pub fn seg_of(frame: &[u8]) -> anyhow::Result<Seg> {
             ),
         ],
     };
-    let h = ip.header();
+    let (src, dst, ip_options, ip_id, ttl) = match &p.net {
+        Some(etherparse::NetSlice::Ipv4(ip)) => {
+            let h = ip.header();
+            (
+                IpAddr::V4(Ipv4Addr::from(h.source())),
+                IpAddr::V4(Ipv4Addr::from(h.destination())),
+                h.options().to_vec(),
+                h.identification(),
+                h.ttl(),
+            )
+        }
+        Some(etherparse::NetSlice::Ipv6(ip)) => {
+            let h = ip.header();
+            (
+                IpAddr::V6(Ipv6Addr::from(h.source())),
+                IpAddr::V6(Ipv6Addr::from(h.destination())),
+                Vec::new(),
+                0,
+                h.hop_limit(),
+            )
+        }
+        _ => bail!("not IP"),
+    };
     Ok(Seg {
         smac: eth.source(),
         dmac: eth.destination(),
         vlans,
-        ip_options: h.options().to_vec(),
-        src: SocketAddrV4::new(Ipv4Addr::from(h.source()), tcp.source_port()),
-        dst: SocketAddrV4::new(Ipv4Addr::from(h.destination()), tcp.destination_port()),
+        ip_options,
+        src: SocketAddr::new(src, tcp.source_port()),
+        dst: SocketAddr::new(dst, tcp.destination_port()),
         flags: tcp.slice()[13],
         seq: tcp.sequence_number(),
         ack: tcp.acknowledgment_number(),
-        ip_id: h.identification(),
-        ttl: h.ttl(),
+        ip_id,
+        ttl,
         payload: tcp.payload().to_vec(),
     })
 }
@@ -349,10 +477,10 @@ pub fn frag_needed(
     smac: [u8; 6],
     dmac: [u8; 6],
     router: Ipv4Addr,
-    to: Ipv4Addr,
+    to: IpAddr,
     ttl: u8,
-    quoted_src: SocketAddrV4,
-    quoted_dst: SocketAddrV4,
+    quoted_src: SocketAddr,
+    quoted_dst: SocketAddr,
     seq: u32,
     mtu: u16,
 ) -> Vec<u8> {
@@ -361,8 +489,8 @@ pub fn frag_needed(
         1480,
         63,
         IpNumber::TCP,
-        quoted_src.ip().octets(),
-        quoted_dst.ip().octets(),
+        v4(quoted_src.ip()).octets(),
+        v4(quoted_dst.ip()).octets(),
     )
     .expect("ipv4");
     inner.header_checksum = inner.calc_header_checksum();
@@ -382,7 +510,7 @@ pub fn frag_needed(
         ttl,
         IpNumber::ICMP,
         router.octets(),
-        to.octets(),
+        v4(to).octets(),
     )
     .expect("ipv4");
     ip.identification = 99;
@@ -417,8 +545,8 @@ pub fn too_big_for(seg: &Seg, frame: &[u8], mtu: u16) -> Vec<u8> {
     .write(&mut out)
     .expect("eth");
     out.extend_from_slice(&too_big_l3(
-        *seg.dst.ip(),
-        *seg.src.ip(),
+        v4(seg.dst.ip()),
+        v4(seg.src.ip()),
         &frame[14..14 + 28],
         mtu,
     ));

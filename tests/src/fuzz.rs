@@ -32,7 +32,7 @@
 
 use std::{
     collections::VecDeque,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     time::Instant,
 };
 
@@ -80,12 +80,12 @@ fn pin_to_one_cpu() {
 /// The VIPs of the run and their backends: three VIPs, backend .10 behind
 /// all three, .11 behind two.
 struct Layout {
-    vips: Vec<(SocketAddrV4, Vec<SocketAddrV4>)>,
+    vips: Vec<(SocketAddr, Vec<SocketAddr>)>,
 }
 
 impl Layout {
     fn new() -> Layout {
-        let v = |last| SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, last), 80);
+        let v = |last| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)), 80);
         Layout {
             vips: vec![
                 (VIP, (10..14).map(backend).collect()),
@@ -95,19 +95,19 @@ impl Layout {
         }
     }
 
-    fn backends_of(&self, vip: SocketAddrV4) -> Option<&[SocketAddrV4]> {
+    fn backends_of(&self, vip: SocketAddr) -> Option<&[SocketAddr]> {
         self.vips
             .iter()
             .find(|(v, _)| *v == vip)
             .map(|(_, b)| b.as_slice())
     }
 
-    fn is_vip(&self, a: SocketAddrV4) -> bool {
+    fn is_vip(&self, a: SocketAddr) -> bool {
         self.backends_of(a).is_some()
     }
 
-    fn all_backends(&self) -> Vec<SocketAddrV4> {
-        let mut all: Vec<SocketAddrV4> = self
+    fn all_backends(&self) -> Vec<SocketAddr> {
+        let mut all: Vec<SocketAddr> = self
             .vips
             .iter()
             .flat_map(|(_, b)| b.iter().copied())
@@ -118,7 +118,7 @@ impl Layout {
     }
 
     /// The VIPs backend `b` serves.
-    fn vips_of(&self, b: SocketAddrV4) -> Vec<SocketAddrV4> {
+    fn vips_of(&self, b: SocketAddr) -> Vec<SocketAddr> {
         self.vips
             .iter()
             .filter(|(_, bs)| bs.contains(&b))
@@ -144,7 +144,7 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
     let slots: Vec<u32> = r.lb.list_backends(None)?.iter().map(|v| v.slot).collect();
     println!("fuzz: seed {seed} (replay: balancer-testbed fuzz --frames {frames} --seed {seed})");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut pool: VecDeque<(SocketAddrV4, SocketAddrV4, SocketAddrV4)> = VecDeque::new();
+    let mut pool: VecDeque<(SocketAddr, SocketAddr, SocketAddr)> = VecDeque::new();
     let mut rep = Report::default();
     let t0 = Instant::now();
     for i in 0..frames {
@@ -219,7 +219,7 @@ fn hex(b: &[u8]) -> String {
 /// then with a TTL of 0 to 2 or a destination MAC that is not ours.
 fn base_frame(
     rng: &mut StdRng,
-    pool: &VecDeque<(SocketAddrV4, SocketAddrV4, SocketAddrV4)>,
+    pool: &VecDeque<(SocketAddr, SocketAddr, SocketAddr)>,
     layout: &Layout,
 ) -> (Seg, Side) {
     let kind = rng.gen_range(0..12);
@@ -264,7 +264,7 @@ fn base_frame(
             let b = *layout.all_backends().choose(rng).unwrap();
             (
                 Seg::reply(
-                    SocketAddrV4::new(*b.ip(), rng.gen_range(1024..=65535)),
+                    SocketAddr::new(b.ip(), rng.gen_range(1024..=65535)),
                     vip,
                     SYN,
                 ),
@@ -273,9 +273,9 @@ fn base_frame(
         }
         _ => {
             let dst = if rng.gen_bool(0.5) {
-                SocketAddrV4::new(*VIP.ip(), rng.gen())
+                SocketAddr::new(VIP.ip(), rng.gen())
             } else {
-                SocketAddrV4::new(Ipv4Addr::from(rng.gen::<u32>()), 80)
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::from(rng.gen::<u32>())), 80)
             };
             let src = *layout.all_backends().choose(rng).unwrap();
             if rng.gen_bool(0.5) {
@@ -390,17 +390,17 @@ fn mutate(rng: &mut StdRng, f: &mut Vec<u8>) {
 struct Before {
     /// For a frame from a backend `b` to client `c`: the VIPs with a LIVE
     /// flow from `c` pinned to `b`.
-    live_vips: Vec<SocketAddrV4>,
+    live_vips: Vec<SocketAddr>,
     /// Same, CLOSED flows.
-    closed_vips: Vec<SocketAddrV4>,
+    closed_vips: Vec<SocketAddr>,
     /// For a frame from `c` to a VIP: the backends on which `c` has a LIVE
     /// flow through another VIP.
-    busy_backends: Vec<SocketAddrV4>,
+    busy_backends: Vec<SocketAddr>,
     /// `c` has a LIVE flow to this VIP.
     own_live: bool,
 }
 
-fn flow_key(c: SocketAddrV4, v: SocketAddrV4, kind: u8) -> FlowKey {
+fn flow_key(c: SocketAddr, v: SocketAddr, kind: u8) -> FlowKey {
     FlowKey {
         src_addr: ip_be(c.ip()),
         dst_addr: ip_be(v.ip()),
@@ -418,12 +418,12 @@ impl Before {
         let Ok(p) = frames::parse(frame) else {
             return out;
         };
-        let pinned = |c: SocketAddrV4, v: SocketAddrV4, kind: u8| -> Option<SocketAddrV4> {
+        let pinned = |c: SocketAddr, v: SocketAddr, kind: u8| -> Option<SocketAddr> {
             let e = r.lb.maps().flow(&flow_key(c, v, kind))?;
             let b = r.lb.maps().backend(e.backend_slot).ok()?;
             (b.flags & balancer_common::BACKEND_F_IN_USE != 0
                 && b.generation == e.backend_generation)
-                .then(|| SocketAddrV4::new(ip_from_be(b.addr), u16::from_be(b.port)))
+                .then(|| SocketAddr::new(ip_from_be(b.addr), u16::from_be(b.port)))
         };
         for v in layout.vips_of(p.src) {
             if pinned(p.dst, v, flow_kind::LIVE) == Some(p.src) {
@@ -558,7 +558,12 @@ fn check(
         );
         let mut quote = input[p.l3_off..p.l3_off + 20].to_vec();
         quote.extend_from_slice(&input[p.l4_off..p.l4_off + 8]);
-        let want = frames::too_big_l3(*p.dst.ip(), *p.src.ip(), &quote, EGRESS_MTU);
+        let want = frames::too_big_l3(
+            frames::v4(p.dst.ip()),
+            frames::v4(p.src.ip()),
+            &quote,
+            EGRESS_MTU,
+        );
         let mut l2 = input[6..12].to_vec();
         l2.extend_from_slice(&input[..6]);
         l2.extend_from_slice(&input[12..p.l3_off]);

@@ -5,7 +5,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddrV4,
+    net::SocketAddr,
     thread,
     time::{Duration, Instant},
 };
@@ -27,7 +27,7 @@ pub struct Sequential {
     /// Time of the last failure since the start, ms.
     pub last_loss_ms: u64,
     /// Connections per backend among those that succeeded.
-    pub per_backend: BTreeMap<SocketAddrV4, u64>,
+    pub per_backend: BTreeMap<SocketAddr, u64>,
 }
 
 /// Opens `n` connections one after another from the client namespace, each

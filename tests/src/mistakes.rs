@@ -9,7 +9,7 @@
 //! relative state file.
 
 use std::{
-    net::SocketAddrV4,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command},
     thread,
@@ -197,7 +197,7 @@ fn unsaved_change_rolled_back(tb: &Testbed) -> anyhow::Result<()> {
         let mut m: HashMap<MapData, VipKey, VipInfo> = HashMap::try_from(aya::maps::Map::HashMap(
             MapData::from_pin(o.pins.join(map_names::VIPS))?,
         ))?;
-        let ghost: SocketAddrV4 = "10.0.0.41:80".parse()?;
+        let ghost: SocketAddr = "10.0.0.41:80".parse()?;
         m.insert(
             balancer::maps::vip_key(&ghost),
             VipInfo {

@@ -9,7 +9,7 @@
 //! sees only the client's side).
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     process::Command,
     thread,
     time::Duration,
@@ -32,21 +32,21 @@ fn backend_ip(k: usize) -> Ipv4Addr {
 }
 
 /// The VIPs: (name, VIP, extra `vip add` arguments).
-fn vips() -> [(&'static str, SocketAddrV4, &'static [&'static str]); 3] {
+fn vips() -> [(&'static str, SocketAddr, &'static [&'static str]); 3] {
     [
         (
             "dsr",
-            SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 20), PORT),
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 20)), PORT),
             &["--mode", "dsr"],
         ),
         (
             "ipip",
-            SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 21), PORT),
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 21)), PORT),
             &["--mode", "ipip", "--encap-source", "10.0.2.1"],
         ),
         (
             "gue",
-            SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 22), PORT),
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 22)), PORT),
             &["--mode", "gue", "--encap-source", "10.0.2.1"],
         ),
     ]
@@ -89,8 +89,8 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
         }
         tb.start_server_as(
             k,
-            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, PORT),
-            SocketAddrV4::new(backend_ip(k), PORT),
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT)),
+            SocketAddr::from((backend_ip(k), PORT)),
         )?;
         let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
         let out = Command::new("ip")
@@ -117,7 +117,7 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
                 "backend",
                 "add",
                 &vs,
-                &SocketAddrV4::new(backend_ip(k), PORT).to_string(),
+                &SocketAddr::from((backend_ip(k), PORT)).to_string(),
             ])?;
         }
     }
@@ -144,7 +144,7 @@ fn decapsulated(tb: &Testbed) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-fn active(tb: &Testbed, vip: SocketAddrV4) -> anyhow::Result<u64> {
+fn active(tb: &Testbed, vip: SocketAddr) -> anyhow::Result<u64> {
     Ok(tb
         .backends()?
         .iter()
@@ -160,30 +160,29 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
         let replies_before = tb.stats()?.counter("reply_packets");
         let decap_before = decapsulated(tb)?;
         let ns = tb.client_ns_path();
-        let (held, per) =
-            thread::spawn(move || -> anyhow::Result<(Vec<Conn>, Vec<SocketAddrV4>)> {
-                enter_ns(&ns)?;
-                let mut held = Vec::new();
-                let mut seen = Vec::new();
-                for i in 0..TOTAL {
-                    let id = (u64::from(vip.ip().octets()[3]) << 32) + i;
-                    let mut c = Conn::open_to(None, vip, id, 1000 + (i as usize % 3) * 3000)
-                        .with_context(|| format!("{name}: connection {i}"))?;
-                    seen.push(c.backend);
-                    if i < HELD {
-                        held.push(c);
-                    } else {
-                        let b = c.request(id + 1_000_000, 5000)?;
-                        ensure!(b == c.backend, "{name}: connection {i} moved to {b}");
-                        c.close();
-                    }
+        let (held, per) = thread::spawn(move || -> anyhow::Result<(Vec<Conn>, Vec<SocketAddr>)> {
+            enter_ns(&ns)?;
+            let mut held = Vec::new();
+            let mut seen = Vec::new();
+            for i in 0..TOTAL {
+                let id = (u64::from(crate::frames::v4(vip.ip()).octets()[3]) << 32) + i;
+                let mut c = Conn::open_to(None, vip, id, 1000 + (i as usize % 3) * 3000)
+                    .with_context(|| format!("{name}: connection {i}"))?;
+                seen.push(c.backend);
+                if i < HELD {
+                    held.push(c);
+                } else {
+                    let b = c.request(id + 1_000_000, 5000)?;
+                    ensure!(b == c.backend, "{name}: connection {i} moved to {b}");
+                    c.close();
                 }
-                Ok((held, seen))
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+            }
+            Ok((held, seen))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
         for k in 0..BACKENDS {
-            let b = SocketAddrV4::new(backend_ip(k), PORT);
+            let b = SocketAddr::from((backend_ip(k), PORT));
             ensure!(per.contains(&b), "{name}: backend {b} got no connection");
         }
         wait_until(Duration::from_secs(10), || {

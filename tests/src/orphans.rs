@@ -4,7 +4,7 @@
 //! instead of hanging); `backend remove --help` says so.
 
 use std::{
-    net::SocketAddrV4,
+    net::SocketAddr,
     process::Command,
     thread,
     time::{Duration, Instant},
@@ -178,7 +178,10 @@ fn removed_with_server_push(tb: &Testbed) -> anyhow::Result<()> {
 /// Connections to a removed VIP get a reset on their next segment, and new
 /// connections to it are refused at once.
 fn removed_vip(tb: &Testbed) -> anyhow::Result<()> {
-    let v2 = SocketAddrV4::new(std::net::Ipv4Addr::new(10, 0, 0, 11), 80);
+    let v2 = SocketAddr::new(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 11)),
+        80,
+    );
     tb.cli(&["vip", "add", &v2.to_string()])?;
     for k in 0..3 {
         tb.cli(&[

@@ -8,7 +8,7 @@
 //! the balancer next to the host's own forwarding on the same path.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
     process::{Child, Command, Output, Stdio},
     thread,
@@ -24,9 +24,10 @@ use crate::{
 };
 
 /// The iperf3 VIP with persistence.
-pub const IPERF_VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 11), 5201);
+pub const IPERF_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 11)), 5201);
 /// The same backends without persistence.
-pub const IPERF_VIP_PLAIN: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 12), 5201);
+pub const IPERF_VIP_PLAIN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 12)), 5201);
 /// nginx's port on the backends.
 const HTTP_PORT: u16 = 8080;
 /// iperf3's port on the backends.
@@ -330,12 +331,7 @@ fn ab(tb: &Testbed, url: &str, n: u32) -> anyhow::Result<f64> {
 
 /// iperf3 runs against `target`; returns how many completed and their mean
 /// received Gbit/s.
-fn iperf(
-    tb: &Testbed,
-    target: SocketAddrV4,
-    runs: u32,
-    seconds: u32,
-) -> anyhow::Result<(u32, f64)> {
+fn iperf(tb: &Testbed, target: SocketAddr, runs: u32, seconds: u32) -> anyhow::Result<(u32, f64)> {
     let mut done = 0;
     let mut gbps = 0.0;
     for _ in 0..runs {
@@ -487,8 +483,8 @@ fn run_on(tb: &Testbed, sc: Scale, big: &[u8]) -> anyhow::Result<Measured> {
 
 /// One backend behind a VIP, for comparing like with like against the
 /// host's forwarding to that backend.
-const ONE_HTTP_VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 13), 80);
-const ONE_IPERF_VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 14), 5201);
+const ONE_HTTP_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 13)), 80);
+const ONE_IPERF_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 14)), 5201);
 
 /// What the bench's long form measured.
 #[derive(Clone, Debug)]
@@ -508,7 +504,7 @@ pub struct Comparison {
 fn one_pass(
     tb: &Testbed,
     http: &str,
-    iperf_target: SocketAddrV4,
+    iperf_target: SocketAddr,
     sc: Scale,
 ) -> anyhow::Result<Measured> {
     let mut m = Measured {
@@ -535,7 +531,7 @@ pub fn measure(sc: Scale) -> anyhow::Result<Comparison> {
     let host = one_pass(
         &tb,
         &format!("http://{}:{HTTP_PORT}", backend_ip(0)),
-        SocketAddrV4::new(backend_ip(0), IPERF_PORT),
+        SocketAddr::from((backend_ip(0), IPERF_PORT)),
         sc,
     )?;
     // The daemon's own expiry period (the test bed's default is 200 ms, so

@@ -6,11 +6,13 @@
 //!  fx0 10.0.1.1/24 (client side)    fx1 10.0.2.1/24 (backend side)
 //!  neighbours 10.0.1.2..=20          neighbours 10.0.2.10..=50, permanent
 //!  10.1.0.0/16 via 10.0.1.20         10.2.0.0/16 via 10.0.2.50
+//!  2001:db8:1::1/64                  2001:db8:2::1/64
+//!  neighbours 2001:db8:1::2..=20     neighbours 2001:db8:2::10..=50
 //! ```
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
 use anyhow::{bail, ensure, Context as _};
@@ -54,20 +56,48 @@ pub enum Side {
     Backend,
 }
 
-/// MAC of the permanent neighbour entry for `ip` (both sides).
-pub fn neigh_mac(ip: Ipv4Addr) -> [u8; 6] {
-    let o = ip.octets();
-    [0x02, 0x00, 0x00, 0x00, o[2], o[3]]
+/// MAC of the permanent neighbour entry for `ip` (both sides, both
+/// families: 02:00:00:00:x:y for 10.0.x.y, 02:00:00:06:x:y for
+/// 2001:db8:x::y).
+pub fn neigh_mac(ip: IpAddr) -> [u8; 6] {
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            [0x02, 0x00, 0x00, 0x00, o[2], o[3]]
+        }
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            [0x02, 0x00, 0x00, 0x06, o[5], o[15]]
+        }
+    }
+}
+
+/// Client address `k` of IPv6 (2001:db8:1::(2+k)), with a neighbour entry
+/// for k < 19.
+pub fn client6(k: u8, port: u16) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 2 + k as u16)),
+        port,
+    )
+}
+
+/// Backend address [2001:db8:2::`last`]:8080 (neighbour entries for
+/// 10..=50).
+pub fn backend6(last: u8) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, last as u16)),
+        8080,
+    )
 }
 
 /// Client address `k` (10.0.1.(2+k)), with a neighbour entry for k < 19.
-pub fn client(k: u8, port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 2 + k), port)
+pub fn client(k: u8, port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2 + k)), port)
 }
 
 /// Backend address 10.0.2.`last`:8080 (neighbour entries for 10..=50).
-pub fn backend(last: u8) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, last), 8080)
+pub fn backend(last: u8) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 2, last)), 8080)
 }
 
 /// Interface index of `name` in the current namespace.
@@ -110,41 +140,63 @@ pub fn mac_of(name: &str) -> anyhow::Result<[u8; 6]> {
 /// An `ip`/`sysctl` step fails.
 pub fn net_setup() -> anyhow::Result<()> {
     sh("ip", &["link", "set", "lo", "up"])?;
-    for (a, b, addr, mac) in [
-        ("fx0", "fx0p", "10.0.1.1/24", frames::CLIENT_SIDE_MAC),
-        ("fx1", "fx1p", "10.0.2.1/24", frames::BACKEND_SIDE_MAC),
+    for (a, b, addr, addr6, mac) in [
+        (
+            "fx0",
+            "fx0p",
+            "10.0.1.1/24",
+            "2001:db8:1::1/64",
+            frames::CLIENT_SIDE_MAC,
+        ),
+        (
+            "fx1",
+            "fx1p",
+            "10.0.2.1/24",
+            "2001:db8:2::1/64",
+            frames::BACKEND_SIDE_MAC,
+        ),
     ] {
         sh("ip", &["link", "add", a, "type", "veth", "peer", "name", b])?;
         sh("ip", &["link", "set", a, "address", &mac_string(mac)])?;
         sh("ip", &["addr", "add", addr, "dev", a])?;
+        // No duplicate address detection: the address is usable at once.
+        sh("ip", &["-6", "addr", "add", addr6, "dev", a, "nodad"])?;
         sh("ip", &["link", "set", a, "up"])?;
         sh("ip", &["link", "set", b, "up"])?;
     }
     for last in 2..=20u8 {
-        let ip = Ipv4Addr::new(10, 0, 1, last);
-        neigh(ip, "fx0")?;
+        neigh(IpAddr::V4(Ipv4Addr::new(10, 0, 1, last)), "fx0")?;
+        neigh(client6(last - 2, 0).ip(), "fx0")?;
     }
     for last in 10..=50u8 {
-        neigh(Ipv4Addr::new(10, 0, 2, last), "fx1")?;
+        neigh(IpAddr::V4(Ipv4Addr::new(10, 0, 2, last)), "fx1")?;
+        neigh(backend6(last).ip(), "fx1")?;
     }
     // Many clients and backends (benchmarks) sit behind one gateway each.
     sh("ip", &["route", "add", "10.1.0.0/16", "via", "10.0.1.20"])?;
     sh("ip", &["route", "add", "10.2.0.0/16", "via", "10.0.2.50"])?;
     sh("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"])?;
+    sh("sysctl", &["-q", "-w", "net.ipv6.conf.all.forwarding=1"])?;
     Ok(())
 }
 
 /// Client `i` of up to 65,536 (10.1.x.y), routed via 10.0.1.20.
-pub fn many_client(i: u32, port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8), port)
+pub fn many_client(i: u32, port: u16) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8)),
+        port,
+    )
 }
 
 /// Backend `i` of up to 65,536 (10.2.x.y:8080), routed via 10.0.2.50.
-pub fn many_backend(i: u32) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::new(10, 2, (i >> 8) as u8, i as u8), 8080)
+pub fn many_backend(i: u32) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, 2, (i >> 8) as u8, i as u8)),
+        8080,
+    )
 }
 
-fn neigh(ip: Ipv4Addr, dev: &str) -> anyhow::Result<()> {
+fn neigh(ip: IpAddr, dev: &str) -> anyhow::Result<()> {
     set_neigh(ip, neigh_mac(ip), dev)
 }
 
@@ -156,7 +208,7 @@ fn mac_string(mac: [u8; 6]) -> String {
 ///
 /// # Errors
 /// The `ip neigh` command fails.
-pub fn set_neigh(ip: Ipv4Addr, mac: [u8; 6], dev: &str) -> anyhow::Result<()> {
+pub fn set_neigh(ip: IpAddr, mac: [u8; 6], dev: &str) -> anyhow::Result<()> {
     let mac = mac_string(mac);
     sh(
         "ip",
@@ -345,7 +397,7 @@ impl Rig {
     ///
     /// # Errors
     /// Unknown backend or map failure.
-    pub fn active(&self, vip: SocketAddrV4, backend: SocketAddrV4) -> anyhow::Result<i64> {
+    pub fn active(&self, vip: SocketAddr, backend: SocketAddr) -> anyhow::Result<i64> {
         let views = self.lb.list_backends(Some(vip))?;
         let Some(v) = views.iter().find(|v| v.backend == backend) else {
             bail!("{backend} is not a backend of {vip}");
@@ -400,12 +452,12 @@ impl Rig {
     ///
     /// # Errors
     /// Another action or any other difference.
-    pub fn expect_to_backend(&mut self, fixture: &str, seg: &Seg) -> anyhow::Result<SocketAddrV4> {
+    pub fn expect_to_backend(&mut self, fixture: &str, seg: &Seg) -> anyhow::Result<SocketAddr> {
         let smac = self.backend_if_mac;
         let out = self.expect_forwarded(fixture, seg, Side::Client, |want, out| {
             want.dst = out.dst;
             want.smac = smac;
-            want.dmac = neigh_mac(*out.dst.ip());
+            want.dmac = neigh_mac(out.dst.ip());
         })?;
         Ok(out.dst)
     }
@@ -419,13 +471,13 @@ impl Rig {
         &mut self,
         fixture: &str,
         seg: &Seg,
-        vip: SocketAddrV4,
+        vip: SocketAddr,
     ) -> anyhow::Result<()> {
         let smac = self.client_if_mac;
         self.expect_forwarded(fixture, seg, Side::Backend, |want, _| {
             want.src = vip;
             want.smac = smac;
-            want.dmac = neigh_mac(*want.dst.ip());
+            want.dmac = neigh_mac(want.dst.ip());
         })?;
         Ok(())
     }
@@ -466,7 +518,7 @@ impl Rig {
         &mut self,
         fixture: &str,
         seg: &Seg,
-        vip: SocketAddrV4,
+        vip: SocketAddr,
     ) -> anyhow::Result<()> {
         let (a, out) = self.run(&seg.build(), Side::Backend)?;
         ensure!(

@@ -2,7 +2,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddrV4,
+    net::SocketAddr,
     thread,
     time::{Duration, Instant},
 };
@@ -25,7 +25,7 @@ pub struct Batch {
     /// Connections kept open, in the order opened.
     pub held: Vec<Conn>,
     /// Connections per backend (all of the batch).
-    pub per_backend: BTreeMap<SocketAddrV4, u64>,
+    pub per_backend: BTreeMap<SocketAddr, u64>,
 }
 
 /// Opens `total` connections to the VIP from `workers` client threads; the
@@ -46,7 +46,7 @@ pub fn run_batch(
     for w in 0..workers {
         let ns = ns.clone();
         handles.push(thread::spawn(
-            move || -> anyhow::Result<(Vec<Conn>, Vec<SocketAddrV4>)> {
+            move || -> anyhow::Result<(Vec<Conn>, Vec<SocketAddr>)> {
                 enter_ns(&ns)?;
                 let mut kept = Vec::new();
                 let mut seen = Vec::new();
@@ -118,7 +118,7 @@ fn request_on_held(
     mut held: Vec<Conn>,
     id_base: u64,
     len: usize,
-) -> anyhow::Result<(Vec<Conn>, BTreeMap<SocketAddrV4, u64>)> {
+) -> anyhow::Result<(Vec<Conn>, BTreeMap<SocketAddr, u64>)> {
     let ns = tb.client_ns_path();
     thread::spawn(move || {
         enter_ns(&ns)?;

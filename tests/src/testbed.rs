@@ -13,7 +13,7 @@
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -30,15 +30,18 @@ use balancer::api::{BackendView, Response, StatsView};
 use crate::netns::{enter_ns, sh, Netns};
 
 /// The VIP the test bed serves.
-pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 10), 80);
+pub const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80);
 /// Port the backends listen on.
 pub const BACKEND_PORT: u16 = 8080;
 /// Client address.
-pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 2);
+pub const CLIENT_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2));
 
 /// Address of backend `k` (0-based).
-pub fn backend_addr(k: usize) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 10 + k as u8), BACKEND_PORT)
+pub fn backend_addr(k: usize) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, 0, 2, 10 + k as u8)),
+        BACKEND_PORT,
+    )
 }
 
 /// The payload a backend sends for request `id` with `len` bytes.
@@ -66,7 +69,7 @@ pub struct ServerStats {
 /// A running backend server.
 pub struct Server {
     /// Address it listens on.
-    pub addr: SocketAddrV4,
+    pub addr: SocketAddr,
     /// Its counters.
     pub stats: Arc<ServerStats>,
     /// Set to close its listening socket (its port then refuses
@@ -89,15 +92,15 @@ impl Server {
 /// line `PUSH <id> <chunk>` turns the connection into a server push: after
 /// the `BACKEND` line the server sends [`push_chunk`]`(id, k, chunk)` for
 /// k = 0, 1, ... every [`PUSH_PERIOD`] until the client's FIN, then closes.
-fn start_server(ns: &Netns, addr: SocketAddrV4, stop: Arc<AtomicBool>) -> anyhow::Result<Server> {
+fn start_server(ns: &Netns, addr: SocketAddr, stop: Arc<AtomicBool>) -> anyhow::Result<Server> {
     start_server_as(ns, addr, addr, stop)
 }
 
 /// [`start_server`] listening on `bind` and naming itself `me`.
 fn start_server_as(
     ns: &Netns,
-    bind: SocketAddrV4,
-    me: SocketAddrV4,
+    bind: SocketAddr,
+    me: SocketAddr,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Server> {
     let addr = me;
@@ -188,7 +191,7 @@ fn peer_closed(s: &TcpStream) -> bool {
     n == 0
 }
 
-fn serve_push(mut w: TcpStream, me: SocketAddrV4, id: u64, chunk: usize) -> anyhow::Result<()> {
+fn serve_push(mut w: TcpStream, me: SocketAddr, id: u64, chunk: usize) -> anyhow::Result<()> {
     w.write_all(format!("BACKEND {me}\n").as_bytes())?;
     let mut k = 0;
     while !peer_closed(&w) {
@@ -200,7 +203,7 @@ fn serve_push(mut w: TcpStream, me: SocketAddrV4, id: u64, chunk: usize) -> anyh
     Ok(())
 }
 
-fn serve_conn(s: TcpStream, me: SocketAddrV4) -> anyhow::Result<()> {
+fn serve_conn(s: TcpStream, me: SocketAddr) -> anyhow::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(120)))?;
     let mut w = s.try_clone()?;
@@ -237,8 +240,8 @@ fn serve_conn(s: TcpStream, me: SocketAddrV4) -> anyhow::Result<()> {
 /// # Errors
 /// Connect failure (with the OS error in the chain).
 pub fn connect(
-    local: Option<SocketAddrV4>,
-    remote: SocketAddrV4,
+    local: Option<SocketAddr>,
+    remote: SocketAddr,
     timeout: Duration,
 ) -> anyhow::Result<TcpStream> {
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
@@ -256,7 +259,7 @@ pub fn connect(
 pub struct Conn {
     stream: BufReader<TcpStream>,
     /// The backend that answered the first request.
-    pub backend: SocketAddrV4,
+    pub backend: SocketAddr,
 }
 
 impl Conn {
@@ -265,7 +268,7 @@ impl Conn {
     ///
     /// # Errors
     /// I/O failure, a malformed answer, or a payload byte that differs.
-    pub fn request(&mut self, id: u64, len: usize) -> anyhow::Result<SocketAddrV4> {
+    pub fn request(&mut self, id: u64, len: usize) -> anyhow::Result<SocketAddr> {
         self.stream
             .get_mut()
             .write_all(format!("GET {id} {len}\n").as_bytes())?;
@@ -274,7 +277,7 @@ impl Conn {
         let Some(b) = line.strip_prefix("BACKEND ") else {
             bail!("unexpected answer {line:?}");
         };
-        let backend: SocketAddrV4 = b.trim().parse()?;
+        let backend: SocketAddr = b.trim().parse()?;
         let mut got = vec![0u8; len];
         self.stream.read_exact(&mut got)?;
         if got != payload(id, len) {
@@ -300,8 +303,8 @@ impl Conn {
     /// Connect or request failure; a refused connection is
     /// `ErrorKind::ConnectionRefused` in the chain.
     pub fn open_to(
-        local: Option<SocketAddrV4>,
-        remote: SocketAddrV4,
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
         id: u64,
         len: usize,
     ) -> anyhow::Result<Conn> {
@@ -665,8 +668,8 @@ impl Testbed {
     pub fn start_server_as(
         &mut self,
         k: usize,
-        bind: SocketAddrV4,
-        me: SocketAddrV4,
+        bind: SocketAddr,
+        me: SocketAddr,
     ) -> anyhow::Result<()> {
         let s = start_server_as(&self.backends[k], bind, me, self.stop.clone())?;
         self.servers.push(s);

@@ -5,7 +5,7 @@
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddrV4, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -38,7 +38,7 @@ pub struct Mover {
     /// Bytes received and checked so far.
     pub bytes: Arc<AtomicU64>,
     /// The backend that answered.
-    pub backend: Arc<Mutex<Option<SocketAddrV4>>>,
+    pub backend: Arc<Mutex<Option<SocketAddr>>>,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<anyhow::Result<()>>>,
 }
@@ -125,7 +125,7 @@ impl Drop for Mover {
 /// What a mover's thread shares with its [`Mover`].
 struct Shared {
     bytes: Arc<AtomicU64>,
-    backend: Arc<Mutex<Option<SocketAddrV4>>>,
+    backend: Arc<Mutex<Option<SocketAddr>>>,
     stop: Arc<AtomicBool>,
 }
 

@@ -1,6 +1,6 @@
 //! Argument parsers shared by the verbs.
 
-use std::{net::SocketAddrV4, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use balancer::state::{check_choices, CheckKind, HealthCheck};
 use balancer_common::CHOICES_FULL_SCAN;
@@ -18,8 +18,8 @@ pub fn parse_choices(s: &str) -> Result<u32, String> {
 }
 
 /// An IPv4 `address:port`.
-pub fn parse_endpoint(s: &str) -> Result<SocketAddrV4, String> {
-    s.parse::<SocketAddrV4>()
+pub fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
         .map_err(|_| format!("`{s}` is not an IPv4 address:port (like 10.0.0.10:80)"))
 }
 

@@ -1,6 +1,6 @@
 //! `balancer backend ...`: add, change, drain, remove and list backends.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use balancer::api::{BackendPatch, BackendView, HealthSetting, HealthStatus, Request};
 use clap::Subcommand;
@@ -14,10 +14,10 @@ pub enum BackendCmd {
     Add {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backends as address:port.
         #[arg(value_parser = parse_endpoint, required = true, num_args = 1..)]
-        backends: Vec<SocketAddrV4>,
+        backends: Vec<SocketAddr>,
         /// Their weight, 1..=1000: capacity relative to the VIP's other
         /// backends (default 1).
         #[arg(long)]
@@ -28,10 +28,10 @@ pub enum BackendCmd {
     Set {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
-        backend: SocketAddrV4,
+        backend: SocketAddr,
         /// Weight, 1..=1000.
         #[arg(long)]
         weight: Option<u32>,
@@ -42,19 +42,19 @@ pub enum BackendCmd {
     Drain {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// Put a drained backend back into service.
     Undrain {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// Remove a backend. Its open connections end: the next segment of each
     /// client gets a TCP reset from the balancer (for --orphan-timeout,
@@ -63,16 +63,16 @@ pub enum BackendCmd {
     Remove {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
-        backend: SocketAddrV4,
+        backend: SocketAddr,
     },
     /// List backends with their health and active connections.
     List {
         /// Only this VIP.
         #[arg(value_parser = parse_endpoint)]
-        vip: Option<SocketAddrV4>,
+        vip: Option<SocketAddr>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -141,8 +141,12 @@ pub fn health_word(b: &BackendView) -> String {
 
 /// Prints the backend table.
 pub fn print(backends: &[BackendView]) {
+    let (wv, wb) = (
+        super::addr_width(backends.iter().map(|b| b.vip)),
+        super::addr_width(backends.iter().map(|b| b.backend)),
+    );
     println!(
-        "{:<21} {:<21} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
+        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
         "VIP",
         "BACKEND",
         "STATE",
@@ -162,7 +166,7 @@ pub fn print(backends: &[BackendView]) {
             format!("{:.2}", b.effective_weight)
         };
         println!(
-            "{:<21} {:<21} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
+            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
             b.vip.to_string(),
             b.backend.to_string(),
             format!("{:?}", b.state).to_lowercase(),

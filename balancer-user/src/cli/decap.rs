@@ -1,6 +1,6 @@
 //! `balancer decap ...`: the backends' side of the ipip and gue modes.
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{net::IpAddr, path::PathBuf};
 
 use balancer::{
     daemon::ensure_bpffs,
@@ -36,7 +36,7 @@ pub enum DecapCmd {
         gue_port: u16,
         /// Decapsulate only packets to this outer destination (default: any).
         #[arg(long)]
-        local: Option<Ipv4Addr>,
+        local: Option<IpAddr>,
         /// bpffs directory for its link and maps.
         #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]
         pin_dir: PathBuf,

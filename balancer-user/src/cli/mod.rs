@@ -8,3 +8,14 @@ pub mod detach;
 pub mod run;
 pub mod show;
 pub mod vip;
+
+/// The width of a column of addresses: 21 (an IPv4 address and port) or
+/// the widest of `items` (IPv6 ones are up to 47 characters).
+pub fn addr_width<T: ToString>(items: impl IntoIterator<Item = T>) -> usize {
+    items
+        .into_iter()
+        .map(|a| a.to_string().len())
+        .max()
+        .unwrap_or(0)
+        .max(21)
+}

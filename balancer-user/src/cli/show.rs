@@ -42,13 +42,14 @@ pub fn print_stats(s: &StatsView) {
         println!();
     }
     println!("VIPs");
+    let w = super::addr_width(s.vips.iter().map(|v| v.vip));
     println!(
-        "{:<21} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
+        "{:<w$} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
         "VIP", "MODE", "CHOICES", "ACTIVE", "NEW", "PACKETS", "BYTES", "MISSES"
     );
     for v in &s.vips {
         println!(
-            "{:<21} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
+            "{:<w$} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
             v.vip.to_string(),
             v.mode.name(),
             choices_name(v.choices),
@@ -63,13 +64,13 @@ pub fn print_stats(s: &StatsView) {
         "\nChoices (loads are the servers' active connections at decision time; median bucket)"
     );
     println!(
-        "{:<21} {:>9} {:>7} {:>11} {:>11} {:>11}",
+        "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11}",
         "VIP", "DECISIONS", "TIES", "CANDIDATE", "CHOSEN", "REJECTED"
     );
     for v in &s.vips {
         let c = &v.choice;
         println!(
-            "{:<21} {:>9} {:>7} {:>11} {:>11} {:>11}",
+            "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11}",
             v.vip.to_string(),
             c.decisions,
             c.ties,
@@ -99,13 +100,18 @@ pub fn print_stats(s: &StatsView) {
 
 /// Prints `flows`.
 pub fn print_flows(flows: &[FlowView], truncated: bool) {
+    let (wc, wv, wb) = (
+        super::addr_width(flows.iter().map(|f| f.client)),
+        super::addr_width(flows.iter().map(|f| f.vip)),
+        super::addr_width(flows.iter().filter_map(|f| f.backend)),
+    );
     println!(
-        "{:<21} {:<21} {:<21} {:<7} {:<7} {:>9}",
+        "{:<wc$} {:<wv$} {:<wb$} {:<7} {:<7} {:>9}",
         "CLIENT", "VIP", "BACKEND", "KIND", "FINS", "IDLE_MS"
     );
     for f in flows {
         println!(
-            "{:<21} {:<21} {:<21} {:<7} {:<7} {:>9}",
+            "{:<wc$} {:<wv$} {:<wb$} {:<7} {:<7} {:>9}",
             f.client.to_string(),
             f.vip.to_string(),
             f.backend.map_or("(removed)".into(), |b| b.to_string()),

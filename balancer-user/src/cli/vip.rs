@@ -1,6 +1,6 @@
 //! `balancer vip ...`: add, change, remove and list VIPs.
 
-use std::{net::SocketAddrV4, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use balancer::{
     api::{HealthSetting, Request, VipPatch, VipView},
@@ -72,7 +72,7 @@ pub struct VipArgs {
     /// Outer source address of encapsulated packets (ipip, gue): an
     /// address of this host the backends can reach.
     #[arg(long)]
-    encap_source: Option<std::net::Ipv4Addr>,
+    encap_source: Option<std::net::IpAddr>,
     /// GUE's UDP destination port on the backends (default 6080; the
     /// backends' `balancer decap attach --gue-port` must match).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
@@ -131,7 +131,7 @@ pub enum VipCmd {
     Add {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         #[command(flatten)]
         settings: VipArgs,
     },
@@ -139,7 +139,7 @@ pub enum VipCmd {
     Set {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         #[command(flatten)]
         settings: VipArgs,
     },
@@ -147,7 +147,7 @@ pub enum VipCmd {
     SetChoices {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
         /// Backends compared per new flow: 1..=16, or `all`.
         #[arg(value_parser = parse_choices)]
         choices: u32,
@@ -156,7 +156,7 @@ pub enum VipCmd {
     Remove {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
-        vip: SocketAddrV4,
+        vip: SocketAddr,
     },
     /// List VIPs.
     List {
@@ -202,8 +202,15 @@ impl VipCmd {
 
 /// Prints the VIP table.
 pub fn print(vips: &[VipView]) {
+    // IPv6 VIPs ([2001:db8::10]:80) are wider than IPv4 ones.
+    let w = vips
+        .iter()
+        .map(|v| v.vip.to_string().len())
+        .max()
+        .unwrap_or(0)
+        .max(21);
     println!(
-        "{:<21} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
+        "{:<w$} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
         "VIP",
         "MODE",
         "CHOICES",
@@ -223,11 +230,11 @@ pub fn print(vips: &[VipView]) {
             format!(
                 "{}/{}",
                 humantime::format_duration(s.persistence),
-                s.persistence_netmask
+                s.persistence_prefix(&v.vip)
             )
         };
         println!(
-            "{:<21} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
+            "{:<w$} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
             v.vip.to_string(),
             s.mode.name(),
             choices_name(s.choices),

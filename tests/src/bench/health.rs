@@ -4,7 +4,7 @@
 
 use std::{
     fmt::Write as _,
-    net::SocketAddrV4,
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -42,7 +42,7 @@ fn threads_cpu_s(prefix: &str) -> f64 {
 
 /// `n` listeners on 127.0.0.1 answering each connection with an HTTP 200
 /// and closing, in a runtime of their own (threads `bench-listen`).
-fn listeners(n: usize) -> anyhow::Result<(tokio::runtime::Runtime, Vec<SocketAddrV4>)> {
+fn listeners(n: usize) -> anyhow::Result<(tokio::runtime::Runtime, Vec<SocketAddr>)> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("bench-listen")
@@ -52,11 +52,7 @@ fn listeners(n: usize) -> anyhow::Result<(tokio::runtime::Runtime, Vec<SocketAdd
         let mut addrs = Vec::new();
         for _ in 0..n {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let a = match l.local_addr()? {
-                std::net::SocketAddr::V4(a) => a,
-                other => anyhow::bail!("listener on {other}"),
-            };
-            addrs.push(a);
+            addrs.push(l.local_addr()?);
             tokio::spawn(async move {
                 while let Ok((mut s, _)) = l.accept().await {
                     tokio::spawn(async move {
@@ -114,7 +110,7 @@ pub fn run(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
             timeout: Duration::from_millis(500),
             ..HealthCheck::default()
         };
-        let vip: SocketAddrV4 = "10.0.0.10:80".parse()?;
+        let vip: SocketAddr = "10.0.0.10:80".parse()?;
         let targets: Vec<Target> = addrs
             .iter()
             .map(|a| Target {

@@ -1,0 +1,240 @@
+//! What a stage of the data path decided for a frame, handed to the stage
+//! that carries it out: the forward stage (next hop, rewrite, XDP_TX or
+//! XDP_REDIRECT) or the reset stage (the frame becomes a TCP RST).
+//!
+//! The deciding stage writes its CPU's value of a per-CPU array
+//! (`map_names::FORWARD_PLAN`, `map_names::RESET_PLAN`) and tail-calls the
+//! carrying stage, which runs at once on the same CPU and parses the frame
+//! again (offsets read back from a map are unbounded for the verifier's
+//! packet checks, so a plan holds none: only addresses, ports, flags and
+//! slots). Splitting here gives each program its own 512-byte stack: with
+//! 16-byte addresses the forwarding code no longer fitted beside the flow
+//! lookup and tracking in one call chain.
+//!
+//! Every struct is `#[repr(C)]` with explicit padding (bytemuck's derive
+//! proves there is none left): the maps are pinned, and a running entry
+//! program hands them to the next build's stages during a restart, so
+//! they are part of the layout fingerprint (`crate::layout`).
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::Addr;
+
+/// What [`Rewrite::kind`] can be.
+pub mod kind {
+    /// Destination or source NAT ([`super::Rewrite::nat`] applies).
+    pub const NAT: u32 = 0;
+    /// Nothing above L2 (direct server return): the next hop must be the
+    /// destination itself, on-link.
+    pub const L2: u32 = 1;
+    /// IP-in-IP or GUE around the untouched packet
+    /// ([`super::Rewrite::encap`] applies).
+    pub const ENCAP: u32 = 2;
+    /// Headers already rewritten (an ICMP message): MACs only, the next hop
+    /// may be a gateway.
+    pub const DONE: u32 = 3;
+}
+
+/// A NAT rewrite: the destination (towards a backend) or the source
+/// (towards a client) address and TCP port become `addr` and `port`.
+/// Which one is a flag, not an offset (see the module's note).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Nat {
+    /// 1: destination NAT; 0: source NAT.
+    pub dst: u32,
+    /// The new address, of the packet's family.
+    pub addr: Addr,
+    /// The new port, network byte order.
+    pub port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// An encapsulation: mode (`crate::encap::mode`), outer source and
+/// destination (the backend's family), and for GUE the UDP ports (network
+/// byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Encap {
+    /// `crate::encap::mode::IPIP` or `crate::encap::mode::GUE`.
+    pub mode: u16,
+    /// GUE's UDP source port (entropy for the backends' RSS).
+    pub sport: u16,
+    /// GUE's UDP destination port.
+    pub dport: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+    /// Outer source address.
+    pub src: Addr,
+    /// Outer destination address (the backend).
+    pub dst: Addr,
+}
+
+impl Encap {
+    /// `true` when the outer header is IPv6.
+    #[inline(always)]
+    pub fn outer_v6(&self) -> bool {
+        !self.dst.is_v4()
+    }
+
+    /// Bytes the encapsulation adds.
+    #[inline(always)]
+    pub fn overhead(&self) -> usize {
+        crate::encap::overhead(self.mode, self.outer_v6())
+    }
+}
+
+/// What happens to a frame's headers on its way out. Every field is always
+/// set (a plain struct, not an enum).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Rewrite {
+    /// One of [`kind`].
+    pub kind: u32,
+    /// The NAT, for [`kind::NAT`].
+    pub nat: Nat,
+    /// The encapsulation, for [`kind::ENCAP`].
+    pub encap: Encap,
+}
+
+impl Rewrite {
+    /// A NAT rewrite.
+    #[inline(always)]
+    pub fn nat(n: Nat) -> Self {
+        Rewrite {
+            kind: kind::NAT,
+            nat: n,
+            encap: Encap::default(),
+        }
+    }
+
+    /// MACs only, next hop on-link (L2 DSR).
+    #[inline(always)]
+    pub fn l2() -> Self {
+        Rewrite {
+            kind: kind::L2,
+            ..Rewrite::default()
+        }
+    }
+
+    /// An encapsulation.
+    #[inline(always)]
+    pub fn encap(e: Encap) -> Self {
+        Rewrite {
+            kind: kind::ENCAP,
+            nat: Nat::default(),
+            encap: e,
+        }
+    }
+
+    /// Headers final, MACs only.
+    #[inline(always)]
+    pub fn done() -> Self {
+        Rewrite {
+            kind: kind::DONE,
+            ..Rewrite::default()
+        }
+    }
+}
+
+/// Where the forward stage caches the next hop: per backend slot and
+/// generation (towards a backend), or per destination address in an LRU
+/// table (towards a client).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HopCache {
+    /// 1: per slot; 0: per destination.
+    pub per_slot: u32,
+    /// The slot.
+    pub slot: u32,
+    /// Its generation.
+    pub generation: u32,
+    /// Padding, always 0.
+    pub _pad: u32,
+}
+
+impl HopCache {
+    /// Per backend slot and generation.
+    #[inline(always)]
+    pub fn slot(slot: u32, generation: u32) -> Self {
+        HopCache {
+            per_slot: 1,
+            slot,
+            generation,
+            _pad: 0,
+        }
+    }
+
+    /// Per destination.
+    pub const DST: HopCache = HopCache {
+        per_slot: 0,
+        slot: 0,
+        generation: 0,
+        _pad: 0,
+    };
+}
+
+/// Where a frame goes: the FIB lookup's source and destination (of the
+/// family the frame leaves in), the time (ns, the data path's coarse
+/// clock), and where the next hop is cached.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Dest {
+    /// Source address for the FIB lookup.
+    pub src: Addr,
+    /// Destination address for the FIB lookup.
+    pub dst: Addr,
+    /// Now, ns (`bpf_ktime_get_coarse_ns`).
+    pub now: u64,
+    /// Where the next hop is cached.
+    pub cache: HopCache,
+}
+
+/// Value of the `FORWARD_PLAN` per-CPU array: how the frame leaves, and
+/// where to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ForwardPlan {
+    /// The rewrite.
+    pub rw: Rewrite,
+    /// Padding, always 0.
+    pub _pad: u32,
+    /// The destination.
+    pub to: Dest,
+}
+
+/// What [`ResetPlan::kind`] can be.
+pub mod reset_kind {
+    /// Answer the frame's sender (a client) with the RST RFC 9293 gives,
+    /// from the address it wrote to (`crate::reset::reset_reply`), sent
+    /// back out with XDP_TX.
+    pub const ANSWER: u32 = 0;
+    /// A backend's segment of an orphaned flow becomes the RST its client
+    /// should have had, from the VIP (`crate::reset::reset_toward`),
+    /// handed to the host to route.
+    pub const TOWARD_CLIENT: u32 = 1;
+}
+
+/// Value of the `RESET_PLAN` per-CPU array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ResetPlan {
+    /// One of [`reset_kind`].
+    pub kind: u32,
+    /// The VIP's port, network byte order ([`reset_kind::TOWARD_CLIENT`]).
+    pub vip_port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+    /// The VIP's address ([`reset_kind::TOWARD_CLIENT`]).
+    pub vip_addr: Addr,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<Nat>() == 24);
+    assert!(core::mem::size_of::<Encap>() == 40);
+    assert!(core::mem::size_of::<Rewrite>() == 68);
+    assert!(core::mem::size_of::<Dest>() == 56);
+    assert!(core::mem::size_of::<ForwardPlan>() == 128);
+    assert!(core::mem::size_of::<ResetPlan>() == 24);
+};

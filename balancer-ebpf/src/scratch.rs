@@ -1,0 +1,31 @@
+//! Per-CPU scratch values a program run builds its flow keys in, instead
+//! of its stack: with 16-byte addresses a flow key is 40 bytes, and each
+//! program has 512 bytes of stack for its whole call chain. A program runs
+//! to completion on its CPU, so a run has its CPU's values to itself; they
+//! carry nothing from one run to the next (not pinned).
+
+use aya_ebpf::{macros::map, maps::PerCpuArray};
+use balancer_common::FlowKey;
+
+/// The flow key the run looks up and tracks (the reply stage's live key).
+pub const LIVE: u32 = 0;
+/// A key derived for one lookup or insert (a CLOSED entry's key, say).
+pub const TEMP: u32 = 1;
+
+/// The keys, by [`LIVE`] and [`TEMP`].
+#[map]
+static KEYS: PerCpuArray<FlowKey> = PerCpuArray::with_max_entries(2, 0);
+
+/// This CPU's key `i` set to `key`, by reference for a lookup or insert;
+/// `None` never happens (a per-CPU array of two entries).
+#[inline(always)]
+pub fn key(i: u32, key: FlowKey) -> Option<&'static FlowKey> {
+    let p = KEYS.get_ptr_mut(i)?;
+    // SAFETY: this CPU's value, used by this program run alone; no other
+    // reference to entry `i` is alive when it is rewritten (LIVE is set once
+    // per run, TEMP is used at once).
+    unsafe {
+        *p = key;
+        Some(&*p)
+    }
+}
