@@ -26,6 +26,7 @@ mod eligibility;
 mod hairpin;
 mod half_open;
 mod icmp;
+mod ipv6;
 mod modes;
 mod multi_vip;
 mod race;
@@ -63,6 +64,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += affinity::run()?;
     n += modes::run()?;
     n += icmp::run()?;
+    n += ipv6::run()?;
     n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())

@@ -1,15 +1,17 @@
-//! The direct-server-return modes with real TCP: L2 DSR, IP-in-IP and GUE
-//! VIPs on three backends that hold the VIPs on loopback (ARP settings of
-//! L2 DSR applied) and, for the encapsulating modes, run the project's
-//! decapsulation program (`balancer decap attach`). Replies go from the
-//! backends to the client without the balancer's program (its reply
-//! counter must not move). Each mode: 200 connections, 50 held, every byte
-//! checked, every backend used, active counts equal to the held ones, and
-//! back to 0 once they close (released by the client's FIN: the balancer
-//! sees only the client's side).
+//! Every forwarding mode and family with real TCP: L2 DSR, IP-in-IP and GUE
+//! VIPs of both families on three backends that hold the VIPs on loopback
+//! (ARP settings of L2 DSR applied) and, for the encapsulating modes, run
+//! the project's decapsulation program (`balancer decap attach`); IPv6 in
+//! IPv4 and IPv4 in IPv6 tunnels; an IPv6 NAT VIP. Direct-return replies
+//! go from the backends to the client without the balancer's program (its
+//! reply counter must not move); NAT replies come back through it. Each
+//! VIP: 200 connections, 50 held, every byte checked, every backend used,
+//! active counts equal to the held ones, and back to 0 once they close
+//! (released by the client's FIN where the balancer sees only the client's
+//! side).
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     process::Command,
     thread,
     time::Duration,
@@ -20,35 +22,117 @@ use anyhow::{ensure, Context as _};
 use crate::{
     netns::enter_ns,
     scenario::wait_until,
-    testbed::{Conn, Testbed},
+    testbed::{backend_ip6, Conn, Testbed},
 };
 
 /// Port of the VIPs and of the backends (the packet arrives unchanged).
 const PORT: u16 = 80;
+/// Port of the NAT VIP's backends (a backend address and port serves at
+/// most four VIPs, and the direct-return ones take four).
+const NAT_PORT: u16 = 8080;
 const BACKENDS: usize = 3;
 
 fn backend_ip(k: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, 2, 10 + k as u8)
 }
 
-/// The VIPs: (name, VIP, extra `vip add` arguments).
-fn vips() -> [(&'static str, SocketAddr, &'static [&'static str]); 3] {
+/// Backend `k`'s service address of family `v6`.
+fn backend_of(k: usize, v6: bool) -> SocketAddr {
+    if v6 {
+        SocketAddr::new(backend_ip6(k), PORT)
+    } else {
+        SocketAddr::from((backend_ip(k), PORT))
+    }
+}
+
+fn v4(last: u8) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)), PORT)
+}
+
+fn v6(last: u16) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, last)),
+        PORT,
+    )
+}
+
+/// Backend `k`'s address for VIP `v`.
+fn backend_for(v: &Vip, k: usize) -> SocketAddr {
+    let mut b = backend_of(k, v.backends_v6);
+    if !v.direct_return() {
+        b.set_port(NAT_PORT);
+    }
+    b
+}
+
+/// One VIP of the scenario.
+struct Vip {
+    name: &'static str,
+    addr: SocketAddr,
+    /// Extra `vip add` arguments.
+    args: &'static [&'static str],
+    /// The backends' family.
+    backends_v6: bool,
+}
+
+impl Vip {
+    fn direct_return(&self) -> bool {
+        !self.args.is_empty()
+    }
+
+    fn encapsulates(&self) -> bool {
+        self.args.contains(&"ipip") || self.args.contains(&"gue")
+    }
+}
+
+/// The VIPs.
+fn vips() -> [Vip; 9] {
+    let vip = |name, addr, args, backends_v6| Vip {
+        name,
+        addr,
+        args,
+        backends_v6,
+    };
     [
-        (
-            "dsr",
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 20)), PORT),
-            &["--mode", "dsr"],
-        ),
-        (
+        vip("dsr", v4(20), &["--mode", "dsr"], false),
+        vip(
             "ipip",
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 21)), PORT),
+            v4(21),
             &["--mode", "ipip", "--encap-source", "10.0.2.1"],
+            false,
         ),
-        (
+        vip(
             "gue",
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 22)), PORT),
+            v4(22),
             &["--mode", "gue", "--encap-source", "10.0.2.1"],
+            false,
         ),
+        vip("dsr6", v6(0x20), &["--mode", "dsr"], true),
+        vip(
+            "ipip6",
+            v6(0x21),
+            &["--mode", "ipip", "--encap-source", "2001:db8:2::1"],
+            true,
+        ),
+        vip(
+            "gue6",
+            v6(0x22),
+            &["--mode", "gue", "--encap-source", "2001:db8:2::1"],
+            true,
+        ),
+        vip(
+            "ipip6in4",
+            v6(0x24),
+            &["--mode", "ipip", "--encap-source", "10.0.2.1"],
+            false,
+        ),
+        vip(
+            "ipip4in6",
+            v4(25),
+            &["--mode", "ipip", "--encap-source", "2001:db8:2::1"],
+            true,
+        ),
+        vip("nat6", v6(0x23), &[], true),
     ]
 }
 
@@ -75,9 +159,19 @@ pub fn run() -> anyhow::Result<()> {
 fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
     for k in 0..BACKENDS {
         let ns = &tb.backends[k];
-        for (_, v, _) in vips() {
-            ns.ip(&["addr", "add", &format!("{}/32", v.ip()), "dev", "lo"])?;
+        for v in vips().iter().filter(|v| v.direct_return()) {
+            let prefix = if v.addr.is_ipv4() { 32 } else { 128 };
+            ns.ip(&[
+                "addr",
+                "add",
+                &format!("{}/{prefix}", v.addr.ip()),
+                "dev",
+                "lo",
+            ])?;
         }
+        // IPv4 only: Linux answers IPv6 neighbour solicitations only for
+        // addresses of the interface they arrive on, so a VIP on loopback
+        // stays off the segment without a setting.
         for (key, value) in [
             ("net.ipv4.conf.all.arp_ignore", "1"),
             ("net.ipv4.conf.all.arp_announce", "2"),
@@ -90,7 +184,17 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
         tb.start_server_as(
             k,
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT)),
-            SocketAddr::from((backend_ip(k), PORT)),
+            backend_of(k, false),
+        )?;
+        tb.start_server_as(
+            k,
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, PORT)),
+            backend_of(k, true),
+        )?;
+        tb.start_server_as(
+            k,
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, NAT_PORT)),
+            SocketAddr::new(backend_ip6(k), NAT_PORT),
         )?;
         let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
         let out = Command::new("ip")
@@ -106,19 +210,14 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
         );
     }
     tb.start_daemon()?;
-    for (_, v, args) in vips() {
+    for v in vips() {
         let mut a = vec!["vip", "add"];
-        let vs = v.to_string();
+        let vs = v.addr.to_string();
         a.push(&vs);
-        a.extend_from_slice(args);
+        a.extend_from_slice(v.args);
         tb.cli(&a)?;
         for k in 0..BACKENDS {
-            tb.cli(&[
-                "backend",
-                "add",
-                &vs,
-                &SocketAddr::from((backend_ip(k), PORT)).to_string(),
-            ])?;
+            tb.cli(&["backend", "add", &vs, &backend_for(&v, k).to_string()])?;
         }
     }
     Ok(())
@@ -156,7 +255,8 @@ fn active(tb: &Testbed, vip: SocketAddr) -> anyhow::Result<u64> {
 fn run_on(tb: &Testbed) -> anyhow::Result<()> {
     const TOTAL: u64 = 200;
     const HELD: u64 = 50;
-    for (name, vip, _) in vips() {
+    for v in vips() {
+        let (name, vip) = (v.name, v.addr);
         let replies_before = tb.stats()?.counter("reply_packets");
         let decap_before = decapsulated(tb)?;
         let ns = tb.client_ns_path();
@@ -165,7 +265,7 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
             let mut held = Vec::new();
             let mut seen = Vec::new();
             for i in 0..TOTAL {
-                let id = (u64::from(crate::frames::v4(vip.ip()).octets()[3]) << 32) + i;
+                let id = (u64::from(vip_tag(vip)) << 32) + i;
                 let mut c = Conn::open_to(None, vip, id, 1000 + (i as usize % 3) * 3000)
                     .with_context(|| format!("{name}: connection {i}"))?;
                 seen.push(c.backend);
@@ -182,7 +282,10 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
         for k in 0..BACKENDS {
-            let b = SocketAddr::from((backend_ip(k), PORT));
+            // The server that answers is the one of the VIP's family (the
+            // inner packet's), whatever the tunnel's.
+            let mut b = backend_of(k, vip.is_ipv6());
+            b.set_port(backend_for(&v, k).port());
             ensure!(per.contains(&b), "{name}: backend {b} got no connection");
         }
         wait_until(Duration::from_secs(10), || {
@@ -207,21 +310,41 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
         })
         .with_context(|| format!("{name}: counts after closing"))?;
         let replies = tb.stats()?.counter("reply_packets") - replies_before;
-        ensure!(
-            replies == 0,
-            "{name}: the balancer rewrote {replies} replies (they should bypass it)"
-        );
+        if v.direct_return() {
+            ensure!(
+                replies == 0,
+                "{name}: the balancer rewrote {replies} replies (they should bypass it)"
+            );
+        } else {
+            ensure!(
+                replies > TOTAL,
+                "{name}: only {replies} replies rewritten by the balancer"
+            );
+        }
         let decap = decapsulated(tb)? - decap_before;
-        if name != "dsr" {
+        if v.encapsulates() {
             ensure!(decap > TOTAL, "{name}: only {decap} packets decapsulated");
         } else {
-            ensure!(decap == 0, "dsr: {decap} packets decapsulated");
+            ensure!(decap == 0, "{name}: {decap} packets decapsulated");
         }
         println!(
             "modes: {name}: {TOTAL} connections ({HELD} held) through {vip}, every byte checked, \
-             all {BACKENDS} backends used; active {HELD} while held, 0 after closing; replies \
-             bypassed the balancer; {decap} packets decapsulated on the backends"
+             all {BACKENDS} backends used; active {HELD} while held, 0 after closing; {}; \
+             {decap} packets decapsulated on the backends",
+            if v.direct_return() {
+                "replies bypassed the balancer".to_string()
+            } else {
+                format!("{replies} replies rewritten by the balancer")
+            }
         );
     }
     Ok(())
+}
+
+/// A number naming a VIP in request ids (its address's last byte).
+fn vip_tag(vip: SocketAddr) -> u8 {
+    match vip.ip() {
+        IpAddr::V4(a) => a.octets()[3],
+        IpAddr::V6(a) => a.octets()[15],
+    }
 }

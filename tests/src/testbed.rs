@@ -3,7 +3,11 @@
 //!
 //! ```text
 //!  client (10.0.1.2) --veth-- [lb0 10.0.1.1] balancer [lb1 10.0.2.1] --veth-- switch (bridge) --veth-- backend k (10.0.2.(10+k))
+//!  (2001:db8:1::2)             2001:db8:1::1            2001:db8:2::1                                        (2001:db8:2::(10+k))
 //! ```
+//!
+//! Every host has both families (IPv6 without duplicate address detection,
+//! so the addresses are usable at once).
 //!
 //! The client routes everything to the balancer, the backends route their
 //! default to it; nothing routes out of the machine. The balancer runs the
@@ -13,7 +17,7 @@
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -35,6 +39,14 @@ pub const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1
 pub const BACKEND_PORT: u16 = 8080;
 /// Client address.
 pub const CLIENT_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2));
+
+/// Client address of IPv6.
+pub const CLIENT_ADDR6: IpAddr = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 2));
+
+/// IPv6 address of backend `k` (0-based): 2001:db8:2::(10+k).
+pub fn backend_ip6(k: usize) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0x10 + k as u16))
+}
 
 /// Address of backend `k` (0-based).
 pub fn backend_addr(k: usize) -> SocketAddr {
@@ -115,7 +127,7 @@ fn start_server_as(
         .spawn(move || {
             let setup = || -> anyhow::Result<TcpListener> {
                 enter_ns(&nspath)?;
-                let l = TcpListener::bind(bind)?;
+                let l = listen(bind)?;
                 l.set_nonblocking(true)?;
                 Ok(l)
             };
@@ -165,6 +177,24 @@ fn start_server_as(
         stats,
         closed,
     })
+}
+
+/// A listening socket on `bind`; an IPv6 one is IPv6 only (a server on
+/// `[::]` beside one on `0.0.0.0`).
+fn listen(bind: SocketAddr) -> anyhow::Result<TcpListener> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(bind),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    if bind.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    sock.set_reuse_address(true)?;
+    sock.bind(&bind.into())
+        .with_context(|| format!("binding {bind}"))?;
+    sock.listen(1024)?;
+    Ok(sock.into())
 }
 
 /// Pause between two chunks of a server push.
@@ -244,7 +274,11 @@ pub fn connect(
     remote: SocketAddr,
     timeout: Duration,
 ) -> anyhow::Result<TcpStream> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(remote),
+        socket2::Type::STREAM,
+        None,
+    )?;
     if let Some(l) = local {
         sock.set_reuse_address(true)?;
         sock.bind(&l.into())
@@ -733,9 +767,28 @@ impl Testbed {
             lb.name(),
         ])?;
         c.ip(&["addr", "add", "10.0.1.2/24", "dev", "cl0"])?;
+        c.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:1::2/64",
+            "dev",
+            "cl0",
+            "nodad",
+        ])?;
         c.ip(&["link", "set", "cl0", "up"])?;
         c.ip(&["route", "add", "default", "via", "10.0.1.1"])?;
+        c.ip(&["-6", "route", "add", "default", "via", "2001:db8:1::1"])?;
         lb.ip(&["addr", "add", "10.0.1.1/24", "dev", "lb0"])?;
+        lb.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:1::1/64",
+            "dev",
+            "lb0",
+            "nodad",
+        ])?;
         lb.ip(&["link", "set", "lb0", "up"])?;
         // lb1 <-> switch
         lb.ip(&[
@@ -751,6 +804,15 @@ impl Testbed {
             sw.name(),
         ])?;
         lb.ip(&["addr", "add", "10.0.2.1/24", "dev", "lb1"])?;
+        lb.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:2::1/64",
+            "dev",
+            "lb1",
+            "nodad",
+        ])?;
         lb.ip(&["link", "set", "lb1", "up"])?;
         sw.ip(&["link", "add", "br0", "type", "bridge"])?;
         sw.ip(&["link", "set", "br0", "up"])?;
@@ -774,12 +836,17 @@ impl Testbed {
             sw.ip(&["link", "set", &port, "up"])?;
             let a = format!("{}/24", backend_addr(k).ip());
             b.ip(&["addr", "add", &a, "dev", "eth0"])?;
+            let a6 = format!("{}/64", backend_ip6(k));
+            b.ip(&["-6", "addr", "add", &a6, "dev", "eth0", "nodad"])?;
             b.ip(&["link", "set", "eth0", "up"])?;
             b.ip(&["route", "add", "default", "via", "10.0.2.1"])?;
+            b.ip(&["-6", "route", "add", "default", "via", "2001:db8:2::1"])?;
             // Frames the XDP program forwards must carry complete checksums.
             ethtool(b, &["-K", "eth0", "tx", "off"])?;
         }
         lb.sysctl("net.ipv4.ip_forward", "1")?;
+        // bpf_fib_lookup reports "forwarding disabled" for IPv6 without it.
+        lb.sysctl("net.ipv6.conf.all.forwarding", "1")?;
         lb.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
         lb.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
         ethtool(c, &["-K", "cl0", "tx", "off"])?;

@@ -8,6 +8,16 @@ fn direct_server_return_modes_with_real_tcp() {
     balancer_tests::harness::scenario(
         env!("CARGO_BIN_EXE_balancer-testbed"),
         &["modes"],
-        &["modes: dsr:", "modes: ipip:", "modes: gue:"],
+        &[
+            "modes: dsr:",
+            "modes: ipip:",
+            "modes: gue:",
+            "modes: dsr6:",
+            "modes: ipip6:",
+            "modes: gue6:",
+            "modes: ipip6in4:",
+            "modes: ipip4in6:",
+            "modes: nat6:",
+        ],
     );
 }
