@@ -116,6 +116,9 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
 
+    for w in preflight::forwarding_warnings() {
+        log::warn!("{w}");
+    }
     // --- Refusals, reading only.
     preflight::check_privileges()?;
     let state = read_state(&cfg.state_file)?;

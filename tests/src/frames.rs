@@ -580,3 +580,32 @@ pub fn too_big_l3(src: Ipv4Addr, dst: Ipv4Addr, quote: &[u8], mtu: u16) -> Vec<u
     out.extend_from_slice(quote);
     out
 }
+
+/// The IPv6 and ICMPv6 part of a "packet too big" (type 2, MTU `mtu`) from
+/// `src` to `dst` quoting `quote` (the IPv6 header and 8 TCP bytes), hop
+/// limit 64, traffic class and flow label 0, checksum as etherparse
+/// computes it.
+pub fn too_big6_l3(src: Ipv6Addr, dst: Ipv6Addr, quote: &[u8], mtu: u32) -> Vec<u8> {
+    use etherparse::{Icmpv6Header, Icmpv6Type};
+    let ip = Ipv6Header {
+        traffic_class: 0,
+        flow_label: Default::default(),
+        payload_length: (8 + quote.len()) as u16,
+        next_header: IpNumber::IPV6_ICMP,
+        hop_limit: 64,
+        source: src.octets(),
+        destination: dst.octets(),
+    };
+    let icmp = Icmpv6Header::with_checksum(
+        Icmpv6Type::PacketTooBig { mtu },
+        ip.source,
+        ip.destination,
+        quote,
+    )
+    .expect("icmpv6");
+    let mut out = Vec::new();
+    ip.write(&mut out).expect("ipv6");
+    icmp.write(&mut out).expect("icmpv6");
+    out.extend_from_slice(quote);
+    out
+}

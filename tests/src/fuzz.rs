@@ -1,6 +1,6 @@
-//! The fuzz run: random and mutated frames through the real program with
-//! `BPF_PROG_TEST_RUN`, checked against rules that do not depend on the data
-//! path's own code:
+//! The fuzz run: random and mutated frames of both families through the
+//! real program with `BPF_PROG_TEST_RUN`, checked against rules that do not
+//! depend on the data path's own code:
 //!
 //! * the action is one the frame's kind allows (classified by etherparse);
 //! * a frame that is not forwarded leaves untouched, but for a rewritten
@@ -8,10 +8,10 @@
 //!   TTL stay the input's (the host routes it);
 //! * a frame whose destination MAC is not the receiving interface's is
 //!   passed untouched (case 13);
-//! * a forwarded frame arrived with a TTL above 1 and leaves with it one
-//!   lower (case 12), and differs from its input only in the bytes its
-//!   direction rewrites (MACs, one address, one port, TTL, two checksums);
-//!   if the input's checksums were valid so are the output's;
+//! * a forwarded frame arrived with a TTL (hop limit) above 1 and leaves
+//!   with it one lower (case 12), and differs from its input only in the
+//!   bytes its direction rewrites (MACs, one address, one port, TTL, the
+//!   checksums); if the input's checksums were valid so are the output's;
 //! * a reply is rewritten to a VIP whose live flow for that client is
 //!   pinned to this backend when one exists, otherwise to a closed one, and
 //!   a SYN-ACK never to a closed one (cases 14 and 15, three VIPs sharing
@@ -21,10 +21,11 @@
 //!   backend host of that VIP (case 16);
 //! * a segment answered with a reset is a SYN to a VIP, and the reset is
 //!   byte for byte the one RFC 9293 prescribes (built by etherparse);
-//! * a segment answered with an ICMP "fragmentation needed" is a DF segment
-//!   to a VIP too long for the egress MTU, and the answer (from the VIP,
-//!   for that MTU, quoting its IPv4 header and 8 TCP bytes, L2 tags kept)
-//!   is byte for byte the one etherparse builds;
+//! * a segment answered with an ICMP "fragmentation needed" (ICMPv6 "packet
+//!   too big") is a DF (any IPv6) segment to a VIP too long for the egress
+//!   MTU, and the answer (from the VIP, for that MTU, quoting its IP header
+//!   and 8 TCP bytes, L2 tags kept) is byte for byte the one etherparse
+//!   builds;
 //! * no backend's active-connection count ever goes below zero.
 //!
 //! The generator is seeded; the program's own random draws are seeded too
@@ -45,7 +46,8 @@ use crate::{
     fixtures::VIP,
     frames::{self, flags::*, Seg, BACKEND_SIDE_MAC, CLIENT_SIDE_MAC},
     rig::{
-        action_name, backend, client, diff, Rig, Side, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
+        action_name, backend, backend6, client, client6, diff, Rig, Side, XDP_DROP, XDP_PASS,
+        XDP_REDIRECT, XDP_TX,
     },
 };
 
@@ -56,6 +58,8 @@ pub struct Report {
     pub frames: u64,
     /// Frames the program forwarded.
     pub forwarded: u64,
+    /// Of them, IPv6 frames.
+    pub forwarded_v6: u64,
     /// Frames answered with a reset.
     pub resets: u64,
     /// Frames passed.
@@ -77,8 +81,8 @@ fn pin_to_one_cpu() {
     }
 }
 
-/// The VIPs of the run and their backends: three VIPs, backend .10 behind
-/// all three, .11 behind two.
+/// The VIPs of the run and their backends: three IPv4 VIPs, backend .10
+/// behind all three, .11 behind two; two IPv6 VIPs sharing ::10 and ::11.
 struct Layout {
     vips: Vec<(SocketAddr, Vec<SocketAddr>)>,
 }
@@ -86,11 +90,19 @@ struct Layout {
 impl Layout {
     fn new() -> Layout {
         let v = |last| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)), 80);
+        let v6 = |last| {
+            SocketAddr::new(
+                IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, last)),
+                80,
+            )
+        };
         Layout {
             vips: vec![
                 (VIP, (10..14).map(backend).collect()),
                 (v(11), vec![backend(10), backend(11)]),
                 (v(12), vec![backend(10)]),
+                (v6(0x10), (10..14).map(backend6).collect()),
+                (v6(0x11), vec![backend6(10), backend6(11)]),
             ],
         }
     }
@@ -104,6 +116,17 @@ impl Layout {
 
     fn is_vip(&self, a: SocketAddr) -> bool {
         self.backends_of(a).is_some()
+    }
+
+    /// A VIP of the family of `a` (or any, for `None`).
+    fn vip_like(&self, rng: &mut StdRng, a: Option<SocketAddr>) -> SocketAddr {
+        let fits: Vec<SocketAddr> = self
+            .vips
+            .iter()
+            .map(|(v, _)| *v)
+            .filter(|v| a.is_none_or(|a| a.is_ipv6() == v.is_ipv6()))
+            .collect();
+        *fits.choose(rng).unwrap()
     }
 
     fn all_backends(&self) -> Vec<SocketAddr> {
@@ -162,7 +185,12 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
         let reset = action == XDP_TX && is_reset_of(&frame, &out);
         match action {
             _ if reset => rep.resets += 1,
-            XDP_TX | XDP_REDIRECT => rep.forwarded += 1,
+            XDP_TX | XDP_REDIRECT => {
+                rep.forwarded += 1;
+                if frames::parse(&out).is_ok_and(|p| p.src.is_ipv6()) {
+                    rep.forwarded_v6 += 1;
+                }
+            }
             XDP_PASS => rep.passed += 1,
             XDP_DROP => rep.dropped += 1,
             _ => {}
@@ -198,8 +226,15 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
     rep.frames = frames;
     rep.seconds = t0.elapsed().as_secs_f64();
     println!(
-        "fuzz: {} frames in {:.1}s ({} forwarded, {} answered with a reset, {} passed, {} dropped), {} failures",
-        rep.frames, rep.seconds, rep.forwarded, rep.resets, rep.passed, rep.dropped, rep.failures
+        "fuzz: {} frames in {:.1}s ({} forwarded, {} of them IPv6, {} answered with a reset, {} passed, {} dropped), {} failures",
+        rep.frames,
+        rep.seconds,
+        rep.forwarded,
+        rep.forwarded_v6,
+        rep.resets,
+        rep.passed,
+        rep.dropped,
+        rep.failures
     );
     ensure!(
         rep.failures == 0,
@@ -234,10 +269,15 @@ fn base_frame(
         FIN,
         0,
     ];
-    let vip = layout.vips.choose(rng).unwrap().0;
+    let vip = layout.vip_like(rng, None);
     let (mut seg, side) = match (kind, pool.is_empty()) {
         (0..=2, _) | (_, true) => {
-            let c = client(rng.gen_range(0..18), rng.gen_range(1024..=65535));
+            let port = rng.gen_range(1024..=65535);
+            let c = if vip.is_ipv6() {
+                client6(rng.gen_range(0..18), port)
+            } else {
+                client(rng.gen_range(0..18), port)
+            };
             (Seg::new(c, vip, SYN), Side::Client)
         }
         (3..=5, false) => {
@@ -257,7 +297,10 @@ fn base_frame(
         (8, false) => {
             // The client port of a known flow, to another VIP (case 14).
             let (c, _, _) = *pool.get(rng.gen_range(0..pool.len())).unwrap();
-            (Seg::new(c, vip, SYN), Side::Client)
+            (
+                Seg::new(c, layout.vip_like(rng, Some(c)), SYN),
+                Side::Client,
+            )
         }
         (9, false) => {
             // A backend host connecting to a VIP (case 16).
@@ -265,19 +308,21 @@ fn base_frame(
             (
                 Seg::reply(
                     SocketAddr::new(b.ip(), rng.gen_range(1024..=65535)),
-                    vip,
+                    layout.vip_like(rng, Some(b)),
                     SYN,
                 ),
                 Side::Backend,
             )
         }
         _ => {
-            let dst = if rng.gen_bool(0.5) {
-                SocketAddr::new(VIP.ip(), rng.gen())
-            } else {
-                SocketAddr::new(IpAddr::V4(Ipv4Addr::from(rng.gen::<u32>())), 80)
-            };
             let src = *layout.all_backends().choose(rng).unwrap();
+            let dst = match (rng.gen_bool(0.5), src.is_ipv6()) {
+                (true, _) => SocketAddr::new(layout.vip_like(rng, Some(src)).ip(), rng.gen()),
+                (false, false) => SocketAddr::new(IpAddr::V4(Ipv4Addr::from(rng.gen::<u32>())), 80),
+                (false, true) => {
+                    SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::from(rng.gen::<u128>())), 80)
+                }
+            };
             if rng.gen_bool(0.5) {
                 (Seg::new(src, dst, ACK), Side::Client)
             } else {
@@ -291,7 +336,7 @@ fn base_frame(
     if rng.gen_bool(0.3) {
         seg.payload = (0..rng.gen_range(1..1500)).map(|_| rng.gen()).collect();
     }
-    if rng.gen_bool(0.2) {
+    if rng.gen_bool(0.2) && seg.src.is_ipv4() {
         seg.ip_options = vec![1; 4 * rng.gen_range(1..=10)];
     }
     if rng.gen_bool(0.05) {
@@ -341,15 +386,18 @@ fn mutate(rng: &mut StdRng, f: &mut Vec<u8>) {
             }
             2 => f.truncate(rng.gen_range(14..=len.max(14))),
             3 => {
-                // IHL nibble (first IPv4 byte after 0-2 tags).
+                // IHL nibble (first IPv4 byte after 0-2 tags), or IPv6's
+                // next header (an extension header, ICMPv6, UDP, TCP).
                 let off = [14, 18, 22][rng.gen_range(0..3)];
-                if off < len {
+                if off + 6 < len && f[off] >> 4 == 6 {
+                    f[off + 6] = *[0u8, 43, 44, 51, 60, 58, 17, 6].choose(rng).unwrap();
+                } else if off < len {
                     f[off] = (f[off] & 0xf0) | rng.gen_range(0..16);
                 }
             }
             4 => {
-                // IPv4 total length.
-                let off = [16, 20, 24][rng.gen_range(0..3)];
+                // IPv4 total length, or the IPv6 payload length.
+                let off = [16, 20, 24, 18, 22, 26][rng.gen_range(0..6)];
                 if off + 1 < len {
                     let v: u16 = rng.gen();
                     f[off..off + 2].copy_from_slice(&v.to_be_bytes());
@@ -537,39 +585,63 @@ fn check(
         let mut l2 = input[6..12].to_vec();
         l2.extend_from_slice(&input[..6]);
         l2.extend_from_slice(&input[12..l3]);
+        let reset_len = if p.src.is_ipv6() { 60 } else { 40 };
         ensure!(
-            out.len() == l3 + 40 && out[..l3] == l2[..] && out[l3..] == want[14..],
+            out.len() == l3 + reset_len && out[..l3] == l2[..] && out[l3..] == want[14..],
             "reset differs from RFC 9293's: L2 {} / L3+ {}",
             diff(&l2, &out[..l3.min(out.len())]),
             diff(&want[14..], &out[l3.min(out.len())..])
         );
         return Ok(());
     }
-    // A client's segment too big for the way to its backend (DF set):
-    // answered with an ICMP "fragmentation needed" for the egress MTU,
-    // quoting its IPv4 header and first 8 TCP bytes, L2 tags kept, MACs
-    // swapped.
-    if action == XDP_TX && out.len() > p.l3_off + 9 && out[p.l3_off + 9] == 1 {
-        let df = input[p.l3_off + 6] & 0x40 != 0;
-        let total = u16::from_be_bytes([input[p.l3_off + 2], input[p.l3_off + 3]]);
+    // A client's segment too big for the way to its backend (DF set, or
+    // IPv6): answered with an ICMP "fragmentation needed" (ICMPv6 "packet
+    // too big") for the egress MTU, quoting its IP header and first 8 TCP
+    // bytes, L2 tags kept, MACs swapped.
+    let v6 = p.src.is_ipv6();
+    let icmp_out = if v6 {
+        out.len() > p.l3_off + 40 && out[p.l3_off + 6] == 58
+    } else {
+        out.len() > p.l3_off + 9 && out[p.l3_off + 9] == 1
+    };
+    if action == XDP_TX && icmp_out {
+        let (df, total, hlen) = if v6 {
+            let plen = u16::from_be_bytes([input[p.l3_off + 4], input[p.l3_off + 5]]);
+            (true, 40 + plen, 40)
+        } else {
+            (
+                input[p.l3_off + 6] & 0x40 != 0,
+                u16::from_be_bytes([input[p.l3_off + 2], input[p.l3_off + 3]]),
+                20,
+            )
+        };
         ensure!(
-            layout.is_vip(p.dst) && df && total > EGRESS_MTU && p.l4_off == p.l3_off + 20,
-            "answered frag-needed to a frame that fits or is not a DF segment to a VIP"
+            layout.is_vip(p.dst) && df && total > EGRESS_MTU && p.l4_off == p.l3_off + hlen,
+            "answered too-big to a frame that fits or is not a DF segment to a VIP"
         );
-        let mut quote = input[p.l3_off..p.l3_off + 20].to_vec();
+        let mut quote = input[p.l3_off..p.l3_off + hlen].to_vec();
         quote.extend_from_slice(&input[p.l4_off..p.l4_off + 8]);
-        let want = frames::too_big_l3(
-            frames::v4(p.dst.ip()),
-            frames::v4(p.src.ip()),
-            &quote,
-            EGRESS_MTU,
-        );
+        let want = if v6 {
+            frames::too_big6_l3(
+                frames::v6(p.dst.ip()),
+                frames::v6(p.src.ip()),
+                &quote,
+                u32::from(EGRESS_MTU),
+            )
+        } else {
+            frames::too_big_l3(
+                frames::v4(p.dst.ip()),
+                frames::v4(p.src.ip()),
+                &quote,
+                EGRESS_MTU,
+            )
+        };
         let mut l2 = input[6..12].to_vec();
         l2.extend_from_slice(&input[..6]);
         l2.extend_from_slice(&input[12..p.l3_off]);
         ensure!(
             out[..p.l3_off] == l2[..] && out[p.l3_off..] == want[..],
-            "frag-needed differs: L2 {} / L3+ {}",
+            "too-big answer differs: L2 {} / L3+ {}",
             diff(&l2, &out[..p.l3_off]),
             diff(&want, &out[p.l3_off..])
         );
@@ -607,12 +679,16 @@ fn check(
                 p.src
             );
         }
-        vec![
-            l3 + 10..l3 + 12,
-            l3 + 16..l3 + 20,
-            l4 + 2..l4 + 4,
-            l4 + 16..l4 + 18,
-        ]
+        if v6 {
+            vec![l3 + 24..l3 + 40, l4 + 2..l4 + 4, l4 + 16..l4 + 18]
+        } else {
+            vec![
+                l3 + 10..l3 + 12,
+                l3 + 16..l3 + 20,
+                l4 + 2..l4 + 4,
+                l4 + 16..l4 + 18,
+            ]
+        }
     } else if layout.all_backends().contains(&p.src) {
         ensure!(
             layout.is_vip(q.src),
@@ -640,18 +716,24 @@ fn check(
                 before.live_vips
             );
         }
-        vec![
-            l3 + 10..l3 + 12,
-            l3 + 12..l3 + 16,
-            l4..l4 + 2,
-            l4 + 16..l4 + 18,
-        ]
+        if v6 {
+            vec![l3 + 8..l3 + 24, l4..l4 + 2, l4 + 16..l4 + 18]
+        } else {
+            vec![
+                l3 + 10..l3 + 12,
+                l3 + 12..l3 + 16,
+                l4..l4 + 2,
+                l4 + 16..l4 + 18,
+            ]
+        }
     } else {
         bail!("forwarded a frame neither to a VIP nor from a backend");
     };
     let mut allowed = allowed;
     if forwarded {
-        allowed.extend([0..12, l3 + 8..l3 + 9]);
+        // The MACs, and the TTL (IPv4) or hop limit (IPv6).
+        let ttl = if v6 { l3 + 7 } else { l3 + 8 };
+        allowed.extend([0..12, ttl..ttl + 1]);
     }
     for (i, (a, b)) in input.iter().zip(out).enumerate() {
         if a != b && !allowed.iter().any(|r| r.contains(&i)) {
