@@ -411,6 +411,35 @@ pub fn check_interface(
     }
 }
 
+/// Warnings for each family whose forwarding is off in this network
+/// namespace: `bpf_fib_lookup` then answers "forwarding disabled" and the
+/// data path drops every frame of that family it should forward (counted
+/// `drop_fib`). Not a refusal: a host may serve one family only.
+pub fn forwarding_warnings() -> Vec<String> {
+    [
+        (
+            "IPv4",
+            "net.ipv4.ip_forward",
+            "/proc/sys/net/ipv4/ip_forward",
+        ),
+        (
+            "IPv6",
+            "net.ipv6.conf.all.forwarding",
+            "/proc/sys/net/ipv6/conf/all/forwarding",
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, _, path)| std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "0"))
+    .map(|(family, key, _)| {
+        format!(
+            "{key} is 0: the kernel's route lookup refuses to forward, so every {family} frame \
+             for a backend or a client is dropped (counted drop_fib); set it with \
+             `sysctl -w {key}=1`"
+        )
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,33 +504,4 @@ mod tests {
         lock_dir(dir.path(), "pin directory").unwrap();
         lock_beside(&state, "the state file").unwrap();
     }
-}
-
-/// Warnings for each family whose forwarding is off in this network
-/// namespace: `bpf_fib_lookup` then answers "forwarding disabled" and the
-/// data path drops every frame of that family it should forward (counted
-/// `drop_fib`). Not a refusal: a host may serve one family only.
-pub fn forwarding_warnings() -> Vec<String> {
-    [
-        (
-            "IPv4",
-            "net.ipv4.ip_forward",
-            "/proc/sys/net/ipv4/ip_forward",
-        ),
-        (
-            "IPv6",
-            "net.ipv6.conf.all.forwarding",
-            "/proc/sys/net/ipv6/conf/all/forwarding",
-        ),
-    ]
-    .into_iter()
-    .filter(|(_, _, path)| std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "0"))
-    .map(|(family, key, _)| {
-        format!(
-            "{key} is 0: the kernel's route lookup refuses to forward, so every {family} frame \
-             for a backend or a client is dropped (counted drop_fib); set it with \
-             `sysctl -w {key}=1`"
-        )
-    })
-    .collect()
 }
