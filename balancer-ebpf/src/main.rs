@@ -1,16 +1,24 @@
 //! The XDP program of the balancer. One file per pipeline stage:
 //!
 //! ```text
-//! frame -> parse (balancer_common::parse: Ethernet, up to two VLAN tags, IPv4 with options, TCP)
+//! frame -> parse (balancer_common::parse: Ethernet, up to two VLAN tags, IPv4 with options
+//!          or IPv6 with up to four extension headers, TCP)
 //!       -> classify (this file): a pinned flow, a VIP, a backend's reply, or not ours
-//!       -> guard: addressed to this interface at L2, TTL left to forward
+//!       -> guard: addressed to this interface at L2, TTL or hop limit left to forward
 //!       -> client side (client): pinned flow -> track (track); new SYN -> tail call into
 //!          the new-flow program (its own verification budget) -> choose (choose)
-//!          reply side (reply): find the flow among the backend's VIPs (lookup) -> track
-//!       -> rewrite: NAT (rewrite/nat) or a refusal's RST (rewrite/reset)
-//!       -> forward: bpf_fib_lookup with a next-hop cache, XDP_TX or XDP_REDIRECT
+//!          reply side (reply, a program of its own): find the flow among the backend's
+//!          VIPs (lookup) -> track
+//!       -> the decision, handed over in a per-CPU plan (balancer_common::plan):
+//!          forward (a program of its own): bpf_fib_lookup with a next-hop cache, the MTU,
+//!            the rewrite: NAT (rewrite/nat), MACs only, IP-in-IP or GUE (rewrite/encap),
+//!            then XDP_TX or XDP_REDIRECT; too big -> the too-big program (icmp)
+//!          reset (a program of its own): the frame becomes a TCP RST (rewrite/reset)
 //! ```
 //!
+//! The programs reach one another by tail calls (`maps::STAGES`): each has
+//! its own 512-byte stack, which one chain of calls carrying 16-byte
+//! addresses through lookup, tracking and forwarding does not fit in.
 //! Counters live in `stats`, maps in `maps`. Everything that can run on the
 //! host lives in `balancer-common`, with host tests.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
