@@ -21,14 +21,14 @@ pub static BENCH_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// interfaces, because veth schedules the delivery of XDP_TX frames only
 /// towards a peer that has an XDP program (XDP_REDIRECT frames need GRO or
 /// a program).
-#[xdp]
+#[xdp(frags)]
 pub fn bench_empty(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
 /// Parses Ethernet/IPv4/TCP like the balancer and returns XDP_TX: the
 /// baseline the balancer's added cost is measured against.
-#[xdp]
+#[xdp(frags)]
 pub fn bench_baseline(ctx: XdpContext) -> u32 {
     match parse::parse(&XdpFrame(&ctx)) {
         Parsed::Tcp(_) => xdp_action::XDP_TX,
@@ -38,7 +38,7 @@ pub fn bench_baseline(ctx: XdpContext) -> u32 {
 
 /// Returns XDP_TX: a packet generator under live-frame test runs, and the
 /// forwarding ceiling of an interface.
-#[xdp]
+#[xdp(frags)]
 pub fn bench_tx(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_TX
 }
@@ -51,7 +51,7 @@ pub static BENCH_FRAME: Array<[u8; 64]> = Array::with_max_entries(1, 0);
 /// packet generator under live-frame test runs whose frames stay the same
 /// even when the receiver rewrites them (live-frame pages are recycled with
 /// the receiver's changes in them).
-#[xdp]
+#[xdp(frags)]
 pub fn bench_gen(ctx: XdpContext) -> u32 {
     let start = ctx.data();
     if start + 64 > ctx.data_end() {
@@ -65,7 +65,7 @@ pub fn bench_gen(ctx: XdpContext) -> u32 {
 }
 
 /// Counts frames and drops them: the sink of the packet-rate benchmark.
-#[xdp]
+#[xdp(frags)]
 pub fn bench_count(_ctx: XdpContext) -> u32 {
     if let Some(p) = BENCH_COUNT.get_ptr_mut(0) {
         // SAFETY: per-CPU value.

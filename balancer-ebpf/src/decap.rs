@@ -47,7 +47,7 @@ mod prog {
     }
 
     /// The program (`programs::DECAP`).
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer_decap(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
         let cfg = DECAP_CONFIG.get(0).copied().unwrap_or_default();

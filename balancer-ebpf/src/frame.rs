@@ -1,7 +1,7 @@
 //! The frame behind an XDP context, and the clock.
 
 use aya_ebpf::{
-    helpers::generated::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    helpers::generated::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns, bpf_xdp_get_buff_len},
     programs::XdpContext,
 };
 use balancer_common::{parse::Frame, Addr};
@@ -39,9 +39,15 @@ fn at(p: usize) -> usize {
 pub struct XdpFrame<'a>(pub &'a XdpContext);
 
 impl Frame for XdpFrame<'_> {
+    /// The whole frame's length: with a multi-buffer program (every
+    /// program here is one, `xdp.frags`, so that jumbo frames reach it in
+    /// native mode) a frame larger than a page has its tail in fragments
+    /// past `data_end`, which reads never reach (the headers are in the
+    /// first buffer) but lengths must count.
     #[inline(always)]
     fn len(&self) -> usize {
-        self.0.data_end() - self.0.data()
+        // SAFETY: valid context.
+        unsafe { bpf_xdp_get_buff_len(self.0.ctx) as usize }
     }
 
     #[inline(always)]

@@ -79,7 +79,7 @@ mod entry {
     };
 
     /// The entry point (`programs::ENTRY`).
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
         count_rx(frame.len() as u64);
@@ -94,39 +94,39 @@ mod entry {
     }
 
     /// The new-flow stage (`programs::NEW_FLOW`), tail-called by the entry.
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer_new_flow(ctx: XdpContext) -> u32 {
         client::new_flow(&ctx)
     }
 
     /// The ICMP stage (`programs::ICMP`), tail-called by the entry.
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer_icmp(ctx: XdpContext) -> u32 {
         icmp::to_backend(&ctx)
     }
 
     /// The too-big stage (`programs::TOO_BIG`), tail-called by `forward`.
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer_too_big(ctx: XdpContext) -> u32 {
         icmp::too_big(&ctx)
     }
 
     /// The forward stage (`programs::FORWARD`), tail-called by the stage
     /// that decided where a frame goes.
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer_forward(ctx: XdpContext) -> u32 {
         forward::stage(&ctx)
     }
 
     /// The reset stage (`programs::RESET`), tail-called by the stage that
     /// refused or reset a flow.
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer_reset(ctx: XdpContext) -> u32 {
         rewrite::reset::stage(&ctx)
     }
 
     /// The reply stage (`programs::REPLY`), tail-called by the entry.
-    #[xdp]
+    #[xdp(frags)]
     pub fn balancer_reply(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
         // Parsed again: offsets read from a map would be unbounded for the

@@ -278,10 +278,18 @@ pub fn explain_attach_error(
             let mtu = netdev::mtu(interface)
                 .map(|m| format!(" (MTU {m})"))
                 .unwrap_or_default();
+            // What one page holds for a frame: the page less XDP's 256 bytes
+            // of headroom, the kernel's shared info at its end (320 bytes on
+            // x86_64) and the Ethernet header.
+            // SAFETY: plain sysconf query.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+            let limit = page - 256 - 320 - 14;
             format!(
                 "attaching XDP to {interface} in native mode: the MTU of {interface} or of its \
-                 veth peer{mtu} is above what native XDP handles in one page (about 3,500 bytes \
-                 with 4 KiB pages); lower the MTU of both ends or run with --mode generic"
+                 veth peer{mtu} is above what its driver takes for native XDP: the balancer's \
+                 programs are multi-buffer (xdp.frags), but a driver without multi-buffer \
+                 support takes one page per frame, an MTU of about {limit} bytes here; lower \
+                 the MTU of both ends or run with --mode generic"
             )
         }
         Some(libc::EOPNOTSUPP) => format!(

@@ -27,6 +27,7 @@ mod hairpin;
 mod half_open;
 mod icmp;
 mod ipv6;
+mod jumbo;
 mod modes;
 mod multi_vip;
 mod race;
@@ -65,6 +66,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += modes::run()?;
     n += icmp::run()?;
     n += ipv6::run()?;
+    n += jumbo::run()?;
     n += race::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())

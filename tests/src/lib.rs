@@ -11,6 +11,7 @@ pub mod frames;
 pub mod fuzz;
 pub mod harness;
 pub mod health;
+pub mod jumbo;
 pub mod mistakes;
 pub mod modes;
 pub mod netns;

@@ -8,6 +8,9 @@
 //!  10.1.0.0/16 via 10.0.1.20         10.2.0.0/16 via 10.0.2.50
 //!  2001:db8:1::1/64                  2001:db8:2::1/64
 //!  neighbours 2001:db8:1::2..=20     neighbours 2001:db8:2::10..=50
+//!
+//!  fx2 10.0.3.1/24, 2001:db8:3::1/64, MTU 9000 (jumbo backends),
+//!  neighbours 10.0.3.10..=20 and 2001:db8:3::10..=20
 //! ```
 
 use std::{
@@ -100,6 +103,20 @@ pub fn backend(last: u8) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 2, last)), 8080)
 }
 
+/// A jumbo-frame backend: 10.0.3.`last`:8080, or [2001:db8:3::`last`]:8080
+/// for `v6` (behind fx2, MTU 9000; neighbour entries for 10..=20).
+pub fn jumbo_backend(last: u8, v6: bool) -> SocketAddr {
+    let ip = if v6 {
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 3, 0, 0, 0, 0, last as u16))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 3, last))
+    };
+    SocketAddr::new(ip, 8080)
+}
+
+/// MTU of fx2, the jumbo-frame side.
+pub const JUMBO_MTU: u32 = 9000;
+
 /// Interface index of `name` in the current namespace.
 ///
 /// # Errors
@@ -171,6 +188,34 @@ pub fn net_setup() -> anyhow::Result<()> {
     for last in 10..=50u8 {
         neigh(IpAddr::V4(Ipv4Addr::new(10, 0, 2, last)), "fx1")?;
         neigh(backend6(last).ip(), "fx1")?;
+    }
+    // The jumbo side: both ends of the veth at MTU 9000.
+    sh(
+        "ip",
+        &["link", "add", "fx2", "type", "veth", "peer", "name", "fx2p"],
+    )?;
+    for dev in ["fx2", "fx2p"] {
+        sh("ip", &["link", "set", dev, "mtu", &JUMBO_MTU.to_string()])?;
+    }
+    sh("ip", &["addr", "add", "10.0.3.1/24", "dev", "fx2"])?;
+    sh(
+        "ip",
+        &[
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:3::1/64",
+            "dev",
+            "fx2",
+            "nodad",
+        ],
+    )?;
+    sh("ip", &["link", "set", "fx2", "up"])?;
+    sh("ip", &["link", "set", "fx2p", "up"])?;
+    for last in 10..=20u8 {
+        for v6 in [false, true] {
+            neigh(jumbo_backend(last, v6).ip(), "fx2")?;
+        }
     }
     // Many clients and backends (benchmarks) sit behind one gateway each.
     sh("ip", &["route", "add", "10.1.0.0/16", "via", "10.0.1.20"])?;

@@ -857,6 +857,26 @@ impl Testbed {
         Ok(())
     }
 
+    /// Sets the MTU of every link of the test bed (both ends of each veth,
+    /// the bridge) to `mtu`, before the daemon starts.
+    ///
+    /// # Errors
+    /// An `ip link set` fails.
+    pub fn set_mtu(&self, mtu: u32) -> anyhow::Result<()> {
+        let m = mtu.to_string();
+        let set = |ns: &Netns, dev: &str| ns.ip(&["link", "set", "dev", dev, "mtu", &m]);
+        set(&self.client, "cl0")?;
+        set(&self.lb, "lb0")?;
+        set(&self.lb, "lb1")?;
+        set(&self.switch, "sw-lb")?;
+        for (k, b) in self.backends.iter().enumerate() {
+            set(&self.switch, &format!("sw-b{k}"))?;
+            set(b, "eth0")?;
+        }
+        set(&self.switch, "br0")?;
+        Ok(())
+    }
+
     /// Starts the daemon on lb0 and lb1 and waits for its control socket.
     ///
     /// # Errors

@@ -7,6 +7,9 @@ fn start_up_refuses_before_changing_anything() {
     balancer_tests::harness::scenario(
         env!("CARGO_BIN_EXE_balancer-testbed"),
         &["refusals"],
-        &["refusals: the running daemon served"],
+        &[
+            "refusals: the running daemon served",
+            "refusals: a veth at MTU 9000 in --mode native: attached",
+        ],
     );
 }

@@ -19,8 +19,8 @@
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, collisions, fixtures, flood, fuzz, health, mistakes, modes, netns, orphans,
-    realclients, refusals, restart, scenario,
+    abuse, bench, collisions, fixtures, flood, fuzz, health, jumbo, mistakes, modes, netns,
+    orphans, realclients, refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -78,8 +78,11 @@ enum Cmd {
     Flood,
     /// Connections whose backend was removed or which expired get a reset.
     Orphans,
-    /// The direct-server-return modes (L2 DSR, IP-in-IP, GUE) with real TCP.
+    /// Every forwarding mode and family (L2 DSR, IP-in-IP, GUE, NAT; IPv4,
+    /// IPv6 and tunnels of one inside the other) with real TCP.
     Modes,
+    /// Jumbo frames (MTU 9000, native mode) with real TCP, both families.
+    Jumbo,
     /// Operator mistakes and crashes: unsaved changes, dotted interface
     /// names, SIGTERM during a start, detach of the wrong pins, leftovers.
     Mistakes,
@@ -161,6 +164,7 @@ fn main() -> ExitCode {
         Cmd::Orphans => orphans::run(),
         Cmd::Realclients => realclients::run(),
         Cmd::Modes => modes::run(),
+        Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
