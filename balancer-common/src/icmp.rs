@@ -66,15 +66,15 @@ pub struct TooBig {
 }
 
 /// `true` when the IP packet of `total_len` bytes at `l3_off` fits the
-/// frame of `frame_len` bytes and holds the quoted TCP ports at
-/// `inner_l4_off`. The packet's end goes through `black_box`: from the two
-/// comparisons together the compiler could prove the parser's reads in
-/// bounds and drop their own checks against the frame's end, which are the
-/// ones the verifier follows (it does not relate the scalars).
+/// frame `f` and holds the quoted TCP ports at `inner_l4_off`. The
+/// packet's end goes through `black_box`: from the two comparisons together
+/// the compiler could prove the parser's reads in bounds and drop their own
+/// checks against the frame's end, which are the ones the verifier follows
+/// (it does not relate the scalars).
 #[inline(always)]
-fn fits(l3_off: usize, total_len: u32, inner_l4_off: usize, frame_len: usize) -> bool {
+fn fits<F: Frame + ?Sized>(f: &F, l3_off: usize, total_len: u32, inner_l4_off: usize) -> bool {
     let end = core::hint::black_box(l3_off + total_len as usize);
-    end <= frame_len && inner_l4_off + 8 <= end
+    f.reaches(end) && inner_l4_off + 8 <= end
 }
 
 /// Parses the "fragmentation needed" message whose outer IPv4 header is at
@@ -121,7 +121,7 @@ pub fn parse_too_big<F: Frame + ?Sized>(f: &F, l3_off: usize) -> Option<TooBig> 
         client_addr: f.read_addr4(inner_off + IPV4_DST_OFF)?,
         client_port: u16::from_ne_bytes([ports[2], ports[3]]),
     };
-    if !fits(l3_off, total_len as u32, inner_l4_off, f.len()) {
+    if !fits(f, l3_off, total_len as u32, inner_l4_off) {
         return None;
     }
     Some(t)
@@ -170,7 +170,7 @@ pub fn parse_too_big6<F: Frame + ?Sized>(f: &F, l3_off: usize, icmp_off: usize) 
         client_addr,
         client_port: u16::from_ne_bytes([ports[2], ports[3]]),
     };
-    if !fits(l3_off, total_len, inner_l4_off, f.len()) {
+    if !fits(f, l3_off, total_len, inner_l4_off) {
         return None;
     }
     Some(t)

@@ -11,8 +11,22 @@ use crate::Addr;
 
 /// Read access to a frame's bytes.
 pub trait Frame {
-    /// Total length of the frame in bytes.
+    /// Length of the part of the frame [`Frame::read`] reaches, bytes (the
+    /// whole frame, but for a multi-buffer XDP frame: its first buffer).
     fn len(&self) -> usize;
+    /// Length of the whole frame, bytes, fragments of a multi-buffer XDP
+    /// frame included (they hold payload only: headers are read in the
+    /// first buffer). Asked only when [`Frame::len`] falls short: it may
+    /// cost a helper call.
+    #[inline(always)]
+    fn total_len(&self) -> usize {
+        self.len()
+    }
+    /// `true` when the frame, fragments included, reaches byte `end`.
+    #[inline(always)]
+    fn reaches(&self, end: usize) -> bool {
+        end <= self.len() || end <= self.total_len()
+    }
     /// `true` when the frame is empty.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -176,6 +190,19 @@ pub struct Tcp {
 }
 
 impl Tcp {
+    /// The frame's length on the wire, bytes: `linear` (what the first
+    /// buffer holds) or, for a multi-buffer frame, up to the end of the IP
+    /// packet (for byte counters without asking for the whole length).
+    #[inline(always)]
+    pub fn wire_len(&self, linear: usize) -> usize {
+        let end = self.l3_off + self.ip_total_len as usize;
+        if end > linear {
+            end
+        } else {
+            linear
+        }
+    }
+
     /// `true` for a pure connection request: SYN set, ACK, RST and FIN clear.
     #[inline(always)]
     pub fn is_syn(&self) -> bool {
@@ -297,7 +324,7 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
     let total_len = be16([ip[2], ip[3]]);
     // The IPv4 header, options included, must lie inside both the frame and
     // the datagram's own total length.
-    if (total_len as usize) < ip_hlen || l3_off + total_len as usize > frame.len() {
+    if (total_len as usize) < ip_hlen || !frame.reaches(l3_off + total_len as usize) {
         return Parsed::Malformed;
     }
     let proto = ip[9];
@@ -359,7 +386,7 @@ fn parse_ipv6<F: Frame + ?Sized>(frame: &F, l3_off: usize) -> Parsed {
     }
     let total_len = IPV6_HLEN as u32 + be16([ip[4], ip[5]]) as u32;
     let end = l3_off + total_len as usize;
-    if end > frame.len() {
+    if !frame.reaches(end) {
         return Parsed::Malformed;
     }
     let mut next = ip[6];

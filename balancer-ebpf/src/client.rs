@@ -150,7 +150,7 @@ fn to_backend(
     new_flow: bool,
     now: u64,
 ) -> Next {
-    let bytes = frame.len() as u64;
+    let bytes = seg.wire_len(frame.len()) as u64;
     traffic(&VIP_STATS, vip_index, bytes, new_flow, false);
     traffic(&BACKEND_STATS, slot, bytes, new_flow, false);
     let o = match Next::plan() {

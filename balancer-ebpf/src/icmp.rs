@@ -170,7 +170,7 @@ pub fn too_big(ctx: &XdpContext) -> u32 {
         return xdp_action::XDP_DROP;
     };
     let mtu = TOO_BIG_MTU.get(0).copied().unwrap_or(0);
-    let len = frame.len();
+    let len = frame.total_len();
     let Some(macs) = frame.read::<12>(0) else {
         count(Counter::DropMtu, 1);
         return xdp_action::XDP_DROP;

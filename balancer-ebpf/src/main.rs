@@ -82,8 +82,14 @@ mod entry {
     #[xdp(frags)]
     pub fn balancer(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
-        count_rx(frame.len() as u64);
-        match parse::parse(&frame) {
+        let parsed = parse::parse(&frame);
+        // A multi-buffer frame's bytes past its first buffer are counted
+        // from the IP header (not from a helper call on every frame).
+        count_rx(match &parsed {
+            Parsed::Tcp(seg) => seg.wire_len(frame.len()),
+            _ => frame.len(),
+        } as u64);
+        match parsed {
             Parsed::Tcp(seg) => tcp(&ctx, &frame, &seg),
             Parsed::Fragment { .. } => pass(Counter::PassFragment),
             Parsed::Malformed => pass(Counter::PassMalformed),

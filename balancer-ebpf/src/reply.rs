@@ -65,7 +65,7 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
             return Next::Action(xdp_action::XDP_PASS);
         }
     };
-    let bytes = frame.len() as u64;
+    let bytes = seg.wire_len(frame.len()) as u64;
     traffic(&VIP_STATS, vip_index, bytes, false, false);
     traffic(&BACKEND_STATS, slot, bytes, false, false);
     count(Counter::ReplyPackets, 1);

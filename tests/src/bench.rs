@@ -15,6 +15,7 @@ use std::{
 };
 
 mod health;
+mod modes;
 mod realclients;
 
 use anyhow::{bail, ensure, Context as _};
@@ -321,7 +322,14 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
     let table = balancer_common::DEFAULT_FLOW_TABLE_SIZE;
     let mut figures = BTreeMap::new();
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
-    let counts = [10u32, 100, 1000, 10_000];
+    // BENCH_ONLY_DATAPATH=small: 100 backends, table near empty (a quick
+    // look while working on the data path; never for the record).
+    let small = std::env::var("BENCH_ONLY_DATAPATH").is_ok_and(|v| v == "small");
+    let counts: &[u32] = if small {
+        &[100]
+    } else {
+        &[10, 100, 1000, 10_000]
+    };
     let paths = [
         "frame not for a VIP",
         "ACK of a pinned flow",
@@ -333,6 +341,9 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
     let mut live_full = 0usize;
     for (ci, &n) in counts.iter().enumerate() {
         for full in [false, true] {
+            if full && small {
+                continue;
+            }
             let state = if full { "near full" } else { "near empty" };
             let mut rig = rig_with_backends(table, n, 2)?;
             let mut next = 0u32;
@@ -1272,12 +1283,18 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     let mut aux = Aux::load()?;
     eprintln!("bench: data path");
     let dp = datapath(&mut rep, &aux, sc)?;
+    if std::env::var("BENCH_ONLY_DATAPATH").is_ok_and(|v| v == "small") {
+        println!("{}", rep.markdown());
+        return Ok(());
+    }
+    modes::datapath(&mut rep, &aux, sc)?;
     if std::env::var_os("BENCH_ONLY_DATAPATH").is_some() {
         println!("{}", rep.markdown());
         return Ok(());
     }
     eprintln!("bench: packet rate");
     rate(&mut rep, &mut aux, sc)?;
+    modes::rate(&mut rep, &mut aux, sc)?;
     eprintln!("bench: balance quality");
     quality(&mut rep, sc, out)?;
     eprintln!("bench: growth");

@@ -219,6 +219,17 @@ pub fn net_setup() -> anyhow::Result<()> {
     }
     // Many clients and backends (benchmarks) sit behind one gateway each.
     sh("ip", &["route", "add", "10.1.0.0/16", "via", "10.0.1.20"])?;
+    sh(
+        "ip",
+        &[
+            "-6",
+            "route",
+            "add",
+            "2001:db8:101::/48",
+            "via",
+            "2001:db8:1::14",
+        ],
+    )?;
     sh("ip", &["route", "add", "10.2.0.0/16", "via", "10.0.2.50"])?;
     sh("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"])?;
     sh("sysctl", &["-q", "-w", "net.ipv6.conf.all.forwarding=1"])?;
@@ -229,6 +240,24 @@ pub fn net_setup() -> anyhow::Result<()> {
 pub fn many_client(i: u32, port: u16) -> SocketAddr {
     SocketAddr::new(
         IpAddr::V4(Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8)),
+        port,
+    )
+}
+
+/// IPv6 client `i` of up to 65,536 (2001:db8:101::x:y), routed via
+/// 2001:db8:1::14 (client6(18)).
+pub fn many_client6(i: u32, port: u16) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V6(Ipv6Addr::new(
+            0x2001,
+            0xdb8,
+            0x101,
+            0,
+            0,
+            0,
+            (i >> 16) as u16,
+            i as u16,
+        )),
         port,
     )
 }

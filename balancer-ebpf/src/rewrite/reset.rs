@@ -106,7 +106,7 @@ fn write_reset(
     ack: u32,
     flags: u8,
 ) -> Option<()> {
-    let len = frame.len();
+    let len = frame.total_len();
     let l3 = seg.l3_off;
     let tcp = reset_tcp(e, seq, ack, flags, seg.v6);
     if seg.v6 {

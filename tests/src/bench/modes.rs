@@ -1,0 +1,335 @@
+//! Sections 1 and 2 for every forwarding mode and family: the data-path
+//! cost of a pinned flow's ACK, a new-flow SYN and (NAT) a reply through
+//! `BPF_PROG_TEST_RUN`, and the live-frame packet rate of the ACK path
+//! next to a plain XDP_TX program, each figure measured in this run by the
+//! method of the IPv4 NAT figures above it.
+
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+};
+
+use anyhow::{ensure, Context as _};
+use aya::programs::XdpMode;
+use balancer::state::{ForwardingMode, VipSettings};
+use serde_json::{json, Value};
+
+use super::{generate, median, r1, r2, time_path, Aux, Cost, Report, Scale};
+use crate::{
+    frames::{self, flags::*, Seg},
+    netns::sh,
+    rig::{
+        self, backend, backend6, ifindex, many_client, test_run, Rig, Side, XDP_REDIRECT, XDP_TX,
+    },
+};
+
+/// One mode and family.
+#[derive(Clone, Copy)]
+struct Case {
+    mode: ForwardingMode,
+    v6: bool,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        let family = if self.v6 { "IPv6" } else { "IPv4" };
+        match self.mode {
+            ForwardingMode::Nat => format!("nat, {family}"),
+            ForwardingMode::Dsr => format!("dsr, {family}"),
+            ForwardingMode::Ipip => format!("ipip, {family} in {family}"),
+            ForwardingMode::Gue => format!("gue, {family} in UDP in {family}"),
+        }
+    }
+
+    fn settings(&self, encap_v4: Ipv4Addr, encap_v6: Ipv6Addr) -> VipSettings {
+        let encap = matches!(self.mode, ForwardingMode::Ipip | ForwardingMode::Gue);
+        VipSettings {
+            mode: self.mode,
+            encap_source: encap.then_some(if self.v6 {
+                IpAddr::V6(encap_v6)
+            } else {
+                IpAddr::V4(encap_v4)
+            }),
+            ..VipSettings::default()
+        }
+    }
+}
+
+const CASES: [Case; 8] = [
+    Case {
+        mode: ForwardingMode::Nat,
+        v6: false,
+    },
+    Case {
+        mode: ForwardingMode::Nat,
+        v6: true,
+    },
+    Case {
+        mode: ForwardingMode::Dsr,
+        v6: false,
+    },
+    Case {
+        mode: ForwardingMode::Dsr,
+        v6: true,
+    },
+    Case {
+        mode: ForwardingMode::Ipip,
+        v6: false,
+    },
+    Case {
+        mode: ForwardingMode::Ipip,
+        v6: true,
+    },
+    Case {
+        mode: ForwardingMode::Gue,
+        v6: false,
+    },
+    Case {
+        mode: ForwardingMode::Gue,
+        v6: true,
+    },
+];
+
+/// Backends per VIP: on-link ones (DSR needs them on the segment), the
+/// rig's neighbour entries 10..=49.
+const BACKENDS: u8 = 40;
+
+/// The VIP of a case (the backends' port: DSR and the tunnels deliver the
+/// packet unchanged).
+fn vip(v6: bool) -> SocketAddr {
+    if v6 {
+        SocketAddr::new(
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10)),
+            8080,
+        )
+    } else {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 8080)
+    }
+}
+
+/// Client `k` of a family, behind the client side's gateway.
+fn client(v6: bool, k: u32) -> SocketAddr {
+    let port = 1024 + (k % 60000) as u16;
+    if v6 {
+        rig::many_client6(k / 60000, port)
+    } else {
+        many_client(k / 60000, port)
+    }
+}
+
+/// Section 1's figures for every case.
+pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
+    let table = balancer_common::DEFAULT_FLOW_TABLE_SIZE;
+    let mut md = String::new();
+    let mut js = Vec::new();
+    writeln!(md, "### Every forwarding mode and family\n")?;
+    writeln!(md, "As above (one call per frame, {} frames, {} rounds, the same baseline), {BACKENDS} backends on the balancer's segment, table near empty, choices 2. The baseline parses IPv6 like IPv4.\n", sc.calls, sc.rounds)?;
+    writeln!(
+        md,
+        "| mode, family | ACK of a pinned flow | new-flow SYN | reply (NAT) |\n|---|---|---|---|"
+    )?;
+    for case in CASES {
+        let mut r = Rig::new(table)?;
+        let v = vip(case.v6);
+        r.lb.add_vip_with(
+            v,
+            case.settings(
+                Ipv4Addr::new(10, 0, 2, 1),
+                Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1),
+            ),
+        )?;
+        let bs: Vec<SocketAddr> = (10..10 + BACKENDS)
+            .map(|l| if case.v6 { backend6(l) } else { backend(l) })
+            .collect();
+        r.lb.add_backends(v, &bs)?;
+        let mut pinned = Vec::new();
+        for k in 0..sc.calls as u32 {
+            let c = client(case.v6, k);
+            let (a, out) = r.run(&Seg::new(c, v, SYN).build(), Side::Client)?;
+            ensure!(
+                a == XDP_REDIRECT || a == XDP_TX,
+                "{}: SYN not forwarded ({a})",
+                case.label()
+            );
+            // The backend: the NATed destination (the others' replies do
+            // not come back through the balancer).
+            let b = match case.mode {
+                ForwardingMode::Nat => Some(frames::parse(&out)?.dst),
+                _ => None,
+            };
+            pinned.push((c, b));
+        }
+        let acks: Vec<Vec<u8>> = pinned
+            .iter()
+            .map(|(c, _)| {
+                let mut s = Seg::new(*c, v, ACK);
+                s.seq = 1001;
+                s.build()
+            })
+            .collect();
+        let c_ack = time_path(&r, aux, Side::Client, sc.rounds, |_| acks.clone())?;
+        let base = 2_000_000u32;
+        let c_syn = time_path(&r, aux, Side::Client, sc.rounds, |round| {
+            (0..sc.calls as u32)
+                .map(|i| {
+                    let k = base + round as u32 * sc.calls as u32 + i;
+                    Seg::new(client(case.v6, k), v, SYN).build()
+                })
+                .collect()
+        })?;
+        let c_reply = if case.mode == ForwardingMode::Nat {
+            let replies: Vec<Vec<u8>> = pinned
+                .iter()
+                .filter_map(|(c, b)| {
+                    let mut s = Seg::reply((*b)?, *c, ACK);
+                    s.seq = 5001;
+                    Some(s.build())
+                })
+                .collect();
+            Some(time_path(&r, aux, Side::Backend, sc.rounds, |_| {
+                replies.clone()
+            })?)
+        } else {
+            None
+        };
+        let cell = |c: &Cost| format!("{:+.0} ns ({:.2}x)", c.added(), c.ratio());
+        writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            case.label(),
+            cell(&c_ack),
+            cell(&c_syn),
+            c_reply.as_ref().map_or("(replies bypass it)".into(), cell)
+        )?;
+        js.push(json!({
+            "mode": case.mode.name(), "ipv6": case.v6,
+            "ack": c_ack.json(), "syn": c_syn.json(),
+            "reply": c_reply.map(|c| c.json()),
+        }));
+    }
+    writeln!(md)?;
+    rep.section(1, &md);
+    rep.json.insert("datapath_modes".into(), Value::Array(js));
+    Ok(())
+}
+
+/// Section 2's figures for every case: the ACK path's rate on veth next
+/// to a plain XDP_TX program with the same frame.
+pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
+    // The veth pairs of section 2 (gen0/lbin, lbout/sink) get IPv6 too.
+    sh(
+        "ip",
+        &[
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:9:1::1/64",
+            "dev",
+            "lbin",
+            "nodad",
+        ],
+    )?;
+    sh(
+        "ip",
+        &[
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:9:2::1/64",
+            "dev",
+            "lbout",
+            "nodad",
+        ],
+    )?;
+    let sink = rig::mac_of("sink")?;
+    rig::set_neigh("2001:db8:9:2::10".parse()?, sink, "lbout")?;
+    rig::set_neigh("2001:db8:9:1::2".parse()?, [2, 0, 0, 0, 9, 2], "lbin")?;
+    sh("sysctl", &["-q", "-w", "net.ipv6.conf.all.forwarding=1"])?;
+    let gen = ifindex("gen0")?;
+    let lbin_mac = rig::mac_of("lbin")?;
+    let mut md = String::new();
+    let mut js = Vec::new();
+    writeln!(md, "### Every forwarding mode and family\n")?;
+    writeln!(md, "As above, {} frames per run, median of {} runs; each mode's ACK (64 bytes for IPv4, 84 for IPv6) next to the plain XDP_TX program forwarding the same frame, interleaved.\n", sc.rate_frames, sc.rounds.min(3))?;
+    writeln!(
+        md,
+        "| mode, family | balancer Mpps | XDP_TX Mpps | share of XDP_TX |\n|---|---|---|---|"
+    )?;
+    for case in CASES {
+        let (vip, backend, client) = if case.v6 {
+            (
+                "[2001:db8:9::10]:8080",
+                "[2001:db8:9:2::10]:8080",
+                "[2001:db8:9:1::2]:40000",
+            )
+        } else {
+            ("10.9.0.10:8080", "10.9.2.10:8080", "10.9.1.2:40000")
+        };
+        let (vip, backend, client): (SocketAddr, SocketAddr, SocketAddr) =
+            (vip.parse()?, backend.parse()?, client.parse()?);
+        let mut lb = balancer::Balancer::load(&balancer::LoadOptions::default())?;
+        lb.add_vip_with(
+            vip,
+            case.settings(Ipv4Addr::new(10, 9, 2, 1), "2001:db8:9:2::1".parse()?),
+        )?;
+        lb.add_backend(vip, backend)?;
+        lb.register_interface("lbin")?;
+        let mut syn = Seg::new(client, vip, SYN);
+        syn.dmac = lbin_mac;
+        let (a, _, _) = test_run(lb.program()?, &syn.build(), ifindex("lbin")?)?;
+        ensure!(
+            a == XDP_REDIRECT,
+            "{}: SYN not redirected ({a})",
+            case.label()
+        );
+        let mut ack = Seg::new(client, vip, ACK);
+        ack.dmac = lbin_mac;
+        ack.seq = 1001;
+        ack.payload = vec![0x42; 10];
+        let frame = ack.build();
+        {
+            let mut t: aya::maps::Array<_, [u8; 64]> = aya::maps::Array::try_from(
+                aux.ebpf.map_mut("BENCH_FRAME").context("BENCH_FRAME")?,
+            )?;
+            t.set(0, <[u8; 64]>::try_from(&frame[..64])?, 0)?;
+        }
+        let (mut ours, mut ceiling) = (Vec::new(), Vec::new());
+        for _ in 0..sc.rounds.min(3) {
+            lb.attach("lbin", XdpMode::Driver)?;
+            let sink_link = aux
+                .prog_mut("bench_count")?
+                .attach("sink", XdpMode::Driver)?;
+            let (n, secs) = generate(aux, &frame, gen, sc.rate_frames)?;
+            ensure!(
+                n == u64::from(sc.rate_frames),
+                "{}: {n} of {} frames arrived",
+                case.label(),
+                sc.rate_frames
+            );
+            ours.push(n as f64 / secs / 1e6);
+            aux.prog_mut("bench_count")?.detach(sink_link)?;
+            lb.detach_all()?;
+            let tx = aux.prog_mut("bench_tx")?.attach("lbin", XdpMode::Driver)?;
+            let back = aux
+                .prog_mut("bench_count")?
+                .attach("gen0", XdpMode::Driver)?;
+            let (n2, secs2) = generate(aux, &frame, gen, sc.rate_frames)?;
+            ceiling.push(n2 as f64 / secs2 / 1e6);
+            aux.prog_mut("bench_count")?.detach(back)?;
+            aux.prog_mut("bench_tx")?.detach(tx)?;
+        }
+        let (m, c) = (median(ours), median(ceiling));
+        writeln!(
+            md,
+            "| {} | {m:.2} | {c:.2} | {:.0} % |",
+            case.label(),
+            100.0 * m / c
+        )?;
+        js.push(json!({"mode": case.mode.name(), "ipv6": case.v6, "mpps": r2(m), "xdp_tx_mpps": r2(c), "share": r1(100.0 * m / c)}));
+    }
+    writeln!(md)?;
+    rep.section(2, &md);
+    rep.json
+        .insert("packet_rate_modes".into(), Value::Array(js));
+    Ok(())
+}
