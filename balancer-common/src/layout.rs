@@ -12,7 +12,7 @@
 
 use crate::{
     map_names,
-    plan::{Dest, Encap, ForwardPlan, HopCache, Nat, ResetPlan, Rewrite},
+    plan::{Dest, Encap, ForwardPlan, HopCache, Nat, ResetPlan, Rewrite, SegInfo},
     programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
     FlowEntry, FlowKey, GlobalStats, Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
 };
@@ -304,10 +304,21 @@ const fn fingerprint() -> u64 {
     );
     h = layout!(
         h,
+        SegInfo {
+            l3_off: u16,
+            l4_off: u16,
+            ip_total_len: u32,
+            v6: u32,
+            _pad: u32
+        }
+    );
+    h = layout!(
+        h,
         ForwardPlan {
             rw: Rewrite,
             _pad: u32,
-            to: Dest
+            to: Dest,
+            seg: SegInfo
         }
     );
     h = layout!(

@@ -191,8 +191,38 @@ pub struct Dest {
     pub cache: HopCache,
 }
 
-/// Value of the `FORWARD_PLAN` per-CPU array: how the frame leaves, and
-/// where to.
+/// Where the segment's headers are, as the deciding stage parsed them, so
+/// the forward stage need not parse the frame again. Offsets read back from
+/// a map are unbounded for the verifier: the forward stage masks them to
+/// their largest possible values ([`SegInfo::L3_MASK`], [`SegInfo::L4_MASK`])
+/// before any packet access, and every access is checked against the
+/// frame's end on its own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct SegInfo {
+    /// Offset of the IP header, bytes (14, 18 or 22).
+    pub l3_off: u16,
+    /// Offset of the TCP (or, for ICMP, the ICMP) header, bytes.
+    pub l4_off: u16,
+    /// Length of the IP packet, bytes.
+    pub ip_total_len: u32,
+    /// 1 for IPv6.
+    pub v6: u32,
+    /// Padding, always 0.
+    pub _pad: u32,
+}
+
+impl SegInfo {
+    /// Bounds `l3_off` for the verifier: at most two VLAN tags (22).
+    pub const L3_MASK: u16 = 0x1f;
+    /// Bounds `l4_off`: an IPv4 header of 60 bytes, or IPv6's 40 and four
+    /// extension headers of at most 2,048 bytes each, after 22 bytes of
+    /// Ethernet and tags, fit in 8,191.
+    pub const L4_MASK: u16 = 0x1fff;
+}
+
+/// Value of the `FORWARD_PLAN` per-CPU array: how the frame leaves, where
+/// to, and where its headers are.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct ForwardPlan {
@@ -202,6 +232,8 @@ pub struct ForwardPlan {
     pub _pad: u32,
     /// The destination.
     pub to: Dest,
+    /// The headers.
+    pub seg: SegInfo,
 }
 
 /// What [`ResetPlan::kind`] can be.
@@ -235,6 +267,7 @@ const _: () = {
     assert!(core::mem::size_of::<Encap>() == 40);
     assert!(core::mem::size_of::<Rewrite>() == 68);
     assert!(core::mem::size_of::<Dest>() == 56);
-    assert!(core::mem::size_of::<ForwardPlan>() == 128);
+    assert!(core::mem::size_of::<SegInfo>() == 16);
+    assert!(core::mem::size_of::<ForwardPlan>() == 144);
     assert!(core::mem::size_of::<ResetPlan>() == 24);
 };

@@ -183,6 +183,7 @@ fn to_backend(
             backend.encap_src
         }
     };
+    o.seg = seg.info();
     o.to = Dest {
         src: fib_src,
         dst: backend.addr,

@@ -118,6 +118,7 @@ pub fn to_backend(ctx: &XdpContext) -> u32 {
             b.encap_src
         }
     };
+    o.seg = seg.info();
     o.to = Dest {
         src,
         dst: b.addr,

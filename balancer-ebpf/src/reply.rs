@@ -79,6 +79,7 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
         port: vip_port,
         _pad: 0,
     });
+    o.seg = seg.info();
     o.to = Dest {
         src: *vip_addr,
         dst: seg.dst_addr,
