@@ -158,6 +158,11 @@ pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
                 _ => None,
             };
             pinned.push((c, b));
+            // The client's first ACK: the flow moves to the established
+            // table, where the timed ACKs find it.
+            let mut ack = Seg::new(c, v, ACK);
+            ack.seq = 1001;
+            r.run(&ack.build(), Side::Client)?;
         }
         let acks: Vec<Vec<u8>> = pinned
             .iter()
