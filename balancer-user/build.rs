@@ -8,7 +8,44 @@
 //! userspace code need neither nightly nor bpf-linker; loading then fails.
 use anyhow::{anyhow, Context as _};
 
+/// The commit this build is from, for `balancer --version`: the
+/// `BALANCER_COMMIT` environment variable when set (a package built outside
+/// a checkout), else `git rev-parse`, else `unknown`.
+fn commit(root: &std::path::Path) -> String {
+    println!("cargo:rerun-if-env-changed=BALANCER_COMMIT");
+    if let Ok(c) = std::env::var("BALANCER_COMMIT") {
+        return c;
+    }
+    let git = root.join("../.git");
+    // Rebuilt when the checked-out commit moves.
+    println!("cargo:rerun-if-changed={}", git.join("HEAD").display());
+    if let Ok(head) = std::fs::read_to_string(git.join("HEAD")) {
+        if let Some(r) = head.trim().strip_prefix("ref: ") {
+            println!("cargo:rerun-if-changed={}", git.join(r).display());
+            println!(
+                "cargo:rerun-if-changed={}",
+                git.join("packed-refs").display()
+            );
+        }
+    }
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
 fn main() -> anyhow::Result<()> {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR")?;
+    println!(
+        "cargo:rustc-env=BALANCER_COMMIT={}",
+        commit(std::path::Path::new(&manifest))
+    );
     let out_dir = std::env::var_os("OUT_DIR").ok_or_else(|| anyhow!("OUT_DIR not set"))?;
     let skip =
         std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));

@@ -1,5 +1,8 @@
-//! The control API between the CLI and the daemon: one JSON request per line
-//! on the daemon's unix socket, one JSON response line back.
+//! The control API's types: what the CLI asks the daemon ([`Request`]) and
+//! what it answers ([`Response`]). On the wire each request is an HTTP/1.1
+//! request to a versioned resource of the daemon's unix socket (see
+//! [`crate::http`] for the routes and the OpenAPI description); the body of
+//! every answer is a [`Response`] in JSON: an object tagged by `result`.
 
 use std::{
     collections::BTreeMap,
@@ -15,7 +18,7 @@ use crate::state::{ForwardingMode, HealthCheck, NoHealthy, VipSettings};
 pub const MAX_FLOWS_LISTED: usize = 10_000;
 
 /// A health-check setting in a change request.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthSetting {
     /// No active check (a backend: use the VIP's).
@@ -35,10 +38,15 @@ impl HealthSetting {
 }
 
 /// Changes to a VIP's settings: fields left `None` keep their value.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct VipPatch {
-    /// Choices per new flow.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Choices per new flow (a number, or `"all"`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::state::choices_serde::option"
+    )]
+    #[schema(value_type = Option<crate::state::ChoicesValue>)]
     pub choices: Option<u32>,
     /// Active health check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,6 +60,7 @@ pub struct VipPatch {
         skip_serializing_if = "Option::is_none",
         with = "humantime_serde::option"
     )]
+    #[schema(value_type = Option<String>)]
     pub slow_start: Option<Duration>,
     /// Passive ejection threshold (failed new flows in a row, 0: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,6 +71,7 @@ pub struct VipPatch {
         skip_serializing_if = "Option::is_none",
         with = "humantime_serde::option"
     )]
+    #[schema(value_type = Option<String>)]
     pub ejection_time: Option<Duration>,
     /// Session affinity time (0: off).
     #[serde(
@@ -69,6 +79,7 @@ pub struct VipPatch {
         skip_serializing_if = "Option::is_none",
         with = "humantime_serde::option"
     )]
+    #[schema(value_type = Option<String>)]
     pub persistence: Option<Duration>,
     /// Prefix length grouping clients for affinity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +89,7 @@ pub struct VipPatch {
     pub mode: Option<ForwardingMode>,
     /// Outer source address of encapsulated packets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub encap_source: Option<IpAddr>,
     /// GUE's UDP destination port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,7 +138,7 @@ impl VipPatch {
 }
 
 /// Changes to a backend: fields left `None` keep their value.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct BackendPatch {
     /// Weight, 1..=1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,21 +146,6 @@ pub struct BackendPatch {
     /// Its own health check (`Off`: the VIP's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthSetting>,
-}
-
-/// One request line: the request and, from the CLI, the moment its sender
-/// stops waiting for the answer. The daemon does not start a request past
-/// that moment (its sender has given up and would report a failure), so a
-/// request that timed out is never applied later.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Envelope {
-    /// Wall-clock deadline, ms since the Unix epoch (sender and daemon run
-    /// on one host). Absent: no deadline.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline_unix_ms: Option<u64>,
-    /// The request.
-    #[serde(flatten)]
-    pub request: Request,
 }
 
 /// A request to the daemon.
@@ -228,6 +225,20 @@ pub enum Request {
         /// Maximum number of flows returned.
         limit: usize,
     },
+    /// Every backend's health.
+    Health,
+    /// The daemon's build.
+    Version,
+    /// The running configuration in the declarative form.
+    Export,
+    /// Make the running state match `config`: every change, or none.
+    Apply {
+        /// The desired VIPs, backends and timeouts.
+        config: crate::config::Config,
+        /// Only compute the changes.
+        #[serde(default)]
+        dry_run: bool,
+    },
     /// Detach the program from every interface (the pinned links end),
     /// then stop the daemon. Connections through the balancer break.
     Detach {
@@ -243,8 +254,22 @@ pub enum Request {
     },
 }
 
+fn internal_error() -> u16 {
+    500
+}
+
+impl Response {
+    /// An error answer.
+    pub fn error(status: u16, message: impl Into<String>) -> Response {
+        Response::Error {
+            message: message.into(),
+            status,
+        }
+    }
+}
+
 /// The daemon's answer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
     /// Done.
@@ -253,6 +278,12 @@ pub enum Response {
     Error {
         /// What went wrong, for a person.
         message: String,
+        /// The HTTP status it is answered with: 400 invalid, 403 not
+        /// allowed, 404 no such VIP or backend, 405 read-only access, 408
+        /// past the sender's deadline, 409 a duplicate or a full table, 500
+        /// a failure of the kernel or the disk, 503 busy.
+        #[serde(default = "internal_error")]
+        status: u16,
     },
     /// VIPs.
     Vips {
@@ -280,12 +311,71 @@ pub enum Response {
         /// Pins removed (with `remove_maps`).
         removed_pins: Vec<String>,
     },
+    /// Every backend's health.
+    Health {
+        /// One entry per backend of every VIP.
+        backends: Vec<HealthEntry>,
+    },
+    /// The daemon's build.
+    Version(VersionView),
+    /// The running configuration, in the declarative form.
+    Config {
+        /// VIPs, backends and timeouts.
+        config: crate::config::Config,
+    },
+    /// What an `apply` changed (or, with `dry_run`, would change).
+    Applied {
+        /// One line per change, `+` added, `-` removed, `~` changed.
+        changes: Vec<String>,
+        /// `true` when nothing was applied.
+        dry_run: bool,
+    },
+}
+
+/// A backend's health, for `GET /v1/health`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct HealthEntry {
+    /// The VIP it serves.
+    #[schema(value_type = String)]
+    pub vip: SocketAddr,
+    /// Address and port.
+    #[schema(value_type = String)]
+    pub backend: SocketAddr,
+    /// Lifecycle state.
+    pub state: BackendState,
+    /// Its health.
+    pub health: HealthView,
+}
+
+/// The daemon's build, for `GET /v1/version` and `balancer --version`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct VersionView {
+    /// The crate version.
+    pub version: String,
+    /// The git commit it was built from (`unknown` outside a checkout).
+    pub commit: String,
+    /// The layout fingerprint of the shared maps, hex
+    /// (`balancer_common::layout::LAYOUT_FINGERPRINT`): two builds with the
+    /// same one share pinned maps across a restart.
+    pub fingerprint: String,
+}
+
+impl VersionView {
+    /// This build's.
+    pub fn this_build() -> VersionView {
+        VersionView {
+            version: env!("CARGO_PKG_VERSION").into(),
+            commit: env!("BALANCER_COMMIT").into(),
+            fingerprint: format!("{:016x}", balancer_common::layout::LAYOUT_FINGERPRINT),
+        }
+    }
 }
 
 /// A VIP as shown to operators.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct VipView {
     /// Address and port.
+    #[schema(value_type = String)]
     pub vip: SocketAddr,
     /// Its settings.
     pub settings: VipSettings,
@@ -299,7 +389,7 @@ pub struct VipView {
 }
 
 /// Backend lifecycle state.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendState {
     /// Receives new flows.
@@ -309,7 +399,9 @@ pub enum BackendState {
 }
 
 /// Health of a backend as its active checks see it.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthStatus {
     /// No active check configured.
@@ -323,7 +415,7 @@ pub enum HealthStatus {
 }
 
 /// A backend's health, active and passive.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct HealthView {
     /// Active-check status.
     pub status: HealthStatus,
@@ -336,9 +428,15 @@ pub struct HealthView {
     pub checks: u64,
     /// Checks failed.
     pub failed_checks: u64,
+    /// Active-check status changes since its check was configured.
+    #[serde(default)]
+    pub transitions: u64,
     /// `true` while passive detection keeps its server out of the
     /// candidates (new flows failed in a row).
     pub ejected: bool,
+    /// Passive ejections of its server since the daemon started.
+    #[serde(default)]
+    pub ejections: u64,
     /// Its server's new flows failed in a row now.
     pub failing_streak: u64,
     /// `true` while slow start ramps its weight up.
@@ -346,11 +444,13 @@ pub struct HealthView {
 }
 
 /// A backend with its counters.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct BackendView {
     /// The VIP it serves.
+    #[schema(value_type = String)]
     pub vip: SocketAddr,
     /// Address and port.
+    #[schema(value_type = String)]
     pub backend: SocketAddr,
     /// Lifecycle state.
     pub state: BackendState,
@@ -386,7 +486,7 @@ pub struct BackendView {
 
 /// A load histogram: `counts[k]` for loads in bucket `k` (0; then
 /// `2^(k-1)..=2^k-1`; the last bucket open-ended).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LoadHistogram {
     /// Lower bound of each bucket.
     pub from: Vec<u64>,
@@ -395,7 +495,7 @@ pub struct LoadHistogram {
 }
 
 /// A VIP's choice telemetry.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ChoiceView {
     /// Choices made.
     pub decisions: u64,
@@ -410,14 +510,17 @@ pub struct ChoiceView {
 }
 
 /// Per-VIP counters.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct VipStatsView {
     /// Address and port.
+    #[schema(value_type = String)]
     pub vip: SocketAddr,
     /// Forwarding mode.
     #[serde(default)]
     pub mode: ForwardingMode,
-    /// Choices per new flow.
+    /// Choices per new flow (a number, or `"all"`).
+    #[serde(with = "crate::state::choices_serde")]
+    #[schema(value_type = crate::state::ChoicesValue)]
     pub choices: u32,
     /// Frames forwarded (both directions).
     pub packets: u64,
@@ -434,7 +537,7 @@ pub struct VipStatsView {
 }
 
 /// All counters.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct StatsView {
     /// Global counters by name (summed over CPUs).
     pub counters: BTreeMap<String, u64>,
@@ -442,8 +545,21 @@ pub struct StatsView {
     pub vips: Vec<VipStatsView>,
     /// Per-backend counters.
     pub backends: Vec<BackendView>,
-    /// Entries in the flow table at the last expiry pass (all kinds).
+    /// Entries in the flow tables at the last expiry pass (all kinds, both
+    /// tables).
     pub flow_table_entries: u64,
+    /// Of those, in the half-open table.
+    #[serde(default)]
+    pub half_open_entries: u64,
+    /// Capacity of the flow table (established flows), entries.
+    #[serde(default)]
+    pub flow_table_size: u64,
+    /// Capacity of the half-open table, entries.
+    #[serde(default)]
+    pub half_open_table_size: u64,
+    /// Duration of the last expiry and reconciliation pass, µs.
+    #[serde(default)]
+    pub last_gc_pass_us: u64,
     /// Live flows at the last expiry pass.
     pub live_flows: u64,
     /// Flows the daemon has expired.
@@ -456,7 +572,7 @@ pub struct StatsView {
 }
 
 /// One interface the program is attached to, as the kernel reports it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct AttachmentView {
     /// Interface name.
     pub interface: String,
@@ -477,13 +593,16 @@ impl StatsView {
 }
 
 /// One live flow.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct FlowView {
     /// Client address and port.
+    #[schema(value_type = String)]
     pub client: SocketAddr,
     /// VIP address and port.
+    #[schema(value_type = String)]
     pub vip: SocketAddr,
     /// Backend address and port (`None` when its slot was since reused).
+    #[schema(value_type = Option<String>)]
     pub backend: Option<SocketAddr>,
     /// `live` (established), `half-open` or `closed`.
     pub kind: String,

@@ -152,6 +152,35 @@ pub struct Balancer {
     polls: u64,
     /// The data path's log records, until [`Balancer::take_datapath_log`].
     logger: Option<DatapathLog>,
+    /// The idle timeouts used while the state holds none (the daemon's
+    /// command line).
+    default_timeouts: Timeouts,
+    /// Capacity of the flow table and of the half-open table, entries.
+    table_sizes: (u32, u32),
+}
+
+/// Checks a whole configuration as the API would check each VIP and
+/// backend, before anything is changed.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the first value the API would refuse.
+pub fn check_config(c: &crate::config::Config) -> Result<()> {
+    if let Some(t) = c.timeouts {
+        Timeouts::from(t).validate()?;
+    }
+    for v in &c.vips {
+        let s = v.settings();
+        check_endpoint("VIP", v.address)?;
+        s.validate_for(v.address)?;
+        for b in &v.backends {
+            check_backend_for(v.address, &s, b.address)?;
+            check_weight(b.weight)?;
+            if let Some(h) = &b.health {
+                h.validate()?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The reader of the data path's log records (aya-log's ring buffer): the
@@ -213,7 +242,7 @@ impl Balancer {
             Some(_) => match aya_log::EbpfLogger::init(&mut ebpf) {
                 Ok(l) => Some(l),
                 Err(e) => {
-                    log::warn!("the data-path log is not available: {e}");
+                    tracing::warn!("the data-path log is not available: {e}");
                     None
                 }
             },
@@ -289,6 +318,8 @@ impl Balancer {
             last_failures: 0,
             polls: 0,
             logger,
+            default_timeouts: Timeouts::default(),
+            table_sizes: (opts.flow_table_size, opts.half_open_table_size),
         })
     }
 
@@ -497,6 +528,92 @@ impl Balancer {
         &self.state
     }
 
+    /// The flow table's idle timeouts the expiry passes use: the state's
+    /// (set by a configuration), else the defaults.
+    pub fn timeouts(&self) -> Timeouts {
+        self.state.timeouts.unwrap_or(self.default_timeouts)
+    }
+
+    /// Sets the idle timeouts used while the state holds none.
+    pub fn set_default_timeouts(&mut self, t: Timeouts) {
+        self.default_timeouts = t;
+    }
+
+    /// The running state in the declarative form (`balancer export`).
+    pub fn export_config(&self) -> crate::config::Config {
+        crate::config::export(&self.state, &self.timeouts())
+    }
+
+    /// Makes the running state match `desired` (`balancer apply`): the
+    /// changes [`crate::config::plan`] lists, in its order, each as its own
+    /// API call would make it. Returns them, one line each. With `dry_run`
+    /// nothing changes; the configuration is still checked. All of the
+    /// changes, or none: the first that fails rolls the maps and the
+    /// timeouts back to where they were.
+    ///
+    /// # Errors
+    /// An invalid configuration (named), a change refused (a mode change of
+    /// a VIP with backends, a full table), map failure.
+    pub fn apply_config(
+        &mut self,
+        desired: &crate::config::Config,
+        dry_run: bool,
+    ) -> Result<Vec<String>> {
+        use crate::config::Change;
+        check_config(desired)?;
+        let changes = crate::config::plan(&self.export_config(), desired);
+        let lines: Vec<String> = changes.iter().map(Change::describe).collect();
+        if dry_run || changes.is_empty() {
+            return Ok(lines);
+        }
+        let state = self.state.clone();
+        for (k, c) in changes.iter().enumerate() {
+            let r = match c {
+                Change::Timeouts(t) => {
+                    self.state.timeouts = Some(*t);
+                    Ok(())
+                }
+                Change::RemoveVip(v) => self.remove_vip(*v),
+                Change::AddVip(v, s) => self.add_vip_with(*v, s.clone()),
+                Change::SetVip(v, s) => self.replace_vip_settings(*v, s.clone()),
+                Change::RemoveBackend(v, b) => self.remove_backend(*v, *b),
+                Change::AddBackend(v, b, w) => self.add_backends_weighted(*v, &[*b], *w),
+                Change::SetBackend(v, b, w, h) => self.set_backend(
+                    *v,
+                    *b,
+                    &crate::api::BackendPatch {
+                        weight: Some(*w),
+                        health: Some(match h {
+                            Some(h) => crate::api::HealthSetting::Check(h.clone()),
+                            None => crate::api::HealthSetting::Off,
+                        }),
+                    },
+                ),
+                Change::Drain(v, b, true) => self.drain_backend(*v, *b),
+                Change::Drain(v, b, false) => self.undrain_backend(*v, *b),
+            };
+            if let Err(e) = r {
+                let undone = match self.restore(state) {
+                    Ok(()) => "nothing was applied".to_string(),
+                    Err(r) => format!(
+                        "rolling back failed too ({r}); restart the daemon to return to the \
+                         state file"
+                    ),
+                };
+                return Err(BalancerError::Invalid {
+                    what: "configuration",
+                    reason: format!(
+                        "change {} of {} ({}): {e}; {undone}",
+                        k + 1,
+                        changes.len(),
+                        lines[k]
+                    ),
+                });
+            }
+        }
+        Ok(lines)
+    }
+
     /// Re-applies a persisted state to the maps (after a restart).
     ///
     /// # Errors
@@ -515,7 +632,7 @@ impl Balancer {
         // received) go first, so the maps hold the state file's content.
         let gone = self.maps.prune(&self.state, &self.retired)?;
         if gone > 0 {
-            log::warn!("removed {gone} map entries the state file does not hold");
+            tracing::warn!("removed {gone} map entries the state file does not hold");
         }
         self.publish_backends(&addrs)?;
         let vips: Vec<SocketAddr> = self.state.vips.keys().copied().collect();
@@ -600,9 +717,18 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, an invalid value, map failure.
     pub fn set_vip(&mut self, addr: SocketAddr, patch: &VipPatch) -> Result<()> {
+        let new = patch.apply(&self.state.vip(&addr)?.settings);
+        self.replace_vip_settings(addr, new)
+    }
+
+    /// Replaces every setting of a VIP: all of them, or nothing.
+    ///
+    /// # Errors
+    /// Unknown VIP, an invalid value (a mode change while it has backends
+    /// among them), map failure.
+    pub fn replace_vip_settings(&mut self, addr: SocketAddr, new: VipSettings) -> Result<()> {
         let v = self.state.vip(&addr)?;
         let old = v.settings.clone();
-        let new = patch.apply(&old);
         new.validate_for(addr)?;
         for b in &v.backends {
             check_backend_for(addr, &new, b.addr)?;
@@ -1000,6 +1126,8 @@ impl Balancer {
     pub fn stats(&self) -> Result<StatsView> {
         let mut s = self.telemetry().stats()?;
         s.attachments = self.attachments();
+        s.flow_table_size = u64::from(self.table_sizes.0);
+        s.half_open_table_size = u64::from(self.table_sizes.1);
         Ok(s)
     }
 

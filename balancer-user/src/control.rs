@@ -1,9 +1,10 @@
-//! The control socket: one JSON request line in, one JSON response line
-//! out, root only. The server stays responsive when abused: at most
-//! [`MAX_CONNECTIONS`] connections are served at once (more are answered
-//! "busy" and closed at once), a connection that sends no request within
-//! [`REQUEST_TIMEOUT`] is closed, accept errors (out of descriptors) back
-//! off instead of spinning, and their log lines are rate-limited.
+//! What the control API does with a request ([`handle`]), and the limits
+//! its server ([`crate::http`]) keeps to stay responsive when abused: at
+//! most [`MAX_CONNECTIONS`] connections are served at once (more are
+//! answered "busy" and closed at once), a connection that sends no request
+//! within [`REQUEST_TIMEOUT`] is closed, as is one that does not read its
+//! answer within [`ANSWER_TIMEOUT`], accept errors (out of descriptors)
+//! back off instead of spinning, and their log lines are rate-limited.
 
 use std::{
     path::{Path, PathBuf},
@@ -11,15 +12,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
-    net::{UnixListener, UnixStream},
-    sync::{Mutex, Notify, Semaphore},
-};
+use tokio::sync::{Mutex, Notify};
 
 use crate::{
-    api::{Envelope, Request, Response, MAX_FLOWS_LISTED},
+    api::{HealthEntry, Request, Response, VersionView, MAX_FLOWS_LISTED},
     balancer::Balancer,
+    error::BalancerError,
     state::write_state,
 };
 
@@ -35,11 +33,11 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_CONNECTIONS: usize = 64;
 /// A request is started only if its sender will wait at least this much
 /// longer for the answer.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 /// The answer given to connections beyond [`MAX_CONNECTIONS`].
 pub const BUSY: &str = "busy: the daemon is serving its maximum of control connections";
 /// Longest pause after repeated accept errors.
-const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+pub const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one log line per this period for a repeating condition.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -63,13 +61,13 @@ impl RateLimitedLog {
             _ => {
                 let m = msg();
                 if self.suppressed > 0 {
-                    log::warn!(
+                    tracing::warn!(
                         "{m} ({} more like it in the last {} s)",
                         self.suppressed,
                         LOG_EVERY.as_secs()
                     );
                 } else {
-                    log::warn!("{m}");
+                    tracing::warn!("{m}");
                 }
                 self.last = Some(now);
                 self.suppressed = 0;
@@ -89,118 +87,9 @@ pub struct Shared {
     pub stop: Arc<Notify>,
 }
 
-/// Accepts and serves control connections until the task is dropped.
-pub async fn serve_forever(listener: UnixListener, shared: Arc<Shared>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut backoff = Duration::from_millis(10);
-    let mut accept_log = RateLimitedLog::default();
-    let mut busy_log = RateLimitedLog::default();
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => {
-                backoff = Duration::from_millis(10);
-                s
-            }
-            Err(e) => {
-                // EMFILE/ENFILE/ENOBUFS: the pending connection stays
-                // queued; retrying at once would spin. Wait, doubling.
-                accept_log.warn(Instant::now(), || {
-                    format!(
-                        "control socket: accept failed: {e}; retrying in {} ms",
-                        backoff.as_millis()
-                    )
-                });
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            busy_log.warn(Instant::now(), || {
-                format!("control socket: {MAX_CONNECTIONS} connections open, refusing more")
-            });
-            // Best effort, never waiting: the answer fits the socket buffer.
-            let mut line = serde_json::to_string(&Response::Error {
-                message: BUSY.into(),
-            })
-            .unwrap_or_default();
-            line.push('\n');
-            let _ = stream.try_write(line.as_bytes());
-            continue;
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            if let Err(e) = serve(stream, &shared).await {
-                log::debug!("control connection: {e:#}");
-            }
-            drop(permit);
-        });
-    }
-}
-
-async fn serve(stream: UnixStream, shared: &Shared) -> anyhow::Result<()> {
-    let cred = stream.peer_cred()?;
-    let (r, mut w) = stream.into_split();
-    let mut stop_after = false;
-    let resp = if cred.uid() != 0 {
-        Response::Error {
-            message: "permission denied: the control socket is for root only".into(),
-        }
-    } else {
-        let mut reader = BufReader::new(r.take(MAX_REQUEST as u64));
-        let mut line = Vec::new();
-        match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
-            Err(_) => Response::Error {
-                message: format!("no request within {} ms", REQUEST_TIMEOUT.as_millis()),
-            },
-            Ok(Err(e)) => Response::Error {
-                message: format!("reading the request: {e}"),
-            },
-            Ok(Ok(_)) if line.len() >= MAX_REQUEST && !line.ends_with(b"\n") => Response::Error {
-                message: format!("request longer than {MAX_REQUEST} bytes"),
-            },
-            Ok(Ok(_)) => match serde_json::from_slice::<Envelope>(&line) {
-                Ok(env) => {
-                    let req = env.request;
-                    let mut lb = shared.lb.lock().await;
-                    // Checked once the lock is held: the request starts now.
-                    if past_deadline(env.deadline_unix_ms) {
-                        log::warn!(
-                            "control: a request arrived after its sender's deadline; not \
-                             applied ({:?})",
-                            req_name(&req)
-                        );
-                        Response::Error {
-                            message: "the request reached the daemon after its deadline; not \
-                                      applied"
-                                .into(),
-                        }
-                    } else {
-                        stop_after = matches!(req, Request::Detach { .. });
-                        handle(&mut lb, req, &shared.state_file)
-                    }
-                }
-                Err(e) => Response::Error {
-                    message: format!("bad request: {e}"),
-                },
-            },
-        }
-    };
-    if stop_after && matches!(resp, Response::Detached { .. }) {
-        shared.stop.notify_one();
-    }
-    let mut out = serde_json::to_string(&resp)?;
-    out.push('\n');
-    // A client that does not read its answer gives up its slot.
-    tokio::time::timeout(ANSWER_TIMEOUT, w.write_all(out.as_bytes()))
-        .await
-        .map_err(|_| anyhow::anyhow!("the client did not read its answer"))??;
-    Ok(())
-}
-
 /// `true` when a deadline (ms since the Unix epoch) leaves less than
 /// [`DEADLINE_MARGIN`].
-fn past_deadline(deadline_unix_ms: Option<u64>) -> bool {
+pub fn past_deadline(deadline_unix_ms: Option<u64>) -> bool {
     let Some(d) = deadline_unix_ms else {
         return false;
     };
@@ -211,7 +100,7 @@ fn past_deadline(deadline_unix_ms: Option<u64>) -> bool {
 }
 
 /// The operation's name, for the log.
-fn req_name(r: &Request) -> String {
+pub fn req_name(r: &Request) -> String {
     serde_json::to_value(r)
         .ok()
         .and_then(|v| v.get("op").and_then(|o| o.as_str()).map(str::to_string))
@@ -230,8 +119,14 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             | Request::Stats
             | Request::Flows { .. }
             | Request::Detach { .. }
+            | Request::Health
+            | Request::Version
+            | Request::Export
+            | Request::Apply { dry_run: true, .. }
     );
     let before = changes.then(|| lb.state().clone());
+    // Every change is logged with what it changes (as the request says it).
+    let what = changes.then(|| describe(&req));
     let result = match req {
         Request::AddVip { vip, settings } => lb.add_vip_with(vip, settings).map(|_| Response::Ok),
         Request::SetVip { vip, patch } => lb.set_vip(vip, &patch).map(|_| Response::Ok),
@@ -268,6 +163,24 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED));
             Ok(Response::Flows { flows, truncated })
         }
+        Request::Health => lb.list_backends(None).map(|bs| Response::Health {
+            backends: bs
+                .into_iter()
+                .map(|b| HealthEntry {
+                    vip: b.vip,
+                    backend: b.backend,
+                    state: b.state,
+                    health: b.health,
+                })
+                .collect(),
+        }),
+        Request::Version => Ok(Response::Version(VersionView::this_build())),
+        Request::Export => Ok(Response::Config {
+            config: lb.export_config(),
+        }),
+        Request::Apply { config, dry_run } => lb
+            .apply_config(&config, dry_run)
+            .map(|changes| Response::Applied { changes, dry_run }),
         Request::Detach {
             pin_dir: Some(p), ..
         } if lb.pin_dir() != Some(p.as_path()) => Err(crate::error::BalancerError::Invalid {
@@ -297,6 +210,19 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
     };
     match result {
         Ok(r) => {
+            if let Some(w) = &what {
+                match &r {
+                    Response::Applied { changes, .. } if changes.is_empty() => {
+                        tracing::info!("control: apply: nothing to change")
+                    }
+                    Response::Applied { changes, .. } => {
+                        for c in changes {
+                            tracing::info!("control: apply: {c}");
+                        }
+                    }
+                    _ => tracing::info!("control: {w}"),
+                }
+            }
             if let Some(before) = before {
                 if let Err(e) = write_state(state_file, lb.state()) {
                     let undone = match lb.restore(before) {
@@ -307,20 +233,78 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
                             error_chain(&r)
                         ),
                     };
-                    log::warn!("persisting the state failed: {}; {undone}", error_chain(&e));
-                    return Response::Error {
-                        message: format!(
+                    tracing::warn!("persisting the state failed: {}; {undone}", error_chain(&e));
+                    return Response::error(
+                        500,
+                        format!(
                             "not applied: persisting the state failed: {}; {undone}",
                             error_chain(&e)
                         ),
-                    };
+                    );
                 }
             }
             r
         }
-        Err(e) => Response::Error {
-            message: error_chain(&e),
-        },
+        Err(e) => {
+            if let Some(w) = &what {
+                tracing::info!("control: refused: {w}: {}", error_chain(&e));
+            }
+            Response::error(status_of(&e), error_chain(&e))
+        }
+    }
+}
+
+/// The HTTP status an error is answered with.
+pub fn status_of(e: &BalancerError) -> u16 {
+    match e {
+        BalancerError::UnknownVip { .. } | BalancerError::UnknownBackend { .. } => 404,
+        BalancerError::DuplicateVip { .. }
+        | BalancerError::DuplicateBackend { .. }
+        | BalancerError::Full { .. } => 409,
+        BalancerError::Invalid { .. } => 400,
+        _ => 500,
+    }
+}
+
+/// What a change request changes, for the log.
+fn describe(r: &Request) -> String {
+    match r {
+        Request::AddVip { vip, settings } => format!(
+            "vip add {vip} (mode {}, choices {})",
+            settings.mode.name(),
+            crate::state::choices_word(settings.choices)
+        ),
+        Request::SetVip { vip, patch } => format!(
+            "vip set {vip}: {}",
+            serde_json::to_string(patch).unwrap_or_default()
+        ),
+        Request::RemoveVip { vip } => format!("vip remove {vip}"),
+        Request::AddBackends {
+            vip,
+            backends,
+            weight,
+        } => format!(
+            "backend add {vip} {} (weight {})",
+            backends
+                .iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+            weight.unwrap_or(1)
+        ),
+        Request::SetBackend {
+            vip,
+            backend,
+            patch,
+        } => format!(
+            "backend set {vip} {backend}: {}",
+            serde_json::to_string(patch).unwrap_or_default()
+        ),
+        Request::DrainBackend { vip, backend } => format!("backend drain {vip} {backend}"),
+        Request::UndrainBackend { vip, backend } => format!("backend undrain {vip} {backend}"),
+        Request::RemoveBackend { vip, backend } => format!("backend remove {vip} {backend}"),
+        Request::Apply { config, .. } => format!("apply ({} VIPs)", config.vips.len()),
+        other => req_name(other),
     }
 }
 

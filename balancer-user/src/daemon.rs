@@ -1,5 +1,8 @@
 //! The daemon: loads and attaches the program, serves the control API on a
-//! root-only unix socket, expires idle flows, reconciles counts, polls stats.
+//! root-only unix socket (and, optionally, a read-only one for a monitoring
+//! group and Prometheus metrics on TCP), expires idle flows, reconciles
+//! counts, polls stats. It tells systemd when it is ready (`Type=notify`,
+//! see `contrib/p2c-balancer.service`).
 
 use std::{
     os::unix::fs::PermissionsExt,
@@ -20,8 +23,10 @@ use crate::{
     control,
     gc::Timeouts,
     health::Monitor,
+    http::{self, Access},
     links::{self, Attached},
     maps::{check_pins, present_pins},
+    metrics::{DaemonMetrics, Source},
     preflight,
     state::{read_state, write_state},
 };
@@ -53,6 +58,16 @@ pub struct DaemonConfig {
     pub test_seed: u64,
     /// Remove maps pinned by an earlier run and start empty.
     pub fresh: bool,
+    /// A declarative configuration to apply at start (after the state
+    /// file is restored): the running state then matches it.
+    pub config_file: Option<PathBuf>,
+    /// A second control socket serving only `GET` requests.
+    pub read_only_socket: Option<PathBuf>,
+    /// The group (name or number) the read-only socket is opened to (mode
+    /// 0660); without one it is root's only.
+    pub read_only_group: Option<String>,
+    /// Where Prometheus metrics are served (`GET /metrics`); none: off.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// Mounts bpffs at /sys/fs/bpf when nothing is mounted there.
@@ -81,7 +96,7 @@ pub fn ensure_bpffs() -> anyhow::Result<()> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error()).context("mounting bpffs at /sys/fs/bpf");
     }
-    log::info!("mounted bpffs at /sys/fs/bpf");
+    tracing::info!("mounted bpffs at /sys/fs/bpf");
     Ok(())
 }
 
@@ -102,7 +117,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
         bail!("interface {dup} given twice");
     }
-    log::info!(
+    tracing::info!(
         "starting on {} (pins {}, state {})",
         cfg.interfaces.join(", "),
         cfg.load
@@ -117,7 +132,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
 
     for w in preflight::forwarding_warnings() {
-        log::warn!("{w}");
+        tracing::warn!("{w}");
     }
     // --- Refusals, reading only.
     preflight::check_privileges()?;
@@ -126,7 +141,35 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         s.validate().context("checking the state file")?;
     }
     preflight::check_state_file(&cfg.state_file)?;
+    let desired = match &cfg.config_file {
+        Some(f) => Some(read_config(f)?),
+        None => None,
+    };
     let socket = preflight::check_socket(&cfg.socket)?;
+    let read_only = match &cfg.read_only_socket {
+        Some(p) if *p == cfg.socket => {
+            bail!("--read-only-socket is the control socket {}", p.display())
+        }
+        Some(p) => Some((p.clone(), preflight::check_socket(p)?)),
+        None => None,
+    };
+    let read_only_gid = match &cfg.read_only_group {
+        Some(g) if cfg.read_only_socket.is_none() => {
+            bail!("--read-only-group {g} given without --read-only-socket")
+        }
+        Some(g) => Some(group_id(g)?),
+        None => None,
+    };
+    // Bound now, before anything changes: an address in use refuses the
+    // start.
+    let metrics_listener = match cfg.metrics_address {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding the metrics address {a}"))?,
+        ),
+        None => None,
+    };
     let pin_dir_plan = match &cfg.load.pin_dir {
         Some(dir) => Some(preflight::check_pin_dir(dir)?),
         None => None,
@@ -134,7 +177,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
     for iface in &cfg.interfaces {
         let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
-        log::debug!("{iface}: {plan:?}");
+        tracing::debug!("{iface}: {plan:?}");
     }
 
     // --- Directories and locks (undone if anything below refuses).
@@ -172,7 +215,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             )?;
         }
         if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.vips.is_empty()) {
-            log::warn!(
+            tracing::warn!(
                 "state file {} found but no pinned maps in {} (bpffs remounted or pins \
                  removed): connections established before this start will miss and be passed",
                 cfg.state_file.display(),
@@ -198,10 +241,26 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     let listener = bind_socket(&cfg.socket)?;
     let socket_guard = RemoveOnDrop(cfg.socket.clone());
+    let mut read_only_guard = None;
+    let read_only_listener = match &read_only {
+        Some((path, state)) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                undo.created_dirs.extend(preflight::create_dirs(dir)?);
+            }
+            if *state == preflight::SocketPath::Stale {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing the stale socket {}", path.display()))?;
+            }
+            let l = bind_read_only(path, read_only_gid)?;
+            read_only_guard = Some(RemoveOnDrop(path.clone()));
+            Some(l)
+        }
+        None => None,
+    };
     // Only now, with the socket ours: --fresh discards the pinned maps.
     if let Some(dir) = undo.fresh.take() {
         let removed = crate::maps::remove_pins(dir.as_path())?;
-        log::warn!(
+        tracing::warn!(
             "--fresh: removed {} map pins in {} (the running program keeps its maps until \
              the new one replaces it)",
             removed.len(),
@@ -209,7 +268,24 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         );
         undo.new_map_pins = Some(dir);
     }
-    let lb = start_data_path(&cfg, state)?;
+    let mut lb = start_data_path(&cfg, state)?;
+    lb.set_default_timeouts(cfg.timeouts);
+    if let Some((file, desired)) = cfg.config_file.as_ref().zip(desired.as_ref()) {
+        match lb.apply_config(desired, false) {
+            Ok(changes) => {
+                for c in &changes {
+                    tracing::info!("config {}: {c}", file.display());
+                }
+                write_state(&cfg.state_file, lb.state())
+                    .context("writing the state file after applying the configuration")?;
+            }
+            Err(e) => {
+                lb.detach_new();
+                return Err(anyhow::Error::new(e)
+                    .context(format!("applying the configuration {}", file.display())));
+            }
+        }
+    }
     if !cfg.state_file.exists() {
         // The next start then finds the state that goes with the pins.
         write_state(&cfg.state_file, lb.state()).context("writing the first state file")?;
@@ -219,11 +295,11 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         for stale in links::pinned_interfaces(dir)? {
             if !cfg.interfaces.contains(&stale) {
                 links::unpin(&dir.join(links::pin_name(&stale)))?;
-                log::info!("detached from {stale}: not among the interfaces of this run");
+                tracing::info!("detached from {stale}: not among the interfaces of this run");
             }
         }
     }
-    log::info!("control socket {}", cfg.socket.display());
+    tracing::info!("control socket {}", cfg.socket.display());
     let mut lb = lb;
     let datapath_log = lb.take_datapath_log().map(|logger| {
         tokio::spawn(async move {
@@ -238,7 +314,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             let mut fd = match registered {
                 Ok(fd) => fd,
                 Err(e) => {
-                    log::warn!("the data-path log cannot be read: {}", e.into_parts().1);
+                    tracing::warn!("the data-path log cannot be read: {}", e.into_parts().1);
                     return;
                 }
             };
@@ -253,30 +329,44 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     });
     let lb = Arc::new(Mutex::new(lb));
 
+    let daemon_metrics = Arc::new(DaemonMetrics::default());
     let gc = {
         let lb = lb.clone();
-        let timeouts = cfg.timeouts;
         let every = cfg.gc_interval;
+        let metrics = daemon_metrics.clone();
         tokio::spawn(async move {
             let mut next = every;
+            let mut failures = control::RateLimitedLog::default();
             loop {
                 tokio::time::sleep(next).await;
                 let mut lb = lb.lock().await;
                 let started = std::time::Instant::now();
+                let timeouts = lb.timeouts();
                 match lb.expire_and_reconcile(&timeouts) {
-                    Ok(r) => log::debug!("gc: {r:?} in {:?}", started.elapsed()),
-                    Err(e) => log::warn!("gc pass failed: {e:#}"),
+                    Ok(r) => {
+                        metrics.gc_pass.observe(started.elapsed().as_secs_f64());
+                        tracing::debug!("gc: {r:?} in {:?}", started.elapsed())
+                    }
+                    Err(e) => {
+                        failures.warn(std::time::Instant::now(), || {
+                            format!("gc pass failed: {e:#}")
+                        });
+                    }
                 }
                 match lb.refresh_interfaces() {
                     Ok(changed) if !changed.is_empty() => {
-                        log::info!("interface MAC changed: {}", changed.join(", "))
+                        tracing::info!("interface MAC changed: {}", changed.join(", "))
                     }
                     Ok(_) => {}
-                    Err(e) => log::warn!("refreshing interface MACs failed: {e:#}"),
+                    Err(e) => {
+                        failures.warn(std::time::Instant::now(), || {
+                            format!("refreshing interface MACs failed: {e:#}")
+                        });
+                    }
                 }
                 let probed = crate::netdev::resolve_neighbours(&lb.dsr_backend_addrs());
                 if !probed.is_empty() {
-                    log::debug!("resolving the MACs of DSR backends {probed:?}");
+                    tracing::debug!("resolving the MACs of DSR backends {probed:?}");
                 }
                 // A pass walks the whole flow table (about 1.7 s per million
                 // flows here, see BENCHMARKS.md) and holds the control API
@@ -290,6 +380,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let health = {
         let lb = lb.clone();
         tokio::spawn(async move {
+            let mut failures = control::RateLimitedLog::default();
             let (mut monitor, mut outcomes) = Monitor::new();
             let mut resync = tokio::time::interval(Duration::from_millis(500));
             loop {
@@ -301,8 +392,12 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     Some(o) = outcomes.recv() => {
                         let mut lb = lb.lock().await;
                         match lb.record_check(&o) {
-                            Ok(msgs) => msgs.iter().for_each(|m| log::info!("{m}")),
-                            Err(e) => log::warn!("applying a health check result failed: {e:#}"),
+                            Ok(msgs) => msgs.iter().for_each(|m| tracing::info!("{m}")),
+                            Err(e) => {
+                                failures.warn(std::time::Instant::now(), || {
+                                    format!("applying a health check result failed: {e:#}")
+                                });
+                            }
                         }
                     }
                 }
@@ -314,58 +409,65 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let eligibility = {
         let lb = lb.clone();
         tokio::spawn(async move {
+            let mut failures = control::RateLimitedLog::default();
             let mut tick = tokio::time::interval(ELIGIBILITY_INTERVAL);
             loop {
                 tick.tick().await;
                 match lb.lock().await.poll_eligibility() {
-                    Ok(msgs) => msgs.iter().for_each(|m| log::info!("{m}")),
-                    Err(e) => log::warn!("eligibility poll failed: {e:#}"),
+                    Ok(msgs) => msgs.iter().for_each(|m| tracing::info!("{m}")),
+                    Err(e) => {
+                        failures.warn(std::time::Instant::now(), || {
+                            format!("eligibility poll failed: {e:#}")
+                        });
+                    }
                 }
             }
         })
     };
-    let stats = {
-        let lb = lb.clone();
-        let every = cfg.stats_interval;
-        tokio::spawn(async move {
-            if every.is_zero() {
-                return;
-            }
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let lb = lb.lock().await;
-                match lb.stats() {
-                    Ok(s) => log::info!(
-                        "stats: rx {} new_flows {} misses {} live {} drops no_backend {} fib {}",
-                        s.counter("rx_packets"),
-                        s.counter("new_flows"),
-                        s.counter("flow_misses"),
-                        s.live_flows,
-                        s.counter("drop_no_backend"),
-                        s.counter("drop_fib")
-                    ),
-                    Err(e) => log::warn!("stats poll failed: {e:#}"),
-                }
-            }
-        })
-    };
+    let stats = tokio::spawn(watch(lb.clone(), cfg.stats_interval));
 
     let stop = Arc::new(Notify::new());
-    let server = tokio::spawn(control::serve_forever(
-        listener,
-        Arc::new(control::Shared {
-            lb: lb.clone(),
-            state_file: cfg.state_file.clone(),
-            stop: stop.clone(),
-        }),
-    ));
+    let shared = Arc::new(control::Shared {
+        lb: lb.clone(),
+        state_file: cfg.state_file.clone(),
+        stop: stop.clone(),
+    });
+    let server = tokio::spawn(http::serve_forever(listener, shared.clone(), Access::Root));
+    let read_only_server = read_only_listener
+        .map(|l| tokio::spawn(http::serve_forever(l, shared.clone(), Access::ReadOnly)));
+    if let Some(p) = &cfg.read_only_socket {
+        tracing::info!("read-only control socket {}", p.display());
+    }
+    let metrics_server = metrics_listener.map(|l| {
+        if let Ok(a) = l.local_addr() {
+            tracing::info!("metrics on http://{a}/metrics");
+        }
+        tokio::spawn(http::serve_metrics(
+            l,
+            Arc::new(Source {
+                lb: lb.clone(),
+                daemon: daemon_metrics.clone(),
+            }),
+        ))
+    });
+    // systemd (Type=notify): serving from here on. Without NOTIFY_SOCKET
+    // this does nothing.
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("telling systemd the daemon is ready failed: {e}");
+    }
     let detached = tokio::select! {
         _ = sigint.recv() => false,
         _ = sigterm.recv() => false,
         _ = stop.notified() => true,
     };
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     server.abort();
+    if let Some(t) = read_only_server {
+        t.abort();
+    }
+    if let Some(t) = metrics_server {
+        t.abort();
+    }
     gc.abort();
     stats.abort();
     health.abort();
@@ -376,18 +478,19 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let lb = lb.lock().await;
     let interfaces = lb.interfaces();
     if detached {
-        log::info!("detached; stopping");
+        tracing::info!("detached; stopping");
     } else if cfg.load.pin_dir.is_some() {
-        log::info!(
+        tracing::info!(
             "stopping; the program stays attached to {} through its pinned links (the next \
              start takes them over; `balancer detach` removes them)",
             interfaces.join(", ")
         );
     } else {
-        log::info!("stopping; detaching from {}", interfaces.join(", "));
+        tracing::info!("stopping; detaching from {}", interfaces.join(", "));
     }
     drop(lb);
     drop(socket_guard);
+    drop(read_only_guard);
     drop(pin_lock);
     Ok(())
 }
@@ -400,7 +503,7 @@ fn start_data_path(
     let mut lb = Balancer::load(&cfg.load)?;
     if let Some(s) = state {
         lb.restore(s).context("restoring the state file")?;
-        log::info!(
+        tracing::info!(
             "restored {} VIPs from {}",
             lb.state().vips.len(),
             cfg.state_file.display()
@@ -411,14 +514,14 @@ fn start_data_path(
     }
     for iface in &cfg.interfaces {
         match lb.attach(iface, cfg.mode) {
-            Ok(Attached::New { link_id }) => log::info!(
+            Ok(Attached::New { link_id }) => tracing::info!(
                 "attached to {iface} in {} mode (link {link_id})",
                 mode_name(cfg.mode)
             ),
             Ok(Attached::Replaced {
                 link_id,
                 old_program_id,
-            }) => log::info!(
+            }) => tracing::info!(
                 "took over {iface}: link {link_id} now runs this program instead of program \
                  {old_program_id} (atomic replacement)"
             ),
@@ -499,6 +602,127 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Reads and checks a declarative configuration file.
+///
+/// # Errors
+/// The file cannot be read; a mistake in it (named with its line).
+pub fn read_config(path: &Path) -> anyhow::Result<crate::config::Config> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the configuration {}", path.display()))?;
+    let c = crate::config::parse(&text)
+        .map_err(anyhow::Error::new)
+        .with_context(|| format!("in {}", path.display()))?;
+    crate::balancer::check_config(&c)
+        .map_err(anyhow::Error::new)
+        .with_context(|| format!("in {}", path.display()))?;
+    Ok(c)
+}
+
+/// The id of group `g` (a name, or a number).
+fn group_id(g: &str) -> anyhow::Result<u32> {
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(n);
+    }
+    let name = std::ffi::CString::new(g).context("a group name with a NUL byte")?;
+    // SAFETY: getgrnam returns a pointer into static storage or null; the
+    // gid is copied out at once, before any other call could reuse it.
+    let gr = unsafe { libc::getgrnam(name.as_ptr()) };
+    if gr.is_null() {
+        bail!("--read-only-group {g}: no such group");
+    }
+    Ok(unsafe { (*gr).gr_gid })
+}
+
+/// Binds the read-only socket: mode 0660 and group `gid` when given (its
+/// members may read state and counters), else 0600.
+fn bind_read_only(path: &Path, gid: Option<u32>) -> anyhow::Result<UnixListener> {
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    if let Some(gid) = gid {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("chown :{gid} {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .with_context(|| format!("chmod 660 {}", path.display()))?;
+    } else {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("chmod 600 {}", path.display()))?;
+    }
+    Ok(l)
+}
+
+/// Every second: warns (rate-limited) when flow inserts fail (a table
+/// full), when live flows vanished unseen (evicted from a full table: the
+/// reconciliation released their counts), or when the flow table passes
+/// 90 % of its size; every `stats_every` (0: never) logs one stats line.
+async fn watch(lb: Arc<Mutex<Balancer>>, stats_every: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_insert_failures = None;
+    let mut last_reconciled = None;
+    let mut evicted_log = control::RateLimitedLog::default();
+    let mut last_stats = std::time::Instant::now();
+    let mut full_log = control::RateLimitedLog::default();
+    let mut occupancy_log = control::RateLimitedLog::default();
+    let mut poll_log = control::RateLimitedLog::default();
+    loop {
+        tick.tick().await;
+        let s = match lb.lock().await.stats() {
+            Ok(s) => s,
+            Err(e) => {
+                poll_log.warn(std::time::Instant::now(), || {
+                    format!("stats poll failed: {e:#}")
+                });
+                continue;
+            }
+        };
+        let now = std::time::Instant::now();
+        let failed = s.counter("drop_flow_insert");
+        if let Some(before) = last_insert_failures.filter(|b| failed > *b) {
+            full_log.warn(now, || {
+                format!(
+                    "map full: {} new flows could not be inserted (drop_flow_insert {failed});                      raise --flow-table-size or --half-open-table-size",
+                    failed - before
+                )
+            });
+        }
+        last_insert_failures = Some(failed);
+        // A count above the live flows found, twice in a row: flows went
+        // without their close being seen, most often evicted from a full
+        // LRU flow table (which evicts before it holds its maximum: its
+        // free entries are kept in per-CPU lists).
+        if let Some(before) = last_reconciled.filter(|b| s.reconciled > *b) {
+            evicted_log.warn(now, || {
+                format!(
+                    "{} active connections had no live flow and were released: flows were                      evicted from a full flow table ({} entries of {}; raise                      --flow-table-size) or lost",
+                    s.reconciled - before,
+                    s.flow_table_entries.saturating_sub(s.half_open_entries),
+                    s.flow_table_size
+                )
+            });
+        }
+        last_reconciled = Some(s.reconciled);
+        let established = s.flow_table_entries.saturating_sub(s.half_open_entries);
+        if s.flow_table_size > 0 && established * 10 >= s.flow_table_size * 9 {
+            occupancy_log.warn(now, || {
+                format!(
+                    "the flow table holds {established} of {} entries: the oldest flows are                      evicted when it is full",
+                    s.flow_table_size
+                )
+            });
+        }
+        if !stats_every.is_zero() && now.duration_since(last_stats) >= stats_every {
+            last_stats = now;
+            tracing::info!(
+                "stats: rx {} new_flows {} misses {} live {} drops no_backend {} fib {}",
+                s.counter("rx_packets"),
+                s.counter("new_flows"),
+                s.counter("flow_misses"),
+                s.live_flows,
+                s.counter("drop_no_backend"),
+                s.counter("drop_fib")
+            );
+        }
     }
 }
 

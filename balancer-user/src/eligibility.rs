@@ -40,6 +40,8 @@ pub struct Eligibility {
     ejected: BTreeMap<u32, Instant>,
     /// Slots ramping up (slow start), since when.
     ramps: BTreeMap<u32, Instant>,
+    /// Passive ejections since start, by server.
+    ejections: BTreeMap<u32, u64>,
 }
 
 impl Eligibility {
@@ -275,6 +277,7 @@ impl Eligibility {
                     let f = fails(*server);
                     if f >= threshold as u64 {
                         self.ejected.insert(*server, now);
+                        *self.ejections.entry(*server).or_default() += 1;
                         ch.messages.push(format!(
                             "passive: server {addr} ejected: {f} new flows failed in a row"
                         ));
@@ -336,7 +339,12 @@ impl Eligibility {
             }),
             checks: h.map_or(0, |h| h.checks),
             failed_checks: h.map_or(0, |h| h.failed_checks),
+            transitions: h.map_or(0, |h| h.transitions),
             ejected: self.ejected(state, v, b),
+            ejections: state
+                .server(&b.addr)
+                .and_then(|s| self.ejections.get(&s).copied())
+                .unwrap_or(0),
             failing_streak: streak,
             ramping: self.ramping(b.slot),
         }

@@ -16,14 +16,17 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeouts {
     /// A SYN seen, the handshake not completed (default 30 s).
+    #[serde(with = "humantime_serde")]
     pub half_open: Duration,
     /// Handshake completed, no FIN (default 900 s).
+    #[serde(with = "humantime_serde")]
     pub established: Duration,
     /// One FIN seen, or closed and kept for late segments (default 30 s).
+    #[serde(with = "humantime_serde")]
     pub closing: Duration,
     /// How long a flow the daemon expired or removed is remembered, so
     /// that its client's next segment gets a reset (default 120 s).
-    #[serde(default = "default_orphan")]
+    #[serde(default = "default_orphan", with = "humantime_serde")]
     pub orphan: Duration,
 }
 
@@ -42,7 +45,31 @@ impl Default for Timeouts {
     }
 }
 
+/// Longest idle timeout accepted: a week.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 impl Timeouts {
+    /// Checks that every timeout is above zero and at most [`MAX_TIMEOUT`].
+    ///
+    /// # Errors
+    /// [`crate::BalancerError::Invalid`] naming the first one outside.
+    pub fn validate(&self) -> crate::Result<()> {
+        for (what, d) in [
+            ("half-open timeout", self.half_open),
+            ("established timeout", self.established),
+            ("closing timeout", self.closing),
+            ("orphan timeout", self.orphan),
+        ] {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(crate::BalancerError::Invalid {
+                    what,
+                    reason: format!("{} is outside 1ms..=7days", humantime::format_duration(d)),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The idle timeout of a live flow in its current state.
     pub fn for_live(&self, e: &FlowEntry) -> Duration {
         if e.state & (fl::F_CLIENT_FIN | fl::F_SERVER_FIN) != 0 {
@@ -58,8 +85,10 @@ impl Timeouts {
 /// Result of one expiry and reconciliation pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
-    /// Flow-table entries seen.
+    /// Flow-table entries seen (both tables).
     pub entries: u64,
+    /// Of those, in the half-open table.
+    pub half_open_entries: u64,
     /// Live flows seen (after expiry).
     pub live: u64,
     /// Live flows expired (their active connection released).
@@ -137,6 +166,8 @@ pub struct Reconciler {
     pub reconciled_total: u64,
     /// The last pass.
     pub last: GcReport,
+    /// How long the last pass took, µs.
+    pub last_pass_us: u64,
 }
 
 impl Reconciler {
@@ -160,6 +191,7 @@ impl Reconciler {
         state: &State,
         timeouts: &Timeouts,
     ) -> Result<GcReport> {
+        let started = std::time::Instant::now();
         let now = monotonic_ns();
         let mut report = GcReport::default();
         let slots = state.slots();
@@ -181,6 +213,10 @@ impl Reconciler {
         let mut live: BTreeMap<Count, u64> = BTreeMap::new();
         let entries = maps.flow_entries()?;
         report.entries = entries.len() as u64;
+        report.half_open_entries = entries
+            .iter()
+            .filter(|(t, _, _)| *t == crate::maps::FlowTable::HalfOpen)
+            .count() as u64;
         for (table, k, e) in &entries {
             let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
             let current = slots.get(&e.backend_slot) == Some(&e.backend_generation);
@@ -236,7 +272,8 @@ impl Reconciler {
             let prev = self.last_delta.get(c).copied().unwrap_or(0);
             let (fix, keep) = correction(b, after, l, prev);
             if fix != 0 {
-                log::info!("reconcile: {c:?}: counted {after}, live {l}, correcting by {fix}");
+                // Summed up (and rate-limited) by the daemon's watch.
+                tracing::debug!("reconcile: {c:?}: counted {after}, live {l}, correcting by {fix}");
                 maps.add_adjust(*c, fix as u64)?;
                 report.corrected += fix.unsigned_abs();
             }
@@ -246,6 +283,7 @@ impl Reconciler {
         self.expired_total += report.expired;
         self.reconciled_total += report.corrected;
         self.last = report;
+        self.last_pass_us = started.elapsed().as_micros() as u64;
         Ok(report)
     }
 }

@@ -33,6 +33,8 @@ pub struct BackendHealth {
     pub checks: u64,
     /// Checks failed.
     pub failed_checks: u64,
+    /// Status changes since the check was configured.
+    pub transitions: u64,
 }
 
 impl BackendHealth {
@@ -46,6 +48,7 @@ impl BackendHealth {
             since: now,
             checks: 0,
             failed_checks: 0,
+            transitions: 0,
         }
     }
 
@@ -92,6 +95,7 @@ impl BackendHealth {
         let old = self.status;
         self.status = next;
         self.since = now;
+        self.transitions += 1;
         Some((old, next))
     }
 }

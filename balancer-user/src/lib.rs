@@ -4,13 +4,16 @@
 //! handles, the only code touching the program's maps), [`state`] (the
 //! desired state, its validation and persistence), [`gc`] (flow expiry and
 //! count reconciliation), [`telemetry`] (counters into views) and
-//! [`netdev`] (interfaces). The daemon ([`daemon`]) serves it on a unix
-//! socket; the CLI ([`client`]) talks to the daemon with the [`api`] types.
+//! [`netdev`] (interfaces), [`config`] (the declarative configuration) and
+//! [`metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
+//! a unix socket ([`http`], [`control`]); the CLI ([`client`]) talks to the
+//! daemon with the [`api`] types.
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod balancer;
 pub mod client;
+pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod decap;
@@ -18,8 +21,10 @@ pub mod eligibility;
 pub mod error;
 pub mod gc;
 pub mod health;
+pub mod http;
 pub mod links;
 pub mod maps;
+pub mod metrics;
 pub mod netdev;
 pub mod preflight;
 pub mod retired;

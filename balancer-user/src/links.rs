@@ -166,7 +166,7 @@ pub fn attach_pinned(
             // The interface the link was made for is gone (the name may
             // now belong to a new one): the link is dead, make a new one.
             Err(e) if os_error(&e) == Some(libc::ENOLINK) => {
-                log::info!(
+                tracing::info!(
                     "the pinned link {} is defunct (its interface went away): replacing it",
                     pin.display()
                 );

@@ -10,10 +10,18 @@ use balancer::{
     api::{Request, Response},
     client, daemon,
 };
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use cli::{
-    backend::BackendCmd, decap::DecapCmd, detach::DetachArgs, run::RunArgs, show, vip::VipCmd,
+    backend::BackendCmd,
+    config::{ApplyArgs, ExportArgs},
+    decap::DecapCmd,
+    detach::DetachArgs,
+    run::RunArgs,
+    service::{CompletionsArgs, ManArgs},
+    show,
+    top::TopArgs,
+    vip::VipCmd,
 };
 
 /// Default control socket.
@@ -22,8 +30,10 @@ const DEFAULT_SOCKET: &str = "/run/p2c-balancer/control.sock";
 #[derive(Parser, Debug)]
 #[command(
     name = "balancer",
-    version,
-    about = "XDP TCP load balancer with power-of-two-choices placement"
+    version = cli::service::version(),
+    long_version = cli::service::long_version(),
+    about = "XDP TCP load balancer with power-of-two-choices placement",
+    after_help = "Example:\n  balancer run --iface eth0 --config /etc/p2c-balancer/balancer.toml\n  balancer backend list"
 )]
 struct Cli {
     /// Control socket of the daemon.
@@ -40,30 +50,61 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the daemon: load, attach, serve the control socket.
+    #[command(
+        after_help = "Example:\n  balancer run --iface eth0 --iface eth1 --metrics-address 127.0.0.1:9100"
+    )]
     Run(RunArgs),
     /// Manage VIPs.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:\n  balancer vip add 10.0.0.10:80 --choices 2"
+    )]
     Vip(VipCmd),
     /// Manage the backends of a VIP.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:\n  balancer backend add 10.0.0.10:80 10.0.2.10:8080 10.0.2.11:8080"
+    )]
     Backend(BackendCmd),
     /// Show counters: global, per VIP (with the choice telemetry), per
     /// backend.
+    #[command(after_help = "Example:\n  balancer stats --json | jq .counters.new_flows")]
     Stats {
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
     },
+    /// A live per-backend view (active connections, rates, health, the
+    /// busiest backend's gap to the mean), redrawn until `q` or Ctrl-C.
+    #[command(after_help = "Example:\n  balancer top --interval 2s --vip 10.0.0.10:80")]
+    Top(TopArgs),
+    /// Make the running VIPs, backends and timeouts match a configuration
+    /// file, showing the changes first (all of them are made, or none).
+    #[command(
+        after_help = "Example:\n  balancer apply -f /etc/p2c-balancer/balancer.toml --dry-run"
+    )]
+    Apply(ApplyArgs),
+    /// Write the running VIPs, backends and timeouts as a configuration
+    /// file (what `apply -f` and `run --config` read).
+    #[command(after_help = "Example:\n  balancer export -o /etc/p2c-balancer/balancer.toml")]
+    Export(ExportArgs),
     /// On a backend of an ipip or gue VIP: attach, detach or count the
     /// decapsulation program.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:\n  balancer decap attach --iface eth0"
+    )]
     Decap(DecapCmd),
     /// Detach the XDP program from every interface and stop the daemon
     /// (connections through the balancer break). Stopping the daemon
     /// otherwise leaves the program attached. With no daemon running, the
     /// links pinned in --pin-dir are removed.
+    #[command(after_help = "Example:\n  balancer detach --remove-maps")]
     Detach(DetachArgs),
     /// List flows in the flow table.
+    #[command(
+        after_help = "Example:\n  balancer flows --limit 20 --json | jq '.flows[] | select(.kind == \"live\")'"
+    )]
     Flows {
         /// At most this many (at most 10000).
         #[arg(long, default_value_t = 100)]
@@ -72,13 +113,34 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Show this CLI's build and the running daemon's (commit, layout
+    /// fingerprint).
+    #[command(after_help = "Example:\n  balancer version")]
+    Version,
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Example:\n  balancer completions bash > /etc/bash_completion.d/balancer"
+    )]
+    Completions(CompletionsArgs),
+    /// Write man pages (one per verb) generated from these definitions.
+    #[command(after_help = "Example:\n  balancer man --out-dir /usr/local/share/man/man1")]
+    Man(ManArgs),
 }
 
 fn main() -> ExitCode {
     // A CLI piped into `head` must end quietly, not panic on EPIPE.
     // SAFETY: setting a signal disposition before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Levels from RUST_LOG (default info); `log` records (aya, aya-log's
+    // data-path records) go through the same subscriber.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -106,6 +168,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Run(a) => return daemon::run(a.config(socket)).await,
         Cmd::Detach(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Decap(c) => return c.run(),
+        Cmd::Top(a) => return a.run(&socket, cli.timeout).await,
+        Cmd::Apply(a) => return a.run(&socket, cli.timeout).await,
+        Cmd::Export(a) => return a.run(&socket, cli.timeout).await,
+        Cmd::Version => return cli::service::print_versions(&socket, cli.timeout).await,
+        Cmd::Completions(a) => return a.run(Cli::command()),
+        Cmd::Man(a) => return a.run(Cli::command()),
         Cmd::Vip(c) => c.request(),
         Cmd::Backend(c) => c.request(),
         Cmd::Stats { json } => (Request::Stats, json),
@@ -118,7 +186,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         warn_if_no_eligible(&socket, *vip).await;
     }
     if json {
-        if let Response::Error { message } = &resp {
+        if let Response::Error { message, .. } = &resp {
             bail!("{message}");
         }
         println!("{}", serde_json::to_string_pretty(&resp)?);
@@ -143,12 +211,105 @@ async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddr) {
 fn print_response(resp: Response) -> anyhow::Result<()> {
     match resp {
         Response::Ok => println!("ok"),
-        Response::Error { message } => bail!("{message}"),
+        Response::Error { message, .. } => bail!("{message}"),
         Response::Vips { vips } => cli::vip::print(&vips),
         Response::Backends { backends } => cli::backend::print(&backends),
         Response::Stats(s) => show::print_stats(&s),
         Response::Flows { flows, truncated } => show::print_flows(&flows, truncated),
         Response::Detached { .. } => println!("detached"),
+        other => println!("{}", serde_json::to_string_pretty(&other)?),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Completion scripts are valid shell; man pages are pages, one per verb.
+    #[test]
+    fn completions_and_man_pages() {
+        let mut out = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "balancer",
+            &mut out,
+        );
+        let script = String::from_utf8(out).unwrap();
+        assert!(script.contains("backend") && script.contains("--dry-run"));
+        let mut bash = std::process::Command::new("bash")
+            .arg("-n")
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(bash.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
+        assert!(
+            bash.wait().unwrap().success(),
+            "bash -n refused the completion script"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        cli::service::ManArgs::for_dir(dir.path().to_path_buf())
+            .run(Cli::command())
+            .unwrap();
+        for page in [
+            "balancer.1",
+            "balancer-vip-add.1",
+            "balancer-apply.1",
+            "balancer-top.1",
+        ] {
+            let text = std::fs::read_to_string(dir.path().join(page)).unwrap();
+            assert!(text.contains(".TH"), "{page} is not a man page");
+        }
+        let add = std::fs::read_to_string(dir.path().join("balancer-backend-add.1")).unwrap();
+        assert!(
+            add.contains("Example"),
+            "no example in balancer-backend-add.1"
+        );
+    }
+
+    /// Every verb's `--help` ends with an example, and every example
+    /// parses with these very definitions.
+    #[test]
+    fn every_verb_has_an_example_that_parses() {
+        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+            for sub in cmd.get_subcommands() {
+                let p = format!("{path} {}", sub.get_name());
+                let help = sub
+                    .get_after_help()
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                out.push((p.clone(), help));
+                walk(sub, &p, out);
+            }
+        }
+        let mut verbs = Vec::new();
+        walk(&Cli::command(), "balancer", &mut verbs);
+        assert!(verbs.len() > 20, "{} verbs", verbs.len());
+        for (verb, help) in verbs {
+            assert!(
+                help.starts_with("Example:"),
+                "`{verb} --help` has no example"
+            );
+            let examples: Vec<&str> = help
+                .lines()
+                .skip(1)
+                .map(str::trim)
+                .filter(|l| l.starts_with(verb.as_str()))
+                .collect();
+            assert!(
+                !examples.is_empty(),
+                "`{verb}`'s example is not of `{verb}`: {help}"
+            );
+            for e in examples {
+                // The command itself, without what a shell pipes it into.
+                let cmd = e.split(" | ").next().unwrap_or(e);
+                let cmd = cmd.split(" > ").next().unwrap_or(cmd);
+                let words = shlex::split(cmd).expect("quoting");
+                if let Err(err) = Cli::try_parse_from(&words) {
+                    panic!("example `{e}` does not parse: {err}");
+                }
+            }
+        }
+    }
 }

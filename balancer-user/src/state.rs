@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// What an active health check does.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CheckKind {
     /// A TCP connection is accepted within the timeout.
@@ -37,7 +37,7 @@ pub enum CheckKind {
 
 /// An active health check: what, how often, and how many results in a row
 /// change a backend's state (HAProxy's `inter`, `rise` and `fall`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct HealthCheck {
     /// What the check does.
     pub kind: CheckKind,
@@ -46,9 +46,11 @@ pub struct HealthCheck {
     pub port: Option<u16>,
     /// Time between checks (each check's start is spread by up to 10 %).
     #[serde(with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub interval: Duration,
     /// Time a check may take.
     #[serde(with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub timeout: Duration,
     /// Passes in a row that make an unhealthy backend healthy.
     pub rise: u32,
@@ -115,7 +117,7 @@ impl HealthCheck {
 }
 
 /// What new connections to a VIP with no healthy backend do.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NoHealthy {
     /// Fall back to every backend that is not drained, healthy or not
@@ -127,11 +129,93 @@ pub enum NoHealthy {
     Drop,
 }
 
+/// `choices` as the API and the state file write it: a number of
+/// candidates, or `"all"` for a full scan ([`CHOICES_FULL_SCAN`]), as the
+/// CLI shows it; a number is read either way (state files written before
+/// wrote the full scan as 4294967295).
+pub mod choices_serde {
+    use balancer_common::CHOICES_FULL_SCAN;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Choices {
+        Number(u32),
+        Word(String),
+    }
+
+    /// Serializes `choices`.
+    pub fn serialize<S: Serializer>(c: &u32, s: S) -> Result<S::Ok, S::Error> {
+        if *c == CHOICES_FULL_SCAN {
+            s.serialize_str("all")
+        } else {
+            s.serialize_u32(*c)
+        }
+    }
+
+    /// Deserializes `choices`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        match Choices::deserialize(d)? {
+            Choices::Number(n) => Ok(n),
+            Choices::Word(w) if w == "all" => Ok(CHOICES_FULL_SCAN),
+            Choices::Word(w) => Err(serde::de::Error::custom(format!(
+                "choices {w:?}: a number of candidates, or \"all\""
+            ))),
+        }
+    }
+
+    /// For `Option<u32>` fields.
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        /// Serializes an optional `choices`.
+        pub fn serialize<S: Serializer>(c: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+            match c {
+                Some(c) => super::serialize(c, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        /// Deserializes an optional `choices`.
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+            #[derive(Deserialize)]
+            struct W(#[serde(with = "super")] u32);
+            Ok(Option::<W>::deserialize(d)?.map(|w| w.0))
+        }
+    }
+}
+
+/// The JSON (and TOML) form of `choices`, for the API's description: a
+/// number of candidates (1..=16), or `"all"` for a full scan.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ChoicesValue {
+    /// Candidates compared per new flow.
+    Count(u32),
+    /// `"all"`: every eligible backend (least connections).
+    All(String),
+}
+
+fn default_choices() -> u32 {
+    DEFAULT_CHOICES
+}
+
+/// `choices` as the CLI writes it: the number, or `all` for a full scan.
+pub fn choices_word(c: u32) -> String {
+    if c == CHOICES_FULL_SCAN {
+        "all".into()
+    } else {
+        c.to_string()
+    }
+}
+
 /// Per-VIP settings.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct VipSettings {
-    /// Backends compared per new flow (1..=16, or `u32::MAX` for a full
-    /// scan).
+    /// Backends compared per new flow: 1..=16, or `"all"` for a full
+    /// least-connections scan.
+    #[serde(with = "choices_serde", default = "default_choices")]
+    #[schema(value_type = ChoicesValue)]
     pub choices: u32,
     /// Active health check of its backends (`None`: no active checks).
     #[serde(default)]
@@ -142,6 +226,7 @@ pub struct VipSettings {
     /// A backend that joins or returns to health has its weight ramped up
     /// over this time (0: at once).
     #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub slow_start: Duration,
     /// Passive detection: a server that fails this many new flows in a row
     /// (reset before any data, or SYN retransmitted unanswered) leaves the
@@ -151,11 +236,13 @@ pub struct VipSettings {
     /// How long a server ejected by passive detection stays out when the
     /// VIP has no active check (with one, until the check passes).
     #[serde(default = "default_ejection_time", with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub ejection_time: Duration,
     /// Session affinity: later connections from a client seen within this
     /// time go to the backend its earlier connection got, while that
     /// backend is eligible (0: off, every connection is placed on its own).
     #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
     pub persistence: Duration,
     /// Prefix length grouping client addresses for affinity (none: each
     /// address on its own, as /32 for an IPv4 VIP and /128 for an IPv6
@@ -169,6 +256,7 @@ pub struct VipSettings {
     /// Outer source address of encapsulated packets (required by the
     /// `ipip` and `gue` modes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub encap_source: Option<IpAddr>,
     /// GUE's UDP destination port on the backends (the `gue` mode).
     #[serde(default = "default_gue_port")]
@@ -180,7 +268,7 @@ fn default_gue_port() -> u16 {
 }
 
 /// How a VIP's packets reach its backends.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ForwardingMode {
     /// Destination NAT: the backends route their replies through the
@@ -404,6 +492,10 @@ pub struct State {
     /// the `SERVER_*` arrays: one active count per server across VIPs).
     #[serde(default)]
     pub servers: BTreeMap<SocketAddr, u32>,
+    /// The flow table's idle timeouts, once set by a configuration (`run
+    /// --config`, `apply`); until then the daemon's command line's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<crate::gc::Timeouts>,
 }
 
 /// Where one backend address and port is used: what the data path's
@@ -444,6 +536,9 @@ impl State {
         };
         if self.vips.len() > MAX_VIPS as usize {
             return Err(bad(format!("{} VIPs, at most {MAX_VIPS}", self.vips.len())));
+        }
+        if let Some(t) = &self.timeouts {
+            t.validate()?;
         }
         let mut indexes = BTreeSet::new();
         let mut slots = BTreeSet::new();

@@ -17,10 +17,11 @@ pub fn parse_choices(s: &str) -> Result<u32, String> {
     Ok(n)
 }
 
-/// An IPv4 `address:port`.
+/// An `address:port`, IPv4 or IPv6 in brackets.
 pub fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
-    s.parse::<SocketAddr>()
-        .map_err(|_| format!("`{s}` is not an IPv4 address:port (like 10.0.0.10:80)"))
+    s.parse::<SocketAddr>().map_err(|_| {
+        format!("`{s}` is not an address:port (like 10.0.0.10:80 or [2001:db8::10]:80)")
+    })
 }
 
 /// A duration like `2s`, `500ms`, `1m`.

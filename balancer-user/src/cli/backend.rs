@@ -11,6 +11,9 @@ use super::args::{parse_endpoint, HealthArgs};
 #[derive(Subcommand, Debug)]
 pub enum BackendCmd {
     /// Add one or more backends to a VIP (all or none).
+    #[command(
+        after_help = "Example:\n  balancer backend add 10.0.0.10:80 10.0.2.10:8080 10.0.2.11:8080 --weight 2"
+    )]
     Add {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -25,6 +28,9 @@ pub enum BackendCmd {
     },
     /// Change a backend's weight or give it a health check of its own
     /// (`--health off`: the VIP's check again).
+    #[command(
+        after_help = "Example:\n  balancer backend set 10.0.0.10:80 10.0.2.10:8080 --weight 3 --health http:/healthz"
+    )]
     Set {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -39,6 +45,7 @@ pub enum BackendCmd {
         health: HealthArgs,
     },
     /// Drain a backend: no new flows; existing flows run to completion.
+    #[command(after_help = "Example:\n  balancer backend drain 10.0.0.10:80 10.0.2.10:8080")]
     Drain {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -48,6 +55,7 @@ pub enum BackendCmd {
         backend: SocketAddr,
     },
     /// Put a drained backend back into service.
+    #[command(after_help = "Example:\n  balancer backend undrain 10.0.0.10:80 10.0.2.10:8080")]
     Undrain {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -60,6 +68,7 @@ pub enum BackendCmd {
     /// client gets a TCP reset from the balancer (for --orphan-timeout,
     /// default 2m; later segments are passed to the host). Drain first to
     /// let them finish.
+    #[command(after_help = "Example:\n  balancer backend remove 10.0.0.10:80 10.0.2.10:8080")]
     Remove {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -69,6 +78,9 @@ pub enum BackendCmd {
         backend: SocketAddr,
     },
     /// List backends with their health and active connections.
+    #[command(
+        after_help = "Example:\n  balancer backend list 10.0.0.10:80 --json | jq '.backends[] | {backend, active_connections}'"
+    )]
     List {
         /// Only this VIP.
         #[arg(value_parser = parse_endpoint)]

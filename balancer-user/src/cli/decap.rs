@@ -23,6 +23,7 @@ pub enum DecapCmd {
     /// the stack as the client sent them (the backend holds the VIP on a
     /// loopback address and replies to the client directly). It stays
     /// attached after the command ends; attaching again updates it.
+    #[command(after_help = "Example:\n  balancer decap attach --iface eth0 --gue-port 6080")]
     Attach {
         /// Interface receiving the encapsulated packets.
         #[arg(long = "iface", short = 'i')]
@@ -42,6 +43,7 @@ pub enum DecapCmd {
         pin_dir: PathBuf,
     },
     /// Detach it from an interface.
+    #[command(after_help = "Example:\n  balancer decap detach --iface eth0")]
     Detach {
         /// Interface.
         #[arg(long = "iface", short = 'i')]
@@ -52,6 +54,7 @@ pub enum DecapCmd {
     },
     /// Packets decapsulated and frames passed untouched, on every
     /// interface it is attached to.
+    #[command(after_help = "Example:\n  balancer decap stats")]
     Stats {
         /// bpffs directory of its link and maps.
         #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]

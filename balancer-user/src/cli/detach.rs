@@ -44,7 +44,7 @@ impl DetachArgs {
                 print_done(&interfaces, &removed_pins);
                 Ok(())
             }
-            Ok(Response::Error { message }) => bail!("{message}"),
+            Ok(Response::Error { message, .. }) => bail!("{message}"),
             Ok(other) => bail!("unexpected answer {other:?}"),
             Err(e) if e.downcast_ref::<client::NotRunning>().is_some() => self.offline(socket),
             Err(e) => Err(e),

@@ -3,10 +3,13 @@
 
 pub mod args;
 pub mod backend;
+pub mod config;
 pub mod decap;
 pub mod detach;
 pub mod run;
+pub mod service;
 pub mod show;
+pub mod top;
 pub mod vip;
 
 /// The width of a column of addresses: 21 (an IPv4 address and port) or

@@ -79,6 +79,8 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
     affinity_table_size: u32,
     /// Idle timeout of half-open flows (SYN seen, handshake not completed).
+    /// The timeouts of a configuration (--config, `apply`) take the place
+    /// of these four.
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
     half_open_timeout: Duration,
     /// Idle timeout of established flows.
@@ -108,6 +110,25 @@ pub struct RunArgs {
     /// Deterministic random draws with this seed (tests only; 0 = kernel random).
     #[arg(long, default_value_t = 0, hide = true)]
     test_seed: u64,
+    /// A configuration file (TOML: VIPs, backends, weights, modes, health
+    /// checks, timeouts; `balancer export` writes one) applied at start,
+    /// after the state file is restored: the running state then matches
+    /// it. A mistake in it refuses the start, naming its line.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// A second control socket that serves only reads (GET), for
+    /// monitoring; see --read-only-group.
+    #[arg(long, value_name = "PATH")]
+    read_only_socket: Option<PathBuf>,
+    /// The group (name or gid) whose members may use the read-only socket
+    /// (mode 0660); without it, root only.
+    #[arg(long, value_name = "GROUP", requires = "read_only_socket")]
+    read_only_group: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by
+    /// default; the address is reachable by whoever can reach it: bind a
+    /// loopback or management address).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_address: Option<std::net::SocketAddr>,
     /// Remove the maps pinned by an earlier run and start with empty maps
     /// (established connections are lost; the state file is still
     /// restored). Pinned links are kept and get the new program.
@@ -140,6 +161,10 @@ impl RunArgs {
             stats_interval: self.stats_interval,
             test_seed: self.test_seed,
             fresh: self.fresh,
+            config_file: self.config,
+            read_only_socket: self.read_only_socket,
+            read_only_group: self.read_only_group,
+            metrics_address: self.metrics_address,
         }
     }
 }

@@ -60,8 +60,9 @@ pub struct VipArgs {
     #[arg(long, value_parser = parse_duration)]
     persistence: Option<Duration>,
     /// Group clients for affinity by this prefix length (as `ipvsadm -M`;
-    /// default 32: each address on its own).
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
+    /// 1..=32 for an IPv4 VIP, 1..=128 for an IPv6 one; default: the
+    /// whole address, each client on its own).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=128))]
     persistence_netmask: Option<u8>,
     /// How packets reach the backends: nat (default; replies come back
     /// through the balancer), dsr (L2 direct server return), ipip or gue
@@ -128,6 +129,9 @@ impl VipArgs {
 #[derive(Subcommand, Debug)]
 pub enum VipCmd {
     /// Add a VIP.
+    #[command(
+        after_help = "Example:\n  balancer vip add 10.0.0.10:80 --choices 2 --health tcp\n  balancer vip add '[2001:db8::10]:443' --mode dsr"
+    )]
     Add {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -136,6 +140,9 @@ pub enum VipCmd {
         settings: VipArgs,
     },
     /// Change settings of a VIP (the options given; the others stay).
+    #[command(
+        after_help = "Example:\n  balancer vip set 10.0.0.10:80 --slow-start 30s --eject-after 5"
+    )]
     Set {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -144,6 +151,7 @@ pub enum VipCmd {
         settings: VipArgs,
     },
     /// Change the choices of a VIP (same as `vip set VIP --choices N`).
+    #[command(after_help = "Example:\n  balancer vip set-choices 10.0.0.10:80 all")]
     SetChoices {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
@@ -153,12 +161,14 @@ pub enum VipCmd {
         choices: u32,
     },
     /// Remove a VIP with its backends and flows.
+    #[command(after_help = "Example:\n  balancer vip remove 10.0.0.10:80")]
     Remove {
         /// VIP as address:port.
         #[arg(value_parser = parse_endpoint)]
         vip: SocketAddr,
     },
     /// List VIPs.
+    #[command(after_help = "Example:\n  balancer vip list --json | jq '.vips[].vip'")]
     List {
         /// Print JSON.
         #[arg(long)]

@@ -1,0 +1,137 @@
+//! `balancer apply` and `balancer export`: the declarative configuration
+//! (see `balancer::config` for the file's form).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+use balancer::{
+    api::{Request, Response},
+    client, config,
+};
+
+/// `balancer apply` options.
+#[derive(clap::Args, Debug)]
+pub struct ApplyArgs {
+    /// The configuration file (TOML; `-` reads standard input).
+    #[arg(short = 'f', long = "file")]
+    file: PathBuf,
+    /// Only show what would change.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// `balancer export` options.
+#[derive(clap::Args, Debug)]
+pub struct ExportArgs {
+    /// Write to this file instead of standard output (replaced whole, or
+    /// left as it was).
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+}
+
+fn read(file: &Path) -> anyhow::Result<config::Config> {
+    let text = if file == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+    };
+    // Checked here first: a mistake is named with its line, and the daemon
+    // is not asked at all.
+    config::parse(&text).with_context(|| format!("in {}", file.display()))
+}
+
+fn applied(r: Response) -> anyhow::Result<Vec<String>> {
+    match r {
+        Response::Applied { changes, .. } => Ok(changes),
+        Response::Error { message, .. } => bail!("{message}"),
+        other => bail!("unexpected answer {other:?}"),
+    }
+}
+
+impl ApplyArgs {
+    /// Shows the changes that make the daemon's state match the file, then
+    /// (without `--dry-run`) makes them: all of them, or none.
+    ///
+    /// # Errors
+    /// A file that does not parse (its line named), a change the daemon
+    /// refuses (nothing is applied), no daemon.
+    pub async fn run(self, socket: &Path, timeout: std::time::Duration) -> anyhow::Result<()> {
+        let desired = read(&self.file)?;
+        let plan = applied(
+            client::call_with_timeout(
+                socket,
+                &Request::Apply {
+                    config: desired.clone(),
+                    dry_run: true,
+                },
+                timeout,
+            )
+            .await?,
+        )?;
+        if plan.is_empty() {
+            println!(
+                "nothing to change: the running state matches {}",
+                self.file.display()
+            );
+            return Ok(());
+        }
+        for line in &plan {
+            println!("{line}");
+        }
+        if self.dry_run {
+            println!("{} changes (dry run: nothing applied)", plan.len());
+            return Ok(());
+        }
+        let done = applied(
+            client::call_with_timeout(
+                socket,
+                &Request::Apply {
+                    config: desired,
+                    dry_run: false,
+                },
+                timeout,
+            )
+            .await?,
+        )?;
+        if done != plan {
+            // The state changed between the two requests: say what was
+            // really done.
+            println!("the running state changed meanwhile; applied instead:");
+            for line in &done {
+                println!("{line}");
+            }
+        }
+        println!("applied {} changes", done.len());
+        Ok(())
+    }
+}
+
+impl ExportArgs {
+    /// Writes the daemon's running state in the configuration's form.
+    ///
+    /// # Errors
+    /// No daemon; the output file cannot be written.
+    pub async fn run(self, socket: &Path, timeout: std::time::Duration) -> anyhow::Result<()> {
+        let c = match client::call_with_timeout(socket, &Request::Export, timeout).await? {
+            Response::Config { config } => config,
+            Response::Error { message, .. } => bail!("{message}"),
+            other => bail!("unexpected answer {other:?}"),
+        };
+        let text = config::to_toml(&c)?;
+        match &self.output {
+            None => print!("{text}"),
+            Some(path) => {
+                let dir = path
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                let mut tmp = tempfile::NamedTempFile::new_in(dir)
+                    .with_context(|| format!("creating a file in {}", dir.display()))?;
+                std::io::Write::write_all(&mut tmp, text.as_bytes())?;
+                tmp.persist(path)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! `balancer top`: a live per-backend table (ratatui), redrawn from
+//! `GET /v1/stats` every interval until `q`, Esc or Ctrl-C.
+//!
+//! Rates are the change of the daemon's counters between two polls over
+//! the time between them; the first frame shows none. Per VIP, the header
+//! line gives the backends' mean active connections, the busiest one's,
+//! and the gap between them: the imbalance power of two choices keeps
+//! small (Mitzenmacher, "The Power of Two Choices in Randomized Load
+//! Balancing", 2001: the most loaded of n bins holds about ln ln n / ln 2
+//! above the mean).
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+use balancer::{
+    api::{BackendView, Request, Response, StatsView},
+    client,
+};
+use crossterm::event::{self, Event, KeyCode, KeyModifiers};
+use ratatui::{
+    layout::{Constraint, Layout},
+    style::{Modifier, Style},
+    text::Line,
+    widgets::{Block, Paragraph, Row, Table},
+    Frame,
+};
+
+use super::{args::choices_name, backend::health_word};
+
+/// `balancer top` options.
+#[derive(clap::Args, Debug)]
+pub struct TopArgs {
+    /// Time between redraws.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    interval: Duration,
+    /// Stop after this many redraws (default: until interrupted).
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Only this VIP.
+    #[arg(long, value_parser = super::args::parse_endpoint)]
+    vip: Option<SocketAddr>,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = super::args::parse_duration(s)?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(format!("`{s}`: between 100ms and 1h"));
+    }
+    Ok(d)
+}
+
+/// A backend's counters at one poll.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: Instant,
+    connections: u64,
+    packets: u64,
+    bytes: u64,
+}
+
+/// Per-second rates of one backend.
+#[derive(Clone, Copy, Default)]
+struct Rates {
+    new: f64,
+    packets: f64,
+    bytes: f64,
+}
+
+type Key = (SocketAddr, SocketAddr);
+
+/// One VIP's balance: (mean active, busiest active, busiest minus mean).
+fn balance(backends: &[&BackendView]) -> (f64, u64, f64) {
+    if backends.is_empty() {
+        return (0.0, 0, 0.0);
+    }
+    let total: u64 = backends.iter().map(|b| b.active_connections).sum();
+    let mean = total as f64 / backends.len() as f64;
+    let max = backends
+        .iter()
+        .map(|b| b.active_connections)
+        .max()
+        .unwrap_or(0);
+    (mean, max, max as f64 - mean)
+}
+
+fn human(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.1}G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn draw(f: &mut Frame, stats: &StatsView, rates: &BTreeMap<Key, Rates>, only: Option<SocketAddr>) {
+    let mut lines = vec![Line::from(format!(
+        "p2c-balancer top   live flows {}   flow table {}/{}   rx {} pkts   drops: no_backend {} fib {}   (q quits)",
+        stats.live_flows,
+        stats.flow_table_entries,
+        stats.flow_table_size + stats.half_open_table_size,
+        stats.counter("rx_packets"),
+        stats.counter("drop_no_backend"),
+        stats.counter("drop_fib"),
+    ))];
+    let mut rows = Vec::new();
+    for v in stats
+        .vips
+        .iter()
+        .filter(|v| only.is_none_or(|o| o == v.vip))
+    {
+        let bs: Vec<&BackendView> = stats.backends.iter().filter(|b| b.vip == v.vip).collect();
+        let (mean, max, gap) = balance(&bs);
+        lines.push(Line::from(format!(
+            "VIP {}  {}  choices {}  active {}  mean {mean:.1}  busiest {max}  gap {gap:+.1}",
+            v.vip,
+            v.mode.name(),
+            choices_name(v.choices),
+            v.active_connections
+        )));
+        for b in bs {
+            let r = rates.get(&(b.vip, b.backend)).copied();
+            let rate = |x: Option<f64>| x.map_or("-".into(), human);
+            rows.push(Row::new(vec![
+                b.vip.to_string(),
+                b.backend.to_string(),
+                format!("{:?}", b.state).to_lowercase(),
+                health_word(b),
+                b.weight.to_string(),
+                b.active_connections.to_string(),
+                format!("{:+.1}", b.active_connections as f64 - mean),
+                rate(r.map(|r| r.new)),
+                rate(r.map(|r| r.packets)),
+                rate(r.map(|r| r.bytes)),
+            ]));
+        }
+    }
+    let header = Row::new(vec![
+        "VIP", "BACKEND", "STATE", "HEALTH", "WEIGHT", "ACTIVE", "VS MEAN", "NEW/S", "PKTS/S",
+        "BYTES/S",
+    ])
+    .style(Style::default().add_modifier(Modifier::BOLD));
+    let [head, table] = Layout::vertical([
+        Constraint::Length(lines.len() as u16 + 2),
+        Constraint::Min(3),
+    ])
+    .areas(f.area());
+    f.render_widget(Paragraph::new(lines).block(Block::bordered()), head);
+    let widths = [
+        Constraint::Length(22),
+        Constraint::Length(22),
+        Constraint::Length(9),
+        Constraint::Length(12),
+        Constraint::Length(7),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(9),
+    ];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(header)
+            .block(Block::bordered().title(" backends ")),
+        table,
+    );
+}
+
+/// The rates between two polls (none for a backend new since the last).
+fn rates(prev: &BTreeMap<Key, Sample>, now: &BTreeMap<Key, Sample>) -> BTreeMap<Key, Rates> {
+    now.iter()
+        .filter_map(|(k, n)| {
+            let p = prev.get(k)?;
+            let dt = n.at.duration_since(p.at).as_secs_f64();
+            if dt <= 0.0 {
+                return None;
+            }
+            let d = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt;
+            Some((
+                *k,
+                Rates {
+                    new: d(n.connections, p.connections),
+                    packets: d(n.packets, p.packets),
+                    bytes: d(n.bytes, p.bytes),
+                },
+            ))
+        })
+        .collect()
+}
+
+fn samples(stats: &StatsView, at: Instant) -> BTreeMap<Key, Sample> {
+    stats
+        .backends
+        .iter()
+        .map(|b| {
+            (
+                (b.vip, b.backend),
+                Sample {
+                    at,
+                    connections: b.total_connections,
+                    packets: b.packets,
+                    bytes: b.bytes,
+                },
+            )
+        })
+        .collect()
+}
+
+impl TopArgs {
+    /// Redraws until interrupted (or `--iterations`).
+    ///
+    /// # Errors
+    /// No daemon, no terminal.
+    pub async fn run(self, socket: &Path, timeout: Duration) -> anyhow::Result<()> {
+        let fetch = || async {
+            match client::call_with_timeout(socket, &Request::Stats, timeout).await? {
+                Response::Stats(s) => Ok(*s),
+                Response::Error { message, .. } => bail!("{message}"),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        };
+        // Checked before the screen is taken: an error is then readable.
+        let mut stats = fetch().await?;
+        if let Some(v) = self.vip {
+            if !stats.vips.iter().any(|x| x.vip == v) {
+                bail!("no VIP {v}");
+            }
+        }
+        let (keys_tx, mut keys) = tokio::sync::mpsc::unbounded_channel();
+        // Keys are read on a thread of their own (crossterm's reads block).
+        std::thread::spawn(move || loop {
+            match event::poll(Duration::from_millis(200)) {
+                Ok(true) => match event::read() {
+                    Ok(Event::Key(k)) => {
+                        let quit = matches!(k.code, KeyCode::Char('q') | KeyCode::Esc)
+                            || (k.code == KeyCode::Char('c')
+                                && k.modifiers.contains(KeyModifiers::CONTROL));
+                        if quit && keys_tx.send(()).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                },
+                Ok(false) => {
+                    if keys_tx.is_closed() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        });
+        let mut terminal = ratatui::try_init()?;
+        let result = async {
+            let mut prev = samples(&stats, Instant::now());
+            let mut r = BTreeMap::new();
+            let mut drawn = 0u64;
+            loop {
+                terminal.draw(|f| draw(f, &stats, &r, self.vip))?;
+                drawn += 1;
+                if self.iterations.is_some_and(|n| drawn >= n) {
+                    return Ok(());
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(self.interval) => {}
+                    _ = keys.recv() => return Ok(()),
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+                stats = fetch().await?;
+                let now = samples(&stats, Instant::now());
+                r = rates(&prev, &now);
+                prev = now;
+            }
+        }
+        .await;
+        ratatui::restore();
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_per_second_between_polls() {
+        let t0 = Instant::now();
+        let k: Key = (
+            "10.0.0.10:80".parse().unwrap(),
+            "10.0.2.10:80".parse().unwrap(),
+        );
+        let s = |at, c, p, b| Sample {
+            at,
+            connections: c,
+            packets: p,
+            bytes: b,
+        };
+        let prev = BTreeMap::from([(k, s(t0, 10, 100, 1000))]);
+        let now = BTreeMap::from([(k, s(t0 + Duration::from_secs(2), 30, 300, 5000))]);
+        let r = rates(&prev, &now)[&k];
+        assert_eq!((r.new, r.packets, r.bytes), (10.0, 100.0, 2000.0));
+        assert!(rates(&BTreeMap::new(), &now).is_empty());
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human(999.0), "999");
+        assert_eq!(human(12_345.0), "12.3k");
+        assert_eq!(human(2_500_000.0), "2.5M");
+    }
+}

@@ -1,0 +1,568 @@
+//! The declarative configuration: every VIP with its settings and
+//! backends, and the flow table's timeouts, in one TOML file (`run
+//! --config`, `apply -f`, `export`). [`export`] writes the running state in
+//! this form; [`plan`] lists what makes a running state match a file;
+//! `Balancer::apply_config` carries it out, all of it or nothing.
+//!
+//! ```toml
+//! [timeouts]
+//! established = "15m"
+//!
+//! [[vip]]
+//! address = "192.0.2.10:443"
+//! choices = 2
+//! mode = "nat"
+//!
+//! [[vip.backend]]
+//! address = "10.1.0.11:8443"
+//! weight = 2
+//! ```
+//!
+//! Every key is checked: a key that is not one of the above is an error
+//! naming its line, like any other mistake in the file.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    api::BackendState,
+    error::{BalancerError, Result},
+    gc::Timeouts,
+    state::{ForwardingMode, HealthCheck, NoHealthy, State, VipSettings},
+};
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Idle timeouts of the flow table. Absent: `apply` leaves the running
+    /// ones as they are; each one missing from the table takes the
+    /// built-in default (`balancer run --help`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<TimeoutsEntry>,
+    /// The VIPs, in address order on export.
+    #[serde(default, rename = "vip", skip_serializing_if = "Vec::is_empty")]
+    pub vips: Vec<VipEntry>,
+}
+
+/// The `[timeouts]` table.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsEntry {
+    /// A SYN seen, the handshake not completed.
+    #[serde(default = "d_half_open", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub half_open: Duration,
+    /// Handshake completed, no FIN.
+    #[serde(default = "d_established", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub established: Duration,
+    /// One FIN seen, or closed and kept for late segments.
+    #[serde(default = "d_closing", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub closing: Duration,
+    /// How long an expired or removed flow is remembered for its reset.
+    #[serde(default = "d_orphan", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub orphan: Duration,
+}
+
+fn d_half_open() -> Duration {
+    Timeouts::default().half_open
+}
+fn d_established() -> Duration {
+    Timeouts::default().established
+}
+fn d_closing() -> Duration {
+    Timeouts::default().closing
+}
+fn d_orphan() -> Duration {
+    Timeouts::default().orphan
+}
+
+impl Default for TimeoutsEntry {
+    fn default() -> Self {
+        TimeoutsEntry::from(Timeouts::default())
+    }
+}
+
+impl From<Timeouts> for TimeoutsEntry {
+    fn from(t: Timeouts) -> Self {
+        TimeoutsEntry {
+            half_open: t.half_open,
+            established: t.established,
+            closing: t.closing,
+            orphan: t.orphan,
+        }
+    }
+}
+
+impl From<TimeoutsEntry> for Timeouts {
+    fn from(t: TimeoutsEntry) -> Self {
+        Timeouts {
+            half_open: t.half_open,
+            established: t.established,
+            closing: t.closing,
+            orphan: t.orphan,
+        }
+    }
+}
+
+fn d_settings() -> VipSettings {
+    VipSettings::default()
+}
+
+/// One `[[vip]]`: its address, its settings (the keys of `vip add`'s
+/// options; each missing one takes `vip add`'s default) and its backends.
+/// The settings are [`VipSettings`]'s fields written out rather than a
+/// flattened `VipSettings`: serde cannot refuse unknown keys through a
+/// flattened struct, and a misspelt key must be an error.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VipEntry {
+    /// Address and port.
+    #[schema(value_type = String)]
+    pub address: SocketAddr,
+    /// Backends compared per new flow: 1..=16, or `"all"`.
+    #[serde(default = "d_choices", with = "crate::state::choices_serde")]
+    #[schema(value_type = crate::state::ChoicesValue)]
+    pub choices: u32,
+    /// How packets reach the backends.
+    #[serde(default)]
+    pub mode: ForwardingMode,
+    /// Outer source of encapsulated packets (`ipip`, `gue`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub encap_source: Option<IpAddr>,
+    /// GUE's UDP destination port.
+    #[serde(default = "d_gue_port")]
+    pub gue_port: u16,
+    /// Active health check of the backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
+    /// What new connections do when no backend is healthy.
+    #[serde(default)]
+    pub no_healthy: NoHealthy,
+    /// Weight ramp of a joining backend.
+    #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub slow_start: Duration,
+    /// Passive detection: failed new flows in a row (0: off).
+    #[serde(default = "d_eject_after")]
+    pub eject_after: u32,
+    /// Ejection time without an active check.
+    #[serde(default = "d_ejection_time", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub ejection_time: Duration,
+    /// Session affinity time (0: off).
+    #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub persistence: Duration,
+    /// Prefix length grouping clients for affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_netmask: Option<u8>,
+    /// The backends, in the order they were added.
+    #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<BackendEntry>,
+}
+
+fn d_choices() -> u32 {
+    d_settings().choices
+}
+fn d_gue_port() -> u16 {
+    d_settings().gue_port
+}
+fn d_eject_after() -> u32 {
+    d_settings().eject_after
+}
+fn d_ejection_time() -> Duration {
+    d_settings().ejection_time
+}
+
+impl VipEntry {
+    /// The VIP's settings.
+    pub fn settings(&self) -> VipSettings {
+        VipSettings {
+            choices: self.choices,
+            health: self.health.clone(),
+            no_healthy: self.no_healthy,
+            slow_start: self.slow_start,
+            eject_after: self.eject_after,
+            ejection_time: self.ejection_time,
+            persistence: self.persistence,
+            persistence_netmask: self.persistence_netmask,
+            mode: self.mode,
+            encap_source: self.encap_source,
+            gue_port: self.gue_port,
+        }
+    }
+
+    fn of(address: SocketAddr, s: &VipSettings, backends: Vec<BackendEntry>) -> VipEntry {
+        VipEntry {
+            address,
+            choices: s.choices,
+            mode: s.mode,
+            encap_source: s.encap_source,
+            gue_port: s.gue_port,
+            health: s.health.clone(),
+            no_healthy: s.no_healthy,
+            slow_start: s.slow_start,
+            eject_after: s.eject_after,
+            ejection_time: s.ejection_time,
+            persistence: s.persistence,
+            persistence_netmask: s.persistence_netmask,
+            backends,
+        }
+    }
+}
+
+/// One `[[vip.backend]]`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackendEntry {
+    /// Address and port.
+    #[schema(value_type = String)]
+    pub address: SocketAddr,
+    /// Weight, 1..=1000.
+    #[serde(default = "d_weight")]
+    pub weight: u32,
+    /// Drained: no new flows; its flows continue.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drained: bool,
+    /// A health check of its own instead of the VIP's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
+}
+
+fn d_weight() -> u32 {
+    1
+}
+
+/// The running state in the declarative form: VIPs in address order,
+/// backends in the order they were added, every setting written out.
+pub fn export(state: &State, timeouts: &Timeouts) -> Config {
+    Config {
+        timeouts: Some((*timeouts).into()),
+        vips: state
+            .vips
+            .values()
+            .map(|v| {
+                let backends = v
+                    .backends
+                    .iter()
+                    .map(|b| BackendEntry {
+                        address: b.addr,
+                        weight: b.weight,
+                        drained: b.state == BackendState::Draining,
+                        health: b.health.clone(),
+                    })
+                    .collect();
+                VipEntry::of(v.addr, &v.settings, backends)
+            })
+            .collect(),
+    }
+}
+
+/// Reads a TOML configuration.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] with the parser's message, which names the
+/// line and column of the first mistake (a syntax error, an unknown key, a
+/// value of the wrong type); a VIP or a backend listed twice.
+pub fn parse(text: &str) -> Result<Config> {
+    let c: Config = toml::from_str(text).map_err(|e| BalancerError::Invalid {
+        what: "configuration",
+        reason: e.to_string().trim_end().to_string(),
+    })?;
+    let mut vips = std::collections::BTreeSet::new();
+    for v in &c.vips {
+        if !vips.insert(v.address) {
+            return Err(BalancerError::Invalid {
+                what: "configuration",
+                reason: format!("VIP {} is listed twice", v.address),
+            });
+        }
+        let mut bs = std::collections::BTreeSet::new();
+        for b in &v.backends {
+            if !bs.insert(b.address) {
+                return Err(BalancerError::Invalid {
+                    what: "configuration",
+                    reason: format!("VIP {}: backend {} is listed twice", v.address, b.address),
+                });
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// The configuration as TOML.
+///
+/// # Errors
+/// Serialization failure (none for a configuration [`export`] wrote).
+pub fn to_toml(c: &Config) -> Result<String> {
+    toml::to_string(c).map_err(|e| BalancerError::Invalid {
+        what: "configuration",
+        reason: e.to_string(),
+    })
+}
+
+/// One change that takes a running configuration to a desired one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The flow table's timeouts.
+    Timeouts(Timeouts),
+    /// A VIP goes, with its backends.
+    RemoveVip(SocketAddr),
+    /// A VIP comes.
+    AddVip(SocketAddr, VipSettings),
+    /// A VIP's settings change.
+    SetVip(SocketAddr, VipSettings),
+    /// A backend goes.
+    RemoveBackend(SocketAddr, SocketAddr),
+    /// A backend comes, with its weight.
+    AddBackend(SocketAddr, SocketAddr, u32),
+    /// A backend's weight and own health check change.
+    SetBackend(SocketAddr, SocketAddr, u32, Option<HealthCheck>),
+    /// A backend is drained (`true`) or put back into service.
+    Drain(SocketAddr, SocketAddr, bool),
+}
+
+impl Change {
+    /// One line for the operator: `+` added, `-` removed, `~` changed.
+    pub fn describe(&self) -> String {
+        match self {
+            Change::Timeouts(t) => format!(
+                "~ timeouts half_open {} established {} closing {} orphan {}",
+                humantime::format_duration(t.half_open),
+                humantime::format_duration(t.established),
+                humantime::format_duration(t.closing),
+                humantime::format_duration(t.orphan)
+            ),
+            Change::RemoveVip(v) => format!("- vip {v} (and its backends)"),
+            Change::AddVip(v, s) => format!("+ vip {v} {}", settings_words(s)),
+            Change::SetVip(v, s) => format!("~ vip {v} {}", settings_words(s)),
+            Change::RemoveBackend(v, b) => format!("- backend {b} of {v}"),
+            Change::AddBackend(v, b, w) => format!("+ backend {b} of {v} weight {w}"),
+            Change::SetBackend(v, b, w, h) => format!(
+                "~ backend {b} of {v} weight {w}{}",
+                if h.is_some() {
+                    ", own health check"
+                } else {
+                    ""
+                }
+            ),
+            Change::Drain(v, b, true) => format!("~ backend {b} of {v} drained"),
+            Change::Drain(v, b, false) => format!("~ backend {b} of {v} back in service"),
+        }
+    }
+}
+
+fn settings_words(s: &VipSettings) -> String {
+    let choices = if s.choices == balancer_common::CHOICES_FULL_SCAN {
+        "all".to_string()
+    } else {
+        s.choices.to_string()
+    };
+    format!(
+        "(mode {}, choices {choices}{}{})",
+        s.mode.name(),
+        if s.health.is_some() {
+            ", health check"
+        } else {
+            ""
+        },
+        if s.persistence.is_zero() {
+            String::new()
+        } else {
+            format!(
+                ", persistence {}",
+                humantime::format_duration(s.persistence)
+            )
+        }
+    )
+}
+
+/// The changes that take `current` to `desired`, in the order they are
+/// applied: timeouts; VIPs that go; changed VIPs (their settings, then
+/// their backends: removed, added, changed, drain state); VIPs that come
+/// with their backends. Nothing for two equal configurations.
+pub fn plan(current: &Config, desired: &Config) -> Vec<Change> {
+    let mut out = Vec::new();
+    if let Some(t) = desired.timeouts.filter(|t| Some(*t) != current.timeouts) {
+        out.push(Change::Timeouts(t.into()));
+    }
+    let cur: BTreeMap<SocketAddr, &VipEntry> =
+        current.vips.iter().map(|v| (v.address, v)).collect();
+    let want: BTreeMap<SocketAddr, &VipEntry> =
+        desired.vips.iter().map(|v| (v.address, v)).collect();
+    for v in cur.keys().filter(|v| !want.contains_key(v)) {
+        out.push(Change::RemoveVip(*v));
+    }
+    for (addr, w) in &want {
+        match cur.get(addr) {
+            Some(c) => {
+                if c.settings() != w.settings() {
+                    out.push(Change::SetVip(*addr, w.settings()));
+                }
+                backend_changes(&mut out, *addr, &c.backends, &w.backends);
+            }
+            None => {
+                out.push(Change::AddVip(*addr, w.settings()));
+                backend_changes(&mut out, *addr, &[], &w.backends);
+            }
+        }
+    }
+    out
+}
+
+fn backend_changes(
+    out: &mut Vec<Change>,
+    vip: SocketAddr,
+    cur: &[BackendEntry],
+    want: &[BackendEntry],
+) {
+    let c: BTreeMap<SocketAddr, &BackendEntry> = cur.iter().map(|b| (b.address, b)).collect();
+    let w: BTreeMap<SocketAddr, &BackendEntry> = want.iter().map(|b| (b.address, b)).collect();
+    for b in cur.iter().filter(|b| !w.contains_key(&b.address)) {
+        out.push(Change::RemoveBackend(vip, b.address));
+    }
+    // In the file's order: the order backends were added is kept.
+    for b in want {
+        match c.get(&b.address) {
+            None => {
+                out.push(Change::AddBackend(vip, b.address, b.weight));
+                if b.health.is_some() {
+                    out.push(Change::SetBackend(
+                        vip,
+                        b.address,
+                        b.weight,
+                        b.health.clone(),
+                    ));
+                }
+                if b.drained {
+                    out.push(Change::Drain(vip, b.address, true));
+                }
+            }
+            Some(old) => {
+                if (old.weight, &old.health) != (b.weight, &b.health) {
+                    out.push(Change::SetBackend(
+                        vip,
+                        b.address,
+                        b.weight,
+                        b.health.clone(),
+                    ));
+                }
+                if old.drained != b.drained {
+                    out.push(Change::Drain(vip, b.address, b.drained));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"
+[timeouts]
+established = "10m"
+
+[[vip]]
+address = "10.0.0.10:80"
+choices = "all"
+
+[[vip.backend]]
+address = "10.0.2.10:8080"
+weight = 3
+
+[[vip.backend]]
+address = "10.0.2.11:8080"
+drained = true
+
+[[vip]]
+address = "[2001:db8::10]:443"
+mode = "dsr"
+persistence = "5m"
+persistence_netmask = 64
+
+[vip.health]
+interval = "2s"
+timeout = "1s"
+rise = 2
+fall = 3
+kind = { type = "http", path = "/health", status = 200 }
+
+[[vip.backend]]
+address = "[2001:db8:2::10]:443"
+"#;
+
+    #[test]
+    fn parses_defaults_and_round_trips() {
+        let c = parse(SAMPLE).unwrap();
+        let t = c.timeouts.unwrap();
+        assert_eq!(t.established, Duration::from_secs(600));
+        assert_eq!(t.half_open, Timeouts::default().half_open);
+        assert_eq!(c.vips.len(), 2);
+        assert_eq!(c.vips[0].choices, balancer_common::CHOICES_FULL_SCAN);
+        assert_eq!(c.vips[0].backends[0].weight, 3);
+        assert!(c.vips[0].backends[1].drained);
+        assert_eq!(c.vips[1].mode, ForwardingMode::Dsr);
+        assert!(c.vips[1].health.is_some());
+        // TOML out and back: the same configuration, and the same text.
+        let text = to_toml(&c).unwrap();
+        let back = parse(&text).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(to_toml(&back).unwrap(), text);
+    }
+
+    #[test]
+    fn mistakes_name_their_line() {
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\nchoice = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 3"), "{e}");
+        assert!(e.contains("choice"), "{e}");
+        let e = parse("[[vip]]\naddress = \"10.0.0.10\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[[vip]]\naddress = \"10.0.0.10:80\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("twice"), "{e}");
+        let e = parse("[timeouts\n").unwrap_err().to_string();
+        assert!(e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn plans_only_what_differs() {
+        let a = parse(SAMPLE).unwrap();
+        assert!(plan(&a, &a).is_empty());
+        let mut b = a.clone();
+        b.vips[0].backends[0].weight = 1;
+        b.vips[0].backends[1].drained = false;
+        b.vips[0].backends.push(BackendEntry {
+            address: "10.0.2.12:8080".parse().unwrap(),
+            weight: 1,
+            drained: false,
+            health: None,
+        });
+        b.vips.remove(1);
+        let lines: Vec<String> = plan(&a, &b).iter().map(Change::describe).collect();
+        assert_eq!(
+            lines,
+            [
+                "- vip [2001:db8::10]:443 (and its backends)",
+                "~ backend 10.0.2.10:8080 of 10.0.0.10:80 weight 1",
+                "~ backend 10.0.2.11:8080 of 10.0.0.10:80 back in service",
+                "+ backend 10.0.2.12:8080 of 10.0.0.10:80 weight 1",
+            ]
+        );
+    }
+}

@@ -1,0 +1,481 @@
+//! Prometheus metrics (text exposition format, prometheus-client), served
+//! on a TCP address of the operator's choosing (`run --metrics-address`;
+//! off by default) at `GET /metrics`.
+//!
+//! The values are the same the API's `/v1/stats` shows, read from the maps
+//! at each scrape (a registry is built per scrape: VIPs and backends come
+//! and go without leaving stale series). Every name starts with
+//! `p2c_balancer_`; counters end in `_total`. Labels: `vip` and `backend`
+//! are `ADDR:PORT` (`[IPv6]:PORT`).
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `backend_active_connections` | gauge | vip, backend |
+//! | `backend_connections_total` (new connections placed) | counter | vip, backend |
+//! | `backend_packets_total`, `backend_bytes_total` | counter | vip, backend |
+//! | `backend_refused_total`, `backend_syn_retransmits_total`, `backend_handshake_timeouts_total` | counter | vip, backend |
+//! | `backend_weight`, `backend_effective_weight` | gauge | vip, backend |
+//! | `backend_health` (1 for the current status) | gauge | vip, backend, status |
+//! | `backend_health_transitions_total`, `backend_health_checks_total`, `backend_health_failed_checks_total` | counter | vip, backend |
+//! | `backend_ejected`, `backend_draining` (0 or 1) | gauge | vip, backend |
+//! | `backend_ejections_total` | counter | vip, backend |
+//! | `vip_active_connections` | gauge | vip |
+//! | `vip_connections_total`, `vip_packets_total`, `vip_bytes_total`, `vip_misses_total` | counter | vip |
+//! | `vip_choices` (`all` is 0) | gauge | vip |
+//! | `vip_choice_decisions_total`, `vip_choice_ties_total` | counter | vip |
+//! | `vip_choice_load_total` (candidates by load bucket) | counter | vip, role (`candidate`, `chosen`, `rejected`), load (`0`, `1`, `2-3`, …, `512+`) |
+//! | `dropped_packets_total` | counter | reason (the `drop_*` counters) |
+//! | `passed_packets_total` | counter | reason (the `pass_*` counters) |
+//! | every other data-path counter of `/v1/stats` (`rx_packets_total`, `new_flows_total`, …) | counter | |
+//! | `flow_table_entries`, `flow_table_size`, `half_open_entries`, `half_open_table_size`, `live_flows` | gauge | |
+//! | `expired_flows_total`, `reconciled_total` | counter | |
+//! | `gc_pass_duration_seconds` (expiry and reconciliation passes) | histogram | |
+//! | `attached` (1 per interface the program runs on) | gauge | interface, mode |
+//! | `build_info` | gauge | version, commit, fingerprint |
+
+use std::{net::SocketAddr, sync::Arc};
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::api::{BackendView, HealthStatus, StatsView, VersionView, VipStatsView};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// What the daemon measures itself between scrapes.
+#[derive(Debug)]
+pub struct DaemonMetrics {
+    /// Expiry and reconciliation passes, seconds.
+    pub gc_pass: Histogram,
+}
+
+impl Default for DaemonMetrics {
+    fn default() -> Self {
+        DaemonMetrics {
+            // 100 µs .. about 13 s (a pass over a full 4M-entry table).
+            gc_pass: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                1e-4, 2.0, 18,
+            )),
+        }
+    }
+}
+
+/// A family of counters set from absolute values at scrape time.
+struct Counters(Family<Labels, Counter>);
+
+impl Counters {
+    fn new(reg: &mut Registry, name: &str, help: &str) -> Counters {
+        let f = Family::<Labels, Counter>::default();
+        reg.register(name, help, f.clone());
+        Counters(f)
+    }
+    fn set(&self, labels: Labels, v: u64) {
+        self.0.get_or_create(&labels).inc_by(v);
+    }
+}
+
+/// A family of gauges.
+struct Gauges(Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>);
+
+impl Gauges {
+    fn new(reg: &mut Registry, name: &str, help: &str) -> Gauges {
+        let f = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        reg.register(name, help, f.clone());
+        Gauges(f)
+    }
+    fn set(&self, labels: Labels, v: f64) {
+        self.0.get_or_create(&labels).set(v);
+    }
+}
+
+fn vb(vip: &SocketAddr, backend: &SocketAddr) -> Labels {
+    vec![("vip", vip.to_string()), ("backend", backend.to_string())]
+}
+
+fn v(vip: &SocketAddr) -> Labels {
+    vec![("vip", vip.to_string())]
+}
+
+/// The name of load bucket `k` of a choice histogram starting at `from`.
+fn bucket_name(from: &[u64], k: usize) -> String {
+    match (from[k], from.get(k + 1)) {
+        (lo, None) => format!("{lo}+"),
+        (lo, Some(next)) if next - 1 == lo => lo.to_string(),
+        (lo, Some(next)) => format!("{lo}-{}", next - 1),
+    }
+}
+
+/// The text exposition of `stats` and the daemon's own measurements.
+pub fn render(stats: &StatsView, daemon: &DaemonMetrics) -> String {
+    let mut reg = Registry::with_prefix("p2c_balancer");
+
+    // Per backend: (name, help, value) of each counter and each gauge.
+    type Of<T> = fn(&BackendView) -> T;
+    let backend_counters: [(&str, &str, Of<u64>); 8] = [
+        (
+            "backend_connections",
+            "Connections placed on the backend through this VIP",
+            |b| b.total_connections,
+        ),
+        (
+            "backend_packets",
+            "Frames forwarded to or from the backend",
+            |b| b.packets,
+        ),
+        ("backend_bytes", "Bytes of those frames (IP length)", |b| {
+            b.bytes
+        }),
+        (
+            "backend_refused",
+            "New connections the backend reset before any data",
+            |b| b.refused,
+        ),
+        (
+            "backend_syn_retransmits",
+            "SYNs retransmitted unanswered",
+            |b| b.syn_retransmits,
+        ),
+        (
+            "backend_handshake_timeouts",
+            "Handshakes that never completed (half-open flows expired)",
+            |b| b.handshake_timeouts,
+        ),
+        (
+            "backend_health_transitions",
+            "Active-check status changes",
+            |b| b.health.transitions,
+        ),
+        (
+            "backend_ejections",
+            "Passive ejections of the backend's server",
+            |b| b.health.ejections,
+        ),
+    ];
+    let backend_more_counters: [(&str, &str, Of<u64>); 2] = [
+        ("backend_health_checks", "Active checks run", |b| {
+            b.health.checks
+        }),
+        (
+            "backend_health_failed_checks",
+            "Active checks failed",
+            |b| b.health.failed_checks,
+        ),
+    ];
+    let backend_gauges: [(&str, &str, Of<f64>); 5] = [
+        (
+            "backend_active_connections",
+            "Connections the backend holds now through this VIP",
+            |b| b.active_connections as f64,
+        ),
+        ("backend_weight", "Configured weight", |b| {
+            f64::from(b.weight)
+        }),
+        (
+            "backend_effective_weight",
+            "Weight in effect now (slow start ramps it up to the configured one)",
+            |b| b.effective_weight,
+        ),
+        (
+            "backend_ejected",
+            "1 while passive detection keeps the backend's server out of the choices",
+            |b| f64::from(u8::from(b.health.ejected)),
+        ),
+        ("backend_draining", "1 while the backend is drained", |b| {
+            f64::from(u8::from(b.state == crate::api::BackendState::Draining))
+        }),
+    ];
+    for (name, help, value) in backend_counters.iter().chain(&backend_more_counters) {
+        let f = Counters::new(&mut reg, name, help);
+        for b in &stats.backends {
+            f.set(vb(&b.vip, &b.backend), value(b));
+        }
+    }
+    for (name, help, value) in &backend_gauges {
+        let f = Gauges::new(&mut reg, name, help);
+        for b in &stats.backends {
+            f.set(vb(&b.vip, &b.backend), value(b));
+        }
+    }
+    let b_health = Gauges::new(
+        &mut reg,
+        "backend_health",
+        "1 for the backend's active-check status",
+    );
+    for b in &stats.backends {
+        for s in [
+            HealthStatus::Unchecked,
+            HealthStatus::Unknown,
+            HealthStatus::Healthy,
+            HealthStatus::Unhealthy,
+        ] {
+            let mut ls = vb(&b.vip, &b.backend);
+            ls.push(("status", status_name(s).into()));
+            b_health.set(ls, f64::from(u8::from(b.health.status == s)));
+        }
+    }
+
+    type OfVip<T> = fn(&VipStatsView) -> T;
+    let vip_counters: [(&str, &str, OfVip<u64>); 6] = [
+        ("vip_connections", "Connections placed", |v| v.new_flows),
+        ("vip_packets", "Frames forwarded (both directions)", |v| {
+            v.packets
+        }),
+        ("vip_bytes", "Bytes of those frames (IP length)", |v| {
+            v.bytes
+        }),
+        (
+            "vip_misses",
+            "Segments other than SYNs matching no flow",
+            |v| v.misses,
+        ),
+        ("vip_choice_decisions", "Choices made", |v| {
+            v.choice.decisions
+        }),
+        (
+            "vip_choice_ties",
+            "Choices whose best rejected candidate had the chosen one's load",
+            |v| v.choice.ties,
+        ),
+    ];
+    let vip_gauges: [(&str, &str, OfVip<f64>); 2] = [
+        (
+            "vip_active_connections",
+            "Sum of the VIP's backends' active connections",
+            |v| v.active_connections as f64,
+        ),
+        (
+            "vip_choices",
+            "Backends compared per new connection (0: all of them)",
+            |v| {
+                if v.choices == balancer_common::CHOICES_FULL_SCAN {
+                    0.0
+                } else {
+                    f64::from(v.choices)
+                }
+            },
+        ),
+    ];
+    for (name, help, value) in &vip_counters {
+        let f = Counters::new(&mut reg, name, help);
+        for x in &stats.vips {
+            f.set(v(&x.vip), value(x));
+        }
+    }
+    for (name, help, value) in &vip_gauges {
+        let f = Gauges::new(&mut reg, name, help);
+        for x in &stats.vips {
+            f.set(v(&x.vip), value(x));
+        }
+    }
+    let v_load = Counters::new(
+        &mut reg,
+        "vip_choice_load",
+        "Candidates compared, chosen and best rejected, by their load at the choice",
+    );
+    for x in &stats.vips {
+        for (role, h) in [
+            ("candidate", &x.choice.candidates),
+            ("chosen", &x.choice.chosen),
+            ("rejected", &x.choice.rejected),
+        ] {
+            for (k, n) in h.counts.iter().enumerate() {
+                let mut ls = v(&x.vip);
+                ls.push(("role", role.into()));
+                ls.push(("load", bucket_name(&h.from, k)));
+                v_load.set(ls, *n);
+            }
+        }
+    }
+
+    let dropped = Counters::new(
+        &mut reg,
+        "dropped_packets",
+        "Frames dropped by the data path, by reason",
+    );
+    let passed = Counters::new(
+        &mut reg,
+        "passed_packets",
+        "Frames passed to the kernel's stack, by reason",
+    );
+    for (name, value) in &stats.counters {
+        if let Some(r) = name.strip_prefix("drop_") {
+            dropped.set(vec![("reason", r.into())], *value);
+        } else if let Some(r) = name.strip_prefix("pass_") {
+            passed.set(vec![("reason", r.into())], *value);
+        } else {
+            let c = Counter::<u64>::default();
+            c.inc_by(*value);
+            reg.register(name.as_str(), format!("The data path's {name} counter"), c);
+        }
+    }
+
+    for (name, help, value) in [
+        (
+            "flow_table_entries",
+            "Entries in both flow tables at the last expiry pass",
+            stats.flow_table_entries,
+        ),
+        (
+            "half_open_entries",
+            "Of those, in the half-open table",
+            stats.half_open_entries,
+        ),
+        (
+            "flow_table_size",
+            "Capacity of the flow table (established flows)",
+            stats.flow_table_size,
+        ),
+        (
+            "half_open_table_size",
+            "Capacity of the half-open table",
+            stats.half_open_table_size,
+        ),
+        (
+            "live_flows",
+            "Live flows at the last expiry pass",
+            stats.live_flows,
+        ),
+    ] {
+        let g = Gauge::<i64>::default();
+        g.set(value as i64);
+        reg.register(name, help, g);
+    }
+    for (name, help, value) in [
+        (
+            "expired_flows",
+            "Flows the daemon expired",
+            stats.expired_flows,
+        ),
+        (
+            "reconciled",
+            "Active-connection corrections applied by reconciliation",
+            stats.reconciled,
+        ),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        reg.register(name, help, c);
+    }
+    reg.register(
+        "gc_pass_duration_seconds",
+        "Duration of the daemon's expiry and reconciliation passes",
+        daemon.gc_pass.clone(),
+    );
+    let attached = Gauges::new(
+        &mut reg,
+        "attached",
+        "1 per interface the program runs on, with its XDP mode",
+    );
+    for a in &stats.attachments {
+        attached.set(
+            vec![("interface", a.interface.clone()), ("mode", a.mode.clone())],
+            f64::from(u8::from(a.program_id != 0)),
+        );
+    }
+    let build = Gauges::new(&mut reg, "build_info", "The daemon's build (value 1)");
+    let ver = VersionView::this_build();
+    build.set(
+        vec![
+            ("version", ver.version),
+            ("commit", ver.commit),
+            ("fingerprint", ver.fingerprint),
+        ],
+        1.0,
+    );
+
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+fn status_name(s: HealthStatus) -> &'static str {
+    match s {
+        HealthStatus::Unchecked => "unchecked",
+        HealthStatus::Unknown => "unknown",
+        HealthStatus::Healthy => "healthy",
+        HealthStatus::Unhealthy => "unhealthy",
+    }
+}
+
+/// What the metrics listener reads from.
+pub struct Source {
+    /// The balancer.
+    pub lb: Arc<tokio::sync::Mutex<crate::Balancer>>,
+    /// The daemon's own measurements.
+    pub daemon: Arc<DaemonMetrics>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ChoiceView, LoadHistogram};
+
+    #[test]
+    fn bucket_names() {
+        let from = [0, 1, 2, 4, 8];
+        let names: Vec<String> = (0..5).map(|k| bucket_name(&from, k)).collect();
+        assert_eq!(names, ["0", "1", "2-3", "4-7", "8+"]);
+    }
+
+    #[test]
+    fn renders_counters_by_name_and_reason() {
+        let h = LoadHistogram {
+            from: vec![0, 1, 2],
+            counts: vec![5, 3, 1],
+        };
+        let stats = StatsView {
+            counters: [
+                ("rx_packets".to_string(), 42),
+                ("drop_no_backend".to_string(), 7),
+                ("pass_not_vip".to_string(), 9),
+            ]
+            .into_iter()
+            .collect(),
+            vips: vec![VipStatsView {
+                vip: "10.0.0.10:80".parse().unwrap(),
+                mode: Default::default(),
+                choices: 2,
+                packets: 100,
+                bytes: 6000,
+                new_flows: 10,
+                misses: 1,
+                active_connections: 4,
+                choice: ChoiceView {
+                    decisions: 10,
+                    ties: 2,
+                    candidates: h.clone(),
+                    chosen: h.clone(),
+                    rejected: h,
+                },
+            }],
+            backends: Vec::new(),
+            flow_table_entries: 12,
+            half_open_entries: 2,
+            flow_table_size: 1000,
+            half_open_table_size: 100,
+            last_gc_pass_us: 5,
+            live_flows: 4,
+            expired_flows: 3,
+            reconciled: 0,
+            attachments: Vec::new(),
+        };
+        let d = DaemonMetrics::default();
+        d.gc_pass.observe(0.002);
+        let text = render(&stats, &d);
+        for line in [
+            "p2c_balancer_rx_packets_total 42",
+            "p2c_balancer_dropped_packets_total{reason=\"no_backend\"} 7",
+            "p2c_balancer_passed_packets_total{reason=\"not_vip\"} 9",
+            "p2c_balancer_vip_connections_total{vip=\"10.0.0.10:80\"} 10",
+            "p2c_balancer_vip_choice_load_total{vip=\"10.0.0.10:80\",role=\"chosen\",load=\"2+\"} 1",
+            "p2c_balancer_flow_table_size 1000",
+            "p2c_balancer_gc_pass_duration_seconds_count 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+    }
+}
