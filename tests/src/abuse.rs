@@ -250,7 +250,7 @@ fn slow_readers(tb: &Testbed) -> anyhow::Result<()> {
         let mut s = UnixStream::connect(tb.socket())?;
         // Those beyond the daemon's connection cap are answered "busy" and
         // closed: their write may fail.
-        let _ = s.write_all(b"{\"op\":\"list_backends\",\"vip\":null}\n");
+        let _ = s.write_all(b"GET /v1/backends HTTP/1.1\r\nhost: localhost\r\n\r\n");
         held.push(s);
     }
     let (ok, err, took) = cli_timed(tb, "30s", &["vip", "list"])?;

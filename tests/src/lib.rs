@@ -15,6 +15,7 @@ pub mod jumbo;
 pub mod mistakes;
 pub mod modes;
 pub mod netns;
+pub mod operator;
 pub mod orphans;
 pub mod realclients;
 pub mod refusals;

@@ -384,6 +384,8 @@ pub struct Testbed {
     pub gc_interval: &'static str,
     /// Extra `balancer run` arguments for the next start.
     pub daemon_args: Vec<String>,
+    /// Extra environment of the next start (`NOTIFY_SOCKET`).
+    pub daemon_env: Vec<(String, String)>,
     stop: Arc<AtomicBool>,
     daemon: Option<Child>,
     dir: PathBuf,
@@ -539,6 +541,7 @@ impl Testbed {
             stop,
             daemon: None,
             daemon_args: Vec::new(),
+            daemon_env: Vec::new(),
             gc_interval: "200ms",
             socket: dir.join("control.sock"),
             log: dir.join("daemon.log"),
@@ -882,6 +885,29 @@ impl Testbed {
     /// # Errors
     /// The daemon exits or does not answer within 60 s.
     pub fn start_daemon(&mut self) -> anyhow::Result<()> {
+        self.spawn_daemon()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.cli(&["vip", "list"]).is_ok() {
+                return Ok(());
+            }
+            if let Some(st) = self
+                .daemon
+                .as_mut()
+                .and_then(|d| d.try_wait().ok().flatten())
+            {
+                bail!("the daemon exited ({st}): {}", self.daemon_log());
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        bail!("the daemon did not come up: {}", self.daemon_log())
+    }
+
+    /// Starts the daemon on lb0 and lb1 without waiting for it.
+    ///
+    /// # Errors
+    /// It cannot be started.
+    pub fn spawn_daemon(&mut self) -> anyhow::Result<()> {
         // Appended: the log of every start of this test bed, in order.
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -908,6 +934,7 @@ impl Testbed {
             .arg("--pin-dir")
             .arg(self.pin_dir())
             .args(&self.daemon_args)
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -920,21 +947,7 @@ impl Testbed {
             });
         }
         self.daemon = Some(cmd.spawn().context("starting the daemon")?);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if self.cli(&["vip", "list"]).is_ok() {
-                return Ok(());
-            }
-            if let Some(st) = self
-                .daemon
-                .as_mut()
-                .and_then(|d| d.try_wait().ok().flatten())
-            {
-                bail!("the daemon exited ({st}): {}", self.daemon_log());
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        bail!("the daemon did not come up: {}", self.daemon_log())
+        Ok(())
     }
 
     /// The daemon's log so far.

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use balancer_tests::{
     abuse, bench, collisions, fixtures, flood, fuzz, health, jumbo, mistakes, modes, netns,
-    orphans, realclients, refusals, restart, scenario,
+    operator, orphans, realclients, refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -89,6 +89,10 @@ enum Cmd {
     /// Debian's nginx behind the balancer; curl, wrk, ab and iperf3 (through
     /// a VIP with session affinity) as clients.
     Realclients,
+    /// The operator's interface: the HTTP API with curl, the read-only
+    /// socket, metrics against real traffic, `balancer top` under tmux,
+    /// apply and export, readiness, the systemd unit, logs.
+    Operator,
     /// (helper of `abuse`) Opens idle connections to a unix socket, prints
     /// how many, holds them until stdin closes.
     #[command(hide = true)]
@@ -166,6 +170,7 @@ fn main() -> ExitCode {
         Cmd::Modes => modes::run(),
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
+        Cmd::Operator => operator::run(),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {
