@@ -2,7 +2,10 @@
 # One-time, idempotent machine set-up for building and testing the balancer.
 #
 # Installs what a fresh machine of this project's kind lacks:
-#   - Debian packages: ethtool (test bed offload settings), iproute2, util-linux;
+#   - Debian packages: ethtool (test bed offload settings), iproute2, util-linux
+#     (unshare, setpriv); tmux (the live view's test), jq (the README's
+#     examples), systemd (systemd-analyze
+#     verify of the unit; nothing is started);
 #     the real clients and servers of the test bed: nginx, curl, wrk, ab
 #     (apache2-utils), iperf3; with --bench also haproxy, nginx's stream
 #     module, a font
@@ -20,6 +23,11 @@ need_apt=()
 command -v ethtool >/dev/null 2>&1 || need_apt+=(ethtool)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
+command -v jq >/dev/null 2>&1 || need_apt+=(jq)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
 # Real clients and servers (balancer-testbed realclients).
 [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
