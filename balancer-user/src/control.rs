@@ -77,6 +77,32 @@ impl RateLimitedLog {
     }
 }
 
+tokio::task_local! {
+    /// Who sent the request being served: `balancer[1234] uid 0` (the
+    /// peer's credentials on the unix socket, its program name from
+    /// /proc), set by the HTTP server around each connection.
+    pub static CALLER: String;
+}
+
+/// The caller of the request being served, for the change log.
+fn caller() -> String {
+    CALLER
+        .try_with(|c| format!(" (by {c})"))
+        .unwrap_or_default()
+}
+
+/// `name[pid] uid U` of a unix-socket peer.
+pub fn describe_peer(pid: Option<i32>, uid: u32) -> String {
+    let name = pid
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
+        .map(|n| n.trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    match pid {
+        Some(p) => format!("{name}[{p}] uid {uid}"),
+        None => format!("uid {uid}"),
+    }
+}
+
 /// What the server shares with its connection tasks.
 pub struct Shared {
     /// The balancer.
@@ -213,14 +239,15 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             if let Some(w) = &what {
                 match &r {
                     Response::Applied { changes, .. } if changes.is_empty() => {
-                        tracing::info!("control: apply: nothing to change")
+                        tracing::info!("control: apply: nothing to change{}", caller())
                     }
                     Response::Applied { changes, .. } => {
+                        let by = caller();
                         for c in changes {
-                            tracing::info!("control: apply: {c}");
+                            tracing::info!("control: apply: {c}{by}");
                         }
                     }
-                    _ => tracing::info!("control: {w}"),
+                    _ => tracing::info!("control: {w}{}", caller()),
                 }
             }
             if let Some(before) = before {
@@ -247,7 +274,7 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
         }
         Err(e) => {
             if let Some(w) = &what {
-                tracing::info!("control: refused: {w}: {}", error_chain(&e));
+                tracing::info!("control: refused: {w}{}: {}", caller(), error_chain(&e));
             }
             Response::error(status_of(&e), error_chain(&e))
         }

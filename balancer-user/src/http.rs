@@ -648,7 +648,8 @@ pub async fn serve_forever(listener: UnixListener, shared: St, access: Access) {
 }
 
 async fn serve(stream: UnixStream, app: Router, access: Access) -> anyhow::Result<()> {
-    if access == Access::Root && stream.peer_cred()?.uid() != 0 {
+    let cred = stream.peer_cred()?;
+    if access == Access::Root && cred.uid() != 0 {
         let _ = stream.try_write(&raw_answer(
             403,
             "Forbidden",
@@ -656,7 +657,10 @@ async fn serve(stream: UnixStream, app: Router, access: Access) -> anyhow::Resul
         ));
         return Ok(());
     }
-    serve_io(stream, app).await
+    let who = crate::control::describe_peer(cred.pid(), cred.uid());
+    crate::control::CALLER
+        .scope(who, serve_io(stream, app))
+        .await
 }
 
 /// Serves one HTTP/1.1 request on `stream`. A client that sends nothing,

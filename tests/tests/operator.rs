@@ -18,7 +18,7 @@ fn operator_interface_in_the_test_bed() {
             "READY=1",
             "systemd-analyze verify passed",
             "the log named every change",
-            "one warning",
+            "warned about once as evicting",
         ],
     );
 }
