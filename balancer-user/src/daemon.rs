@@ -70,18 +70,29 @@ pub struct DaemonConfig {
     pub metrics_address: Option<std::net::SocketAddr>,
 }
 
-/// Mounts bpffs at /sys/fs/bpf when nothing is mounted there.
+/// What pins under a bpffs this process mounted itself are worth when
+/// it runs in a mount namespace of its own (`ip netns exec` makes one and
+/// mounts a fresh /sys in it): that bpffs, and every pin in it, ends with
+/// the process.
+pub const PRIVATE_BPFFS: &str = "bpffs was mounted at /sys/fs/bpf in this process's own mount \
+     namespace (`ip netns exec` makes one, with a fresh /sys): its pins, and the programs \
+     attached through them, end when this process ends. To keep them, mount a bpffs the host \
+     sees outside /sys (`mount -t bpf bpf /run/bpffs`) and pass --pin-dir under it";
+
+/// Mounts bpffs at /sys/fs/bpf when nothing is mounted there. Returns
+/// `true` when it did so in a mount namespace other than init's: then the
+/// pins end with this process ([`PRIVATE_BPFFS`]).
 ///
 /// # Errors
 /// The mount fails.
-pub fn ensure_bpffs() -> anyhow::Result<()> {
+pub fn ensure_bpffs() -> anyhow::Result<bool> {
     let mounts =
         std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
     if mounts.lines().any(|l| {
         l.split_whitespace().nth(1) == Some("/sys/fs/bpf")
             && l.split_whitespace().nth(2) == Some("bpf")
     }) {
-        return Ok(());
+        return Ok(false);
     }
     std::fs::create_dir_all("/sys/fs/bpf").ok();
     let rc = unsafe {
@@ -97,7 +108,8 @@ pub fn ensure_bpffs() -> anyhow::Result<()> {
         return Err(std::io::Error::last_os_error()).context("mounting bpffs at /sys/fs/bpf");
     }
     tracing::info!("mounted bpffs at /sys/fs/bpf");
-    Ok(())
+    let ns = |p: &str| std::fs::read_link(p).ok();
+    Ok(ns("/proc/self/ns/mnt") != ns("/proc/1/ns/mnt"))
 }
 
 /// Runs the daemon until SIGINT, SIGTERM or a `detach` request.
@@ -190,9 +202,11 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             .push(preflight::lock_path(&cfg.state_file));
     }
     let mut pin_lock = None;
+    let mut private_pins = false;
     if let Some(dir) = &cfg.load.pin_dir {
-        if pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) {
-            ensure_bpffs()?;
+        if pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) && ensure_bpffs()? {
+            tracing::warn!("{PRIVATE_BPFFS}");
+            private_pins = true;
         }
         undo.created_pin_dirs = preflight::create_dirs(dir)?;
         pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
@@ -479,6 +493,12 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let interfaces = lb.interfaces();
     if detached {
         tracing::info!("detached; stopping");
+    } else if private_pins {
+        tracing::info!(
+            "stopping; the pins were in this process's own mount namespace, so the program is \
+             detached from {} as it ends",
+            interfaces.join(", ")
+        );
     } else if cfg.load.pin_dir.is_some() {
         tracing::info!(
             "stopping; the program stays attached to {} through its pinned links (the next \

@@ -737,10 +737,15 @@ fn top(tb: &Testbed, stats: &balancer::api::StatsView) -> anyhow::Result<()> {
         .unwrap_err()
         .to_string();
     ensure!(e.contains("not running"), "top without a daemon: {e}");
+    let e = tb.cli(&["top"]).unwrap_err().to_string();
+    ensure!(
+        e.contains("draws on a terminal"),
+        "top without a terminal: {e}"
+    );
     println!(
         "operator: `balancer top` under tmux showed every backend with the API's active counts \
-         ({header}), and `q` ended it; a missing VIP and a missing daemon were reported before the \
-         screen was taken"
+         ({header}), and `q` ended it; a missing VIP, a missing daemon and a missing terminal were \
+         reported before the screen was taken"
     );
     Ok(())
 }

@@ -69,7 +69,9 @@ impl DecapCmd {
     /// Privileges, the interface, the kernel's refusal.
     pub fn run(self) -> anyhow::Result<()> {
         preflight::check_privileges()?;
-        ensure_bpffs()?;
+        if ensure_bpffs()? {
+            tracing::warn!("{}", balancer::daemon::PRIVATE_BPFFS);
+        }
         match self {
             DecapCmd::Attach {
                 iface,

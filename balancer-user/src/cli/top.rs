@@ -233,6 +233,12 @@ impl TopArgs {
                 bail!("no VIP {v}");
             }
         }
+        if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            bail!(
+                "`balancer top` draws on a terminal and standard output is not one (for \
+                 scripts: `balancer stats --json`)"
+            );
+        }
         let (keys_tx, mut keys) = tokio::sync::mpsc::unbounded_channel();
         // Keys are read on a thread of their own (crossterm's reads block).
         std::thread::spawn(move || loop {
