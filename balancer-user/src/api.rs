@@ -238,6 +238,11 @@ pub enum Request {
         /// Only compute the changes.
         #[serde(default)]
         dry_run: bool,
+        /// Allow a configuration without VIPs to remove every running VIP
+        /// (refused otherwise: an empty or truncated file is more often a
+        /// mistake than a wish).
+        #[serde(default)]
+        allow_empty: bool,
     },
     /// Detach the program from every interface (the pinned links end),
     /// then stop the daemon. Connections through the balancer break.

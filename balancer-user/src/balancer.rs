@@ -163,22 +163,149 @@ pub struct Balancer {
 /// backend, before anything is changed.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the first value the API would refuse.
+/// [`BalancerError::Invalid`] naming the first value the API would refuse,
+/// with the VIP and backend it belongs to ([`locate_config_error`] gives
+/// them apart).
 pub fn check_config(c: &crate::config::Config) -> Result<()> {
+    locate_config_error(c).map_err(|f| BalancerError::Invalid {
+        what: "configuration",
+        reason: f.to_string(),
+    })
+}
+
+/// The first value of a configuration the API would refuse, and where it is.
+#[derive(Debug)]
+pub struct ConfigFault {
+    /// The `[[vip]]` it is in (none: `[timeouts]`).
+    pub vip: Option<SocketAddr>,
+    /// The `[[vip.backend]]` it is in.
+    pub backend: Option<SocketAddr>,
+    /// What is wrong.
+    pub error: BalancerError,
+}
+
+impl std::fmt::Display for ConfigFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.vip, self.backend) {
+            (None, _) => write!(f, "[timeouts]: {}", self.error),
+            (Some(v), None) => write!(f, "VIP {v}: {}", self.error),
+            (Some(v), Some(b)) => write!(f, "VIP {v} backend {b}: {}", self.error),
+        }
+    }
+}
+
+/// [`check_config`], keeping the VIP and backend of the fault apart (the
+/// CLI finds their line in the file with them).
+///
+/// # Errors
+/// The first fault.
+pub fn locate_config_error(c: &crate::config::Config) -> std::result::Result<(), Box<ConfigFault>> {
+    let at = |vip, backend| {
+        move |error| ConfigFault {
+            vip,
+            backend,
+            error,
+        }
+    };
     if let Some(t) = c.timeouts {
-        Timeouts::from(t).validate()?;
+        Timeouts::from(t).validate().map_err(at(None, None))?;
     }
     for v in &c.vips {
         let s = v.settings();
-        check_endpoint("VIP", v.address)?;
-        s.validate_for(v.address)?;
+        let here = at(Some(v.address), None);
+        check_endpoint("VIP", v.address).map_err(here)?;
+        s.validate_for(v.address).map_err(here)?;
         for b in &v.backends {
-            check_backend_for(v.address, &s, b.address)?;
-            check_weight(b.weight)?;
+            let here = at(Some(v.address), Some(b.address));
+            check_backend_for(v.address, &s, b.address).map_err(here)?;
+            check_weight(b.weight).map_err(here)?;
             if let Some(h) = &b.health {
-                h.validate()?;
+                h.validate().map_err(here)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// What [`Balancer::add_backends_weighted`] checks before it changes
+/// anything: the weight, each address for the VIP's family and mode,
+/// duplicates, and room (VIPs per backend address, backends per VIP,
+/// backend slots).
+///
+/// # Errors
+/// As `add_backends_weighted`, but map failure.
+fn check_new_backends(
+    state: &State,
+    vip: SocketAddr,
+    addrs: &[SocketAddr],
+    weight: u32,
+) -> Result<()> {
+    check_weight(weight)?;
+    let v = state.vip(&vip)?;
+    let mut seen: BTreeSet<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
+    let mut listed = BTreeSet::new();
+    let mode = v.settings.mode;
+    for a in addrs {
+        check_backend_for(vip, &v.settings, *a)?;
+        if mode.direct_return() && a.port() != vip.port() {
+            return Err(BalancerError::Invalid {
+                what: "backend",
+                reason: format!(
+                    "{a}: in {} mode the packet reaches the backend unchanged, so it must \
+                     listen on the VIP's port {} (and hold the VIP on a loopback address)",
+                    mode.name(),
+                    vip.port()
+                ),
+            });
+        }
+        if !listed.insert(*a) {
+            return Err(BalancerError::Invalid {
+                what: "backend list",
+                reason: format!("{a} is listed twice"),
+            });
+        }
+        if !seen.insert(*a) {
+            return Err(BalancerError::DuplicateBackend { vip, backend: *a });
+        }
+    }
+    let uses = state.backend_uses();
+    for a in addrs {
+        if uses.get(a).map_or(0, |u| u.vips.len()) >= MAX_VIPS_PER_BACKEND as usize {
+            return Err(BalancerError::Full {
+                what: "list of VIPs one backend address serves",
+                capacity: MAX_VIPS_PER_BACKEND,
+            });
+        }
+    }
+    if v.backends.len() + addrs.len() > MAX_BACKENDS_PER_VIP as usize {
+        return Err(BalancerError::Full {
+            what: "backend list of the VIP",
+            capacity: MAX_BACKENDS_PER_VIP,
+        });
+    }
+    state.allocate_slots(addrs.len()).map(|_| ())
+}
+
+/// What [`Balancer::replace_vip_settings`] checks before it changes
+/// anything: the values, each backend against them, and that the mode of a
+/// VIP with backends stays.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the value.
+fn check_settings_change(v: &VipConfig, new: &VipSettings) -> Result<()> {
+    new.validate_for(v.addr)?;
+    for b in &v.backends {
+        check_backend_for(v.addr, new, b.addr)?;
+    }
+    if new.mode != v.settings.mode && !v.backends.is_empty() {
+        return Err(BalancerError::Invalid {
+            what: "mode",
+            reason: format!(
+                "VIP {} has backends: a mode change would break their open connections; \
+                 remove the backends first (or add a new VIP)",
+                v.addr
+            ),
+        });
     }
     Ok(())
 }
@@ -548,21 +675,40 @@ impl Balancer {
     /// changes [`crate::config::plan`] lists, in its order, each as its own
     /// API call would make it. Returns them, one line each. With `dry_run`
     /// nothing changes; the configuration is still checked. All of the
-    /// changes, or none: the first that fails rolls the maps and the
-    /// timeouts back to where they were.
+    /// changes, or none: every change is first checked against the running
+    /// state as changed by the ones before it ([`Balancer::check_plan`]:
+    /// values, duplicates, room in every table), so a refusal comes before
+    /// anything is touched and no connection of a VIP or backend the plan
+    /// removes is lost to a change that is then refused. A map failure
+    /// half-way rolls the maps and the timeouts back.
     ///
     /// # Errors
-    /// An invalid configuration (named), a change refused (a mode change of
-    /// a VIP with backends, a full table), map failure.
+    /// An invalid configuration (the VIP or backend named), a change
+    /// refused (a mode change of a VIP with backends, a full table), a
+    /// configuration without VIPs while VIPs run and `allow_empty` is not
+    /// set, map failure.
     pub fn apply_config(
         &mut self,
         desired: &crate::config::Config,
         dry_run: bool,
+        allow_empty: bool,
     ) -> Result<Vec<String>> {
         use crate::config::Change;
         check_config(desired)?;
+        if desired.vips.is_empty() && !self.state.vips.is_empty() && !allow_empty {
+            return Err(BalancerError::Invalid {
+                what: "configuration",
+                reason: format!(
+                    "it holds no VIP: applying it would remove all {} running VIPs and every \
+                     connection through them; nothing was applied (an empty or truncated file is \
+                     usually a mistake: `apply --allow-empty` means it)",
+                    self.state.vips.len()
+                ),
+            });
+        }
         let changes = crate::config::plan(&self.export_config(), desired);
         let lines: Vec<String> = changes.iter().map(Change::describe).collect();
+        self.check_plan(&changes, &lines)?;
         if dry_run || changes.is_empty() {
             return Ok(lines);
         }
@@ -612,6 +758,102 @@ impl Balancer {
             }
         }
         Ok(lines)
+    }
+
+    /// Checks each change of a plan as its API call would, against a copy
+    /// of the desired state with the changes before it made: unknown and
+    /// duplicate VIPs and backends, values, a mode change of a VIP that
+    /// keeps backends, and room (VIPs, backends per VIP, VIPs per backend
+    /// address, backend slots, server indexes). Nothing is changed.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the change and the reason.
+    fn check_plan(&self, changes: &[crate::config::Change], lines: &[String]) -> Result<()> {
+        use crate::config::Change;
+        let mut st = self.state.clone();
+        for (k, c) in changes.iter().enumerate() {
+            let r = (|| -> Result<()> {
+                match c {
+                    Change::Timeouts(t) => t.validate(),
+                    Change::RemoveVip(v) => {
+                        st.vip(v)?;
+                        st.vips.remove(v);
+                        st.release_servers();
+                        Ok(())
+                    }
+                    Change::AddVip(v, s) => {
+                        check_endpoint("VIP", *v)?;
+                        s.validate_for(*v)?;
+                        if st.vips.contains_key(v) {
+                            return Err(BalancerError::DuplicateVip { vip: *v });
+                        }
+                        // Tombstones give way (Balancer::free_vip_index).
+                        let used: BTreeSet<u32> = st.vips.values().map(|v| v.index).collect();
+                        let index = (0..MAX_VIPS).find(|i| !used.contains(i)).ok_or(
+                            BalancerError::Full {
+                                what: "VIP table",
+                                capacity: MAX_VIPS,
+                            },
+                        )?;
+                        st.vips.insert(
+                            *v,
+                            VipConfig {
+                                addr: *v,
+                                index,
+                                list: 0,
+                                settings: s.clone(),
+                                backends: Vec::new(),
+                            },
+                        );
+                        Ok(())
+                    }
+                    Change::SetVip(v, s) => {
+                        check_settings_change(st.vip(v)?, s)?;
+                        st.vip_mut(v)?.settings = s.clone();
+                        Ok(())
+                    }
+                    Change::RemoveBackend(v, b) => {
+                        st.backend_mut(v, b)?;
+                        st.vip_mut(v)?.backends.retain(|x| x.addr != *b);
+                        st.release_servers();
+                        Ok(())
+                    }
+                    Change::AddBackend(v, b, w) => {
+                        check_new_backends(&st, *v, &[*b], *w)?;
+                        let slot = st.allocate_slots(1)?[0];
+                        st.server_for(*b)?;
+                        st.next_slot = (slot + 1) % BACKEND_SLOTS;
+                        st.vip_mut(v)?.backends.push(BackendConfig {
+                            addr: *b,
+                            state: BackendState::Active,
+                            slot,
+                            generation: 0,
+                            weight: *w,
+                            health: None,
+                        });
+                        Ok(())
+                    }
+                    Change::SetBackend(v, b, w, h) => {
+                        check_weight(*w)?;
+                        if let Some(h) = h {
+                            h.validate()?;
+                        }
+                        st.backend_mut(v, b).map(|_| ())
+                    }
+                    Change::Drain(v, b, _) => st.backend_mut(v, b).map(|_| ()),
+                }
+            })();
+            r.map_err(|e| BalancerError::Invalid {
+                what: "configuration",
+                reason: format!(
+                    "change {} of {} ({}): {e}; nothing was applied",
+                    k + 1,
+                    changes.len(),
+                    lines[k]
+                ),
+            })?;
+        }
+        Ok(())
     }
 
     /// Re-applies a persisted state to the maps (after a restart).
@@ -671,14 +913,7 @@ impl Balancer {
         }
         // A VIP added back at a removed address takes over its tombstone.
         self.retired.forget_vip(&addr);
-        let mut used: BTreeSet<u32> = self.state.vips.values().map(|v| v.index).collect();
-        used.extend(self.retired.vip_indexes());
-        let index = (0..MAX_VIPS)
-            .find(|i| !used.contains(i))
-            .ok_or(BalancerError::Full {
-                what: "VIP table",
-                capacity: MAX_VIPS,
-            })?;
+        let index = self.free_vip_index()?;
         let cfg = VipConfig {
             addr,
             index,
@@ -696,6 +931,36 @@ impl Balancer {
             return Err(e);
         }
         self.maps.publish_ports(&self.state, &self.retired)
+    }
+
+    /// An index of the VIP table for a new VIP: one no VIP and no tombstone
+    /// holds; when there is none, the oldest tombstone's (that removed VIP's
+    /// late segments then pass, as plain misses, instead of getting a
+    /// reset: a VIP that is wanted weighs more than the courtesy to one
+    /// that is gone).
+    ///
+    /// # Errors
+    /// [`BalancerError::Full`] when [`MAX_VIPS`] VIPs are configured; map
+    /// failure.
+    fn free_vip_index(&mut self) -> Result<u32> {
+        let mut used: BTreeSet<u32> = self.state.vips.values().map(|v| v.index).collect();
+        used.extend(self.retired.vip_indexes());
+        if let Some(i) = (0..MAX_VIPS).find(|i| !used.contains(i)) {
+            return Ok(i);
+        }
+        let Some((gone, index)) = self.retired.oldest_vip() else {
+            return Err(BalancerError::Full {
+                what: "VIP table",
+                capacity: MAX_VIPS,
+            });
+        };
+        self.maps.remove_vip(&gone)?;
+        self.retired.forget_vip(&gone);
+        tracing::info!(
+            "VIP table full: the slot of {gone}, removed earlier and kept for its late segments' \
+             resets, goes to the new VIP"
+        );
+        Ok(index)
     }
 
     /// Changes the choices of a VIP.
@@ -729,19 +994,7 @@ impl Balancer {
     pub fn replace_vip_settings(&mut self, addr: SocketAddr, new: VipSettings) -> Result<()> {
         let v = self.state.vip(&addr)?;
         let old = v.settings.clone();
-        new.validate_for(addr)?;
-        for b in &v.backends {
-            check_backend_for(addr, &new, b.addr)?;
-        }
-        if new.mode != old.mode && !v.backends.is_empty() {
-            return Err(BalancerError::Invalid {
-                what: "mode",
-                reason: format!(
-                    "VIP {addr} has backends: a mode change would break their open \
-                     connections; remove the backends first (or add a new VIP)"
-                ),
-            });
-        }
+        check_settings_change(v, &new)?;
         let backends: Vec<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
         let encap_changed = (new.encap_source, new.gue_port) != (old.encap_source, old.gue_port);
         self.state.vip_mut(&addr)?.settings = new;
@@ -851,49 +1104,8 @@ impl Balancer {
         addrs: &[SocketAddr],
         weight: u32,
     ) -> Result<()> {
-        check_weight(weight)?;
-        let v = self.state.vip(&vip)?;
-        let mut seen: BTreeSet<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
-        let mut listed = BTreeSet::new();
-        let mode = v.settings.mode;
-        for a in addrs {
-            check_backend_for(vip, &v.settings, *a)?;
-            if mode.direct_return() && a.port() != vip.port() {
-                return Err(BalancerError::Invalid {
-                    what: "backend",
-                    reason: format!(
-                        "{a}: in {} mode the packet reaches the backend unchanged, so it must \
-                         listen on the VIP's port {} (and hold the VIP on a loopback address)",
-                        mode.name(),
-                        vip.port()
-                    ),
-                });
-            }
-            if !listed.insert(*a) {
-                return Err(BalancerError::Invalid {
-                    what: "backend list",
-                    reason: format!("{a} is listed twice"),
-                });
-            }
-            if !seen.insert(*a) {
-                return Err(BalancerError::DuplicateBackend { vip, backend: *a });
-            }
-        }
-        let uses = self.state.backend_uses();
-        for a in addrs {
-            if uses.get(a).map_or(0, |u| u.vips.len()) >= MAX_VIPS_PER_BACKEND as usize {
-                return Err(BalancerError::Full {
-                    what: "list of VIPs one backend address serves",
-                    capacity: MAX_VIPS_PER_BACKEND,
-                });
-            }
-        }
-        if v.backends.len() + addrs.len() > MAX_BACKENDS_PER_VIP as usize {
-            return Err(BalancerError::Full {
-                what: "backend list of the VIP",
-                capacity: MAX_BACKENDS_PER_VIP,
-            });
-        }
+        check_new_backends(&self.state, vip, addrs, weight)?;
+        let mode = self.state.vip(&vip)?.settings.mode;
         let slots = self.state.allocate_slots(addrs.len())?;
         let mut added = Vec::with_capacity(addrs.len());
         let now = Instant::now();

@@ -92,6 +92,23 @@ async fn connect(socket: &Path) -> anyhow::Result<UnixStream> {
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
+            use std::os::unix::fs::FileTypeExt;
+            if let Ok(m) = std::fs::metadata(socket) {
+                if !m.file_type().is_socket() {
+                    let what = if m.is_dir() {
+                        "a directory"
+                    } else if m.is_file() {
+                        "a regular file"
+                    } else {
+                        "not a socket"
+                    };
+                    bail!(
+                        "{} is {what}, not the daemon's control socket (--socket names the path \
+                         `balancer run --socket` listens on)",
+                        socket.display()
+                    );
+                }
+            }
             Err(NotRunning {
                 socket: socket.display().to_string(),
             }

@@ -22,7 +22,7 @@
 //! naming its line, like any other mistake in the file.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     time::Duration,
 };
@@ -388,9 +388,11 @@ fn settings_words(s: &VipSettings) -> String {
 }
 
 /// The changes that take `current` to `desired`, in the order they are
-/// applied: timeouts; VIPs that go; changed VIPs (their settings, then
-/// their backends: removed, added, changed, drain state); VIPs that come
-/// with their backends. Nothing for two equal configurations.
+/// applied: timeouts; VIPs that go; changed VIPs (the backends that go,
+/// then the settings, so a VIP whose backends are all replaced may change
+/// its mode; then the backends that come, changed ones, drain states);
+/// VIPs that come with their backends. Nothing for two equal
+/// configurations.
 pub fn plan(current: &Config, desired: &Config) -> Vec<Change> {
     let mut out = Vec::new();
     if let Some(t) = desired.timeouts.filter(|t| Some(*t) != current.timeouts) {
@@ -406,6 +408,7 @@ pub fn plan(current: &Config, desired: &Config) -> Vec<Change> {
     for (addr, w) in &want {
         match cur.get(addr) {
             Some(c) => {
+                backend_removals(&mut out, *addr, &c.backends, &w.backends);
                 if c.settings() != w.settings() {
                     out.push(Change::SetVip(*addr, w.settings()));
                 }
@@ -420,6 +423,20 @@ pub fn plan(current: &Config, desired: &Config) -> Vec<Change> {
     out
 }
 
+fn backend_removals(
+    out: &mut Vec<Change>,
+    vip: SocketAddr,
+    cur: &[BackendEntry],
+    want: &[BackendEntry],
+) {
+    let w: BTreeSet<SocketAddr> = want.iter().map(|b| b.address).collect();
+    for b in cur.iter().filter(|b| !w.contains(&b.address)) {
+        out.push(Change::RemoveBackend(vip, b.address));
+    }
+}
+
+/// The backends of `want` that come or change (those that go are
+/// [`backend_removals`]).
 fn backend_changes(
     out: &mut Vec<Change>,
     vip: SocketAddr,
@@ -427,10 +444,6 @@ fn backend_changes(
     want: &[BackendEntry],
 ) {
     let c: BTreeMap<SocketAddr, &BackendEntry> = cur.iter().map(|b| (b.address, b)).collect();
-    let w: BTreeMap<SocketAddr, &BackendEntry> = want.iter().map(|b| (b.address, b)).collect();
-    for b in cur.iter().filter(|b| !w.contains_key(&b.address)) {
-        out.push(Change::RemoveBackend(vip, b.address));
-    }
     // In the file's order: the order backends were added is kept.
     for b in want {
         match c.get(&b.address) {
@@ -538,6 +551,64 @@ address = "[2001:db8:2::10]:443"
         assert!(e.contains("twice"), "{e}");
         let e = parse("[timeouts\n").unwrap_err().to_string();
         assert!(e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn a_vip_loses_its_backends_before_its_settings_change() {
+        // So a mode change with every backend replaced can be applied.
+        let a = parse(SAMPLE).unwrap();
+        let mut b = a.clone();
+        b.vips[0].mode = ForwardingMode::Dsr;
+        b.vips[0].backends = vec![BackendEntry {
+            address: "10.0.2.20:80".parse().unwrap(),
+            weight: 1,
+            drained: false,
+            health: None,
+        }];
+        let kinds: Vec<&str> = plan(&a, &b)
+            .iter()
+            .filter(|c| !matches!(c, Change::Timeouts(_)))
+            .map(|c| match c {
+                Change::RemoveBackend(..) => "remove",
+                Change::SetVip(..) => "set",
+                Change::AddBackend(..) => "add",
+                _ => "other",
+            })
+            .collect();
+        let set = kinds.iter().position(|k| *k == "set").unwrap();
+        assert!(
+            kinds[..set].iter().all(|k| *k == "remove") && set > 0,
+            "{kinds:?}"
+        );
+        assert!(kinds[set + 1..].iter().all(|k| *k == "add"), "{kinds:?}");
+    }
+
+    #[test]
+    fn health_fields_take_defaults_and_unknown_ones_are_refused() {
+        let c = parse(
+            "[[vip]]\naddress = \"10.0.0.10:80\"\nchoices = \"ALL\"\n[vip.health]\ninterval = \"5s\"\n",
+        )
+        .unwrap();
+        let h = c.vips[0].health.clone().unwrap();
+        assert_eq!(h.interval, Duration::from_secs(5));
+        assert_eq!(
+            (h.rise, h.fall, h.kind),
+            (2, 3, crate::state::CheckKind::Tcp)
+        );
+        assert_eq!(c.vips[0].choices, balancer_common::CHOICES_FULL_SCAN);
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health]\nintervall = \"5s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intervall") && e.contains("line 4"), "{e}");
+        let c = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health.kind]\ntype = \"http\"\n")
+            .unwrap();
+        assert_eq!(
+            c.vips[0].health.clone().unwrap().kind,
+            crate::state::CheckKind::Http {
+                path: "/".into(),
+                status: 200
+            }
+        );
     }
 
     #[test]

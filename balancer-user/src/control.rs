@@ -204,8 +204,12 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
         Request::Export => Ok(Response::Config {
             config: lb.export_config(),
         }),
-        Request::Apply { config, dry_run } => lb
-            .apply_config(&config, dry_run)
+        Request::Apply {
+            config,
+            dry_run,
+            allow_empty,
+        } => lb
+            .apply_config(&config, dry_run, allow_empty)
             .map(|changes| Response::Applied { changes, dry_run }),
         Request::Detach {
             pin_dir: Some(p), ..

@@ -285,7 +285,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let mut lb = start_data_path(&cfg, state)?;
     lb.set_default_timeouts(cfg.timeouts);
     if let Some((file, desired)) = cfg.config_file.as_ref().zip(desired.as_ref()) {
-        match lb.apply_config(desired, false) {
+        match lb.apply_config(desired, false, true) {
             Ok(changes) => {
                 for c in &changes {
                     tracing::info!("config {}: {c}", file.display());
@@ -701,7 +701,7 @@ async fn watch(lb: Arc<Mutex<Balancer>>, stats_every: Duration) {
         if let Some(before) = last_insert_failures.filter(|b| failed > *b) {
             full_log.warn(now, || {
                 format!(
-                    "map full: {} new flows could not be inserted (drop_flow_insert {failed});                      raise --flow-table-size or --half-open-table-size",
+                    "map full: {} new flows could not be inserted (drop_flow_insert {failed}); raise --flow-table-size or --half-open-table-size",
                     failed - before
                 )
             });
@@ -714,7 +714,7 @@ async fn watch(lb: Arc<Mutex<Balancer>>, stats_every: Duration) {
         if let Some(before) = last_reconciled.filter(|b| s.reconciled > *b) {
             evicted_log.warn(now, || {
                 format!(
-                    "{} active connections had no live flow and were released: flows were                      evicted from a full flow table ({} entries of {}; raise                      --flow-table-size) or lost",
+                    "{} active connections had no live flow and were released: flows were evicted from a full flow table ({} entries of {}; raise --flow-table-size) or lost",
                     s.reconciled - before,
                     s.flow_table_entries.saturating_sub(s.half_open_entries),
                     s.flow_table_size
@@ -726,7 +726,7 @@ async fn watch(lb: Arc<Mutex<Balancer>>, stats_every: Duration) {
         if s.flow_table_size > 0 && established * 10 >= s.flow_table_size * 9 {
             occupancy_log.warn(now, || {
                 format!(
-                    "the flow table holds {established} of {} entries: the oldest flows are                      evicted when it is full",
+                    "the flow table holds {established} of {} entries: the oldest flows are evicted when it is full",
                     s.flow_table_size
                 )
             });

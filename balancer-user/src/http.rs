@@ -28,7 +28,7 @@ use axum::{
     routing::{get, post},
     Router,
 };
-use hyper_util::{rt::TokioIo, rt::TokioTimer, service::TowerToHyperService};
+use hyper_util::{rt::TokioIo, rt::TokioTimer};
 use serde::{Deserialize, Serialize};
 use tokio::net::{UnixListener, UnixStream};
 use utoipa::{OpenApi, ToSchema};
@@ -98,6 +98,10 @@ pub struct ApplyBody {
     /// Only list the changes.
     #[serde(default)]
     pub dry_run: bool,
+    /// Let a configuration without VIPs remove every running VIP (refused
+    /// otherwise).
+    #[serde(default)]
+    pub allow_empty: bool,
 }
 
 /// `GET /v1/flows` query.
@@ -171,10 +175,14 @@ pub fn route(req: &Request) -> (&'static str, String, Option<serde_json::Value>)
         Request::Health => ("GET", "/v1/health".into(), None),
         Request::Version => ("GET", "/v1/version".into(), None),
         Request::Export => ("GET", "/v1/config".into(), None),
-        Request::Apply { config, dry_run } => (
+        Request::Apply {
+            config,
+            dry_run,
+            allow_empty,
+        } => (
             "PUT",
             "/v1/config".into(),
-            Some(json!({"config": config, "dry_run": dry_run})),
+            Some(json!({"config": config, "dry_run": dry_run, "allow_empty": allow_empty})),
         ),
         Request::Detach {
             remove_maps,
@@ -203,12 +211,63 @@ fn parse_addr(s: &str) -> Result<SocketAddr, Response> {
     })
 }
 
+/// Reads a JSON body into `T`, refusing any field `T` does not have (at
+/// any depth: a misspelt `dry_run` must not apply a change meant as a
+/// dry run, a misspelt setting must not be dropped).
 fn parse_body<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(b).map_err(|e| Response::error(400, format!("bad request body: {e}")))
+    let mut unknown = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(b);
+    let v: T = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| Response::error(400, format!("bad request body: {e}")))?;
+    if !unknown.is_empty() {
+        return Err(Response::error(
+            400,
+            format!(
+                "bad request body: unknown field{} {} (see GET /v1/openapi.json)",
+                if unknown.len() > 1 { "s" } else { "" },
+                unknown.join(", ")
+            ),
+        ));
+    }
+    Ok(v)
 }
 
-fn deadline(h: &HeaderMap) -> Option<u64> {
-    h.get(DEADLINE_HEADER)?.to_str().ok()?.parse().ok()
+/// The client's deadline, if it sent one.
+///
+/// # Errors
+/// A 400 answer when the header is not a number of ms.
+fn deadline(h: &HeaderMap) -> Result<Option<u64>, Response> {
+    let Some(v) = h.get(DEADLINE_HEADER) else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            Response::error(
+                400,
+                format!(
+                    "{DEADLINE_HEADER} must be the moment the client stops waiting, in ms since \
+                     the Unix epoch; got {:?}",
+                    String::from_utf8_lossy(v.as_bytes())
+                ),
+            )
+        })
+}
+
+/// A 408 answer when the request, now at the front of the queue, is past
+/// its sender's deadline (logged: it is not started).
+fn late(what: &str, d: Option<u64>) -> Option<Response> {
+    if !past_deadline(d) {
+        return None;
+    }
+    tracing::warn!("control: a request arrived after its sender's deadline; not applied ({what})");
+    Some(Response::error(
+        408,
+        "the request reached the daemon after its deadline; not applied",
+    ))
 }
 
 /// Runs `req` on the balancer (one at a time, in arrival order) and
@@ -218,20 +277,13 @@ async fn run(
     h: &HeaderMap,
     req: Result<Request, Response>,
 ) -> axum::response::Response {
-    let resp = match req {
+    let resp = match deadline(h).and_then(|d| req.map(|r| (d, r))) {
         Err(r) => r,
-        Ok(req) => {
+        Ok((d, req)) => {
             let mut lb = st.lb.lock().await;
             // Checked once the lock is held: the request starts now.
-            if past_deadline(deadline(h)) {
-                tracing::warn!(
-                    "control: a request arrived after its sender's deadline; not applied ({})",
-                    req_name(&req)
-                );
-                Response::error(
-                    408,
-                    "the request reached the daemon after its deadline; not applied",
-                )
+            if let Some(r) = late(&req_name(&req), d) {
+                r
             } else {
                 let detach = matches!(req, Request::Detach { .. });
                 let r = handle(&mut lb, req, &st.state_file);
@@ -280,16 +332,24 @@ async fn add_vip(State(st): State<St>, h: HeaderMap, b: Bytes) -> axum::response
 
 /// One VIP.
 #[utoipa::path(get, path = "/v1/vips/{vip}", params(("vip" = String, Path, description = "ADDR:PORT")), responses((status = 200, body = Response), (status = 404, body = Response)))]
-async fn get_vip(State(st): State<St>, Path(vip): Path<String>) -> axum::response::Response {
-    let resp = match parse_addr(&vip) {
+async fn get_vip(
+    State(st): State<St>,
+    Path(vip): Path<String>,
+    h: HeaderMap,
+) -> axum::response::Response {
+    let resp = match parse_addr(&vip).and_then(|v| deadline(&h).map(|d| (v, d))) {
         Err(r) => r,
-        Ok(v) => {
+        Ok((v, d)) => {
             let lb = st.lb.lock().await;
-            let vips: Vec<_> = lb.list_vips().into_iter().filter(|x| x.vip == v).collect();
-            if vips.is_empty() {
-                Response::error(404, format!("no VIP {v}"))
+            if let Some(r) = late("get_vip", d) {
+                r
             } else {
-                Response::Vips { vips }
+                let vips: Vec<_> = lb.list_vips().into_iter().filter(|x| x.vip == v).collect();
+                if vips.is_empty() {
+                    Response::error(404, format!("no VIP {v}"))
+                } else {
+                    Response::Vips { vips }
+                }
             }
         }
     };
@@ -340,10 +400,18 @@ async fn add_backends(
     b: Bytes,
 ) -> axum::response::Response {
     let req = parse_addr(&vip).and_then(|vip| {
-        parse_body::<AddBackendsBody>(&b).map(|b| Request::AddBackends {
-            vip,
-            backends: b.backends,
-            weight: b.weight,
+        parse_body::<AddBackendsBody>(&b).and_then(|b| {
+            if b.backends.is_empty() {
+                return Err(Response::error(
+                    400,
+                    "bad request body: `backends` is empty",
+                ));
+            }
+            Ok(Request::AddBackends {
+                vip,
+                backends: b.backends,
+                weight: b.weight,
+            })
         })
     });
     run(&st, &h, req).await
@@ -453,6 +521,7 @@ async fn apply(State(st): State<St>, h: HeaderMap, b: Bytes) -> axum::response::
     let req = parse_body::<ApplyBody>(&b).map(|b| Request::Apply {
         config: b.config,
         dry_run: b.dry_run,
+        allow_empty: b.allow_empty,
     });
     run(&st, &h, req).await
 }
@@ -663,25 +732,119 @@ async fn serve(stream: UnixStream, app: Router, access: Access) -> anyhow::Resul
         .await
 }
 
-/// Serves one HTTP/1.1 request on `stream`. A client that sends nothing,
-/// or does not read its answer, gives up its slot (reads: REQUEST_TIMEOUT
-/// between bytes, and hyper's header timeout; writes: ANSWER_TIMEOUT
-/// without progress).
+/// Serves one HTTP/1.1 request on `stream`. A client that does not send
+/// its request in time, or does not read its answer, gives up its slot:
+/// the header within [`REQUEST_TIMEOUT`] (hyper's header timeout), the
+/// body within [`REQUEST_TIMEOUT`] more and at most [`MAX_REQUEST`] bytes,
+/// the answer written with progress at least every [`ANSWER_TIMEOUT`].
+/// Once the request is read nothing times out while it waits for the
+/// balancer (a long `apply` ahead of it in the queue): it is answered.
+/// Every error answer, the router's own rejections included, is a JSON
+/// [`Response::Error`].
 async fn serve_io<S>(stream: S, app: Router) -> anyhow::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
     let mut io = tokio_io_timeout::TimeoutStream::new(stream);
-    io.set_read_timeout(Some(REQUEST_TIMEOUT));
     io.set_write_timeout(Some(ANSWER_TIMEOUT));
     let io = Box::pin(io);
+    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(match read_request(req).await {
+                Ok(req) => {
+                    let resp = tower::ServiceExt::oneshot(app, req)
+                        .await
+                        .unwrap_or_else(|e| match e {});
+                    json_errors(resp).await
+                }
+                Err(resp) => answer(resp),
+            })
+        }
+    });
     hyper::server::conn::http1::Builder::new()
         .keep_alive(false)
         .timer(TokioTimer::new())
         .header_read_timeout(REQUEST_TIMEOUT)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
+        .serve_connection(TokioIo::new(io), svc)
         .await?;
     Ok(())
+}
+
+/// Reads a request's body within [`REQUEST_TIMEOUT`] and [`MAX_REQUEST`]
+/// bytes.
+///
+/// # Errors
+/// The error answer: 408 (too slow), 413 (too large), 400 (the body ends
+/// early or is malformed).
+async fn read_request(
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<axum::extract::Request, Response> {
+    use http_body_util::BodyExt;
+    let (parts, body) = req.into_parts();
+    if hyper::body::Body::size_hint(&body).lower() > MAX_REQUEST as u64 {
+        return Err(Response::error(
+            413,
+            format!("the request body is over {MAX_REQUEST} bytes"),
+        ));
+    }
+    let limited = http_body_util::Limited::new(body, MAX_REQUEST);
+    let bytes = match tokio::time::timeout(REQUEST_TIMEOUT, limited.collect()).await {
+        Err(_) => {
+            return Err(Response::error(
+                408,
+                format!(
+                    "the request body did not arrive within {} s",
+                    REQUEST_TIMEOUT.as_secs()
+                ),
+            ))
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(Response::error(
+                413,
+                format!("the request body is over {MAX_REQUEST} bytes"),
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(Response::error(
+                400,
+                format!("reading the request body: {e}"),
+            ))
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    Ok(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+}
+
+/// An error answer the router wrote as plain text (a path that is not
+/// UTF-8, a bad query string, a method a path does not serve) as a JSON
+/// [`Response::Error`] with the same status and its text as the message.
+async fn json_errors(resp: axum::response::Response) -> axum::response::Response {
+    use http_body_util::BodyExt;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let text = match resp.into_body().collect().await {
+        Ok(c) => String::from_utf8_lossy(&c.to_bytes()).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase()
+    } else {
+        text
+    };
+    answer(Response::error(status.as_u16(), message))
 }
 
 /// `GET /metrics` (and `/`): the Prometheus text exposition.
@@ -738,5 +901,151 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, src: Arc<crate::me
             }
             drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Sends `request` over an in-memory stream to `app` served by
+    /// [`serve_io`] and returns what came back (status line and body).
+    async fn exchange(app: Router, request: Vec<u8>, pause: Duration) -> (u16, serde_json::Value) {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let served = tokio::spawn(serve_io(server, app));
+        client.write_all(&request).await.unwrap();
+        tokio::time::sleep(pause).await;
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        let _ = served.await;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (
+            status,
+            serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    use std::time::Duration;
+
+    fn slow_app(wait: Duration) -> Router {
+        Router::new().route(
+            "/slow",
+            get(move || async move {
+                tokio::time::sleep(wait).await;
+                answer(Response::Ok)
+            }),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_request_waiting_longer_than_the_read_timeout_is_answered() {
+        // The handler stands for a request queued behind a long apply.
+        let wait = REQUEST_TIMEOUT + Duration::from_millis(1500);
+        let (status, body) = exchange(
+            slow_app(wait),
+            b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(),
+            Duration::ZERO,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["result"], "ok");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_ends_is_a_json_408() {
+        let (status, body) = exchange(
+            slow_app(Duration::ZERO),
+            b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nabc".to_vec(),
+            Duration::ZERO,
+        )
+        .await;
+        assert_eq!(
+            (status, body["status"].as_u64()),
+            (408, Some(408)),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn router_rejections_are_json_error_objects() {
+        for (req, want) in [
+            (&b"DELETE /slow HTTP/1.1\r\nhost: x\r\n\r\n"[..], 405),
+            (b"GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n", 404),
+        ] {
+            let app = slow_app(Duration::ZERO).fallback(not_found);
+            let (status, body) = exchange(app, req.to_vec(), Duration::ZERO).await;
+            assert_eq!(status, want);
+            assert_eq!(body["result"], "error", "{body}");
+            assert_eq!(body["status"], want);
+        }
+        let mut big = format!(
+            "POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+            MAX_REQUEST + 10
+        )
+        .into_bytes();
+        big.extend(std::iter::repeat_n(b'x', 1000));
+        // The length alone is over the limit: refused before the body.
+        let (status, body) = exchange(slow_app(Duration::ZERO), big, Duration::ZERO).await;
+        assert_eq!(
+            (status, body["status"].as_u64()),
+            (413, Some(413)),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_at_any_depth() {
+        let ok: Result<ApplyBody, _> = parse_body(&Bytes::from_static(br#"{"config":{}}"#));
+        assert!(ok.is_ok());
+        for body in [
+            &br#"{"config":{},"dryrun":true}"#[..],
+            br#"{"vip":"10.0.0.1:80","settings":{"chioces":2}}"#,
+        ] {
+            let b = Bytes::copy_from_slice(body);
+            let e = if body.starts_with(b"{\"config") {
+                parse_body::<ApplyBody>(&b).unwrap_err()
+            } else {
+                parse_body::<AddVipBody>(&b).unwrap_err()
+            };
+            let Response::Error { status, message } = e else {
+                panic!("not an error")
+            };
+            assert_eq!(status, 400);
+            assert!(message.contains("unknown field"), "{message}");
+        }
+        let p: Result<VipPatch, _> = parse_body(&Bytes::from_static(
+            br#"{"health":{"check":{"kind":{"type":"tcp"},"intervall":"1s"}}}"#,
+        ));
+        assert!(p.is_err());
+        // Every field of a check may be left out.
+        let p: VipPatch =
+            parse_body(&Bytes::from_static(br#"{"health":{"check":{"rise":4}}}"#)).unwrap();
+        let Some(crate::api::HealthSetting::Check(h)) = p.health else {
+            panic!("no check")
+        };
+        assert_eq!(
+            (h.rise, h.fall),
+            (4, crate::state::HealthCheck::default().fall)
+        );
+    }
+
+    #[test]
+    fn a_deadline_that_is_not_a_number_is_a_400() {
+        let mut h = HeaderMap::new();
+        assert!(matches!(deadline(&h), Ok(None)));
+        h.insert(DEADLINE_HEADER, "soon".parse().unwrap());
+        assert!(matches!(
+            deadline(&h),
+            Err(Response::Error { status: 400, .. })
+        ));
+        h.insert(DEADLINE_HEADER, "1700000000000".parse().unwrap());
+        assert!(matches!(deadline(&h), Ok(Some(1_700_000_000_000))));
     }
 }

@@ -41,10 +41,20 @@ struct Cli {
     socket: PathBuf,
     /// How long the CLI waits for the daemon's answer.
     #[arg(long, global = true, default_value = "30s", env = "BALANCER_TIMEOUT",
-          value_parser = humantime::parse_duration)]
+          value_parser = positive_duration)]
     timeout: std::time::Duration,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// A duration above zero (`--timeout`: the CLI would give up before
+/// asking).
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be above 0 (e.g. 30s)".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Subcommand, Debug)]

@@ -61,6 +61,14 @@ impl Retired {
         self.backends.retain(|_, v| !v.is_empty());
     }
 
+    /// The tombstone removed longest ago: its VIP and index.
+    pub fn oldest_vip(&self) -> Option<(SocketAddr, u32)> {
+        self.vips
+            .iter()
+            .min_by_key(|(_, (_, t))| *t)
+            .map(|(v, (i, _))| (*v, *i))
+    }
+
     /// Indexes held by tombstones (not given to new VIPs meanwhile).
     pub fn vip_indexes(&self) -> BTreeSet<u32> {
         self.vips.values().map(|(i, _)| *i).collect()

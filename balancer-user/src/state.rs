@@ -22,40 +22,71 @@ use crate::{
 
 /// What an active health check does.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum CheckKind {
     /// A TCP connection is accepted within the timeout.
     Tcp,
     /// `GET path HTTP/1.1` is answered with `status` within the timeout.
     Http {
-        /// Request path, starting with `/`.
+        /// Request path, starting with `/` (default `/`).
+        #[serde(default = "d_http_path")]
         path: String,
-        /// Expected status code.
+        /// Expected status code (default 200).
+        #[serde(default = "d_http_status")]
         status: u16,
     },
 }
 
 /// An active health check: what, how often, and how many results in a row
-/// change a backend's state (HAProxy's `inter`, `rise` and `fall`).
+/// change a backend's state (HAProxy's `inter`, `rise` and `fall`). Each
+/// field left out takes its value from [`HealthCheck::default`] (a TCP
+/// connect every 2 s, 1 s to answer, rise 2, fall 3); unknown fields are
+/// refused.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct HealthCheck {
     /// What the check does.
+    #[serde(default = "d_kind")]
     pub kind: CheckKind,
     /// Port to check (default: the backend's port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// Time between checks (each check's start is spread by up to 10 %).
-    #[serde(with = "humantime_serde")]
+    #[serde(default = "d_interval", with = "humantime_serde")]
     #[schema(value_type = String)]
     pub interval: Duration,
     /// Time a check may take.
-    #[serde(with = "humantime_serde")]
+    #[serde(default = "d_timeout", with = "humantime_serde")]
     #[schema(value_type = String)]
     pub timeout: Duration,
     /// Passes in a row that make an unhealthy backend healthy.
+    #[serde(default = "d_rise")]
     pub rise: u32,
     /// Failures in a row that make a healthy backend unhealthy.
+    #[serde(default = "d_fall")]
     pub fall: u32,
+}
+
+fn d_kind() -> CheckKind {
+    HealthCheck::default().kind
+}
+fn d_interval() -> Duration {
+    HealthCheck::default().interval
+}
+fn d_timeout() -> Duration {
+    HealthCheck::default().timeout
+}
+fn d_rise() -> u32 {
+    HealthCheck::default().rise
+}
+fn d_fall() -> u32 {
+    HealthCheck::default().fall
+}
+fn d_http_path() -> String {
+    "/".into()
+}
+fn d_http_status() -> u16 {
+    200
 }
 
 impl Default for HealthCheck {
@@ -157,7 +188,7 @@ pub mod choices_serde {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
         match Choices::deserialize(d)? {
             Choices::Number(n) => Ok(n),
-            Choices::Word(w) if w == "all" => Ok(CHOICES_FULL_SCAN),
+            Choices::Word(w) if w.eq_ignore_ascii_case("all") => Ok(CHOICES_FULL_SCAN),
             Choices::Word(w) => Err(serde::de::Error::custom(format!(
                 "choices {w:?}: a number of candidates, or \"all\""
             ))),
@@ -804,7 +835,7 @@ pub fn check_backend_for(vip: SocketAddr, settings: &VipSettings, b: SocketAddr)
             Err(BalancerError::Invalid {
                 what: "backend",
                 reason: format!(
-                    "{b} is {} but the VIP {vip} is {}: in {} mode a VIP's backends are of                      its family (the encapsulating modes, ipip and gue, carry one family in                      the other)",
+                    "{b} is {} but the VIP {vip} is {}: in {} mode a VIP's backends are of its family (the encapsulating modes, ipip and gue, carry one family in the other)",
                     family(&b.ip()),
                     family(&vip.ip()),
                     settings.mode.name()
@@ -815,7 +846,7 @@ pub fn check_backend_for(vip: SocketAddr, settings: &VipSettings, b: SocketAddr)
             Err(BalancerError::Invalid {
                 what: "backend",
                 reason: format!(
-                    "{b} is {} but the encapsulation's outer source {src} is {}: the outer                      header is of the backend's family",
+                    "{b} is {} but the encapsulation's outer source {src} is {}: the outer header is of the backend's family",
                     family(&b.ip()),
                     family(&src)
                 ),

@@ -255,6 +255,48 @@ fn api(tb: &mut Testbed) -> anyhow::Result<()> {
         404,
     )?;
     expect(tb, "GET", "/v2/vips", None, 404)?;
+    // Unknown fields, at any depth, and an empty list are refused.
+    for body in [
+        r#"{"backends":[]}"#,
+        r#"{"backends":["10.0.2.12:81"],"wieght":2}"#,
+    ] {
+        expect(
+            tb,
+            "POST",
+            &format!("/v1/vips/{other}/backends"),
+            Some(body),
+            400,
+        )?;
+    }
+    expect(
+        tb,
+        "PATCH",
+        &format!("/v1/vips/{other}"),
+        Some(r#"{"choices":2,"health":{"check":{"intervall":"1s"}}}"#),
+        400,
+    )?;
+    expect(
+        tb,
+        "POST",
+        "/v1/vips",
+        Some(r#"{"vip":"10.0.0.10:82","settings":{"chioces":2}}"#),
+        400,
+    )?;
+    expect(tb, "GET", "/v1/vips/10.0.0.10:82", None, 404)?;
+    // The router's own refusals are error objects too: a method a path
+    // does not serve, a query that does not parse, a body too large.
+    expect(tb, "DELETE", "/v1/stats", None, 405)?;
+    expect(tb, "GET", "/v1/flows?limit=many", None, 400)?;
+    let big = format!(r#"{{"backends":["{}"]}}"#, "x".repeat(2 << 20));
+    let bigf = tb.dir().join("big.json");
+    std::fs::write(&bigf, &big)?;
+    expect(
+        tb,
+        "POST",
+        &format!("/v1/vips/{other}/backends"),
+        Some(&format!("@{}", bigf.display())),
+        413,
+    )?;
     let v = expect(tb, "GET", &format!("/v1/vips/{other}/backends"), None, 200)?;
     ensure!(
         v["backends"].as_array().map(Vec::len) == Some(2),
@@ -317,7 +359,8 @@ fn api(tb: &mut Testbed) -> anyhow::Result<()> {
     }
     println!(
         "operator: API with curl over the unix socket: VIPs and backends added, changed, drained, \
-         listed and removed; 404, 400, 409 and 400 answered as error objects with nothing changed; \
+         listed and removed; 404, 400, 409, 400, unknown fields, an empty list, 405, a bad query and \
+         413 answered as error objects with nothing changed; \
          OpenAPI {} with {} paths",
         spec.openapi,
         paths.len()
@@ -868,6 +911,101 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         "a refused apply left something changed:\n{}",
         export(tb)?
     );
+    // A refusal after a removal: the removal (of the backend a held
+    // connection uses) is not made either, so the connection lives on.
+    let ns = tb.client_ns_path();
+    let mut held = std::thread::spawn(move || -> anyhow::Result<crate::testbed::Conn> {
+        crate::netns::enter_ns(&ns)?;
+        crate::testbed::Conn::open(7_000, 256)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    let mut c4 = config::parse(&changed)?;
+    let v80 = c4
+        .vips
+        .iter_mut()
+        .find(|v| v.address == VIP)
+        .context("VIP")?;
+    v80.backends.retain(|b| b.address != held.backend);
+    c4.vips
+        .iter_mut()
+        .find(|v| v.address.port() == 81)
+        .context("VIP :81")?
+        .mode = balancer::state::ForwardingMode::Dsr;
+    let cut = write(tb, "cut.toml", &config::to_toml(&c4)?)?;
+    let dry = tb
+        .cli(&["apply", "-f", &cut.display().to_string(), "--dry-run"])
+        .unwrap_err()
+        .to_string();
+    let e = tb
+        .cli(&["apply", "-f", &cut.display().to_string()])
+        .unwrap_err()
+        .to_string();
+    ensure!(
+        dry.contains("mode") && e.contains("change 2 of") && e.contains("nothing was applied"),
+        "a removal then a refused mode change: dry run {dry:?}, apply {e:?}"
+    );
+    ensure!(
+        export(tb)? == changed,
+        "the refused apply changed something"
+    );
+    let again = held
+        .request(7_001, 256)
+        .context("the held connection after a refused apply that would have removed its backend")?;
+    ensure!(
+        again == held.backend,
+        "the held connection moved to {again}"
+    );
+    held.close();
+    // A body with a misspelt field is refused whole (`dryrun` for
+    // `dry_run` must not apply an empty configuration).
+    let v = expect(
+        tb,
+        "PUT",
+        "/v1/config",
+        Some(r#"{"config":{},"dryrun":true}"#),
+        400,
+    )?;
+    ensure!(
+        v["message"].as_str().is_some_and(|m| m.contains("dryrun")),
+        "a misspelt dry_run: {v}"
+    );
+    ensure!(
+        export(tb)? == changed,
+        "a misspelt dry_run changed something"
+    );
+    // An empty file (or one without VIPs) removes nothing unless meant.
+    let empty = write(tb, "empty.toml", "")?;
+    let es = empty.display().to_string();
+    let e = tb.cli(&["apply", "-f", &es]).unwrap_err().to_string();
+    ensure!(e.contains("--allow-empty"), "an empty file: {e}");
+    let e = tb
+        .cli(&["apply", "-f", &es, "--dry-run"])
+        .unwrap_err()
+        .to_string();
+    ensure!(e.contains("--allow-empty"), "an empty file, dry run: {e}");
+    ensure!(export(tb)? == changed, "an empty file changed something");
+    // A value error names its VIP, its backend and its line.
+    let mut c5 = config::parse(&changed)?;
+    let b1 = c5.vips[0].backends[1].address;
+    c5.vips[0].backends[1].weight = 5000;
+    let text5 = config::to_toml(&c5)?;
+    let line5 = text5
+        .lines()
+        .position(|l| l.contains(&format!("\"{b1}\"")))
+        .context("backend line")?
+        + 1;
+    let w = write(tb, "weight.toml", &text5)?;
+    let e = tb
+        .cli(&["apply", "-f", &w.display().to_string()])
+        .unwrap_err()
+        .to_string();
+    ensure!(
+        e.contains(&format!("line {line5}"))
+            && e.contains(&format!("backend {b1}"))
+            && e.contains("weight"),
+        "weight 5000 at line {line5}: {e}"
+    );
     // An invalid value is refused before anything is tried.
     let mut c3 = config::parse(&changed)?;
     c3.vips[0].backends[0].weight = 0;
@@ -910,7 +1048,10 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
     println!(
         "operator: export, apply and export again identical; a dry run listed the 6 changes and \
          changed nothing; apply made them; a typo (line {}), a syntax error (line 2), weight 0 and a \
-         mode change refused after an added VIP changed nothing; `run --config` started from the \
+         mode change refused after an added VIP changed nothing; a removal before a refused change \
+         was not made (its held connection answered after), a misspelt dry_run was refused, an \
+         empty file was refused without --allow-empty, weight 5000 was named with its VIP, \
+         backend and line; `run --config` started from the \
          file; a broken file refused the start",
         at + 2
     );

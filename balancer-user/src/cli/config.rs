@@ -18,6 +18,10 @@ pub struct ApplyArgs {
     /// Only show what would change.
     #[arg(long)]
     dry_run: bool,
+    /// Let a file without any `[[vip]]` remove every running VIP (refused
+    /// otherwise: an empty or truncated file is more often a mistake).
+    #[arg(long)]
+    allow_empty: bool,
 }
 
 /// `balancer export` options.
@@ -37,7 +41,39 @@ fn read(file: &Path) -> anyhow::Result<config::Config> {
     };
     // Checked here first: a mistake is named with its line, and the daemon
     // is not asked at all.
-    config::parse(&text).with_context(|| format!("in {}", file.display()))
+    let c = config::parse(&text).with_context(|| format!("in {}", file.display()))?;
+    if let Err(f) = balancer::balancer::locate_config_error(&c) {
+        let line = f
+            .vip
+            .and_then(|v| line_of(&text, v, f.backend))
+            .map(|n| format!(", line {n}"))
+            .unwrap_or_default();
+        bail!("in {}{line}: {f}", file.display());
+    }
+    Ok(c)
+}
+
+/// The line (from 1) of the `address` of VIP `vip` in `text`, or of its
+/// backend `backend`: the first line naming the VIP's address, then the
+/// first after it naming the backend's. `None` when the file writes the
+/// address in another form.
+fn line_of(
+    text: &str,
+    vip: std::net::SocketAddr,
+    backend: Option<std::net::SocketAddr>,
+) -> Option<usize> {
+    let names = |a: std::net::SocketAddr, l: &str| {
+        l.contains(&format!("\"{a}\"")) || l.contains(&format!("'{a}'"))
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let v = lines.iter().position(|l| names(vip, l))?;
+    match backend {
+        None => Some(v + 1),
+        Some(b) => lines[v..]
+            .iter()
+            .position(|l| names(b, l))
+            .map(|i| v + i + 1),
+    }
 }
 
 fn applied(r: Response) -> anyhow::Result<Vec<String>> {
@@ -63,6 +99,7 @@ impl ApplyArgs {
                 &Request::Apply {
                     config: desired.clone(),
                     dry_run: true,
+                    allow_empty: self.allow_empty,
                 },
                 timeout,
             )
@@ -88,6 +125,7 @@ impl ApplyArgs {
                 &Request::Apply {
                     config: desired,
                     dry_run: false,
+                    allow_empty: self.allow_empty,
                 },
                 timeout,
             )

@@ -100,7 +100,13 @@ fn human(v: f64) -> String {
     }
 }
 
-fn draw(f: &mut Frame, stats: &StatsView, rates: &BTreeMap<Key, Rates>, only: Option<SocketAddr>) {
+fn draw(
+    f: &mut Frame,
+    stats: &StatsView,
+    rates: &BTreeMap<Key, Rates>,
+    only: Option<SocketAddr>,
+    poll_error: Option<&str>,
+) {
     let mut lines = vec![Line::from(format!(
         "p2c-balancer top   live flows {}   flow table {}/{}   rx {} pkts   drops: no_backend {} fib {}   (q quits)",
         stats.live_flows,
@@ -110,6 +116,16 @@ fn draw(f: &mut Frame, stats: &StatsView, rates: &BTreeMap<Key, Rates>, only: Op
         stats.counter("drop_no_backend"),
         stats.counter("drop_fib"),
     ))];
+    if let Some(e) = poll_error {
+        lines.push(Line::from(format!(
+            "the last poll failed ({e}); showing the answer before it, retrying"
+        )));
+    }
+    if let Some(v) = only.filter(|o| !stats.vips.iter().any(|v| v.vip == *o)) {
+        lines.push(Line::from(format!(
+            "VIP {v} is gone: it was removed while this view ran (q quits)"
+        )));
+    }
     let mut rows = Vec::new();
     for v in stats
         .vips
@@ -268,8 +284,9 @@ impl TopArgs {
             let mut prev = samples(&stats, Instant::now());
             let mut r = BTreeMap::new();
             let mut drawn = 0u64;
+            let mut poll_error: Option<String> = None;
             loop {
-                terminal.draw(|f| draw(f, &stats, &r, self.vip))?;
+                terminal.draw(|f| draw(f, &stats, &r, self.vip, poll_error.as_deref()))?;
                 drawn += 1;
                 if self.iterations.is_some_and(|n| drawn >= n) {
                     return Ok(());
@@ -279,10 +296,18 @@ impl TopArgs {
                     _ = keys.recv() => return Ok(()),
                     _ = tokio::signal::ctrl_c() => return Ok(()),
                 }
-                stats = fetch().await?;
-                let now = samples(&stats, Instant::now());
-                r = rates(&prev, &now);
-                prev = now;
+                // A failed poll (a daemon restarting, busy) is shown and
+                // retried; the view stays.
+                match fetch().await {
+                    Ok(s) => {
+                        stats = s;
+                        poll_error = None;
+                        let now = samples(&stats, Instant::now());
+                        r = rates(&prev, &now);
+                        prev = now;
+                    }
+                    Err(e) => poll_error = Some(format!("{e:#}")),
+                }
             }
         }
         .await;
