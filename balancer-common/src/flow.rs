@@ -32,6 +32,20 @@ pub const F_ESTABLISHED: u32 = 8;
 /// served the flow (passive failure detection counts a reset before this
 /// as a refused flow).
 pub const F_DATA: u32 = 16;
+/// Written by the daemon from a peer balancer's flow sync (docs/cluster.md):
+/// the flow was placed by another balancer and holds no active connection
+/// here until a segment of it arrives.
+pub const F_SYNCED: u32 = 32;
+/// A segment of a synced flow arrived here: the data path set this (once,
+/// with an atomic OR) and counted the connection on its backend. The flow
+/// is this balancer's from then on.
+pub const F_ADOPTED: u32 = 64;
+
+/// `true` when a flow entry holds an active connection on this balancer:
+/// every flow it placed, and synced flows once adopted.
+pub fn counted(state: u32) -> bool {
+    state & F_SYNCED == 0 || state & F_ADOPTED != 0
+}
 
 /// Width of the window, in bytes past the next expected sequence number, in
 /// which an RST is accepted: 2^23 bytes, the largest receive window of a

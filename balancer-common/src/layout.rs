@@ -231,6 +231,7 @@ const fn fingerprint() -> u64 {
     h = map!(h, map_names::BACKEND_CONN_ADJUST, u32, u64);
     h = map!(h, map_names::SERVER_CONNS, u32, u64);
     h = map!(h, map_names::SERVER_CONN_ADJUST, u32, u64);
+    h = map!(h, map_names::PEER_CONNS, u32, u64);
     h = map!(h, map_names::SERVER_FAILS, u32, u64);
     h = map!(h, map_names::FLOWS, FlowKey, FlowEntry);
     h = map!(h, map_names::HALF_OPEN, FlowKey, FlowEntry);

@@ -146,6 +146,11 @@ pub mod map_names {
     /// Corrections to [`SERVER_CONNS`] written only by the daemon: `u64` by
     /// server index (array).
     pub const SERVER_CONN_ADJUST: &str = "SERVER_CONN_ADJUST";
+    /// Active connections per server on the peer balancers, as last
+    /// reported, summed: `u64` by server index (array), written only by the
+    /// daemon (docs/cluster.md). Not pinned: a restarted daemon rewrites
+    /// it from the next reports.
+    pub const PEER_CONNS: &str = "PEER_CONNS";
     /// New flows refused in a row per server (reset before data, SYN
     /// retransmitted): `u64` by server index (array); reset by the first
     /// data of a flow, and by the daemon when a health check passes.
@@ -641,11 +646,14 @@ pub enum Counter {
     /// than `parse::MAX_IPV6_EXT`, or a routing header with segments left):
     /// passed untouched.
     PassIpv6Ext,
+    /// Flows a peer balancer placed and synced that a segment brought here:
+    /// adopted, and counted on their backend (docs/cluster.md).
+    FlowsAdopted,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::PassIpv6Ext;
+    pub const LAST: Counter = Counter::FlowsAdopted;
 }
 
 /// Number of entries of the `STATS` array.
@@ -697,6 +705,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "pass_frag_needed",
     "tx_icmp_too_big",
     "pass_ipv6_ext",
+    "flows_adopted",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

@@ -24,8 +24,8 @@ use crate::{
     lookup::{backend_of, live_elsewhere},
     loops::bpf_loop,
     maps::{
-        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CHOICE_HIST, CHOICE_STATS, HALF_OPEN, RNG_STATE,
-        SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS, VIP_BACKENDS,
+        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CHOICE_HIST, CHOICE_STATS, HALF_OPEN, PEER_CONNS,
+        RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS, VIP_BACKENDS,
     },
     stats::count,
 };
@@ -111,7 +111,13 @@ fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32)> {
     }
     let conns = *SERVER_CONNS.get(server)?;
     let adjust = *SERVER_CONN_ADJUST.get(server)?;
-    Some((choice::active_connections(conns, adjust), weight))
+    // The peer balancers' last report (0 without peers): own placements
+    // count at once, theirs as of their report (docs/cluster.md).
+    let peers = *PEER_CONNS.get(server)?;
+    Some((
+        choice::active_connections(conns, adjust).saturating_add(peers),
+        weight,
+    ))
 }
 
 /// One step of the choice rule, called by `bpf_loop` (kernel 5.17+), so the

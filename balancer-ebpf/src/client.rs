@@ -10,11 +10,12 @@ use balancer_common::{
 };
 
 use crate::{
+    atomic,
     choose::{self, Refusal},
     forward::{Dest, HopCache, Next},
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
-    maps::{BACKEND_STATS, FLOWS, ORPHANS, STAGES, VIPS, VIP_STATS},
+    maps::{BACKEND_CONNS, BACKEND_STATS, FLOWS, ORPHANS, SERVER_CONNS, STAGES, VIPS, VIP_STATS},
     rewrite::{encap::Encap, nat::Nat, Rewrite},
     stats::{count, traffic, Failure},
     track,
@@ -32,6 +33,16 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         return Next::Reset;
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
+    if entry.state & flow::F_SYNCED != 0 && entry.state & flow::F_ADOPTED == 0 {
+        // A flow a peer balancer placed, moved here (ECMP rehashed it):
+        // counted once, by the CPU whose OR set the bit.
+        // SAFETY: `e` points to the flow-table value of `key`.
+        if unsafe { atomic::fetch_or_state(e, flow::F_ADOPTED) } & flow::F_ADOPTED == 0 {
+            atomic::add(&BACKEND_CONNS, slot, 1);
+            atomic::add(&SERVER_CONNS, b.server, 1);
+            count(Counter::FlowsAdopted, 1);
+        }
+    }
     if seg.is_syn() && entry.state & flow::F_SERVER_SEQ_KNOWN == 0 {
         // The client retransmits its SYN: the backend has not answered.
         track::failed(slot, &b, Failure::SynRetransmit);

@@ -55,6 +55,11 @@ pub static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLO
 /// atomic adds: what a choice compares.
 #[map]
 pub static SERVER_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+/// Active connections per server index on the peer balancers, as they
+/// last reported them (docs/cluster.md), summed by the daemon: the choice
+/// compares this balancer's own live count plus this.
+#[map]
+pub static PEER_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
 /// The daemon's corrections to [`SERVER_CONNS`].
 #[map]
 pub static SERVER_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);

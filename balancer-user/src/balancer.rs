@@ -655,6 +655,12 @@ impl Balancer {
         &self.state
     }
 
+    /// The desired state and the maps, for the cluster sync
+    /// ([`crate::cluster`]), which reads and writes flow entries and counts.
+    pub(crate) fn cluster_parts(&mut self) -> (&State, &mut crate::maps::Maps) {
+        (&self.state, &mut self.maps)
+    }
+
     /// The flow table's idle timeouts the expiry passes use: the state's
     /// (set by a configuration), else the defaults.
     pub fn timeouts(&self) -> Timeouts {

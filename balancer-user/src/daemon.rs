@@ -68,6 +68,9 @@ pub struct DaemonConfig {
     pub read_only_group: Option<String>,
     /// Where Prometheus metrics are served (`GET /metrics`); none: off.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// Flow sync and shared load with peer balancers (docs/cluster.md);
+    /// none: a balancer on its own.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// What pins under a bpffs this process mounted itself are worth when
@@ -179,6 +182,14 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             tokio::net::TcpListener::bind(a)
                 .await
                 .with_context(|| format!("binding the metrics address {a}"))?,
+        ),
+        None => None,
+    };
+    let cluster_socket = match &cfg.cluster {
+        Some(c) => Some(
+            tokio::net::UdpSocket::bind(c.listen)
+                .await
+                .with_context(|| format!("binding the cluster sync address {}", c.listen))?,
         ),
         None => None,
     };
@@ -439,6 +450,18 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         })
     };
     let stats = tokio::spawn(watch(lb.clone(), cfg.stats_interval));
+    let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
+        tracing::info!(
+            "cluster sync on {} with peers {:?} (flows every {:?}, all every {:?}, load every {:?})",
+            c.listen,
+            c.peers,
+            c.sync_interval,
+            c.refresh_interval,
+            c.load_report_interval
+        );
+        let sync = Arc::new(tokio::sync::Mutex::new(crate::cluster::Sync::new()));
+        tokio::spawn(crate::cluster::run(lb.clone(), sync, c, sock))
+    });
 
     let stop = Arc::new(Notify::new());
     let shared = Arc::new(control::Shared {
@@ -484,6 +507,9 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     gc.abort();
     stats.abort();
+    if let Some(t) = cluster {
+        t.abort();
+    }
     health.abort();
     eligibility.abort();
     if let Some(t) = datapath_log {

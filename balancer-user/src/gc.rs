@@ -224,10 +224,12 @@ impl Reconciler {
                 Some(Count::Slot(e.backend_slot)),
                 server_of.get(&e.backend_slot).map(|s| Count::Server(*s)),
             ];
+            // A peer's synced flow not adopted here holds no count here.
+            let counted = fl::counted(e.state);
             if k.kind == flow_kind::LIVE {
                 if idle > timeouts.for_live(e) {
                     let established = e.state & fl::F_ESTABLISHED != 0;
-                    if established {
+                    if established && counted {
                         // Its client's next segment gets a reset; written
                         // before the flow goes, so no segment finds neither.
                         maps.add_orphan(k, orphan_reason::EXPIRED, now)?;
@@ -240,13 +242,13 @@ impl Reconciler {
                                 *self.handshake_timeouts.entry(e.backend_slot).or_default() += 1;
                             }
                         }
-                        if current {
+                        if current && counted {
                             for c in owners.into_iter().flatten() {
                                 maps.add_adjust(c, u64::MAX)?;
                             }
                         }
                     }
-                } else if current {
+                } else if current && counted {
                     report.live += 1;
                     for c in owners.into_iter().flatten() {
                         *live.entry(c).or_default() += 1;

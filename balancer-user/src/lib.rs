@@ -13,6 +13,7 @@
 pub mod api;
 pub mod balancer;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod daemon;

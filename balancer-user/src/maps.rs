@@ -211,6 +211,7 @@ pub struct Maps {
     adjust: Array<MapData, u64>,
     server_conns: Array<MapData, u64>,
     server_adjust: Array<MapData, u64>,
+    peer_conns: Array<MapData, u64>,
     server_fails: Array<MapData, u64>,
     choice_stats: PerCpuArray<MapData, ChoiceCounts>,
     choice_hist: PerCpuArray<MapData, u64>,
@@ -257,6 +258,7 @@ impl Maps {
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
             server_conns: take!(map_names::SERVER_CONNS),
             server_adjust: take!(map_names::SERVER_CONN_ADJUST),
+            peer_conns: take!(map_names::PEER_CONNS),
             server_fails: take!(map_names::SERVER_FAILS),
             choice_stats: take!(map_names::CHOICE_STATS),
             choice_hist: take!(map_names::CHOICE_HIST),
@@ -907,6 +909,28 @@ impl Maps {
             }
         }
         Ok(entries)
+    }
+
+    /// Writes `PEER_CONNS[server]`: the peers' last reported active
+    /// connections on that server (docs/cluster.md).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn set_peer_conns(&mut self, server: u32, value: u64) -> Result<()> {
+        self.peer_conns
+            .set(server, value, 0)
+            .map_err(map_err(map_names::PEER_CONNS, "write"))
+    }
+
+    /// Writes a flow entry into the established table (a peer's synced
+    /// flow, or one demoted to synced), replacing what is there.
+    ///
+    /// # Errors
+    /// Map write failure (a full table evicts instead: LRU).
+    pub fn write_flow(&mut self, key: &FlowKey, e: &FlowEntry) -> Result<()> {
+        self.flows
+            .insert(key, e, 0)
+            .map_err(map_err(map_names::FLOWS, "write"))
     }
 
     /// Up to `limit` flow entries of both tables, and whether more exist.

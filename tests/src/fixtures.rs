@@ -22,6 +22,7 @@ use crate::{
 };
 
 mod affinity;
+mod cluster;
 mod eligibility;
 mod hairpin;
 mod half_open;
@@ -68,6 +69,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += ipv6::run()?;
     n += jumbo::run()?;
     n += race::run()?;
+    n += cluster::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }

@@ -13,7 +13,11 @@ fn fixture_suite() {
     // the two-CPU race fixture passes.
     let cases: Vec<String> = (1..=16).map(|c| format!("fixture ok: case {c}:")).collect();
     let mut markers: Vec<&str> = cases.iter().map(String::as_str).collect();
-    markers.extend([" passed, 0 failed", "fixture ok: race: "]);
+    markers.extend([
+        " passed, 0 failed",
+        "fixture ok: race: ",
+        "fixture ok: cluster: the first segments of 2,000 synced flows",
+    ]);
     scenario(TESTBED, &["fixtures"], &markers);
 }
 

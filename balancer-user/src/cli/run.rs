@@ -134,6 +134,26 @@ pub struct RunArgs {
     /// restored). Pinned links are kept and get the new program.
     #[arg(long)]
     fresh: bool,
+    /// Sync flows and load with peer balancers (docs/cluster.md): the UDP
+    /// address this daemon listens on for its peers.
+    #[arg(long, value_name = "ADDR:PORT", requires = "peers")]
+    cluster_listen: Option<std::net::SocketAddr>,
+    /// A peer balancer's sync address (repeat for each; only datagrams from
+    /// these addresses are read).
+    #[arg(long = "peer", value_name = "ADDR:PORT", requires = "cluster_listen")]
+    peers: Vec<std::net::SocketAddr>,
+    /// Time between batches of new and closed flows to the peers.
+    #[arg(long, default_value = "100ms", value_parser = parse_timeout)]
+    sync_interval: Duration,
+    /// Time between sends of every flow this balancer holds (a peer that
+    /// missed a datagram, restarted or joined learns them).
+    #[arg(long, default_value = "10s", value_parser = parse_timeout)]
+    sync_refresh: Duration,
+    /// Time between reports of this balancer's active connections per
+    /// backend to its peers, which add them to their own when they choose
+    /// (0: no reports; each balancer compares only its own counts).
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    load_report_interval: Duration,
 }
 
 impl RunArgs {
@@ -165,6 +185,15 @@ impl RunArgs {
             read_only_socket: self.read_only_socket,
             read_only_group: self.read_only_group,
             metrics_address: self.metrics_address,
+            cluster: self
+                .cluster_listen
+                .map(|listen| balancer::cluster::ClusterConfig {
+                    listen,
+                    peers: self.peers,
+                    sync_interval: self.sync_interval,
+                    refresh_interval: self.sync_refresh,
+                    load_report_interval: self.load_report_interval,
+                }),
         }
     }
 }
