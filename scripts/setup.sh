@@ -7,7 +7,8 @@
 #     examples), systemd (systemd-analyze
 #     verify of the unit; nothing is started);
 #     the real clients and servers of the test bed: nginx, curl, wrk, ab
-#     (apache2-utils), iperf3; with --bench also haproxy, nginx's stream
+#     (apache2-utils), iperf3; bird2 (the cluster test bed's BGP speakers and
+#     router); with --bench also haproxy, nginx's stream
 #     module, a font
 #   - the nightly toolchain's rust-src (for -Z build-std=core on bpfel-unknown-none)
 #   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
@@ -34,6 +35,8 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
 command -v ab >/dev/null 2>&1 || need_apt+=(apache2-utils)
 command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
+# The cluster test bed: BIRD 2 as the balancers' BGP speaker and the router.
+[ -x /usr/sbin/bird ] && [ -x /usr/sbin/birdc ] || need_apt+=(bird2)
 command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ "${1:-}" = "--bench" ]; then
   # The peers the benchmark compares against, and a font for its plot.

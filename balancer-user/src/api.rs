@@ -244,6 +244,14 @@ pub enum Request {
         #[serde(default)]
         allow_empty: bool,
     },
+    /// The cluster's state (`balancer cluster status`).
+    ClusterStatus,
+    /// Drain this balancer from the cluster (`drained: true`: withdraw its
+    /// VIPs from BGP) or put it back.
+    ClusterDrain {
+        /// Drained or back in service.
+        drained: bool,
+    },
     /// Detach the program from every interface (the pinned links end),
     /// then stop the daemon. Connections through the balancer break.
     Detach {
@@ -309,6 +317,8 @@ pub enum Response {
         /// `true` when more flows exist than were listed.
         truncated: bool,
     },
+    /// The cluster's state.
+    Cluster(Box<crate::cluster::ClusterView>),
     /// The program was detached (the daemon stops after answering).
     Detached {
         /// Interfaces it was detached from.

@@ -157,6 +157,8 @@ pub struct Balancer {
     default_timeouts: Timeouts,
     /// Capacity of the flow table and of the half-open table, entries.
     table_sizes: (u32, u32),
+    /// The cluster as its tasks last saw it (none: a balancer on its own).
+    cluster_view: Option<crate::cluster::ClusterView>,
 }
 
 /// Checks a whole configuration as the API would check each VIP and
@@ -447,6 +449,7 @@ impl Balancer {
             logger,
             default_timeouts: Timeouts::default(),
             table_sizes: (opts.flow_table_size, opts.half_open_table_size),
+            cluster_view: None,
         })
     }
 
@@ -653,6 +656,39 @@ impl Balancer {
     /// The desired state, for persisting.
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// The cluster as its tasks last saw it (none: not in a cluster).
+    pub fn cluster_view(&self) -> Option<&crate::cluster::ClusterView> {
+        self.cluster_view.as_ref()
+    }
+
+    /// Records the cluster's view (the cluster tasks).
+    pub fn set_cluster_view(&mut self, v: crate::cluster::ClusterView) {
+        self.cluster_view = Some(v);
+    }
+
+    /// Drains the balancer from the cluster (`true`: its VIPs are
+    /// withdrawn from BGP; it keeps forwarding what reaches it) or puts it
+    /// back. Persisted, so a restarted daemon stays drained.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] when the daemon runs without
+    /// `--cluster-listen` or `--bgp-dir`.
+    pub fn set_cluster_drained(&mut self, drained: bool) -> Result<()> {
+        if self.cluster_view.is_none() {
+            return Err(BalancerError::Invalid {
+                what: "cluster",
+                reason: "this daemon runs on its own (no --cluster-listen, no --bgp-dir): there \
+                         is nothing to drain from"
+                    .into(),
+            });
+        }
+        self.state.cluster_drained = drained;
+        if let Some(v) = &mut self.cluster_view {
+            v.drained = drained;
+        }
+        Ok(())
     }
 
     /// The desired state and the maps, for the cluster sync

@@ -105,6 +105,13 @@ pub enum Message {
         /// The flows' client and VIP.
         flows: Vec<(SocketAddr, SocketAddr)>,
     },
+    /// The sender finished a batch of every flow it holds (sent after each
+    /// refresh and after a hello): a peer that said hello knows it has
+    /// them all.
+    Synced {
+        /// The sender's node id.
+        node: u64,
+    },
     /// The sender's active connections per backend address.
     Load {
         /// The sender's node id.
@@ -137,11 +144,42 @@ pub struct ClusterStats {
     pub send_errors: u64,
 }
 
+/// The cluster as `balancer cluster status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ClusterView {
+    /// This start's node id (random).
+    pub node: u64,
+    /// The sync address (none: no flow sync, BGP only).
+    #[schema(value_type = Option<String>)]
+    pub listen: Option<SocketAddr>,
+    /// The peers' sync addresses.
+    #[schema(value_type = Vec<String>)]
+    pub peers: Vec<SocketAddr>,
+    /// The peers that answered this start's hello with every flow they hold.
+    #[schema(value_type = Vec<String>)]
+    pub peers_synced: Vec<SocketAddr>,
+    /// Every peer answered, or the wait (two refresh intervals) is over:
+    /// VIPs may be announced.
+    pub ready: bool,
+    /// Drained: every VIP withdrawn, flows still forwarded.
+    pub drained: bool,
+    /// VIP addresses announced by BGP now (empty without `--bgp-dir`).
+    #[schema(value_type = Vec<String>)]
+    pub announced: Vec<std::net::IpAddr>,
+    /// The last announcement error, if the last attempt failed.
+    pub bgp_error: Option<String>,
+    /// Totals of the sync.
+    pub stats: ClusterStats,
+}
+
 /// A daemon's side of the sync.
 #[derive(Debug)]
 pub struct Sync {
     /// This start's node id.
     pub node: u64,
+    started: Instant,
+    /// Peers that sent `Synced` since this start.
+    synced_from: BTreeSet<SocketAddr>,
     /// Own flows as last sent.
     sent: BTreeSet<(SocketAddr, SocketAddr)>,
     last_full: Option<Instant>,
@@ -157,6 +195,8 @@ impl Sync {
     pub fn new() -> Sync {
         Sync {
             node: rand::random(),
+            started: Instant::now(),
+            synced_from: BTreeSet::new(),
             sent: BTreeSet::new(),
             last_full: None,
             full_requested: false,
@@ -228,6 +268,21 @@ pub fn encode<T: Clone>(items: &[T], wrap: impl Fn(Vec<T>) -> Message) -> Vec<Ve
 }
 
 impl Sync {
+    /// `true` once every one of `peers` answered this start's hello with
+    /// its flows, or `wait` has passed (a peer that is down must not keep
+    /// this balancer out of service).
+    pub fn ready(&self, peers: &[SocketAddr], wait: Duration) -> bool {
+        peers
+            .iter()
+            .all(|p| self.synced_from.iter().any(|s| s.ip() == p.ip()))
+            || self.started.elapsed() >= wait
+    }
+
+    /// The peers that answered this start's hello.
+    pub fn peers_synced(&self) -> Vec<SocketAddr> {
+        self.synced_from.iter().copied().collect()
+    }
+
     /// The datagrams of one sync tick: own flows not sent yet (all of them
     /// every refresh interval, or when a peer said hello), and those closed
     /// since the last tick.
@@ -294,6 +349,9 @@ impl Sync {
         let node = self.node;
         let mut out = encode(&flows, |flows| Message::Flows { node, flows });
         out.extend(encode(&closed, |flows| Message::Closed { node, flows }));
+        if full {
+            out.push(postcard::to_allocvec(&Message::Synced { node }).unwrap_or_default());
+        }
         Ok(out)
     }
 
@@ -319,6 +377,7 @@ impl Sync {
     pub fn receive(
         &mut self,
         lb: &mut Balancer,
+        from: SocketAddr,
         datagram: &[u8],
         stale_after: Duration,
     ) -> Result<()> {
@@ -329,6 +388,9 @@ impl Sync {
         match m {
             Message::Hello { node } if node != self.node => self.full_requested = true,
             Message::Hello { .. } => {}
+            Message::Synced { node } if node != self.node => {
+                self.synced_from.insert(from);
+            }
             Message::Flows { node, flows } if node != self.node => self.apply_flows(lb, &flows)?,
             Message::Closed { node, flows } if node != self.node => {
                 let (_, maps) = lb.cluster_parts();
@@ -504,7 +566,7 @@ pub async fn run(
                 }
                 let mut lb = lb.lock().await;
                 let mut s = sync.lock().await;
-                if let Err(e) = s.receive(&mut lb, &buf[..n], stale_after) {
+                if let Err(e) = s.receive(&mut lb, from, &buf[..n], stale_after) {
                     log.warn(Instant::now(), || format!("cluster sync: {e}"));
                 }
             }
@@ -513,6 +575,87 @@ pub async fn run(
             sync.lock().await.stats.send_errors += errors;
             errors = 0;
         }
+    }
+}
+
+/// The VIPs to announce now: none unless the program is attached, the
+/// balancer is not drained and the sync is ready; then those with an
+/// eligible backend (a VIP down to its fallback has no healthy one).
+pub fn to_announce(lb: &Balancer, ready: bool) -> BTreeSet<std::net::IpAddr> {
+    if lb.interfaces().is_empty() || lb.state().cluster_drained || !ready {
+        return BTreeSet::new();
+    }
+    lb.list_vips()
+        .into_iter()
+        .filter(|v| v.eligible > 0 && !v.fallback)
+        .map(|v| v.vip.ip())
+        .collect()
+}
+
+/// Keeps the cluster's view and the BGP announcements current until the
+/// task is dropped: every 200 ms the VIPs to announce are worked out
+/// ([`to_announce`]) and, when they differ from what BIRD has (or the last
+/// attempt failed), written and BIRD reconfigured.
+pub async fn keep_announced(
+    lb: Arc<Mutex<Balancer>>,
+    sync: Option<Arc<Mutex<Sync>>>,
+    cfg: Option<ClusterConfig>,
+    bgp: Option<crate::bgp::BgpConfig>,
+) {
+    let mut announced: Option<BTreeSet<std::net::IpAddr>> = None;
+    let mut bgp_error: Option<String> = None;
+    let mut log = crate::control::RateLimitedLog::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tick.tick().await;
+        let (node, peers_synced, ready, stats) = match &sync {
+            Some(s) => {
+                let s = s.lock().await;
+                let (peers, wait) = cfg.as_ref().map_or((Vec::new(), Duration::ZERO), |c| {
+                    (c.peers.clone(), c.refresh_interval * 2)
+                });
+                (s.node, s.peers_synced(), s.ready(&peers, wait), s.stats)
+            }
+            None => (0, Vec::new(), true, ClusterStats::default()),
+        };
+        let want = to_announce(&*lb.lock().await, ready);
+        if let Some(b) = &bgp {
+            if announced.as_ref() != Some(&want) || bgp_error.is_some() {
+                let (b2, w2) = (b.clone(), want.clone());
+                let r = tokio::task::spawn_blocking(move || b2.announce(&w2)).await;
+                match r {
+                    Ok(Ok(())) => {
+                        let before = announced.replace(want.clone()).unwrap_or_default();
+                        for v in want.difference(&before) {
+                            tracing::info!("bgp: announcing {v}");
+                        }
+                        for v in before.difference(&want) {
+                            tracing::info!("bgp: withdrawing {v}");
+                        }
+                        bgp_error = None;
+                    }
+                    Ok(Err(e)) => {
+                        let m = format!("{e:#}");
+                        log.warn(Instant::now(), || format!("bgp: {m}"));
+                        bgp_error = Some(m);
+                    }
+                    Err(e) => bgp_error = Some(e.to_string()),
+                }
+            }
+        }
+        let mut lb = lb.lock().await;
+        let drained = lb.state().cluster_drained;
+        lb.set_cluster_view(ClusterView {
+            node,
+            listen: cfg.as_ref().map(|c| c.listen),
+            peers: cfg.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
+            peers_synced,
+            ready,
+            drained,
+            announced: announced.iter().flatten().copied().collect(),
+            bgp_error: bgp_error.clone(),
+            stats,
+        });
     }
 }
 

@@ -148,6 +148,7 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             | Request::Health
             | Request::Version
             | Request::Export
+            | Request::ClusterStatus
             | Request::Apply { dry_run: true, .. }
     );
     let before = changes.then(|| lb.state().clone());
@@ -201,6 +202,14 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
                 .collect(),
         }),
         Request::Version => Ok(Response::Version(VersionView::this_build())),
+        Request::ClusterStatus => match lb.cluster_view() {
+            Some(v) => Ok(Response::Cluster(Box::new(v.clone()))),
+            None => Err(crate::error::BalancerError::Invalid {
+                what: "cluster",
+                reason: "this daemon runs on its own (no --cluster-listen, no --bgp-dir)".into(),
+            }),
+        },
+        Request::ClusterDrain { drained } => lb.set_cluster_drained(drained).map(|_| Response::Ok),
         Request::Export => Ok(Response::Config {
             config: lb.export_config(),
         }),
@@ -335,6 +344,10 @@ fn describe(r: &Request) -> String {
         Request::UndrainBackend { vip, backend } => format!("backend undrain {vip} {backend}"),
         Request::RemoveBackend { vip, backend } => format!("backend remove {vip} {backend}"),
         Request::Apply { config, .. } => format!("apply ({} VIPs)", config.vips.len()),
+        Request::ClusterDrain { drained: true } => {
+            "cluster drain (every VIP withdrawn from BGP)".into()
+        }
+        Request::ClusterDrain { drained: false } => "cluster undrain".into(),
         other => req_name(other),
     }
 }

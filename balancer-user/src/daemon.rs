@@ -71,6 +71,8 @@ pub struct DaemonConfig {
     /// Flow sync and shared load with peer balancers (docs/cluster.md);
     /// none: a balancer on its own.
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// The BGP speaker (BIRD 2) announcing the VIPs; none: no announcements.
+    pub bgp: Option<crate::bgp::BgpConfig>,
 }
 
 /// What pins under a bpffs this process mounted itself are worth when
@@ -460,7 +462,25 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             c.load_report_interval
         );
         let sync = Arc::new(tokio::sync::Mutex::new(crate::cluster::Sync::new()));
-        tokio::spawn(crate::cluster::run(lb.clone(), sync, c, sock))
+        (
+            sync.clone(),
+            tokio::spawn(crate::cluster::run(lb.clone(), sync, c, sock)),
+        )
+    });
+    let announcer = (cluster.is_some() || cfg.bgp.is_some()).then(|| {
+        if let Some(b) = &cfg.bgp {
+            tracing::info!(
+                "bgp: announcing through BIRD at {} (routes in {})",
+                b.birdc_socket.display(),
+                b.dir.display()
+            );
+        }
+        tokio::spawn(crate::cluster::keep_announced(
+            lb.clone(),
+            cluster.as_ref().map(|(s, _)| s.clone()),
+            cfg.cluster.clone(),
+            cfg.bgp.clone(),
+        ))
     });
 
     let stop = Arc::new(Notify::new());
@@ -507,8 +527,20 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     gc.abort();
     stats.abort();
-    if let Some(t) = cluster {
+    if let Some((_, t)) = cluster {
         t.abort();
+    }
+    if let Some(t) = announcer {
+        t.abort();
+    }
+    if let Some(b) = &cfg.bgp {
+        // Withdrawn before the daemon goes: the routers move the flows to
+        // the other balancers (which hold them, synced) while this one
+        // still forwards what reaches it.
+        match b.announce(&Default::default()) {
+            Ok(()) => tracing::info!("bgp: every VIP withdrawn"),
+            Err(e) => tracing::warn!("bgp: withdrawing at stop failed: {e:#}"),
+        }
     }
     health.abort();
     eligibility.abort();

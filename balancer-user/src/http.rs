@@ -184,6 +184,9 @@ pub fn route(req: &Request) -> (&'static str, String, Option<serde_json::Value>)
             "/v1/config".into(),
             Some(json!({"config": config, "dry_run": dry_run, "allow_empty": allow_empty})),
         ),
+        Request::ClusterStatus => ("GET", "/v1/cluster".into(), None),
+        Request::ClusterDrain { drained: true } => ("POST", "/v1/cluster/drain".into(), None),
+        Request::ClusterDrain { drained: false } => ("POST", "/v1/cluster/undrain".into(), None),
         Request::Detach {
             remove_maps,
             pin_dir,
@@ -526,6 +529,25 @@ async fn apply(State(st): State<St>, h: HeaderMap, b: Bytes) -> axum::response::
     run(&st, &h, req).await
 }
 
+/// The cluster: peers, sync totals, BGP announcements, drain.
+#[utoipa::path(get, path = "/v1/cluster", responses((status = 200, body = Response), (status = 400, body = Response)))]
+async fn cluster(State(st): State<St>, h: HeaderMap) -> axum::response::Response {
+    run(&st, &h, Ok(Request::ClusterStatus)).await
+}
+
+/// Drain this balancer: its VIPs are withdrawn from BGP; what still
+/// reaches it is forwarded.
+#[utoipa::path(post, path = "/v1/cluster/drain", responses((status = 200, body = Response), (status = 400, body = Response)))]
+async fn cluster_drain(State(st): State<St>, h: HeaderMap) -> axum::response::Response {
+    run(&st, &h, Ok(Request::ClusterDrain { drained: true })).await
+}
+
+/// Put a drained balancer back: its VIPs are announced again.
+#[utoipa::path(post, path = "/v1/cluster/undrain", responses((status = 200, body = Response), (status = 400, body = Response)))]
+async fn cluster_undrain(State(st): State<St>, h: HeaderMap) -> axum::response::Response {
+    run(&st, &h, Ok(Request::ClusterDrain { drained: false })).await
+}
+
 /// Detach the program from every interface and stop the daemon.
 #[utoipa::path(post, path = "/v1/detach", request_body = DetachBody, responses((status = 200, body = Response)))]
 async fn detach(State(st): State<St>, h: HeaderMap, b: Bytes) -> axum::response::Response {
@@ -567,6 +589,9 @@ async fn detach(State(st): State<St>, h: HeaderMap, b: Bytes) -> axum::response:
         version,
         export,
         apply,
+        cluster,
+        cluster_drain,
+        cluster_undrain,
         detach
     ),
     components(schemas(Response, AddVipBody, AddBackendsBody, DetachBody, ApplyBody))
@@ -612,6 +637,7 @@ pub fn router(shared: St, access: Access) -> Router {
         .route("/v1/flows", get(flows))
         .route("/v1/version", get(version))
         .route("/v1/config", get(export))
+        .route("/v1/cluster", get(cluster))
         .route("/v1/openapi.json", get(openapi));
     let r = match access {
         // Paths with reads answer other methods 405; paths of changes only
@@ -630,6 +656,8 @@ pub fn router(shared: St, access: Access) -> Router {
                 axum::routing::any(read_only),
             )
             .route("/v1/detach", axum::routing::any(read_only))
+            .route("/v1/cluster/drain", axum::routing::any(read_only))
+            .route("/v1/cluster/undrain", axum::routing::any(read_only))
             .method_not_allowed_fallback(read_only),
         Access::Root => reads
             .route("/v1/vips", post(add_vip))
@@ -651,6 +679,8 @@ pub fn router(shared: St, access: Access) -> Router {
                 post(undrain_backend),
             )
             .route("/v1/config", axum::routing::put(apply))
+            .route("/v1/cluster/drain", post(cluster_drain))
+            .route("/v1/cluster/undrain", post(cluster_undrain))
             .route("/v1/detach", post(detach)),
     };
     r.fallback(not_found)

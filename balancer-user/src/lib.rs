@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod balancer;
+pub mod bgp;
 pub mod client;
 pub mod cluster;
 pub mod config;

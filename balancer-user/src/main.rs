@@ -63,7 +63,7 @@ enum Cmd {
     #[command(
         after_help = "Example:\n  balancer run --iface eth0 --iface eth1 --metrics-address 127.0.0.1:9100"
     )]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Manage VIPs.
     #[command(
         subcommand,
@@ -105,6 +105,14 @@ enum Cmd {
         after_help = "Example:\n  balancer decap attach --iface eth0"
     )]
     Decap(DecapCmd),
+    /// This balancer among its peers: drain it from BGP, put it back, show
+    /// the flow sync and the announcements (docs/cluster.md).
+    #[command(
+        subcommand,
+        after_help = "Example:
+  balancer cluster status"
+    )]
+    Cluster(cli::cluster::ClusterCmd),
     /// Detach the XDP program from every interface and stop the daemon
     /// (connections through the balancer break). Stopping the daemon
     /// otherwise leaves the program attached. With no daemon running, the
@@ -186,6 +194,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Man(a) => return a.run(Cli::command()),
         Cmd::Vip(c) => c.request(),
         Cmd::Backend(c) => c.request(),
+        Cmd::Cluster(c) => c.request(),
         Cmd::Stats { json } => (Request::Stats, json),
         Cmd::Flows { limit, json } => (Request::Flows { limit }, json),
     };
@@ -227,6 +236,7 @@ fn print_response(resp: Response) -> anyhow::Result<()> {
         Response::Stats(s) => show::print_stats(&s),
         Response::Flows { flows, truncated } => show::print_flows(&flows, truncated),
         Response::Detached { .. } => println!("detached"),
+        Response::Cluster(v) => cli::cluster::print(&v),
         other => println!("{}", serde_json::to_string_pretty(&other)?),
     }
     Ok(())

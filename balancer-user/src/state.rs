@@ -527,6 +527,10 @@ pub struct State {
     /// --config`, `apply`); until then the daemon's command line's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<crate::gc::Timeouts>,
+    /// Drained from the cluster (`balancer cluster drain`): no VIP is
+    /// announced by BGP.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cluster_drained: bool,
 }
 
 /// Where one backend address and port is used: what the data path's

@@ -4,6 +4,7 @@
 
 pub mod abuse;
 pub mod bench;
+pub mod cluster;
 pub mod collisions;
 pub mod fixtures;
 pub mod flood;

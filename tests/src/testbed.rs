@@ -109,7 +109,7 @@ fn start_server(ns: &Netns, addr: SocketAddr, stop: Arc<AtomicBool>) -> anyhow::
 }
 
 /// [`start_server`] listening on `bind` and naming itself `me`.
-fn start_server_as(
+pub fn start_server_as(
     ns: &Netns,
     bind: SocketAddr,
     me: SocketAddr,

@@ -39,8 +39,9 @@ enum Cmd {
         args: Vec<String>,
     },
     /// The long forms of the test-bed scenarios (minutes): case 18 for
-    /// choices 1, 2 and a full scan over 1,000 connections each, and three
-    /// rounds of restarts and upgrades with 60 connections moving data.
+    /// choices 1, 2 and a full scan over 1,000 connections each, three
+    /// rounds of restarts and upgrades with 60 connections moving data, and
+    /// the cluster's drain, cut-off, addition and herd table.
     Long,
     /// The long fuzz run: random and mutated frames through the compiled
     /// program with BPF_PROG_TEST_RUN (the tests run a short one).
@@ -114,7 +115,11 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Long => {
             build()?;
-            for scenario in [["health", "--long"], ["restart", "--long"]] {
+            for scenario in [
+                ["health", "--long"],
+                ["restart", "--long"],
+                ["cluster", "--long"],
+            ] {
                 run(Command::new(root().join("target/debug/balancer-testbed")).args(scenario))?;
             }
             Ok(())

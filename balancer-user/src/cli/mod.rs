@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod backend;
+pub mod cluster;
 pub mod config;
 pub mod decap;
 pub mod detach;

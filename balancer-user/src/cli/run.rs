@@ -154,6 +154,15 @@ pub struct RunArgs {
     /// (0: no reports; each balancer compares only its own counts).
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     load_report_interval: Duration,
+    /// Announce the VIPs by BGP through BIRD 2: the directory where the
+    /// daemon writes `vips4.conf` and `vips6.conf` (static routes the BIRD
+    /// configuration includes; docs/cluster.md).
+    #[arg(long, value_name = "DIR", requires = "birdc_socket")]
+    bgp_dir: Option<PathBuf>,
+    /// BIRD's control socket (`bird -s PATH`; Debian's default is
+    /// /run/bird/bird.ctl).
+    #[arg(long, value_name = "PATH", requires = "bgp_dir")]
+    birdc_socket: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -194,6 +203,10 @@ impl RunArgs {
                     refresh_interval: self.sync_refresh,
                     load_report_interval: self.load_report_interval,
                 }),
+            bgp: self
+                .bgp_dir
+                .zip(self.birdc_socket)
+                .map(|(dir, birdc_socket)| balancer::bgp::BgpConfig { dir, birdc_socket }),
         }
     }
 }

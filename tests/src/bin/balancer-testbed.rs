@@ -13,14 +13,15 @@
 //! * `balancer-testbed realclients`
 //! * `balancer-testbed modes`
 //! * `balancer-testbed mistakes`
+//! * `balancer-testbed cluster [--long]`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, collisions, fixtures, flood, fuzz, health, jumbo, mistakes, modes, netns,
-    operator, orphans, realclients, refusals, restart, scenario,
+    abuse, bench, cluster, collisions, fixtures, flood, fuzz, health, jumbo, mistakes, modes,
+    netns, operator, orphans, realclients, refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -104,6 +105,14 @@ enum Cmd {
         #[arg(long)]
         count: usize,
     },
+    /// Several balancers behind a BGP/ECMP router (BIRD 2), syncing flows
+    /// and load: one drained and put back under 1,000 held connections.
+    Cluster {
+        /// The full form: also a host cut off, a balancer added, and the
+        /// herd table.
+        #[arg(long)]
+        long: bool,
+    },
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
     /// Loads the program and prints how many instructions the verifier
@@ -171,6 +180,7 @@ fn main() -> ExitCode {
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
         Cmd::Operator => operator::run(),
+        Cmd::Cluster { long } => cluster::run(long),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {

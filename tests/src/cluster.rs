@@ -1,0 +1,862 @@
+//! Several balancers behind ECMP (`balancer-testbed cluster`,
+//! docs/cluster.md): a router host running BIRD 2 learns the VIP by BGP
+//! from balancer hosts, each running BIRD 2 driven by its daemon, and
+//! installs a multipath route with layer-4 hashing; eight L2 DSR backends
+//! share the balancers' LAN; a client host sits behind the router.
+//!
+//! ```text
+//!  client 10.0.8.2 ── r-cl 10.0.8.1 [router, BIRD, ECMP] r-lan 10.0.9.1 ─┐
+//!                                                                       br0 (LAN 10.0.9.0/24)
+//!   lb1 10.0.9.11, lb2 .12, lb3 .13, lb4 .14 [BIRD + balancer, XDP] ────┤
+//!   b0..b7 10.0.9.101..108, VIP 10.0.0.10 on lo, default via .1 ────────┘
+//! ```
+//!
+//! The short form drains one of three balancers under 1,000 held
+//! connections plus steady new ones and counts what broke. The full form
+//! (`--long`) also cuts a balancer's host off, adds a fourth, and measures
+//! the herd: the spread of held connections over the backends with choices
+//! 2 and a full scan, the peers' load reports 100 ms and 1 s stale, and
+//! each balancer on its own counts.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context as _};
+use serde_json::Value;
+
+use crate::{
+    netns::{enter_ns, sh, Netns},
+    testbed::{balancer_bin, start_server_as, Conn, Server},
+};
+
+/// The VIP (L2 DSR: the backends listen on its port).
+const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80);
+/// Backend hosts.
+const BACKENDS: usize = 8;
+/// The router's LAN address (the BGP peer of every balancer).
+const ROUTER: &str = "10.0.9.1";
+/// The sync port of the daemons.
+const SYNC_PORT: u16 = 7946;
+/// Flow sync interval and refresh of the daemons.
+const SYNC_INTERVAL: &str = "100ms";
+const SYNC_REFRESH: &str = "2s";
+
+fn lb_ip(n: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 9, 10 + n as u8)
+}
+
+fn backend(k: usize) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 9, 101 + k as u8)), 80)
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn ethtool(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
+    ns.exec("ethtool", args).map(|_| ())
+}
+
+/// One balancer host: its namespace, BIRD, its daemon.
+struct Lb {
+    n: usize,
+    ns: Netns,
+    bird: Option<Proc>,
+    daemon: Option<Proc>,
+}
+
+/// The test bed.
+struct Cluster {
+    dir: PathBuf,
+    client: Netns,
+    router: Netns,
+    sw: Netns,
+    lbs: Vec<Lb>,
+    backends: Vec<Netns>,
+    servers: Vec<Server>,
+    stop: Arc<AtomicBool>,
+    router_bird: Option<Proc>,
+    bin: PathBuf,
+    /// The balancers every daemon names as peers (all of them, present or
+    /// not yet).
+    members: Vec<usize>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for lb in &mut self.lbs {
+            lb.daemon = None;
+            lb.bird = None;
+        }
+        self.router_bird = None;
+        let _ = sh("umount", &[&self.dir.join("bpffs").to_string_lossy()]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Cluster {
+    fn build(lbs: &[usize]) -> anyhow::Result<Cluster> {
+        let tag = std::process::id();
+        let dir = std::env::temp_dir().join(format!("balancer-cluster-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("bpffs"))?;
+        sh(
+            "mount",
+            &["-t", "bpf", "bpf", &dir.join("bpffs").to_string_lossy()],
+        )?;
+        let mut c = Cluster {
+            client: Netns::new(&format!("cl{tag}-client"))?,
+            router: Netns::new(&format!("cl{tag}-router"))?,
+            sw: Netns::new(&format!("cl{tag}-sw"))?,
+            lbs: Vec::new(),
+            backends: Vec::new(),
+            servers: Vec::new(),
+            stop: Arc::new(AtomicBool::new(false)),
+            router_bird: None,
+            bin: balancer_bin()?,
+            members: lbs.to_vec(),
+            dir,
+        };
+        for &n in lbs {
+            c.lbs.push(Lb {
+                n,
+                ns: Netns::new(&format!("cl{tag}-lb{n}"))?,
+                bird: None,
+                daemon: None,
+            });
+        }
+        for k in 0..BACKENDS {
+            c.backends.push(Netns::new(&format!("cl{tag}-b{k}"))?);
+        }
+        c.wire().context("building the network")?;
+        for k in 0..BACKENDS {
+            let s = start_server_as(
+                &c.backends[k],
+                SocketAddr::from((Ipv4Addr::UNSPECIFIED, VIP.port())),
+                backend(k),
+                c.stop.clone(),
+            )?;
+            c.servers.push(s);
+        }
+        c.start_router_bird()?;
+        Ok(c)
+    }
+
+    /// A veth from `ns` (named `name`) into the LAN bridge.
+    fn lan_port(&self, ns: &Netns, name: &str, port: &str, addr: &str) -> anyhow::Result<()> {
+        let sw = &self.sw;
+        sw.ip(&[
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            name,
+            "netns",
+            ns.name(),
+        ])?;
+        sw.ip(&["link", "set", port, "master", "br0"])?;
+        sw.ip(&["link", "set", port, "up"])?;
+        ns.ip(&["addr", "add", addr, "dev", name])?;
+        ns.ip(&["link", "set", name, "up"])?;
+        // Frames sent whole (complete checksums, no GSO) through the veths.
+        ethtool(
+            ns,
+            &[
+                "-K", name, "tx", "off", "tso", "off", "gso", "off", "gro", "off",
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn wire(&self) -> anyhow::Result<()> {
+        let (c, r, sw) = (&self.client, &self.router, &self.sw);
+        sw.ip(&["link", "add", "br0", "type", "bridge"])?;
+        sw.ip(&["link", "set", "br0", "up"])?;
+        c.ip(&[
+            "link",
+            "add",
+            "cl0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "r-cl",
+            "netns",
+            r.name(),
+        ])?;
+        c.ip(&["addr", "add", "10.0.8.2/24", "dev", "cl0"])?;
+        c.ip(&["link", "set", "cl0", "up"])?;
+        c.ip(&["route", "add", "default", "via", "10.0.8.1"])?;
+        ethtool(c, &["-K", "cl0", "tx", "off", "tso", "off", "gso", "off"])?;
+        r.ip(&["addr", "add", "10.0.8.1/24", "dev", "r-cl"])?;
+        r.ip(&["link", "set", "r-cl", "up"])?;
+        ethtool(r, &["-K", "r-cl", "gro", "off", "tso", "off", "gso", "off"])?;
+        self.lan_port(r, "r-lan", "sw-r", &format!("{ROUTER}/24"))?;
+        r.sysctl("net.ipv4.ip_forward", "1")?;
+        // Layer-4 hashing of the multipath route.
+        r.sysctl("net.ipv4.fib_multipath_hash_policy", "1")?;
+        r.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+        r.sysctl("net.ipv4.conf.all.send_redirects", "0")?;
+        r.sysctl("net.ipv4.conf.r-lan.send_redirects", "0")?;
+        for lb in &self.lbs {
+            let port = format!("sw-lb{}", lb.n);
+            self.lan_port(&lb.ns, "eth0", &port, &format!("{}/24", lb_ip(lb.n)))?;
+            // veth delivers the balancer's XDP_TX frames only to a peer
+            // with GRO on.
+            ethtool(&self.sw, &["-K", &port, "gro", "on"])?;
+            lb.ns.ip(&["route", "add", "default", "via", ROUTER])?;
+            lb.ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+            // bpf_fib_lookup answers "forwarding disabled" without it.
+            lb.ns.sysctl("net.ipv4.ip_forward", "1")?;
+            lb.ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+            lb.ns.sysctl("net.ipv4.conf.eth0.rp_filter", "0")?;
+        }
+        for (k, b) in self.backends.iter().enumerate() {
+            self.lan_port(
+                b,
+                "eth0",
+                &format!("sw-b{k}"),
+                &format!("{}/24", backend(k).ip()),
+            )?;
+            b.ip(&["route", "add", "default", "via", ROUTER])?;
+            b.ip(&["addr", "add", &format!("{}/32", VIP.ip()), "dev", "lo"])?;
+            for (key, value) in [
+                ("net.ipv4.conf.all.arp_ignore", "1"),
+                ("net.ipv4.conf.all.arp_announce", "2"),
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.eth0.rp_filter", "0"),
+                ("net.ipv4.conf.lo.rp_filter", "0"),
+            ] {
+                b.sysctl(key, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn(
+        &self,
+        ns: &Netns,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> anyhow::Result<Proc> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns.name()])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f);
+        // SAFETY: prctl in the child before exec; it dies with us.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        Ok(Proc(cmd.spawn().with_context(|| {
+            format!("starting {}", program.display())
+        })?))
+    }
+
+    fn start_router_bird(&mut self) -> anyhow::Result<()> {
+        let mut conf = format!(
+            "router id {ROUTER};\nlog \"{}\" all;\nprotocol device {{ scan time 1; }}\n\
+             protocol kernel {{ ipv4 {{ import none; export all; }}; merge paths yes limit 16; }}\n\
+             template bgp lbs {{ local {ROUTER} as 65000; hold time 3; keepalive time 1; \
+             connect retry time 1; ipv4 {{ import all; export none; }}; }}\n",
+            self.dir.join("bird-router.log").display()
+        );
+        for n in 1..=4 {
+            conf.push_str(&format!(
+                "protocol bgp lb{n} from lbs {{ neighbor {} as 65001; }}\n",
+                lb_ip(n)
+            ));
+        }
+        let path = self.dir.join("bird-router.conf");
+        std::fs::write(&path, conf)?;
+        let sock = self.dir.join("bird-router.ctl");
+        let args = vec![
+            "-f".into(),
+            "-c".into(),
+            path.display().to_string(),
+            "-s".into(),
+            sock.display().to_string(),
+        ];
+        let log = self.dir.join("bird-router.out");
+        let p = self.spawn(&self.router, Path::new("/usr/sbin/bird"), &args, &log)?;
+        self.router_bird = Some(p);
+        Ok(())
+    }
+
+    fn lb(&self, n: usize) -> anyhow::Result<&Lb> {
+        self.lbs
+            .iter()
+            .find(|l| l.n == n)
+            .context("no such balancer")
+    }
+
+    fn lb_mut(&mut self, n: usize) -> anyhow::Result<&mut Lb> {
+        self.lbs
+            .iter_mut()
+            .find(|l| l.n == n)
+            .context("no such balancer")
+    }
+
+    fn socket(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("lb{n}.sock"))
+    }
+
+    fn bgp_dir(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("bgp-lb{n}"))
+    }
+
+    fn start_bird(&mut self, n: usize) -> anyhow::Result<()> {
+        let d = self.bgp_dir(n);
+        std::fs::create_dir_all(&d)?;
+        for f in ["vips4.conf", "vips6.conf"] {
+            if !d.join(f).exists() {
+                std::fs::write(d.join(f), "")?;
+            }
+        }
+        let conf = format!(
+            "router id {ip};\nlog \"{log}\" all;\nprotocol device {{ }}\n\
+             protocol static vips4 {{\n  ipv4;\ninclude \"{d}/vips4.conf\";\n}}\n\
+             protocol static vips6 {{\n  ipv6;\ninclude \"{d}/vips6.conf\";\n}}\n\
+             protocol bgp uplink {{ local {ip} as 65001; neighbor {ROUTER} as 65000; \
+             hold time 3; keepalive time 1; connect retry time 1; \
+             ipv4 {{ import none; export where proto = \"vips4\"; }}; }}\n",
+            ip = lb_ip(n),
+            log = self.dir.join(format!("bird-lb{n}.log")).display(),
+            d = d.display()
+        );
+        let path = self.dir.join(format!("bird-lb{n}.conf"));
+        std::fs::write(&path, conf)?;
+        let args = vec![
+            "-f".into(),
+            "-c".into(),
+            path.display().to_string(),
+            "-s".into(),
+            self.dir
+                .join(format!("bird-lb{n}.ctl"))
+                .display()
+                .to_string(),
+        ];
+        let log = self.dir.join(format!("bird-lb{n}.out"));
+        let p = self.spawn(&self.lb(n)?.ns, Path::new("/usr/sbin/bird"), &args, &log)?;
+        self.lb_mut(n)?.bird = Some(p);
+        Ok(())
+    }
+
+    /// Starts balancer `n`'s daemon with its peers and waits for its API.
+    fn start_daemon(&mut self, n: usize, extra: &[&str]) -> anyhow::Result<()> {
+        let mut args: Vec<String> = vec![
+            "--socket".into(),
+            self.socket(n).display().to_string(),
+            "run".into(),
+            "--iface".into(),
+            "eth0".into(),
+            "--state-file".into(),
+            self.dir
+                .join(format!("state-lb{n}.json"))
+                .display()
+                .to_string(),
+            "--pin-dir".into(),
+            self.dir
+                .join("bpffs")
+                .join(format!("lb{n}"))
+                .display()
+                .to_string(),
+            "--stats-interval".into(),
+            "0s".into(),
+            "--cluster-listen".into(),
+            format!("{}:{SYNC_PORT}", lb_ip(n)),
+            "--sync-interval".into(),
+            SYNC_INTERVAL.into(),
+            "--sync-refresh".into(),
+            SYNC_REFRESH.into(),
+            "--bgp-dir".into(),
+            self.bgp_dir(n).display().to_string(),
+            "--birdc-socket".into(),
+            self.dir
+                .join(format!("bird-lb{n}.ctl"))
+                .display()
+                .to_string(),
+        ];
+        for m in self.members.iter().filter(|m| **m != n) {
+            args.push("--peer".into());
+            args.push(format!("{}:{SYNC_PORT}", lb_ip(*m)));
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = self.dir.join(format!("daemon-lb{n}.log"));
+        let p = self.spawn(&self.lb(n)?.ns, &self.bin.clone(), &args, &log)?;
+        self.lb_mut(n)?.daemon = Some(p);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.cli(n, &["vip", "list"]).is_ok() {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        bail!("daemon lb{n} did not come up: {}", self.log(n))
+    }
+
+    fn stop_daemon(&mut self, n: usize) -> anyhow::Result<()> {
+        if let Some(mut p) = self.lb_mut(n)?.daemon.take() {
+            // SAFETY: plain kill(2) of our child.
+            unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && p.0.try_wait()?.is_none() {
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    fn log(&self, n: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("daemon-lb{n}.log"))).unwrap_or_default()
+    }
+
+    fn cli(&self, n: usize, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(&self.bin)
+            .arg("--socket")
+            .arg(self.socket(n))
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "balancer {args:?} on lb{n}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn json(&self, n: usize, args: &[&str]) -> anyhow::Result<Value> {
+        Ok(serde_json::from_str(&self.cli(n, args)?)?)
+    }
+
+    /// The VIP and its backends on balancer `n`, with `choices`.
+    fn configure(&self, n: usize, choices: &str) -> anyhow::Result<()> {
+        let vip = VIP.to_string();
+        self.cli(
+            n,
+            &["vip", "add", &vip, "--mode", "dsr", "--choices", choices],
+        )?;
+        let bs: Vec<String> = (0..BACKENDS).map(|k| backend(k).to_string()).collect();
+        let mut args = vec!["backend", "add", vip.as_str()];
+        args.extend(bs.iter().map(String::as_str));
+        self.cli(n, &args)?;
+        Ok(())
+    }
+
+    /// The next hops of the router's route to the VIP.
+    fn next_hops(&self) -> anyhow::Result<Vec<String>> {
+        let out = self
+            .router
+            .exec("ip", &["-4", "route", "show", &format!("{}/32", VIP.ip())])?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut hops: Vec<String> = text
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "via")
+            .map(|w| w[1].to_string())
+            .collect();
+        hops.sort();
+        hops.dedup();
+        Ok(hops)
+    }
+
+    /// Waits until the router's route to the VIP has exactly the next hops
+    /// of `lbs`; returns how long it took.
+    fn await_hops(&self, lbs: &[usize], within: Duration) -> anyhow::Result<Duration> {
+        let mut want: Vec<String> = lbs.iter().map(|n| lb_ip(*n).to_string()).collect();
+        want.sort();
+        let t0 = Instant::now();
+        while t0.elapsed() < within {
+            if self.next_hops()? == want {
+                return Ok(t0.elapsed());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "the router's route to the VIP has next hops {:?}, not {want:?} after {within:?}\n{}",
+            self.next_hops()?,
+            std::fs::read_to_string(self.dir.join("bird-router.log")).unwrap_or_default()
+        )
+    }
+
+    /// Cuts balancer `n`'s host off the LAN (its switch port down).
+    fn cut(&self, n: usize) -> anyhow::Result<()> {
+        self.sw.ip(&["link", "set", &format!("sw-lb{n}"), "down"])
+    }
+
+    /// Active connections per backend on balancer `n`.
+    fn active(&self, n: usize) -> anyhow::Result<Vec<u64>> {
+        let v = self.json(n, &["backend", "list", &VIP.to_string(), "--json"])?;
+        let list = v["backends"].as_array().context("backends")?;
+        Ok(list
+            .iter()
+            .map(|b| b["active_connections"].as_u64().unwrap_or(0))
+            .collect())
+    }
+
+    fn counter(&self, n: usize, name: &str) -> anyhow::Result<u64> {
+        let v = self.json(n, &["stats", "--json"])?;
+        v["counters"][name]
+            .as_u64()
+            .with_context(|| format!("counter {name}"))
+    }
+
+    /// Open connections per backend, as the servers count them.
+    fn held_per_backend(&self) -> Vec<u64> {
+        self.servers
+            .iter()
+            .map(|s| s.stats.open.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+/// Opens `n` connections from the client host (in `threads` threads at
+/// once), each after one request; returns them.
+fn open_held(c: &Cluster, n: u64, threads: u64, id_base: u64) -> anyhow::Result<Vec<Conn>> {
+    let ns = c.client.path();
+    let per = n / threads;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let ns = ns.clone();
+            thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
+                enter_ns(&ns)?;
+                let mut out = Vec::new();
+                for i in 0..per {
+                    let id = id_base + t * per + i;
+                    out.push(
+                        Conn::open_to(None, VIP, id, 64)
+                            .with_context(|| format!("held connection {id}"))?,
+                    );
+                }
+                Ok(out)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("client thread panicked"))??,
+        );
+    }
+    Ok(all)
+}
+
+/// One request on every held connection, 16 at a time; returns how many
+/// failed (reset, or no answer within the connection's 10 s).
+fn broken(conns: &mut [Conn], id_base: u64) -> u64 {
+    let failed = AtomicU64::new(0);
+    let chunk = conns.len().div_ceil(16).max(1);
+    thread::scope(|s| {
+        for (j, part) in conns.chunks_mut(chunk).enumerate() {
+            let failed = &failed;
+            s.spawn(move || {
+                for (i, c) in part.iter_mut().enumerate() {
+                    if c.request(id_base + (j * chunk + i) as u64, 64).is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    failed.load(Ordering::Relaxed)
+}
+
+/// New connections opened at a steady rate until stopped, by 8 clients
+/// each opening one at a time: (opened, failed).
+struct Steady {
+    stop: Arc<AtomicBool>,
+    handles: Vec<thread::JoinHandle<anyhow::Result<(u64, u64)>>>,
+}
+
+impl Steady {
+    fn start(c: &Cluster, per_second: u64, id_base: u64) -> Steady {
+        let stop = Arc::new(AtomicBool::new(false));
+        let clients = 8u64;
+        let handles = (0..clients)
+            .map(|t| {
+                let (ns, stop2) = (c.client.path(), stop.clone());
+                thread::spawn(move || -> anyhow::Result<(u64, u64)> {
+                    enter_ns(&ns)?;
+                    let (mut opened, mut failed) = (0u64, 0u64);
+                    let every = Duration::from_micros(1_000_000 * clients / per_second);
+                    while !stop2.load(Ordering::Relaxed) && opened < 10_000 {
+                        let t0 = Instant::now();
+                        opened += 1;
+                        let id = id_base + (t << 20) + 2 * opened;
+                        match Conn::open_to(None, VIP, id, 64) {
+                            Ok(mut conn) => {
+                                if conn.request(id + 1, 64).is_err() {
+                                    failed += 1;
+                                }
+                                conn.close();
+                            }
+                            Err(_) => failed += 1,
+                        }
+                        if let Some(rest) = every.checked_sub(t0.elapsed()) {
+                            thread::sleep(rest);
+                        }
+                    }
+                    Ok((opened, failed))
+                })
+            })
+            .collect();
+        Steady { stop, handles }
+    }
+
+    fn finish(self) -> anyhow::Result<(u64, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let (mut opened, mut failed) = (0, 0);
+        for h in self.handles {
+            let (o, f) = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("steady client panicked"))??;
+            opened += o;
+            failed += f;
+        }
+        Ok((opened, failed))
+    }
+}
+
+/// What one event cost.
+struct Outcome {
+    held: u64,
+    broken: u64,
+    new: u64,
+    new_failed: u64,
+    converged: Duration,
+    adopted: u64,
+}
+
+fn adopted(c: &Cluster, lbs: &[usize]) -> anyhow::Result<u64> {
+    let mut sum = 0;
+    for n in lbs {
+        // A balancer not started yet has adopted nothing.
+        if c.lb(*n)?.daemon.is_some() {
+            sum += c.counter(*n, "flows_adopted")?;
+        }
+    }
+    Ok(sum)
+}
+
+/// Holds `held` connections, runs `event` under steady new connections,
+/// then checks every held connection.
+fn measure(
+    c: &mut Cluster,
+    held: u64,
+    id_base: u64,
+    survivors: &[usize],
+    event: impl FnOnce(&mut Cluster) -> anyhow::Result<Duration>,
+) -> anyhow::Result<Outcome> {
+    let mut conns = open_held(c, held, 8, id_base)?;
+    // Synced everywhere: a few sync intervals.
+    thread::sleep(Duration::from_millis(800));
+    let before = adopted(c, survivors)?;
+    let steady = Steady::start(c, 40, id_base + (1 << 24));
+    thread::sleep(Duration::from_millis(500));
+    let converged = event(c)?;
+    thread::sleep(Duration::from_millis(1500));
+    let (new, new_failed) = steady.finish()?;
+    let broken = broken(&mut conns, id_base + (1 << 25));
+    let after = adopted(c, survivors)?;
+    for conn in conns {
+        conn.close();
+    }
+    Ok(Outcome {
+        held,
+        broken,
+        new,
+        new_failed,
+        converged,
+        adopted: after - before,
+    })
+}
+
+fn report(what: &str, o: &Outcome) {
+    println!(
+        "cluster: {what}: {} of {} held connections broken, {} of {} new connections failed; the \
+         router converged in {} ms; {} flows adopted by the others",
+        o.broken,
+        o.held,
+        o.new_failed,
+        o.new,
+        o.converged.as_millis(),
+        o.adopted
+    );
+}
+
+/// Runs the scenario.
+///
+/// # Errors
+/// Any check that fails, with the daemons' logs.
+pub fn run(long: bool) -> anyhow::Result<()> {
+    let members: &[usize] = if long { &[1, 2, 3, 4] } else { &[1, 2, 3] };
+    let mut c = Cluster::build(members)?;
+    let r = run_on(&mut c, long);
+    if r.is_err() {
+        for lb in &c.lbs {
+            eprintln!("--- daemon lb{} ---\n{}", lb.n, c.log(lb.n));
+        }
+        eprintln!(
+            "--- router BIRD ---\n{}",
+            std::fs::read_to_string(c.dir.join("bird-router.log")).unwrap_or_default()
+        );
+    }
+    r
+}
+
+fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
+    let first = [1, 2, 3];
+    for n in first {
+        c.start_bird(n)?;
+        c.start_daemon(n, &[])?;
+        c.configure(n, "2")?;
+    }
+    let t = c.await_hops(&first, Duration::from_secs(30))?;
+    println!(
+        "cluster: the router learned the VIP from lb1, lb2 and lb3 by BGP ({} ms after the last \
+         configuration) and installed a route with 3 next hops",
+        t.as_millis()
+    );
+    let status = c.json(1, &["cluster", "status", "--json"])?;
+    ensure!(
+        status["announced"][0] == VIP.ip().to_string() && status["ready"] == true,
+        "lb1's cluster status: {status}"
+    );
+    let held = 1000;
+    // Drain lb2: its VIP is withdrawn, its flows move to lb1 and lb3.
+    let o = measure(c, held, 1 << 32, &[1, 3], |c| {
+        c.cli(2, &["cluster", "drain"])?;
+        c.await_hops(&[1, 3], Duration::from_secs(10))
+    })?;
+    report("lb2 drained", &o);
+    ensure!(
+        o.broken == 0 && o.new_failed == 0,
+        "draining lb2 broke {} held and {} new connections",
+        o.broken,
+        o.new_failed
+    );
+    ensure!(o.adopted > 0, "no flow was adopted by lb1 or lb3");
+    let status = c.json(2, &["cluster", "status", "--json"])?;
+    ensure!(
+        status["drained"] == true && status["announced"].as_array().is_some_and(Vec::is_empty),
+        "lb2's status after the drain: {status}"
+    );
+    // Back in service.
+    let o = measure(c, held, 2 << 32, &[1, 2, 3], |c| {
+        c.cli(2, &["cluster", "undrain"])?;
+        c.await_hops(&[1, 2, 3], Duration::from_secs(10))
+    })?;
+    report("lb2 back in service", &o);
+    ensure!(
+        o.broken == 0 && o.new_failed == 0,
+        "putting lb2 back broke {} held and {} new connections",
+        o.broken,
+        o.new_failed
+    );
+    if !long {
+        return Ok(());
+    }
+    // lb3's host cut off: the router notices when the BGP hold time (3 s)
+    // expires.
+    let o = measure(c, held, 3 << 32, &[1, 2], |c| {
+        c.cut(3)?;
+        c.await_hops(&[1, 2], Duration::from_secs(15))
+    })?;
+    report("lb3's host cut off", &o);
+    // A fourth balancer: fills its table from its peers, then announces.
+    let o = measure(c, held, 4 << 32, &[1, 2, 4], |c| {
+        let t0 = Instant::now();
+        c.start_bird(4)?;
+        c.start_daemon(4, &[])?;
+        c.configure(4, "2")?;
+        c.await_hops(&[1, 2, 4], Duration::from_secs(30))?;
+        Ok(t0.elapsed())
+    })?;
+    report("lb4 added", &o);
+    herd(c)
+}
+
+/// The herd table: three balancers (lb1, lb2, lb4), 8 backends; bursts of
+/// connections held; the spread of held connections per backend.
+fn herd(c: &mut Cluster) -> anyhow::Result<()> {
+    let lbs = [1, 2, 4];
+    println!("cluster: herd: 600 connections opened by 12 clients at once through 3 balancers onto 8 backends, held");
+    println!(
+        "cluster: herd: | choices | load reports | busiest | least | max - min | busiest / mean |"
+    );
+    println!("cluster: herd: |---|---|---|---|---|---|");
+    let mut id = 5u64 << 32;
+    for (choices, choices_word) in [("2", "2"), ("all", "all (least connections)")] {
+        for (interval, label) in [
+            ("100ms", "every 100 ms"),
+            ("1s", "every 1 s"),
+            ("0s", "none (own counts only)"),
+        ] {
+            for n in lbs {
+                c.stop_daemon(n)?;
+                c.start_daemon(n, &["--load-report-interval", interval])?;
+                c.cli(n, &["vip", "set", &VIP.to_string(), "--choices", choices])?;
+            }
+            c.await_hops(&lbs, Duration::from_secs(30))?;
+            // Reports flowing (and the counts of earlier rounds gone).
+            thread::sleep(Duration::from_millis(1500));
+            let base = c.held_per_backend();
+            let t0 = Instant::now();
+            let conns = open_held(c, 600, 12, id)?;
+            let rate = 600.0 / t0.elapsed().as_secs_f64();
+            id += 1 << 20;
+            let now = c.held_per_backend();
+            let held: Vec<u64> = now
+                .iter()
+                .zip(&base)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect();
+            let max = *held.iter().max().unwrap_or(&0);
+            let min = *held.iter().min().unwrap_or(&0);
+            let mean = held.iter().sum::<u64>() as f64 / held.len() as f64;
+            println!(
+                "cluster: herd: | {choices_word} | {label} | {rate:.0} | {max} | {min} | {} | {:.2} |",
+                max - min,
+                max as f64 / mean
+            );
+            for conn in conns {
+                conn.close();
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let _ = c.active(1)?;
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! Several balancers behind a BGP/ECMP router in the test bed
+//! (`balancer-testbed cluster`, docs/cluster.md): one of three drained and
+//! put back under 1,000 held connections and steady new ones, nothing
+//! broken. `BALANCER_CLUSTER_FULL=1` runs the full form (a host cut off, a
+//! balancer added, the herd table). Isolates itself in network and mount
+//! namespaces of its own.
+
+#[test]
+fn balancers_behind_ecmp_share_flows() {
+    let long = std::env::var_os("BALANCER_CLUSTER_FULL").is_some();
+    let mut args = vec!["cluster"];
+    if long {
+        args.push("--long");
+    }
+    let mut markers = vec![
+        "cluster: the router learned the VIP from lb1, lb2 and lb3",
+        "cluster: lb2 drained: 0 of 1000 held connections broken",
+        "cluster: lb2 back in service: 0 of 1000 held connections broken",
+    ];
+    if long {
+        markers.extend([
+            "cluster: lb3's host cut off",
+            "cluster: lb4 added",
+            "cluster: herd: |",
+        ]);
+    }
+    balancer_tests::harness::scenario(env!("CARGO_BIN_EXE_balancer-testbed"), &args, &markers);
+}
