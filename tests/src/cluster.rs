@@ -838,6 +838,14 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             let rate = 600.0 / t0.elapsed().as_secs_f64();
             id += 1 << 20;
             let now = c.held_per_backend();
+            // The reports were (or were not) flowing while they opened.
+            let reports = c.json(1, &["cluster", "status", "--json"])?["stats"]["load_reports"]
+                .as_u64()
+                .unwrap_or(0);
+            ensure!(
+                (interval == "0s") == (reports == 0),
+                "lb1 received {reports} load reports with --load-report-interval {interval}"
+            );
             let held: Vec<u64> = now
                 .iter()
                 .zip(&base)
