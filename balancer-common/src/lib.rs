@@ -649,11 +649,15 @@ pub enum Counter {
     /// Flows a peer balancer placed and synced that a segment brought here:
     /// adopted, and counted on their backend (docs/cluster.md).
     FlowsAdopted,
+    /// SYNs whose 5-tuple matched a peer's synced flow not adopted here: a
+    /// new connection on a reused client port (or a forged sync), so the
+    /// synced entry is dropped and the SYN placed by the choice rule.
+    SyncedSuperseded,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::FlowsAdopted;
+    pub const LAST: Counter = Counter::SyncedSuperseded;
 }
 
 /// Number of entries of the `STATS` array.
@@ -706,6 +710,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "tx_icmp_too_big",
     "pass_ipv6_ext",
     "flows_adopted",
+    "synced_superseded",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

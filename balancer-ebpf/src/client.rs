@@ -65,6 +65,26 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
     to_backend(frame, seg, &b, slot, vip_index, false, now)
 }
 
+/// `true` for a peer's synced flow that no segment has brought here yet.
+#[inline(always)]
+pub fn synced_only(e: &FlowEntry) -> bool {
+    e.state & flow::F_SYNCED != 0 && e.state & flow::F_ADOPTED == 0
+}
+
+/// A SYN on the 5-tuple of a synced flow not adopted here: that flow is
+/// over (its client port opens a new connection) or was never real, so
+/// its entry goes and the SYN is placed by the choice rule like any new
+/// connection (drain, health and the comparison are not bypassed).
+#[inline(always)]
+pub fn supersede_synced(ctx: &XdpContext, key: &FlowKey, table: Table) -> Next {
+    let _ = table.map().remove(key);
+    count(Counter::SyncedSuperseded, 1);
+    // SAFETY: the program array holds XDP programs of this object.
+    unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
+    count(Counter::DropNoStage, 1);
+    Next::Action(xdp_action::XDP_DROP)
+}
+
 /// A segment to a VIP that matches no live flow: a SYN is placed (or
 /// refused), a late segment of a closed flow follows it, a segment of a
 /// flow the daemon expired or removed gets a reset, anything else is passed

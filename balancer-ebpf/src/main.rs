@@ -244,6 +244,12 @@ mod entry {
             return action;
         }
         let next = match target {
+            // SAFETY: a pointer from a successful lookup.
+            Target::Pinned(key, e, table)
+                if seg.is_syn() && client::synced_only(unsafe { &*e }) =>
+            {
+                client::supersede_synced(ctx, &key, table)
+            }
             Target::Pinned(key, e, table) => client::pinned(frame, seg, &key, e, table),
             // SAFETY: a pointer from a successful lookup, valid for the
             // rest of this run.

@@ -178,7 +178,7 @@ pub fn check_config(c: &crate::config::Config) -> Result<()> {
 /// The first value of a configuration the API would refuse, and where it is.
 #[derive(Debug)]
 pub struct ConfigFault {
-    /// The `[[vip]]` it is in (none: `[timeouts]`).
+    /// The `[[vip]]` it is in (none: `[timeouts]`, or the list as a whole).
     pub vip: Option<SocketAddr>,
     /// The `[[vip.backend]]` it is in.
     pub backend: Option<SocketAddr>,
@@ -189,7 +189,7 @@ pub struct ConfigFault {
 impl std::fmt::Display for ConfigFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.vip, self.backend) {
-            (None, _) => write!(f, "[timeouts]: {}", self.error),
+            (None, _) => write!(f, "{}", self.error),
             (Some(v), None) => write!(f, "VIP {v}: {}", self.error),
             (Some(v), Some(b)) => write!(f, "VIP {v} backend {b}: {}", self.error),
         }
@@ -209,6 +209,7 @@ pub fn locate_config_error(c: &crate::config::Config) -> std::result::Result<(),
             error,
         }
     };
+    crate::config::check_unique(c).map_err(at(None, None))?;
     if let Some(t) = c.timeouts {
         Timeouts::from(t).validate().map_err(at(None, None))?;
     }

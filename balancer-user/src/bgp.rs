@@ -32,6 +32,11 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
+/// How long `birdc` may take before the attempt is given up (and killed):
+/// a stopped or wedged BIRD must not hold the announcer or the daemon's
+/// stop.
+pub const BIRDC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Where the routes go and how BIRD is reached.
 #[derive(Clone, Debug)]
 pub struct BgpConfig {
@@ -75,12 +80,28 @@ impl BgpConfig {
             .with_context(|| format!("creating {}", self.dir.display()))?;
         write_atomically(&self.dir.join("vips4.conf"), &routes(vips, false))?;
         write_atomically(&self.dir.join("vips6.conf"), &routes(vips, true))?;
-        let out = Command::new("birdc")
+        let mut child = Command::new("birdc")
             .arg("-s")
             .arg(&self.birdc_socket)
             .arg("configure")
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .context("running birdc (Debian package bird2)")?;
+        let started = std::time::Instant::now();
+        while child.try_wait()?.is_none() {
+            if started.elapsed() > BIRDC_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "birdc -s {} configure did not answer within {} s (is BIRD stopped?)",
+                    self.birdc_socket.display(),
+                    BIRDC_TIMEOUT.as_secs()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let out = child.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         // "Reconfigured", "Reconfiguration in progress", or nothing changed.
         if !out.status.success() || !text.contains("onfigur") || text.contains("rror") {

@@ -62,6 +62,87 @@ pub struct ClusterConfig {
     /// Time between load reports (zero: no reports, each balancer compares
     /// only its own counts).
     pub load_report_interval: Duration,
+    /// The cluster key (`--cluster-key-file`): every datagram carries an
+    /// HMAC-SHA256 tag of it (RFC 2104, truncated to [`TAG_LEN`] bytes),
+    /// and one without a valid tag is dropped. None: unauthenticated (only
+    /// the peer's address and port are checked).
+    pub key: Option<Vec<u8>>,
+}
+
+/// Bytes of the authentication tag at the end of a datagram (HMAC-SHA256
+/// truncated to 128 bits, as RFC 4868 allows for IPsec).
+pub const TAG_LEN: usize = 16;
+
+/// The smallest cluster key accepted, bytes.
+pub const MIN_KEY_LEN: usize = 16;
+
+type Hmac = hmac::Hmac<sha2::Sha256>;
+
+/// `payload` with its tag under `key`.
+pub fn seal(key: &[u8], payload: &[u8]) -> Vec<u8> {
+    use hmac::Mac;
+    let mut mac = <Hmac as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(payload);
+    let tag = mac.finalize().into_bytes();
+    let mut out = Vec::with_capacity(payload.len() + TAG_LEN);
+    out.extend_from_slice(payload);
+    out.extend_from_slice(&tag[..TAG_LEN]);
+    out
+}
+
+/// The payload of a datagram sealed under `key`, or `None` when its tag
+/// does not match (compared in constant time).
+pub fn open<'a>(key: &[u8], datagram: &'a [u8]) -> Option<&'a [u8]> {
+    use hmac::Mac;
+    let at = datagram.len().checked_sub(TAG_LEN)?;
+    let (payload, tag) = datagram.split_at(at);
+    let mut mac = <Hmac as Mac>::new_from_slice(key).ok()?;
+    mac.update(payload);
+    mac.verify_truncated_left(tag).ok()?;
+    Some(payload)
+}
+
+/// An address with an IPv4-mapped IPv6 address as the IPv4 one (a socket
+/// bound to `[::]` sees IPv4 peers so).
+pub fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+impl ClusterConfig {
+    /// Checks the peer list against the listen address.
+    ///
+    /// # Errors
+    /// A peer that is the listen address itself, listed twice, or of the
+    /// other family than an IPv4 listen address; a key shorter than
+    /// [`MIN_KEY_LEN`].
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let mut seen = BTreeSet::new();
+        for p in &self.peers {
+            let p = canonical(*p);
+            anyhow::ensure!(
+                p != canonical(self.listen),
+                "--peer {p} is this daemon's own --cluster-listen address"
+            );
+            anyhow::ensure!(seen.insert(p), "--peer {p} is listed twice");
+            anyhow::ensure!(
+                !(self.listen.is_ipv4() && p.is_ipv6()),
+                "--peer {p} is IPv6 but --cluster-listen {} is IPv4 (listen on [::] for both)",
+                self.listen
+            );
+            anyhow::ensure!(
+                p.port() != 0 && !p.ip().is_unspecified(),
+                "--peer {p}: no address"
+            );
+        }
+        if let Some(k) = &self.key {
+            anyhow::ensure!(
+                k.len() >= MIN_KEY_LEN,
+                "the cluster key has {} bytes; at least {MIN_KEY_LEN} are needed",
+                k.len()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// One flow as synced.
@@ -138,8 +219,12 @@ pub struct ClusterStats {
     pub synced_closed: u64,
     /// Load reports received.
     pub load_reports: u64,
-    /// Datagrams that did not decode.
+    /// Datagrams that did not decode (or carried bytes past the message).
     pub bad_datagrams: u64,
+    /// Datagrams from an address and port that is no configured peer.
+    pub not_from_peer: u64,
+    /// Datagrams whose authentication tag did not match the cluster key.
+    pub bad_auth: u64,
     /// Datagrams that could not be sent.
     pub send_errors: u64,
 }
@@ -147,17 +232,15 @@ pub struct ClusterStats {
 /// The cluster as `balancer cluster status` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterView {
-    /// This start's node id (random).
-    pub node: u64,
+    /// This start's node id (random, 16 hex digits; empty without sync).
+    pub node: String,
     /// The sync address (none: no flow sync, BGP only).
     #[schema(value_type = Option<String>)]
     pub listen: Option<SocketAddr>,
-    /// The peers' sync addresses.
-    #[schema(value_type = Vec<String>)]
-    pub peers: Vec<SocketAddr>,
-    /// The peers that answered this start's hello with every flow they hold.
-    #[schema(value_type = Vec<String>)]
-    pub peers_synced: Vec<SocketAddr>,
+    /// Datagrams are authenticated with a cluster key.
+    pub authenticated: bool,
+    /// The peers.
+    pub peers: Vec<PeerView>,
     /// Every peer answered, or the wait (two refresh intervals) is over:
     /// VIPs may be announced.
     pub ready: bool,
@@ -172,6 +255,18 @@ pub struct ClusterView {
     pub stats: ClusterStats,
 }
 
+/// One peer as `cluster status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PeerView {
+    /// Its sync address.
+    #[schema(value_type = String)]
+    pub address: SocketAddr,
+    /// It answered this start's hello with every flow it holds.
+    pub synced: bool,
+    /// Time since its last valid datagram, ms (none: never heard).
+    pub last_heard_ms: Option<u64>,
+}
+
 /// A daemon's side of the sync.
 #[derive(Debug)]
 pub struct Sync {
@@ -184,8 +279,14 @@ pub struct Sync {
     sent: BTreeSet<(SocketAddr, SocketAddr)>,
     last_full: Option<Instant>,
     full_requested: bool,
-    /// Each peer's last load report, by node id.
-    peer_loads: HashMap<u64, (Instant, BTreeMap<SocketAddr, u64>)>,
+    /// Each peer's last reported load per backend (a report may span
+    /// several datagrams: merged per backend), by node id.
+    peer_loads: HashMap<u64, BTreeMap<SocketAddr, (u64, Instant)>>,
+    /// When each peer was last heard from.
+    last_heard: BTreeMap<SocketAddr, Instant>,
+    /// Peers' load reports are used (off with `--load-report-interval 0`:
+    /// own counts only, whatever the peers send).
+    pub use_peer_loads: bool,
     /// Totals.
     pub stats: ClusterStats,
 }
@@ -201,6 +302,8 @@ impl Sync {
             last_full: None,
             full_requested: false,
             peer_loads: HashMap::new(),
+            last_heard: BTreeMap::new(),
+            use_peer_loads: true,
             stats: ClusterStats::default(),
         }
     }
@@ -239,9 +342,13 @@ fn synced_slots(state: &State) -> BTreeMap<u32, (SocketAddr, SocketAddr, u32)> {
         .collect()
 }
 
-/// Decodes a datagram (`None`: not a message of this protocol).
+/// Decodes a datagram (`None`: not a message of this protocol, or bytes
+/// left after it).
 pub fn decode(datagram: &[u8]) -> Option<Message> {
-    postcard::from_bytes(datagram).ok()
+    match postcard::take_from_bytes::<Message>(datagram) {
+        Ok((m, [])) => Some(m),
+        _ => None,
+    }
 }
 
 /// Splits messages of many flows into datagrams that fit
@@ -272,15 +379,22 @@ impl Sync {
     /// its flows, or `wait` has passed (a peer that is down must not keep
     /// this balancer out of service).
     pub fn ready(&self, peers: &[SocketAddr], wait: Duration) -> bool {
-        peers
-            .iter()
-            .all(|p| self.synced_from.iter().any(|s| s.ip() == p.ip()))
-            || self.started.elapsed() >= wait
+        peers.iter().all(|p| self.synced_from.contains(p)) || self.started.elapsed() >= wait
     }
 
-    /// The peers that answered this start's hello.
-    pub fn peers_synced(&self) -> Vec<SocketAddr> {
-        self.synced_from.iter().copied().collect()
+    /// The peers as `cluster status` shows them.
+    pub fn peer_views(&self, peers: &[SocketAddr]) -> Vec<PeerView> {
+        peers
+            .iter()
+            .map(|p| PeerView {
+                address: *p,
+                synced: self.synced_from.contains(p),
+                last_heard_ms: self
+                    .last_heard
+                    .get(p)
+                    .map(|t| t.elapsed().as_millis() as u64),
+            })
+            .collect()
     }
 
     /// The datagrams of one sync tick: own flows not sent yet (all of them
@@ -381,10 +495,11 @@ impl Sync {
         datagram: &[u8],
         stale_after: Duration,
     ) -> Result<()> {
-        let Ok(m) = postcard::from_bytes::<Message>(datagram) else {
+        let Some(m) = decode(datagram) else {
             self.stats.bad_datagrams += 1;
             return Ok(());
         };
+        self.last_heard.insert(from, Instant::now());
         match m {
             Message::Hello { node } if node != self.node => self.full_requested = true,
             Message::Hello { .. } => {}
@@ -403,10 +518,13 @@ impl Sync {
                     }
                 }
             }
-            Message::Load { node, loads } if node != self.node => {
+            Message::Load { node, loads } if node != self.node && self.use_peer_loads => {
                 self.stats.load_reports += 1;
-                self.peer_loads
-                    .insert(node, (Instant::now(), loads.into_iter().collect()));
+                let now = Instant::now();
+                let mine = self.peer_loads.entry(node).or_default();
+                for (addr, n) in loads {
+                    mine.insert(addr, (n, now));
+                }
                 self.publish_peer_loads(lb, stale_after)?;
             }
             _ => {}
@@ -422,15 +540,18 @@ impl Sync {
     /// Map write failure.
     pub fn publish_peer_loads(&mut self, lb: &mut Balancer, stale_after: Duration) -> Result<()> {
         let now = Instant::now();
-        self.peer_loads
-            .retain(|_, (t, _)| now.duration_since(*t) <= stale_after);
+        for l in self.peer_loads.values_mut() {
+            l.retain(|_, (_, t)| now.duration_since(*t) <= stale_after);
+        }
+        self.peer_loads.retain(|_, l| !l.is_empty());
         let (state, maps) = lb.cluster_parts();
         for (addr, server) in &state.servers {
-            let sum: u64 = self
+            // Saturating: a peer's report cannot wrap a sum.
+            let sum = self
                 .peer_loads
                 .values()
-                .filter_map(|(_, l)| l.get(addr))
-                .sum();
+                .filter_map(|l| l.get(addr))
+                .fold(0u64, |a, (n, _)| a.saturating_add(*n));
             maps.set_peer_conns(*server, sum)?;
         }
         Ok(())
@@ -447,6 +568,7 @@ impl Sync {
                 let b = v.backends.iter().find(|b| b.addr == f.backend)?;
                 Some((v.index, b.slot, b.generation, state.server(&b.addr)))
             });
+            let found = found.filter(|_| f.client.is_ipv4() == f.vip.is_ipv4());
             let Some((vip_index, slot, generation, server)) = found else {
                 self.stats.flows_unknown += 1;
                 continue;
@@ -497,9 +619,24 @@ impl Sync {
     }
 }
 
-/// Sends `datagrams` to every peer (best effort: a failure is counted).
-async fn send_all(sock: &UdpSocket, peers: &[SocketAddr], datagrams: &[Vec<u8>], errors: &mut u64) {
+/// Sends `datagrams` (sealed under `key` when there is one) to every peer
+/// (best effort: a failure is counted).
+async fn send_all(
+    sock: &UdpSocket,
+    peers: &[SocketAddr],
+    key: Option<&[u8]>,
+    datagrams: &[Vec<u8>],
+    errors: &mut u64,
+) {
     for d in datagrams {
+        let sealed;
+        let d = match key {
+            Some(k) => {
+                sealed = seal(k, d);
+                &sealed
+            }
+            None => d,
+        };
         for p in peers {
             if sock.send_to(d, p).await.is_err() {
                 *errors += 1;
@@ -516,10 +653,14 @@ pub async fn run(
     cfg: ClusterConfig,
     sock: UdpSocket,
 ) {
-    let node = sync.lock().await.node;
+    let node = {
+        let mut s = sync.lock().await;
+        s.use_peer_loads = !cfg.load_report_interval.is_zero();
+        s.node
+    };
     let hello = postcard::to_allocvec(&Message::Hello { node }).unwrap_or_default();
     let mut errors = 0u64;
-    send_all(&sock, &cfg.peers, &[hello], &mut errors).await;
+    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &[hello], &mut errors).await;
     let mut tick = tokio::time::interval(cfg.sync_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let report_every = if cfg.load_report_interval.is_zero() {
@@ -540,7 +681,7 @@ pub async fn run(
                     sync.lock().await.tick(&mut lb, cfg.refresh_interval)
                 };
                 match out {
-                    Ok(d) => send_all(&sock, &cfg.peers, &d, &mut errors).await,
+                    Ok(d) => send_all(&sock, &cfg.peers, cfg.key.as_deref(), &d, &mut errors).await,
                     Err(e) => {
                         log.warn(Instant::now(), || format!("cluster sync: {e}"));
                     }
@@ -554,19 +695,31 @@ pub async fn run(
                     s.load_report(&mut lb)
                 };
                 if let Ok(d) = out {
-                    send_all(&sock, &cfg.peers, &d, &mut errors).await;
+                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &d, &mut errors).await;
                 }
             }
             r = sock.recv_from(&mut buf) => {
                 let Ok((n, from)) = r else { continue };
-                if !cfg.peers.iter().any(|p| p.ip() == from.ip()) {
-                    // Only the configured peers may write flows here.
-                    sync.lock().await.stats.bad_datagrams += 1;
+                let from = canonical(from);
+                // Only the configured peers, from their sync port (a peer
+                // sends from the socket it listens on), may write here.
+                let Some(peer) = cfg.peers.iter().copied().find(|p| canonical(*p) == from) else {
+                    sync.lock().await.stats.not_from_peer += 1;
                     continue;
-                }
+                };
+                let payload = match &cfg.key {
+                    Some(k) => match open(k, &buf[..n]) {
+                        Some(p) => p,
+                        None => {
+                            sync.lock().await.stats.bad_auth += 1;
+                            continue;
+                        }
+                    },
+                    None => &buf[..n],
+                };
                 let mut lb = lb.lock().await;
                 let mut s = sync.lock().await;
-                if let Err(e) = s.receive(&mut lb, from, &buf[..n], stale_after) {
+                if let Err(e) = s.receive(&mut lb, peer, payload, stale_after) {
                     log.warn(Instant::now(), || format!("cluster sync: {e}"));
                 }
             }
@@ -592,10 +745,34 @@ pub fn to_announce(lb: &Balancer, ready: bool) -> BTreeSet<std::net::IpAddr> {
         .collect()
 }
 
+/// The cluster's view from its parts (`sync` none: BGP only).
+pub fn view(
+    sync: Option<&Sync>,
+    cfg: Option<&ClusterConfig>,
+    drained: bool,
+    announced: &BTreeSet<std::net::IpAddr>,
+    bgp_error: Option<String>,
+) -> ClusterView {
+    let peers = cfg.map(|c| c.peers.clone()).unwrap_or_default();
+    let wait = cfg.map_or(Duration::ZERO, |c| c.refresh_interval * 2);
+    ClusterView {
+        node: sync.map(|s| format!("{:016x}", s.node)).unwrap_or_default(),
+        listen: cfg.map(|c| c.listen),
+        authenticated: cfg.is_some_and(|c| c.key.is_some()),
+        peers: sync.map(|s| s.peer_views(&peers)).unwrap_or_default(),
+        ready: sync.is_none_or(|s| s.ready(&peers, wait)),
+        drained,
+        announced: announced.iter().copied().collect(),
+        bgp_error,
+        stats: sync.map(|s| s.stats).unwrap_or_default(),
+    }
+}
+
 /// Keeps the cluster's view and the BGP announcements current until the
 /// task is dropped: every 200 ms the VIPs to announce are worked out
 /// ([`to_announce`]) and, when they differ from what BIRD has (or the last
-/// attempt failed), written and BIRD reconfigured.
+/// attempt failed), written and BIRD reconfigured (each attempt bounded by
+/// [`crate::bgp::BIRDC_TIMEOUT`]).
 pub async fn keep_announced(
     lb: Arc<Mutex<Balancer>>,
     sync: Option<Arc<Mutex<Sync>>>,
@@ -608,15 +785,15 @@ pub async fn keep_announced(
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tick.tick().await;
-        let (node, peers_synced, ready, stats) = match &sync {
+        let ready = match &sync {
             Some(s) => {
                 let s = s.lock().await;
                 let (peers, wait) = cfg.as_ref().map_or((Vec::new(), Duration::ZERO), |c| {
                     (c.peers.clone(), c.refresh_interval * 2)
                 });
-                (s.node, s.peers_synced(), s.ready(&peers, wait), s.stats)
+                s.ready(&peers, wait)
             }
-            None => (0, Vec::new(), true, ClusterStats::default()),
+            None => true,
         };
         let want = to_announce(&*lb.lock().await, ready);
         if let Some(b) = &bgp {
@@ -643,19 +820,20 @@ pub async fn keep_announced(
                 }
             }
         }
+        let s = match &sync {
+            Some(s) => Some(s.lock().await),
+            None => None,
+        };
         let mut lb = lb.lock().await;
         let drained = lb.state().cluster_drained;
-        lb.set_cluster_view(ClusterView {
-            node,
-            listen: cfg.as_ref().map(|c| c.listen),
-            peers: cfg.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
-            peers_synced,
-            ready,
+        let v = view(
+            s.as_deref(),
+            cfg.as_ref(),
             drained,
-            announced: announced.iter().flatten().copied().collect(),
-            bgp_error: bgp_error.clone(),
-            stats,
-        });
+            &announced.clone().unwrap_or_default(),
+            bgp_error.clone(),
+        );
+        lb.set_cluster_view(v);
     }
 }
 
@@ -711,7 +889,60 @@ mod tests {
     }
 
     #[test]
+    fn sealed_datagrams_open_only_whole_and_under_their_key() {
+        let key = b"0123456789abcdef0123";
+        let d = postcard::to_allocvec(&Message::Hello { node: 5 }).unwrap();
+        let sealed = seal(key, &d);
+        assert_eq!(sealed.len(), d.len() + TAG_LEN);
+        assert_eq!(open(key, &sealed), Some(&d[..]));
+        assert_eq!(open(b"another key of 20 b", &sealed), None);
+        for i in 0..sealed.len() {
+            let mut t = sealed.clone();
+            t[i] ^= 1;
+            assert_eq!(open(key, &t), None, "byte {i} flipped");
+        }
+        assert_eq!(open(key, &sealed[..TAG_LEN - 1]), None);
+    }
+
+    #[test]
+    fn peer_lists_are_checked() {
+        let cfg = |listen: &str, peers: &[&str]| ClusterConfig {
+            listen: listen.parse().unwrap(),
+            peers: peers.iter().map(|p| p.parse().unwrap()).collect(),
+            sync_interval: Duration::from_millis(100),
+            refresh_interval: Duration::from_secs(10),
+            load_report_interval: Duration::from_millis(100),
+            key: None,
+        };
+        assert!(cfg("10.0.9.11:7946", &["10.0.9.12:7946"])
+            .validate()
+            .is_ok());
+        assert!(cfg("[::]:7946", &["10.0.9.12:7946", "[2001:db8::2]:7946"])
+            .validate()
+            .is_ok());
+        for (l, p) in [
+            ("10.0.9.11:7946", vec!["10.0.9.11:7946"]),
+            ("10.0.9.11:7946", vec!["10.0.9.12:7946", "10.0.9.12:7946"]),
+            ("10.0.9.11:7946", vec!["[2001:db8::2]:7946"]),
+            ("10.0.9.11:7946", vec!["0.0.0.0:7946"]),
+        ] {
+            assert!(cfg(l, &p).validate().is_err(), "{l} {p:?}");
+        }
+        let mut c = cfg("10.0.9.11:7946", &["10.0.9.12:7946"]);
+        c.key = Some(b"short".to_vec());
+        assert!(c.validate().is_err());
+        assert_eq!(
+            canonical("[::ffff:10.0.9.12]:7946".parse().unwrap()),
+            "10.0.9.12:7946".parse().unwrap()
+        );
+    }
+
+    #[test]
     fn garbage_does_not_decode() {
+        let mut hello = postcard::to_allocvec(&Message::Hello { node: 5 }).unwrap();
+        assert!(decode(&hello).is_some());
+        hello.push(0);
+        assert!(decode(&hello).is_none(), "trailing bytes accepted");
         assert!(postcard::from_bytes::<Message>(&[0xff; 40]).is_err());
         assert!(postcard::from_bytes::<Message>(&[]).is_err());
     }

@@ -279,6 +279,16 @@ pub fn parse(text: &str) -> Result<Config> {
         what: "configuration",
         reason: e.to_string().trim_end().to_string(),
     })?;
+    check_unique(&c)?;
+    Ok(c)
+}
+
+/// Checks that no VIP, and no backend of a VIP, is listed twice (the CLI
+/// on the file, the daemon on what the API receives).
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the address listed twice.
+pub fn check_unique(c: &Config) -> Result<()> {
     let mut vips = std::collections::BTreeSet::new();
     for v in &c.vips {
         if !vips.insert(v.address) {
@@ -297,7 +307,7 @@ pub fn parse(text: &str) -> Result<Config> {
             }
         }
     }
-    Ok(c)
+    Ok(())
 }
 
 /// The configuration as TOML.
@@ -593,13 +603,19 @@ address = "[2001:db8:2::10]:443"
         assert_eq!(h.interval, Duration::from_secs(5));
         assert_eq!(
             (h.rise, h.fall, h.kind),
-            (2, 3, crate::state::CheckKind::Tcp)
+            (2, 3, crate::state::CheckKind::Tcp {})
         );
         assert_eq!(c.vips[0].choices, balancer_common::CHOICES_FULL_SCAN);
         let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health]\nintervall = \"5s\"\n")
             .unwrap_err()
             .to_string();
         assert!(e.contains("intervall") && e.contains("line 4"), "{e}");
+        let e = parse(
+            "[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health.kind]\ntype = \"tcp\"\nzzz = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("zzz"), "{e}");
         let c = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health.kind]\ntype = \"http\"\n")
             .unwrap();
         assert_eq!(

@@ -467,6 +467,32 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             tokio::spawn(crate::cluster::run(lb.clone(), sync, c, sock)),
         )
     });
+    if let Some(c) = &cfg.cluster {
+        if c.key.is_none() {
+            tracing::warn!(
+                "cluster sync is not authenticated: any host that can send from a peer's address \
+                 and port can write flows here; give every balancer the same --cluster-key-file"
+            );
+        }
+    }
+    if cluster.is_some() || cfg.bgp.is_some() {
+        // The view exists from the first request on (`cluster status`,
+        // `cluster drain` right after a start).
+        let s = match &cluster {
+            Some((s, _)) => Some(s.lock().await),
+            None => None,
+        };
+        let mut l = lb.lock().await;
+        let drained = l.state().cluster_drained;
+        let v = crate::cluster::view(
+            s.as_deref(),
+            cfg.cluster.as_ref(),
+            drained,
+            &Default::default(),
+            None,
+        );
+        l.set_cluster_view(v);
+    }
     let announcer = (cluster.is_some() || cfg.bgp.is_some()).then(|| {
         if let Some(b) = &cfg.bgp {
             tracing::info!(

@@ -118,7 +118,7 @@ async fn run(addr: SocketAddr, kind: &CheckKind) -> Result<(), String> {
         .await
         .map_err(|e| format!("connecting to {addr}: {e}"))?;
     match kind {
-        CheckKind::Tcp => Ok(()),
+        CheckKind::Tcp {} => Ok(()),
         CheckKind::Http { path, status } => {
             let io = hyper_util::rt::TokioIo::new(stream);
             let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
@@ -341,7 +341,7 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        c.kind = CheckKind::Tcp;
+        c.kind = CheckKind::Tcp {};
         let e = check_once(SocketAddr::new([127, 0, 0, 1].into(), closed), &c)
             .await
             .unwrap_err();

@@ -146,9 +146,14 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    // A CLI piped into `head` must end quietly, not panic on EPIPE.
-    // SAFETY: setting a signal disposition before any thread starts.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let cli = Cli::parse();
+    // A CLI piped into `head` must end quietly, not panic on EPIPE. The
+    // daemon must not die of a client that closed before reading its
+    // answer: it keeps SIGPIPE ignored (Rust's default) and sees EPIPE.
+    if !matches!(cli.cmd, Cmd::Run(_)) {
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // Levels from RUST_LOG (default info); `log` records (aya, aya-log's
     // data-path records) go through the same subscriber.
     tracing_subscriber::fmt()
@@ -159,7 +164,6 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -183,7 +187,7 @@ fn main() -> ExitCode {
 async fn real_main(cli: Cli) -> anyhow::Result<()> {
     let socket = cli.socket;
     let (req, json) = match cli.cmd {
-        Cmd::Run(a) => return daemon::run(a.config(socket)).await,
+        Cmd::Run(a) => return daemon::run(a.config(socket)?).await,
         Cmd::Detach(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Decap(c) => return c.run(),
         Cmd::Top(a) => return a.run(&socket, cli.timeout).await,
@@ -194,7 +198,20 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Man(a) => return a.run(Cli::command()),
         Cmd::Vip(c) => c.request(),
         Cmd::Backend(c) => c.request(),
-        Cmd::Cluster(c) => c.request(),
+        Cmd::Cluster(c) => {
+            let (req, json) = c.request();
+            if let Request::ClusterDrain { drained } = req {
+                match client::call_with_timeout(&socket, &req, cli.timeout).await? {
+                    Response::Ok => {
+                        return cli::cluster::await_announcements(&socket, drained, cli.timeout)
+                            .await
+                    }
+                    Response::Error { message, .. } => bail!("{message}"),
+                    other => bail!("unexpected answer {other:?}"),
+                }
+            }
+            (req, json)
+        }
         Cmd::Stats { json } => (Request::Stats, json),
         Cmd::Flows { limit, json } => (Request::Flows { limit }, json),
     };

@@ -25,7 +25,7 @@ use crate::{
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum CheckKind {
     /// A TCP connection is accepted within the timeout.
-    Tcp,
+    Tcp {},
     /// `GET path HTTP/1.1` is answered with `status` within the timeout.
     Http {
         /// Request path, starting with `/` (default `/`).
@@ -92,7 +92,7 @@ fn d_http_status() -> u16 {
 impl Default for HealthCheck {
     fn default() -> Self {
         HealthCheck {
-            kind: CheckKind::Tcp,
+            kind: CheckKind::Tcp {},
             port: None,
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),

@@ -50,6 +50,10 @@ const SYNC_PORT: u16 = 7946;
 const SYNC_INTERVAL: &str = "100ms";
 const SYNC_REFRESH: &str = "2s";
 
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 fn lb_ip(n: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, 9, 10 + n as u8)
 }
@@ -145,6 +149,9 @@ impl Cluster {
             c.backends.push(Netns::new(&format!("cl{tag}-b{k}"))?);
         }
         c.wire().context("building the network")?;
+        // The same key on every balancer: sync datagrams are authenticated.
+        let key: [u8; 32] = rand::random();
+        std::fs::write(c.dir.join("cluster.key"), hex(&key))?;
         for k in 0..BACKENDS {
             let s = start_server_as(
                 &c.backends[k],
@@ -406,6 +413,8 @@ impl Cluster {
                 .join(format!("bird-lb{n}.ctl"))
                 .display()
                 .to_string(),
+            "--cluster-key-file".into(),
+            self.dir.join("cluster.key").display().to_string(),
         ];
         for m in self.members.iter().filter(|m| **m != n) {
             args.push("--peer".into());
@@ -751,8 +760,59 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     );
     let status = c.json(1, &["cluster", "status", "--json"])?;
     ensure!(
-        status["announced"][0] == VIP.ip().to_string() && status["ready"] == true,
+        status["announced"][0] == VIP.ip().to_string()
+            && status["ready"] == true
+            && status["authenticated"] == true
+            && status["peers"].as_array().is_some_and(|p| p
+                .iter()
+                .filter(|p| p["synced"] == true)
+                .count()
+                == 2),
         "lb1's cluster status: {status}"
+    );
+    // Datagrams from a stranger's address and from a peer's host on another
+    // port write nothing (and a peer's port without the key's tag is
+    // refused by the tag check, tested on its own).
+    let not_from_peer = |c: &Cluster| -> anyhow::Result<u64> {
+        let v = c.json(1, &["cluster", "status", "--json"])?;
+        Ok(v["stats"]["not_from_peer"].as_u64().unwrap_or(0))
+    };
+    let before = not_from_peer(c)?;
+    let forged = balancer::cluster::encode(
+        &[balancer::cluster::WireFlow {
+            client: "10.0.8.2:1".parse()?,
+            vip: VIP,
+            backend: backend(0),
+            state: 8,
+            client_next_seq: 1,
+            server_next_seq: 1,
+            idle_ms: 0,
+        }],
+        |flows| balancer::cluster::Message::Flows { node: 1, flows },
+    );
+    let target = SocketAddr::new(IpAddr::V4(lb_ip(1)), SYNC_PORT);
+    for (ns, bind) in [
+        (c.client.path(), SocketAddr::from(([10, 0, 8, 2], 0))),
+        (
+            c.lb(2)?.ns.path(),
+            SocketAddr::new(IpAddr::V4(lb_ip(2)), SYNC_PORT + 1),
+        ),
+    ] {
+        let d = forged[0].clone();
+        thread::spawn(move || -> anyhow::Result<()> {
+            enter_ns(&ns)?;
+            let s = std::net::UdpSocket::bind(bind)?;
+            s.send_to(&d, target)?;
+            Ok(())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    }
+    thread::sleep(Duration::from_millis(300));
+    let after = not_from_peer(c)?;
+    ensure!(
+        after == before + 2,
+        "forged datagrams counted not from a peer: {before} -> {after}"
     );
     let held = 1000;
     // Drain lb2: its VIP is withdrawn, its flows move to lb1 and lb3.
@@ -814,9 +874,9 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
     let lbs = [1, 2, 4];
     println!("cluster: herd: 600 connections opened by 12 clients at once through 3 balancers onto 8 backends, held");
     println!(
-        "cluster: herd: | choices | load reports | busiest | least | max - min | busiest / mean |"
+        "cluster: herd: | choices | load reports | opened per s | busiest | least | max - min | busiest / mean |"
     );
-    println!("cluster: herd: |---|---|---|---|---|---|");
+    println!("cluster: herd: |---|---|---|---|---|---|---|");
     let mut id = 5u64 << 32;
     for (choices, choices_word) in [("2", "2"), ("all", "all (least connections)")] {
         for (interval, label) in [

@@ -54,6 +54,7 @@ pub fn run() -> anyhow::Result<()> {
 
 fn run_on(tb: &mut Testbed, ro: &Path) -> anyhow::Result<()> {
     api(tb)?;
+    hang_ups(tb)?;
     read_only(tb, ro)?;
     metrics_and_top(tb)?;
     declarative(tb)?;
@@ -366,6 +367,38 @@ fn api(tb: &mut Testbed) -> anyhow::Result<()> {
         paths.len()
     );
     Ok(())
+}
+
+/// Clients that send a request and close before reading the answer (a
+/// CLI interrupted, a `--timeout` that expired): the daemon's write meets a
+/// closed socket (EPIPE), and it must go on serving.
+fn hang_ups(tb: &Testbed) -> anyhow::Result<()> {
+    use std::io::Write;
+    let pid = tb.daemon_pid().context("daemon pid")?;
+    for i in 0..100 {
+        let mut s = std::os::unix::net::UnixStream::connect(tb.socket())?;
+        // Past its deadline (answered at once, 408) or a large answer.
+        let (path, deadline) = match i % 3 {
+            0 => ("/v1/vips", "x-deadline-unix-ms: 1\r\n"),
+            1 => ("/v1/flows?limit=10000", ""),
+            _ => ("/v1/stats", "x-deadline-unix-ms: 1\r\n"),
+        };
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n{deadline}\r\n").as_bytes())?;
+        drop(s);
+    }
+    thread_sleep_ms(300);
+    ensure!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the daemon died of clients that hung up before their answer"
+    );
+    tb.cli(&["vip", "list"])
+        .context("the daemon after 100 clients hung up")?;
+    println!("operator: 100 clients that hung up before their answer left the daemon serving");
+    Ok(())
+}
+
+fn thread_sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
 }
 
 /// The read-only socket, as `nobody` in group `nogroup`: reads work,

@@ -11,6 +11,7 @@ fn operator_interface_in_the_test_bed() {
         &["operator"],
         &[
             "API with curl",
+            "clients that hung up before their answer left the daemon serving",
             "read-only socket",
             "metrics scraped",
             "`balancer top` under tmux",

@@ -46,7 +46,7 @@ pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
         return Ok(HealthSpec::Off);
     }
     if s == "tcp" {
-        return Ok(HealthSpec::Kind(CheckKind::Tcp));
+        return Ok(HealthSpec::Kind(CheckKind::Tcp {}));
     }
     if let Some(rest) = s.strip_prefix("http:") {
         let (path, status) = match rest.rsplit_once('=') {
@@ -131,7 +131,7 @@ pub fn health_name(h: &Option<HealthCheck>) -> String {
         None => "-".into(),
         Some(h) => {
             let kind = match &h.kind {
-                CheckKind::Tcp => "tcp".to_string(),
+                CheckKind::Tcp {} => "tcp".to_string(),
                 CheckKind::Http { path, status } => format!("http:{path}={status}"),
             };
             format!(

@@ -34,25 +34,90 @@ impl ClusterCmd {
     }
 }
 
+/// After a drain or undrain: waits (up to 5 s) until the announcements
+/// follow, and says what is announced.
+///
+/// # Errors
+/// No daemon; an answer that is not the cluster's state.
+pub async fn await_announcements(
+    socket: &std::path::Path,
+    drained: bool,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let v = match balancer::client::call_with_timeout(socket, &Request::ClusterStatus, timeout)
+            .await?
+        {
+            balancer::api::Response::Cluster(v) => v,
+            balancer::api::Response::Error { message, .. } => anyhow::bail!("{message}"),
+            other => anyhow::bail!("unexpected answer {other:?}"),
+        };
+        let done = if drained {
+            v.announced.is_empty()
+        } else {
+            !v.announced.is_empty() || !v.ready
+        };
+        if let Some(e) = &v.bgp_error {
+            anyhow::bail!(
+                "{} recorded, but announcing failed: {e}",
+                if drained { "drain" } else { "undrain" }
+            );
+        }
+        if done || std::time::Instant::now() >= deadline {
+            let ann: Vec<String> = v.announced.iter().map(|a| a.to_string()).collect();
+            if drained {
+                println!(
+                    "drained: {}",
+                    if ann.is_empty() {
+                        "every VIP withdrawn".to_string()
+                    } else {
+                        format!("still announced after 5 s: {}", ann.join(" "))
+                    }
+                );
+            } else if ann.is_empty() {
+                println!(
+                    "back in service: nothing announced yet ({})",
+                    if v.ready {
+                        "no VIP has an eligible backend, or no BGP speaker is configured"
+                    } else {
+                        "waiting for the peers' flows"
+                    }
+                );
+            } else {
+                println!("back in service: announcing {}", ann.join(" "));
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Prints the cluster's state.
 pub fn print(v: &ClusterView) {
-    let list = |a: &[std::net::SocketAddr]| {
-        if a.is_empty() {
-            "-".to_string()
-        } else {
-            a.iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(" ")
-        }
-    };
-    println!("node       {:016x}", v.node);
     println!(
-        "sync       {}",
-        v.listen.map_or("off".into(), |l| l.to_string())
+        "node       {}",
+        if v.node.is_empty() { "-" } else { &v.node }
     );
-    println!("peers      {}", list(&v.peers));
-    println!("synced     {} (ready: {})", list(&v.peers_synced), v.ready);
+    println!(
+        "sync       {}{}",
+        v.listen.map_or("off".into(), |l| l.to_string()),
+        if v.listen.is_some() && !v.authenticated {
+            " (not authenticated: no --cluster-key-file)"
+        } else {
+            ""
+        }
+    );
+    println!("ready      {}", v.ready);
+    for p in &v.peers {
+        println!(
+            "peer       {}  synced {}  last heard {}",
+            p.address,
+            p.synced,
+            p.last_heard_ms
+                .map_or("never".into(), |ms| format!("{ms} ms ago"))
+        );
+    }
     println!("drained    {}", v.drained);
     let ann: Vec<String> = v.announced.iter().map(|a| a.to_string()).collect();
     println!(
@@ -77,7 +142,7 @@ pub fn print(v: &ClusterView) {
         s.synced_closed
     );
     println!(
-        "datagrams  load reports {} bad {} send errors {}",
-        s.load_reports, s.bad_datagrams, s.send_errors
+        "datagrams  load reports {} undecodable {} not from a peer {} bad tag {} send errors {}",
+        s.load_reports, s.bad_datagrams, s.not_from_peer, s.bad_auth, s.send_errors
     );
 }

@@ -154,6 +154,12 @@ pub struct RunArgs {
     /// (0: no reports; each balancer compares only its own counts).
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     load_report_interval: Duration,
+    /// A file holding the cluster key (at least 16 bytes, the same on every
+    /// balancer): every sync datagram then carries an HMAC-SHA256 tag and
+    /// one without a valid tag is dropped. Without it the sync trusts any
+    /// datagram from a peer's address and port.
+    #[arg(long, value_name = "FILE", requires = "cluster_listen")]
+    cluster_key_file: Option<PathBuf>,
     /// Announce the VIPs by BGP through BIRD 2: the directory where the
     /// daemon writes `vips4.conf` and `vips6.conf` (static routes the BIRD
     /// configuration includes; docs/cluster.md).
@@ -167,8 +173,32 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// The daemon's configuration, serving `socket`.
-    pub fn config(self, socket: PathBuf) -> DaemonConfig {
-        DaemonConfig {
+    ///
+    /// # Errors
+    /// The cluster key file cannot be read; a peer list that does not fit
+    /// the listen address.
+    pub fn config(self, socket: PathBuf) -> anyhow::Result<DaemonConfig> {
+        let key =
+            match &self.cluster_key_file {
+                Some(f) => Some(std::fs::read(f).map(|k| k.trim_ascii().to_vec()).map_err(
+                    |e| anyhow::anyhow!("reading the cluster key {}: {e}", f.display()),
+                )?),
+                None => None,
+            };
+        let cluster = self
+            .cluster_listen
+            .map(|listen| balancer::cluster::ClusterConfig {
+                listen,
+                peers: self.peers.clone(),
+                sync_interval: self.sync_interval,
+                refresh_interval: self.sync_refresh,
+                load_report_interval: self.load_report_interval,
+                key,
+            });
+        if let Some(c) = &cluster {
+            c.validate()?;
+        }
+        Ok(DaemonConfig {
             interfaces: self.interfaces,
             mode: self.mode.into(),
             socket,
@@ -194,19 +224,11 @@ impl RunArgs {
             read_only_socket: self.read_only_socket,
             read_only_group: self.read_only_group,
             metrics_address: self.metrics_address,
-            cluster: self
-                .cluster_listen
-                .map(|listen| balancer::cluster::ClusterConfig {
-                    listen,
-                    peers: self.peers,
-                    sync_interval: self.sync_interval,
-                    refresh_interval: self.sync_refresh,
-                    load_report_interval: self.load_report_interval,
-                }),
+            cluster,
             bgp: self
                 .bgp_dir
                 .zip(self.birdc_socket)
                 .map(|(dir, birdc_socket)| balancer::bgp::BgpConfig { dir, birdc_socket }),
-        }
+        })
     }
 }

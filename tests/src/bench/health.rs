@@ -90,7 +90,7 @@ pub fn run(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
     )?;
     let mut js = Vec::new();
     for (label, kind) in [
-        ("TCP connect", CheckKind::Tcp),
+        ("TCP connect", CheckKind::Tcp {}),
         (
             "HTTP GET /health",
             CheckKind::Http {
