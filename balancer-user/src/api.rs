@@ -619,7 +619,8 @@ pub struct FlowView {
     /// Backend address and port (`None` when its slot was since reused).
     #[schema(value_type = Option<String>)]
     pub backend: Option<SocketAddr>,
-    /// `live` (established), `half-open` or `closed`.
+    /// `live` (established), `half-open`, `closed`, or `synced` (a peer
+    /// balancer's flow held here uncounted until a segment of it arrives).
     pub kind: String,
     /// Idle time, ms.
     pub idle_ms: u64,

@@ -646,7 +646,8 @@ async fn send_all(
 }
 
 /// Runs the sync until the task is dropped: says hello, then ticks, reports
-/// and receives.
+/// and receives. Where both locks are held, the balancer's is taken before
+/// the sync's (as [`keep_announced`] does): the one order, no deadlock.
 pub async fn run(
     lb: Arc<Mutex<Balancer>>,
     sync: Arc<Mutex<Sync>>,
@@ -820,11 +821,13 @@ pub async fn keep_announced(
                 }
             }
         }
+        // Locks in the order every task takes them: the balancer, then the
+        // sync.
+        let mut lb = lb.lock().await;
         let s = match &sync {
             Some(s) => Some(s.lock().await),
             None => None,
         };
-        let mut lb = lb.lock().await;
         let drained = lb.state().cluster_drained;
         let v = view(
             s.as_deref(),

@@ -478,11 +478,13 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     if cluster.is_some() || cfg.bgp.is_some() {
         // The view exists from the first request on (`cluster status`,
         // `cluster drain` right after a start).
+        // The balancer's lock first, then the sync's (the order every
+        // cluster task takes them in).
+        let mut l = lb.lock().await;
         let s = match &cluster {
             Some((s, _)) => Some(s.lock().await),
             None => None,
         };
-        let mut l = lb.lock().await;
         let drained = l.state().cluster_drained;
         let v = crate::cluster::view(
             s.as_deref(),

@@ -715,7 +715,7 @@ fn measure(
 fn report(what: &str, o: &Outcome) {
     println!(
         "cluster: {what}: {} of {} held connections broken, {} of {} new connections failed; the \
-         router converged in {} ms; {} flows adopted by the others",
+         router's route had its new next hops after {} ms; {} flows adopted by the others",
         o.broken,
         o.held,
         o.new_failed,
