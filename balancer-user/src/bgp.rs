@@ -63,6 +63,12 @@ fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("creating a file in {}", dir.display()))?;
     std::io::Write::write_all(&mut tmp, text.as_bytes())?;
+    // Readable by BIRD, which Debian runs as its own user (tempfile makes
+    // 0600 files).
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
     tmp.as_file().sync_all()?;
     tmp.persist(path)
         .with_context(|| format!("writing {}", path.display()))?;
@@ -119,6 +125,16 @@ impl BgpConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn route_files_are_readable_by_birds_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("vips4.conf");
+        write_atomically(&f, "route 10.0.0.10/32 blackhole;\n").unwrap();
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+    }
 
     #[test]
     fn routes_are_host_routes_per_family() {

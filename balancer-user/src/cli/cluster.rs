@@ -8,10 +8,13 @@ use balancer::{api::Request, cluster::ClusterView};
 pub enum ClusterCmd {
     /// Withdraw every VIP from BGP (the routers move its flows to the
     /// peers, which hold them synced); this balancer keeps forwarding what
-    /// still reaches it. Persisted across restarts.
+    /// still reaches it. Persisted across restarts. Waits up to 5 s for the
+    /// withdrawal and says what is still announced. Needs a daemon run
+    /// with --cluster-listen or --bgp-dir.
     #[command(after_help = "Example:\n  balancer cluster drain")]
     Drain,
-    /// Announce the VIPs again.
+    /// Announce the VIPs again (once the peers' flows are in and a VIP has
+    /// an eligible backend); waits up to 5 s and says what is announced.
     #[command(after_help = "Example:\n  balancer cluster undrain")]
     Undrain,
     /// Peers, sync totals, announced VIPs, drain.

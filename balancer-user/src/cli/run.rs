@@ -135,11 +135,13 @@ pub struct RunArgs {
     #[arg(long)]
     fresh: bool,
     /// Sync flows and load with peer balancers (docs/cluster.md): the UDP
-    /// address this daemon listens on for its peers.
+    /// address this daemon listens on and sends from (needs at least one
+    /// --peer).
     #[arg(long, value_name = "ADDR:PORT", requires = "peers")]
     cluster_listen: Option<std::net::SocketAddr>,
-    /// A peer balancer's sync address (repeat for each; only datagrams from
-    /// these addresses are read).
+    /// A peer balancer's sync address: its own --cluster-listen address
+    /// and port (repeat for each peer; only datagrams from these exact
+    /// addresses and ports are read; needs --cluster-listen).
     #[arg(long = "peer", value_name = "ADDR:PORT", requires = "cluster_listen")]
     peers: Vec<std::net::SocketAddr>,
     /// Time between batches of new and closed flows to the peers.
@@ -151,22 +153,25 @@ pub struct RunArgs {
     sync_refresh: Duration,
     /// Time between reports of this balancer's active connections per
     /// backend to its peers, which add them to their own when they choose
-    /// (0: no reports; each balancer compares only its own counts).
+    /// (0s: none sent and none used; each balancer compares only its own
+    /// counts).
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     load_report_interval: Duration,
-    /// A file holding the cluster key (at least 16 bytes, the same on every
-    /// balancer): every sync datagram then carries an HMAC-SHA256 tag and
-    /// one without a valid tag is dropped. Without it the sync trusts any
-    /// datagram from a peer's address and port.
+    /// A file holding the cluster key (at least 16 bytes once leading and
+    /// trailing whitespace is trimmed, the same on every balancer; e.g.
+    /// `head -c 32 /dev/urandom | xxd -p -c 64`): every sync datagram then
+    /// carries an HMAC-SHA256 tag and one without a valid tag is dropped.
+    /// Without it the sync trusts any datagram from a peer's address and
+    /// port. Needs --cluster-listen.
     #[arg(long, value_name = "FILE", requires = "cluster_listen")]
     cluster_key_file: Option<PathBuf>,
     /// Announce the VIPs by BGP through BIRD 2: the directory where the
     /// daemon writes `vips4.conf` and `vips6.conf` (static routes the BIRD
-    /// configuration includes; docs/cluster.md).
+    /// configuration includes; docs/cluster.md). Needs --birdc-socket.
     #[arg(long, value_name = "DIR", requires = "birdc_socket")]
     bgp_dir: Option<PathBuf>,
-    /// BIRD's control socket (`bird -s PATH`; Debian's default is
-    /// /run/bird/bird.ctl).
+    /// BIRD's control socket, required with --bgp-dir (`bird -s PATH`;
+    /// Debian's BIRD listens on /run/bird/bird.ctl).
     #[arg(long, value_name = "PATH", requires = "bgp_dir")]
     birdc_socket: Option<PathBuf>,
 }
