@@ -881,7 +881,8 @@ async fn json_errors(resp: axum::response::Response) -> axum::response::Response
 async fn scrape(State(src): State<Arc<crate::metrics::Source>>) -> axum::response::Response {
     let text = {
         let lb = src.lb.lock().await;
-        lb.stats().map(|s| crate::metrics::render(&s, &src.daemon))
+        lb.stats()
+            .map(|s| crate::metrics::render_all(&s, lb.cluster_view(), &src.daemon))
     };
     match text {
         Ok(t) => (

@@ -32,6 +32,13 @@
 //! | `gc_pass_duration_seconds` (expiry and reconciliation passes) | histogram | |
 //! | `attached` (1 per interface the program runs on) | gauge | interface, mode |
 //! | `build_info` | gauge | version, commit, fingerprint |
+//! | `cluster_ready`, `cluster_drained` (0 or 1) | gauge | |
+//! | `cluster_announced` (1 per VIP address announced by BGP), `cluster_bgp_error` (0 or 1) | gauge | vip / |
+//! | `cluster_peer_synced` (0 or 1), `cluster_peer_last_heard_seconds` | gauge | peer |
+//! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `send_errors`) |
+//!
+//! The `cluster_*` series exist only on a daemon run with `--cluster-listen`
+//! or `--bgp-dir` (docs/cluster.md).
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -108,8 +115,97 @@ fn bucket_name(from: &[u64], k: usize) -> String {
     }
 }
 
+/// The cluster's series (`cluster_*`) into `reg`.
+fn render_cluster(reg: &mut Registry, c: &crate::cluster::ClusterView) {
+    let flag = |b: bool| f64::from(u8::from(b));
+    for (name, help, on) in [
+        (
+            "cluster_ready",
+            "1 once the peers have sent their flows",
+            c.ready,
+        ),
+        (
+            "cluster_drained",
+            "1 while drained from the cluster",
+            c.drained,
+        ),
+        (
+            "cluster_bgp_error",
+            "1 while the last BGP announcement failed",
+            c.bgp_error.is_some(),
+        ),
+    ] {
+        let g = Gauge::<i64>::default();
+        g.set(i64::from(on));
+        reg.register(name, help, g);
+    }
+    let g = Gauges::new(
+        reg,
+        "cluster_announced",
+        "1 per VIP address announced by BGP",
+    );
+    for a in &c.announced {
+        g.set(vec![("vip", a.to_string())], 1.0);
+    }
+    let synced = Gauges::new(
+        reg,
+        "cluster_peer_synced",
+        "1 once the peer answered this start's hello with its flows",
+    );
+    let heard = Gauges::new(
+        reg,
+        "cluster_peer_last_heard_seconds",
+        "Time since the peer's last valid datagram (absent: never heard)",
+    );
+    for p in &c.peers {
+        let l = vec![("peer", p.address.to_string())];
+        synced.set(l.clone(), flag(p.synced));
+        if let Some(ms) = p.last_heard_ms {
+            heard.set(l, ms as f64 / 1000.0);
+        }
+    }
+    let s = &c.stats;
+    let totals = Counters::new(reg, "cluster_sync", "The flow sync's totals, by what");
+    for (what, v) in [
+        ("flows_sent", s.flows_sent),
+        ("closed_sent", s.closed_sent),
+        ("flows_received", s.flows_received),
+        ("flows_unknown", s.flows_unknown),
+        ("flows_moved_away", s.flows_moved_away),
+        ("synced_closed", s.synced_closed),
+        ("load_reports", s.load_reports),
+        ("bad_datagrams", s.bad_datagrams),
+        ("not_from_peer", s.not_from_peer),
+        ("bad_auth", s.bad_auth),
+        ("send_errors", s.send_errors),
+    ] {
+        totals.set(vec![("what", what.to_string())], v);
+    }
+}
+
+/// The text exposition of `stats`, the cluster's view (when the daemon is
+/// in one) and the daemon's own measurements.
+pub fn render_all(
+    stats: &StatsView,
+    cluster: Option<&crate::cluster::ClusterView>,
+    daemon: &DaemonMetrics,
+) -> String {
+    let mut reg = registry(stats, daemon);
+    if let Some(c) = cluster {
+        render_cluster(&mut reg, c);
+    }
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &reg);
+    out
+}
+
 /// The text exposition of `stats` and the daemon's own measurements.
 pub fn render(stats: &StatsView, daemon: &DaemonMetrics) -> String {
+    render_all(stats, None, daemon)
+}
+
+fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
     let mut reg = Registry::with_prefix("p2c_balancer");
 
     // Per backend: (name, help, value) of each counter and each gauge.
@@ -385,11 +481,7 @@ pub fn render(stats: &StatsView, daemon: &DaemonMetrics) -> String {
         ],
         1.0,
     );
-
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut out, &reg);
-    out
+    reg
 }
 
 fn status_name(s: HealthStatus) -> &'static str {
@@ -465,7 +557,40 @@ mod tests {
         };
         let d = DaemonMetrics::default();
         d.gc_pass.observe(0.002);
+        let view = crate::cluster::ClusterView {
+            node: "00000000000000aa".into(),
+            listen: Some("10.0.9.11:7946".parse().unwrap()),
+            authenticated: true,
+            peers: vec![crate::cluster::PeerView {
+                address: "10.0.9.12:7946".parse().unwrap(),
+                synced: true,
+                last_heard_ms: Some(1500),
+            }],
+            ready: true,
+            drained: false,
+            announced: vec!["10.0.0.10".parse().unwrap()],
+            bgp_error: None,
+            stats: crate::cluster::ClusterStats {
+                flows_sent: 11,
+                bad_auth: 2,
+                ..Default::default()
+            },
+        };
+        let with = render_all(&stats, Some(&view), &d);
+        for line in [
+            "p2c_balancer_cluster_ready 1",
+            "p2c_balancer_cluster_announced{vip=\"10.0.0.10\"} 1.0",
+            "p2c_balancer_cluster_peer_last_heard_seconds{peer=\"10.0.9.12:7946\"} 1.5",
+            "p2c_balancer_cluster_sync_total{what=\"flows_sent\"} 11",
+            "p2c_balancer_cluster_sync_total{what=\"bad_auth\"} 2",
+        ] {
+            assert!(with.lines().any(|l| l == line), "no {line:?} in\n{with}");
+        }
         let text = render(&stats, &d);
+        assert!(
+            !text.contains("cluster_"),
+            "cluster series without a cluster"
+        );
         for line in [
             "p2c_balancer_rx_packets_total 42",
             "p2c_balancer_dropped_packets_total{reason=\"no_backend\"} 7",

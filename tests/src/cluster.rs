@@ -415,6 +415,8 @@ impl Cluster {
                 .to_string(),
             "--cluster-key-file".into(),
             self.dir.join("cluster.key").display().to_string(),
+            "--metrics-address".into(),
+            "127.0.0.1:9464".into(),
         ];
         for m in self.members.iter().filter(|m| **m != n) {
             args.push("--peer".into());
@@ -832,6 +834,22 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     ensure!(
         status["drained"] == true && status["announced"].as_array().is_some_and(Vec::is_empty),
         "lb2's status after the drain: {status}"
+    );
+    // The same, scraped as Prometheus metrics.
+    let out = c
+        .lb(2)?
+        .ns
+        .exec("curl", &["-sS", "http://127.0.0.1:9464/metrics"])?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        text.lines().any(|l| l == "p2c_balancer_cluster_drained 1")
+            && !text.contains("p2c_balancer_cluster_announced{")
+            && text.contains("p2c_balancer_cluster_sync_total{what=\"flows_sent\"}"),
+        "lb2's metrics after the drain:\n{}",
+        text.lines()
+            .filter(|l| l.contains("cluster"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // Back in service.
     let o = measure(c, held, 2 << 32, &[1, 2, 3], |c| {
