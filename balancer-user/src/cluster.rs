@@ -2,8 +2,9 @@
 //! load between peer daemons, over UDP datagrams of at most
 //! [`MAX_DATAGRAM`] bytes serialized with postcard.
 //!
-//! * Flows: every sync interval a daemon sends its peers the established
-//!   flows of direct-return VIPs that it holds a count for (placed or
+//! * Flows: every sync interval a daemon sends its peers the flows
+//!   (established or in their handshake) of direct-return VIPs that it
+//!   holds a count for (placed or
 //!   adopted here) and that it has not sent yet, and the ones that closed;
 //!   every refresh interval, all of them. A receiver writes each into its
 //!   own flow table pinned to its own slot of that backend, marked
@@ -415,8 +416,13 @@ impl Sync {
         let mut own = BTreeSet::new();
         let mut synced_here = BTreeSet::new();
         let mut flows = Vec::new();
+        // Both tables: a flow in its handshake is synced too, so the
+        // client's ACK finds it on whichever balancer ECMP sends it to.
         for (t, k, e) in maps.flow_entries()? {
-            if t != FlowTable::Established || k.kind != flow_kind::LIVE {
+            if k.kind != flow_kind::LIVE {
+                continue;
+            }
+            if t == FlowTable::HalfOpen && e.state & fl::F_SYNCED != 0 {
                 continue;
             }
             let Some((vip, backend, generation)) = slots.get(&e.backend_slot) else {
@@ -590,7 +596,8 @@ impl Sync {
                     // (by more than a tick's worth of slack).
                     let idle_ms = now_ns.saturating_sub(e.last_seen_ns) / 1_000_000;
                     if idle_ms > f.idle_ms as u64 + 200
-                        && maps.remove_flow(FlowTable::Established, &k)
+                        && (maps.remove_flow(FlowTable::Established, &k)
+                            || maps.remove_flow(FlowTable::HalfOpen, &k))
                     {
                         if e.backend_slot == slot && e.backend_generation == generation {
                             maps.add_adjust(Count::Slot(slot), u64::MAX)?;

@@ -621,6 +621,7 @@ impl Steady {
                 thread::spawn(move || -> anyhow::Result<(u64, u64)> {
                     enter_ns(&ns)?;
                     let (mut opened, mut failed) = (0u64, 0u64);
+                    let mut first_error: Option<String> = None;
                     let every = Duration::from_micros(1_000_000 * clients / per_second);
                     while !stop2.load(Ordering::Relaxed) && opened < 10_000 {
                         let t0 = Instant::now();
@@ -628,16 +629,23 @@ impl Steady {
                         let id = id_base + (t << 20) + 2 * opened;
                         match Conn::open_to(None, VIP, id, 64) {
                             Ok(mut conn) => {
-                                if conn.request(id + 1, 64).is_err() {
+                                if let Err(e) = conn.request(id + 1, 64) {
                                     failed += 1;
+                                    first_error.get_or_insert(format!("request: {e:#}"));
                                 }
                                 conn.close();
                             }
-                            Err(_) => failed += 1,
+                            Err(e) => {
+                                failed += 1;
+                                first_error.get_or_insert(format!("open: {e:#}"));
+                            }
                         }
                         if let Some(rest) = every.checked_sub(t0.elapsed()) {
                             thread::sleep(rest);
                         }
+                    }
+                    if let Some(e) = first_error {
+                        eprintln!("cluster: a new connection failed: {e}");
                     }
                     Ok((opened, failed))
                 })
@@ -857,9 +865,15 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         c.await_hops(&[1, 2, 3], Duration::from_secs(10))
     })?;
     report("lb2 back in service", &o);
+    // The held connections are older than any sync interval: none may
+    // break. A new connection placed on lb1 or lb3 less than a sync
+    // interval (100 ms) before ECMP moves it to lb2 is not known there yet
+    // (docs/cluster.md): at 40 new connections a second, about 4 are that
+    // young at the moment of the change.
     ensure!(
-        o.broken == 0 && o.new_failed == 0,
-        "putting lb2 back broke {} held and {} new connections",
+        o.broken == 0 && o.new_failed <= 4,
+        "putting lb2 back broke {} held and {} new connections (at most 4 younger than the sync \
+         interval may)",
         o.broken,
         o.new_failed
     );

@@ -15,7 +15,7 @@ fn balancers_behind_ecmp_share_flows() {
     let mut markers = vec![
         "cluster: the router learned the VIP from lb1, lb2 and lb3",
         "cluster: lb2 drained: 0 of 1000 held connections broken",
-        "cluster: lb2 back in service: 0 of 1000 held connections broken",
+        "cluster: lb2 back in service: 0 of 1000 held connections broken,",
     ];
     if long {
         markers.extend([
