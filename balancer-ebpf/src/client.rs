@@ -33,7 +33,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         return Next::Reset;
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
-    if entry.state & flow::F_SYNCED != 0 && entry.state & flow::F_ADOPTED == 0 {
+    if synced_only(entry) {
         // A flow a peer balancer placed, moved here (ECMP rehashed it):
         // counted once, by the CPU whose OR set the bit.
         // SAFETY: `e` points to the flow-table value of `key`.

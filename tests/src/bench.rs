@@ -1089,14 +1089,7 @@ impl Drop for KillOnDrop {
 
 /// Spawns `cmd` so that it is killed if this process dies.
 fn spawn_dying_with_us(mut cmd: Command) -> anyhow::Result<Child> {
-    // SAFETY: prctl in the child before exec.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    crate::testbed::dies_with_us(&mut cmd);
     Ok(cmd.spawn()?)
 }
 

@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use crate::{
     netns::{enter_ns, sh, Netns},
-    testbed::{balancer_bin, start_server_as, Conn, Server},
+    testbed::{balancer_bin, dies_with_us, start_server_as, Conn, Server},
 };
 
 /// The VIP (L2 DSR: the backends listen on its port).
@@ -246,15 +246,7 @@ impl Cluster {
             )?;
             b.ip(&["route", "add", "default", "via", ROUTER])?;
             b.ip(&["addr", "add", &format!("{}/32", VIP.ip()), "dev", "lo"])?;
-            for (key, value) in [
-                ("net.ipv4.conf.all.arp_ignore", "1"),
-                ("net.ipv4.conf.all.arp_announce", "2"),
-                ("net.ipv4.conf.all.rp_filter", "0"),
-                ("net.ipv4.conf.eth0.rp_filter", "0"),
-                ("net.ipv4.conf.lo.rp_filter", "0"),
-            ] {
-                b.sysctl(key, value)?;
-            }
+            crate::modes::keep_vip_off_the_segment(b)?;
         }
         Ok(())
     }
@@ -277,14 +269,7 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(f.try_clone()?)
             .stderr(f);
-        // SAFETY: prctl in the child before exec; it dies with us.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        dies_with_us(&mut cmd);
         Ok(Proc(cmd.spawn().with_context(|| {
             format!("starting {}", program.display())
         })?))

@@ -149,6 +149,28 @@ pub fn run() -> anyhow::Result<()> {
     r
 }
 
+/// A direct-return backend's ARP and reverse-path settings (interface
+/// `eth0`): it answers ARP only for addresses of the interface asked on
+/// and announces from the interface's own address, so a VIP on loopback
+/// stays off the segment; no reverse-path filter. IPv4 only: Linux answers
+/// IPv6 neighbour solicitations only for addresses of the interface they
+/// arrive on.
+///
+/// # Errors
+/// A sysctl write fails.
+pub fn keep_vip_off_the_segment(ns: &crate::netns::Netns) -> anyhow::Result<()> {
+    for (key, value) in [
+        ("net.ipv4.conf.all.arp_ignore", "1"),
+        ("net.ipv4.conf.all.arp_announce", "2"),
+        ("net.ipv4.conf.all.rp_filter", "0"),
+        ("net.ipv4.conf.eth0.rp_filter", "0"),
+        ("net.ipv4.conf.lo.rp_filter", "0"),
+    ] {
+        ns.sysctl(key, value)?;
+    }
+    Ok(())
+}
+
 /// What a backend of a direct-return VIP configures: the VIPs on loopback,
 /// ARP replies only for addresses of the interface asked on (arp_ignore 1)
 /// and announcements from the interface's own address (arp_announce 2), so
@@ -169,18 +191,7 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
                 "lo",
             ])?;
         }
-        // IPv4 only: Linux answers IPv6 neighbour solicitations only for
-        // addresses of the interface they arrive on, so a VIP on loopback
-        // stays off the segment without a setting.
-        for (key, value) in [
-            ("net.ipv4.conf.all.arp_ignore", "1"),
-            ("net.ipv4.conf.all.arp_announce", "2"),
-            ("net.ipv4.conf.all.rp_filter", "0"),
-            ("net.ipv4.conf.eth0.rp_filter", "0"),
-            ("net.ipv4.conf.lo.rp_filter", "0"),
-        ] {
-            ns.sysctl(key, value)?;
-        }
+        keep_vip_off_the_segment(ns)?;
         tb.start_server_as(
             k,
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT)),

@@ -147,14 +147,7 @@ fn spawn_in(ns: &Netns, program: &str, args: &[&str]) -> anyhow::Result<Proc> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: prctl in the child before exec.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    crate::testbed::dies_with_us(&mut cmd);
     Ok(Proc(
         cmd.spawn().with_context(|| format!("starting {program}"))?,
     ))

@@ -438,6 +438,19 @@ impl PeerPrograms {
     }
 }
 
+/// Makes the child `cmd` starts get SIGKILL when this process ends, so a
+/// failed test leaves no daemon behind.
+pub fn dies_with_us(cmd: &mut Command) {
+    // SAFETY: prctl in the child before exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
 /// Path of the `balancer` binary: `BALANCER_BIN`, or next to this program.
 ///
 /// # Errors
@@ -608,14 +621,7 @@ impl Testbed {
             .arg(&self.balancer_bin)
             .args(args)
             .stdin(Stdio::null());
-        // SAFETY: prctl in the child before exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        dies_with_us(&mut cmd);
         cmd
     }
 
@@ -938,14 +944,7 @@ impl Testbed {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        // SAFETY: prctl in the child before exec; the daemon dies with us.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        dies_with_us(&mut cmd);
         self.daemon = Some(cmd.spawn().context("starting the daemon")?);
         Ok(())
     }
