@@ -129,6 +129,58 @@ impl Addr {
     }
 }
 
+/// A source address no real client has (RFC 6890's special-purpose
+/// registries, RFC 1122 section 3.2.1.3): a SYN from one is dropped and
+/// counted under its class, never placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Martian {
+    /// `0.0.0.0/8` ("this network") or `::`.
+    Unspecified,
+    /// `127.0.0.0/8` or `::1`.
+    Loopback,
+    /// `224.0.0.0/4` or `ff00::/8`.
+    Multicast,
+    /// `255.255.255.255`, the limited broadcast.
+    Broadcast,
+}
+
+impl Addr {
+    /// The class of `self` as a source no real client can have, if any.
+    #[inline(always)]
+    pub const fn martian_source(&self) -> Option<Martian> {
+        if self.is_v4() {
+            let b = self.0[3].to_ne_bytes();
+            if b[0] == 0 {
+                return Some(Martian::Unspecified);
+            }
+            if b[0] == 127 {
+                return Some(Martian::Loopback);
+            }
+            if b[0] & 0xf0 == 0xe0 {
+                return Some(Martian::Multicast);
+            }
+            if self.0[3] == u32::MAX {
+                return Some(Martian::Broadcast);
+            }
+            return None;
+        }
+        if self.is_zero() {
+            return Some(Martian::Unspecified);
+        }
+        if self.0[0] == 0
+            && self.0[1] == 0
+            && self.0[2] == 0
+            && self.0[3] == u32::from_ne_bytes([0, 0, 0, 1])
+        {
+            return Some(Martian::Loopback);
+        }
+        if self.0[0].to_ne_bytes()[0] == 0xff {
+            return Some(Martian::Multicast);
+        }
+        None
+    }
+}
+
 #[cfg(feature = "user")]
 mod std_conv {
     extern crate std;
@@ -183,6 +235,38 @@ mod tests {
         let six = Addr::from_v6_bytes(&[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
         assert!(!six.is_v4());
         assert_eq!(u16::from_be(six.low16_be()), 1);
+    }
+
+    #[test]
+    fn martian_sources() {
+        let v4 = |o: [u8; 4]| Addr::v4(u32::from_ne_bytes(o));
+        let v6 = |b: [u8; 16]| Addr::from_v6_bytes(&b);
+        assert_eq!(
+            v4([0, 1, 2, 3]).martian_source(),
+            Some(Martian::Unspecified)
+        );
+        assert_eq!(v4([127, 0, 0, 1]).martian_source(), Some(Martian::Loopback));
+        assert_eq!(
+            v4([224, 0, 0, 5]).martian_source(),
+            Some(Martian::Multicast)
+        );
+        assert_eq!(
+            v4([239, 9, 9, 9]).martian_source(),
+            Some(Martian::Multicast)
+        );
+        assert_eq!(v4([255; 4]).martian_source(), Some(Martian::Broadcast));
+        assert_eq!(v4([10, 0, 1, 2]).martian_source(), None);
+        assert_eq!(v4([223, 255, 255, 255]).martian_source(), None);
+        assert_eq!(Addr::ZERO.martian_source(), Some(Martian::Unspecified));
+        let mut one = [0u8; 16];
+        one[15] = 1;
+        assert_eq!(v6(one).martian_source(), Some(Martian::Loopback));
+        let mut mc = [0u8; 16];
+        mc[0] = 0xff;
+        mc[1] = 0x02;
+        assert_eq!(v6(mc).martian_source(), Some(Martian::Multicast));
+        let doc = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert_eq!(v6(doc).martian_source(), None);
     }
 
     #[test]

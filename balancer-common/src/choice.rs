@@ -28,6 +28,9 @@ use crate::{MAX_BACKENDS_PER_VIP, MAX_CHOICES};
 const LOAD_CAP: u64 = 1 << 38;
 /// Fractional bits of [`key`].
 const KEY_SHIFT: u32 = 24;
+/// Added to a failing candidate's key (above every key's bits: a key is at
+/// most `LOAD_CAP << KEY_SHIFT` = 2^62).
+const FAILING_RANK: u64 = 1 << 63;
 
 /// A candidate's comparison key, lower is better: `(load + 1) / weight` in
 /// fixed point (24 fractional bits), so that choosing compares one integer
@@ -215,7 +218,25 @@ impl Chooser {
     /// `weight` (compared by [`key`]).
     #[inline(always)]
     pub fn offer<R: FnMut() -> u32>(&mut self, index: u32, load: u64, weight: u32, rand: &mut R) {
-        let k = key(load, weight);
+        self.offer_ranked(index, load, weight, false, rand)
+    }
+
+    /// [`Chooser::offer`] for a candidate whose server may be `failing`
+    /// (passive detection): a failing candidate ranks below every candidate
+    /// that is not, whatever the loads, and failing candidates compare by
+    /// load among themselves. A failing server is thus chosen only when
+    /// every candidate drawn is failing, and a new flow is never refused
+    /// while the eligible list holds a backend.
+    #[inline(always)]
+    pub fn offer_ranked<R: FnMut() -> u32>(
+        &mut self,
+        index: u32,
+        load: u64,
+        weight: u32,
+        failing: bool,
+        rand: &mut R,
+    ) {
+        let k = key(load, weight) | if failing { FAILING_RANK } else { 0 };
         if self.ties == 0 || k < self.best_key {
             if self.ties != 0 {
                 self.set_second(self.best_key, self.best_load);
@@ -474,5 +495,21 @@ mod tests {
         assert_eq!(active_connections(3, (-1i64) as u64), 2);
         assert_eq!(active_connections(1, (-2i64) as u64), 0);
         assert_eq!(active_connections(0, 0), 0);
+    }
+
+    #[test]
+    fn a_failing_candidate_ranks_below_any_other_and_is_chosen_only_among_failing() {
+        let mut r = rng(7);
+        // Two candidates: the failing one has no load, the other a lot.
+        let mut c = Chooser::new(2, 2);
+        c.offer_ranked(0, 0, 1, true, &mut r);
+        c.offer_ranked(1, 1000, 1, false, &mut r);
+        assert_eq!(c.result(), Some(1));
+        // Both failing: by load.
+        let mut c = Chooser::new(2, 2);
+        c.offer_ranked(0, 5, 1, true, &mut r);
+        c.offer_ranked(1, 3, 1, true, &mut r);
+        assert_eq!(c.result(), Some(1));
+        assert_eq!(c.chosen_load(), 3);
     }
 }

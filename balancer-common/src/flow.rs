@@ -14,6 +14,26 @@
 //! late segment with an RST carrying that segment's acknowledgment number,
 //! which may not count the FIN yet; the receiver in CLOSE-WAIT, LAST-ACK or
 //! CLOSING takes it and is gone, so the balancer must take it as well.
+//!
+//! Every segment is treated as written by an adversary who cannot see the
+//! flow (a blind spoofer): a segment changes its flow's state only when its
+//! flags are a legal combination ([`legal_flags`]) and its numbers make
+//! sense for the flow:
+//!
+//! * a FIN is judged against the same window as an RST;
+//! * acknowledgment numbers only move forward, by less than [`RST_WINDOW`];
+//! * with both directions in view (NAT), the handshake is proven only by a
+//!   client ACK that acknowledges the backend's SYN ([`proves_handshake`]):
+//!   an ACK with any other number neither establishes the flow nor moves
+//!   its numbers;
+//! * a backend's refusal counts against it only when it refuses the
+//!   connection attempt itself (an RST answering the SYN, in the sequence
+//!   space the SYN set up, TCP Fast Open data included) or resets a proven
+//!   handshake before any data ([`refusal`]); an RST a client's forged ACK
+//!   provoked is neither in the window nor a refusal;
+//! * a retransmitted SYN counts once per flow, with the first SYN's
+//!   sequence number, and only after a retransmission timer could have run
+//!   ([`syn_retransmit`]).
 
 use crate::{
     parse::Tcp, parse::TCP_ACK, parse::TCP_FIN, parse::TCP_RST, parse::TCP_SYN, FlowEntry,
@@ -40,6 +60,14 @@ pub const F_SYNCED: u32 = 32;
 /// with an atomic OR) and counted the connection on its backend. The flow
 /// is this balancer's from then on.
 pub const F_ADOPTED: u32 = 64;
+/// The backend served the flow, as far as the balancer can tell: with both
+/// directions in view, the backend sent data; with one (direct server
+/// return), the client acknowledged data past the backend's SYN. Its first
+/// setting ends the server's failure streak.
+pub const F_SERVED: u32 = 128;
+/// A retransmission of this flow's SYN was counted against its server
+/// (once per flow: [`syn_retransmit`]).
+pub const F_SYN_RETRANSMIT: u32 = 256;
 
 /// `true` when a flow entry holds an active connection on this balancer:
 /// every flow it placed, and synced flows once adopted.
@@ -51,6 +79,20 @@ pub fn counted(state: u32) -> bool {
 /// which an RST is accepted: 2^23 bytes, the largest receive window of a
 /// Linux host at its default `tcp_rmem` maximum (6 MiB, window scale 7).
 pub const RST_WINDOW: u32 = 1 << 23;
+
+/// How far past the backend's SYN (its ISN + 1) the client's first ACK may
+/// acknowledge and still prove the handshake, bytes: the data a TCP Fast
+/// Open server may send before the handshake completes (its initial
+/// congestion window, RFC 7413 section 4.1.2) fits well inside. A blind
+/// spoofer guesses such an ACK once in 2^16 tries.
+pub const HANDSHAKE_ACK_WINDOW: u32 = 1 << 16;
+
+/// How long after a flow's first SYN a SYN with the same sequence number
+/// counts as a retransmission, ns: half of the initial retransmission
+/// timeout of RFC 6298 section 2.1 (1 s, Linux's `TCP_TIMEOUT_INIT`). A
+/// repeat sooner than this is no timer's work (a duplicated frame, or a
+/// sender repeating itself), and is not evidence against the backend.
+pub const SYN_RETRANSMIT_MIN_NS: u64 = 500_000_000;
 
 /// Which way a segment travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,12 +116,15 @@ pub enum Verdict {
     RstOutOfWindow,
 }
 
-/// Fills the tracking fields of a new flow from its SYN.
+/// Fills the tracking fields of a new flow from its SYN. Until the
+/// backend's sequence number is known, `server_next_seq` holds the length
+/// of the data the SYN carried (TCP Fast Open), so that a refusal
+/// acknowledging that data is recognised ([`answers_syn`]).
 #[inline(always)]
 pub fn start(entry: &mut FlowEntry, syn: &Tcp, now_ns: u64) {
     entry.state = 0;
     entry.client_next_seq = syn.seq.wrapping_add(1);
-    entry.server_next_seq = 0;
+    entry.server_next_seq = syn.payload_len();
     entry.last_seen_ns = now_ns;
     entry.created_ns = now_ns;
 }
@@ -87,6 +132,70 @@ pub fn start(entry: &mut FlowEntry, syn: &Tcp, now_ns: u64) {
 #[inline(always)]
 fn in_window(seq: u32, expected: u32) -> bool {
     seq.wrapping_sub(expected) < RST_WINDOW
+}
+
+/// `true` when the TCP flags `flags` are a combination a segment travelling
+/// `dir` may carry (RFC 9293 section 3.10.7): SYN never with FIN or RST;
+/// every segment but a SYN or an RST carries ACK; towards a VIP no SYN
+/// carries ACK (a server is never opened simultaneously), and from a
+/// backend no SYN comes without one. A segment with any other combination
+/// (SYN|FIN, a FIN without ACK, no flag at all, ...) changes no state and is
+/// dropped.
+#[inline(always)]
+pub const fn legal_flags(flags: u8, dir: Direction) -> bool {
+    let syn = flags & TCP_SYN != 0;
+    let ack = flags & TCP_ACK != 0;
+    let rst = flags & TCP_RST != 0;
+    let fin = flags & TCP_FIN != 0;
+    if syn {
+        if fin || rst {
+            return false;
+        }
+        return match dir {
+            Direction::ToBackend => !ack,
+            Direction::ToClient => ack,
+        };
+    }
+    ack || rst
+}
+
+/// `true` when acknowledgment `ack` (or a FIN's sequence number) lies in
+/// the window of the flow's current value `current`: forwards by less than
+/// [`RST_WINDOW`], or equal.
+#[inline(always)]
+pub const fn advances(value: u32, current: u32) -> bool {
+    value.wrapping_sub(current) < RST_WINDOW
+}
+
+/// `true` when a client's ACK acknowledging `ack` proves the handshake of a
+/// flow whose backend's SYN made `server_next_seq` its ISN + 1: it
+/// acknowledges that SYN (and at most [`HANDSHAKE_ACK_WINDOW`] bytes after
+/// it).
+#[inline(always)]
+pub const fn proves_handshake(ack: u32, server_next_seq: u32) -> bool {
+    ack.wrapping_sub(server_next_seq) < HANDSHAKE_ACK_WINDOW
+}
+
+/// `true` when a backend's acknowledgment `ack` answers the flow's SYN:
+/// it acknowledges the client's ISN + 1, or that and some or all of the
+/// data the SYN carried (TCP Fast Open). Valid before the backend's
+/// sequence number is known (see [`start`]).
+#[inline(always)]
+pub const fn answers_syn(entry: &FlowEntry, ack: u32) -> bool {
+    ack.wrapping_sub(entry.client_next_seq) <= entry.server_next_seq
+}
+
+/// `true` when the SYN `seg` on the flow `entry` (not yet answered) is a
+/// retransmission that counts against its backend at `now_ns`: the first
+/// SYN's sequence number, at least [`SYN_RETRANSMIT_MIN_NS`] after it, and
+/// the first such repeat of the flow ([`F_SYN_RETRANSMIT`] clear). A
+/// client's repeated tuples thus speak once per flow, never per frame.
+#[inline(always)]
+pub fn syn_retransmit(entry: &FlowEntry, seg: &Tcp, now_ns: u64) -> bool {
+    seg.is_syn()
+        && entry.state & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED | F_SYN_RETRANSMIT) == 0
+        && seg.seq.wrapping_add(1) == entry.client_next_seq
+        && now_ns.saturating_sub(entry.created_ns) >= SYN_RETRANSMIT_MIN_NS
 }
 
 /// [`in_window`], or one below it when the RST's sender had sent its FIN
@@ -127,8 +236,22 @@ pub struct Step {
     pub rst: Rst,
 }
 
+/// `true` when a segment travelling `dir` on a flow in state `state` (both
+/// directions in view) was a client ACK that did not prove the handshake
+/// the backend's SYN-ACK started ([`proves_handshake`]), given the bits its
+/// step set: counted by the data path; it changed nothing.
+#[inline(always)]
+pub fn unproven_ack(state: u32, dir: Direction, seg: &Tcp, set: u32) -> bool {
+    dir == Direction::ToBackend
+        && seg.flags & (TCP_ACK | TCP_RST) == TCP_ACK
+        && state & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED) == F_SERVER_SEQ_KNOWN
+        && set & F_ESTABLISHED == 0
+}
+
 /// Computes what a segment travelling `dir` does to the flow whose current
-/// fields are `entry` (a snapshot; nothing is written).
+/// fields are `entry` (a snapshot; nothing is written). The segment's flags
+/// must be legal for `dir` ([`legal_flags`]; the data path drops the rest
+/// before tracking).
 #[inline(always)]
 pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
     let state = entry.state;
@@ -139,6 +262,7 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
         rst: Rst::None,
     };
     let mut want = 0;
+    let len = seg.payload_len();
     match dir {
         Direction::ToBackend => {
             if seg.has(TCP_RST) {
@@ -149,14 +273,22 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
                     Rst::OutOfWindow
                 };
             } else {
-                if seg.has(TCP_ACK) {
-                    step.server_next_seq = Some(seg.ack);
-                    want |= F_SERVER_SEQ_KNOWN | F_ESTABLISHED;
+                // Nothing to check a client's ACK against before the
+                // backend's SYN-ACK went by: it changes nothing.
+                if seg.has(TCP_ACK) && state & F_SERVER_SEQ_KNOWN != 0 {
+                    if state & F_ESTABLISHED == 0 {
+                        if proves_handshake(seg.ack, entry.server_next_seq) {
+                            step.server_next_seq = Some(seg.ack);
+                            want |= F_ESTABLISHED;
+                        }
+                    } else if advances(seg.ack, entry.server_next_seq) {
+                        step.server_next_seq = Some(seg.ack);
+                    }
                 }
-                if seg.has(TCP_FIN) {
+                if seg.has(TCP_FIN) && advances(seg.seq.wrapping_add(len), entry.client_next_seq) {
                     want |= F_CLIENT_FIN;
                 }
-                if seg.payload_len() != 0 {
+                if len != 0 {
                     want |= F_DATA;
                 }
             }
@@ -168,23 +300,32 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
                     rst_acceptable(seg.seq, entry.server_next_seq, fin_sent)
                 } else {
                     // Refusing the SYN: RFC 9293 3.10.7.3, the RST must
-                    // acknowledge exactly the SYN.
-                    seg.has(TCP_ACK) && seg.ack == entry.client_next_seq
+                    // acknowledge the SYN (and any data it carried).
+                    seg.has(TCP_ACK) && answers_syn(entry, seg.ack)
                 };
                 step.rst = if ok { Rst::InWindow } else { Rst::OutOfWindow };
             } else {
-                if seg.has(TCP_SYN) && seg.has(TCP_ACK) && state & F_SERVER_SEQ_KNOWN == 0 {
+                let mut known = state & F_SERVER_SEQ_KNOWN != 0;
+                if seg.is_syn_ack() && !known && answers_syn(entry, seg.ack) {
                     step.server_next_seq = Some(seg.seq.wrapping_add(1));
                     want |= F_SERVER_SEQ_KNOWN;
+                    known = true;
                 }
-                if seg.has(TCP_ACK) {
-                    step.client_next_seq = Some(seg.ack);
-                }
-                if seg.has(TCP_FIN) {
-                    want |= F_SERVER_FIN;
-                }
-                if seg.payload_len() != 0 {
-                    want |= F_DATA;
+                // A backend's segment before its SYN-ACK (or one whose ACK
+                // does not answer the SYN) changes nothing.
+                if known {
+                    if seg.has(TCP_ACK) && advances(seg.ack, entry.client_next_seq) {
+                        step.client_next_seq = Some(seg.ack);
+                    }
+                    if seg.has(TCP_FIN) {
+                        let expected = step.server_next_seq.unwrap_or(entry.server_next_seq);
+                        if advances(seg.seq.wrapping_add(len), expected) {
+                            want |= F_SERVER_FIN;
+                        }
+                    }
+                    if len != 0 {
+                        want |= F_DATA | F_SERVED;
+                    }
                 }
             }
         }
@@ -197,9 +338,13 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
 /// client directly (the direct-server-return modes): the balancer sees only
 /// the client's side. `client_next_seq` then holds the next sequence number
 /// the client will send, learned from its own segments (sequence number
-/// plus payload, plus one for a FIN), and an RST is judged against it.
-/// The client's FIN closes the flow ([`verdict_one_sided`]): its final ACK
-/// and retransmissions still reach the backend through the closed entry.
+/// plus payload, plus one for a FIN), and an RST or a FIN is judged against
+/// it; it only moves forward, by at most [`RST_WINDOW`]. The client's first
+/// ACK establishes the flow (nothing here can prove it: the backend's SYN
+/// is not in view); an ACK that moves past the first one says the backend
+/// sent data ([`F_SERVED`]). The client's FIN closes the flow
+/// ([`verdict_one_sided`]): its final ACK and retransmissions still reach
+/// the backend through the closed entry.
 #[inline(always)]
 pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp) -> Step {
     let mut step = Step {
@@ -218,20 +363,26 @@ pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp) -> Step {
     }
     let mut want = 0;
     if seg.has(TCP_ACK) {
-        step.server_next_seq = Some(seg.ack);
-        want |= F_SERVER_SEQ_KNOWN | F_ESTABLISHED;
+        if entry.state & F_SERVER_SEQ_KNOWN == 0 {
+            step.server_next_seq = Some(seg.ack);
+            want |= F_SERVER_SEQ_KNOWN | F_ESTABLISHED;
+        } else if seg.ack != entry.server_next_seq && advances(seg.ack, entry.server_next_seq) {
+            step.server_next_seq = Some(seg.ack);
+            want |= F_SERVED;
+        }
     }
     let len = seg.payload_len();
     if len != 0 {
         want |= F_DATA;
     }
-    let fin = seg.has(TCP_FIN);
-    if fin {
+    let data_end = seg.seq.wrapping_add(len);
+    if seg.has(TCP_FIN) && in_window(data_end, entry.client_next_seq) {
         want |= F_CLIENT_FIN;
     }
-    let next = seg.seq.wrapping_add(len).wrapping_add(fin as u32);
-    // Only forwards: a retransmission does not move it back.
-    if (next.wrapping_sub(entry.client_next_seq) as i32) > 0 {
+    let next = data_end.wrapping_add(seg.has(TCP_FIN) as u32);
+    // Only forwards, and by less than the window: a retransmission does not
+    // move it back, and a blind spoofer's far-off number does not move it.
+    if next != entry.client_next_seq && in_window(next, entry.client_next_seq) {
         step.client_next_seq = Some(next);
     }
     step.set = want & !entry.state;
@@ -272,11 +423,15 @@ pub const fn became(old: u32, set: u32, bit: u32) -> bool {
     old & bit == 0 && set & bit != 0
 }
 
-/// `true` when a flow the backend resets in state `state` counts as a
-/// refused new flow: no data went through it.
+/// `true` when the backend's acceptable RST on a flow in state `state`
+/// (both directions in view) counts as a refused new flow against it: it
+/// answered the SYN (no SYN-ACK before it), or it reset a proven handshake
+/// before any data went through (accept, then reset). Never an RST after an
+/// unproven client ACK: a blind spoofer's ACK provokes exactly that from a
+/// healthy backend.
 #[inline(always)]
-pub const fn refused(state: u32) -> bool {
-    state & F_DATA == 0
+pub const fn refusal(state: u32) -> bool {
+    state & F_SERVER_SEQ_KNOWN == 0 || (state & F_ESTABLISHED != 0 && state & F_DATA == 0)
 }
 
 /// The verdict of a step, given the state word's value just before the
@@ -321,6 +476,9 @@ mod tests {
         let step = track_one_sided(e, s);
         if let Some(v) = step.client_next_seq {
             e.client_next_seq = v;
+        }
+        if let Some(v) = step.server_next_seq {
+            e.server_next_seq = v;
         }
         let old = e.state;
         e.state |= step.set;
@@ -367,6 +525,228 @@ mod tests {
             apply_one_sided(&mut e, &seg(TCP_FIN | TCP_ACK, 1101, 5001)),
             Verdict::Open
         );
+    }
+
+    fn data(flags: u8, seq: u32, ack: u32, len: u32) -> Tcp {
+        let mut d = seg(flags, seq, ack);
+        d.ip_total_len = 40 + len;
+        d.tcp_hlen = 20;
+        d.l3_off = 14;
+        d.l4_off = 34;
+        d
+    }
+
+    #[test]
+    fn illegal_flag_combinations() {
+        use Direction::*;
+        for (flags, dir, ok) in [
+            (TCP_SYN, ToBackend, true),
+            (TCP_SYN | TCP_ACK, ToBackend, false),
+            (TCP_SYN | TCP_FIN, ToBackend, false),
+            (TCP_SYN | TCP_RST, ToBackend, false),
+            (TCP_SYN | TCP_FIN | TCP_ACK, ToClient, false),
+            (TCP_SYN | TCP_ACK, ToClient, true),
+            (TCP_SYN, ToClient, false),
+            (TCP_ACK, ToBackend, true),
+            (TCP_ACK | TCP_FIN, ToBackend, true),
+            (TCP_FIN, ToBackend, false),
+            (TCP_FIN, ToClient, false),
+            (0, ToBackend, false),
+            (0x08 | 0x20, ToBackend, false), // PSH|URG, no ACK
+            (TCP_RST, ToBackend, true),
+            (TCP_RST | TCP_ACK, ToClient, true),
+            (TCP_RST | TCP_FIN, ToBackend, true),
+        ] {
+            assert_eq!(legal_flags(flags, dir), ok, "flags {flags:#x} {dir:?}");
+        }
+    }
+
+    #[test]
+    fn blind_fin_far_off_changes_nothing() {
+        // Both directions in view.
+        let mut e = opened();
+        let before = e;
+        assert_eq!(
+            apply(
+                &mut e,
+                Direction::ToBackend,
+                &seg(TCP_FIN | TCP_ACK, 1001 + (1 << 30), 5001)
+            ),
+            Verdict::Open
+        );
+        assert_eq!(e.state & F_CLIENT_FIN, 0);
+        assert_eq!(e, before);
+        // In the window: the FIN counts.
+        apply(
+            &mut e,
+            Direction::ToBackend,
+            &seg(TCP_FIN | TCP_ACK, 1001 + 100, 5001),
+        );
+        assert_ne!(e.state & F_CLIENT_FIN, 0);
+        // The backend's FIN far off neither.
+        let mut e = opened();
+        apply(
+            &mut e,
+            Direction::ToClient,
+            &seg(TCP_FIN | TCP_ACK, 5001 + (1 << 30), 1001),
+        );
+        assert_eq!(e.state & F_SERVER_FIN, 0);
+        // One-sided: a FIN far past the client's own numbers.
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 5001));
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_FIN | TCP_ACK, 1001 + (1 << 30), 5001)),
+            Verdict::Open
+        );
+        assert_eq!(e.state & F_CLIENT_FIN, 0);
+        assert_eq!(e.client_next_seq, 1001, "a far-off number does not move it");
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_FIN | TCP_ACK, 1001, 5001)),
+            Verdict::ClosedByFin
+        );
+    }
+
+    #[test]
+    fn only_an_ack_of_the_backends_syn_proves_the_handshake() {
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
+        // A client ACK before the SYN-ACK went by: nothing.
+        apply(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 777));
+        assert_eq!(e.state, 0);
+        apply(
+            &mut e,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 5000, 1001),
+        );
+        assert_eq!(e.state, F_SERVER_SEQ_KNOWN);
+        // A forged ACK (any other number): not established, numbers kept.
+        let before = e;
+        apply(
+            &mut e,
+            Direction::ToBackend,
+            &seg(TCP_ACK, 1001, 5001u32.wrapping_add(1 << 30)),
+        );
+        assert_eq!(e, before);
+        // The backend answers it with an RST at the forged number: outside
+        // the window, and no refusal in any case.
+        let mut r = e;
+        assert_eq!(
+            apply(
+                &mut r,
+                Direction::ToClient,
+                &seg(TCP_RST, 5001u32.wrapping_add(1 << 30), 0)
+            ),
+            Verdict::RstOutOfWindow
+        );
+        assert!(!refusal(e.state));
+        // The real ACK proves it.
+        apply(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 5001));
+        assert_ne!(e.state & F_ESTABLISHED, 0);
+        // Accept, then reset before data: a refusal.
+        assert!(refusal(e.state));
+        // An ACK far ahead of the one acknowledged does not move it.
+        apply(
+            &mut e,
+            Direction::ToBackend,
+            &seg(TCP_ACK, 1001, 5001u32.wrapping_add(1 << 30)),
+        );
+        assert_eq!(e.server_next_seq, 5001);
+        // Nor does a backend's far-off ACK.
+        apply(
+            &mut e,
+            Direction::ToClient,
+            &seg(TCP_ACK, 5001, 1001u32.wrapping_add(1 << 30)),
+        );
+        assert_eq!(e.client_next_seq, 1001);
+        // A SYN-ACK that does not acknowledge the SYN is no SYN-ACK.
+        let mut f = FlowEntry::default();
+        start(&mut f, &seg(TCP_SYN, 1000, 0), 1);
+        apply(
+            &mut f,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 5000, 4242),
+        );
+        assert_eq!(f.state, 0);
+    }
+
+    #[test]
+    fn a_refusal_of_a_syn_with_data_acknowledges_the_data() {
+        let mut e = FlowEntry::default();
+        start(&mut e, &data(TCP_SYN, 1000, 0, 100), 1);
+        let mut r = e;
+        assert_eq!(
+            apply(
+                &mut r,
+                Direction::ToClient,
+                &seg(TCP_RST | TCP_ACK, 0, 1101)
+            ),
+            Verdict::ClosedByRst
+        );
+        assert!(refusal(e.state));
+        let mut r = e;
+        assert_eq!(
+            apply(
+                &mut r,
+                Direction::ToClient,
+                &seg(TCP_RST | TCP_ACK, 0, 1001)
+            ),
+            Verdict::ClosedByRst,
+            "the data not taken"
+        );
+        let mut r = e;
+        assert_eq!(
+            apply(
+                &mut r,
+                Direction::ToClient,
+                &seg(TCP_RST | TCP_ACK, 0, 1102)
+            ),
+            Verdict::RstOutOfWindow
+        );
+        // A SYN-ACK acknowledging the data is a SYN-ACK.
+        apply(
+            &mut e,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 5000, 1101),
+        );
+        assert_ne!(e.state & F_SERVER_SEQ_KNOWN, 0);
+        assert_eq!(e.client_next_seq, 1101);
+    }
+
+    #[test]
+    fn a_syn_retransmission_counts_once_with_the_first_isn_after_a_timer() {
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 1000, 0), 0);
+        let t = SYN_RETRANSMIT_MIN_NS;
+        assert!(
+            !syn_retransmit(&e, &seg(TCP_SYN, 1000, 0), t - 1),
+            "too soon"
+        );
+        assert!(syn_retransmit(&e, &seg(TCP_SYN, 1000, 0), t));
+        assert!(
+            !syn_retransmit(&e, &seg(TCP_SYN, 5555, 0), t),
+            "another ISN: another connection attempt, not a retransmission"
+        );
+        e.state |= F_SYN_RETRANSMIT;
+        assert!(!syn_retransmit(&e, &seg(TCP_SYN, 1000, 0), 2 * t), "once");
+        let mut a = FlowEntry::default();
+        start(&mut a, &seg(TCP_SYN, 1000, 0), 0);
+        a.state |= F_SERVER_SEQ_KNOWN;
+        assert!(!syn_retransmit(&a, &seg(TCP_SYN, 1000, 0), t), "answered");
+    }
+
+    #[test]
+    fn one_sided_acks_move_forward_and_say_when_the_backend_served() {
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 5001));
+        assert_eq!(e.state & F_SERVED, 0);
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 5001u32.wrapping_add(1 << 30)));
+        assert_eq!(e.server_next_seq, 5001);
+        assert_eq!(e.state & F_SERVED, 0);
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 6001));
+        assert_eq!(e.server_next_seq, 6001);
+        assert_ne!(e.state & F_SERVED, 0);
     }
 
     fn seg(flags: u8, seq: u32, ack: u32) -> Tcp {

@@ -170,7 +170,9 @@ pub fn parse_too_big6<F: Frame + ?Sized>(f: &F, l3_off: usize, icmp_off: usize) 
         client_addr,
         client_port: u16::from_ne_bytes([ports[2], ports[3]]),
     };
-    if !fits(f, l3_off, total_len, inner_l4_off) {
+    // An IPv4-mapped address quoted in an IPv6 packet would name an
+    // IPv4 flow (`parse::mapped_on_the_wire`).
+    if !fits(f, l3_off, total_len, inner_l4_off) || t.vip_addr.is_v4() || t.client_addr.is_v4() {
         return None;
     }
     Some(t)

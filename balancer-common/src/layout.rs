@@ -14,7 +14,7 @@ use crate::{
     map_names,
     plan::{Dest, Encap, ForwardPlan, HopCache, Nat, ResetPlan, Rewrite, SegInfo},
     programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    FlowEntry, FlowKey, GlobalStats, Orphan, TrafficStats, VipAddr, VipInfo, VipKey,
+    FlowEntry, FlowKey, GlobalStats, Orphan, ServerFails, TrafficStats, VipAddr, VipInfo, VipKey,
 };
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -90,6 +90,7 @@ const fn fingerprint() -> u64 {
             list: u32,
             flags: u32,
             eject_after: u32,
+            eject_min_sources: u32,
             persistence_s: u32,
             persistence_mask: Addr
         }
@@ -211,6 +212,8 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, crate::flow::F_SERVER_SEQ_KNOWN as usize);
     h = mix_usize(h, crate::flow::F_ESTABLISHED as usize);
     h = mix_usize(h, crate::flow::F_DATA as usize);
+    h = mix_usize(h, crate::flow::F_SERVED as usize);
+    h = mix_usize(h, crate::flow::F_SYN_RETRANSMIT as usize);
     h = mix_usize(h, crate::flow_kind::CLOSED as usize);
     h = mix_usize(h, crate::BACKEND_F_IN_USE as usize);
     h = mix_usize(h, crate::BACKEND_F_SHARED as usize);
@@ -232,7 +235,14 @@ const fn fingerprint() -> u64 {
     h = map!(h, map_names::SERVER_CONNS, u32, u64);
     h = map!(h, map_names::SERVER_CONN_ADJUST, u32, u64);
     h = map!(h, map_names::PEER_CONNS, u32, u64);
-    h = map!(h, map_names::SERVER_FAILS, u32, u64);
+    h = layout!(
+        h,
+        ServerFails {
+            streak: u64,
+            sources: u64
+        }
+    );
+    h = map!(h, map_names::SERVER_FAILS, u32, ServerFails);
     h = map!(h, map_names::FLOWS, FlowKey, FlowEntry);
     h = map!(h, map_names::HALF_OPEN, FlowKey, FlowEntry);
     h = map!(h, map_names::ORPHANS, FlowKey, Orphan);

@@ -167,6 +167,13 @@ pub mod map_names {
     /// (LRU hash), the backend a client address (masked) of a VIP with
     /// persistence was last placed on.
     pub const AFFINITY: &str = "AFFINITY";
+    /// Sources no client of a VIP can have, with their class
+    /// ([`crate::martian_class`]): the special-purpose prefixes of
+    /// [`crate::MARTIAN_PREFIXES`], the balancer host's own addresses and
+    /// the VIPs' (LPM trie: prefix length of the 16-byte [`crate::Addr`]
+    /// form and the address -> `u32` class), written by the daemon. A SYN
+    /// from one is dropped and counted under its class.
+    pub const MARTIAN_SOURCES: &str = "MARTIAN_SOURCES";
     /// The decapsulation program's settings: one [`crate::DecapConfig`]
     /// (array of one).
     pub const DECAP_CONFIG: &str = "DECAP_CONFIG";
@@ -174,6 +181,55 @@ pub mod map_names {
     /// `DECAP_STAT_*` (per-CPU array).
     pub const DECAP_STATS: &str = "DECAP_STATS";
 }
+
+/// Classes of the `MARTIAN_SOURCES` trie: why no client has such a source.
+pub mod martian_class {
+    /// `0.0.0.0/8` or `::`.
+    pub const UNSPECIFIED: u32 = 1;
+    /// `127.0.0.0/8` or `::1`.
+    pub const LOOPBACK: u32 = 2;
+    /// `224.0.0.0/4` or `ff00::/8`.
+    pub const MULTICAST: u32 = 3;
+    /// `255.255.255.255`.
+    pub const BROADCAST: u32 = 4;
+    /// An address of the balancer host.
+    pub const LOCAL: u32 = 5;
+    /// The address of a VIP.
+    pub const VIP: u32 = 6;
+}
+
+/// Entries of `MARTIAN_SOURCES`.
+pub const MARTIAN_SOURCES_LEN: u32 = 1024;
+
+/// The special-purpose source prefixes (RFC 6890; RFC 1122 section
+/// 3.2.1.3) the daemon writes into `MARTIAN_SOURCES`: (base address,
+/// prefix length in the 16-byte form (96 + n for an IPv4 /n), class). The
+/// same classes as [`Addr::martian_source`].
+pub const MARTIAN_PREFIXES: [(Addr, u32, u32); 7] = [
+    (Addr::v4(0), 96 + 8, martian_class::UNSPECIFIED),
+    (
+        Addr::v4(u32::from_ne_bytes([127, 0, 0, 0])),
+        96 + 8,
+        martian_class::LOOPBACK,
+    ),
+    (
+        Addr::v4(u32::from_ne_bytes([224, 0, 0, 0])),
+        96 + 4,
+        martian_class::MULTICAST,
+    ),
+    (Addr::v4(u32::MAX), 128, martian_class::BROADCAST),
+    (Addr::ZERO, 128, martian_class::UNSPECIFIED),
+    (
+        Addr([0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])]),
+        128,
+        martian_class::LOOPBACK,
+    ),
+    (
+        Addr([u32::from_ne_bytes([0xff, 0, 0, 0]), 0, 0, 0]),
+        8,
+        martian_class::MULTICAST,
+    ),
+];
 
 /// Settings of the backends' decapsulation program.
 #[repr(C)]
@@ -257,10 +313,15 @@ pub struct VipInfo {
     pub list: u32,
     /// `VIP_F_*` flags.
     pub flags: u32,
-    /// A candidate whose server has refused this many new flows in a row
-    /// (`SERVER_FAILS`) is skipped: passive failure detection in the data
-    /// path. 0: never skipped.
+    /// A candidate whose server has failed this many new flows in a row
+    /// (`SERVER_FAILS`), from at least [`VipInfo::eject_min_sources`]
+    /// client prefixes, ranks below every candidate that has not: passive
+    /// failure detection in the data path ([`ServerFails::failing`]). 0:
+    /// never.
     pub eject_after: u32,
+    /// Distinct client prefixes ([`source_bucket`]) the failures of a
+    /// streak must come from before it counts (1: any one client).
+    pub eject_min_sources: u32,
     /// Session affinity (persistence), seconds: a new connection from a
     /// client address seen within this time goes to the backend its last
     /// connection got, while that backend is eligible. 0: off.
@@ -653,11 +714,42 @@ pub enum Counter {
     /// new connection on a reused client port (or a forged sync), so the
     /// synced entry is dropped and the SYN placed by the choice rule.
     SyncedSuperseded,
+    /// Segments to a VIP or from a backend whose TCP flags are an illegal
+    /// combination (`flow::legal_flags`: SYN with FIN or RST, a FIN without
+    /// ACK, no flag, ...): dropped, no state changed.
+    DropIllegalFlags,
+    /// IPv6 frames with an IPv4-mapped source or destination
+    /// (`::ffff:0:0/96`, never on the wire): dropped, never looked up as
+    /// IPv4.
+    DropMappedV6,
+    /// SYNs to a VIP from an unspecified source (`0.0.0.0/8`, `::`):
+    /// dropped, not placed.
+    DropMartianUnspecified,
+    /// SYNs to a VIP from a loopback source: dropped.
+    DropMartianLoopback,
+    /// SYNs to a VIP from a multicast source: dropped.
+    DropMartianMulticast,
+    /// SYNs to a VIP from the limited broadcast address: dropped.
+    DropMartianBroadcast,
+    /// SYNs to a VIP from one of the balancer host's own addresses
+    /// (`LOCAL_ADDRS`): dropped.
+    DropMartianLocal,
+    /// SYNs to a VIP from a VIP address (the same one included): dropped.
+    DropMartianVip,
+    /// Client ACKs on a half-open flow that did not acknowledge the
+    /// backend's SYN (both directions in view): forwarded to the backend,
+    /// which answers them, but the flow stays unproven (not established, not
+    /// promoted, its numbers unchanged).
+    AckUnproven,
+    /// Client packets without DF too big for the way to their backend: as
+    /// with DF, answered with an ICMP "fragmentation needed" (an XDP
+    /// program cannot fragment), and counted here as well.
+    TooBigDfClear,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::SyncedSuperseded;
+    pub const LAST: Counter = Counter::TooBigDfClear;
 }
 
 /// Number of entries of the `STATS` array.
@@ -711,6 +803,16 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "pass_ipv6_ext",
     "flows_adopted",
     "synced_superseded",
+    "drop_illegal_flags",
+    "drop_mapped_v6",
+    "drop_martian_unspecified",
+    "drop_martian_loopback",
+    "drop_martian_multicast",
+    "drop_martian_broadcast",
+    "drop_martian_local",
+    "drop_martian_vip",
+    "ack_unproven",
+    "too_big_df_clear",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].
@@ -863,6 +965,75 @@ impl HostVips {
     }
 }
 
+/// Value of `SERVER_FAILS`: a server's passive failure evidence, written by
+/// the data path with atomic operations (the streak by an add, the sources
+/// by an OR) and cleared by it when the server serves a flow, and by the
+/// daemon when an ejection ends.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ServerFails {
+    /// New flows failed in a row: refused (an RST answering the SYN, or a
+    /// proven handshake reset before data) or their SYN retransmitted
+    /// unanswered (once per flow).
+    pub streak: u64,
+    /// The client prefixes those failures came from: bit
+    /// [`source_bucket`] of each failing flow's client.
+    pub sources: u64,
+}
+
+impl ServerFails {
+    /// How many distinct client prefixes (buckets) the streak's failures
+    /// came from.
+    #[inline(always)]
+    pub const fn distinct_sources(&self) -> u32 {
+        popcount64(self.sources)
+    }
+
+    /// `true` when the evidence reaches a VIP's thresholds: a streak of
+    /// `eject_after` (0: never) from at least `min_sources` client
+    /// prefixes. One client, however many tuples it forges, is one prefix.
+    #[inline(always)]
+    pub const fn failing(&self, eject_after: u32, min_sources: u32) -> bool {
+        eject_after != 0
+            && self.streak >= eject_after as u64
+            && self.distinct_sources() >= min_sources
+    }
+}
+
+/// Ones in `x` (SWAR: the BPF instruction set has no population count).
+#[inline(always)]
+pub const fn popcount64(x: u64) -> u32 {
+    let x = x - ((x >> 1) & 0x5555_5555_5555_5555);
+    let x = (x & 0x3333_3333_3333_3333) + ((x >> 2) & 0x3333_3333_3333_3333);
+    let x = (x + (x >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    (x.wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32
+}
+
+/// Prefix length that makes one "source" of failure evidence for an IPv4
+/// client: a /24, the longest prefix routed between networks.
+pub const SOURCE_PREFIX_V4: u8 = 24;
+/// The same for IPv6: a /48, a site's usual assignment (RFC 6177).
+pub const SOURCE_PREFIX_V6: u8 = 48;
+
+/// The bit (0..64) of [`ServerFails::sources`] that client `addr`'s prefix
+/// ([`SOURCE_PREFIX_V4`], [`SOURCE_PREFIX_V6`]) sets: a multiplicative
+/// hash of the masked address (Knuth, TAOCP vol. 3, 6.4). Two prefixes may
+/// share a bit; the count of distinct sources is then one short.
+#[inline(always)]
+pub fn source_bucket(addr: &Addr) -> u32 {
+    // Scalars only: the data path calls this with little stack to spare.
+    let h = if addr.is_v4() {
+        // The first three wire bytes (SOURCE_PREFIX_V4).
+        let b = addr.0[3].to_ne_bytes();
+        u32::from_ne_bytes([b[0], b[1], b[2], 0])
+    } else {
+        // The first six wire bytes (SOURCE_PREFIX_V6).
+        let b = addr.0[1].to_ne_bytes();
+        addr.0[0] ^ u32::from_ne_bytes([b[0], b[1], 0, 0]).rotate_left(8)
+    };
+    h.wrapping_mul(0x9E37_79B1) >> 26
+}
+
 /// Data-path settings, index 0 of the `SETTINGS` array.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -882,7 +1053,8 @@ pub const SETTINGS_F_NO_CHOICE_TELEMETRY: u64 = 1;
 const _: () = {
     assert!(core::mem::size_of::<Addr>() == 16);
     assert!(core::mem::size_of::<VipKey>() == 20);
-    assert!(core::mem::size_of::<VipInfo>() == 44);
+    assert!(core::mem::size_of::<VipInfo>() == 48);
+    assert!(core::mem::size_of::<ServerFails>() == 16);
     assert!(core::mem::size_of::<Backend>() == 56);
     assert!(core::mem::size_of::<FlowKey>() == 40);
     assert!(core::mem::size_of::<AffinityKey>() == 20);
@@ -941,6 +1113,7 @@ mod pod {
         AffinityKey,
         AffinityEntry,
         DecapConfig,
+        ServerFails,
         Addr,
         crate::plan::ForwardPlan,
         crate::plan::ResetPlan,
@@ -957,5 +1130,85 @@ mod affinity_tests {
         assert!(!affinity_fresh(0, 5_000_000_001, 5));
         // A last-seen time ahead of now (another CPU's clock read) is fresh.
         assert!(affinity_fresh(10, 5, 1));
+    }
+}
+
+#[cfg(test)]
+mod evidence_tests {
+    use super::*;
+
+    #[test]
+    fn popcount_and_failing_need_enough_distinct_sources() {
+        assert_eq!(popcount64(0), 0);
+        assert_eq!(popcount64(u64::MAX), 64);
+        assert_eq!(popcount64(0x8000_0000_0000_0001), 2);
+        let one = |o: [u8; 4]| Addr::v4(u32::from_ne_bytes(o));
+        // One /24, many hosts and ports: one source.
+        let a = source_bucket(&one([10, 0, 1, 2]));
+        assert_eq!(a, source_bucket(&one([10, 0, 1, 200])));
+        assert!(a < 64);
+        let mut f = ServerFails::default();
+        for _ in 0..50 {
+            f.streak += 1;
+            f.sources |= 1 << source_bucket(&one([10, 0, 1, 2]));
+        }
+        assert!(!f.failing(5, 3), "one prefix never ejects");
+        assert!(f.failing(5, 1), "the control: one source allowed");
+        // Three prefixes whose buckets differ.
+        let mut seen = 0u64;
+        let mut n = 0;
+        for third in 2..=255u8 {
+            let b = source_bucket(&one([10, 0, third, 2]));
+            if seen & (1 << b) == 0 {
+                seen |= 1 << b;
+                n += 1;
+            }
+            if n == 3 {
+                break;
+            }
+        }
+        f.sources = seen;
+        assert!(f.failing(5, 3));
+        assert!(!f.failing(0, 1), "eject_after 0: never");
+        // IPv6: one /48, any subnet.
+        let v6 = |b5: u8, b15: u8| {
+            Addr::from_v6_bytes(&[0x20, 1, 0xd, 0xb8, 0, 1, b5, 0, 0, 0, 0, 0, 0, 0, 0, b15])
+        };
+        assert_eq!(source_bucket(&v6(1, 1)), source_bucket(&v6(9, 7)));
+    }
+
+    #[test]
+    fn the_martian_prefixes_say_what_martian_source_says() {
+        use crate::addr::Martian;
+        let class = |m: Martian| match m {
+            Martian::Unspecified => martian_class::UNSPECIFIED,
+            Martian::Loopback => martian_class::LOOPBACK,
+            Martian::Multicast => martian_class::MULTICAST,
+            Martian::Broadcast => martian_class::BROADCAST,
+        };
+        // The first and last address of every prefix.
+        for (base, len, c) in MARTIAN_PREFIXES {
+            let mask = Addr::netmask(false, len as u8);
+            let last = Addr([
+                base.0[0] | !mask.0[0],
+                base.0[1] | !mask.0[1],
+                base.0[2] | !mask.0[2],
+                base.0[3] | !mask.0[3],
+            ]);
+            for a in [base, last] {
+                assert_eq!(a.martian_source().map(class), Some(c), "{a:?}");
+            }
+        }
+        // Just outside.
+        let v4 = |o: [u8; 4]| Addr::v4(u32::from_ne_bytes(o));
+        for a in [
+            v4([1, 0, 0, 0]),
+            v4([126, 255, 255, 255]),
+            v4([128, 0, 0, 0]),
+        ] {
+            assert_eq!(a.martian_source(), None, "{a:?}");
+        }
+        assert_eq!(v4([223, 255, 255, 255]).martian_source(), None);
+        assert_eq!(v4([240, 0, 0, 0]).martian_source(), None);
     }
 }

@@ -303,6 +303,16 @@ pub enum Parsed {
     Malformed,
 }
 
+/// `true` when an IPv6 packet (`v6`) carries an IPv4-mapped source or
+/// destination (`::ffff:0:0/96`), which RFC 4291 section 2.5.5.2 keeps off
+/// the wire (RFC 4038 section 4.2): in the balancer's one address form it
+/// would alias an IPv4 flow or VIP, so the data path never looks it up
+/// (it drops it, counted).
+#[inline(always)]
+pub const fn mapped_on_the_wire(v6: bool, src: &Addr, dst: &Addr) -> bool {
+    v6 && (src.is_v4() || dst.is_v4())
+}
+
 #[inline(always)]
 fn be16(b: [u8; 2]) -> u16 {
     u16::from_be_bytes(b)
@@ -752,6 +762,34 @@ mod tests {
         let mut none = syn6(&[]);
         none[20] = 59;
         assert_eq!(parse(&none[..]), Parsed::OtherIp);
+    }
+
+    #[test]
+    fn ipv6_with_an_ipv4_mapped_address_is_never_ipv4() {
+        let f = syn6(&[]);
+        let Parsed::Tcp(t) = parse(&f[..]) else {
+            panic!("TCP");
+        };
+        assert!(
+            !mapped_on_the_wire(t.v6, &t.src_addr, &t.dst_addr),
+            "the control"
+        );
+        for off in [IPV6_SRC_OFF, IPV6_DST_OFF] {
+            let mut m = f.clone();
+            let a = 14 + off;
+            m[a..a + 10].fill(0);
+            m[a + 10] = 0xff;
+            m[a + 11] = 0xff;
+            m[a + 12..a + 16].copy_from_slice(&[10, 0, 0, 10]);
+            let Parsed::Tcp(t) = parse(&m[..]) else {
+                panic!("still TCP");
+            };
+            assert!(mapped_on_the_wire(t.v6, &t.src_addr, &t.dst_addr));
+            assert!(
+                t.src_addr.is_v4() || t.dst_addr.is_v4(),
+                "it would alias IPv4"
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use balancer_common::{
 };
 
 use crate::{
-    maps::{AFFINITY, BACKENDS, SERVER_FAILS},
+    maps::{AFFINITY, BACKENDS},
     stats::count,
 };
 
@@ -54,10 +54,7 @@ pub fn lookup(vip: &VipInfo, client_addr: &Addr, now: u64) -> Affinity {
         b.generation == e.backend_generation
             && b.flags & (BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE)
                 == BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE
-            && (vip.eject_after == 0
-                || SERVER_FAILS
-                    .get(b.server)
-                    .is_none_or(|f| *f < vip.eject_after as u64))
+            && !crate::choose::server_failing(b.server, vip.eject_after, vip.eject_min_sources)
     });
     match usable {
         Some(b) => {

@@ -15,6 +15,26 @@ pub fn add(map: &Array<u64>, index: u32, v: u64) {
     }
 }
 
+/// Atomically adds `v` to the `u64` at `p` (BPF_ATOMIC BPF_ADD).
+///
+/// # Safety
+/// `p` points to a `u64` inside a map value.
+#[inline(always)]
+pub unsafe fn add_at(p: *mut u64, v: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { core::intrinsics::atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) };
+}
+
+/// Atomically ORs `v` into the `u64` at `p` (BPF_ATOMIC BPF_OR).
+///
+/// # Safety
+/// `p` points to a `u64` inside a map value.
+#[inline(always)]
+pub unsafe fn or_at(p: *mut u64, v: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { core::intrinsics::atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) };
+}
+
 /// Atomically sets `bits` in a flow entry's state word and returns the
 /// word's previous value (BPF_ATOMIC BPF_OR | BPF_FETCH on the 64-bit word
 /// holding `vip_index` and `state`, see `FlowEntry::STATE_WORD_OFFSET`;

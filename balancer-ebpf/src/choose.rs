@@ -91,23 +91,28 @@ struct ChooseCtx {
     vip_index: u32,
     /// 1 when the choice telemetry is recorded.
     telemetry: u32,
-    _pad: u32,
+    /// `VipInfo::eject_min_sources`.
+    min_sources: u32,
 }
 
-/// Active connections (server-wide) and weight of the backend in
-/// `VIP_BACKENDS[list_index]`; `None` for the excluded slot and for a
-/// server that has failed `eject_after` new flows in a row.
+/// Active connections (server-wide), weight and failing flag of the
+/// backend in `VIP_BACKENDS[list_index]`; `None` for the excluded slot. A
+/// server whose failure evidence reaches the VIP's thresholds
+/// (`ServerFails::failing`) is still a candidate, ranked below every one
+/// that is not (`Chooser::offer_ranked`): forged evidence against every
+/// backend then changes nothing, and a SYN is never dropped while the
+/// eligible list holds a backend.
 #[inline(always)]
-fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32)> {
+fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32, bool)> {
     let slot = *VIP_BACKENDS.get(list_index)?;
     if slot == c.exclude {
         return None;
     }
     let b = BACKENDS.get(slot)?;
     let (server, weight) = (b.server, b.weight);
-    if c.eject_after != 0 && *SERVER_FAILS.get(server)? >= c.eject_after as u64 {
+    let failing = server_failing(server, c.eject_after, c.min_sources);
+    if failing {
         count(Counter::SkippedFailing, 1);
-        return None;
     }
     let conns = *SERVER_CONNS.get(server)?;
     let adjust = *SERVER_CONN_ADJUST.get(server)?;
@@ -117,7 +122,19 @@ fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32)> {
     Some((
         choice::active_connections(conns, adjust).saturating_add(peers),
         weight,
+        failing,
     ))
+}
+
+/// `true` when `server`'s failure evidence reaches a VIP's thresholds
+/// (`ServerFails::failing`). Not inlined: the new-flow stage's stack has
+/// no room for the evidence's arithmetic.
+#[inline(never)]
+pub fn server_failing(server: u32, eject_after: u32, min_sources: u32) -> bool {
+    eject_after != 0
+        && SERVER_FAILS
+            .get(server)
+            .is_some_and(|f| f.failing(eject_after, min_sources))
 }
 
 /// One step of the choice rule, called by `bpf_loop` (kernel 5.17+), so the
@@ -133,11 +150,11 @@ extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
     let chooser = unsafe { &mut *p };
     let mut rand = random;
     let i = chooser.candidate(step as u32, &mut rand);
-    if let Some((l, w)) = load_of(c, c.list_base + i) {
+    if let Some((l, w, failing)) = load_of(c, c.list_base + i) {
         if c.telemetry != 0 {
             bump(c.vip_index, hist::CANDIDATE, l);
         }
-        chooser.offer(i, l, w, &mut rand);
+        chooser.offer_ranked(i, l, w, failing, &mut rand);
     }
     0
 }
@@ -189,7 +206,7 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(&'static Backend, u32)> {
         eject_after: vip.eject_after,
         vip_index: vip.index,
         telemetry: telemetry as u32,
-        _pad: 0,
+        min_sources: vip.eject_min_sources,
     };
 
     // SAFETY: callback is a static function; the context pointer is a stack
@@ -235,6 +252,9 @@ pub fn place(
     vip: &VipInfo,
     now: u64,
 ) -> Result<(&'static Backend, u32), Refusal> {
+    if crate::client::martian(&seg.src_addr) {
+        return Err(Refusal::Drop);
+    }
     // SAFETY: the value is only read.
     if let Some(h) = unsafe { BACKEND_HOSTS.get(&seg.src_addr) } {
         if h.has(vip.index) {

@@ -1,12 +1,13 @@
 //! The client side: segments to a VIP, of a pinned flow or new.
 
-use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, maps::lpm_trie::Key, programs::XdpContext};
 use balancer_common::{
     encap::{entropy_port, mode},
     flow::{self, Direction},
-    flow_kind,
+    flow_kind, martian_class,
     parse::{self, Frame, Parsed, Tcp, TCP_RST},
-    programs, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP, VIP_F_REMOVED,
+    programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
+    VIP_F_REMOVED,
 };
 
 use crate::{
@@ -15,7 +16,10 @@ use crate::{
     forward::{Dest, HopCache, Next},
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
-    maps::{BACKEND_CONNS, BACKEND_STATS, FLOWS, ORPHANS, SERVER_CONNS, STAGES, VIPS, VIP_STATS},
+    maps::{
+        BACKEND_CONNS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS, SERVER_CONNS, STAGES, VIPS,
+        VIP_STATS,
+    },
     rewrite::{encap::Encap, nat::Nat, Rewrite},
     stats::{count, traffic, Failure},
     track,
@@ -43,9 +47,9 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
             count(Counter::FlowsAdopted, 1);
         }
     }
-    if seg.is_syn() && entry.state & flow::F_SERVER_SEQ_KNOWN == 0 {
-        // The client retransmits its SYN: the backend has not answered.
-        track::failed(slot, &b, Failure::SynRetransmit);
+    if flow::syn_retransmit(entry, seg, now) {
+        // SAFETY: `e` points to the flow-table value of `key`.
+        unsafe { syn_retransmitted(e, &key.src_addr, b, slot) };
     }
     // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
     let event = unsafe {
@@ -63,6 +67,21 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
     };
     event.log(key);
     to_backend(frame, seg, &b, slot, vip_index, false, now)
+}
+
+/// The client retransmitted the SYN of the flow at `e` (client `client`,
+/// on backend `b` in `slot`): the backend has not answered. Counted once
+/// per flow, by the CPU whose OR set `F_SYN_RETRANSMIT`. Not inlined: the
+/// entry program's stack has nothing to spare for it.
+///
+/// # Safety
+/// `e` points to a flow-table value.
+#[inline(never)]
+unsafe fn syn_retransmitted(e: *mut FlowEntry, client: &Addr, b: &Backend, slot: u32) {
+    // SAFETY: the caller's contract.
+    if unsafe { atomic::fetch_or_state(e, flow::F_SYN_RETRANSMIT) } & flow::F_SYN_RETRANSMIT == 0 {
+        track::failed(slot, b, Failure::SynRetransmit, client);
+    }
 }
 
 /// `true` for a peer's synced flow that no segment has brought here yet.
@@ -165,6 +184,30 @@ pub fn new_flow(ctx: &XdpContext) -> u32 {
         Err(Refusal::Drop) => xdp_action::XDP_DROP,
         Err(Refusal::Reset) => Next::Reset.finish(ctx),
     }
+}
+
+/// `true` (counted under its class) when a SYN's source is one no real
+/// client can have: a special-purpose prefix, an address of the balancer
+/// host or a VIP's (the `MARTIAN_SOURCES` trie the daemon writes; one
+/// lookup, made for SYNs only). Each arm counts its own constant counter:
+/// an index computed from the class would be unbounded for the verifier.
+/// (The classes computed here by comparisons instead, in any stage or
+/// function, made Linux 6.18's verifier fail its precision backtracking:
+/// "verifier bug: stack slot ..., total slots ...".)
+#[inline(always)]
+pub fn martian(src: &Addr) -> bool {
+    let Some(class) = MARTIAN_SOURCES.get(Key::new(128, *src)).copied() else {
+        return false;
+    };
+    match class {
+        martian_class::UNSPECIFIED => count(Counter::DropMartianUnspecified, 1),
+        martian_class::LOOPBACK => count(Counter::DropMartianLoopback, 1),
+        martian_class::MULTICAST => count(Counter::DropMartianMulticast, 1),
+        martian_class::BROADCAST => count(Counter::DropMartianBroadcast, 1),
+        martian_class::LOCAL => count(Counter::DropMartianLocal, 1),
+        _ => count(Counter::DropMartianVip, 1),
+    }
+    true
 }
 
 /// Counts and forwards a client segment to its backend, by the backend's

@@ -342,9 +342,11 @@ fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp, rw: &Rewrite) -> u32 
 /// untouched, which answers the backend with an ICMP "fragmentation
 /// needed" (ICMPv6 "packet too big") quoting its own packet; a client's
 /// packet is answered by the too-big stage with one quoting the client's
-/// packet, for the MTU less what the mode adds.
-/// Without DF (no discovery to serve), or when neither applies, the frame
-/// is dropped and counted.
+/// packet, for the MTU less what the mode adds. A client's packet without
+/// DF is answered the same way (counted as `too_big_df_clear` too): an XDP
+/// program cannot fragment it, and a silent drop would stall the
+/// connection. A backend's reply without DF is dropped and counted
+/// (`drop_mtu`).
 #[inline(always)]
 fn too_big(
     ctx: &XdpContext,
@@ -359,7 +361,12 @@ fn too_big(
         || frame
             .read::<1>(seg.l3_off + 6)
             .is_some_and(|b| b[0] & 0x40 != 0);
-    if df {
+    // A client's packet without DF is answered as with DF (an XDP program
+    // cannot fragment; the sender learns the MTU that fits), and counted.
+    if !df && cache.per_slot != 0 {
+        count(Counter::TooBigDfClear, 1);
+    }
+    if df || cache.per_slot != 0 {
         if cache.per_slot == 0 && rw.kind == kind::NAT {
             count(Counter::PassFragNeeded, 1);
             return xdp_action::XDP_PASS;

@@ -64,6 +64,7 @@ mod track;
 mod entry {
     use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
     use balancer_common::{
+        flow::{self, Direction},
         parse::{self, Frame, Parsed, Tcp},
         programs, Addr, BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
     };
@@ -93,6 +94,9 @@ mod entry {
             Parsed::Tcp(seg) => tcp(&ctx, &frame, &seg),
             Parsed::Fragment { .. } => pass(Counter::PassFragment),
             Parsed::Malformed => pass(Counter::PassMalformed),
+            Parsed::Icmp {
+                dst_addr, v6: true, ..
+            } if dst_addr.is_v4() => drop(Counter::DropMappedV6),
             Parsed::Icmp { dst_addr, .. } => icmp_stage(&ctx, dst_addr),
             Parsed::Ipv6Ext => pass(Counter::PassIpv6Ext),
             Parsed::OtherIp | Parsed::OtherL2 => pass(Counter::PassNotVip),
@@ -173,6 +177,12 @@ mod entry {
     }
 
     #[inline(always)]
+    fn drop(c: Counter) -> u32 {
+        count(c, 1);
+        xdp_action::XDP_DROP
+    }
+
+    #[inline(always)]
     fn pass(c: Counter) -> u32 {
         count(c, 1);
         xdp_action::XDP_PASS
@@ -236,12 +246,23 @@ mod entry {
 
     #[inline(always)]
     fn tcp(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> u32 {
+        if parse::mapped_on_the_wire(seg.v6, &seg.src_addr, &seg.dst_addr) {
+            return drop(Counter::DropMappedV6);
+        }
         let target = classify(seg);
         if let Target::NotOurs = target {
             return pass(Counter::PassNotVip);
         }
         if let Err(action) = guard::admit(ctx, frame, seg) {
             return action;
+        }
+        let dir = match target {
+            Target::FromBackend(_) => Direction::ToClient,
+            _ => Direction::ToBackend,
+        };
+        if !flow::legal_flags(seg.flags, dir) {
+            count(Counter::DropIllegalFlags, 1);
+            return xdp_action::XDP_DROP;
         }
         let next = match target {
             // SAFETY: a pointer from a successful lookup.

@@ -3,14 +3,15 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
 };
 use balancer_common::{
     plan::{ForwardPlan, ResetPlan},
     programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, Settings, TrafficStats, VipInfo,
-    VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN, DEFAULT_AFFINITY_TABLE_SIZE, DEFAULT_FLOW_TABLE_SIZE,
-    DEFAULT_HALF_OPEN_TABLE_SIZE, MAX_VIPS, ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
+    TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN, DEFAULT_AFFINITY_TABLE_SIZE,
+    DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE, MARTIAN_SOURCES_LEN, MAX_VIPS,
+    ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
 
 /// What the entry hands the reply stage (per CPU: the tail call runs on
@@ -63,9 +64,10 @@ pub static PEER_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
 /// The daemon's corrections to [`SERVER_CONNS`].
 #[map]
 pub static SERVER_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
-/// New flows refused in a row per server (passive failure detection).
+/// Failure evidence per server (passive failure detection): new flows
+/// failed in a row and the client prefixes they came from.
 #[map]
-pub static SERVER_FAILS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
+pub static SERVER_FAILS: Array<ServerFails> = Array::with_max_entries(BACKEND_SLOTS, 0);
 /// Choice counts per VIP, per CPU.
 #[map]
 pub static CHOICE_STATS: PerCpuArray<ChoiceCounts> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
@@ -117,6 +119,9 @@ pub static LAYOUT: Array<u64> = Array::with_max_entries(1, 0);
 /// MAC address of each interface the program acts on, by ifindex.
 #[map]
 pub static LOCAL_MACS: HashMap<u32, LocalMac> = HashMap::with_max_entries(256, 0);
+/// Sources no client has, with their class (`martian_class`).
+#[map]
+pub static MARTIAN_SOURCES: LpmTrie<Addr, u32> = LpmTrie::with_max_entries(MARTIAN_SOURCES_LEN, 0);
 /// Global counters, per CPU.
 #[map]
 pub static STATS: PerCpuArray<GlobalStats> = PerCpuArray::with_max_entries(1, 0);

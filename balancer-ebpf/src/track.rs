@@ -8,7 +8,7 @@ use balancer_common::{
     flow::{self, Direction, Verdict},
     flow_kind,
     parse::Tcp,
-    Addr, Backend, Counter, FlowEntry, FlowKey,
+    source_bucket, Addr, Backend, Counter, FlowEntry, FlowKey,
 };
 
 use aya_ebpf::bindings::BPF_NOEXIST;
@@ -59,6 +59,9 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
     } else {
         flow::track(&snapshot, dir, seg)
     };
+    if !one_sided && flow::unproven_ack(snapshot.state, dir, seg, step.set) {
+        count(Counter::AckUnproven, 1);
+    }
     let stamp = table == Table::Established || dir == Direction::ToBackend;
     unsafe {
         if stamp {
@@ -76,7 +79,7 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
     } else {
         snapshot.state
     };
-    if flow::became(old, step.set, flow::F_DATA) {
+    if flow::became(old, step.set, flow::F_SERVED) {
         served(b);
     }
     let verdict = if one_sided {
@@ -99,9 +102,8 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
         }
         v @ (Verdict::ClosedByFin | Verdict::ClosedByRst) => {
             // A reset from the backend before any data: it refused the flow.
-            let refused = v == Verdict::ClosedByRst
-                && dir == Direction::ToClient
-                && flow::refused(old | step.set);
+            let refused =
+                v == Verdict::ClosedByRst && dir == Direction::ToClient && flow::refusal(old);
             // SAFETY: the entry stays valid until `close` deletes it.
             close(key, table, unsafe { &*e }, b, v, refused);
             return Event::NONE;
@@ -170,21 +172,31 @@ fn promote(key: &FlowKey, e: *mut FlowEntry) {
 #[inline(always)]
 fn served(b: &Backend) {
     if let Some(p) = SERVER_FAILS.get_ptr_mut(b.server) {
-        // SAFETY: a map value; a plain store (a concurrent failure counted
+        // SAFETY: a map value; plain stores (a concurrent failure counted
         // meanwhile is lost, which only delays an ejection by one).
         unsafe {
-            if *p != 0 {
-                *p = 0;
+            if (*p).streak != 0 || (*p).sources != 0 {
+                (*p).streak = 0;
+                (*p).sources = 0;
             }
         }
     }
 }
 
-/// A new flow on backend `slot` (server of `b`) failed.
+/// A new flow of client `client` on backend `slot` (server of `b`)
+/// failed: one more in the server's streak, and the client's prefix among
+/// its sources (`balancer_common::source_bucket`).
 #[inline(always)]
-pub fn failed(slot: u32, b: &Backend, f: Failure) {
+pub fn failed(slot: u32, b: &Backend, f: Failure, client: &Addr) {
     backend_failure(slot, f);
-    atomic::add(&SERVER_FAILS, b.server, 1);
+    if let Some(p) = SERVER_FAILS.get_ptr_mut(b.server) {
+        let bit = 1u64 << (source_bucket(client) & 63);
+        // SAFETY: fields of a map value.
+        unsafe {
+            atomic::add_at(&raw mut (*p).streak, 1);
+            atomic::or_at(&raw mut (*p).sources, bit);
+        }
+    }
     count(Counter::ServerFailures, 1);
 }
 
@@ -216,7 +228,7 @@ fn close(
         if verdict == Verdict::ClosedByRst {
             count(Counter::ClosedRst, 1);
             if refused {
-                failed(slot, b, Failure::Refused);
+                failed(slot, b, Failure::Refused, &live_key.src_addr);
             }
         } else {
             count(Counter::ClosedFin, 1);
@@ -231,26 +243,44 @@ fn close(
 /// (`offset`, bytes; the window is [`flow::RST_WINDOW`]). The address by
 /// reference and the rest as scalars: the caller's stack is what the reply
 /// stage's budget is short of.
-#[inline(never)]
+#[inline(always)]
 fn rst_out_of_window(client_addr: &Addr, client_port: u16, offset: u32, from_client: bool) {
-    let who = if from_client { "client" } else { "backend" };
     if client_addr.is_v4() {
-        aya_log_ebpf::warn!(
-            &(),
-            "RST out of window on the flow of {:i}:{} from the {}: {} bytes past the expected sequence number",
-            u32::from_be(client_addr.v4_be()),
-            u16::from_be(client_port),
-            who,
-            offset
-        );
+        rst_out_of_window_v4(client_addr.v4_be(), client_port, offset, from_client);
     } else {
-        aya_log_ebpf::warn!(
-            &(),
-            "RST out of window on the flow of [{:i}]:{} from the {}: {} bytes past the expected sequence number",
-            client_addr.v6_bytes(),
-            u16::from_be(client_port),
-            who,
-            offset
-        );
+        rst_out_of_window_v6(client_addr, client_port, offset, from_client);
     }
+}
+
+/// [`rst_out_of_window`] for an IPv4 client (a function of its own: the
+/// entry program's stack leaves little room for the log record of either
+/// family, none for both).
+#[inline(never)]
+fn rst_out_of_window_v4(client_be: u32, client_port: u16, offset: u32, from_client: bool) {
+    let who = if from_client { "client" } else { "backend" };
+    aya_log_ebpf::warn!(
+        &(),
+        "RST out of window on the flow of {:i}:{} from the {}: {} bytes past the expected sequence number",
+        u32::from_be(client_be),
+        u16::from_be(client_port),
+        who,
+        offset
+    );
+}
+
+/// [`rst_out_of_window`] for an IPv6 client.
+#[inline(never)]
+fn rst_out_of_window_v6(client_addr: &Addr, client_port: u16, offset: u32, from_client: bool) {
+    let who = if from_client { "client" } else { "backend" };
+    // SAFETY: an Addr is its 16 wire bytes (balancer_common::addr); read in
+    // place rather than copied to a stack with nothing to spare.
+    let bytes = unsafe { &*(client_addr as *const Addr as *const [u8; 16]) };
+    aya_log_ebpf::warn!(
+        &(),
+        "RST out of window on the flow of [{:i}]:{} from the {}: {} bytes past the expected sequence number",
+        *bytes,
+        u16::from_be(client_port),
+        who,
+        offset
+    );
 }

@@ -65,6 +65,12 @@ pub struct VipPatch {
     /// Passive ejection threshold (failed new flows in a row, 0: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eject_after: Option<u32>,
+    /// Distinct client prefixes a failure streak must come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eject_min_sources: Option<u32>,
+    /// Largest share of the VIP's backends ejected at once, percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ejection_percent: Option<u32>,
     /// Ejection time without an active check.
     #[serde(
         default,
@@ -114,6 +120,12 @@ impl VipPatch {
         }
         if let Some(e) = self.eject_after {
             s.eject_after = e;
+        }
+        if let Some(e) = self.eject_min_sources {
+            s.eject_min_sources = e;
+        }
+        if let Some(e) = self.max_ejection_percent {
+            s.max_ejection_percent = e;
         }
         if let Some(t) = self.ejection_time {
             s.ejection_time = t;
@@ -454,6 +466,9 @@ pub struct HealthView {
     pub ejections: u64,
     /// Its server's new flows failed in a row now.
     pub failing_streak: u64,
+    /// Distinct client prefixes that streak's failures came from.
+    #[serde(default)]
+    pub failing_sources: u32,
     /// `true` while slow start ramps its weight up.
     pub ramping: bool,
 }

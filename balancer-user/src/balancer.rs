@@ -150,6 +150,8 @@ pub struct Balancer {
     last_failures: u64,
     /// Eligibility polls so far.
     polls: u64,
+    /// This host's addresses, as last read (`LOCAL_ADDRS`).
+    host_addrs: Option<Vec<std::net::IpAddr>>,
     /// The data path's log records, until [`Balancer::take_datapath_log`].
     logger: Option<DatapathLog>,
     /// The idle timeouts used while the state holds none (the daemon's
@@ -447,6 +449,7 @@ impl Balancer {
             retired: Retired::default(),
             last_failures: 0,
             polls: 0,
+            host_addrs: None,
             logger,
             default_timeouts: Timeouts::default(),
             table_sizes: (opts.flow_table_size, opts.half_open_table_size),
@@ -1095,6 +1098,7 @@ impl Balancer {
         self.publish_backends(&addrs)?;
         self.state.release_servers();
         self.eligibility.forget_gone(&self.state);
+        self.sync_local_addrs(false)?;
         self.maps.publish_ports(&self.state, &self.retired)
     }
 
@@ -1458,15 +1462,20 @@ impl Balancer {
             .counter(balancer_common::Counter::ServerFailures)?;
         self.polls = self.polls.wrapping_add(1);
         let scan = failures != self.last_failures || self.polls.is_multiple_of(10);
+        if self.polls.is_multiple_of(10) {
+            // Addresses come and go on the host: read them about once a
+            // second.
+            self.sync_local_addrs(true)?;
+        }
         self.last_failures = failures;
         let maps = &self.maps;
         let ch = self.eligibility.poll_ejections(
             &self.state,
             |s| {
                 if scan {
-                    maps.server_fails(s).unwrap_or(0)
+                    maps.server_fails(s).unwrap_or_default()
                 } else {
-                    0
+                    balancer_common::ServerFails::default()
                 }
             },
             now,
@@ -1548,6 +1557,34 @@ impl Balancer {
         Ok(())
     }
 
+    /// Writes `MARTIAN_SOURCES`: the special-purpose prefixes, this host's
+    /// addresses (read again when `refresh`) and every VIP's, from which no
+    /// SYN is placed.
+    fn sync_local_addrs(&mut self, refresh: bool) -> Result<()> {
+        use balancer_common::{martian_class, MARTIAN_PREFIXES};
+        if refresh || self.host_addrs.is_none() {
+            self.host_addrs = Some(crate::netdev::host_addrs());
+        }
+        let mut want: BTreeMap<(balancer_common::Addr, u32), u32> = MARTIAN_PREFIXES
+            .iter()
+            .map(|(a, len, class)| ((*a, *len), *class))
+            .collect();
+        for v in self.state.vips.keys() {
+            want.insert((crate::maps::ip_be(v.ip()), 128), martian_class::VIP);
+        }
+        // The host's own: loopback's are in their prefix already.
+        for a in self
+            .host_addrs
+            .iter()
+            .flatten()
+            .filter(|a| !a.is_loopback())
+        {
+            want.insert((crate::maps::ip_be(*a), 128), martian_class::LOCAL);
+        }
+        self.maps.sync_martian_sources(&want)?;
+        Ok(())
+    }
+
     /// Publishes a VIP's eligible list and records which half is active.
     fn publish_vip(&mut self, addr: &SocketAddr) -> Result<()> {
         let v = self.state.vip(addr)?;
@@ -1558,6 +1595,7 @@ impl Balancer {
             self.maps.set_eligible(b.slot, in_list.contains(&b.slot))?;
         }
         self.state.vip_mut(addr)?.list = list;
+        self.sync_local_addrs(false)?;
         Ok(())
     }
 

@@ -155,6 +155,12 @@ pub struct VipEntry {
     /// Passive detection: failed new flows in a row (0: off).
     #[serde(default = "d_eject_after")]
     pub eject_after: u32,
+    /// Passive detection: distinct client prefixes a streak needs.
+    #[serde(default = "d_eject_min_sources")]
+    pub eject_min_sources: u32,
+    /// Passive detection: largest share of the backends ejected at once, %.
+    #[serde(default = "d_max_ejection_percent")]
+    pub max_ejection_percent: u32,
     /// Ejection time without an active check.
     #[serde(default = "d_ejection_time", with = "humantime_serde")]
     #[schema(value_type = String)]
@@ -180,6 +186,12 @@ fn d_gue_port() -> u16 {
 fn d_eject_after() -> u32 {
     d_settings().eject_after
 }
+fn d_eject_min_sources() -> u32 {
+    d_settings().eject_min_sources
+}
+fn d_max_ejection_percent() -> u32 {
+    d_settings().max_ejection_percent
+}
 fn d_ejection_time() -> Duration {
     d_settings().ejection_time
 }
@@ -193,6 +205,8 @@ impl VipEntry {
             no_healthy: self.no_healthy,
             slow_start: self.slow_start,
             eject_after: self.eject_after,
+            eject_min_sources: self.eject_min_sources,
+            max_ejection_percent: self.max_ejection_percent,
             ejection_time: self.ejection_time,
             persistence: self.persistence,
             persistence_netmask: self.persistence_netmask,
@@ -213,6 +227,8 @@ impl VipEntry {
             no_healthy: s.no_healthy,
             slow_start: s.slow_start,
             eject_after: s.eject_after,
+            eject_min_sources: s.eject_min_sources,
+            max_ejection_percent: s.max_ejection_percent,
             ejection_time: s.ejection_time,
             persistence: s.persistence,
             persistence_netmask: s.persistence_netmask,

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use balancer_common::WEIGHT_ONE;
+use balancer_common::{ServerFails, WEIGHT_ONE};
 
 use crate::{
     api::{BackendState, HealthStatus, HealthView},
@@ -42,6 +42,12 @@ pub struct Eligibility {
     ramps: BTreeMap<u32, Instant>,
     /// Passive ejections since start, by server.
     ejections: BTreeMap<u32, u64>,
+    /// Servers whose evidence reached a threshold but whose ejection would
+    /// have taken a VIP past its `max_ejection_percent` (logged once per
+    /// episode).
+    capped: BTreeSet<u32>,
+    /// Ejections refused by `max_ejection_percent` since start.
+    capped_total: u64,
 }
 
 impl Eligibility {
@@ -240,15 +246,39 @@ impl Eligibility {
         ch
     }
 
-    /// Takes the data path's failure streaks (`fails(server)`) into the
-    /// record: a server whose streak reached the lowest `eject_after` of its
-    /// VIPs is ejected (the data path already skips it); one ejected longer
-    /// than its VIPs' `ejection_time` with no active check is given another
-    /// chance.
+    /// Ejections refused since start because they would have taken a VIP
+    /// past its `max_ejection_percent`.
+    pub fn capped_ejections(&self) -> u64 {
+        self.capped_total
+    }
+
+    /// `true` when ejecting `server` keeps every VIP in `vips` within its
+    /// `max_ejection_percent` (at least one backend may always go).
+    fn within_cap(&self, state: &State, vips: &[&VipConfig], server: u32) -> bool {
+        vips.iter().all(|v| {
+            let total = v.backends.len() as u64;
+            let allowed = (total * v.settings.max_ejection_percent as u64 / 100).max(1);
+            let out = v
+                .backends
+                .iter()
+                .filter_map(|b| state.server(&b.addr))
+                .filter(|s| *s != server && self.ejected.contains_key(s))
+                .count() as u64;
+            out < allowed
+        })
+    }
+
+    /// Takes the data path's failure evidence (`fails(server)`) into the
+    /// record: a server whose evidence reaches the thresholds of one of its
+    /// VIPs (`eject_after` failures in a row from `eject_min_sources`
+    /// client prefixes) is ejected, unless that would take one of its VIPs
+    /// past its `max_ejection_percent` (the data path still ranks it last);
+    /// one ejected longer than its VIPs' `ejection_time` with no active
+    /// check is given another chance.
     pub fn poll_ejections(
         &mut self,
         state: &State,
-        mut fails: impl FnMut(u32) -> u64,
+        mut fails: impl FnMut(u32) -> ServerFails,
         now: Instant,
     ) -> Changes {
         let mut ch = Changes::default();
@@ -264,25 +294,43 @@ impl Eligibility {
             let Some(vips) = by_addr.get(addr) else {
                 continue;
             };
-            let threshold = vips
-                .iter()
-                .map(|v| v.settings.eject_after)
-                .filter(|t| *t != 0)
-                .min();
-            let Some(threshold) = threshold else {
+            if vips.iter().all(|v| v.settings.eject_after == 0) {
                 continue;
-            };
+            }
             match self.ejected.get(server) {
                 None => {
                     let f = fails(*server);
-                    if f >= threshold as u64 {
-                        self.ejected.insert(*server, now);
-                        *self.ejections.entry(*server).or_default() += 1;
-                        ch.messages.push(format!(
-                            "passive: server {addr} ejected: {f} new flows failed in a row"
-                        ));
-                        ch.republish.extend(vips.iter().map(|v| v.addr));
+                    let reached = vips
+                        .iter()
+                        .any(|v| f.failing(v.settings.eject_after, v.settings.eject_min_sources));
+                    if !reached {
+                        self.capped.remove(server);
+                        continue;
                     }
+                    if !self.within_cap(state, vips, *server) {
+                        if self.capped.insert(*server) {
+                            self.capped_total += 1;
+                            ch.messages.push(format!(
+                                "passive: server {addr} not ejected: {} new flows failed in a \
+                                 row from {} client prefixes, but ejecting it would take a VIP \
+                                 past its max_ejection_percent (it ranks last in the choice \
+                                 instead)",
+                                f.streak,
+                                f.distinct_sources()
+                            ));
+                        }
+                        continue;
+                    }
+                    self.capped.remove(server);
+                    self.ejected.insert(*server, now);
+                    *self.ejections.entry(*server).or_default() += 1;
+                    ch.messages.push(format!(
+                        "passive: server {addr} ejected: {} new flows failed in a row from {} \
+                         client prefixes",
+                        f.streak,
+                        f.distinct_sources()
+                    ));
+                    ch.republish.extend(vips.iter().map(|v| v.addr));
                 }
                 Some(since) => {
                     let checked = vips.iter().any(|v| {
@@ -327,7 +375,7 @@ impl Eligibility {
         state: &State,
         v: &VipConfig,
         b: &BackendConfig,
-        streak: u64,
+        fails: ServerFails,
         now: Instant,
     ) -> HealthView {
         let h = self.health.get(&(v.addr, b.addr));
@@ -345,7 +393,8 @@ impl Eligibility {
                 .server(&b.addr)
                 .and_then(|s| self.ejections.get(&s).copied())
                 .unwrap_or(0),
-            failing_streak: streak,
+            failing_streak: fails.streak,
+            failing_sources: fails.distinct_sources(),
             ramping: self.ramping(b.slot),
         }
     }
@@ -355,6 +404,49 @@ impl Eligibility {
 mod tests {
     use super::*;
     use crate::state::{HealthCheck, VipSettings};
+
+    /// Evidence of `streak` failures from `sources` distinct prefixes.
+    fn evidence(streak: u64, sources: u32) -> ServerFails {
+        ServerFails {
+            streak,
+            sources: (1u64 << sources) - 1,
+        }
+    }
+
+    #[test]
+    fn one_prefix_never_ejects_and_the_cap_keeps_half_of_the_backends() {
+        let s = state(false, 3, Duration::ZERO);
+        let v = s.vips.values().next().unwrap().clone();
+        let t0 = Instant::now();
+        // A long streak from one client prefix: nobody goes.
+        let mut e = Eligibility::default();
+        let ch = e.poll_ejections(&s, |_| evidence(1000, 1), t0);
+        assert!(ch.messages.is_empty(), "{ch:?}");
+        assert_eq!(e.list(&s, &v), (vec![0, 1, 2], false));
+        // The control: the same streak from three prefixes ejects, but at
+        // most half of the three backends (one) at once.
+        let ch = e.poll_ejections(&s, |_| evidence(1000, 3), t0);
+        assert_eq!(e.list(&s, &v).0.len(), 2, "{ch:?}");
+        assert_eq!(e.capped_ejections(), 2);
+        // A second poll logs nothing new.
+        let ch = e.poll_ejections(&s, |_| evidence(1000, 3), t0);
+        assert!(ch.messages.is_empty(), "{ch:?}");
+        // With every server failing the eligible list keeps two of three.
+        let mut s100 = s.clone();
+        s100.vips
+            .values_mut()
+            .next()
+            .unwrap()
+            .settings
+            .max_ejection_percent = 100;
+        let mut e = Eligibility::default();
+        e.poll_ejections(&s100, |_| evidence(1000, 3), t0);
+        let v100 = s100.vips.values().next().unwrap().clone();
+        assert!(
+            e.list(&s100, &v100).1,
+            "the control: 100 % ejects all (fallback)"
+        );
+    }
 
     fn state(check: bool, eject_after: u32, slow_start: Duration) -> State {
         let mut s = State::default();
@@ -431,7 +523,7 @@ mod tests {
         let t0 = Instant::now();
         let v = s.vips.values().next().unwrap().clone();
         let server1 = s.server(&v.backends[1].addr).unwrap();
-        let fails = |srv| if srv == server1 { 3 } else { 0 };
+        let fails = |srv| evidence(if srv == server1 { 3 } else { 0 }, 3);
         let ch = e.poll_ejections(&s, fails, t0);
         assert_eq!(ch.messages.len(), 1, "{ch:?}");
         assert_eq!(e.list(&s, &v), (vec![0, 2], false));
@@ -448,13 +540,22 @@ mod tests {
         let mut e = Eligibility::default();
         let t0 = Instant::now();
         let v = s.vips.values().next().unwrap().clone();
-        e.poll_ejections(&s, |_| 5, t0);
+        // With a cap of 100 %, every server may go.
+        let mut s = s;
+        s.vips
+            .values_mut()
+            .next()
+            .unwrap()
+            .settings
+            .max_ejection_percent = 100;
+        let v = s.vips.values().next().unwrap().clone();
+        e.poll_ejections(&s, |_| evidence(5, 3), t0);
         assert_eq!(
             e.list(&s, &v),
             (vec![0, 1, 2], true),
             "all ejected: fallback"
         );
-        let ch = e.poll_ejections(&s, |_| 5, t0 + Duration::from_secs(600));
+        let ch = e.poll_ejections(&s, |_| evidence(5, 3), t0 + Duration::from_secs(600));
         assert!(
             ch.clear_fails.is_empty(),
             "checked servers wait for their check"

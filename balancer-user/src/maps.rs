@@ -9,16 +9,19 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{
+        lpm_trie::{Key, LpmTrie},
+        Array, HashMap, MapData, MapError, PerCpuArray, PerCpuValues,
+    },
     Ebpf,
 };
 use balancer_common::{
     choice_hist_index, eligible_list_base, flow_kind, hist, layout::LAYOUT_FINGERPRINT, map_names,
     Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts, ChoiceStats,
-    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, Settings, TrafficStats, VipAddr,
-    VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED, BACKEND_SLOTS,
-    COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
-    VIP_F_FALLBACK, VIP_F_REMOVED,
+    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
+    TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED,
+    BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND,
+    PORT_BITMAP_WORDS, VIP_F_FALLBACK, VIP_F_REMOVED,
 };
 
 use crate::{
@@ -212,7 +215,7 @@ pub struct Maps {
     server_conns: Array<MapData, u64>,
     server_adjust: Array<MapData, u64>,
     peer_conns: Array<MapData, u64>,
-    server_fails: Array<MapData, u64>,
+    server_fails: Array<MapData, ServerFails>,
     choice_stats: PerCpuArray<MapData, ChoiceCounts>,
     choice_hist: PerCpuArray<MapData, u64>,
     flows: HashMap<MapData, FlowKey, FlowEntry>,
@@ -223,6 +226,7 @@ pub struct Maps {
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
     backend_hosts: HashMap<MapData, Addr, HostVips>,
     local_macs: HashMap<MapData, u32, LocalMac>,
+    martian_sources: LpmTrie<MapData, Addr, u32>,
     vip_ports: Array<MapData, u64>,
     backend_ports: Array<MapData, u64>,
     vip_addrs: Array<MapData, u64>,
@@ -270,6 +274,7 @@ impl Maps {
             backend_vips: take!(map_names::BACKEND_VIPS),
             backend_hosts: take!(map_names::BACKEND_HOSTS),
             local_macs: take!(map_names::LOCAL_MACS),
+            martian_sources: take!(map_names::MARTIAN_SOURCES),
             vip_ports: take!(map_names::VIP_PORTS),
             backend_ports: take!(map_names::BACKEND_PORTS),
             vip_addrs: take!(map_names::VIP_ADDRS),
@@ -279,6 +284,46 @@ impl Maps {
             vip_stats: take!(map_names::VIP_STATS),
             settings: take!(map_names::SETTINGS),
         })
+    }
+
+    /// Makes `MARTIAN_SOURCES` hold exactly `want` ((address, prefix
+    /// length of the 16-byte form) -> `martian_class`): the special-purpose
+    /// prefixes, the balancer host's addresses and the VIPs', from which no
+    /// SYN is placed. At most `MARTIAN_SOURCES_LEN` entries, in `want`'s
+    /// order. Returns how many entries changed.
+    ///
+    /// # Errors
+    /// Map failure.
+    pub fn sync_martian_sources(&mut self, want: &BTreeMap<(Addr, u32), u32>) -> Result<usize> {
+        let have: Vec<((Addr, u32), u32)> = self
+            .martian_sources
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(k, v)| ((k.data(), k.prefix_len()), v))
+            .collect();
+        let mut changed = 0;
+        for (k, v) in &have {
+            if want.get(k) != Some(v) {
+                ignore_missing(self.martian_sources.remove(&Key::new(k.1, k.0)))
+                    .map_err(map_err(map_names::MARTIAN_SOURCES, "remove"))?;
+                changed += 1;
+            }
+        }
+        let mut n = have.iter().filter(|(k, v)| want.get(k) == Some(v)).count();
+        for (k, v) in want {
+            if have.iter().any(|(h, hv)| h == k && hv == v) {
+                continue;
+            }
+            if n >= balancer_common::MARTIAN_SOURCES_LEN as usize {
+                break;
+            }
+            self.martian_sources
+                .insert(&Key::new(k.1, k.0), v, 0)
+                .map_err(map_err(map_names::MARTIAN_SOURCES, "write"))?;
+            n += 1;
+            changed += 1;
+        }
+        Ok(changed)
     }
 
     /// Writes the data-path settings.
@@ -381,11 +426,12 @@ impl Maps {
         self.count(Count::Slot(slot))
     }
 
-    /// New flows the server has failed in a row (passive detection).
+    /// The server's failure evidence (passive detection): new flows failed
+    /// in a row and the client prefixes they came from.
     ///
     /// # Errors
     /// Map read failure.
-    pub fn server_fails(&self, server: u32) -> Result<u64> {
+    pub fn server_fails(&self, server: u32) -> Result<ServerFails> {
         self.server_fails
             .get(&server, 0)
             .map_err(map_err(map_names::SERVER_FAILS, "read"))
@@ -397,7 +443,7 @@ impl Maps {
     /// Map write failure.
     pub fn clear_server_fails(&mut self, server: u32) -> Result<()> {
         self.server_fails
-            .set(server, 0, 0)
+            .set(server, ServerFails::default(), 0)
             .map_err(map_err(map_names::SERVER_FAILS, "write"))
     }
 
@@ -802,6 +848,7 @@ impl Maps {
                     list: next,
                     flags: if fallback { VIP_F_FALLBACK } else { 0 },
                     eject_after: if fallback { 0 } else { v.settings.eject_after },
+                    eject_min_sources: v.settings.eject_min_sources,
                     persistence_s: persistence_seconds(v.settings.persistence),
                     persistence_mask: Addr::netmask(
                         v.addr.is_ipv4(),

@@ -250,6 +250,46 @@ pub fn resolve_neighbours(addrs: &[std::net::IpAddr]) -> Vec<std::net::IpAddr> {
         .collect()
 }
 
+/// The IPv4 and IPv6 addresses of every interface of this network
+/// namespace (getifaddrs(3)), loopback's included; an empty list when the
+/// call fails.
+pub fn host_addrs() -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: a sockaddr of the family it says.
+            let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if family == libc::AF_INET {
+                // SAFETY: AF_INET: a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.push(std::net::IpAddr::V4(std::net::Ipv4Addr::from(
+                    u32::from_be(sin.sin_addr.s_addr),
+                )));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: AF_INET6: a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                out.push(std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                    sin6.sin6_addr.s6_addr,
+                )));
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// A MAC address as `aa:bb:cc:dd:ee:ff`.
 pub fn mac_string(m: &[u8; 6]) -> String {
     m.iter()
@@ -261,6 +301,15 @@ pub fn mac_string(m: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_addrs_hold_loopback() {
+        let a = host_addrs();
+        assert!(
+            a.contains(&std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+            "{a:?}"
+        );
+    }
 
     #[test]
     fn loopback_is_not_ethernet_and_missing_is_named() {

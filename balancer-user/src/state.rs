@@ -260,10 +260,20 @@ pub struct VipSettings {
     #[schema(value_type = String)]
     pub slow_start: Duration,
     /// Passive detection: a server that fails this many new flows in a row
-    /// (reset before any data, or SYN retransmitted unanswered) leaves the
-    /// candidates at once (0: never).
+    /// (its backend refuses the SYN or resets a proven handshake before any
+    /// data, or a flow's SYN is retransmitted unanswered) ranks below every
+    /// other candidate at once, and is ejected by the daemon (0: never).
     #[serde(default = "default_eject_after")]
     pub eject_after: u32,
+    /// Passive detection: how many distinct client prefixes (/24, /48) a
+    /// streak's failures must come from before it counts, so that one
+    /// client, however many tuples it forges, never speaks for many.
+    #[serde(default = "default_eject_min_sources")]
+    pub eject_min_sources: u32,
+    /// Passive detection ejects at most this share of the VIP's backends
+    /// at once, percent (at least one; Envoy's `max_ejection_percent`).
+    #[serde(default = "default_max_ejection_percent")]
+    pub max_ejection_percent: u32,
     /// How long a server ejected by passive detection stays out when the
     /// VIP has no active check (with one, until the check passes).
     #[serde(default = "default_ejection_time", with = "humantime_serde")]
@@ -350,6 +360,14 @@ fn default_eject_after() -> u32 {
     5
 }
 
+fn default_eject_min_sources() -> u32 {
+    3
+}
+
+fn default_max_ejection_percent() -> u32 {
+    50
+}
+
 fn default_ejection_time() -> Duration {
     Duration::from_secs(30)
 }
@@ -362,6 +380,8 @@ impl Default for VipSettings {
             no_healthy: NoHealthy::default(),
             slow_start: Duration::ZERO,
             eject_after: default_eject_after(),
+            eject_min_sources: default_eject_min_sources(),
+            max_ejection_percent: default_max_ejection_percent(),
             ejection_time: default_ejection_time(),
             persistence: Duration::ZERO,
             persistence_netmask: None,
@@ -392,6 +412,21 @@ impl VipSettings {
             return Err(BalancerError::Invalid {
                 what: "eject-after",
                 reason: format!("{} is above 1000", self.eject_after),
+            });
+        }
+        if !(1..=64).contains(&self.eject_min_sources) {
+            return Err(BalancerError::Invalid {
+                what: "eject-min-sources",
+                reason: format!(
+                    "{} is outside 1..=64 (distinct client prefixes)",
+                    self.eject_min_sources
+                ),
+            });
+        }
+        if !(1..=100).contains(&self.max_ejection_percent) {
+            return Err(BalancerError::Invalid {
+                what: "max-ejection-percent",
+                reason: format!("{} is outside 1..=100", self.max_ejection_percent),
             });
         }
         if self.ejection_time < Duration::from_secs(1)

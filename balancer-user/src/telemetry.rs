@@ -44,7 +44,7 @@ impl View<'_> {
             for b in &v.backends {
                 let t = self.maps.traffic(Traffic::Backend, b.slot)?;
                 let server = self.state.server(&b.addr).unwrap_or(u32::MAX);
-                let streak = self.maps.server_fails(server).unwrap_or(0);
+                let streak = self.maps.server_fails(server).unwrap_or_default();
                 out.push(BackendView {
                     vip: v.addr,
                     backend: b.addr,

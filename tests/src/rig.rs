@@ -236,6 +236,16 @@ pub fn net_setup() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The neighbour a frame to `ip` goes to: the router 10.0.1.20 (or
+/// client6(18)) for the `many_client` networks, else `ip` itself.
+pub fn next_hop(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) if a.octets()[..2] == [10, 1] => IpAddr::V4(Ipv4Addr::new(10, 0, 1, 20)),
+        IpAddr::V6(a) if a.segments()[..3] == [0x2001, 0xdb8, 0x101] => client6(18, 0).ip(),
+        _ => ip,
+    }
+}
+
 /// Client `i` of up to 65,536 (10.1.x.y), routed via 10.0.1.20.
 pub fn many_client(i: u32, port: u16) -> SocketAddr {
     SocketAddr::new(
@@ -551,7 +561,7 @@ impl Rig {
         self.expect_forwarded(fixture, seg, Side::Backend, |want, _| {
             want.src = vip;
             want.smac = smac;
-            want.dmac = neigh_mac(want.dst.ip());
+            want.dmac = neigh_mac(next_hop(want.dst.ip()));
         })?;
         Ok(())
     }

@@ -45,10 +45,20 @@ pub struct VipArgs {
     /// (default 0s: at once).
     #[arg(long, value_parser = parse_duration)]
     slow_start: Option<Duration>,
-    /// Passive detection: skip a server that fails this many new flows in
-    /// a row (reset before data, unanswered SYN); 0 turns it off (default 5).
+    /// Passive detection: rank last, then eject, a server that fails this
+    /// many new flows in a row (its SYN refused, a handshake reset before
+    /// data, a SYN retransmitted unanswered); 0 turns it off (default 5).
     #[arg(long)]
     eject_after: Option<u32>,
+    /// Passive detection: the failures must come from at least this many
+    /// distinct client prefixes (/24 for IPv4, /48 for IPv6), so one client
+    /// cannot eject a backend (default 3; 1 trusts any single client).
+    #[arg(long)]
+    eject_min_sources: Option<u32>,
+    /// Passive detection ejects at most this share of the VIP's backends at
+    /// once, percent; at least one (default 50).
+    #[arg(long)]
+    max_ejection_percent: Option<u32>,
     /// How long a server ejected by passive detection stays out when the
     /// VIP has no active check (default 30s).
     #[arg(long, value_parser = parse_duration)]
@@ -115,6 +125,8 @@ impl VipArgs {
             no_healthy: self.no_healthy.map(Into::into),
             slow_start: self.slow_start,
             eject_after: self.eject_after,
+            eject_min_sources: self.eject_min_sources,
+            max_ejection_percent: self.max_ejection_percent,
             ejection_time: self.ejection_time,
             persistence: self.persistence,
             persistence_netmask: self.persistence_netmask,
