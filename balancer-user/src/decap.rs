@@ -36,7 +36,7 @@ pub static DECAP_PROGRAM: &[u8] =
 /// Why `decap attach` wants at least one `--source`.
 pub const NO_SOURCE: &str = "at least one --source ADDR[/LEN] is required (the balancers' \
      outer source addresses, the VIPs' --encap-source): a decapsulator open to every source \
-     lets anyone send this backend packets with forged inner sources";
+     lets anyone inject packets with forged inner sources into this backend";
 
 /// An outer source address, or prefix, tunnels are accepted from
 /// (`ADDR[/LEN]`, either family).
