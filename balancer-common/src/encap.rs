@@ -217,13 +217,38 @@ pub enum Decap {
     NotOurs,
     /// Strip `len` bytes after the Ethernet header (the outer IP header,
     /// and UDP for GUE); the inner packet follows, of family `inner_v6`
-    /// (the EtherType to write).
+    /// (the EtherType to write). Only if `src` is an accepted balancer
+    /// source: a decapsulator open to every source lets anyone hand the
+    /// backend packets with forged inner sources.
     Strip {
         /// Bytes to strip.
         len: usize,
         /// `true` when the inner packet is IPv6.
         inner_v6: bool,
+        /// The outer source address (the encapsulating balancer, or whoever
+        /// forged it), for the caller's check against its accepted
+        /// sources ([`SOURCE_LOOKUP_BITS`]).
+        src: Addr,
     },
+}
+
+/// Prefix length of a `DECAP_SOURCES` lookup key: the whole 16-byte
+/// address (the LPM trie finds the longest entry containing it).
+pub const SOURCE_LOOKUP_BITS: u32 = 128;
+
+/// The `DECAP_SOURCES` key of the prefix `addr`/`len` of family `v4`
+/// (`len` counts in the family's own bits: `0..=32` for IPv4, `0..=128`
+/// for IPv6): the prefix length over the 16-byte [`Addr`] (an IPv4 prefix
+/// /n is 96 + n bits of its IPv4-mapped form, so it never matches an IPv6
+/// source) and the address with the bits past it cleared. `None` for a
+/// length past the family's width.
+pub const fn source_prefix(addr: &Addr, v4: bool, len: u8) -> Option<(u32, Addr)> {
+    let max = if v4 { 32 } else { 128 };
+    if len > max {
+        return None;
+    }
+    let bits = if v4 { 96 + len as u32 } else { len as u32 };
+    Some((bits, addr.masked(&Addr::netmask(v4, len))))
 }
 
 /// Decides what to strip from a frame received on a backend: an IPv4
@@ -231,12 +256,13 @@ pub enum Decap {
 /// extension headers (untagged Ethernet both), carrying IP-in-IP (either
 /// inner family), or UDP to `gue_port` (network byte order) whose payload
 /// starts with an IP header. `local` ([`Addr::ZERO`]: any) must be the
-/// outer destination.
+/// outer destination. The caller strips only if the outer source it
+/// returns is one it accepts (and drops the tunnel otherwise).
 pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
     let Some(eth) = f.read::<14>(0) else {
         return Decap::NotOurs;
     };
-    let (hlen, proto, dst) = match u16::from_be_bytes([eth[12], eth[13]]) {
+    let (hlen, proto, src, dst) = match u16::from_be_bytes([eth[12], eth[13]]) {
         ETH_P_IPV4 => {
             let Some(ip) = f.read::<20>(ETH_HLEN) else {
                 return Decap::NotOurs;
@@ -246,10 +272,11 @@ pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
             if ip[0] != 0x45 || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
                 return Decap::NotOurs;
             }
-            let Some(dst) = f.read_addr4(ETH_HLEN + 16) else {
+            let (Some(src), Some(dst)) = (f.read_addr4(ETH_HLEN + 12), f.read_addr4(ETH_HLEN + 16))
+            else {
                 return Decap::NotOurs;
             };
-            (20, ip[9], dst)
+            (20, ip[9], src, dst)
         }
         ETH_P_IPV6 => {
             let (Some(ip), Some(dst)) = (f.read::<8>(ETH_HLEN), f.read_addr6(ETH_HLEN + 24)) else {
@@ -258,7 +285,10 @@ pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
             if ip[0] >> 4 != 6 {
                 return Decap::NotOurs;
             }
-            (IPV6_HLEN, ip[6], dst)
+            let Some(src) = f.read_addr6(ETH_HLEN + 8) else {
+                return Decap::NotOurs;
+            };
+            (IPV6_HLEN, ip[6], src, dst)
         }
         _ => return Decap::NotOurs,
     };
@@ -289,6 +319,7 @@ pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
     Decap::Strip {
         len,
         inner_v6: expect == 6,
+        src,
     }
 }
 
@@ -404,6 +435,7 @@ mod tests {
         let strip = Decap::Strip {
             len: GUE_OVERHEAD,
             inner_v6: false,
+            src: Addr::v4(addr([10, 0, 2, 1])),
         };
         assert_eq!(decap(&frame[..], port, &Addr::ZERO), strip);
         assert_eq!(
@@ -463,7 +495,12 @@ mod tests {
                         decap(&frame[..], 6080u16.to_be(), &Addr::ZERO),
                         Decap::Strip {
                             len: over,
-                            inner_v6
+                            inner_v6,
+                            src: if outer_v6 {
+                                Addr::from_v6_bytes(&SIX_A)
+                            } else {
+                                Addr::v4(1)
+                            },
                         },
                         "inner v6 {inner_v6} outer v6 {outer_v6} mode {m}"
                     );
@@ -491,7 +528,8 @@ mod tests {
             decap(&frame[..], 0, &Addr::ZERO),
             Decap::Strip {
                 len: IPIP_OVERHEAD,
-                inner_v6: false
+                inner_v6: false,
+                src: Addr::v4(1),
             }
         );
         // The inner packet itself is not encapsulated.
@@ -508,6 +546,59 @@ mod tests {
         let mut lie = frame.clone();
         lie[14 + 9] = IPPROTO_IPV6;
         assert_eq!(decap(&lie[..], 0, &Addr::ZERO), Decap::NotOurs);
+    }
+
+    #[test]
+    fn source_prefixes_key_both_families_apart() {
+        let a4 = Addr::v4(addr([10, 0, 2, 77]));
+        assert_eq!(source_prefix(&a4, true, 32), Some((128, a4)));
+        assert_eq!(
+            source_prefix(&a4, true, 24),
+            Some((120, Addr::v4(addr([10, 0, 2, 0]))))
+        );
+        // IPv4 /0 still covers only the IPv4-mapped range, not IPv6.
+        let (bits, all4) = source_prefix(&a4, true, 0).unwrap();
+        assert_eq!((bits, all4), (96, Addr::v4(0)));
+        assert_eq!(
+            Addr::from_v6_bytes(&SIX_A).masked(&Addr::netmask(false, 96)),
+            Addr::from_v6_bytes(&[0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        );
+        assert_ne!(
+            Addr::from_v6_bytes(&SIX_A).masked(&Addr::netmask(false, 96)),
+            all4
+        );
+        let a6 = Addr::from_v6_bytes(&SIX_B);
+        assert_eq!(source_prefix(&a6, false, 128), Some((128, a6)));
+        assert_eq!(
+            source_prefix(&a6, false, 64).unwrap().1.v6_bytes(),
+            [0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(source_prefix(&a4, true, 33), None);
+        assert_eq!(source_prefix(&a6, false, 129), None);
+    }
+
+    /// A tunnel from an arbitrary outer source is still recognised as
+    /// ours; the source it reports is the one on the wire, whatever the
+    /// inner packet claims.
+    #[test]
+    fn decap_reports_the_outer_source() {
+        let inner = inner();
+        let mut frame = [0u8; 12].to_vec();
+        frame.extend_from_slice(&[0x08, 0x00]);
+        frame.extend_from_slice(&outer_ipv4(
+            inner.len() as u16,
+            0,
+            0,
+            false,
+            IPPROTO_IPIP,
+            addr([192, 0, 2, 66]),
+            addr([10, 0, 2, 10]),
+        ));
+        frame.extend_from_slice(&inner);
+        match decap(&frame[..], 0, &Addr::ZERO) {
+            Decap::Strip { src, .. } => assert_eq!(src, Addr::v4(addr([192, 0, 2, 66]))),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -180,6 +180,10 @@ pub mod map_names {
     /// The decapsulation program's counters: `u64` per CPU by
     /// `DECAP_STAT_*` (per-CPU array).
     pub const DECAP_STATS: &str = "DECAP_STATS";
+    /// The outer sources the decapsulation program accepts tunnels from:
+    /// LPM trie keyed by a prefix length and an [`crate::Addr`]
+    /// ([`crate::encap::source_prefix`]), value `u8` 1.
+    pub const DECAP_SOURCES: &str = "DECAP_SOURCES";
 }
 
 /// Classes of the `MARTIAN_SOURCES` trie: why no client has such a source.
@@ -248,6 +252,14 @@ pub struct DecapConfig {
 pub const DECAP_STAT_STRIPPED: u32 = 0;
 /// `DECAP_STATS` index: frames passed untouched (not encapsulated for us).
 pub const DECAP_STAT_PASSED: u32 = 1;
+/// `DECAP_STATS` index: tunnels for us (IP-in-IP, or GUE to the port, to
+/// the local address) from an outer source not in `DECAP_SOURCES`,
+/// dropped.
+pub const DECAP_STAT_REFUSED_SOURCE: u32 = 2;
+/// Number of `DECAP_STATS` counters.
+pub const DECAP_STATS_LEN: u32 = 3;
+/// Most entries of `DECAP_SOURCES`.
+pub const MAX_DECAP_SOURCES: u32 = 256;
 
 /// Maximum number of VIPs (size of the VIP table and of the per-VIP arrays).
 pub const MAX_VIPS: u32 = 128;

@@ -5,7 +5,10 @@
 //! headers (`balancer_common::encap::decap` decides) and goes up the
 //! backend's stack as the client's own packet, to the VIP the backend holds
 //! on a loopback address; the backend replies to the client directly.
-//! Everything else passes untouched.
+//! Only from the balancers: a tunnel for us whose outer source is not in
+//! `DECAP_SOURCES` (`--source`) is dropped and counted, since whoever
+//! sends it chooses the inner packet's source (the class of
+//! CVE-2020-10136). Everything else passes untouched.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
@@ -20,13 +23,14 @@ mod prog {
         bindings::xdp_action,
         helpers::generated::bpf_xdp_adjust_head,
         macros::{map, xdp},
-        maps::{Array, PerCpuArray},
+        maps::{lpm_trie::Key, Array, LpmTrie, PerCpuArray},
         programs::XdpContext,
     };
     use balancer_common::{
-        encap::{decap, Decap},
+        encap::{decap, Decap, SOURCE_LOOKUP_BITS},
         parse::{Frame, ETH_P_IPV4, ETH_P_IPV6},
-        DecapConfig, DECAP_STAT_PASSED, DECAP_STAT_STRIPPED,
+        Addr, DecapConfig, DECAP_STATS_LEN, DECAP_STAT_PASSED, DECAP_STAT_REFUSED_SOURCE,
+        DECAP_STAT_STRIPPED, MAX_DECAP_SOURCES,
     };
 
     use crate::frame::XdpFrame;
@@ -36,7 +40,12 @@ mod prog {
     static DECAP_CONFIG: Array<DecapConfig> = Array::with_max_entries(1, 0);
     /// Counters by `DECAP_STAT_*`.
     #[map]
-    static DECAP_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+    static DECAP_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DECAP_STATS_LEN, 0);
+    /// The outer sources tunnels are accepted from (prefixes of the
+    /// 16-byte [`Addr`]), written by `balancer decap attach --source`;
+    /// empty, it refuses every tunnel.
+    #[map]
+    static DECAP_SOURCES: LpmTrie<Addr, u8> = LpmTrie::with_max_entries(MAX_DECAP_SOURCES, 0);
 
     #[inline(always)]
     fn bump(i: u32) {
@@ -51,10 +60,22 @@ mod prog {
     pub fn balancer_decap(ctx: XdpContext) -> u32 {
         let frame = XdpFrame(&ctx);
         let cfg = DECAP_CONFIG.get(0).copied().unwrap_or_default();
-        let Decap::Strip { len: n, inner_v6 } = decap(&frame, cfg.gue_port, &cfg.local_addr) else {
+        let Decap::Strip {
+            len: n,
+            inner_v6,
+            src,
+        } = decap(&frame, cfg.gue_port, &cfg.local_addr)
+        else {
             bump(DECAP_STAT_PASSED);
             return xdp_action::XDP_PASS;
         };
+        if DECAP_SOURCES
+            .get(Key::new(SOURCE_LOOKUP_BITS, src))
+            .is_none()
+        {
+            bump(DECAP_STAT_REFUSED_SOURCE);
+            return xdp_action::XDP_DROP;
+        }
         let Some(macs) = frame.read::<12>(0) else {
             return xdp_action::XDP_PASS;
         };

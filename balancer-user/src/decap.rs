@@ -4,15 +4,23 @@
 //! was sent. Its link and its maps are pinned under a directory of their
 //! own, so it outlives the command; attaching again replaces the program
 //! in the same link.
+//!
+//! It decapsulates only tunnels whose outer source is one of the
+//! balancers' (`--source`, held in `DECAP_SOURCES`): anyone else's tunnel
+//! would hand the backend's stack a packet with a source of the sender's
+//! choosing. Those are dropped and counted.
 
-use std::{net::IpAddr, path::Path};
+use std::{collections::BTreeSet, fmt, net::IpAddr, path::Path, str::FromStr};
 
 use aya::{
-    maps::{Array, MapData, PerCpuArray},
+    maps::{lpm_trie::Key, Array, LpmTrie, MapData, PerCpuArray},
     programs::{Xdp, XdpMode},
-    EbpfLoader,
+    Ebpf, EbpfLoader,
 };
-use balancer_common::{map_names, programs, DecapConfig, DECAP_STAT_PASSED, DECAP_STAT_STRIPPED};
+use balancer_common::{
+    encap::source_prefix, map_names, programs, Addr, DecapConfig, DECAP_STATS_LEN,
+    DECAP_STAT_PASSED, DECAP_STAT_REFUSED_SOURCE, DECAP_STAT_STRIPPED, MAX_DECAP_SOURCES,
+};
 
 use crate::{
     error::{BalancerError, Result},
@@ -25,13 +33,154 @@ use crate::{
 pub static DECAP_PROGRAM: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-decap"));
 
+/// Why `decap attach` wants at least one `--source`.
+pub const NO_SOURCE: &str = "at least one --source ADDR[/LEN] is required (the balancers' \
+     outer source addresses, the VIPs' --encap-source): a decapsulator open to every source \
+     lets anyone inject packets with forged inner sources into this backend";
+
+/// An outer source address, or prefix, tunnels are accepted from
+/// (`ADDR[/LEN]`, either family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SourcePrefix {
+    /// The address, its bits past `len` zero.
+    pub addr: IpAddr,
+    /// Prefix length in the family's bits (32 or 128 for one address).
+    pub len: u8,
+}
+
+impl SourcePrefix {
+    /// The `DECAP_SOURCES` key: the prefix length over the 16-byte
+    /// [`Addr`] (96 + `len` for IPv4) and the address, bits past it
+    /// cleared (a length past the family's width: the whole address).
+    pub fn key(&self) -> Key<Addr> {
+        let addr = Addr::from(self.addr);
+        match source_prefix(&addr, self.addr.is_ipv4(), self.len) {
+            Some((bits, masked)) => Key::new(bits, masked),
+            None => Key::new(128, addr),
+        }
+    }
+
+    /// The prefix of a `DECAP_SOURCES` key (`None` for one no
+    /// [`SourcePrefix::key`] makes).
+    pub fn from_key(k: &Key<Addr>) -> Option<SourcePrefix> {
+        let (bits, addr) = (k.prefix_len(), k.data());
+        if addr.is_v4() && bits >= 96 {
+            Some(SourcePrefix {
+                addr: IpAddr::from(addr),
+                len: (bits - 96) as u8,
+            })
+        } else if !addr.is_v4() && bits <= 128 {
+            Some(SourcePrefix {
+                addr: IpAddr::from(addr),
+                len: bits as u8,
+            })
+        } else {
+            None
+        }
+    }
+}
+
+impl FromStr for SourcePrefix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, len) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| format!("{a:?} is not an IPv4 or IPv6 address"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match len {
+            None => max,
+            Some(l) => l
+                .parse::<u8>()
+                .ok()
+                .filter(|&l| l <= max)
+                .ok_or_else(|| format!("prefix length {l:?} is not 0..={max}"))?,
+        };
+        let p = SourcePrefix { addr, len };
+        let k = p.key();
+        let masked = IpAddr::from(k.data());
+        if masked != addr {
+            return Err(format!(
+                "{s} has bits set past its prefix length (the prefix is {masked}/{len})"
+            ));
+        }
+        Ok(p)
+    }
+}
+
+impl fmt::Display for SourcePrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
 /// What the decapsulation program accepts.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct DecapOptions {
     /// GUE's UDP destination port (the VIPs' `--gue-port`).
     pub gue_port: u16,
     /// Only packets to this outer destination (`None`: any).
     pub local: Option<IpAddr>,
+    /// The outer sources tunnels are accepted from (at least one).
+    pub sources: Vec<SourcePrefix>,
+}
+
+/// Makes the `DECAP_SOURCES` map of a loaded decapsulation object hold
+/// exactly `sources`: the new entries go in before the stale ones go out,
+/// so a source kept across an update is never refused in between.
+///
+/// # Errors
+/// No sources (see [`NO_SOURCE`]), too many, or a map failure.
+pub fn set_sources(ebpf: &mut Ebpf, sources: &[SourcePrefix]) -> Result<()> {
+    if sources.is_empty() {
+        return Err(BalancerError::Invalid {
+            what: "decap sources",
+            reason: NO_SOURCE.into(),
+        });
+    }
+    let want: BTreeSet<SourcePrefix> = sources.iter().copied().collect();
+    if want.len() > MAX_DECAP_SOURCES as usize {
+        return Err(BalancerError::Full {
+            what: "the decapsulation source list",
+            capacity: MAX_DECAP_SOURCES,
+        });
+    }
+    let map_err = |action| {
+        move |source| BalancerError::Map {
+            map: map_names::DECAP_SOURCES,
+            action,
+            source,
+        }
+    };
+    let mut trie: LpmTrie<_, Addr, u8> = ebpf
+        .map_mut(map_names::DECAP_SOURCES)
+        .ok_or_else(|| missing(map_names::DECAP_SOURCES))?
+        .try_into()
+        .map_err(map_err("open"))?;
+    let keys: BTreeSet<(u32, Addr)> = want
+        .iter()
+        .map(|p| {
+            let k = p.key();
+            (k.prefix_len(), k.data())
+        })
+        .collect();
+    for &(bits, addr) in &keys {
+        trie.insert(&Key::new(bits, addr), 1, 0)
+            .map_err(map_err("write"))?;
+    }
+    let stale: Vec<Key<Addr>> = trie
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| !keys.contains(&(k.prefix_len(), k.data())))
+        .collect();
+    for k in &stale {
+        trie.remove(k).map_err(map_err("remove"))?;
+    }
+    Ok(())
 }
 
 /// Attaches the decapsulation program to `iface` (native or generic XDP)
@@ -41,6 +190,12 @@ pub struct DecapOptions {
 /// # Errors
 /// No such interface; another XDP program on it; the kernel's refusal.
 pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) -> Result<Attached> {
+    if opts.sources.is_empty() {
+        return Err(BalancerError::Invalid {
+            what: "decap sources",
+            reason: NO_SOURCE.into(),
+        });
+    }
     let ifindex = netdev::ifindex(iface)?;
     netdev::mac(iface)?;
     let link_pin = links::link_dir(pin_dir).join(links::pin_name(iface));
@@ -61,11 +216,17 @@ pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) ->
         action: format!("creating {}", pin_dir.display()),
         source,
     })?;
+    drop_short_stats_pin(pin_dir)?;
     let mut loader = EbpfLoader::new();
-    for name in [map_names::DECAP_CONFIG, map_names::DECAP_STATS] {
+    for name in [
+        map_names::DECAP_CONFIG,
+        map_names::DECAP_STATS,
+        map_names::DECAP_SOURCES,
+    ] {
         loader.map_pin_path(name, pin_dir.join(name));
     }
     let mut ebpf = loader.load(DECAP_PROGRAM).map_err(BalancerError::Load)?;
+    set_sources(&mut ebpf, &opts.sources)?;
     let mut config: Array<_, DecapConfig> = ebpf
         .map_mut(map_names::DECAP_CONFIG)
         .ok_or_else(|| missing(map_names::DECAP_CONFIG))?
@@ -118,12 +279,44 @@ pub fn detach(iface: &str, pin_dir: &Path) -> Result<bool> {
     Ok(was)
 }
 
-/// The decapsulation counters pinned in `pin_dir`: (packets decapsulated,
-/// frames passed untouched), summed over CPUs.
+/// A counter map pinned by an older version, with fewer counters than
+/// this program writes, is unpinned so the load creates a full one (its
+/// counts restart): the kernel would refuse the new indexes silently.
+fn drop_short_stats_pin(pin_dir: &Path) -> Result<()> {
+    let pin = pin_dir.join(map_names::DECAP_STATS);
+    let Ok(data) = MapData::from_pin(&pin) else {
+        return Ok(());
+    };
+    let short = data.info().is_ok_and(|i| i.max_entries() < DECAP_STATS_LEN);
+    drop(data);
+    if short {
+        std::fs::remove_file(&pin).map_err(|source| BalancerError::Io {
+            action: format!("removing the outdated {}", pin.display()),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The decapsulation program's counters, summed over CPUs, and the
+/// sources it accepts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DecapStats {
+    /// Packets decapsulated.
+    pub stripped: u64,
+    /// Frames passed untouched (not tunnels for us).
+    pub passed: u64,
+    /// Tunnels for us from an outer source not accepted, dropped.
+    pub refused_source: u64,
+    /// The accepted outer sources.
+    pub sources: Vec<SourcePrefix>,
+}
+
+/// The decapsulation counters and sources pinned in `pin_dir`.
 ///
 /// # Errors
 /// Nothing pinned there, or a map failure.
-pub fn stats(pin_dir: &Path) -> Result<(u64, u64)> {
+pub fn stats(pin_dir: &Path) -> Result<DecapStats> {
     let data = MapData::from_pin(pin_dir.join(map_names::DECAP_STATS)).map_err(|source| {
         BalancerError::Map {
             map: map_names::DECAP_STATS,
@@ -148,12 +341,95 @@ pub fn stats(pin_dir: &Path) -> Result<(u64, u64)> {
             .iter()
             .sum())
     };
-    Ok((sum(DECAP_STAT_STRIPPED)?, sum(DECAP_STAT_PASSED)?))
+    let mut sources = Vec::new();
+    if let Ok(data) = MapData::from_pin(pin_dir.join(map_names::DECAP_SOURCES)) {
+        let trie: LpmTrie<MapData, Addr, u8> = LpmTrie::try_from(aya::maps::Map::LpmTrie(data))
+            .map_err(|source| BalancerError::Map {
+                map: map_names::DECAP_SOURCES,
+                action: "open",
+                source,
+            })?;
+        sources = trie
+            .keys()
+            .filter_map(|k| k.ok().as_ref().and_then(SourcePrefix::from_key))
+            .collect();
+        sources.sort();
+    }
+    Ok(DecapStats {
+        stripped: sum(DECAP_STAT_STRIPPED)?,
+        passed: sum(DECAP_STAT_PASSED)?,
+        refused_source: sum(DECAP_STAT_REFUSED_SOURCE)?,
+        sources,
+    })
 }
 
 fn missing(what: &str) -> BalancerError {
     BalancerError::Invalid {
         what: "object",
         reason: format!("{what} missing from the decapsulation object"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<SourcePrefix, String> {
+        s.parse()
+    }
+
+    #[test]
+    fn sources_parse_in_both_families() {
+        let one = p("10.0.2.1").unwrap();
+        assert_eq!(one.len, 32);
+        assert_eq!(one.to_string(), "10.0.2.1/32");
+        assert_eq!(one.key().prefix_len(), 128);
+        assert_eq!(
+            one.key().data(),
+            Addr::from(std::net::Ipv4Addr::new(10, 0, 2, 1))
+        );
+        let net = p("10.0.2.0/24").unwrap();
+        assert_eq!(net.key().prefix_len(), 96 + 24);
+        let six = p("2001:db8:2::1").unwrap();
+        assert_eq!((six.len, six.key().prefix_len()), (128, 128));
+        let six_net = p("2001:db8:2::/48").unwrap();
+        assert_eq!(six_net.key().prefix_len(), 48);
+        for s in [
+            "10.0.2.1",
+            "10.0.2.0/24",
+            "0.0.0.0/0",
+            "2001:db8:2::/48",
+            "::/0",
+        ] {
+            let q = p(s).unwrap();
+            assert_eq!(SourcePrefix::from_key(&q.key()), Some(q), "{s}");
+        }
+    }
+
+    #[test]
+    fn bad_sources_are_refused_with_the_reason() {
+        assert!(p("10.0.2.1/33").unwrap_err().contains("0..=32"));
+        assert!(p("2001:db8::/129").unwrap_err().contains("0..=128"));
+        assert!(p("10.0.2.1/24").unwrap_err().contains("10.0.2.0/24"));
+        assert!(p("eth0").unwrap_err().contains("not an IPv4 or IPv6"));
+        assert!(p("10.0.2.0/x").is_err());
+    }
+
+    #[test]
+    fn attach_without_sources_is_refused_before_touching_anything() {
+        let err = attach(
+            "no-such-interface-xyz",
+            XdpMode::Default,
+            DecapOptions {
+                gue_port: 6080,
+                local: None,
+                sources: Vec::new(),
+            },
+            Path::new("/nonexistent/pins"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("--source"), "{err}");
+        assert!(err.contains("forged inner sources"), "{err}");
     }
 }

@@ -102,7 +102,7 @@ enum Cmd {
     /// decapsulation program.
     #[command(
         subcommand,
-        after_help = "Example:\n  balancer decap attach --iface eth0"
+        after_help = "Example:\n  balancer decap attach --iface eth0 --source 192.0.2.1"
     )]
     Decap(DecapCmd),
     /// This balancer among its peers: drain it from BGP, put it back, show

@@ -324,6 +324,8 @@ fn refused_fresh_keeps_pins(tb: &Testbed) -> anyhow::Result<()> {
 fn detach_checks(tb: &Testbed) -> anyhow::Result<()> {
     // Another program's link pinned in a directory of its own.
     let foreign = tb.dir().join("bpffs").join("foreign");
+    // Without --source the decapsulator would accept tunnels from anyone:
+    // refused, saying why, nothing attached.
     let out = Command::new("ip")
         .args(["netns", "exec", tb.lb.name()])
         .arg(tb.balancer_bin())
@@ -332,6 +334,34 @@ fn detach_checks(tb: &Testbed) -> anyhow::Result<()> {
             "attach",
             "--iface",
             "ma1",
+            "--pin-dir",
+            &s(&foreign),
+        ])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && err.contains("--source") && err.contains("forged inner sources"),
+        "decap attach without --source: status {}, {err}",
+        out.status
+    );
+    ensure!(
+        !foreign.join("links").join("ma1").exists(),
+        "decap attach without --source attached anyway"
+    );
+    println!(
+        "mistakes: decap attach without --source refused: {}",
+        err.lines().last().unwrap_or("")
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", tb.lb.name()])
+        .arg(tb.balancer_bin())
+        .args([
+            "decap",
+            "attach",
+            "--iface",
+            "ma1",
+            "--source",
+            "192.0.2.1",
             "--pin-dir",
             &s(&foreign),
         ])

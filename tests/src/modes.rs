@@ -8,16 +8,21 @@
 //! VIP: 200 connections, 50 held, every byte checked, every backend used,
 //! active counts equal to the held ones, and back to 0 once they close
 //! (released by the client's FIN where the balancer sees only the client's
-//! side).
+//! side). Then one IP-in-IP packet with a forged outer source reaches a
+//! backend: its decapsulation program drops and counts it, and the
+//! backend's stack never sees the inner packet, while the same packet from
+//! the balancer's address is delivered (the control).
 
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     process::Command,
     thread,
     time::Duration,
 };
 
 use anyhow::{ensure, Context as _};
+use etherparse::{IpNumber, Ipv4Header, PacketBuilder};
 
 use crate::{
     netns::enter_ns,
@@ -142,7 +147,9 @@ fn vips() -> [Vip; 9] {
 /// The first assertion that fails, with the daemon's log.
 pub fn run() -> anyhow::Result<()> {
     let mut tb = Testbed::build_with(BACKENDS, |_| false)?;
-    let r = setup(&mut tb).and_then(|_| run_on(&tb));
+    let r = setup(&mut tb)
+        .and_then(|_| run_on(&tb))
+        .and_then(|_| forged_tunnel(&tb));
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
@@ -211,7 +218,10 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
         let out = Command::new("ip")
             .args(["netns", "exec", tb.backends[k].name()])
             .arg(tb.balancer_bin())
-            .args(["decap", "attach", "--iface", "eth0", "--pin-dir"])
+            .args(["decap", "attach", "--iface", "eth0"])
+            // The balancer's outer sources (the VIPs' --encap-source).
+            .args(["--source", BALANCER_SRC4, "--source", BALANCER_SRC6])
+            .arg("--pin-dir")
             .arg(&pins)
             .output()?;
         ensure!(
@@ -234,24 +244,162 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Counter `what` of `balancer decap stats` on backend `k`.
+fn decap_stat(tb: &Testbed, k: usize, what: &str) -> anyhow::Result<u64> {
+    let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
+    let out = Command::new("ip")
+        .args(["netns", "exec", tb.backends[k].name()])
+        .arg(tb.balancer_bin())
+        .args(["decap", "stats", "--pin-dir"])
+        .arg(&pins)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix(what)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .with_context(|| format!("decap stats on backend {k}: no {what} in {text:?}"))
+}
+
 fn decapsulated(tb: &Testbed) -> anyhow::Result<u64> {
     let mut total = 0;
     for k in 0..BACKENDS {
-        let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
-        let out = Command::new("ip")
-            .args(["netns", "exec", tb.backends[k].name()])
-            .arg(tb.balancer_bin())
-            .args(["decap", "stats", "--pin-dir"])
-            .arg(&pins)
-            .output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        total += text
-            .lines()
-            .find_map(|l| l.strip_prefix("decapsulated "))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .context("decap stats")?;
+        total += decap_stat(tb, k, "decapsulated")?;
     }
     Ok(total)
+}
+
+/// The balancer's outer sources in this scenario (its addresses on the
+/// backends' segment, the VIPs' `--encap-source`).
+const BALANCER_SRC4: &str = "10.0.2.1";
+const BALANCER_SRC6: &str = "2001:db8:2::1";
+
+/// An IP-in-IP packet (outer IPv4 `outer_src` to `dst`) whose inner packet
+/// is a UDP datagram from a forged client address to `dst`:`port`.
+fn ipip_udp(
+    outer_src: Ipv4Addr,
+    dst: Ipv4Addr,
+    port: u16,
+    payload: &[u8],
+) -> anyhow::Result<Vec<u8>> {
+    let mut inner = Vec::new();
+    PacketBuilder::ipv4([198, 51, 100, 7], dst.octets(), 64)
+        .udp(40000, port)
+        .write(&mut inner, payload)?;
+    let mut outer = Ipv4Header::new(
+        inner.len() as u16,
+        64,
+        IpNumber::IPV4,
+        outer_src.octets(),
+        dst.octets(),
+    )?;
+    outer.header_checksum = outer.calc_header_checksum();
+    let mut pkt = Vec::new();
+    outer.write(&mut pkt)?;
+    pkt.extend_from_slice(&inner);
+    Ok(pkt)
+}
+
+/// Sends the raw IPv4 packets `pkts` (headers included, sources as
+/// written) from the balancer's namespace.
+fn send_raw_from_lb(tb: &Testbed, pkts: Vec<Vec<u8>>) -> anyhow::Result<()> {
+    let path = tb.lb.path();
+    thread::spawn(move || -> anyhow::Result<()> {
+        enter_ns(&path)?;
+        // SAFETY: plain socket call; the fd is owned right after.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_INET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_RAW,
+            )
+        };
+        ensure!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh fd we own.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        for pkt in pkts {
+            // SAFETY: sockaddr_in is plain old data; zero is valid.
+            let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            sin.sin_family = libc::AF_INET as u16;
+            sin.sin_addr.s_addr = u32::from_ne_bytes([pkt[16], pkt[17], pkt[18], pkt[19]]);
+            // SAFETY: packet and address are valid for the call.
+            let r = unsafe {
+                libc::sendto(
+                    sock.as_raw_fd(),
+                    pkt.as_ptr().cast(),
+                    pkt.len(),
+                    0,
+                    (&sin as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                )
+            };
+            ensure!(
+                r == pkt.len() as isize,
+                "raw send: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+}
+
+/// One IP-in-IP packet to backend 0 with a forged outer source, then the
+/// same from the balancer's own address: the first is dropped by the
+/// decapsulation program and counted as refused_source (its inner UDP
+/// datagram never reaches the backend's socket), the second is
+/// decapsulated and delivered (showing the check can see a delivery).
+fn forged_tunnel(tb: &Testbed) -> anyhow::Result<()> {
+    const PORT_UDP: u16 = 5999;
+    let name = "modes: forged tunnel";
+    let dst = backend_ip(0);
+    let path = tb.backends[0].path();
+    let sock = thread::spawn(move || -> anyhow::Result<UdpSocket> {
+        enter_ns(&path)?;
+        let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, PORT_UDP))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        Ok(s)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("listener thread panicked"))??;
+    let refused_before = decap_stat(tb, 0, "refused_source")?;
+    let stripped_before = decap_stat(tb, 0, "decapsulated")?;
+    let forger: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 99);
+    send_raw_from_lb(
+        tb,
+        vec![
+            ipip_udp(forger, dst, PORT_UDP, b"forged")?,
+            ipip_udp(BALANCER_SRC4.parse()?, dst, PORT_UDP, b"allowed")?,
+        ],
+    )?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while let Ok((n, from)) = sock.recv_from(&mut buf) {
+        got.push((String::from_utf8_lossy(&buf[..n]).into_owned(), from));
+        if got.len() == 2 {
+            break;
+        }
+    }
+    let refused = decap_stat(tb, 0, "refused_source")? - refused_before;
+    let stripped = decap_stat(tb, 0, "decapsulated")? - stripped_before;
+    ensure!(
+        refused == 1,
+        "{name}: refused_source rose by {refused}, not 1 (received {got:?})"
+    );
+    ensure!(
+        !got.iter().any(|(p, _)| p == "forged"),
+        "{name}: the backend's stack received the inner packet of the tunnel from {forger}: {got:?}"
+    );
+    ensure!(
+        got.iter().any(|(p, _)| p == "allowed"),
+        "{name}: the control from {BALANCER_SRC4} was not delivered either ({stripped} decapsulated): {got:?}"
+    );
+    println!(
+        "{name}: IP-in-IP from {forger} to backend {dst} dropped by its decapsulation program \
+         (refused_source +1), its inner datagram (from 198.51.100.7) never reached the backend's \
+         socket; the same tunnel from {BALANCER_SRC4} was decapsulated and delivered"
+    );
+    Ok(())
 }
 
 fn active(tb: &Testbed, vip: SocketAddr) -> anyhow::Result<u64> {

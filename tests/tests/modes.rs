@@ -18,6 +18,7 @@ fn direct_server_return_modes_with_real_tcp() {
             "modes: ipip6in4:",
             "modes: ipip4in6:",
             "modes: nat6:",
+            "modes: forged tunnel:",
         ],
     );
 }

@@ -4,7 +4,7 @@ use std::{net::IpAddr, path::PathBuf};
 
 use balancer::{
     daemon::ensure_bpffs,
-    decap::{self, DecapOptions},
+    decap::{self, DecapOptions, SourcePrefix},
     links::Attached,
     preflight,
 };
@@ -21,9 +21,13 @@ pub enum DecapCmd {
     /// Attach the decapsulation program to an interface of this backend:
     /// IP-in-IP and GUE packets to it lose their outer headers and reach
     /// the stack as the client sent them (the backend holds the VIP on a
-    /// loopback address and replies to the client directly). It stays
-    /// attached after the command ends; attaching again updates it.
-    #[command(after_help = "Example:\n  balancer decap attach --iface eth0 --gue-port 6080")]
+    /// loopback address and replies to the client directly), only from
+    /// the balancers' addresses (--source); a tunnel from any other source
+    /// is dropped and counted. It stays attached after the command ends;
+    /// attaching again updates it.
+    #[command(
+        after_help = "Example:\n  balancer decap attach --iface eth0 --source 192.0.2.1 --source 2001:db8::1 --gue-port 6080"
+    )]
     Attach {
         /// Interface receiving the encapsulated packets.
         #[arg(long = "iface", short = 'i')]
@@ -38,6 +42,13 @@ pub enum DecapCmd {
         /// Decapsulate only packets to this outer destination (default: any).
         #[arg(long)]
         local: Option<IpAddr>,
+        /// Decapsulate only tunnels from this outer source address or
+        /// prefix, ADDR[/LEN], IPv4 or IPv6 (the balancers' --encap-source
+        /// addresses); repeat for more. Required: a decapsulator open to
+        /// every source lets anyone inject packets with forged inner
+        /// sources. Tunnels from other sources are dropped and counted.
+        #[arg(long = "source", value_name = "ADDR[/LEN]")]
+        sources: Vec<SourcePrefix>,
         /// bpffs directory for its link and maps.
         #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]
         pin_dir: PathBuf,
@@ -52,8 +63,9 @@ pub enum DecapCmd {
         #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]
         pin_dir: PathBuf,
     },
-    /// Packets decapsulated and frames passed untouched, on every
-    /// interface it is attached to.
+    /// Packets decapsulated, frames passed untouched and tunnels refused
+    /// for their outer source, on every interface it is attached to, and
+    /// the accepted sources.
     #[command(after_help = "Example:\n  balancer decap stats")]
     Stats {
         /// bpffs directory of its link and maps.
@@ -68,6 +80,11 @@ impl DecapCmd {
     /// # Errors
     /// Privileges, the interface, the kernel's refusal.
     pub fn run(self) -> anyhow::Result<()> {
+        if let DecapCmd::Attach { sources, .. } = &self {
+            if sources.is_empty() {
+                anyhow::bail!("decap attach refused: {}", decap::NO_SOURCE);
+            }
+        }
         preflight::check_privileges()?;
         if ensure_bpffs()? {
             tracing::warn!("{}", balancer::daemon::PRIVATE_BPFFS);
@@ -78,12 +95,17 @@ impl DecapCmd {
                 mode,
                 gue_port,
                 local,
+                sources,
                 pin_dir,
             } => {
                 let how = decap::attach(
                     &iface,
                     mode.into(),
-                    DecapOptions { gue_port, local },
+                    DecapOptions {
+                        gue_port,
+                        local,
+                        sources,
+                    },
                     &pin_dir,
                 )?;
                 match how {
@@ -101,8 +123,13 @@ impl DecapCmd {
                 }
             }
             DecapCmd::Stats { pin_dir } => {
-                let (stripped, passed) = decap::stats(&pin_dir)?;
-                println!("decapsulated {stripped}\npassed {passed}");
+                let st = decap::stats(&pin_dir)?;
+                println!(
+                    "decapsulated {}\npassed {}\nrefused_source {}",
+                    st.stripped, st.passed, st.refused_source
+                );
+                let list: Vec<String> = st.sources.iter().map(|p| p.to_string()).collect();
+                println!("sources {}", list.join(" "));
             }
         }
         Ok(())
