@@ -94,6 +94,22 @@ pub const HANDSHAKE_ACK_WINDOW: u32 = 1 << 16;
 /// sender repeating itself), and is not evidence against the backend.
 pub const SYN_RETRANSMIT_MIN_NS: u64 = 500_000_000;
 
+/// How long after a direct-return flow was placed its client must come back
+/// for the flow to graduate from the unproven table to the established one,
+/// ns: longer than a flood keeps a forged flow in the unproven table (its
+/// own budget, evicted oldest first), so forged handshakes sent at flood
+/// rates never graduate. A forger that paces itself to keep its flows alive
+/// that long and sends each a second segment graduates at most the
+/// unproven table's size per this time.
+pub const PROOF_AGE_NS: u64 = 1_000_000_000;
+
+/// `true` when a client segment at `now_ns` makes an unproven
+/// direct-return flow placed at `created_ns` graduate ([`PROOF_AGE_NS`]).
+#[inline(always)]
+pub const fn graduates(created_ns: u64, now_ns: u64) -> bool {
+    now_ns.saturating_sub(created_ns) >= PROOF_AGE_NS
+}
+
 /// Which way a segment travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {

@@ -245,6 +245,7 @@ const fn fingerprint() -> u64 {
     h = map!(h, map_names::SERVER_FAILS, u32, ServerFails);
     h = map!(h, map_names::FLOWS, FlowKey, FlowEntry);
     h = map!(h, map_names::HALF_OPEN, FlowKey, FlowEntry);
+    h = map!(h, map_names::UNPROVEN, FlowKey, FlowEntry);
     h = map!(h, map_names::ORPHANS, FlowKey, Orphan);
     h = map!(h, map_names::STATS, u32, GlobalStats);
     h = map!(h, map_names::BACKEND_STATS, u32, TrafficStats);

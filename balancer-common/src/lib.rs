@@ -85,11 +85,20 @@ pub mod map_names {
     /// Flow table of established flows (and closed ones kept for late
     /// segments): [`crate::FlowKey`] -> [`crate::FlowEntry`] (LRU hash).
     pub const FLOWS: &str = "FLOWS";
-    /// Flow table of half-open flows (SYN placed, handshake not completed),
+    /// Flow table of half-open flows (SYN placed, handshake not proven),
     /// apart so that a SYN flood cannot evict established flows; a flow
-    /// moves to [`FLOWS`] on the client's first ACK. Same key and value
-    /// (LRU hash).
+    /// moves to [`FLOWS`] on the client's ACK of the backend's SYN (both
+    /// directions in view), or to [`UNPROVEN`] on the client's first ACK
+    /// (direct-return modes). Same key and value (LRU hash).
     pub const HALF_OPEN: &str = "HALF_OPEN";
+    /// Flow table of direct-return flows whose client has ACKed but whose
+    /// handshake the balancer cannot prove (the backend's SYN-ACK is not in
+    /// view), with closed entries of such flows: a budget of their own, so
+    /// forged handshakes displace no flow of [`FLOWS`]. A flow graduates to
+    /// [`FLOWS`] when its client sends a segment at least
+    /// `flow::PROOF_AGE_NS` after the flow was placed. Same key and value,
+    /// the half-open table's size (LRU hash).
+    pub const UNPROVEN: &str = "UNPROVEN";
     /// Flows the daemon expired or whose backend was removed:
     /// [`crate::FlowKey`] -> [`crate::Orphan`] (LRU hash). Their client's
     /// next segment gets a TCP RST instead of hanging.
@@ -722,6 +731,13 @@ pub enum Counter {
     /// Flows a peer balancer placed and synced that a segment brought here:
     /// adopted, and counted on their backend (docs/cluster.md).
     FlowsAdopted,
+    /// Direct-return flows moved from the half-open table to the unproven
+    /// one by their client's first ACK (`map_names::UNPROVEN`).
+    UnprovenFlows,
+    /// Direct-return flows that graduated from the unproven table to the
+    /// established one (their client came back `flow::PROOF_AGE_NS` after
+    /// the flow was placed).
+    Graduated,
     /// SYNs whose 5-tuple matched a peer's synced flow not adopted here: a
     /// new connection on a reused client port (or a forged sync), so the
     /// synced entry is dropped and the SYN placed by the choice rule.
@@ -814,6 +830,8 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "tx_icmp_too_big",
     "pass_ipv6_ext",
     "flows_adopted",
+    "unproven_flows",
+    "graduated",
     "synced_superseded",
     "drop_illegal_flags",
     "drop_mapped_v6",

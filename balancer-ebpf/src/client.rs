@@ -17,8 +17,8 @@ use crate::{
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
     maps::{
-        BACKEND_CONNS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS, SERVER_CONNS, STAGES, VIPS,
-        VIP_STATS,
+        BACKEND_CONNS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS, SERVER_CONNS, STAGES,
+        UNPROVEN, VIPS, VIP_STATS,
     },
     rewrite::{encap::Encap, nat::Nat, Rewrite},
     stats::{count, traffic, Failure},
@@ -139,8 +139,9 @@ pub fn unpinned(
         count(Counter::DropNoStage, 1);
         return Next::Action(xdp_action::XDP_DROP);
     }
-    // SAFETY: the entry is only read.
-    if let Some(e) = unsafe { FLOWS.get(&key.with_kind(flow_kind::CLOSED)) } {
+    // SAFETY: the entries are only read.
+    let closed = key.with_kind(flow_kind::CLOSED);
+    if let Some(e) = unsafe { FLOWS.get(&closed) }.or_else(|| unsafe { UNPROVEN.get(&closed) }) {
         let Some(b) = backend_of(e) else {
             count(Counter::ResetBackendGone, 1);
             return Next::Reset;

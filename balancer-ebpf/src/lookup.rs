@@ -10,7 +10,7 @@ use balancer_common::{
 
 use aya_ebpf::maps::LruHashMap;
 
-use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS, HALF_OPEN, ORPHANS, REPLY_SCRATCH};
+use crate::maps::{BACKENDS, BACKEND_VIPS, FLOWS, HALF_OPEN, ORPHANS, REPLY_SCRATCH, UNPROVEN};
 
 /// Which flow table a live flow is in.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub enum Table {
     Established,
     /// [`HALF_OPEN`]: handshake not completed.
     HalfOpen,
+    /// [`UNPROVEN`]: a direct-return flow whose client ACKed, not yet
+    /// proven.
+    Unproven,
 }
 
 impl Table {
@@ -28,17 +31,22 @@ impl Table {
         match self {
             Table::Established => &FLOWS,
             Table::HalfOpen => &HALF_OPEN,
+            Table::Unproven => &UNPROVEN,
         }
     }
 }
 
-/// The live flow of `key`, established or half-open.
+/// The live flow of `key`: established, half-open or unproven (in that
+/// order: an established flow costs one lookup).
 #[inline(always)]
 pub fn live(key: &FlowKey) -> Option<(*mut FlowEntry, Table)> {
     if let Some(e) = FLOWS.get_ptr_mut(key) {
         return Some((e, Table::Established));
     }
-    HALF_OPEN.get_ptr_mut(key).map(|e| (e, Table::HalfOpen))
+    if let Some(e) = HALF_OPEN.get_ptr_mut(key) {
+        return Some((e, Table::HalfOpen));
+    }
+    UNPROVEN.get_ptr_mut(key).map(|e| (e, Table::Unproven))
 }
 
 /// The LIVE key of a client-side segment (client -> VIP).

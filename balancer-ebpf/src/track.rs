@@ -11,12 +11,12 @@ use balancer_common::{
     source_bucket, Addr, Backend, Counter, FlowEntry, FlowKey,
 };
 
-use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::{bindings::BPF_NOEXIST, maps::LruHashMap};
 
 use crate::{
     atomic,
     lookup::Table,
-    maps::{BACKEND_CONNS, FLOWS, HALF_OPEN, SERVER_CONNS, SERVER_FAILS},
+    maps::{BACKEND_CONNS, FLOWS, HALF_OPEN, SERVER_CONNS, SERVER_FAILS, UNPROVEN},
     scratch,
     stats::{backend_failure, count, Failure},
 };
@@ -110,7 +110,15 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
         }
     }
     if table == Table::HalfOpen && flow::became(old, step.set, flow::F_ESTABLISHED) {
-        promote(key, e);
+        if one_sided {
+            // The backend's SYN-ACK is not in view: nothing proves the
+            // client saw it. The flow waits in a table of its own.
+            move_to(key, e, &HALF_OPEN, &UNPROVEN, Counter::UnprovenFlows);
+        } else {
+            move_to(key, e, &HALF_OPEN, &FLOWS, Counter::Promoted);
+        }
+    } else if table == Table::Unproven && flow::graduates(snapshot.created_ns, now) {
+        move_to(key, e, &UNPROVEN, &FLOWS, Counter::Graduated);
     }
     Event::NONE
 }
@@ -153,18 +161,22 @@ impl Event {
     }
 }
 
-/// Moves a half-open flow to the established table (exactly one caller
-/// sees the handshake complete). Its count moves with it.
+/// Moves the flow `key`, whose entry `e` is in `from`, to `to`, counted
+/// under `c`: exactly one caller's insert succeeds (the handshake
+/// completes, or the flow graduates, once). Its count moves with it.
 #[inline(always)]
-fn promote(key: &FlowKey, e: *mut FlowEntry) {
+fn move_to(
+    key: &FlowKey,
+    e: *mut FlowEntry,
+    from: &LruHashMap<FlowKey, FlowEntry>,
+    to: &LruHashMap<FlowKey, FlowEntry>,
+    c: Counter,
+) {
     // SAFETY: a flow-table value, copied by the insert (not to the stack:
     // 40 bytes of it).
-    if FLOWS
-        .insert(key, unsafe { &*e }, BPF_NOEXIST as u64)
-        .is_ok()
-    {
-        let _ = HALF_OPEN.remove(key);
-        count(Counter::Promoted, 1);
+    if to.insert(key, unsafe { &*e }, BPF_NOEXIST as u64).is_ok() {
+        let _ = from.remove(key);
+        count(c, 1);
     }
 }
 
@@ -217,9 +229,11 @@ fn close(
 ) {
     // Read before the delete, which frees `entry`.
     let slot = entry.backend_slot;
-    if table == Table::Established {
+    // An unproven flow's closed entry stays in the unproven table: a forged
+    // handshake's FIN must not put an entry in the established one.
+    if table != Table::HalfOpen {
         if let Some(k) = scratch::key(scratch::TEMP, live_key.with_kind(flow_kind::CLOSED)) {
-            let _ = FLOWS.insert(k, entry, 0);
+            let _ = table.map().insert(k, entry, 0);
         }
     }
     if table.map().remove(live_key).is_ok() {

@@ -352,6 +352,7 @@ impl Balancer {
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(map_names::FLOWS, opts.flow_table_size);
         loader.map_max_entries(map_names::HALF_OPEN, opts.half_open_table_size);
+        loader.map_max_entries(map_names::UNPROVEN, opts.half_open_table_size);
         loader.map_max_entries(map_names::AFFINITY, opts.affinity_table_size);
         if let Some(dir) = &opts.pin_dir {
             std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {

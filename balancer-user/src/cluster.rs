@@ -597,7 +597,8 @@ impl Sync {
                     let idle_ms = now_ns.saturating_sub(e.last_seen_ns) / 1_000_000;
                     if idle_ms > f.idle_ms as u64 + 200
                         && (maps.remove_flow(FlowTable::Established, &k)
-                            || maps.remove_flow(FlowTable::HalfOpen, &k))
+                            || maps.remove_flow(FlowTable::HalfOpen, &k)
+                            || maps.remove_flow(FlowTable::Unproven, &k))
                     {
                         if e.backend_slot == slot && e.backend_generation == generation {
                             maps.add_adjust(Count::Slot(slot), u64::MAX)?;

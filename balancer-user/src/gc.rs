@@ -213,9 +213,11 @@ impl Reconciler {
         let mut live: BTreeMap<Count, u64> = BTreeMap::new();
         let entries = maps.flow_entries()?;
         report.entries = entries.len() as u64;
+        // Entries of the tables beside the established one (half-open and
+        // unproven): the established table's fill is the rest.
         report.half_open_entries = entries
             .iter()
-            .filter(|(t, _, _)| *t == crate::maps::FlowTable::HalfOpen)
+            .filter(|(t, _, _)| *t != crate::maps::FlowTable::Established)
             .count() as u64;
         for (table, k, e) in &entries {
             let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));

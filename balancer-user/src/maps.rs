@@ -32,7 +32,7 @@ use crate::{
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
-pub const PINNED_MAPS: [&str; 24] = [
+pub const PINNED_MAPS: [&str; 25] = [
     map_names::LAYOUT,
     map_names::STAGES,
     map_names::REPLY_SCRATCH,
@@ -40,6 +40,7 @@ pub const PINNED_MAPS: [&str; 24] = [
     map_names::FORWARD_PLAN,
     map_names::RESET_PLAN,
     map_names::HALF_OPEN,
+    map_names::UNPROVEN,
     map_names::ORPHANS,
     map_names::VIPS,
     map_names::BACKEND_VIPS,
@@ -175,6 +176,9 @@ pub enum FlowTable {
     Established,
     /// Half-open flows.
     HalfOpen,
+    /// Direct-return flows whose handshake is unproven, and their closed
+    /// entries.
+    Unproven,
 }
 
 /// An active-connection count: of a slot (one backend under one VIP, for
@@ -220,6 +224,7 @@ pub struct Maps {
     choice_hist: PerCpuArray<MapData, u64>,
     flows: HashMap<MapData, FlowKey, FlowEntry>,
     half_open: HashMap<MapData, FlowKey, FlowEntry>,
+    unproven: HashMap<MapData, FlowKey, FlowEntry>,
     orphans: HashMap<MapData, FlowKey, Orphan>,
     affinity: HashMap<MapData, AffinityKey, AffinityEntry>,
     layout: Array<MapData, u64>,
@@ -268,6 +273,7 @@ impl Maps {
             choice_hist: take!(map_names::CHOICE_HIST),
             flows: take!(map_names::FLOWS),
             half_open: take!(map_names::HALF_OPEN),
+            unproven: take!(map_names::UNPROVEN),
             orphans: take!(map_names::ORPHANS),
             affinity: take!(map_names::AFFINITY),
             layout: take!(map_names::LAYOUT),
@@ -926,6 +932,7 @@ impl Maps {
         match t {
             FlowTable::Established => &self.flows,
             FlowTable::HalfOpen => &self.half_open,
+            FlowTable::Unproven => &self.unproven,
         }
     }
 
@@ -933,10 +940,11 @@ impl Maps {
         match t {
             FlowTable::Established => &mut self.flows,
             FlowTable::HalfOpen => &mut self.half_open,
+            FlowTable::Unproven => &mut self.unproven,
         }
     }
 
-    /// Every entry of both flow tables (a walk: entries added or removed
+    /// Every entry of the flow tables (a walk: entries added or removed
     /// meanwhile may or may not show).
     ///
     /// # Errors
@@ -946,6 +954,7 @@ impl Maps {
         for (t, name) in [
             (FlowTable::Established, map_names::FLOWS),
             (FlowTable::HalfOpen, map_names::HALF_OPEN),
+            (FlowTable::Unproven, map_names::UNPROVEN),
         ] {
             for item in self.table(t).iter() {
                 match item {
@@ -983,7 +992,11 @@ impl Maps {
     /// Up to `limit` flow entries of both tables, and whether more exist.
     pub fn some_flows(&self, limit: usize) -> (Vec<(FlowTable, FlowKey, FlowEntry)>, bool) {
         let mut out = Vec::new();
-        for t in [FlowTable::Established, FlowTable::HalfOpen] {
+        for t in [
+            FlowTable::Established,
+            FlowTable::HalfOpen,
+            FlowTable::Unproven,
+        ] {
             for (k, e) in self.table(t).iter().filter_map(|r| r.ok()) {
                 if out.len() >= limit {
                     return (out, true);
@@ -994,13 +1007,14 @@ impl Maps {
         (out, false)
     }
 
-    /// One flow entry: a live key in either table, a closed key in the
-    /// established table.
+    /// One flow entry: a live key in any table, a closed key in the
+    /// established or unproven table.
     pub fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
         self.flows
             .get(key, 0)
             .ok()
             .or_else(|| self.half_open.get(key, 0).ok())
+            .or_else(|| self.unproven.get(key, 0).ok())
     }
 
     /// Removes a flow entry; `true` when this call removed it (the data
@@ -1217,6 +1231,11 @@ pub fn check_pins(
         (map_names::FLOWS, flow_table_size, "--flow-table-size"),
         (
             map_names::HALF_OPEN,
+            half_open_size,
+            "--half-open-table-size",
+        ),
+        (
+            map_names::UNPROVEN,
             half_open_size,
             "--half-open-table-size",
         ),

@@ -146,6 +146,7 @@ pub fn flows(maps: &Maps, limit: usize) -> (Vec<FlowView>, bool) {
         .filter_map(|(table, k, e)| {
             let kind = match (table, k.kind) {
                 (FlowTable::HalfOpen, flow_kind::LIVE) => "half-open",
+                (FlowTable::Unproven, flow_kind::LIVE) if fl::counted(e.state) => "unproven",
                 (_, flow_kind::LIVE) if !fl::counted(e.state) => "synced",
                 (_, flow_kind::LIVE) => "live",
                 (_, flow_kind::CLOSED) => "closed",
