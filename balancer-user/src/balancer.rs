@@ -1531,7 +1531,7 @@ impl Balancer {
         // client with the backend's address, and the client's kernel would
         // reset the backend).
         let slots: BTreeSet<(u32, u32)> = gone.iter().map(|b| (b.slot, b.generation)).collect();
-        let now = crate::gc::monotonic_ns();
+        let now = crate::gc::datapath_now_ns();
         for k in self.maps.live_flows_of(&slots) {
             self.maps
                 .add_orphan(&k, orphan_reason::BACKEND_REMOVED, now)?;

@@ -30,7 +30,7 @@ use tokio::{net::UdpSocket, sync::Mutex};
 
 use crate::{
     error::Result,
-    gc::monotonic_ns,
+    gc::datapath_now_ns,
     maps::{flow_endpoints, ip_be, Count, FlowTable},
     state::State,
     Balancer,
@@ -406,7 +406,7 @@ impl Sync {
     /// Map read failure.
     pub fn tick(&mut self, lb: &mut Balancer, refresh: Duration) -> Result<Vec<Vec<u8>>> {
         let now = Instant::now();
-        let now_ns = monotonic_ns();
+        let now_ns = datapath_now_ns();
         let (state, maps) = lb.cluster_parts();
         let slots = synced_slots(state);
         let full = self.full_requested
@@ -564,7 +564,7 @@ impl Sync {
     }
 
     fn apply_flows(&mut self, lb: &mut Balancer, flows: &[WireFlow]) -> Result<()> {
-        let now_ns = monotonic_ns();
+        let now_ns = datapath_now_ns();
         let (state, maps) = lb.cluster_parts();
         for f in flows {
             let found = state.vips.get(&f.vip).and_then(|v| {
