@@ -218,11 +218,14 @@ impl ClusterConfig {
     ///
     /// # Errors
     /// A peer that is the listen address itself, listed twice, or of the
-    /// other family than an IPv4 listen address; a key shorter than
+    /// other family than an IPv4 listen address; an IPv4-mapped IPv6
+    /// address as a peer or the listen address; a key shorter than
     /// [`MIN_KEY_LEN`].
     pub fn validate(&self) -> anyhow::Result<()> {
+        crate::state::check_not_mapped("--cluster-listen", self.listen.ip())?;
         let mut seen = BTreeSet::new();
         for p in &self.peers {
+            crate::state::check_not_mapped("--peer", p.ip())?;
             let p = canonical(*p);
             anyhow::ensure!(
                 p != canonical(self.listen),
@@ -1082,6 +1085,8 @@ mod tests {
             ("10.0.9.11:7946", vec!["10.0.9.12:7946", "10.0.9.12:7946"]),
             ("10.0.9.11:7946", vec!["[2001:db8::2]:7946"]),
             ("10.0.9.11:7946", vec!["0.0.0.0:7946"]),
+            ("[::]:7946", vec!["[::ffff:10.0.9.12]:7946"]),
+            ("[::ffff:10.0.9.11]:7946", vec!["10.0.9.12:7946"]),
         ] {
             assert!(cfg(l, &p).validate().is_err(), "{l} {p:?}");
         }

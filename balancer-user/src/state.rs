@@ -435,6 +435,7 @@ impl VipSettings {
                     reason: format!("{a} is not a unicast address"),
                 })
             }
+            (_, Some(a)) if mapped_ipv4(&a).is_some() => check_not_mapped("encap source", a)?,
             _ => {}
         }
         if self.gue_port == 0 {
@@ -883,8 +884,38 @@ pub fn check_endpoint(what: &'static str, a: SocketAddr) -> Result<()> {
             reason: format!("{a}: a loopback address never reaches XDP on a NIC"),
         });
     }
-    Ok(())
+    check_not_mapped(what, a.ip())
 }
+
+/// `Some` with the IPv4 address when `a` is an IPv4-mapped IPv6 address
+/// (`::ffff:0:0/96`).
+pub fn mapped_ipv4(a: &IpAddr) -> Option<std::net::Ipv4Addr> {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V4(_) => None,
+    }
+}
+
+/// Refuses an IPv4-mapped IPv6 address (`::ffff:0:0/96`): no IPv6 packet
+/// carries one on the wire, and as a configured address it names the IPv4
+/// address it maps, under a second spelling the checks for a duplicate
+/// VIP, a backend of another family or a forwarding loop would miss.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming `what` and the IPv4 spelling.
+pub fn check_not_mapped(what: &'static str, a: IpAddr) -> Result<()> {
+    match mapped_ipv4(&a) {
+        Some(v4) => Err(BalancerError::Invalid {
+            what,
+            reason: format!(
+                "{a} is an IPv4-mapped IPv6 address (::ffff:0:0/96), which never appears in an \
+                 IPv6 packet: write the IPv4 address {v4}"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 
 /// Validates a backend of `vip`.
 ///
@@ -978,6 +1009,49 @@ mod tests {
         assert!(check_endpoint("VIP", "10.0.0.10:0".parse().unwrap()).is_err());
         assert!(check_endpoint("VIP", "0.0.0.0:80".parse().unwrap()).is_err());
         assert!(check_endpoint("VIP", "224.0.0.1:80".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_refused_everywhere() {
+        let refused = |r: Result<()>| {
+            let e = r
+                .expect_err("an IPv4-mapped address was accepted")
+                .to_string();
+            assert!(e.contains("IPv4-mapped"), "{e}");
+        };
+        // A VIP beside the IPv4 one it maps, a backend of an IPv6 VIP.
+        refused(check_endpoint(
+            "VIP",
+            "[::ffff:10.0.0.10]:80".parse().unwrap(),
+        ));
+        refused(check_backend_for(
+            "[2001:db8::10]:80".parse().unwrap(),
+            &VipSettings::default(),
+            "[::ffff:10.1.0.11]:8080".parse().unwrap(),
+        ));
+        // The encapsulation's outer source.
+        refused(
+            VipSettings {
+                mode: ForwardingMode::Ipip,
+                encap_source: Some("::ffff:10.0.9.1".parse().unwrap()),
+                ..VipSettings::default()
+            }
+            .validate(),
+        );
+        // Neighbours of ::ffff:0:0/96 are ordinary IPv6 addresses.
+        assert!(check_endpoint("VIP", "[::fffe:a00:a]:80".parse().unwrap()).is_ok());
+        assert!(check_endpoint("VIP", "[64:ff9b::a00:a]:80".parse().unwrap()).is_ok());
+        // A state file holding one is refused at start.
+        let mut s = State::default();
+        let v = vip("[::ffff:10.0.0.10]:80", 0, &[]);
+        s.vips.insert(v.addr, v);
+        refused(s.validate());
+        let mut s = State::default();
+        let v = vip("[2001:db8::10]:80", 0, &[("[::ffff:10.1.0.11]:8080", 0)]);
+        s.vips.insert(v.addr, v);
+        s.servers
+            .insert("[::ffff:10.1.0.11]:8080".parse().unwrap(), 0);
+        refused(s.validate());
     }
 
     #[test]
