@@ -166,6 +166,10 @@ pub struct VipEntry {
     /// Prefix length grouping clients for affinity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistence_netmask: Option<u8>,
+    /// The VIP may be an address of the balancer's host (`vip add
+    /// --allow-host-address`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_host_address: bool,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -199,6 +203,7 @@ impl VipEntry {
             mode: self.mode,
             encap_source: self.encap_source,
             gue_port: self.gue_port,
+            allow_host_address: self.allow_host_address,
         }
     }
 
@@ -216,6 +221,7 @@ impl VipEntry {
             ejection_time: s.ejection_time,
             persistence: s.persistence,
             persistence_netmask: s.persistence_netmask,
+            allow_host_address: s.allow_host_address,
             backends,
         }
     }

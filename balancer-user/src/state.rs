@@ -292,6 +292,14 @@ pub struct VipSettings {
     /// GUE's UDP destination port on the backends (the `gue` mode).
     #[serde(default = "default_gue_port")]
     pub gue_port: u16,
+    /// The VIP may be an address of the balancer's own host (an address
+    /// of one of the daemon's network namespace's interfaces): the
+    /// operator means the balancer to take that address and port over from
+    /// the host's own service. Refused without it (default false). Such a
+    /// VIP leaves no tombstone when removed: the host's service gets its
+    /// port back at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_host_address: bool,
 }
 
 fn default_gue_port() -> u16 {
@@ -368,6 +376,7 @@ impl Default for VipSettings {
             mode: ForwardingMode::Nat,
             encap_source: None,
             gue_port: default_gue_port(),
+            allow_host_address: false,
         }
     }
 }
@@ -602,6 +611,8 @@ impl State {
             let mut seen = BTreeSet::new();
             for b in &v.backends {
                 check_backend_for(v.addr, &v.settings, b.addr).map_err(|e| bad(e.to_string()))?;
+                check_backend_not_vip(v.addr, b.addr, self.vips.keys().copied())
+                    .map_err(|e| bad(e.to_string()))?;
                 if !seen.insert(b.addr) {
                     return Err(bad(format!("VIP {addr}: backend {} listed twice", b.addr)));
                 }
@@ -916,7 +927,6 @@ pub fn check_not_mapped(what: &'static str, a: IpAddr) -> Result<()> {
     }
 }
 
-
 /// Validates a backend of `vip`.
 ///
 /// # Errors
@@ -927,6 +937,101 @@ pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
         return Err(BalancerError::Invalid {
             what: "backend",
             reason: format!("{b} is the VIP itself"),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses backend `b` of VIP `vip` on the address (any port) of one of
+/// `vips`: the balancer would forward that VIP's connections to a VIP
+/// (possibly its own), a forwarding loop, or two VIPs each other's
+/// backends.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the backend and the VIP it is.
+pub fn check_backend_not_vip(
+    vip: SocketAddr,
+    b: SocketAddr,
+    vips: impl IntoIterator<Item = SocketAddr>,
+) -> Result<()> {
+    match vips.into_iter().find(|v| v.ip() == b.ip()) {
+        Some(v) => Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!(
+                "backend {b} of VIP {vip} is the address of VIP {v}: a forwarding loop"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses VIP `vip` on the address (any port) of a backend among
+/// `backends` (pairs of a VIP and one of its backends): that VIP would
+/// forward to this one, a forwarding loop.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the VIP and the backend it is.
+pub fn check_vip_not_backend(
+    vip: SocketAddr,
+    backends: impl IntoIterator<Item = (SocketAddr, SocketAddr)>,
+) -> Result<()> {
+    match backends.into_iter().find(|(_, b)| b.ip() == vip.ip()) {
+        Some((v, b)) => Err(BalancerError::Invalid {
+            what: "VIP",
+            reason: format!(
+                "VIP {vip} is the address of backend {b} of VIP {v}: a forwarding loop"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses an address of the balancer's own host (`host`: its network
+/// namespace's interface addresses) as backend `b` of `vip`: the balancer
+/// would forward to itself.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the backend.
+pub fn check_backend_not_host(
+    vip: SocketAddr,
+    b: SocketAddr,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    if host.contains(&b.ip()) {
+        return Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!(
+                "backend {b} of VIP {vip} is {}, an address of the balancer's own host: a \
+                 forwarding loop",
+                b.ip()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses an address of the balancer's own host (`host`) as VIP `vip`
+/// unless its settings allow it (`allow_host_address`): the VIP would take
+/// the port over from the host's own service without the operator saying
+/// so.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the VIP and the setting that allows it.
+pub fn check_vip_not_host(
+    vip: SocketAddr,
+    settings: &VipSettings,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    if host.contains(&vip.ip()) && !settings.allow_host_address {
+        return Err(BalancerError::Invalid {
+            what: "VIP",
+            reason: format!(
+                "VIP {vip} is on {}, an address of the balancer's own host: it would take port {} \
+                 over from the host's own service; if that is meant, say so with \
+                 --allow-host-address (allow_host_address = true)",
+                vip.ip(),
+                vip.port()
+            ),
         });
     }
     Ok(())
@@ -1052,6 +1157,19 @@ mod tests {
         s.servers
             .insert("[::ffff:10.1.0.11]:8080".parse().unwrap(), 0);
         refused(s.validate());
+    }
+
+    #[test]
+    fn allow_host_address_defaults_to_false_in_older_state_files() {
+        let v = vip("10.0.0.10:80", 0, &[]);
+        let text = serde_json::to_string(&v).unwrap();
+        // Written only when set: files stay as before for every other VIP.
+        assert!(!text.contains("allow_host_address"), "{text}");
+        let back: VipConfig = serde_json::from_str(&text).unwrap();
+        assert!(!back.settings.allow_host_address);
+        let on = text.replacen('{', "{\"allow_host_address\":true,", 1);
+        let back: VipConfig = serde_json::from_str(&on).unwrap();
+        assert!(back.settings.allow_host_address);
     }
 
     #[test]
