@@ -100,6 +100,9 @@ pub struct VipPatch {
     /// GUE's UDP destination port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gue_port: Option<u16>,
+    /// The VIP may be an address of the balancer's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_host_address: Option<bool>,
 }
 
 impl VipPatch {
@@ -144,6 +147,9 @@ impl VipPatch {
         }
         if let Some(p) = self.gue_port {
             s.gue_port = p;
+        }
+        if let Some(a) = self.allow_host_address {
+            s.allow_host_address = a;
         }
         s
     }

@@ -8,7 +8,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     time::Instant,
 };
@@ -37,7 +37,8 @@ use crate::{
     netdev,
     retired::Retired,
     state::{
-        check_backend_for, check_endpoint, check_weight, BackendConfig, State, VipConfig,
+        check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
+        check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, State, VipConfig,
         VipSettings,
     },
     telemetry,
@@ -161,7 +162,14 @@ pub struct Balancer {
     table_sizes: (u32, u32),
     /// The cluster as its tasks last saw it (none: a balancer on its own).
     cluster_view: Option<crate::cluster::ClusterView>,
+    /// The addresses of the balancer's host ([`netdev::host_addresses`];
+    /// tests give their own, [`Balancer::set_host_addresses`]).
+    host_addresses: HostAddresses,
 }
+
+/// Where [`Balancer`] learns the addresses its host owns (a VIP on one
+/// needs `allow_host_address`; a backend on one is a forwarding loop).
+pub type HostAddresses = fn() -> Result<BTreeSet<IpAddr>>;
 
 /// Checks a whole configuration as the API would check each VIP and
 /// backend, before anything is changed.
@@ -227,15 +235,18 @@ pub fn locate_config_error(c: &crate::config::Config) -> std::result::Result<(),
             if let Some(h) = &b.health {
                 h.validate().map_err(here)?;
             }
+            check_backend_not_vip(v.address, b.address, c.vips.iter().map(|v| v.address))
+                .map_err(here)?;
         }
     }
     Ok(())
 }
 
 /// What [`Balancer::add_backends_weighted`] checks before it changes
-/// anything: the weight, each address for the VIP's family and mode,
-/// duplicates, and room (VIPs per backend address, backends per VIP,
-/// backend slots).
+/// anything: the weight, each address for the VIP's family and mode, that
+/// none is the address of a VIP or of the balancer's host (`host`: a
+/// forwarding loop), duplicates, and room (VIPs per backend address,
+/// backends per VIP, backend slots).
 ///
 /// # Errors
 /// As `add_backends_weighted`, but map failure.
@@ -244,6 +255,7 @@ fn check_new_backends(
     vip: SocketAddr,
     addrs: &[SocketAddr],
     weight: u32,
+    host: &BTreeSet<IpAddr>,
 ) -> Result<()> {
     check_weight(weight)?;
     let v = state.vip(&vip)?;
@@ -252,6 +264,8 @@ fn check_new_backends(
     let mode = v.settings.mode;
     for a in addrs {
         check_backend_for(vip, &v.settings, *a)?;
+        check_backend_not_vip(vip, *a, state.vips.keys().copied())?;
+        check_backend_not_host(vip, *a, host)?;
         if mode.direct_return() && a.port() != vip.port() {
             return Err(BalancerError::Invalid {
                 what: "backend",
@@ -291,14 +305,45 @@ fn check_new_backends(
     state.allocate_slots(addrs.len()).map(|_| ())
 }
 
+/// What [`Balancer::add_vip_with`] checks before it changes anything: the
+/// address, the settings, that the address is no backend's (a forwarding
+/// loop) and not the balancer's host's (`host`) unless the settings allow
+/// it, and that the VIP is new.
+///
+/// # Errors
+/// [`BalancerError::Invalid`], [`BalancerError::DuplicateVip`].
+fn check_new_vip(
+    state: &State,
+    addr: SocketAddr,
+    settings: &VipSettings,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    check_endpoint("VIP", addr)?;
+    settings.validate_for(addr)?;
+    check_vip_not_backend(
+        addr,
+        state
+            .vips
+            .values()
+            .flat_map(|v| v.backends.iter().map(move |b| (v.addr, b.addr))),
+    )?;
+    check_vip_not_host(addr, settings, host)?;
+    if state.vips.contains_key(&addr) {
+        return Err(BalancerError::DuplicateVip { vip: addr });
+    }
+    Ok(())
+}
+
 /// What [`Balancer::replace_vip_settings`] checks before it changes
-/// anything: the values, each backend against them, and that the mode of a
-/// VIP with backends stays.
+/// anything: the values, each backend against them, that a VIP on an
+/// address of the balancer's host (`host`) keeps `allow_host_address`, and
+/// that the mode of a VIP with backends stays.
 ///
 /// # Errors
 /// [`BalancerError::Invalid`] naming the value.
-fn check_settings_change(v: &VipConfig, new: &VipSettings) -> Result<()> {
+fn check_settings_change(v: &VipConfig, new: &VipSettings, host: &BTreeSet<IpAddr>) -> Result<()> {
     new.validate_for(v.addr)?;
+    check_vip_not_host(v.addr, new, host)?;
     for b in &v.backends {
         check_backend_for(v.addr, new, b.addr)?;
     }
@@ -455,6 +500,7 @@ impl Balancer {
             default_timeouts: Timeouts::default(),
             table_sizes: (opts.flow_table_size, opts.half_open_table_size),
             cluster_view: None,
+            host_addresses: netdev::host_addresses,
         })
     }
 
@@ -713,6 +759,14 @@ impl Balancer {
         self.default_timeouts = t;
     }
 
+    /// Replaces where the addresses of the balancer's host come from (by
+    /// default its network namespace's interfaces): a test that runs the
+    /// balancer in a namespace holding its VIPs or backends gives a fixed
+    /// set.
+    pub fn set_host_addresses(&mut self, f: HostAddresses) {
+        self.host_addresses = f;
+    }
+
     /// The running state in the declarative form (`balancer export`).
     pub fn export_config(&self) -> crate::config::Config {
         crate::config::export(&self.state, &self.timeouts())
@@ -818,6 +872,7 @@ impl Balancer {
     fn check_plan(&self, changes: &[crate::config::Change], lines: &[String]) -> Result<()> {
         use crate::config::Change;
         let mut st = self.state.clone();
+        let host = (self.host_addresses)()?;
         for (k, c) in changes.iter().enumerate() {
             let r = (|| -> Result<()> {
                 match c {
@@ -829,11 +884,7 @@ impl Balancer {
                         Ok(())
                     }
                     Change::AddVip(v, s) => {
-                        check_endpoint("VIP", *v)?;
-                        s.validate_for(*v)?;
-                        if st.vips.contains_key(v) {
-                            return Err(BalancerError::DuplicateVip { vip: *v });
-                        }
+                        check_new_vip(&st, *v, s, &host)?;
                         // Tombstones give way (Balancer::free_vip_index).
                         let used: BTreeSet<u32> = st.vips.values().map(|v| v.index).collect();
                         let index = (0..MAX_VIPS).find(|i| !used.contains(i)).ok_or(
@@ -855,7 +906,7 @@ impl Balancer {
                         Ok(())
                     }
                     Change::SetVip(v, s) => {
-                        check_settings_change(st.vip(v)?, s)?;
+                        check_settings_change(st.vip(v)?, s, &host)?;
                         st.vip_mut(v)?.settings = s.clone();
                         Ok(())
                     }
@@ -866,7 +917,7 @@ impl Balancer {
                         Ok(())
                     }
                     Change::AddBackend(v, b, w) => {
-                        check_new_backends(&st, *v, &[*b], *w)?;
+                        check_new_backends(&st, *v, &[*b], *w, &host)?;
                         let slot = st.allocate_slots(1)?[0];
                         st.server_for(*b)?;
                         st.next_slot = (slot + 1) % BACKEND_SLOTS;
@@ -915,6 +966,24 @@ impl Balancer {
             state.server_for(*a)?;
         }
         state.validate()?;
+        // The host's addresses change outside the balancer's control: one
+        // that came to hold a VIP or a backend since the change that added
+        // it is worth a warning, not a refusal to serve every VIP.
+        match (self.host_addresses)() {
+            Ok(host) => {
+                for v in state.vips.values() {
+                    if let Err(e) = check_vip_not_host(v.addr, &v.settings, &host) {
+                        tracing::warn!("state file: {e}");
+                    }
+                    for b in &v.backends {
+                        if let Err(e) = check_backend_not_host(v.addr, b.addr, &host) {
+                            tracing::warn!("state file: {e}");
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
         self.state = state;
         self.retired.forget_present(&self.state);
         // Entries no state accounts for (a change the state file never
@@ -953,11 +1022,7 @@ impl Balancer {
     /// Invalid address or settings, duplicate VIP, full VIP table, map
     /// failure.
     pub fn add_vip_with(&mut self, addr: SocketAddr, settings: VipSettings) -> Result<()> {
-        check_endpoint("VIP", addr)?;
-        settings.validate_for(addr)?;
-        if self.state.vips.contains_key(&addr) {
-            return Err(BalancerError::DuplicateVip { vip: addr });
-        }
+        check_new_vip(&self.state, addr, &settings, &(self.host_addresses)()?)?;
         // A VIP added back at a removed address takes over its tombstone.
         self.retired.forget_vip(&addr);
         let index = self.free_vip_index()?;
@@ -1041,7 +1106,7 @@ impl Balancer {
     pub fn replace_vip_settings(&mut self, addr: SocketAddr, new: VipSettings) -> Result<()> {
         let v = self.state.vip(&addr)?;
         let old = v.settings.clone();
-        check_settings_change(v, &new)?;
+        check_settings_change(v, &new, &(self.host_addresses)()?)?;
         let backends: Vec<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
         let encap_changed = (new.encap_source, new.gue_port) != (old.encap_source, old.gue_port);
         self.state.vip_mut(&addr)?.settings = new;
@@ -1083,11 +1148,18 @@ impl Balancer {
     /// Unknown VIP, map failure.
     pub fn remove_vip(&mut self, addr: SocketAddr) -> Result<()> {
         let v = self.state.vip(&addr)?.clone();
-        // A tombstone for the orphan time: its clients' next segments get a
-        // reset, new connections a refusal (crate::retired).
-        self.maps.publish_tombstone(&addr, v.index)?;
         let now = Instant::now();
-        self.retired.add_vip(addr, v.index, now);
+        if v.settings.allow_host_address {
+            // No tombstone: the address is the host's, and its own service
+            // gets the port back at once (the VIP's clients' next segments
+            // reach that service, which resets them).
+            self.maps.remove_vip(&addr)?;
+        } else {
+            // A tombstone for the orphan time: its clients' next segments
+            // get a reset, new connections a refusal (crate::retired).
+            self.maps.publish_tombstone(&addr, v.index)?;
+            self.retired.add_vip(addr, v.index, now);
+        }
         if v.settings.mode == crate::state::ForwardingMode::Nat {
             for b in &v.backends {
                 self.retired.add_backend(b.addr, addr, now);
@@ -1152,7 +1224,7 @@ impl Balancer {
         addrs: &[SocketAddr],
         weight: u32,
     ) -> Result<()> {
-        check_new_backends(&self.state, vip, addrs, weight)?;
+        check_new_backends(&self.state, vip, addrs, weight, &(self.host_addresses)()?)?;
         let mode = self.state.vip(&vip)?.settings.mode;
         let slots = self.state.allocate_slots(addrs.len())?;
         let mut added = Vec::with_capacity(addrs.len());
@@ -1541,7 +1613,7 @@ impl Balancer {
         // client with the backend's address, and the client's kernel would
         // reset the backend).
         let slots: BTreeSet<(u32, u32)> = gone.iter().map(|b| (b.slot, b.generation)).collect();
-        let now = crate::gc::monotonic_ns();
+        let now = crate::gc::datapath_now_ns();
         for k in self.maps.live_flows_of(&slots) {
             self.maps
                 .add_orphan(&k, orphan_reason::BACKEND_REMOVED, now)?;
@@ -1564,7 +1636,10 @@ impl Balancer {
     fn sync_local_addrs(&mut self, refresh: bool) -> Result<()> {
         use balancer_common::{martian_class, MARTIAN_PREFIXES};
         if refresh || self.host_addrs.is_none() {
-            self.host_addrs = Some(crate::netdev::host_addrs());
+            // A failed read keeps the last list.
+            if let Ok(a) = (self.host_addresses)() {
+                self.host_addrs = Some(a.into_iter().collect());
+            }
         }
         let mut want: BTreeMap<(balancer_common::Addr, u32), u32> = MARTIAN_PREFIXES
             .iter()
@@ -1648,5 +1723,186 @@ pub fn mode_name(mode: XdpMode) -> &'static str {
         XdpMode::Skb => "generic",
         XdpMode::Hardware => "offload",
         XdpMode::Default => "default",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(vips: &[(&str, &[&str])]) -> State {
+        let mut s = State::default();
+        let mut slot = 0;
+        for (index, (v, backends)) in vips.iter().enumerate() {
+            let addr: SocketAddr = v.parse().unwrap();
+            let backends = backends
+                .iter()
+                .map(|b| {
+                    slot += 1;
+                    BackendConfig {
+                        addr: b.parse().unwrap(),
+                        state: BackendState::Active,
+                        slot,
+                        generation: 1,
+                        weight: 1,
+                        health: None,
+                    }
+                })
+                .collect();
+            s.vips.insert(
+                addr,
+                VipConfig {
+                    addr,
+                    index: index as u32,
+                    list: 0,
+                    settings: VipSettings::default(),
+                    backends,
+                },
+            );
+        }
+        for a in s.backend_uses().into_keys().collect::<Vec<_>>() {
+            s.server_for(a).unwrap();
+        }
+        s
+    }
+
+    fn host(addrs: &[&str]) -> BTreeSet<IpAddr> {
+        addrs.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    fn addr(a: &str) -> SocketAddr {
+        a.parse().unwrap()
+    }
+
+    /// The error's text, which must name every one of `names`.
+    fn refused(r: Result<()>, names: &[&str]) {
+        let e = r.expect_err("accepted").to_string();
+        for n in names {
+            assert!(e.contains(n), "{n:?} not in {e:?}");
+        }
+    }
+
+    #[test]
+    fn a_backend_on_a_vips_address_is_a_loop() {
+        let st = state(&[("10.0.0.10:80", &[]), ("10.0.0.20:80", &[])]);
+        let none = host(&[]);
+        // Another VIP's address, any port.
+        refused(
+            check_new_backends(&st, addr("10.0.0.20:80"), &[addr("10.0.0.10:80")], 1, &none),
+            &[
+                "backend 10.0.0.10:80 of VIP 10.0.0.20:80 is the address of VIP 10.0.0.10:80",
+                "forwarding loop",
+            ],
+        );
+        refused(
+            check_new_backends(
+                &st,
+                addr("10.0.0.20:80"),
+                &[addr("10.0.0.10:8080")],
+                1,
+                &none,
+            ),
+            &["10.0.0.10:8080", "VIP 10.0.0.10:80", "forwarding loop"],
+        );
+        // Its own VIP's address on another port.
+        refused(
+            check_new_backends(
+                &st,
+                addr("10.0.0.20:80"),
+                &[addr("10.0.0.20:8080")],
+                1,
+                &none,
+            ),
+            &["VIP 10.0.0.20:80", "forwarding loop"],
+        );
+        assert!(check_new_backends(
+            &st,
+            addr("10.0.0.20:80"),
+            &[addr("10.0.2.10:8080")],
+            1,
+            &none
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_vip_on_a_backends_address_is_a_loop() {
+        let st = state(&[("10.0.0.20:80", &["10.0.2.10:8080"])]);
+        let s = VipSettings::default();
+        refused(
+            check_new_vip(&st, addr("10.0.2.10:80"), &s, &host(&[])),
+            &[
+                "VIP 10.0.2.10:80 is the address of backend 10.0.2.10:8080 of VIP 10.0.0.20:80",
+                "forwarding loop",
+            ],
+        );
+        assert!(check_new_vip(&st, addr("10.0.0.21:80"), &s, &host(&[])).is_ok());
+        // A state file holding a loop is refused at start.
+        let looped = state(&[
+            ("10.0.0.10:80", &["10.0.0.20:80"]),
+            ("10.0.0.20:80", &["10.0.0.10:80"]),
+        ]);
+        refused(looped.validate(), &["forwarding loop"]);
+        assert!(st.validate().is_ok());
+    }
+
+    #[test]
+    fn the_hosts_addresses_need_saying_so() {
+        let st = state(&[("10.0.0.20:80", &[])]);
+        let h = host(&["10.0.1.1", "2001:db8:1::1"]);
+        // A backend on the host: a loop, whatever the settings.
+        refused(
+            check_new_backends(&st, addr("10.0.0.20:80"), &[addr("10.0.1.1:8080")], 1, &h),
+            &[
+                "backend 10.0.1.1:8080 of VIP 10.0.0.20:80",
+                "own host",
+                "forwarding loop",
+            ],
+        );
+        // A VIP on the host: only with allow_host_address.
+        let mut s = VipSettings::default();
+        refused(
+            check_new_vip(&st, addr("10.0.1.1:80"), &s, &h),
+            &["VIP 10.0.1.1:80", "own host", "--allow-host-address"],
+        );
+        refused(
+            check_new_vip(&st, addr("[2001:db8:1::1]:80"), &s, &h),
+            &["own host"],
+        );
+        s.allow_host_address = true;
+        assert!(check_new_vip(&st, addr("10.0.1.1:80"), &s, &h).is_ok());
+        // Taking the permission back from a VIP on the host is refused.
+        let mut on_host = state(&[("10.0.1.1:80", &[])]);
+        on_host.vip_mut(&addr("10.0.1.1:80")).unwrap().settings = s.clone();
+        let v = on_host.vip(&addr("10.0.1.1:80")).unwrap();
+        refused(
+            check_settings_change(v, &VipSettings::default(), &h),
+            &["--allow-host-address"],
+        );
+        assert!(check_settings_change(v, &s, &h).is_ok());
+    }
+
+    #[test]
+    fn a_configuration_file_with_a_loop_is_refused() {
+        let c = crate::config::parse(
+            "[[vip]]\naddress = \"10.0.0.10:80\"\n[[vip.backend]]\naddress = \"10.0.0.20:80\"\n\
+             [[vip]]\naddress = \"10.0.0.20:80\"\n[[vip.backend]]\naddress = \"10.0.0.10:80\"\n",
+        )
+        .unwrap();
+        let f = locate_config_error(&c).unwrap_err();
+        assert_eq!(f.vip, Some(addr("10.0.0.10:80")));
+        assert_eq!(f.backend, Some(addr("10.0.0.20:80")));
+        refused(
+            check_config(&c),
+            &["is the address of VIP 10.0.0.20:80", "forwarding loop"],
+        );
+        // allow_host_address round-trips through the file.
+        let c =
+            crate::config::parse("[[vip]]\naddress = \"10.0.1.1:80\"\nallow_host_address = true\n")
+                .unwrap();
+        assert!(c.vips[0].settings().allow_host_address);
+        assert!(crate::config::to_toml(&c)
+            .unwrap()
+            .contains("allow_host_address = true"));
     }
 }

@@ -30,15 +30,37 @@ use tokio::{net::UdpSocket, sync::Mutex};
 
 use crate::{
     error::Result,
-    gc::monotonic_ns,
+    gc::datapath_now_ns,
     maps::{flow_endpoints, ip_be, Count, FlowTable},
     state::State,
     Balancer,
 };
 
-/// Largest datagram sent, bytes (fits a 1,500-byte MTU with IPv6 and UDP
-/// headers).
+/// Largest message sent, bytes (with the [`HEADER_LEN`]-byte header and
+/// the [`TAG_LEN`]-byte tag, a datagram fits a 1,500-byte MTU with IPv6 and
+/// UDP headers).
 pub const MAX_DATAGRAM: usize = 1400;
+
+/// The first byte of every datagram: the format's version. The first
+/// format had no header (its first byte was the message's variant index,
+/// 0..=4); this one, with the sequence number, sets the high bit so that
+/// neither reads as the other.
+pub const WIRE_VERSION: u8 = 0x82;
+
+/// Bytes before the message: [`WIRE_VERSION`] and the sender's sequence
+/// number (64 bits, big-endian). The tag covers them.
+pub const HEADER_LEN: usize = 9;
+
+/// Sequence numbers a peer's datagrams may arrive out of order by and
+/// still be accepted, once each (the anti-replay window of RFC 4303,
+/// section 3.4.3).
+pub const REPLAY_WINDOW: u64 = 64;
+
+/// The farthest a datagram's sequence number, read as a time (ns since
+/// the Unix epoch), may be from the receiver's CLOCK_REALTIME: older (or
+/// newer) datagrams are refused as replays, after a receiver's restart
+/// too (its windows are then empty).
+pub const MAX_SEQUENCE_AGE: Duration = Duration::from_secs(60);
 
 /// Flows per datagram: [`WireFlow`] takes at most 43 bytes in postcard
 /// (three IPv6 socket addresses would take more: a batch is split further
@@ -109,16 +131,101 @@ pub fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
+/// CLOCK_REALTIME, ns since the Unix epoch (0 before it).
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64)
+}
+
+/// A sender's sequence numbers: strictly increasing, and never behind
+/// CLOCK_REALTIME in ns (each is the larger of the last one plus one and
+/// the clock), so they grow across restarts and a receiver can bound their
+/// age ([`MAX_SEQUENCE_AGE`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sequencer {
+    last: u64,
+}
+
+impl Sequencer {
+    /// The next sequence number at clock reading `now_ns`.
+    pub fn next(&mut self, now_ns: u64) -> u64 {
+        self.last = self.last.saturating_add(1).max(now_ns);
+        self.last
+    }
+}
+
+/// A message as sent: [`WIRE_VERSION`], `seq`, the message's bytes (then
+/// sealed, with a key).
+pub fn frame(seq: u64, message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + message.len() + TAG_LEN);
+    out.push(WIRE_VERSION);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// The sequence number and message of a datagram (opened, with a key);
+/// `None` when it is not of this protocol and version, or holds bytes
+/// after the message.
+pub fn decode_datagram(datagram: &[u8]) -> Option<(u64, Message)> {
+    let (&version, rest) = datagram.split_first()?;
+    if version != WIRE_VERSION || rest.len() < HEADER_LEN - 1 {
+        return None;
+    }
+    let (seq, message) = rest.split_at(HEADER_LEN - 1);
+    let seq = u64::from_be_bytes(seq.try_into().ok()?);
+    Some((seq, decode(message)?))
+}
+
+/// The anti-replay state of one peer (RFC 4303, section 3.4.3): the
+/// highest sequence number accepted and which of the [`REPLAY_WINDOW`]
+/// numbers up to it were.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayWindow {
+    /// The highest sequence number accepted (0: none yet).
+    top: u64,
+    /// Bit `i`: `top - i` was accepted.
+    seen: u64,
+}
+
+impl ReplayWindow {
+    /// `true`, and `seq` marked, when `seq` is new: above the highest
+    /// accepted, or inside the window and not seen yet. A duplicate or a
+    /// number below the window is refused.
+    pub fn accept(&mut self, seq: u64) -> bool {
+        if self.seen == 0 || seq > self.top {
+            let shift = seq.saturating_sub(self.top);
+            self.seen = if self.seen == 0 || shift >= REPLAY_WINDOW {
+                1
+            } else {
+                (self.seen << shift) | 1
+            };
+            self.top = seq;
+            return true;
+        }
+        let back = self.top - seq;
+        if back >= REPLAY_WINDOW || self.seen & (1 << back) != 0 {
+            return false;
+        }
+        self.seen |= 1 << back;
+        true
+    }
+}
+
 impl ClusterConfig {
     /// Checks the peer list against the listen address.
     ///
     /// # Errors
     /// A peer that is the listen address itself, listed twice, or of the
-    /// other family than an IPv4 listen address; a key shorter than
+    /// other family than an IPv4 listen address; an IPv4-mapped IPv6
+    /// address as a peer or the listen address; a key shorter than
     /// [`MIN_KEY_LEN`].
     pub fn validate(&self) -> anyhow::Result<()> {
+        crate::state::check_not_mapped("--cluster-listen", self.listen.ip())?;
         let mut seen = BTreeSet::new();
         for p in &self.peers {
+            crate::state::check_not_mapped("--peer", p.ip())?;
             let p = canonical(*p);
             anyhow::ensure!(
                 p != canonical(self.listen),
@@ -226,6 +333,11 @@ pub struct ClusterStats {
     pub not_from_peer: u64,
     /// Datagrams whose authentication tag did not match the cluster key.
     pub bad_auth: u64,
+    /// Datagrams refused as replays (after authentication): a sequence
+    /// number seen before from that peer, below its window, or more than
+    /// [`MAX_SEQUENCE_AGE`] from this host's clock.
+    #[serde(default)]
+    pub replayed: u64,
     /// Datagrams that could not be sent.
     pub send_errors: u64,
 }
@@ -285,6 +397,8 @@ pub struct Sync {
     peer_loads: HashMap<u64, BTreeMap<SocketAddr, (u64, Instant)>>,
     /// When each peer was last heard from.
     last_heard: BTreeMap<SocketAddr, Instant>,
+    /// Each peer's anti-replay window.
+    replay: BTreeMap<SocketAddr, ReplayWindow>,
     /// Peers' load reports are used (off with `--load-report-interval 0`:
     /// own counts only, whatever the peers send).
     pub use_peer_loads: bool,
@@ -304,6 +418,7 @@ impl Sync {
             full_requested: false,
             peer_loads: HashMap::new(),
             last_heard: BTreeMap::new(),
+            replay: BTreeMap::new(),
             use_peer_loads: true,
             stats: ClusterStats::default(),
         }
@@ -406,7 +521,7 @@ impl Sync {
     /// Map read failure.
     pub fn tick(&mut self, lb: &mut Balancer, refresh: Duration) -> Result<Vec<Vec<u8>>> {
         let now = Instant::now();
-        let now_ns = monotonic_ns();
+        let now_ns = datapath_now_ns();
         let (state, maps) = lb.cluster_parts();
         let slots = synced_slots(state);
         let full = self.full_requested
@@ -501,8 +616,7 @@ impl Sync {
         datagram: &[u8],
         stale_after: Duration,
     ) -> Result<()> {
-        let Some(m) = decode(datagram) else {
-            self.stats.bad_datagrams += 1;
+        let Some(m) = self.admit(from, datagram, realtime_ns()) else {
             return Ok(());
         };
         self.last_heard.insert(from, Instant::now());
@@ -538,6 +652,25 @@ impl Sync {
         Ok(())
     }
 
+    /// The message of a datagram from peer `from` (opened, with a key), or
+    /// `None` when it is refused: undecodable (counted `bad_datagrams`), or
+    /// a replay (counted `replayed`): its sequence number more than
+    /// [`MAX_SEQUENCE_AGE`] from `now_ns` (CLOCK_REALTIME), or not new in
+    /// the peer's [`ReplayWindow`]. Without a key the check runs too: it
+    /// drops datagrams the network duplicated.
+    pub fn admit(&mut self, from: SocketAddr, datagram: &[u8], now_ns: u64) -> Option<Message> {
+        let Some((seq, m)) = decode_datagram(datagram) else {
+            self.stats.bad_datagrams += 1;
+            return None;
+        };
+        let fresh = seq.abs_diff(now_ns) <= MAX_SEQUENCE_AGE.as_nanos() as u64;
+        if !fresh || !self.replay.entry(from).or_default().accept(seq) {
+            self.stats.replayed += 1;
+            return None;
+        }
+        Some(m)
+    }
+
     /// Writes the sum of the peers' last reports (those newer than
     /// `stale_after`: a peer that stopped reporting stops counting) into
     /// `PEER_CONNS`.
@@ -564,7 +697,7 @@ impl Sync {
     }
 
     fn apply_flows(&mut self, lb: &mut Balancer, flows: &[WireFlow]) -> Result<()> {
-        let now_ns = monotonic_ns();
+        let now_ns = datapath_now_ns();
         let (state, maps) = lb.cluster_parts();
         for f in flows {
             let found = state.vips.get(&f.vip).and_then(|v| {
@@ -627,23 +760,26 @@ impl Sync {
     }
 }
 
-/// Sends `datagrams` (sealed under `key` when there is one) to every peer
-/// (best effort: a failure is counted).
+/// Sends `datagrams` (messages), each framed with the next sequence
+/// number and sealed under `key` when there is one, to every peer (best
+/// effort: a failure is counted).
 async fn send_all(
     sock: &UdpSocket,
     peers: &[SocketAddr],
     key: Option<&[u8]>,
+    seq: &mut Sequencer,
     datagrams: &[Vec<u8>],
     errors: &mut u64,
 ) {
     for d in datagrams {
+        let framed = frame(seq.next(realtime_ns()), d);
         let sealed;
         let d = match key {
             Some(k) => {
-                sealed = seal(k, d);
+                sealed = seal(k, &framed);
                 &sealed
             }
-            None => d,
+            None => &framed,
         };
         for p in peers {
             if sock.send_to(d, p).await.is_err() {
@@ -669,7 +805,17 @@ pub async fn run(
     };
     let hello = postcard::to_allocvec(&Message::Hello { node }).unwrap_or_default();
     let mut errors = 0u64;
-    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &[hello], &mut errors).await;
+    // Sequence numbers start at this start's CLOCK_REALTIME.
+    let mut seq = Sequencer::default();
+    send_all(
+        &sock,
+        &cfg.peers,
+        cfg.key.as_deref(),
+        &mut seq,
+        &[hello],
+        &mut errors,
+    )
+    .await;
     let mut tick = tokio::time::interval(cfg.sync_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let report_every = if cfg.load_report_interval.is_zero() {
@@ -690,7 +836,10 @@ pub async fn run(
                     sync.lock().await.tick(&mut lb, cfg.refresh_interval)
                 };
                 match out {
-                    Ok(d) => send_all(&sock, &cfg.peers, cfg.key.as_deref(), &d, &mut errors).await,
+                    Ok(d) => {
+                        send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut errors)
+                            .await
+                    }
                     Err(e) => {
                         log.warn(Instant::now(), || format!("cluster sync: {e}"));
                     }
@@ -704,7 +853,8 @@ pub async fn run(
                     s.load_report(&mut lb)
                 };
                 if let Ok(d) = out {
-                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &d, &mut errors).await;
+                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut errors)
+                        .await;
                 }
             }
             r = sock.recv_from(&mut buf) => {
@@ -936,6 +1086,8 @@ mod tests {
             ("10.0.9.11:7946", vec!["10.0.9.12:7946", "10.0.9.12:7946"]),
             ("10.0.9.11:7946", vec!["[2001:db8::2]:7946"]),
             ("10.0.9.11:7946", vec!["0.0.0.0:7946"]),
+            ("[::]:7946", vec!["[::ffff:10.0.9.12]:7946"]),
+            ("[::ffff:10.0.9.11]:7946", vec!["10.0.9.12:7946"]),
         ] {
             assert!(cfg(l, &p).validate().is_err(), "{l} {p:?}");
         }
@@ -945,6 +1097,134 @@ mod tests {
         assert_eq!(
             canonical("[::ffff:10.0.9.12]:7946".parse().unwrap()),
             "10.0.9.12:7946".parse().unwrap()
+        );
+    }
+
+    const KEY: &[u8] = b"0123456789abcdef0123";
+    const NOW: u64 = 1_800_000_000_000_000_000;
+    const SEC: u64 = 1_000_000_000;
+
+    fn peer() -> SocketAddr {
+        "10.0.9.12:7946".parse().unwrap()
+    }
+
+    /// A Hello sealed as `send_all` sends it, with sequence number `seq`.
+    fn sealed_hello(seq: u64) -> Vec<u8> {
+        let m = postcard::to_allocvec(&Message::Hello { node: 5 }).unwrap();
+        seal(KEY, &frame(seq, &m))
+    }
+
+    /// What the receiving task does with a datagram: authenticate, then
+    /// admit.
+    fn receive(s: &mut Sync, d: &[u8], now: u64) -> bool {
+        let payload = open(KEY, d).expect("authentic");
+        s.admit(peer(), payload, now).is_some()
+    }
+
+    #[test]
+    fn a_replayed_sealed_datagram_is_refused() {
+        let mut s = Sync::new();
+        let d = sealed_hello(NOW);
+        assert!(receive(&mut s, &d, NOW));
+        for k in 0..60 {
+            assert!(
+                !receive(&mut s, &d, NOW + k * SEC / 2),
+                "replay {k} accepted"
+            );
+        }
+        assert_eq!(s.stats.replayed, 60);
+        // The sequence number is authenticated: changing it breaks the tag.
+        let mut forged = d.clone();
+        forged[8] ^= 1;
+        assert_eq!(open(KEY, &forged), None);
+        // The next datagram of the sender is accepted.
+        assert!(receive(&mut s, &sealed_hello(NOW + 1), NOW));
+        // Another peer's numbers are its own.
+        let m = open(KEY, &d).unwrap();
+        assert!(s.admit("10.0.9.13:7946".parse().unwrap(), m, NOW).is_some());
+    }
+
+    #[test]
+    fn reordering_inside_the_window_is_accepted_once() {
+        let mut s = Sync::new();
+        for seq in [
+            NOW + 10,
+            NOW + 5,
+            NOW + 9,
+            NOW + 6,
+            NOW + 70,
+            NOW + 7,
+            NOW + 8,
+        ] {
+            assert!(receive(&mut s, &sealed_hello(seq), NOW), "{}", seq - NOW);
+        }
+        for seq in [NOW + 5, NOW + 9, NOW + 70, NOW + 8] {
+            assert!(
+                !receive(&mut s, &sealed_hello(seq), NOW),
+                "{} twice",
+                seq - NOW
+            );
+        }
+        assert_eq!(s.stats.replayed, 4);
+        // Unseen and inside the window (top 70, window 64: 7..=70).
+        assert!(receive(&mut s, &sealed_hello(NOW + 11), NOW));
+        assert!(receive(&mut s, &sealed_hello(NOW + 69), NOW));
+    }
+
+    #[test]
+    fn a_datagram_below_the_window_is_refused() {
+        let mut s = Sync::new();
+        assert!(receive(&mut s, &sealed_hello(NOW + 100), NOW));
+        // 100 - 64 = 36 is one too old; 37 is the oldest accepted.
+        assert!(!receive(&mut s, &sealed_hello(NOW + 36), NOW));
+        assert!(receive(&mut s, &sealed_hello(NOW + 37), NOW));
+        assert_eq!(s.stats.replayed, 1);
+        let mut w = ReplayWindow::default();
+        assert!(w.accept(1000));
+        assert!(w.accept(1000 + REPLAY_WINDOW + 5), "a jump past the window");
+        assert!(!w.accept(1000), "the old top, now below the window");
+    }
+
+    #[test]
+    fn a_sequence_far_from_the_clock_is_refused() {
+        // A receiver that restarted (no window) meets a datagram recorded
+        // 61 s ago, or one claiming to be from 61 s ahead.
+        for seq in [NOW - 61 * SEC, NOW + 61 * SEC] {
+            let mut s = Sync::new();
+            assert!(!receive(&mut s, &sealed_hello(seq), NOW), "{seq}");
+            assert_eq!(s.stats.replayed, 1);
+        }
+        let mut s = Sync::new();
+        assert!(receive(&mut s, &sealed_hello(NOW - 59 * SEC), NOW));
+        assert!(receive(&mut s, &sealed_hello(NOW + 59 * SEC), NOW));
+    }
+
+    #[test]
+    fn sequence_numbers_increase_and_follow_the_clock() {
+        let mut q = Sequencer::default();
+        assert_eq!(q.next(NOW), NOW);
+        // Datagrams faster than the clock's steps, or a clock stepped back.
+        assert_eq!(q.next(NOW), NOW + 1);
+        assert_eq!(q.next(NOW - SEC), NOW + 2);
+        // Long after the start, the clock again.
+        assert_eq!(q.next(NOW + 3600 * SEC), NOW + 3600 * SEC);
+    }
+
+    #[test]
+    fn datagrams_without_the_header_are_undecodable() {
+        let mut s = Sync::new();
+        let m = postcard::to_allocvec(&Message::Hello { node: 5 }).unwrap();
+        // The first format (no header), a wrong version, a short header.
+        let mut wrong = frame(NOW, &m);
+        wrong[0] = 2;
+        for d in [m.clone(), wrong, frame(NOW, &m)[..HEADER_LEN - 1].to_vec()] {
+            assert!(s.admit(peer(), &d, NOW).is_none());
+        }
+        assert_eq!(s.stats.bad_datagrams, 3);
+        assert_eq!(s.stats.replayed, 0);
+        assert_eq!(
+            decode_datagram(&frame(NOW, &m)),
+            Some((NOW, Message::Hello { node: 5 }))
         );
     }
 

@@ -172,6 +172,10 @@ pub struct VipEntry {
     /// Prefix length grouping clients for affinity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistence_netmask: Option<u8>,
+    /// The VIP may be an address of the balancer's host (`vip add
+    /// --allow-host-address`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_host_address: bool,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -213,6 +217,7 @@ impl VipEntry {
             mode: self.mode,
             encap_source: self.encap_source,
             gue_port: self.gue_port,
+            allow_host_address: self.allow_host_address,
         }
     }
 
@@ -232,6 +237,7 @@ impl VipEntry {
             ejection_time: s.ejection_time,
             persistence: s.persistence,
             persistence_netmask: s.persistence_netmask,
+            allow_host_address: s.allow_host_address,
             backends,
         }
     }
@@ -540,6 +546,28 @@ kind = { type = "http", path = "/health", status = 200 }
 [[vip.backend]]
 address = "[2001:db8:2::10]:443"
 "#;
+
+    #[test]
+    fn ipv4_mapped_addresses_in_a_file_are_refused() {
+        for (text, at) in [
+            (
+                "[[vip]]\naddress = \"[::ffff:10.0.0.10]:80\"\n",
+                "VIP [::ffff:10.0.0.10]:80",
+            ),
+            (
+                "[[vip]]\naddress = \"[2001:db8::10]:80\"\n[[vip.backend]]\naddress = \"[::ffff:10.1.0.11]:8080\"\n",
+                "backend [::ffff:10.1.0.11]:8080",
+            ),
+            (
+                "[[vip]]\naddress = \"[2001:db8::10]:80\"\nmode = \"ipip\"\nencap_source = \"::ffff:10.0.9.1\"\n",
+                "encap source",
+            ),
+        ] {
+            let c = parse(text).unwrap();
+            let e = crate::balancer::check_config(&c).unwrap_err().to_string();
+            assert!(e.contains("IPv4-mapped") && e.contains(at), "{e}");
+        }
+    }
 
     #[test]
     fn parses_defaults_and_round_trips() {

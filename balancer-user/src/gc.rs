@@ -107,16 +107,62 @@ pub struct GcReport {
     pub affinities_forgotten: u64,
 }
 
-/// CLOCK_MONOTONIC in ns; the data path stamps flows with
-/// CLOCK_MONOTONIC_COARSE, which lags it by at most a tick.
-pub fn monotonic_ns() -> u64 {
+/// The data path's clock now, ns: the one every stamp in the maps
+/// (`last_seen_ns`, `created_ns`, an orphan's `since_ns`, an affinity's
+/// `last_seen_ns`) is compared with.
+///
+/// The data path stamps with `bpf_ktime_get_coarse_ns`, CLOCK_MONOTONIC of
+/// the initial time namespace (lagging CLOCK_MONOTONIC by at most a tick).
+/// A daemon started in a time namespace of its own (`unshare --time
+/// --monotonic N`) reads CLOCK_MONOTONIC shifted by that namespace's
+/// offset; this takes it off again ([`timens_monotonic_offset_ns`], read
+/// once), so a flow's idle time is the data path's whatever namespace the
+/// daemon runs in.
+pub fn datapath_now_ns() -> u64 {
+    static OFFSET: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| {
+        match std::fs::read_to_string("/proc/self/timens_offsets") {
+            Ok(text) => timens_monotonic_offset_ns(&text).unwrap_or_else(|| {
+                tracing::warn!(
+                    "/proc/self/timens_offsets is not as expected ({text:?}): flow idle times \
+                     assume no time namespace offset"
+                );
+                0
+            }),
+            // No time namespaces in this kernel: no offset.
+            Err(_) => 0,
+        }
+    });
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    let here = i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec);
+    (here - i128::from(offset)).clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// The CLOCK_MONOTONIC offset of a time namespace, ns, from the text of
+/// `/proc/PID/timens_offsets` (lines `<clock> <seconds> <nanoseconds>`,
+/// the clock named `monotonic` or by its id 1; `boottime`, id 7, is not
+/// the data path's clock). A file without a monotonic line is offset 0;
+/// `None` when a line does not parse.
+pub fn timens_monotonic_offset_ns(text: &str) -> Option<i64> {
+    let mut offset = 0i64;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut f = line.split_whitespace();
+        let clock = f.next()?;
+        let secs: i64 = f.next()?.parse().ok()?;
+        let nanos: i64 = f.next()?.parse().ok()?;
+        if f.next().is_some() || !(0..1_000_000_000).contains(&nanos) {
+            return None;
+        }
+        if clock == "monotonic" || clock == "1" {
+            offset = secs.checked_mul(1_000_000_000)?.checked_add(nanos)?;
+        }
+    }
+    Some(offset)
 }
 
 /// The correction of one slot's count, from its counted active connections
@@ -192,7 +238,7 @@ impl Reconciler {
         timeouts: &Timeouts,
     ) -> Result<GcReport> {
         let started = std::time::Instant::now();
-        let now = monotonic_ns();
+        let now = datapath_now_ns();
         let mut report = GcReport::default();
         let slots = state.slots();
         let server_of: BTreeMap<u32, u32> = state
@@ -360,6 +406,42 @@ fn refresh_affinities(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_namespace_offsets_are_read() {
+        // As the kernel writes the file for `unshare --time --monotonic 3600`.
+        assert_eq!(
+            timens_monotonic_offset_ns(
+                "monotonic           3600         0\nboottime               0         0\n"
+            ),
+            Some(3_600_000_000_000)
+        );
+        // No offset (the initial namespace), or the clock ids instead of names.
+        assert_eq!(
+            timens_monotonic_offset_ns("monotonic 0 0\nboottime 0 0\n"),
+            Some(0)
+        );
+        assert_eq!(
+            timens_monotonic_offset_ns("7 5 0\n1 2 500\n"),
+            Some(2_000_000_500)
+        );
+        // Only boottime shifted: not the data path's clock.
+        assert_eq!(timens_monotonic_offset_ns("boottime 100 0\n"), Some(0));
+        assert_eq!(timens_monotonic_offset_ns(""), Some(0));
+        // Negative offsets: seconds negative, nanoseconds in 0..1e9.
+        assert_eq!(
+            timens_monotonic_offset_ns("monotonic -2 500000000\n"),
+            Some(-1_500_000_000)
+        );
+        for bad in [
+            "monotonic 3600\n",
+            "monotonic x 0\n",
+            "monotonic 1 1000000000\n",
+            "monotonic 1 0 9\n",
+        ] {
+            assert_eq!(timens_monotonic_offset_ns(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn corrects_only_an_excess_seen_twice() {

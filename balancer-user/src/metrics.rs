@@ -35,7 +35,7 @@
 //! | `cluster_ready`, `cluster_drained` (0 or 1) | gauge | |
 //! | `cluster_announced` (1 per VIP address announced by BGP), `cluster_bgp_error` (0 or 1) | gauge | vip / |
 //! | `cluster_peer_synced` (0 or 1), `cluster_peer_last_heard_seconds` | gauge | peer |
-//! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `send_errors`) |
+//! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`) |
 //!
 //! The `cluster_*` series exist only on a daemon run with `--cluster-listen`
 //! or `--bgp-dir` (docs/cluster.md).
@@ -177,6 +177,7 @@ fn render_cluster(reg: &mut Registry, c: &crate::cluster::ClusterView) {
         ("bad_datagrams", s.bad_datagrams),
         ("not_from_peer", s.not_from_peer),
         ("bad_auth", s.bad_auth),
+        ("replayed", s.replayed),
         ("send_errors", s.send_errors),
     ] {
         totals.set(vec![("what", what.to_string())], v);
@@ -573,6 +574,7 @@ mod tests {
             stats: crate::cluster::ClusterStats {
                 flows_sent: 11,
                 bad_auth: 2,
+                replayed: 3,
                 ..Default::default()
             },
         };
@@ -583,6 +585,7 @@ mod tests {
             "p2c_balancer_cluster_peer_last_heard_seconds{peer=\"10.0.9.12:7946\"} 1.5",
             "p2c_balancer_cluster_sync_total{what=\"flows_sent\"} 11",
             "p2c_balancer_cluster_sync_total{what=\"bad_auth\"} 2",
+            "p2c_balancer_cluster_sync_total{what=\"replayed\"} 3",
         ] {
             assert!(with.lines().any(|l| l == line), "no {line:?} in\n{with}");
         }

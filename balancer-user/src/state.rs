@@ -302,6 +302,14 @@ pub struct VipSettings {
     /// GUE's UDP destination port on the backends (the `gue` mode).
     #[serde(default = "default_gue_port")]
     pub gue_port: u16,
+    /// The VIP may be an address of the balancer's own host (an address
+    /// of one of the daemon's network namespace's interfaces): the
+    /// operator means the balancer to take that address and port over from
+    /// the host's own service. Refused without it (default false). Such a
+    /// VIP leaves no tombstone when removed: the host's service gets its
+    /// port back at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_host_address: bool,
 }
 
 fn default_gue_port() -> u16 {
@@ -388,6 +396,7 @@ impl Default for VipSettings {
             mode: ForwardingMode::Nat,
             encap_source: None,
             gue_port: default_gue_port(),
+            allow_host_address: false,
         }
     }
 }
@@ -470,6 +479,7 @@ impl VipSettings {
                     reason: format!("{a} is not a unicast address"),
                 })
             }
+            (_, Some(a)) if mapped_ipv4(&a).is_some() => check_not_mapped("encap source", a)?,
             _ => {}
         }
         if self.gue_port == 0 {
@@ -636,6 +646,8 @@ impl State {
             let mut seen = BTreeSet::new();
             for b in &v.backends {
                 check_backend_for(v.addr, &v.settings, b.addr).map_err(|e| bad(e.to_string()))?;
+                check_backend_not_vip(v.addr, b.addr, self.vips.keys().copied())
+                    .map_err(|e| bad(e.to_string()))?;
                 if !seen.insert(b.addr) {
                     return Err(bad(format!("VIP {addr}: backend {} listed twice", b.addr)));
                 }
@@ -918,7 +930,36 @@ pub fn check_endpoint(what: &'static str, a: SocketAddr) -> Result<()> {
             reason: format!("{a}: a loopback address never reaches XDP on a NIC"),
         });
     }
-    Ok(())
+    check_not_mapped(what, a.ip())
+}
+
+/// `Some` with the IPv4 address when `a` is an IPv4-mapped IPv6 address
+/// (`::ffff:0:0/96`).
+pub fn mapped_ipv4(a: &IpAddr) -> Option<std::net::Ipv4Addr> {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V4(_) => None,
+    }
+}
+
+/// Refuses an IPv4-mapped IPv6 address (`::ffff:0:0/96`): no IPv6 packet
+/// carries one on the wire, and as a configured address it names the IPv4
+/// address it maps, under a second spelling the checks for a duplicate
+/// VIP, a backend of another family or a forwarding loop would miss.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming `what` and the IPv4 spelling.
+pub fn check_not_mapped(what: &'static str, a: IpAddr) -> Result<()> {
+    match mapped_ipv4(&a) {
+        Some(v4) => Err(BalancerError::Invalid {
+            what,
+            reason: format!(
+                "{a} is an IPv4-mapped IPv6 address (::ffff:0:0/96), which never appears in an \
+                 IPv6 packet: write the IPv4 address {v4}"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Validates a backend of `vip`.
@@ -931,6 +972,101 @@ pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
         return Err(BalancerError::Invalid {
             what: "backend",
             reason: format!("{b} is the VIP itself"),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses backend `b` of VIP `vip` on the address (any port) of one of
+/// `vips`: the balancer would forward that VIP's connections to a VIP
+/// (possibly its own), a forwarding loop, or two VIPs each other's
+/// backends.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the backend and the VIP it is.
+pub fn check_backend_not_vip(
+    vip: SocketAddr,
+    b: SocketAddr,
+    vips: impl IntoIterator<Item = SocketAddr>,
+) -> Result<()> {
+    match vips.into_iter().find(|v| v.ip() == b.ip()) {
+        Some(v) => Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!(
+                "backend {b} of VIP {vip} is the address of VIP {v}: a forwarding loop"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses VIP `vip` on the address (any port) of a backend among
+/// `backends` (pairs of a VIP and one of its backends): that VIP would
+/// forward to this one, a forwarding loop.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the VIP and the backend it is.
+pub fn check_vip_not_backend(
+    vip: SocketAddr,
+    backends: impl IntoIterator<Item = (SocketAddr, SocketAddr)>,
+) -> Result<()> {
+    match backends.into_iter().find(|(_, b)| b.ip() == vip.ip()) {
+        Some((v, b)) => Err(BalancerError::Invalid {
+            what: "VIP",
+            reason: format!(
+                "VIP {vip} is the address of backend {b} of VIP {v}: a forwarding loop"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses an address of the balancer's own host (`host`: its network
+/// namespace's interface addresses) as backend `b` of `vip`: the balancer
+/// would forward to itself.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the backend.
+pub fn check_backend_not_host(
+    vip: SocketAddr,
+    b: SocketAddr,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    if host.contains(&b.ip()) {
+        return Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!(
+                "backend {b} of VIP {vip} is {}, an address of the balancer's own host: a \
+                 forwarding loop",
+                b.ip()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses an address of the balancer's own host (`host`) as VIP `vip`
+/// unless its settings allow it (`allow_host_address`): the VIP would take
+/// the port over from the host's own service without the operator saying
+/// so.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the VIP and the setting that allows it.
+pub fn check_vip_not_host(
+    vip: SocketAddr,
+    settings: &VipSettings,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    if host.contains(&vip.ip()) && !settings.allow_host_address {
+        return Err(BalancerError::Invalid {
+            what: "VIP",
+            reason: format!(
+                "VIP {vip} is on {}, an address of the balancer's own host: it would take port {} \
+                 over from the host's own service; if that is meant, say so with \
+                 --allow-host-address (allow_host_address = true)",
+                vip.ip(),
+                vip.port()
+            ),
         });
     }
     Ok(())
@@ -1013,6 +1149,62 @@ mod tests {
         assert!(check_endpoint("VIP", "10.0.0.10:0".parse().unwrap()).is_err());
         assert!(check_endpoint("VIP", "0.0.0.0:80".parse().unwrap()).is_err());
         assert!(check_endpoint("VIP", "224.0.0.1:80".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_refused_everywhere() {
+        let refused = |r: Result<()>| {
+            let e = r
+                .expect_err("an IPv4-mapped address was accepted")
+                .to_string();
+            assert!(e.contains("IPv4-mapped"), "{e}");
+        };
+        // A VIP beside the IPv4 one it maps, a backend of an IPv6 VIP.
+        refused(check_endpoint(
+            "VIP",
+            "[::ffff:10.0.0.10]:80".parse().unwrap(),
+        ));
+        refused(check_backend_for(
+            "[2001:db8::10]:80".parse().unwrap(),
+            &VipSettings::default(),
+            "[::ffff:10.1.0.11]:8080".parse().unwrap(),
+        ));
+        // The encapsulation's outer source.
+        refused(
+            VipSettings {
+                mode: ForwardingMode::Ipip,
+                encap_source: Some("::ffff:10.0.9.1".parse().unwrap()),
+                ..VipSettings::default()
+            }
+            .validate(),
+        );
+        // Neighbours of ::ffff:0:0/96 are ordinary IPv6 addresses.
+        assert!(check_endpoint("VIP", "[::fffe:a00:a]:80".parse().unwrap()).is_ok());
+        assert!(check_endpoint("VIP", "[64:ff9b::a00:a]:80".parse().unwrap()).is_ok());
+        // A state file holding one is refused at start.
+        let mut s = State::default();
+        let v = vip("[::ffff:10.0.0.10]:80", 0, &[]);
+        s.vips.insert(v.addr, v);
+        refused(s.validate());
+        let mut s = State::default();
+        let v = vip("[2001:db8::10]:80", 0, &[("[::ffff:10.1.0.11]:8080", 0)]);
+        s.vips.insert(v.addr, v);
+        s.servers
+            .insert("[::ffff:10.1.0.11]:8080".parse().unwrap(), 0);
+        refused(s.validate());
+    }
+
+    #[test]
+    fn allow_host_address_defaults_to_false_in_older_state_files() {
+        let v = vip("10.0.0.10:80", 0, &[]);
+        let text = serde_json::to_string(&v).unwrap();
+        // Written only when set: files stay as before for every other VIP.
+        assert!(!text.contains("allow_host_address"), "{text}");
+        let back: VipConfig = serde_json::from_str(&text).unwrap();
+        assert!(!back.settings.allow_host_address);
+        let on = text.replacen('{', "{\"allow_host_address\":true,", 1);
+        let back: VipConfig = serde_json::from_str(&on).unwrap();
+        assert!(back.settings.allow_host_address);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::{
     api::{BackendView, ChoiceView, FlowView, LoadHistogram, StatsView, VipStatsView},
     eligibility::Eligibility,
     error::Result,
-    gc::{monotonic_ns, Reconciler},
+    gc::{datapath_now_ns, Reconciler},
     maps::{flow_endpoints, ip_from_be, Count, FlowTable, Maps, Traffic},
     state::{State, VipConfig},
 };
@@ -139,7 +139,7 @@ pub fn choice_view(c: &ChoiceStats) -> ChoiceView {
 /// Up to `limit` flows of the flow table (live and closed), and whether
 /// more exist.
 pub fn flows(maps: &Maps, limit: usize) -> (Vec<FlowView>, bool) {
-    let now = monotonic_ns();
+    let now = datapath_now_ns();
     let (entries, truncated) = maps.some_flows(limit);
     let out = entries
         .iter()

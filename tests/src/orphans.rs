@@ -1,7 +1,8 @@
 //! Orphaned flows fail fast, on real TCP: a connection whose backend is
 //! removed, and a connection that idled past the established timeout, get
 //! a reset on their next segment (the client sees ECONNRESET at once
-//! instead of hanging); `backend remove --help` says so.
+//! instead of hanging); `backend remove --help` says so. A daemon in a time
+//! namespace of its own measures idle times on the data path's clock.
 
 use std::{
     net::SocketAddr,
@@ -12,10 +13,12 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 
+use balancer::api::Response;
+
 use crate::{
     netns::enter_ns,
     scenario::run_batch,
-    testbed::{Conn, Testbed, VIP},
+    testbed::{backend_addr, Conn, Testbed, VIP},
     traffic::{Kind, Mover},
 };
 
@@ -32,7 +35,114 @@ pub fn run() -> anyhow::Result<()> {
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
+    r?;
+    drop(tb);
+    time_namespace()
+}
+
+/// The time namespace's CLOCK_MONOTONIC offset of the daemon's phase below.
+const TIMENS_OFFSET_S: u64 = 3600;
+
+/// A daemon started in a time namespace whose CLOCK_MONOTONIC is an hour
+/// ahead (`unshare --time --monotonic 3600`): the data path stamps flows
+/// with the initial namespace's clock, so the daemon must take the offset
+/// off. Held connections idle for less than the established timeout are
+/// still served after more than the timeout has passed, and `balancer
+/// flows` shows them idle for under 1.9 s, not an hour; the control: the
+/// daemon's /proc/PID/timens_offsets does hold the offset.
+fn time_namespace() -> anyhow::Result<()> {
+    let mut tb = Testbed::build(2)?;
+    tb.daemon_wrapper = [
+        "unshare",
+        "--time",
+        "--fork",
+        "--kill-child",
+        "--monotonic",
+        &TIMENS_OFFSET_S.to_string(),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    tb.daemon_args = vec!["--established-timeout".into(), ESTABLISHED_TIMEOUT.into()];
+    tb.start_daemon()?;
+    let r = time_namespace_on(&mut tb);
+    if r.is_err() {
+        eprintln!("--- daemon log ---\n{}", tb.daemon_log());
+    }
     r
+}
+
+fn time_namespace_on(tb: &mut Testbed) -> anyhow::Result<()> {
+    tb.cli(&["vip", "add", &VIP.to_string(), "--choices", "2"])?;
+    for k in 0..2 {
+        tb.cli(&[
+            "backend",
+            "add",
+            &VIP.to_string(),
+            &backend_addr(k).to_string(),
+        ])?;
+    }
+    // The control: the daemon (unshare's child) runs with the offset.
+    let unshare = tb.daemon_pid().context("no daemon")?;
+    let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))?;
+    let daemon = children
+        .split_whitespace()
+        .next()
+        .context("unshare has no child")?;
+    let offsets = std::fs::read_to_string(format!("/proc/{daemon}/timens_offsets"))?;
+    ensure!(
+        balancer::gc::timens_monotonic_offset_ns(&offsets)
+            == Some(TIMENS_OFFSET_S as i64 * 1_000_000_000),
+        "the daemon's time namespace is not offset by {TIMENS_OFFSET_S} s: {offsets:?}"
+    );
+    let batch = run_batch(tb, 10, 10, 2, 0)?;
+    let mut held = batch.held;
+    let t0 = Instant::now();
+    // Three rounds 1 s apart: more than the 2 s established timeout in
+    // all, each connection idle for about 1 s between its requests.
+    for round in 0..3u64 {
+        thread::sleep(Duration::from_secs(1));
+        let out = tb.cli(&["flows", "--limit", "1000", "--json"])?;
+        let flows = match serde_json::from_str::<Response>(&out)? {
+            Response::Flows { flows, .. } => flows,
+            other => anyhow::bail!("unexpected answer {other:?}"),
+        };
+        let idle: Vec<u64> = flows
+            .iter()
+            .filter(|f| f.kind != "closed" && f.vip == VIP)
+            .map(|f| f.idle_ms)
+            .collect();
+        ensure!(
+            idle.len() >= held.len(),
+            "round {round}: {} live flows for {} held connections",
+            idle.len(),
+            held.len()
+        );
+        let most = idle.iter().copied().max().unwrap_or(0);
+        ensure!(
+            most < 1900,
+            "round {round}: a held connection idle for 1 s shows {most} ms idle"
+        );
+        let ns = tb.client_ns_path();
+        held = thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
+            enter_ns(&ns)?;
+            for (i, c) in held.iter_mut().enumerate() {
+                c.request(2_000_000 + round * 100 + i as u64, 64)
+                    .with_context(|| format!("round {round}: a held connection failed"))?;
+            }
+            Ok(held)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    }
+    println!(
+        "orphans: a daemon in a time namespace {TIMENS_OFFSET_S} s ahead: {} held connections \
+         served for {:.1} s past a {ESTABLISHED_TIMEOUT} established timeout, idle times under \
+         1.9 s",
+        held.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// Makes one request on `c` from the client namespace; returns how long

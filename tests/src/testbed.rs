@@ -386,6 +386,9 @@ pub struct Testbed {
     pub daemon_args: Vec<String>,
     /// Extra environment of the next start (`NOTIFY_SOCKET`).
     pub daemon_env: Vec<(String, String)>,
+    /// A command the next start runs the daemon under, inside the
+    /// balancer's namespace (`unshare --time ...`); empty: none.
+    pub daemon_wrapper: Vec<String>,
     stop: Arc<AtomicBool>,
     daemon: Option<Child>,
     dir: PathBuf,
@@ -555,6 +558,7 @@ impl Testbed {
             daemon: None,
             daemon_args: Vec::new(),
             daemon_env: Vec::new(),
+            daemon_wrapper: Vec::new(),
             gc_interval: "200ms",
             socket: dir.join("control.sock"),
             log: dir.join("daemon.log"),
@@ -921,6 +925,7 @@ impl Testbed {
             .open(&self.log)?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.lb.name()])
+            .args(&self.daemon_wrapper)
             .arg(&self.balancer_bin)
             .arg("--socket")
             .arg(&self.socket)

@@ -145,7 +145,7 @@ pub fn print(v: &ClusterView) {
         s.synced_closed
     );
     println!(
-        "datagrams  load reports {} undecodable {} not from a peer {} bad tag {} send errors {}",
-        s.load_reports, s.bad_datagrams, s.not_from_peer, s.bad_auth, s.send_errors
+        "datagrams  load reports {} undecodable {} not from a peer {} bad tag {} replayed {} send errors {}",
+        s.load_reports, s.bad_datagrams, s.not_from_peer, s.bad_auth, s.replayed, s.send_errors
     );
 }

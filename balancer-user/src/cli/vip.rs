@@ -88,6 +88,12 @@ pub struct VipArgs {
     /// backends' `balancer decap attach --gue-port` must match).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     gue_port: Option<u16>,
+    /// Allow the VIP on an address of this host (one of the balancer's
+    /// interfaces): it then takes that port over from the host's own
+    /// service, and gives it back at once when removed. Refused without
+    /// (`--allow-host-address false` takes it back).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    allow_host_address: Option<bool>,
 }
 
 /// Forwarding mode on the command line.
@@ -133,6 +139,7 @@ impl VipArgs {
             mode: self.mode.map(Into::into),
             encap_source: self.encap_source,
             gue_port: self.gue_port,
+            allow_host_address: self.allow_host_address,
         }
     }
 }
