@@ -236,6 +236,8 @@ fn syn_frames(first: u32, n: usize) -> Vec<Vec<u8>> {
 /// followed by the client's first ACK, which moves the flow from the
 /// half-open table to the established one) and returns (client, backend)
 /// of each that was placed.
+/// Places `n` NAT flows with their whole handshake (SYN, the backend's
+/// SYN-ACK, the client's ACK of it), so that they are established.
 fn place(rig: &mut Rig, first: u32, n: u32) -> anyhow::Result<Vec<(SocketAddr, SocketAddr)>> {
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
@@ -243,23 +245,36 @@ fn place(rig: &mut Rig, first: u32, n: u32) -> anyhow::Result<Vec<(SocketAddr, S
         let c = many_client(k / 60000, 1024 + (k % 60000) as u16);
         let (a, f) = rig.run(&Seg::new(c, VIP, SYN).build(), Side::Client)?;
         if a == XDP_REDIRECT || a == XDP_TX {
-            out.push((c, frames::parse(&f)?.dst));
-            let mut ack = Seg::new(c, VIP, ACK);
-            ack.seq = 1001;
-            rig.run(&ack.build(), Side::Client)?;
+            let b = frames::parse(&f)?.dst;
+            out.push((c, b));
+            rig.run(&syn_ack(b, c).build(), Side::Backend)?;
+            rig.run(&handshake_ack(c, VIP).build(), Side::Client)?;
         }
     }
     Ok(out)
 }
 
+/// The backend `b`'s SYN-ACK to client `c` (ISN 5000) answering a SYN of
+/// ISN 1000 (the frames' default).
+pub(crate) fn syn_ack(b: SocketAddr, c: SocketAddr) -> Seg {
+    let mut s = Seg::reply(b, c, SYN | ACK);
+    s.seq = 5000;
+    s.ack = 1001;
+    s
+}
+
+/// The client `c`'s ACK of [`syn_ack`] to `vip`: it proves the handshake.
+pub(crate) fn handshake_ack(c: SocketAddr, vip: SocketAddr) -> Seg {
+    let mut s = Seg::new(c, vip, ACK);
+    s.seq = 1001;
+    s.ack = 5001;
+    s
+}
+
 fn ack_frames(flows: &[(SocketAddr, SocketAddr)]) -> Vec<Vec<u8>> {
     flows
         .iter()
-        .map(|(c, _)| {
-            let mut s = Seg::new(*c, VIP, ACK);
-            s.seq = 1001;
-            s.build()
-        })
+        .map(|(c, _)| handshake_ack(*c, VIP).build())
         .collect()
 }
 
@@ -670,12 +685,16 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     let lbin_mac = rig::mac_of("lbin")?;
     let mut syn = Seg::new(client, vip, SYN);
     syn.dmac = lbin_mac;
-    // Pin the flow with a SYN through the balancer as if received on lbin.
+    // Pin the flow with a SYN through the balancer as if received on lbin,
+    // and complete its handshake (the backend's SYN-ACK the same way), so
+    // that the timed ACK is an established flow's.
     let (a, _, _) = test_run(lb.program()?, &syn.build(), ifindex("lbin")?)?;
     ensure!(a == XDP_REDIRECT, "rate: SYN not redirected ({a})");
-    let mut ack = Seg::new(client, vip, ACK);
+    let mut sa = syn_ack("10.9.2.10:8080".parse()?, client);
+    sa.dmac = lbin_mac;
+    test_run(lb.program()?, &sa.build(), ifindex("lbin")?)?;
+    let mut ack = handshake_ack(client, vip);
     ack.dmac = lbin_mac;
-    ack.seq = 1001;
     ack.payload = vec![0x42; 10]; // 64 bytes: the generator's template size
     let frame = ack.build();
     ensure!(frame.len() == 64, "rate frame is {} bytes", frame.len());

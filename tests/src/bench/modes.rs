@@ -158,20 +158,28 @@ pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
                 _ => None,
             };
             pinned.push((c, b));
-            // The client's first ACK: the flow moves to the established
-            // table, where the timed ACKs find it.
-            let mut ack = Seg::new(c, v, ACK);
-            ack.seq = 1001;
-            r.run(&ack.build(), Side::Client)?;
+            // The handshake: in NAT the backend's SYN-ACK and the client's
+            // ACK of it move the flow to the established table, where the
+            // timed ACKs find it; in the direct-return modes the client's
+            // ACK moves it to the unproven table, and its next segment
+            // after the proof age (below) to the established one.
+            if let Some(b) = b {
+                r.run(&super::syn_ack(b, c).build(), Side::Backend)?;
+            }
+            r.run(&super::handshake_ack(c, v).build(), Side::Client)?;
         }
         let acks: Vec<Vec<u8>> = pinned
             .iter()
-            .map(|(c, _)| {
-                let mut s = Seg::new(*c, v, ACK);
-                s.seq = 1001;
-                s.build()
-            })
+            .map(|(c, _)| super::handshake_ack(*c, v).build())
             .collect();
+        if case.mode != ForwardingMode::Nat {
+            std::thread::sleep(std::time::Duration::from_nanos(
+                balancer_common::flow::PROOF_AGE_NS,
+            ));
+            for a in &acks {
+                r.run(a, Side::Client)?;
+            }
+        }
         let c_ack = time_path(&r, aux, Side::Client, sc.rounds, |_| acks.clone())?;
         let base = 2_000_000u32;
         let c_syn = time_path(&r, aux, Side::Client, sc.rounds, |round| {
@@ -287,9 +295,21 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
             "{}: SYN not redirected ({a})",
             case.label()
         );
-        let mut ack = Seg::new(client, vip, ACK);
-        ack.dmac = lbin_mac;
-        ack.seq = 1001;
+        // The handshake, so that the timed ACK is an established flow's
+        // (see the per-packet section above).
+        let mut hs = super::handshake_ack(client, vip);
+        hs.dmac = lbin_mac;
+        if case.mode == ForwardingMode::Nat {
+            let mut sa = super::syn_ack(backend, client);
+            sa.dmac = lbin_mac;
+            test_run(lb.program()?, &sa.build(), ifindex("lbin")?)?;
+        } else {
+            test_run(lb.program()?, &hs.build(), ifindex("lbin")?)?;
+            std::thread::sleep(std::time::Duration::from_nanos(
+                balancer_common::flow::PROOF_AGE_NS,
+            ));
+        }
+        let mut ack = hs;
         ack.payload = vec![0x42; 10];
         let frame = ack.build();
         {
