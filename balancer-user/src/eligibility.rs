@@ -539,7 +539,6 @@ mod tests {
         let s = state(true, 3, Duration::ZERO);
         let mut e = Eligibility::default();
         let t0 = Instant::now();
-        let v = s.vips.values().next().unwrap().clone();
         // With a cap of 100 %, every server may go.
         let mut s = s;
         s.vips

@@ -16,7 +16,7 @@ use balancer::api::{HealthStatus, Response};
 use crate::{
     netns::enter_ns,
     scenario::run_batch,
-    testbed::{backend_addr, Conn, Testbed},
+    testbed::{backend_addr, Conn, Testbed, CLIENT_SOURCES, VIP},
 };
 
 /// What a run of sequential connections saw.
@@ -30,8 +30,9 @@ pub struct Sequential {
     pub per_backend: BTreeMap<SocketAddr, u64>,
 }
 
-/// Opens `n` connections one after another from the client namespace, each
-/// making one request and closing.
+/// Opens `n` connections one after another from the client namespace (its
+/// addresses in turn, `CLIENT_SOURCES`), each making one request and
+/// closing.
 fn sequential(tb: &Testbed, n: u64, id_base: u64) -> anyhow::Result<Sequential> {
     let ns = tb.client_ns_path();
     thread::spawn(move || -> anyhow::Result<Sequential> {
@@ -39,7 +40,13 @@ fn sequential(tb: &Testbed, n: u64, id_base: u64) -> anyhow::Result<Sequential> 
         let mut out = Sequential::default();
         let t0 = Instant::now();
         for i in 0..n {
-            match Conn::open(id_base + i, 100) {
+            // From each of the client's networks in turn: passive detection
+            // wants evidence from several client prefixes.
+            let from = SocketAddr::new(
+                CLIENT_SOURCES[i as usize % CLIENT_SOURCES.len()].into(),
+                0,
+            );
+            match Conn::open_to(Some(from), VIP, id_base + i, 100) {
                 Ok(c) => {
                     *out.per_backend.entry(c.backend).or_default() += 1;
                     c.close();

@@ -289,6 +289,16 @@ pub fn connect(
     Ok(sock.into())
 }
 
+/// The client's addresses, each in a /24 of its own (10.0.1.2 first, on
+/// the client's link; the others routed to it by the balancer). Their
+/// passive-detection buckets (`balancer_common::source_bucket`) differ.
+pub const CLIENT_SOURCES: [Ipv4Addr; 4] = [
+    Ipv4Addr::new(10, 0, 1, 2),
+    Ipv4Addr::new(10, 4, 1, 2),
+    Ipv4Addr::new(10, 4, 2, 2),
+    Ipv4Addr::new(10, 4, 3, 2),
+];
+
 /// One client connection to the VIP.
 pub struct Conn {
     stream: BufReader<TcpStream>,
@@ -789,10 +799,18 @@ impl Testbed {
             "cl0",
             "nodad",
         ])?;
+        // Three more client networks (/24s of their own, so that passive
+        // failure detection, which wants evidence from several client
+        // prefixes, sees several clients): CLIENT_SOURCES.
+        for a in &CLIENT_SOURCES[1..] {
+            c.ip(&["addr", "add", &format!("{a}/32"), "dev", "cl0"])?;
+        }
         c.ip(&["link", "set", "cl0", "up"])?;
         c.ip(&["route", "add", "default", "via", "10.0.1.1"])?;
         c.ip(&["-6", "route", "add", "default", "via", "2001:db8:1::1"])?;
         lb.ip(&["addr", "add", "10.0.1.1/24", "dev", "lb0"])?;
+        lb.ip(&["link", "set", "lb0", "up"])?;
+        lb.ip(&["route", "add", "10.4.0.0/16", "via", "10.0.1.2", "dev", "lb0"])?;
         lb.ip(&[
             "-6",
             "addr",
