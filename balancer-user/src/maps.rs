@@ -1017,6 +1017,11 @@ impl Maps {
             .or_else(|| self.unproven.get(key, 0).ok())
     }
 
+    /// The entry of `key` in table `t` alone (tests tell the tables apart).
+    pub fn flow_in(&self, t: FlowTable, key: &FlowKey) -> Option<FlowEntry> {
+        self.table(t).get(key, 0).ok()
+    }
+
     /// Removes a flow entry; `true` when this call removed it (the data
     /// path may have removed it first).
     pub fn remove_flow(&mut self, t: FlowTable, key: &FlowKey) -> bool {

@@ -26,6 +26,7 @@ mod cluster;
 mod eligibility;
 mod hairpin;
 mod half_open;
+mod hostile;
 mod icmp;
 mod ipv6;
 mod jumbo;
@@ -70,6 +71,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += jumbo::run()?;
     n += race::run()?;
     n += cluster::run()?;
+    n += hostile::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }

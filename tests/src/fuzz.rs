@@ -26,7 +26,14 @@
 //!   MTU, and the answer (from the VIP, for that MTU, quoting its IP header
 //!   and 8 TCP bytes, L2 tags kept) is byte for byte the one etherparse
 //!   builds;
-//! * no backend's active-connection count ever goes below zero.
+//! * no backend's active-connection count ever goes below zero;
+//! * a frame changes no flow the fuzzer created (a placed SYN of its pool)
+//!   whose 5-tuple it does not carry (etherparse's reading: client to VIP,
+//!   or that flow's backend to its client): each such flow's entries (live
+//!   in the established table, live in the half-open table, closed), and
+//!   so its table, its state bits, its sequence numbers and whether it
+//!   counts on its backend, are byte for byte what they were before the
+//!   frame (checked on every flow of the pool, its latest 64 SYNs placed).
 //!
 //! The generator is seeded; the program's own random draws are seeded too
 //! and the process is pinned to one CPU, so a seed replays the same run.
@@ -38,8 +45,8 @@ use std::{
 };
 
 use anyhow::{bail, ensure};
-use balancer::maps::{ip_be, ip_from_be};
-use balancer_common::{flow_kind, FlowKey, IPPROTO_TCP};
+use balancer::maps::{ip_be, ip_from_be, FlowTable};
+use balancer_common::{flow_kind, FlowEntry, FlowKey, IPPROTO_TCP};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
 use crate::{
@@ -181,7 +188,26 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
             frame.resize(14, 0);
         }
         let before = Before::read(&r, &frame, &layout);
+        let others = untouched(&pool, &frame);
+        let others_before: Vec<[Option<FlowEntry>; 3]> =
+            others.iter().map(|f| entries_of(&r, f)).collect();
         let (action, out) = r.run(&frame, side)?;
+        for (f, was) in others.iter().zip(&others_before) {
+            let now = entries_of(&r, f);
+            if now != *was {
+                rep.failures += 1;
+                if rep.failures <= 10 {
+                    println!(
+                        "fuzz violation at frame {i} (seed {seed}, {side:?}): {} changed the flow {} -> {} (backend {}) whose tuple it does not carry: {was:?} -> {now:?}\n  input {}",
+                        action_name(action),
+                        f.0,
+                        f.1,
+                        f.2,
+                        hex(&frame)
+                    );
+                }
+            }
+        }
         let reset = action == XDP_TX && is_reset_of(&frame, &out);
         match action {
             _ if reset => rep.resets += 1,
@@ -242,6 +268,54 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
         rep.failures
     );
     Ok(rep)
+}
+
+/// The pool flows (client, VIP, backend) whose tuple `frame` does not
+/// carry, as etherparse reads it: neither the client's
+/// segment to the VIP nor a backend's to the client that the pool ever
+/// pinned to that client and VIP (a tuple reused may have been placed on
+/// two backends). A frame etherparse does not read as TCP carries none.
+fn untouched(
+    pool: &VecDeque<(SocketAddr, SocketAddr, SocketAddr)>,
+    frame: &[u8],
+) -> Vec<(SocketAddr, SocketAddr, SocketAddr)> {
+    let p = frames::parse(frame).ok();
+    let touched: Vec<(SocketAddr, SocketAddr)> = pool
+        .iter()
+        .filter(|(c, v, b)| {
+            p.as_ref()
+                .is_some_and(|p| (p.src == *c && p.dst == *v) || (p.src == *b && p.dst == *c))
+        })
+        .map(|(c, v, _)| (*c, *v))
+        .collect();
+    let mut out: Vec<_> = pool
+        .iter()
+        .rev()
+        .copied()
+        .filter(|(c, v, _)| !touched.contains(&(*c, *v)))
+        .collect();
+    // One per (client, VIP): the latest placement.
+    let mut seen = Vec::new();
+    out.retain(|(c, v, _)| {
+        let new = !seen.contains(&(*c, *v));
+        seen.push((*c, *v));
+        new
+    });
+    out
+}
+
+/// The entries of a flow (client, VIP, _): live in the established table,
+/// live in the half-open table, closed (established table).
+fn entries_of(r: &Rig, f: &(SocketAddr, SocketAddr, SocketAddr)) -> [Option<FlowEntry>; 3] {
+    let m = r.lb.maps();
+    [
+        m.flow_in(FlowTable::Established, &flow_key(f.0, f.1, flow_kind::LIVE)),
+        m.flow_in(FlowTable::HalfOpen, &flow_key(f.0, f.1, flow_kind::LIVE)),
+        m.flow_in(
+            FlowTable::Established,
+            &flow_key(f.0, f.1, flow_kind::CLOSED),
+        ),
+    ]
 }
 
 fn hex(b: &[u8]) -> String {

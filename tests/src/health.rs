@@ -42,10 +42,7 @@ fn sequential(tb: &Testbed, n: u64, id_base: u64) -> anyhow::Result<Sequential> 
         for i in 0..n {
             // From each of the client's networks in turn: passive detection
             // wants evidence from several client prefixes.
-            let from = SocketAddr::new(
-                CLIENT_SOURCES[i as usize % CLIENT_SOURCES.len()].into(),
-                0,
-            );
+            let from = SocketAddr::new(CLIENT_SOURCES[i as usize % CLIENT_SOURCES.len()].into(), 0);
             match Conn::open_to(Some(from), VIP, id_base + i, 100) {
                 Ok(c) => {
                     *out.per_backend.entry(c.backend).or_default() += 1;

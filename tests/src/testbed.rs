@@ -810,7 +810,15 @@ impl Testbed {
         c.ip(&["-6", "route", "add", "default", "via", "2001:db8:1::1"])?;
         lb.ip(&["addr", "add", "10.0.1.1/24", "dev", "lb0"])?;
         lb.ip(&["link", "set", "lb0", "up"])?;
-        lb.ip(&["route", "add", "10.4.0.0/16", "via", "10.0.1.2", "dev", "lb0"])?;
+        lb.ip(&[
+            "route",
+            "add",
+            "10.4.0.0/16",
+            "via",
+            "10.0.1.2",
+            "dev",
+            "lb0",
+        ])?;
         lb.ip(&[
             "-6",
             "addr",
