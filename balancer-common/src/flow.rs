@@ -442,12 +442,13 @@ pub const fn became(old: u32, set: u32, bit: u32) -> bool {
 /// `true` when the backend's acceptable RST on a flow in state `state`
 /// (both directions in view) counts as a refused new flow against it: it
 /// answered the SYN (no SYN-ACK before it), or it reset a proven handshake
-/// before any data went through (accept, then reset). Never an RST after an
-/// unproven client ACK: a blind spoofer's ACK provokes exactly that from a
-/// healthy backend.
+/// before sending any data (accept, then reset: the client's request may
+/// have gone through, the backend never answered it). Never an RST after
+/// an unproven client ACK: a blind spoofer's ACK provokes exactly that
+/// from a healthy backend.
 #[inline(always)]
 pub const fn refusal(state: u32) -> bool {
-    state & F_SERVER_SEQ_KNOWN == 0 || (state & F_ESTABLISHED != 0 && state & F_DATA == 0)
+    state & F_SERVER_SEQ_KNOWN == 0 || (state & F_ESTABLISHED != 0 && state & F_SERVED == 0)
 }
 
 /// The verdict of a step, given the state word's value just before the
@@ -659,8 +660,22 @@ mod tests {
         // The real ACK proves it.
         apply(&mut e, Direction::ToBackend, &seg(TCP_ACK, 1001, 5001));
         assert_ne!(e.state & F_ESTABLISHED, 0);
-        // Accept, then reset before data: a refusal.
+        // Accept, then reset before data: a refusal; also after the
+        // client's request, before the backend answered it.
         assert!(refusal(e.state));
+        let mut asked = e;
+        apply(
+            &mut asked,
+            Direction::ToBackend,
+            &data(TCP_ACK | 0x08, 1001, 5001, 50),
+        );
+        assert!(refusal(asked.state), "the request alone is no service");
+        apply(
+            &mut asked,
+            Direction::ToClient,
+            &data(TCP_ACK | 0x08, 5001, 1051, 50),
+        );
+        assert!(!refusal(asked.state), "the backend answered: not a refusal");
         // An ACK far ahead of the one acknowledged does not move it.
         apply(
             &mut e,

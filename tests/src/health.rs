@@ -165,6 +165,7 @@ pub fn run(long: bool) -> anyhow::Result<()> {
     }
     host_disappears()?;
     refuses_between_checks()?;
+    accepts_then_resets()?;
     weighted_split()?;
     slow_start()?;
     Ok(())
@@ -278,6 +279,58 @@ fn refuses_between_checks() -> anyhow::Result<()> {
         "not ejected by passive detection: {:?}",
         b.health
     );
+    Ok(())
+}
+
+/// A backend whose application accepts every connection and resets it
+/// before any data (SO_LINGER 0) completes the handshake, so no SYN is
+/// refused: passive detection must see the reset of a proven handshake
+/// (NAT), from the client's several prefixes, and eject it.
+fn accepts_then_resets() -> anyhow::Result<()> {
+    let mut tb = Testbed::build(3)?;
+    tb.start_daemon()?;
+    tb.cli(&[
+        "vip",
+        "add",
+        "10.0.0.10:80",
+        "--health",
+        "tcp",
+        "--health-interval",
+        "1h",
+    ])?;
+    let all: Vec<String> = (0..3).map(|k| backend_addr(k).to_string()).collect();
+    let mut args = vec!["backend", "add", "10.0.0.10:80"];
+    args.extend(all.iter().map(String::as_str));
+    tb.cli(&args)?;
+    wait_for("every backend healthy", Duration::from_secs(10), || {
+        Ok(backends(&tb)?
+            .iter()
+            .all(|b| b.health.status == HealthStatus::Healthy))
+    })?;
+    let bad = backend_addr(1);
+    tb.servers[1].reset_on_accept();
+    let t0 = Instant::now();
+    let r = sequential(&tb, 200, 30_000)?;
+    wait_for("the ejection recorded", Duration::from_secs(2), || {
+        Ok(backends(&tb)?
+            .iter()
+            .any(|b| b.backend == bad && b.health.ejected))
+    })?;
+    let elapsed = t0.elapsed();
+    let views = backends(&tb)?;
+    let b = views
+        .iter()
+        .find(|b| b.backend == bad)
+        .context("backend 1")?;
+    println!(
+        "health: backend {bad} accepting then resetting every connection (checks hourly): {} of 200 connections lost (the last at {} ms), ejection seen {} ms after the first connection, refused {}",
+        r.lost,
+        r.last_loss_ms,
+        elapsed.as_millis(),
+        b.refused
+    );
+    ensure!(r.lost <= 10, "{} lost", r.lost);
+    ensure!(b.health.ejected, "not ejected: {:?}", b.health);
     Ok(())
 }
 

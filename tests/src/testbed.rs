@@ -87,6 +87,9 @@ pub struct Server {
     /// Set to close its listening socket (its port then refuses
     /// connections with RST; open connections go on).
     closed: Arc<AtomicBool>,
+    /// Set to reset every connection it accepts at once, before any data
+    /// (SO_LINGER 0): an application that accepts, then fails.
+    reset: Arc<AtomicBool>,
 }
 
 impl Server {
@@ -94,6 +97,12 @@ impl Server {
     pub fn close_port(&self) {
         self.closed.store(true, Ordering::Relaxed);
         // The accept loop polls every 200 us.
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    /// From now on, resets every connection it accepts before any data.
+    pub fn reset_on_accept(&self) {
+        self.reset.store(true, Ordering::Relaxed);
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -119,6 +128,8 @@ pub fn start_server_as(
     let stats = Arc::new(ServerStats::default());
     let closed = Arc::new(AtomicBool::new(false));
     let closed2 = closed.clone();
+    let reset = Arc::new(AtomicBool::new(false));
+    let reset2 = reset.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let nspath = ns.path();
     let st = stats.clone();
@@ -146,6 +157,12 @@ pub fn start_server_as(
                     return;
                 }
                 match l.accept() {
+                    Ok((s, _)) if reset2.load(Ordering::Relaxed) => {
+                        st.accepted.fetch_add(1, Ordering::Relaxed);
+                        let s = socket2::Socket::from(s);
+                        let _ = s.set_linger(Some(Duration::ZERO));
+                        drop(s);
+                    }
                     Ok((s, _)) => {
                         st.accepted.fetch_add(1, Ordering::Relaxed);
                         st.open.fetch_add(1, Ordering::Relaxed);
@@ -176,6 +193,7 @@ pub fn start_server_as(
         addr,
         stats,
         closed,
+        reset,
     })
 }
 
