@@ -100,9 +100,9 @@ fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
         Some(libc::ENOMEM) | Some(libc::E2BIG) => BalancerError::Invalid {
             what: "table sizes",
             reason: format!(
-                "the kernel could not allocate the flow table ({} entries, about {} MiB) and \
-                 the half-open table ({} entries, about {} MiB): {e}; lower \
-                 --flow-table-size or --half-open-table-size",
+                "the kernel could not allocate the flow table ({} entries, about {} MiB), \
+                 the half-open table and the unproven table ({} entries each, about {} MiB \
+                 each): {e}; lower --flow-table-size or --half-open-table-size",
                 opts.flow_table_size,
                 table_mib(opts.flow_table_size),
                 opts.half_open_table_size,
