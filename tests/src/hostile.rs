@@ -169,7 +169,7 @@ impl Clients {
             handles: Vec::new(),
         };
         let mut c = c;
-        for (w, client) in CLIENTS.iter().enumerate() {
+        for (w, client) in CLIENTS.iter().cycle().take(2 * CLIENTS.len()).enumerate() {
             let (stop, phase, ok, failed, first) = (
                 c.stop.clone(),
                 c.phase.clone(),
@@ -274,10 +274,7 @@ pub fn run(long: bool) -> anyhow::Result<()> {
             eprintln!("--- stats ---\n{s}");
         }
     }
-    println!(
-        "hostile: finished in {:.0} s",
-        t0.elapsed().as_secs_f64()
-    );
+    println!("hostile: finished in {:.0} s", t0.elapsed().as_secs_f64());
     r
 }
 
@@ -318,7 +315,14 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
         let out = Command::new("ip")
             .args(["netns", "exec", tb.backends[k].name()])
             .arg(tb.balancer_bin())
-            .args(["decap", "attach", "--iface", "eth0", "--source", BALANCER_SRC4])
+            .args([
+                "decap",
+                "attach",
+                "--iface",
+                "eth0",
+                "--source",
+                BALANCER_SRC4,
+            ])
             .arg("--pin-dir")
             .arg(&pins)
             .output()?;
@@ -432,7 +436,10 @@ fn check_held(
                 Ok(b) => lost.push(Lost {
                     vip: h.vip,
                     backend: h.conn.backend,
-                    why: format!("{} {}: moved from {} to {b}", h.vip.name, h.local, h.conn.backend),
+                    why: format!(
+                        "{} {}: moved from {} to {b}",
+                        h.vip.name, h.local, h.conn.backend
+                    ),
                 }),
                 Err(e) => lost.push(Lost {
                     vip: h.vip,
@@ -446,7 +453,6 @@ fn check_held(
     .join()
     .map_err(|_| anyhow::anyhow!("client thread panicked"))?
 }
-
 
 /// An AF_PACKET socket on `iface` of the calling thread's namespace.
 fn packet_socket(iface: &str) -> anyhow::Result<(OwnedFd, i32)> {
@@ -524,9 +530,7 @@ fn learn_numbers(
         let mut buf = vec![0u8; 65536];
         while !stop2.load(Ordering::Relaxed) {
             // SAFETY: buffer valid for its length.
-            let n = unsafe {
-                libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
-            };
+            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
             if n <= 0 {
                 continue;
             }
@@ -535,10 +539,7 @@ fn learn_numbers(
             };
             let from_client = matches!(p.src.ip(), IpAddr::V4(a) if CLIENTS.contains(&a));
             if from_client && VIPS.iter().any(|v| v.addr == p.dst) {
-                seen.insert(
-                    p.src,
-                    (p.seq.wrapping_add(p.payload_len as u32), p.ack),
-                );
+                seen.insert(p.src, (p.seq.wrapping_add(p.payload_len as u32), p.ack));
             }
         }
         Ok(seen)
@@ -714,7 +715,12 @@ fn tcp6_mapped(
 
 /// An IP-in-IP frame (outer `outer_src` to backend `dst`) whose inner packet
 /// is a UDP datagram from a forged client to `dst`:[`UDP_PORT`].
-fn ipip_frame(l: Link, outer_src: Ipv4Addr, dst: Ipv4Addr, out: &mut Vec<u8>) -> anyhow::Result<()> {
+fn ipip_frame(
+    l: Link,
+    outer_src: Ipv4Addr,
+    dst: Ipv4Addr,
+    out: &mut Vec<u8>,
+) -> anyhow::Result<()> {
     let mut inner = Vec::with_capacity(64);
     PacketBuilder::ipv4([198, 51, 100, 7], dst.octets(), 64)
         .udp(40000, UDP_PORT)
@@ -837,9 +843,34 @@ fn counts_match(
     })
 }
 
+/// Per VIP: its active count minus the connections open at its servers.
+fn excess_per_vip(tb: &Testbed) -> anyhow::Result<String> {
+    let views = tb.backends()?;
+    Ok(VIPS
+        .iter()
+        .map(|v| {
+            let active: u64 = views
+                .iter()
+                .filter(|b| b.vip == v.addr)
+                .map(|b| b.active_connections)
+                .sum();
+            let open: u64 = tb
+                .servers
+                .iter()
+                .filter(|s| s.addr.port() == v.port)
+                .map(|s| s.stats.open.load(Ordering::Relaxed))
+                .sum();
+            format!("{} {:+}", v.name, active as i64 - open as i64)
+        })
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
 /// One row of the table.
 struct Row {
     class: &'static str,
+    key: char,
+    phase: usize,
     sent: u64,
     took: Duration,
     moved: String,
@@ -871,7 +902,12 @@ fn print_table(rows: &[Row]) {
 
 /// Waits up to `timeout` for backend `b` of `vip` to be ejected; returns
 /// the time it took.
-fn ejected_within(tb: &Testbed, vip: SocketAddr, b: SocketAddr, timeout: Duration) -> anyhow::Result<Option<Duration>> {
+fn ejected_within(
+    tb: &Testbed,
+    vip: SocketAddr,
+    b: SocketAddr,
+    timeout: Duration,
+) -> anyhow::Result<Option<Duration>> {
     let t0 = Instant::now();
     while t0.elapsed() < timeout {
         if tb
@@ -927,7 +963,14 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
                 if i % 2 == 0 {
                     tcp4(link, src, v.addr, isn, SYN, out)
                 } else {
-                    tcp4(link, src, v.addr, isn.wrapping_add(1), ack(0x0bad_0bad), out)
+                    tcp4(
+                        link,
+                        src,
+                        v.addr,
+                        isn.wrapping_add(1),
+                        ack(0x0bad_0bad),
+                        out,
+                    )
                 }
             }),
             u64::MAX,
@@ -936,7 +979,11 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
         // Spread over the class's time: a repeat counts only 500 ms after
         // its flow's first SYN, so the strongest form of the attack keeps
         // repeating its tuples rather than sending them all at once.
-        'b' => (Box::new(one_source_syns(link, &VIPS, 7)), ONE_SOURCE_SYNS, true),
+        'b' => (
+            Box::new(one_source_syns(link, &VIPS, 7)),
+            ONE_SOURCE_SYNS,
+            true,
+        ),
         'c' => {
             let mut rng = Rng(0x1234_5678_9abc_def1);
             let mut cur = (Ipv4Addr::UNSPECIFIED, 0u16, VIPS[0], 0u32);
@@ -954,7 +1001,14 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
                         tcp4(link, (cur.0, cur.1), cur.2.addr, cur.3, SYN, out)
                     } else {
                         let a = rng.next() as u32;
-                        tcp4(link, (cur.0, cur.1), cur.2.addr, cur.3.wrapping_add(1), ack(a), out)
+                        tcp4(
+                            link,
+                            (cur.0, cur.1),
+                            cur.2.addr,
+                            cur.3.wrapping_add(1),
+                            ack(a),
+                            out,
+                        )
                     }
                 }),
                 u64::MAX,
@@ -1037,7 +1091,12 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
         ),
         _ => (
             Box::new(move |i: u64, out: &mut Vec<u8>| {
-                ipip_frame(link, spoofed(i), backend_ip((i % BACKENDS as u64) as usize), out)
+                ipip_frame(
+                    link,
+                    spoofed(i),
+                    backend_ip((i % BACKENDS as u64) as usize),
+                    out,
+                )
             }),
             u64::MAX,
             false,
@@ -1072,7 +1131,11 @@ fn check_and_refill(
         ensure!(
             more_lost.is_empty(),
             "held connections lost right after replacing the lost ones: {}",
-            more_lost.iter().map(|l| l.why.clone()).collect::<Vec<_>>().join("; ")
+            more_lost
+                .iter()
+                .map(|l| l.why.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
         );
         held = h;
         numbers = n;
@@ -1091,7 +1154,9 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     let mut zombies: HashMap<SocketAddr, u64> = HashMap::new();
 
     let t_open = Instant::now();
-    let vips: Vec<Vip> = (0..HELD).map(|i| VIPS[(i / CLIENTS.len()) % VIPS.len()]).collect();
+    let vips: Vec<Vip> = (0..HELD)
+        .map(|i| VIPS[(i / CLIENTS.len()) % VIPS.len()])
+        .collect();
     let held = open_held(tb, vips, 0)?;
     ensure!(held.len() == HELD, "opened {} held connections", held.len());
     let mut id_base = 0;
@@ -1099,7 +1164,10 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     ensure!(
         lost.is_empty(),
         "held connections lost before any attack: {}",
-        lost.iter().map(|l| l.why.clone()).collect::<Vec<_>>().join("; ")
+        lost.iter()
+            .map(|l| l.why.clone())
+            .collect::<Vec<_>>()
+            .join("; ")
     );
     id_base += 1 << 20;
     ensure!(
@@ -1171,7 +1239,12 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             'b' => format!(
                 "syn_retransmits +{}, most sources {}",
                 after.sum(|v| v.syn_retransmits) - before.sum(|v| v.syn_retransmits),
-                after.views.iter().map(|v| v.health.failing_sources).max().unwrap_or(0)
+                after
+                    .views
+                    .iter()
+                    .map(|v| v.health.failing_sources)
+                    .max()
+                    .unwrap_or(0)
             ),
             'd' => format!(
                 "rst_out_of_window +{}, drop_illegal_flags +{}",
@@ -1247,17 +1320,43 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 "{class}: {} of {HELD} held connections lost ({}), e.g. {}",
                 lost.len(),
                 per_vip.join(", "),
-                lost.iter().take(3).map(|l| l.why.clone()).collect::<Vec<_>>().join("; ")
+                lost.iter()
+                    .take(3)
+                    .map(|l| l.why.clone())
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ));
         }
-        let (new_ok, new_failed, first) = clients.counts(phase);
+        rows.push(Row {
+            class,
+            sent,
+            took,
+            moved,
+            held_lost: lost.len(),
+            key,
+            phase,
+            new_ok: 0,
+            new_failed: 0,
+            ejected,
+        });
+        println!(
+            "hostile: {class}: {sent} frames in {:.1} s",
+            took.as_secs_f64()
+        );
+    }
+    // Every attempt counted in the phase it started in, once all ended.
+    clients.stop();
+    for r in &mut rows {
+        let (new_ok, new_failed, first) = clients.counts(r.phase);
+        (r.new_ok, r.new_failed) = (new_ok, new_failed);
         let new_total = new_ok + new_failed;
+        let class = r.class;
         if new_failed > 0 {
             println!(
                 "hostile: {class}: {new_failed} of {new_total} new connections failed, the first: {}",
                 first.unwrap_or_default()
             );
-            let allowed = if presses_tables(key) {
+            let allowed = if presses_tables(r.key) {
                 new_total * NEW_LOSS_BOUND_PCT / 100
             } else {
                 0
@@ -1269,24 +1368,11 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             }
         }
         if new_total == 0 {
-            failures.push(format!("{class}: no new connection was attempted during it"));
+            failures.push(format!(
+                "{class}: no new connection was attempted during it"
+            ));
         }
-        rows.push(Row {
-            class,
-            sent,
-            took,
-            moved,
-            held_lost: lost.len(),
-            new_ok,
-            new_failed,
-            ejected,
-        });
-        println!(
-            "hostile: {class}: {sent} frames in {:.1} s",
-            took.as_secs_f64()
-        );
     }
-    clients.stop();
     print_table(&rows);
     println!(
         "hostile: new connections may fail only under the classes whose SYNs fill the \
@@ -1307,7 +1393,9 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             "g: {forged} inner datagrams of forged tunnels reached the socket on backend 0"
         ));
     } else {
-        println!("hostile: g: no inner datagram of a forged tunnel reached the socket on backend 0");
+        println!(
+            "hostile: g: no inner datagram of a forged tunnel reached the socket on backend 0"
+        );
     }
 
     // Every count back to the truth once the half-open timeout passed.
@@ -1326,8 +1414,10 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                      (their flows are gone; the servers keep them until their idle timeout)"
                 ),
                 _ => failures.push(format!(
-                    "counts not back to the truth {} s after the attacks: {e:#}",
-                    HALF_OPEN_TIMEOUT.as_secs() + 12
+                    "counts not back to the truth {} s after the attacks (active minus open at \
+                     the servers per VIP: {}): {e:#}",
+                    HALF_OPEN_TIMEOUT.as_secs() + 12,
+                    excess_per_vip(tb)?
                 )),
             }
         }
@@ -1340,7 +1430,10 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
         failures.push(format!(
             "at the end: {} held connections lost: {}",
             lost.len(),
-            lost.iter().map(|l| l.why.clone()).collect::<Vec<_>>().join("; ")
+            lost.iter()
+                .map(|l| l.why.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
         ));
     }
     println!(
@@ -1381,7 +1474,14 @@ fn one_source_syns(
     move |_: u64, out: &mut Vec<u8>| {
         let p = rng.next() % ONE_SOURCE_PORTS;
         let v = vips[(p % vips.len() as u64) as usize];
-        tcp4(link, (src, 20_000 + p as u16), v.addr, hash32(p + 77), SYN, out)
+        tcp4(
+            link,
+            (src, 20_000 + p as u16),
+            v.addr,
+            hash32(p + 77),
+            SYN,
+            out,
+        )
     }
 }
 
@@ -1396,7 +1496,11 @@ fn active_of(tb: &Testbed, vip: SocketAddr) -> anyhow::Result<u64> {
 
 /// Closes one held connection per VIP with a FIN and one with an RST; each
 /// VIP's active count must fall by two.
-fn legit_close(tb: &Testbed, held: Vec<Held>, failures: &mut Vec<String>) -> anyhow::Result<Vec<Held>> {
+fn legit_close(
+    tb: &Testbed,
+    held: Vec<Held>,
+    failures: &mut Vec<String>,
+) -> anyhow::Result<Vec<Held>> {
     let mut keep = Vec::new();
     let mut closing: Vec<Held> = Vec::new();
     for h in held {
@@ -1524,7 +1628,13 @@ fn hammer(
                 let mut failed = 0;
                 while !done.load(Ordering::Relaxed) && t0.elapsed() < limit {
                     let id = (3 << 40) + ((w as u64) << 32) + ((t as u64) << 24) + i;
-                    match Conn::open_within(Some(SocketAddr::from((client, 0))), vip, id, 10, timeout) {
+                    match Conn::open_within(
+                        Some(SocketAddr::from((client, 0))),
+                        vip,
+                        id,
+                        10,
+                        timeout,
+                    ) {
                         Ok(c) => c.close(),
                         Err(_) => failed += 1,
                     }
@@ -1548,7 +1658,14 @@ fn control_real_failures(tb: &Testbed, failures: &mut Vec<String>) -> anyhow::Re
         .context("the refusing backend's server")?
         .close_port();
     let done = Arc::new(AtomicBool::new(false));
-    let hs = hammer(tb, v.addr, 1, Duration::from_secs(2), Duration::from_secs(15), done.clone());
+    let hs = hammer(
+        tb,
+        v.addr,
+        1,
+        Duration::from_secs(2),
+        Duration::from_secs(15),
+        done.clone(),
+    );
     let took = ejected_within(tb, v.addr, refusing, Duration::from_secs(10))?;
     done.store(true, Ordering::Relaxed);
     let failed: u64 = hs.into_iter().map(|h| h.join().unwrap_or(0)).sum();
@@ -1570,7 +1687,14 @@ fn control_real_failures(tb: &Testbed, failures: &mut Vec<String>) -> anyhow::Re
     let silent = backend_of(&v, 3);
     tb.switch.ip(&["link", "set", "dev", "sw-b3", "down"])?;
     let done = Arc::new(AtomicBool::new(false));
-    let hs = hammer(tb, v.addr, 3, Duration::from_secs(3), Duration::from_secs(20), done.clone());
+    let hs = hammer(
+        tb,
+        v.addr,
+        3,
+        Duration::from_secs(3),
+        Duration::from_secs(20),
+        done.clone(),
+    );
     let took = ejected_within(tb, v.addr, silent, Duration::from_secs(15))?;
     done.store(true, Ordering::Relaxed);
     let failed: u64 = hs.into_iter().map(|h| h.join().unwrap_or(0)).sum();

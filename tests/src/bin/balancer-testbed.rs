@@ -21,8 +21,8 @@
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, cluster, collisions, fixtures, flood, fuzz, health, hostile, jumbo, mistakes, modes,
-    netns, operator, orphans, realclients, refusals, restart, scenario,
+    abuse, bench, cluster, collisions, fixtures, flood, fuzz, health, hostile, jumbo, mistakes,
+    modes, netns, operator, orphans, realclients, refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
