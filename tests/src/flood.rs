@@ -56,7 +56,10 @@ pub fn run() -> anyhow::Result<()> {
 }
 
 /// The MAC address of `iface` in `ns`.
-fn mac_in(ns: &Netns, iface: &str) -> anyhow::Result<[u8; 6]> {
+///
+/// # Errors
+/// `ip link show` fails or shows no MAC address.
+pub fn mac_in(ns: &Netns, iface: &str) -> anyhow::Result<[u8; 6]> {
     let out = ns.exec("ip", &["-o", "link", "show", iface])?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let s = text

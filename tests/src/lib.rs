@@ -12,6 +12,7 @@ pub mod frames;
 pub mod fuzz;
 pub mod harness;
 pub mod health;
+pub mod hostile;
 pub mod jumbo;
 pub mod mistakes;
 pub mod modes;

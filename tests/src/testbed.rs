@@ -331,9 +331,35 @@ impl Conn {
     /// # Errors
     /// I/O failure, a malformed answer, or a payload byte that differs.
     pub fn request(&mut self, id: u64, len: usize) -> anyhow::Result<SocketAddr> {
+        self.send_request(id, len)?;
+        self.read_answer(id, len)
+    }
+
+    /// The first half of [`Conn::request`]: sends `GET id len`.
+    ///
+    /// # Errors
+    /// I/O failure.
+    pub fn send_request(&mut self, id: u64, len: usize) -> anyhow::Result<()> {
         self.stream
             .get_mut()
             .write_all(format!("GET {id} {len}\n").as_bytes())?;
+        Ok(())
+    }
+
+    /// Sets the time-out of each read of [`Conn::read_answer`].
+    ///
+    /// # Errors
+    /// `setsockopt` fails (a zero duration is refused).
+    pub fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        self.stream.get_ref().set_read_timeout(Some(t))
+    }
+
+    /// The second half of [`Conn::request`]: reads and checks the answer
+    /// to `GET id len`; returns the backend that answered.
+    ///
+    /// # Errors
+    /// I/O failure, a malformed answer, or a payload byte that differs.
+    pub fn read_answer(&mut self, id: u64, len: usize) -> anyhow::Result<SocketAddr> {
         let mut line = String::new();
         self.stream.read_line(&mut line)?;
         let Some(b) = line.strip_prefix("BACKEND ") else {
@@ -379,6 +405,43 @@ impl Conn {
         };
         c.backend = c.request(id, len)?;
         Ok(c)
+    }
+
+    /// [`Conn::open_to`] with a connect and read time-out of `timeout`.
+    ///
+    /// # Errors
+    /// Connect or request failure.
+    pub fn open_within(
+        local: Option<SocketAddr>,
+        remote: SocketAddr,
+        id: u64,
+        len: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Conn> {
+        let s = connect(local, remote, timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_nodelay(true)?;
+        let mut c = Conn {
+            stream: BufReader::new(s),
+            backend: VIP,
+        };
+        c.backend = c.request(id, len)?;
+        Ok(c)
+    }
+
+    /// The connection's local address (the client's side of its tuple).
+    ///
+    /// # Errors
+    /// `getsockname` fails.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.stream.get_ref().local_addr()
+    }
+
+    /// Aborts the connection: an RST (SO_LINGER 0, then close).
+    pub fn abort(self) {
+        let s = self.stream.into_inner();
+        let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+        drop(s);
     }
 
     /// Closes the connection (FIN) and waits for the server's FIN.

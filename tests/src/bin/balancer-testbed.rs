@@ -9,6 +9,7 @@
 //! * `balancer-testbed refusals`
 //! * `balancer-testbed abuse`
 //! * `balancer-testbed flood`
+//! * `balancer-testbed hostile [--long]`
 //! * `balancer-testbed orphans`
 //! * `balancer-testbed realclients`
 //! * `balancer-testbed modes`
@@ -20,8 +21,8 @@
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, cluster, collisions, fixtures, flood, fuzz, health, jumbo, mistakes, modes,
-    netns, operator, orphans, realclients, refusals, restart, scenario,
+    abuse, bench, cluster, collisions, fixtures, flood, fuzz, health, hostile, jumbo, mistakes,
+    modes, netns, operator, orphans, realclients, refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -77,6 +78,14 @@ enum Cmd {
     /// A SYN flood (100,000 spoofed SYNs) against 100 idle established
     /// connections through small tables.
     Flood,
+    /// Hostile clients (spoofed sources and numbers, classes a-g) against
+    /// a NAT, an L2 DSR and an IP-in-IP VIP holding 200 connections, with
+    /// the controls that show a real failure is still detected.
+    Hostile {
+        /// The long form: 10 s per class instead of 2 s.
+        #[arg(long)]
+        long: bool,
+    },
     /// Connections whose backend was removed or which expired get a reset.
     Orphans,
     /// Every forwarding mode and family (L2 DSR, IP-in-IP, GUE, NAT; IPv4,
@@ -174,6 +183,7 @@ fn main() -> ExitCode {
         Cmd::Refusals => refusals::run(),
         Cmd::Abuse => abuse::run(),
         Cmd::Flood => flood::run(),
+        Cmd::Hostile { long } => hostile::run(long),
         Cmd::Orphans => orphans::run(),
         Cmd::Realclients => realclients::run(),
         Cmd::Modes => modes::run(),

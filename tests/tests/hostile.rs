@@ -1,0 +1,31 @@
+//! Runs `balancer-testbed hostile` (short form: each class of spoofed
+//! traffic for about 2 s against a NAT, an L2 DSR and an IP-in-IP VIP
+//! holding 200 connections, then the controls), which isolates itself in
+//! network and mount namespaces of its own, and fails with its output when
+//! it fails.
+
+#[test]
+fn hostile_clients_evict_eject_close_and_count_nothing_of_others() {
+    balancer_tests::harness::scenario(
+        env!("CARGO_BIN_EXE_balancer-testbed"),
+        &["hostile"],
+        &[
+            "hostile: 200 connections held",
+            "hostile: a. ",
+            "hostile: b. ",
+            "hostile: c. ",
+            "hostile: d. ",
+            "hostile: e. ",
+            "hostile: f. ",
+            "hostile: g. ",
+            "hostile: active counts equal the connections open at the backends",
+            "hostile: control: nat: a real client's FIN and RST closed their flows",
+            "hostile: control: dsr: a real client's FIN and RST closed their flows",
+            "hostile: control: ipip: a real client's FIN and RST closed their flows",
+            "with --eject-min-sources 1 ejected",
+            "with its port closed ejected after",
+            "made silent (its switch port down) ejected",
+            "hostile: every assertion held",
+        ],
+    );
+}
