@@ -70,6 +70,11 @@ pub struct TimeoutsEntry {
     #[serde(default = "d_orphan", with = "humantime_serde")]
     #[schema(value_type = String)]
     pub orphan: Duration,
+    /// A direct-return flow not proven (its client silent since its first
+    /// second).
+    #[serde(default = "d_unproven", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub unproven: Duration,
 }
 
 fn d_half_open() -> Duration {
@@ -83,6 +88,9 @@ fn d_closing() -> Duration {
 }
 fn d_orphan() -> Duration {
     Timeouts::default().orphan
+}
+fn d_unproven() -> Duration {
+    Timeouts::default().unproven
 }
 
 impl Default for TimeoutsEntry {
@@ -98,6 +106,7 @@ impl From<Timeouts> for TimeoutsEntry {
             established: t.established,
             closing: t.closing,
             orphan: t.orphan,
+            unproven: t.unproven,
         }
     }
 }
@@ -109,6 +118,7 @@ impl From<TimeoutsEntry> for Timeouts {
             established: t.established,
             closing: t.closing,
             orphan: t.orphan,
+            unproven: t.unproven,
         }
     }
 }
@@ -369,11 +379,12 @@ impl Change {
     pub fn describe(&self) -> String {
         match self {
             Change::Timeouts(t) => format!(
-                "~ timeouts half_open {} established {} closing {} orphan {}",
+                "~ timeouts half_open {} established {} closing {} orphan {} unproven {}",
                 humantime::format_duration(t.half_open),
                 humantime::format_duration(t.established),
                 humantime::format_duration(t.closing),
-                humantime::format_duration(t.orphan)
+                humantime::format_duration(t.orphan),
+                humantime::format_duration(t.unproven)
             ),
             Change::RemoveVip(v) => format!("- vip {v} (and its backends)"),
             Change::AddVip(v, s) => format!("+ vip {v} {}", settings_words(s)),

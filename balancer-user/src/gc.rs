@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     error::Result,
-    maps::{Count, Maps},
+    maps::{Count, FlowTable, Maps},
     state::State,
 };
 
@@ -28,10 +28,21 @@ pub struct Timeouts {
     /// that its client's next segment gets a reset (default 120 s).
     #[serde(default = "default_orphan", with = "humantime_serde")]
     pub orphan: Duration,
+    /// A direct-return flow in the unproven table: its client ACKed, and
+    /// has sent nothing since its first second (default 300 s: longer than
+    /// the usual keep-alive idle times of HTTP servers and browsers, so a
+    /// real connection idle between requests keeps its backend; a forged
+    /// handshake's count is held at most this long).
+    #[serde(default = "default_unproven", with = "humantime_serde")]
+    pub unproven: Duration,
 }
 
 fn default_orphan() -> Duration {
     Duration::from_secs(120)
+}
+
+fn default_unproven() -> Duration {
+    Duration::from_secs(300)
 }
 
 impl Default for Timeouts {
@@ -41,6 +52,7 @@ impl Default for Timeouts {
             established: Duration::from_secs(900),
             closing: Duration::from_secs(30),
             orphan: default_orphan(),
+            unproven: default_unproven(),
         }
     }
 }
@@ -59,6 +71,7 @@ impl Timeouts {
             ("established timeout", self.established),
             ("closing timeout", self.closing),
             ("orphan timeout", self.orphan),
+            ("unproven timeout", self.unproven),
         ] {
             if d.is_zero() || d > MAX_TIMEOUT {
                 return Err(crate::BalancerError::Invalid {
@@ -70,10 +83,12 @@ impl Timeouts {
         Ok(())
     }
 
-    /// The idle timeout of a live flow in its current state.
-    pub fn for_live(&self, e: &FlowEntry) -> Duration {
+    /// The idle timeout of a live flow in its current state, in `table`.
+    pub fn for_live(&self, table: FlowTable, e: &FlowEntry) -> Duration {
         if e.state & (fl::F_CLIENT_FIN | fl::F_SERVER_FIN) != 0 {
             self.closing
+        } else if table == FlowTable::Unproven {
+            self.unproven
         } else if e.state & fl::F_ESTABLISHED != 0 {
             self.established
         } else {
@@ -275,7 +290,7 @@ impl Reconciler {
             // A peer's synced flow not adopted here holds no count here.
             let counted = fl::counted(e.state);
             if k.kind == flow_kind::LIVE {
-                if idle > timeouts.for_live(e) {
+                if idle > timeouts.for_live(*table, e) {
                     let established = e.state & fl::F_ESTABLISHED != 0;
                     if established && counted {
                         // Its client's next segment gets a reset; written
@@ -461,10 +476,12 @@ mod tests {
     fn timeouts_by_state() {
         let t = Timeouts::default();
         let mut e = FlowEntry::default();
-        assert_eq!(t.for_live(&e), t.half_open);
+        assert_eq!(t.for_live(FlowTable::HalfOpen, &e), t.half_open);
         e.state = fl::F_ESTABLISHED;
-        assert_eq!(t.for_live(&e), t.established);
+        assert_eq!(t.for_live(FlowTable::Established, &e), t.established);
+        assert_eq!(t.for_live(FlowTable::Unproven, &e), t.unproven);
         e.state |= fl::F_CLIENT_FIN;
-        assert_eq!(t.for_live(&e), t.closing);
+        assert_eq!(t.for_live(FlowTable::Established, &e), t.closing);
+        assert_eq!(t.for_live(FlowTable::Unproven, &e), t.closing);
     }
 }

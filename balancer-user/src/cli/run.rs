@@ -82,7 +82,7 @@ pub struct RunArgs {
     affinity_table_size: u32,
     /// Idle timeout of half-open flows (SYN seen, handshake not completed).
     /// The timeouts of a configuration (--config, `apply`) take the place
-    /// of these four.
+    /// of these five.
     #[arg(long, default_value = "30s", value_parser = parse_timeout)]
     half_open_timeout: Duration,
     /// Idle timeout of established flows.
@@ -96,6 +96,11 @@ pub struct RunArgs {
     /// remembered, so that its client's next segment gets a reset.
     #[arg(long, default_value = "2m", value_parser = parse_timeout)]
     orphan_timeout: Duration,
+    /// Idle timeout of direct-return flows in the unproven table (the
+    /// client ACKed, and has sent nothing since the flow's first second;
+    /// see the README's *Hostile traffic*).
+    #[arg(long, default_value = "5m", value_parser = parse_timeout)]
+    unproven_timeout: Duration,
     /// Period of flow expiry and count reconciliation.
     #[arg(long, default_value = "1s", value_parser = parse_timeout)]
     gc_interval: Duration,
@@ -222,6 +227,7 @@ impl RunArgs {
                 established: self.established_timeout,
                 closing: self.closing_timeout,
                 orphan: self.orphan_timeout,
+                unproven: self.unproven_timeout,
             },
             gc_interval: self.gc_interval.max(Duration::from_millis(10)),
             stats_interval: self.stats_interval,
