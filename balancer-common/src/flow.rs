@@ -322,7 +322,17 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
                 step.rst = if ok { Rst::InWindow } else { Rst::OutOfWindow };
             } else {
                 let mut known = state & F_SERVER_SEQ_KNOWN != 0;
-                if seg.is_syn_ack() && !known && answers_syn(entry, seg.ack) {
+                // The backend's SYN-ACK: the first one answering the SYN;
+                // until the handshake is proven, a later one acknowledging
+                // the same sequence number (the backend dropped its request
+                // and answered the client's SYN again, with a new ISN)
+                // replaces it.
+                let answers = if known {
+                    state & F_ESTABLISHED == 0 && seg.ack == entry.client_next_seq
+                } else {
+                    answers_syn(entry, seg.ack)
+                };
+                if seg.is_syn_ack() && answers {
                     step.server_next_seq = Some(seg.seq.wrapping_add(1));
                     want |= F_SERVER_SEQ_KNOWN;
                     known = true;
@@ -690,6 +700,45 @@ mod tests {
             &seg(TCP_ACK, 5001, 1001u32.wrapping_add(1 << 30)),
         );
         assert_eq!(e.client_next_seq, 1001);
+        // A backend that answers the SYN again with a new ISN before the
+        // handshake is proven (its request dropped): the new ISN counts,
+        // and the client's ACK of it proves the handshake.
+        let mut again = FlowEntry::default();
+        start(&mut again, &seg(TCP_SYN, 1000, 0), 1);
+        apply(
+            &mut again,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 5000, 1001),
+        );
+        apply(
+            &mut again,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 77_000, 1001),
+        );
+        assert_eq!(again.server_next_seq, 77_001);
+        apply(&mut again, Direction::ToBackend, &seg(TCP_ACK, 1001, 77_001));
+        assert_ne!(again.state & F_ESTABLISHED, 0);
+        // Once proven, a SYN-ACK changes nothing.
+        apply(
+            &mut again,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 9, 1001),
+        );
+        assert_eq!(again.server_next_seq, 77_001);
+        // Nor does one acknowledging something else before that.
+        let mut other = FlowEntry::default();
+        start(&mut other, &seg(TCP_SYN, 1000, 0), 1);
+        apply(
+            &mut other,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 5000, 1001),
+        );
+        apply(
+            &mut other,
+            Direction::ToClient,
+            &seg(TCP_SYN | TCP_ACK, 6000, 4242),
+        );
+        assert_eq!(other.server_next_seq, 5001);
         // A SYN-ACK that does not acknowledge the SYN is no SYN-ACK.
         let mut f = FlowEntry::default();
         start(&mut f, &seg(TCP_SYN, 1000, 0), 1);
