@@ -5,7 +5,14 @@
 //! with a probability in parts per million read from `FAULT_CONFIG`, and
 //! counts what it did in `FAULT_STATS`. Nothing in the balancer uses it.
 //!
-//! - loss: `TC_ACT_SHOT`;
+//! - loss: `TC_ACT_STOLEN`, which frees the frame and tells the sender it
+//!   went, as netem does, rather than `TC_ACT_SHOT`, whose failure the
+//!   sender's own stack sees (`NET_XMIT_DROP`): that is no loss on a wire.
+//!   TCP then retries at once, and a SYN-ACK retransmission failing
+//!   locally makes the kernel drop the request socket, so that the
+//!   client's next SYN gets a SYN-ACK with a new sequence number (seen
+//!   here with SHOT). `TC_ACT_STOLEN` needs the program on the clsact
+//!   qdisc (TCX treats the code as "next");
 //! - duplication: `bpf_clone_redirect` of the frame to its own interface
 //!   (egress, or ingress with `BPF_F_INGRESS` where the program runs at
 //!   ingress), the clone tagged with [`CLONE_MARK`] in `skb->mark` so that
@@ -22,7 +29,7 @@
 #[cfg(target_arch = "bpf")]
 mod prog {
     use aya_ebpf::{
-        bindings::{TC_ACT_OK, TC_ACT_SHOT},
+        bindings::{TC_ACT_OK, TC_ACT_STOLEN},
         helpers::bpf_get_prandom_u32,
         macros::{classifier, map},
         maps::{Array, PerCpuArray},
@@ -102,7 +109,7 @@ mod prog {
         bump(ST_SEEN);
         if chance(cfg(CFG_LOSS)) {
             bump(ST_DROPPED);
-            return TC_ACT_SHOT;
+            return TC_ACT_STOLEN;
         }
         let ingress = cfg(CFG_INGRESS) != 0;
         if chance(cfg(CFG_DUP)) {

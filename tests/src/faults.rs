@@ -3,7 +3,7 @@
 //! duplication and reordering on the client's link and on every backend's
 //! link. The kernel here has no netem, so the faults come from a tc
 //! program of our own (`balancer-ebpf/src/faults.rs`, object
-//! `balancer-faults`) attached with TCX, plus an HTB qdisc whose slow class
+//! `balancer-faults`) on the clsact qdisc, plus an HTB qdisc whose slow class
 //! holds the frames the program picks for reordering.
 //!
 //! Where the faults are, per direction of every connection:
@@ -35,7 +35,10 @@ use std::{
 use anyhow::{anyhow, ensure, Context as _};
 use aya::{
     maps::{Array, PerCpuArray},
-    programs::{SchedClassifier, TcAttachType},
+    programs::{
+        tc::{NlOptions, TcAttachOptions},
+        SchedClassifier, TcAttachType,
+    },
     Ebpf,
 };
 
@@ -110,7 +113,7 @@ impl std::ops::Sub for Counts {
 }
 
 /// The fault program attached to one side of one interface (detached
-/// when dropped: the TCX link belongs to the loaded object).
+/// when dropped: the filter belongs to the loaded object).
 pub struct Injector {
     /// Where, for the report.
     pub label: String,
@@ -141,12 +144,19 @@ impl Injector {
             } else {
                 TcAttachType::Egress
             };
-            // The interface name is resolved in the caller's namespace.
+            // On the clsact qdisc, not TCX: TCX does not honour
+            // TC_ACT_STOLEN (the program's loss). The interface name is
+            // resolved in the caller's namespace.
+            let _ = ns.exec("tc", &["qdisc", "add", "dev", iface, "clsact"]);
             thread::scope(|s| {
                 s.spawn(|| -> anyhow::Result<()> {
                     enter_ns(&path)?;
-                    prog.attach(iface, side)
-                        .with_context(|| format!("attaching the fault program to {iface}"))?;
+                    prog.attach_with_options(
+                        iface,
+                        side,
+                        TcAttachOptions::Netlink(NlOptions::default()),
+                    )
+                    .with_context(|| format!("attaching the fault program to {iface}"))?;
                     Ok(())
                 })
                 .join()
@@ -264,8 +274,8 @@ pub fn htb(ns: &Netns, iface: &str) -> anyhow::Result<()> {
 }
 
 /// The self-check's datagram size: 1,000 bytes, 0.8 ms each in the slow
-/// class, so that at 5 % (one every 1.2 ms or so at the sender's pace) the
-/// slow class often has a backlog. A token bucket delays no frame it has
+/// class, so that at 20 % (one every 0.3 ms or so at the sender's pace)
+/// the slow class mostly has a backlog. A token bucket delays no frame it has
 /// tokens for: a frame that finds the slow class idle leaves at once, and
 /// only those behind it are overtaken. (Under TCP's bursts the class has a
 /// backlog most of the time.)
@@ -367,8 +377,10 @@ fn self_check(tb: &Testbed, egress: &mut Injector, ingress: &mut Injector) -> an
         (
             "egress reordering",
             false,
+            // Higher, so that the slow class mostly has a backlog (see
+            // [`DATAGRAM`]): one every 0.3 ms or so against its 0.8 ms each.
             Rates {
-                reorder: pc5,
+                reorder: 4 * pc5,
                 ..Rates::default()
             },
         ),
@@ -414,10 +426,14 @@ fn self_check(tb: &Testbed, egress: &mut Injector, ingress: &mut Injector) -> an
         let distinct = sorted.len() as u64;
         let out_of_order = late(&seq);
         println!(
-            "faults: self-check {what} at 5 %: {N} datagrams sent, {got} received ({distinct} \
+            "faults: self-check {what} at {} %: {N} datagrams sent, {got} received ({distinct} \
              distinct, {out_of_order} after a later one); program: {} seen, {} dropped, {} \
              duplicated, {} reordered; slow queue drops {qd}",
-            d.seen, d.dropped, d.duplicated, d.reordered
+            (r.loss + r.dup + r.reorder) / 10_000,
+            d.seen,
+            d.dropped,
+            d.duplicated,
+            d.reordered
         );
         ensure!(
             d.seen >= u64::from(N),
@@ -467,6 +483,93 @@ fn self_check(tb: &Testbed, egress: &mut Injector, ingress: &mut Injector) -> an
 /// the balancer's closing timeout (30 s), so only the FINs and RSTs
 /// themselves can have cleared the counts, not expiry.
 const SETTLE: Duration = Duration::from_secs(20);
+
+/// How long a half-open flow may outlive the clients: the daemon's
+/// half-open timeout (30 s idle, counted from the client's last segment,
+/// which comes before the clients stop) and two expiry passes.
+const HALF_OPEN_EXPIRY: Duration = Duration::from_secs(31);
+
+/// How one client's flows ended.
+struct Settled {
+    /// When the last flow went and every count was 0, from the clients'
+    /// end.
+    after: Duration,
+    /// Half-open flows still there at [`SETTLE`], which only the
+    /// half-open timeout cleared (the balancer never saw their handshake
+    /// complete, so their FINs could not close them).
+    expired_half_open: usize,
+}
+
+/// No live or half-open flow and no active count within [`SETTLE`] of
+/// `since`; flows still half-open then (and nothing else) may take until
+/// [`HALF_OPEN_EXPIRY`], and are counted. Flows open after 1 s are printed.
+fn settled(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Settled> {
+    let mut shown = false;
+    let mut expired_half_open = 0;
+    loop {
+        let flows = realclients::open_flows(tb)?;
+        let active: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
+        if flows.is_empty() && active == 0 {
+            return Ok(Settled {
+                after: since.elapsed(),
+                expired_half_open,
+            });
+        }
+        let t = since.elapsed();
+        let only_half_open =
+            flows.iter().all(|f| f.kind == "half-open") && active <= flows.len() as u64;
+        if t > SETTLE && expired_half_open == 0 && only_half_open {
+            expired_half_open = flows.len();
+        }
+        let failed = t > HALF_OPEN_EXPIRY || (t > SETTLE && !only_half_open);
+        if t > Duration::from_secs(1) && !shown || failed {
+            shown = true;
+            let st = tb.stats()?;
+            let sample: Vec<String> = flows
+                .iter()
+                .take(5)
+                .map(|f| {
+                    format!(
+                        "{} -> {:?} {} fins {} idle {} ms",
+                        f.client, f.backend, f.kind, f.fins, f.idle_ms
+                    )
+                })
+                .collect();
+            let msg = format!(
+                "{what}: {} flows open and {active} counted active {t:?} after the clients \
+                 stopped: {} (closed_fin {}, closed_rst {}, rst_out_of_window {}, flow_misses {})",
+                flows.len(),
+                sample.join("; "),
+                st.counter("closed_fin"),
+                st.counter("closed_rst"),
+                st.counter("rst_out_of_window"),
+                st.counter("flow_misses"),
+            );
+            ensure!(!failed, "{msg}");
+            println!("faults: slow close: {msg}");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Settled {
+    fn say(&self) -> String {
+        if self.expired_half_open == 0 {
+            format!(
+                "no live flow and no active count after {} ms",
+                self.after.as_millis()
+            )
+        } else {
+            format!(
+                "no live flow and no active count after {} ms, {} half-open flow(s) among them \
+                 cleared only by the half-open timeout (the balancer never saw their handshake \
+                 complete)",
+                self.after.as_millis(),
+                self.expired_half_open
+            )
+        }
+    }
+}
 
 /// How much one pass runs.
 #[derive(Clone, Copy, Debug)]
@@ -521,6 +624,9 @@ fn tcp_counters(ns: &Netns) -> anyhow::Result<Vec<(String, u64)>> {
         "TcpExtTCPDSACKRecv",
         "TcpExtTCPSACKReorder",
         "TcpExtTCPTSReorder",
+        "TcpExtSyncookiesSent",
+        "TcpExtListenDrops",
+        "TcpExtTCPReqQFullDrop",
     ]
     .iter()
     .map(|k| {
@@ -551,33 +657,31 @@ fn run_pass(tb: &Testbed, inj: &mut [Injector], p: Pass, big: &[u8]) -> anyhow::
     let t0 = Instant::now();
     realclients::downloads(tb, &format!("{vip}/big.bin"), p.downloads, big)?;
     let took = t0.elapsed();
-    let t = realclients::nothing_left_within(tb, Instant::now(), "curl", SETTLE)?;
+    let t = settled(tb, Instant::now(), "curl")?;
     println!(
-        "faults: curl: {} downloads of 1 MiB in {:.1} s, every byte intact; no live flow and no \
-         active count after {} ms",
+        "faults: curl: {} downloads of 1 MiB in {:.1} s, every byte intact; {}",
         p.downloads,
         took.as_secs_f64(),
-        t.as_millis()
+        t.say()
     );
     let (rps, errors) = wrk(tb, &format!("{vip}/index.html"), p.wrk_seconds)?;
-    let t = realclients::nothing_left_within(tb, Instant::now(), "wrk", SETTLE)?;
+    let t = settled(tb, Instant::now(), "wrk")?;
     ensure!(errors.is_none(), "wrk: {}", errors.unwrap_or_default());
     println!(
-        "faults: wrk: 50 keep-alive connections for {} s, no errors, {rps:.0} requests/s; \
-         nothing left after {} ms",
+        "faults: wrk: 50 keep-alive connections for {} s, no errors, {rps:.0} requests/s; {}",
         p.wrk_seconds,
-        t.as_millis()
+        t.say()
     );
     let t0 = Instant::now();
     let rps = realclients::ab(tb, &format!("{vip}/index.html"), p.ab_requests)?;
     let took = t0.elapsed();
-    let t = realclients::nothing_left_within(tb, Instant::now(), "ab", SETTLE)?;
+    let t = settled(tb, Instant::now(), "ab")?;
     println!(
         "faults: ab: {} requests each on a new connection in {:.1} s, 0 failed, {rps:.0} \
-         requests/s; nothing left after {} ms",
+         requests/s; {}",
         p.ab_requests,
         took.as_secs_f64(),
-        t.as_millis()
+        t.say()
     );
     // The control: the run was faulty, on every attachment.
     let mut bad = Vec::new();
@@ -675,16 +779,64 @@ pub fn run(long: bool) -> anyhow::Result<()> {
             });
         }
     }
+    // Debugging aids: BALANCER_FAULTS_ONLY="LOSS,DUP,REORDER" (per cent)
+    // runs one pass at those rates with the long form's traffic;
+    // BALANCER_FAULTS_PCAP=DIR captures TCP on the client's cl0 and every
+    // backend's eth0 (tcpdump, a Debian package) for the whole run.
+    if let Ok(only) = std::env::var("BALANCER_FAULTS_ONLY") {
+        let v: Vec<u32> = only
+            .split(',')
+            .map(|x| x.trim().parse())
+            .collect::<Result<_, _>>()
+            .context("BALANCER_FAULTS_ONLY=LOSS,DUP,REORDER")?;
+        ensure!(v.len() == 3, "BALANCER_FAULTS_ONLY=LOSS,DUP,REORDER");
+        passes = vec![Pass {
+            rates: Rates {
+                loss: pc(v[0]),
+                dup: pc(v[1]),
+                reorder: pc(v[2]),
+            },
+            downloads: 50,
+            wrk_seconds: 10,
+            ab_requests: 3000,
+        }];
+    }
+    let mut _captures = Vec::new();
+    if let Some(dir) = std::env::var_os("BALANCER_FAULTS_PCAP") {
+        let dir = std::path::PathBuf::from(dir);
+        let hosts = std::iter::once(("client".to_string(), &tb.client, "cl0")).chain(
+            tb.backends
+                .iter()
+                .enumerate()
+                .map(|(k, ns)| (format!("backend{k}"), ns, "eth0")),
+        );
+        for (name, ns, iface) in hosts {
+            let f = dir.join(format!("{name}.pcap"));
+            let mut cmd = std::process::Command::new("ip");
+            cmd.args([
+                "netns",
+                "exec",
+                ns.name(),
+                "tcpdump",
+                "-i",
+                iface,
+                "-s",
+                "128",
+            ])
+            .args(["-U", "-w", &f.to_string_lossy(), "tcp"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+            crate::testbed::dies_with_us(&mut cmd);
+            _captures.push(realclients::Proc(cmd.spawn().context("tcpdump")?));
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
     let r = realclients::configure(&mut tb).and_then(|_| {
         for p in &passes {
             run_pass(&tb, &mut inj, *p, &big)?;
         }
         Ok(())
     });
-    if r.is_err() {
-        eprintln!("--- daemon log ---\n{}", tb.daemon_log());
-    }
-    r?;
     let mut seen = Vec::new();
     let hosts = std::iter::once(("client".to_string(), &tb.client)).chain(
         tb.backends
@@ -702,7 +854,16 @@ pub fn run(long: bool) -> anyhow::Result<()> {
                 .join(", ")
         ));
     }
+    // Printed on failure too: it says what the endpoints saw.
     println!("faults: TCP's view (nstat) {}", seen.join("; "));
+    if r.is_err() {
+        eprintln!("--- daemon log ---\n{}", tb.daemon_log());
+        if !_captures.is_empty() {
+            // Let tcpdump read what the kernel still holds for it.
+            thread::sleep(Duration::from_secs(2));
+        }
+    }
+    r?;
     drop(inj);
     realclients::stop_servers(&tb, procs, "faults")?;
     println!("faults: done in {:.0} s", started.elapsed().as_secs_f64());

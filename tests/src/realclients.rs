@@ -77,7 +77,7 @@ impl Scale {
 }
 
 /// A process killed when dropped.
-pub(crate) struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -185,7 +185,7 @@ pub(crate) fn client(
 }
 
 /// The flows of the balancer that are not closed.
-fn open_flows(tb: &Testbed) -> anyhow::Result<Vec<FlowView>> {
+pub(crate) fn open_flows(tb: &Testbed) -> anyhow::Result<Vec<FlowView>> {
     let out = tb.cli(&["flows", "--limit", "10000", "--json"])?;
     match serde_json::from_str::<Response>(&out)? {
         Response::Flows { flows, .. } => {
@@ -208,17 +208,6 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// `since` (when the clients stopped). Flows still open after 1 s are
 /// printed with the tracking counters (a slow close is shown, not hidden).
 fn nothing_left(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Duration> {
-    nothing_left_within(tb, since, what, SETTLE)
-}
-
-/// [`nothing_left`] with a bound of the caller's (the faults scenario's
-/// is longer: a lost FIN waits for TCP's retransmission timeout).
-pub(crate) fn nothing_left_within(
-    tb: &Testbed,
-    since: Instant,
-    what: &str,
-    settle: Duration,
-) -> anyhow::Result<Duration> {
     let mut shown = false;
     loop {
         let flows = open_flows(tb)?;
@@ -227,7 +216,7 @@ pub(crate) fn nothing_left_within(
             return Ok(since.elapsed());
         }
         let late = since.elapsed() > Duration::from_secs(1);
-        if late && !shown || since.elapsed() > settle {
+        if late && !shown || since.elapsed() > SETTLE {
             shown = true;
             let st = tb.stats()?;
             let counters: Vec<String> = [
@@ -242,7 +231,12 @@ pub(crate) fn nothing_left_within(
             let sample: Vec<String> = flows
                 .iter()
                 .take(5)
-                .map(|f| format!("{} -> {:?} {} fins {}", f.client, f.backend, f.kind, f.fins))
+                .map(|f| {
+                    format!(
+                        "{} -> {:?} {} fins {} idle {} ms",
+                        f.client, f.backend, f.kind, f.fins, f.idle_ms
+                    )
+                })
                 .collect();
             let msg = format!(
                 "{what}: {} flows open and {active} counted active {:?} after the clients \
@@ -252,7 +246,7 @@ pub(crate) fn nothing_left_within(
                 sample.join("; "),
                 counters.join(", ")
             );
-            ensure!(since.elapsed() <= settle, "{msg}");
+            ensure!(since.elapsed() <= SETTLE, "{msg}");
             eprintln!("realclients: slow close: {msg}");
         }
         thread::sleep(Duration::from_millis(50));
