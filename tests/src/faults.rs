@@ -24,7 +24,9 @@
 //! arriving after a later one for reordering). Then, per pass: every
 //! download intact, wrk and ab without errors, each fault counter of every
 //! attachment above 0 (the control that the run was faulty), and no live
-//! flow and no active count within [`SETTLE`] of each client's end.
+//! flow and no active count within [`SETTLE`] of each client's end, but
+//! for half-open flows, which may take until [`HALF_OPEN_EXPIRY`] and are
+//! counted.
 
 use std::{
     net::{SocketAddr, UdpSocket},
@@ -484,13 +486,15 @@ fn self_check(tb: &Testbed, egress: &mut Injector, ingress: &mut Injector) -> an
 /// themselves can have cleared the counts, not expiry.
 const SETTLE: Duration = Duration::from_secs(20);
 
-/// How long a half-open flow may outlive the clients. A client that gives
-/// up on a connection still in SYN-SENT (wrk closes its connections when
-/// its time is up) sends nothing more; when its SYN was lost past the
-/// balancer, the backend never answers either, and no FIN or RST can
-/// ever come for the flow the balancer opened on that SYN: only its
-/// half-open timeout clears it (30 s idle, counted from the client's last
-/// segment, which comes before the clients stop), within an expiry pass.
+/// How long a half-open flow may outlive the clients. A flow the balancer
+/// opened on a SYN whose handshake it never saw complete may never see a
+/// FIN or RST: a client that gives up on a connection still in SYN-SENT
+/// (wrk closes its connections when its time is up) sends nothing more,
+/// and when that SYN was lost past the balancer the backend sends nothing
+/// either; a duplicate of a SYN delayed past the end of its connection
+/// opens such a flow too. Only the half-open timeout clears those (30 s
+/// idle, counted from the client's last segment, which comes before the
+/// clients stop), within an expiry pass.
 const HALF_OPEN_EXPIRY: Duration = Duration::from_secs(31);
 
 /// How one client's flows ended.
@@ -565,7 +569,8 @@ impl Settled {
         } else {
             format!(
                 "no live flow and no active count after {} ms; {} half-open flow(s) among them \
-                 (handshakes the client gave up) cleared only by the half-open timeout",
+                 (a SYN whose handshake the balancer never saw complete) cleared only by the \
+                 half-open timeout",
                 self.after.as_millis(),
                 self.expired_half_open
             )
