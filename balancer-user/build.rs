@@ -1,6 +1,7 @@
 //! Builds the XDP program (balancer-ebpf) for bpfel-unknown-none with the
 //! nightly toolchain and bpf-linker (see scripts/setup.sh), and leaves the
-//! objects in OUT_DIR (balancer-xdp, balancer-decap) for
+//! objects in OUT_DIR (balancer-xdp, balancer-decap, and the test bed's
+//! fault injector balancer-faults) for
 //! `include_bytes_aligned!`.
 //!
 //! With `AYA_BUILD_SKIP=1` (aya-build's switch) no object is built and an
@@ -50,9 +51,9 @@ fn main() -> anyhow::Result<()> {
     let skip =
         std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
-        // Both objects the crate embeds: the balancer and the backends'
-        // decapsulation program.
-        for name in ["balancer-xdp", "balancer-decap"] {
+        // The objects the crate embeds: the balancer, the backends'
+        // decapsulation program and the test bed's fault injector.
+        for name in ["balancer-xdp", "balancer-decap", "balancer-faults"] {
             let object = std::path::Path::new(&out_dir).join(name);
             if !object.exists() {
                 std::fs::write(&object, []).context("writing a stub object")?;

@@ -716,7 +716,11 @@ mod tests {
             &seg(TCP_SYN | TCP_ACK, 77_000, 1001),
         );
         assert_eq!(again.server_next_seq, 77_001);
-        apply(&mut again, Direction::ToBackend, &seg(TCP_ACK, 1001, 77_001));
+        apply(
+            &mut again,
+            Direction::ToBackend,
+            &seg(TCP_ACK, 1001, 77_001),
+        );
         assert_ne!(again.state & F_ESTABLISHED, 0);
         // Once proven, a SYN-ACK changes nothing.
         apply(

@@ -34,6 +34,14 @@ pub mod state;
 pub mod telemetry;
 
 pub use balancer::{Balancer, LoadOptions, PROGRAM};
+
+/// The test bed's fault injector (`balancer-ebpf/src/faults.rs`: a tc
+/// program that drops, duplicates and reorders frames on a link), built
+/// with the balancer's objects so the test bed can load it; the balancer
+/// itself never does.
+#[doc(hidden)]
+pub static FAULTS_PROGRAM: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-faults"));
 pub use error::{BalancerError, Result};
 pub use gc::Timeouts;
 pub use state::State;

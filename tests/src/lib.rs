@@ -6,6 +6,7 @@ pub mod abuse;
 pub mod bench;
 pub mod cluster;
 pub mod collisions;
+pub mod faults;
 pub mod fixtures;
 pub mod flood;
 pub mod frames;

@@ -77,7 +77,7 @@ impl Scale {
 }
 
 /// A process killed when dropped.
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -108,7 +108,23 @@ fn start_servers(tb: &Testbed, www: &Path) -> anyhow::Result<Vec<Proc>> {
                 www = www.display(),
             ),
         )?;
-        procs.push(spawn_in(ns, "nginx", &["-c", &conf.to_string_lossy()])?);
+        // nginx's master forks its worker; killing only the master (all
+        // a drop can reach) used to orphan the worker to init. As PID 1
+        // of a PID namespace of its own (`--kill-child`: SIGKILL to it
+        // when `unshare`, which dies with us, dies), the master takes
+        // every process of the namespace with it.
+        procs.push(spawn_in(
+            ns,
+            "unshare",
+            &[
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "nginx",
+                "-c",
+                &conf.to_string_lossy(),
+            ],
+        )?);
         procs.push(spawn_in(
             ns,
             "iperf3",
@@ -154,7 +170,12 @@ fn spawn_in(ns: &Netns, program: &str, args: &[&str]) -> anyhow::Result<Proc> {
 }
 
 /// Runs `program args` in the client namespace, at most `limit`.
-fn client(tb: &Testbed, limit: Duration, program: &str, args: &[&str]) -> anyhow::Result<Output> {
+pub(crate) fn client(
+    tb: &Testbed,
+    limit: Duration,
+    program: &str,
+    args: &[&str],
+) -> anyhow::Result<Output> {
     Command::new("timeout")
         .arg(limit.as_secs().to_string())
         .args(["ip", "netns", "exec", tb.client.name(), program])
@@ -164,7 +185,7 @@ fn client(tb: &Testbed, limit: Duration, program: &str, args: &[&str]) -> anyhow
 }
 
 /// The flows of the balancer that are not closed.
-fn open_flows(tb: &Testbed) -> anyhow::Result<Vec<FlowView>> {
+pub(crate) fn open_flows(tb: &Testbed) -> anyhow::Result<Vec<FlowView>> {
     let out = tb.cli(&["flows", "--limit", "10000", "--json"])?;
     match serde_json::from_str::<Response>(&out)? {
         Response::Flows { flows, .. } => {
@@ -210,7 +231,12 @@ fn nothing_left(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Dura
             let sample: Vec<String> = flows
                 .iter()
                 .take(5)
-                .map(|f| format!("{} -> {:?} {} fins {}", f.client, f.backend, f.kind, f.fins))
+                .map(|f| {
+                    format!(
+                        "{} -> {:?} {} fins {} idle {} ms",
+                        f.client, f.backend, f.kind, f.fins, f.idle_ms
+                    )
+                })
                 .collect();
             let msg = format!(
                 "{what}: {} flows open and {active} counted active {:?} after the clients \
@@ -228,7 +254,7 @@ fn nothing_left(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Dura
 }
 
 /// A figure read from a client's output.
-fn figure(text: &str, prefix: &str) -> Option<f64> {
+pub(crate) fn figure(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.trim().strip_prefix(prefix))
         .and_then(|r| r.split_whitespace().next())
@@ -256,7 +282,7 @@ fn s(p: &Path) -> String {
 }
 
 /// curl downloads of the big file from `url`, each compared byte for byte.
-fn downloads(tb: &Testbed, url: &str, n: u32, big: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn downloads(tb: &Testbed, url: &str, n: u32, big: &[u8]) -> anyhow::Result<()> {
     let dir = tb.dir().join("downloads");
     std::fs::create_dir_all(&dir)?;
     for i in 0..n {
@@ -297,7 +323,7 @@ fn wrk(tb: &Testbed, url: &str, seconds: u32) -> anyhow::Result<f64> {
     figure(&text, "Requests/sec:").with_context(|| format!("no Requests/sec in {text}"))
 }
 
-fn ab(tb: &Testbed, url: &str, n: u32) -> anyhow::Result<f64> {
+pub(crate) fn ab(tb: &Testbed, url: &str, n: u32) -> anyhow::Result<f64> {
     let out = client(
         tb,
         Duration::from_secs(120),
@@ -365,7 +391,7 @@ fn iperf(tb: &Testbed, target: SocketAddr, runs: u32, seconds: u32) -> anyhow::R
 
 /// Builds the test bed with nginx and iperf3 on three backends and the
 /// balancer's daemon attached (VIPs configured).
-fn testbed() -> anyhow::Result<(Testbed, Vec<Proc>, Vec<u8>)> {
+pub(crate) fn testbed() -> anyhow::Result<(Testbed, Vec<Proc>, Vec<u8>)> {
     let tb = Testbed::build_with(BACKENDS, |_| false)?;
     let www = tb.dir().join("www");
     std::fs::create_dir_all(&www)?;
@@ -376,7 +402,7 @@ fn testbed() -> anyhow::Result<(Testbed, Vec<Proc>, Vec<u8>)> {
     Ok((tb, procs, big))
 }
 
-fn configure(tb: &mut Testbed) -> anyhow::Result<()> {
+pub(crate) fn configure(tb: &mut Testbed) -> anyhow::Result<()> {
     // Rare data-path events (an RST outside the window) in the daemon's
     // log, which a failure prints.
     tb.daemon_args = vec!["--datapath-log".into(), "warn".into()];
@@ -409,12 +435,108 @@ fn configure(tb: &mut Testbed) -> anyhow::Result<()> {
 /// # Errors
 /// The first check that fails, with the daemon's log.
 pub fn run() -> anyhow::Result<()> {
-    let (mut tb, _procs, big) = testbed()?;
+    let (mut tb, procs, big) = testbed()?;
     let r = configure(&mut tb).and_then(|_| run_on(&tb, Scale::SHORT, &big));
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
-    r.map(|_| ())
+    r?;
+    stop_servers(&tb, procs, "realclients")
+}
+
+/// The nginx processes (pids) in the test bed's backend namespaces: those
+/// the test started, master and workers, found by their network namespace
+/// (a worker's command line does not name its configuration).
+fn nginx_in(tb: &Testbed) -> anyhow::Result<Vec<u32>> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut ours = Vec::new();
+    for ns in &tb.backends {
+        ours.push(std::fs::metadata(ns.path())?.ino());
+    }
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc")? {
+        let Some(pid) = e?.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "nginx" {
+            continue;
+        }
+        if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) {
+            if ours.contains(&m.ino()) {
+                pids.push(pid);
+            }
+        }
+    }
+    Ok(pids)
+}
+
+/// Polls [`nginx_in`] for up to 5 s until it is empty; returns what is left.
+fn nginx_left(tb: &Testbed) -> anyhow::Result<Vec<u32>> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = nginx_in(tb)?;
+        if left.is_empty() || Instant::now() > deadline {
+            return Ok(left);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Stops the servers and checks that no nginx process the test started is
+/// left (master or worker). The check's controls: while the servers run it
+/// must see every master and worker; and an nginx started the old way
+/// (straight under `ip netns exec`, its master killed) must leave a worker
+/// it finds, which is then killed.
+///
+/// # Errors
+/// A process left, or a control that fails.
+pub(crate) fn stop_servers(tb: &Testbed, procs: Vec<Proc>, tag: &str) -> anyhow::Result<()> {
+    let running = nginx_in(tb)?.len();
+    ensure!(
+        running >= 2 * BACKENDS,
+        "control: {running} nginx processes seen while {BACKENDS} masters and their workers run"
+    );
+    drop(procs);
+    let left = nginx_left(tb)?;
+    ensure!(
+        left.is_empty(),
+        "nginx processes left after the servers were stopped: {left:?}"
+    );
+    // Control: the old way orphans the worker, and the check sees it.
+    let conf = tb.dir().join("nginx-0.conf");
+    let old = spawn_in(&tb.backends[0], "nginx", &["-c", &conf.to_string_lossy()])?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nginx_in(tb)?.len() < 2 {
+        ensure!(
+            Instant::now() < deadline,
+            "control: nginx started the old way never forked its worker"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    drop(old);
+    thread::sleep(Duration::from_millis(300));
+    let orphans = nginx_in(tb)?;
+    for &pid in &orphans {
+        // SAFETY: plain kill(2) of a process this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    ensure!(
+        !orphans.is_empty(),
+        "control: nginx started the old way left nothing when its master was killed"
+    );
+    let left = nginx_left(tb)?;
+    ensure!(
+        left.is_empty(),
+        "control: orphans {left:?} outlived SIGKILL"
+    );
+    println!(
+        "{tag}: no nginx process left ({running} ran: masters and workers); control: an nginx \
+         started without its PID namespace left {} orphaned worker(s) when its master was \
+         killed, found and killed",
+        orphans.len()
+    );
+    Ok(())
 }
 
 fn run_on(tb: &Testbed, sc: Scale, big: &[u8]) -> anyhow::Result<Measured> {

@@ -14,6 +14,7 @@ fn real_clients_and_servers_through_the_balancer() {
             "realclients: wrk:",
             "realclients: ab:",
             "realclients: iperf3: 3 of 3 runs completed",
+            "realclients: no nginx process left",
         ],
     );
 }

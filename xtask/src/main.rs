@@ -41,8 +41,8 @@ enum Cmd {
     /// The long forms of the test-bed scenarios (minutes): case 18 for
     /// choices 1, 2 and a full scan over 1,000 connections each, three
     /// rounds of restarts and upgrades with 60 connections moving data,
-    /// the cluster's drain, cut-off, addition and herd table, and the
-    /// hostile classes for 10 s each.
+    /// the cluster's drain, cut-off, addition and herd table, the hostile
+    /// classes for 10 s each, and the faulty links at 1 % and 5 %.
     Long,
     /// The long fuzz run: random and mutated frames through the compiled
     /// program with BPF_PROG_TEST_RUN (the tests run a short one).
@@ -121,6 +121,7 @@ fn main() -> anyhow::Result<()> {
                 ["restart", "--long"],
                 ["cluster", "--long"],
                 ["hostile", "--long"],
+                ["faults", "--long"],
             ] {
                 run(Command::new(root().join("target/debug/balancer-testbed")).args(scenario))?;
             }

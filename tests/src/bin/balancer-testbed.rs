@@ -12,6 +12,7 @@
 //! * `balancer-testbed hostile [--long]`
 //! * `balancer-testbed orphans`
 //! * `balancer-testbed realclients`
+//! * `balancer-testbed faults [--long]`
 //! * `balancer-testbed modes`
 //! * `balancer-testbed mistakes`
 //! * `balancer-testbed cluster [--long]`
@@ -21,8 +22,8 @@
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, cluster, collisions, fixtures, flood, fuzz, health, hostile, jumbo, mistakes,
-    modes, netns, operator, orphans, realclients, refusals, restart, scenario,
+    abuse, bench, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile, jumbo,
+    mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario,
 };
 use clap::{Parser, Subcommand};
 
@@ -99,6 +100,14 @@ enum Cmd {
     /// Debian's nginx behind the balancer; curl, wrk, ab and iperf3 (through
     /// a VIP with session affinity) as clients.
     Realclients,
+    /// The real-client scenario with loss, duplication and reordering on
+    /// the client's and the backends' links (a tc program of our own; the
+    /// kernel has no netem).
+    Faults {
+        /// Also passes at 1 % and 5 % of each fault, with more traffic.
+        #[arg(long)]
+        long: bool,
+    },
     /// The operator's interface: the HTTP API with curl, the read-only
     /// socket, metrics against real traffic, `balancer top` under tmux,
     /// apply and export, readiness, the systemd unit, logs.
@@ -186,6 +195,7 @@ fn main() -> ExitCode {
         Cmd::Hostile { long } => hostile::run(long),
         Cmd::Orphans => orphans::run(),
         Cmd::Realclients => realclients::run(),
+        Cmd::Faults { long } => faults::run(long),
         Cmd::Modes => modes::run(),
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
