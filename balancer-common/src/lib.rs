@@ -97,7 +97,7 @@ pub mod map_names {
     /// forged handshakes displace no flow of [`FLOWS`]. A flow graduates to
     /// [`FLOWS`] when its client sends a segment at least
     /// `flow::PROOF_AGE_NS` after the flow was placed. Same key and value,
-    /// the half-open table's size (LRU hash).
+    /// the flow table's size (LRU hash).
     pub const UNPROVEN: &str = "UNPROVEN";
     /// Flows the daemon expired or whose backend was removed:
     /// [`crate::FlowKey`] -> [`crate::Orphan`] (LRU hash). Their client's

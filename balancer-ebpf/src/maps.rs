@@ -103,10 +103,10 @@ pub static FLOWS: LruHashMap<FlowKey, FlowEntry> =
 pub static HALF_OPEN: LruHashMap<FlowKey, FlowEntry> =
     LruHashMap::with_max_entries(DEFAULT_HALF_OPEN_TABLE_SIZE, 0);
 /// Direct-return flows whose handshake is unproven (`map_names::UNPROVEN`):
-/// sized like the half-open table by the daemon.
+/// sized like the flow table by the daemon.
 #[map]
 pub static UNPROVEN: LruHashMap<FlowKey, FlowEntry> =
-    LruHashMap::with_max_entries(DEFAULT_HALF_OPEN_TABLE_SIZE, 0);
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 /// Flows the daemon expired or whose backend was removed: their client's
 /// next segment gets a reset.
 #[map]

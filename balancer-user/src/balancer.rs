@@ -100,9 +100,9 @@ fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
         Some(libc::ENOMEM) | Some(libc::E2BIG) => BalancerError::Invalid {
             what: "table sizes",
             reason: format!(
-                "the kernel could not allocate the flow table ({} entries, about {} MiB), \
-                 the half-open table and the unproven table ({} entries each, about {} MiB \
-                 each): {e}; lower --flow-table-size or --half-open-table-size",
+                "the kernel could not allocate the flow table and the unproven table ({} \
+                 entries each, about {} MiB each) and the half-open table ({} entries, about \
+                 {} MiB): {e}; lower --flow-table-size or --half-open-table-size",
                 opts.flow_table_size,
                 table_mib(opts.flow_table_size),
                 opts.half_open_table_size,
@@ -397,7 +397,10 @@ impl Balancer {
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(map_names::FLOWS, opts.flow_table_size);
         loader.map_max_entries(map_names::HALF_OPEN, opts.half_open_table_size);
-        loader.map_max_entries(map_names::UNPROVEN, opts.half_open_table_size);
+        // The unproven table carries the direct-return connections the flow
+        // table carried before it existed (short ones live and close in it):
+        // it has the flow table's size.
+        loader.map_max_entries(map_names::UNPROVEN, opts.flow_table_size);
         loader.map_max_entries(map_names::AFFINITY, opts.affinity_table_size);
         if let Some(dir) = &opts.pin_dir {
             std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {

@@ -1239,11 +1239,7 @@ pub fn check_pins(
             half_open_size,
             "--half-open-table-size",
         ),
-        (
-            map_names::UNPROVEN,
-            half_open_size,
-            "--half-open-table-size",
-        ),
+        (map_names::UNPROVEN, flow_table_size, "--flow-table-size"),
         (map_names::AFFINITY, affinity_size, "--affinity-table-size"),
     ] {
         let pin = dir.join(name);

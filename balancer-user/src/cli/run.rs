@@ -64,14 +64,14 @@ pub struct RunArgs {
     #[arg(long, default_value = DEFAULT_PIN_DIR)]
     pin_dir: PathBuf,
     /// Flow-table entries (one per established connection, live or
-    /// recently closed).
+    /// recently closed), and as many in the unproven table (direct-return
+    /// flows whose client ACKed, not yet graduated, and their closed
+    /// entries; forged handshakes evict only these).
     #[arg(long, default_value_t = DEFAULT_FLOW_TABLE_SIZE,
           value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
     flow_table_size: u32,
     /// Half-open table entries (SYNs whose handshake is not proven; a SYN
-    /// flood evicts only these), and as many in the unproven table
-    /// (direct-return flows whose client ACKed, not yet graduated; forged
-    /// handshakes evict only these).
+    /// flood evicts only these).
     #[arg(long, default_value_t = DEFAULT_HALF_OPEN_TABLE_SIZE,
           value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
     half_open_table_size: u32,
