@@ -194,7 +194,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -975,7 +975,7 @@ impl StackTx {
             if n < 0 {
                 break;
             }
-            if sa.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+            if sa.sll_pkttype == libc::PACKET_OUTGOING {
                 out.push(describe(&buf[..n as usize]));
             }
         }
@@ -1604,6 +1604,13 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
         println!("{}", rep.markdown());
         return Ok(());
     }
+    // BENCH_ONLY=reference: the programs' table and the same-run reference.
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "reference") {
+        let ours = verifier_table(&mut rep)?;
+        reference::run(&mut rep, sc.rounds, &ours)?;
+        println!("{}", rep.markdown());
+        return Ok(());
+    }
     eprintln!("bench: data path");
     let dp = datapath(&mut rep, &aux, sc)?;
     let ours = verifier_table(&mut rep)?;
@@ -1617,7 +1624,7 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!("bench: same-run reference");
-    reference::run(&mut rep, if sc.rounds >= 7 { 3 } else { 1 }, &ours)?;
+    reference::run(&mut rep, sc.rounds, &ours)?;
     eprintln!("bench: packet rate");
     rate(&mut rep, &mut aux, sc)?;
     modes::rate(&mut rep, &mut aux, sc)?;

@@ -28,12 +28,14 @@ pub const REF_COMMIT_ENV: &str = "BENCH_REF_COMMIT";
 pub const REF_SKIPPED_ENV: &str = "BENCH_REF_SKIPPED";
 
 /// Runs `bin bench` with the small data-path selection and returns the
-/// added ns of each path in its section-1 table ("path, table near empty").
-fn one_run(bin: &Path, out: &Path) -> anyhow::Result<BTreeMap<String, f64>> {
+/// added ns of each path in its section-1 table ("path, table near empty"),
+/// in the table's order.
+fn one_run(bin: &Path, out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
     let o = Command::new(bin)
         .args(["bench", "--command", "reference run", "--out"])
         .arg(out)
         .env("BENCH_ONLY_DATAPATH", "small")
+        .env_remove("BENCH_ONLY")
         .env_remove(ISOLATED_ENV)
         .env_remove(REF_BIN_ENV)
         .output()
@@ -45,7 +47,7 @@ fn one_run(bin: &Path, out: &Path) -> anyhow::Result<BTreeMap<String, f64>> {
         String::from_utf8_lossy(&o.stderr)
     );
     let text = String::from_utf8_lossy(&o.stdout);
-    let mut rows = BTreeMap::new();
+    let mut rows = Vec::new();
     for line in text.lines() {
         // "| ACK of a pinned flow, table near empty | +123 ns (1.50x) |"
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
@@ -62,7 +64,7 @@ fn one_run(bin: &Path, out: &Path) -> anyhow::Result<BTreeMap<String, f64>> {
         else {
             continue;
         };
-        rows.insert(path.to_string(), ns);
+        rows.push((path.to_string(), ns));
     }
     ensure!(
         !rows.is_empty(),
@@ -119,8 +121,9 @@ pub fn run(rep: &mut Report, rounds: usize, ours: &[(String, u32)]) -> anyhow::R
     let me = std::env::current_exe()?;
     let tmp = std::env::temp_dir().join(format!("balancer-bench-ref-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    let (mut a, mut b): (Vec<BTreeMap<String, f64>>, Vec<BTreeMap<String, f64>>) =
-        (Vec::new(), Vec::new());
+    // Each run's rows, this build's and the reference's.
+    let mut a: Vec<Vec<(String, f64)>> = Vec::new();
+    let mut b: Vec<Vec<(String, f64)>> = Vec::new();
     for r in 0..rounds {
         eprintln!("bench: reference round {} of {rounds}", r + 1);
         // Alternating which goes first.
@@ -139,15 +142,20 @@ pub fn run(rep: &mut Report, rounds: usize, ours: &[(String, u32)]) -> anyhow::R
         "| path | this build | {commit} | this / {commit} |\n|---|---|---|---|"
     )?;
     let mut js = Vec::new();
-    let paths: Vec<String> = a.iter().flat_map(|m| m.keys().cloned()).collect();
+    let paths: Vec<String> = a.iter().flatten().map(|(p, _)| p.clone()).collect();
+    let get = |runs: &[Vec<(String, f64)>], p: &str| -> Vec<f64> {
+        runs.iter()
+            .filter_map(|m| m.iter().find(|(k, _)| k == p).map(|(_, v)| *v))
+            .collect()
+    };
     let mut seen = Vec::new();
     for p in paths {
         if seen.contains(&p) {
             continue;
         }
         seen.push(p.clone());
-        let ours: Vec<f64> = a.iter().filter_map(|m| m.get(&p).copied()).collect();
-        let theirs: Vec<f64> = b.iter().filter_map(|m| m.get(&p).copied()).collect();
+        let ours = get(&a, &p);
+        let theirs = get(&b, &p);
         let o = median(ours.clone());
         if theirs.is_empty() {
             writeln!(md, "| {p} | {o:+.0} ns | (not measured) | |")?;
