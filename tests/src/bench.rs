@@ -17,6 +17,7 @@ use std::{
 mod health;
 mod modes;
 mod realclients;
+mod reference;
 
 use anyhow::{bail, ensure, Context as _};
 use aya::{
@@ -166,6 +167,8 @@ struct Cost {
     base: f64,
     /// The balancer.
     lb: f64,
+    /// The balancer's per-call time between rounds: (max - min) / median.
+    spread: f64,
 }
 
 impl Cost {
@@ -181,8 +184,22 @@ impl Cost {
     }
     fn json(&self) -> Value {
         json!({"empty_ns": r1(self.empty), "baseline_ns": r1(self.base), "balancer_ns": r1(self.lb),
-               "ns_added_over_baseline": r1(self.added()), "ratio_to_baseline": r2(self.ratio())})
+               "ns_added_over_baseline": r1(self.added()), "ratio_to_baseline": r2(self.ratio()),
+               "round_spread": r2(self.spread)})
     }
+}
+
+/// `n` with thousands separators (1,000).
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn r1(x: f64) -> f64 {
@@ -216,10 +233,16 @@ fn time_path(
     }
     // The median of the per-round differences, the others for reference.
     let (e, b) = (median(empty), median(base));
+    let (lo, hi) = (
+        lb.iter().copied().fold(f64::INFINITY, f64::min),
+        lb.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    let spread = (hi - lo) / median(lb);
     Ok(Cost {
         empty: e,
         base: b,
         lb: b + median(added),
+        spread,
     })
 }
 
@@ -302,6 +325,9 @@ pub struct Report {
     /// Markdown of each section by its number.
     sections: BTreeMap<u8, String>,
     json: serde_json::Map<String, Value>,
+    /// Section 1's round-to-round spread of the balancer's per-call time
+    /// (median over its figures), for the report's head.
+    noise: Option<f64>,
 }
 
 impl Report {
@@ -319,6 +345,31 @@ impl Report {
 /// # Errors
 /// Load failure.
 pub fn verifier_stats() -> anyhow::Result<Vec<(&'static str, u32)>> {
+    Ok(program_sizes()?
+        .into_iter()
+        .map(|p| (p.name, p.verified))
+        .collect())
+}
+
+/// One program of the balancer's object as the kernel holds it.
+#[derive(Debug, Clone)]
+pub struct ProgramSize {
+    /// Its name in the object.
+    pub name: &'static str,
+    /// Instructions the verifier processed (`verified_insns`).
+    pub verified: u32,
+    /// Instructions after the verifier's rewriting (`xlated_prog_len` / 8).
+    pub xlated: Option<u32>,
+    /// Bytes of JIT-compiled code (`jited_prog_len`).
+    pub jited: u32,
+}
+
+/// Loads every program of the balancer's object and reads back what the
+/// kernel reports of each.
+///
+/// # Errors
+/// Load failure.
+pub fn program_sizes() -> anyhow::Result<Vec<ProgramSize>> {
     let mut ebpf = EbpfLoader::new().load(PROGRAM)?;
     let mut out = Vec::new();
     for name in [
@@ -332,9 +383,56 @@ pub fn verifier_stats() -> anyhow::Result<Vec<(&'static str, u32)>> {
     ] {
         let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
         p.load()?;
-        out.push((name, p.info()?.verified_instruction_count().unwrap_or(0)));
+        let info = p.info()?;
+        out.push(ProgramSize {
+            name,
+            verified: info.verified_instruction_count().unwrap_or(0),
+            xlated: info.size_translated().map(|b| b / 8),
+            jited: info.size_jitted(),
+        });
     }
     Ok(out)
+}
+
+/// Section 1's table of the programs' sizes.
+fn verifier_table(rep: &mut Report) -> anyhow::Result<Vec<(String, u32)>> {
+    let sizes = program_sizes()?;
+    let mut md = String::new();
+    writeln!(
+        md,
+        "### The programs as the verifier saw them
+"
+    )?;
+    writeln!(md, "Each program of the balancer's object loaded in this run, as the kernel reports it (`bpf_prog_info`): instructions the verifier processed (`verified_insns`; the kernel refuses a program past 1,000,000), instructions after its rewriting (`xlated_prog_len` / 8), and bytes of JIT-compiled code.\n")?;
+    writeln!(
+        md,
+        "| program | verified instructions | translated instructions | JIT bytes |\n|---|---|---|---|"
+    )?;
+    for p in &sizes {
+        writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            p.name,
+            p.verified,
+            p.xlated.map_or("?".into(), |x| x.to_string()),
+            p.jited
+        )?;
+    }
+    writeln!(md)?;
+    rep.section(1, &md);
+    rep.json.insert(
+        "programs".into(),
+        Value::Array(
+            sizes
+                .iter()
+                .map(|p| json!({"program": p.name, "verified_insns": p.verified, "xlated_insns": p.xlated, "jited_bytes": p.jited}))
+                .collect(),
+        ),
+    );
+    Ok(sizes
+        .into_iter()
+        .map(|p| (p.name.to_string(), p.verified))
+        .collect())
 }
 
 /// Section 1: data-path cost per packet.
@@ -443,10 +541,37 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
 
     let mut md = String::new();
     writeln!(md, "## 1. Data-path cost per packet (BPF_PROG_TEST_RUN)\n")?;
-    writeln!(md, "One call per frame (`repeat` = 1) over {} distinct frames, interleaved with an empty program (the per-call floor) and a baseline program that parses Ethernet/IP/TCP (either family) and returns XDP_TX, {} rounds, median. Each cell: ns the balancer adds over the baseline (median of the per-round differences), and in brackets the ratio of the balancer's per-call time to the baseline's, both as measured (the test-run floor, about 130 ns here, included). Table: {} entries (one per flow); near full = {} live flows after filling 90 % of the entries. Choices 2.\n", sc.calls, sc.rounds, table, live_full)?;
+    // The floor as this run measured it (the empty program's per-call
+    // time, median per figure): its range over the figures above.
+    let floors: Vec<f64> = figures.values().map(|c| c.empty).collect();
+    let (fmin, fmax) = (
+        floors.iter().copied().fold(f64::INFINITY, f64::min),
+        floors.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    let near_full = if small {
+        "not measured in this selection".to_string()
+    } else {
+        format!("{live_full} live flows after filling 90 % of the entries")
+    };
+    writeln!(md, "One call per frame (`repeat` = 1) over {} distinct frames, interleaved with an empty program (the per-call floor) and a baseline program that parses Ethernet/IP/TCP (either family) and returns XDP_TX, {} rounds, median. Each cell: ns the balancer adds over the baseline (median of the per-round differences), and in brackets the ratio of the balancer's per-call time to the baseline's, both as measured (the test-run floor, {fmin:.0}-{fmax:.0} ns per call in this run, included). Table: {} entries (one per flow); near full = {near_full}. Choices 2.\n", sc.calls, sc.rounds, table)?;
+    // The header names the backend counts this run measured.
+    let head: Vec<String> = counts
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let n = thousands(u64::from(*n));
+            if i == 0 {
+                format!("{n} backends")
+            } else {
+                n
+            }
+        })
+        .collect();
     writeln!(
         md,
-        "| path, table | 10 backends | 100 | 1,000 | 10,000 |\n|---|---|---|---|---|"
+        "| path, table | {} |\n|---|{}",
+        head.join(" | "),
+        "---|".repeat(counts.len())
     )?;
     for (k, v) in &rows {
         writeln!(md, "| {k} | {} |", v.join(" | "))?;
@@ -459,7 +584,9 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
     rep.section(1, &md);
     let j: serde_json::Map<String, Value> =
         figures.iter().map(|(k, c)| (k.clone(), c.json())).collect();
-    rep.json.insert("datapath".into(), json!({"figures": j, "repeat_pass_ns": {"empty": r1(re), "baseline": r1(rb), "balancer": r1(rl)}, "near_full_live_flows": live_full}));
+    let noise = median(figures.values().map(|c| c.spread).collect());
+    rep.noise = Some(noise);
+    rep.json.insert("datapath".into(), json!({"figures": j, "repeat_pass_ns": {"empty": r1(re), "baseline": r1(rb), "balancer": r1(rl)}, "near_full_live_flows": live_full, "floor_ns": {"min": r1(fmin), "max": r1(fmax)}, "round_spread": r2(noise)}));
     Ok(figures)
 }
 
@@ -710,11 +837,13 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
         let sink_link = aux
             .prog_mut("bench_count")?
             .attach("sink", XdpMode::Driver)?;
-        let (n, secs) = generate(aux, &frame, gen, sc.rate_frames)?;
+        let (n, secs, strays) = generate_to_sink(aux, &frame, gen, sc.rate_frames)?;
+        let flow = n.saturating_sub(strays.len() as u64);
         results.push((
             "balancer (ACK of a pinned flow, redirected lbin -> lbout)",
-            n,
+            flow,
             secs,
+            arrivals(n, sc.rate_frames, &strays),
         ));
         aux.prog_mut("bench_count")?.detach(sink_link)?;
         lb.detach_all()?;
@@ -724,31 +853,43 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
             .prog_mut("bench_count")?
             .attach("gen0", XdpMode::Driver)?;
         let (n2, secs2) = generate(aux, &frame, gen, sc.rate_frames)?;
-        results.push(("plain XDP_TX program on lbin (ceiling)", n2, secs2));
+        results.push((
+            "plain XDP_TX program on lbin (ceiling)",
+            n2,
+            secs2,
+            n2.to_string(),
+        ));
         aux.prog_mut("bench_count")?.detach(back)?;
         aux.prog_mut("bench_tx")?.detach(tx)?;
         let _ = round;
     }
     let mut md = String::new();
     writeln!(md, "## 2. Packet rate on veth, native mode, one core\n")?;
-    writeln!(md, "Frames generated with BPF_PROG_TEST_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, batch 64) from gen0 into the veth pair gen0/lbin, {} 64-byte frames per run (a generator program writes the template into each frame, so what the balancer rewrote is restored), process pinned to one CPU; counted where they land by an XDP counter program. Median of {} runs.\n", sc.rate_frames, results.len() / 2)?;
+    writeln!(md, "Frames generated with BPF_PROG_TEST_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, batch 64) from gen0 into the veth pair gen0/lbin, {} 64-byte frames per run (a generator program writes the template into each frame, so what the balancer rewrote is restored), process pinned to one CPU; counted where they land by an XDP counter program. The counter at the sink counts every frame that reaches it: the frames the kernel's own stack sends out of lbout meanwhile (seen by a packet socket on lbout, which the redirected frames bypass) are named and taken off, and the rate is the generator's flow's frames per second. Median of {} runs.\n", sc.rate_frames, results.len() / 2)?;
     writeln!(
         md,
-        "| program on lbin | frames counted / sent | Mpps |\n|---|---|---|"
+        "| program on lbin | frames counted per run / sent | Mpps |\n|---|---|---|"
     )?;
     let mut js = Vec::new();
-    let mut med: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
-    for (name, n, secs) in &results {
+    let mut med: BTreeMap<&str, (Vec<f64>, Vec<String>)> = BTreeMap::new();
+    for (name, n, secs, counted) in &results {
         let e = med.entry(name).or_default();
         e.0.push(*n as f64 / secs / 1e6);
-        e.1 = *n;
+        e.1.push(counted.clone());
     }
     let mut rates = Vec::new();
-    for (name, (v, n)) in &med {
+    for (name, (v, counted)) in &med {
         let m = median(v.clone());
         rates.push(m);
-        writeln!(md, "| {name} | {n} / {} | {m:.2} |", sc.rate_frames)?;
-        js.push(json!({"program": name, "mpps": r2(m), "counted": n, "sent": sc.rate_frames}));
+        writeln!(
+            md,
+            "| {name} | {} / {} | {m:.2} |",
+            counted.join("; "),
+            sc.rate_frames
+        )?;
+        js.push(
+            json!({"program": name, "mpps": r2(m), "counted": counted, "sent": sc.rate_frames}),
+        );
     }
     if rates.len() == 2 {
         writeln!(
@@ -760,6 +901,162 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     rep.section(2, &md);
     rep.json.insert("packet_rate".into(), Value::Array(js));
     Ok(())
+}
+
+/// The frames the kernel's own stack sends out of an interface during a
+/// run, seen by an AF_PACKET socket bound to it: they reach the veth peer
+/// like the balancer's frames and its counter counts them too (IPv6
+/// neighbour discovery, MLD reports, router solicitations). Frames that
+/// XDP redirects into the interface bypass the packet taps, so they are
+/// not seen here.
+struct StackTx {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl StackTx {
+    fn open(ifname: &str) -> anyhow::Result<StackTx> {
+        use std::os::fd::FromRawFd as _;
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket(2); the descriptor is owned below.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                i32::from(proto),
+            )
+        };
+        ensure!(
+            raw >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        // SAFETY: zeroed sockaddr_ll, then filled.
+        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_protocol = proto;
+        sa.sll_ifindex = ifindex(ifname)? as i32;
+        // SAFETY: bind(2) with a sockaddr_ll of the right size.
+        let r = unsafe {
+            libc::bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                std::ptr::addr_of!(sa).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        ensure!(
+            r == 0,
+            "binding to {ifname}: {}",
+            std::io::Error::last_os_error()
+        );
+        Ok(StackTx { fd })
+    }
+
+    /// What the stack sent out since the last call (or the opening).
+    fn take(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 2048];
+        loop {
+            // SAFETY: zeroed sockaddr_ll filled by recvfrom(2).
+            let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            // SAFETY: buffer and address of the sizes given.
+            let n = unsafe {
+                libc::recvfrom(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                    std::ptr::addr_of_mut!(sa).cast(),
+                    &mut len,
+                )
+            };
+            if n < 0 {
+                break;
+            }
+            if sa.sll_pkttype == libc::PACKET_OUTGOING {
+                out.push(describe(&buf[..n as usize]));
+            }
+        }
+        out
+    }
+}
+
+/// A name for a frame the stack sent (Ethernet type, and ICMPv6's type).
+fn describe(f: &[u8]) -> String {
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    match (at(12), at(13)) {
+        (0x08, 0x06) => "ARP".into(),
+        (0x08, 0x00) => format!("IPv4 protocol {}", at(23)),
+        (0x86, 0xdd) => {
+            // Next header, skipping one hop-by-hop header (MLD has one).
+            let (mut nh, mut off) = (at(20), 54);
+            if nh == 0 {
+                nh = at(54);
+                off = 54 + 8 * (usize::from(at(55)) + 1);
+            }
+            if nh != 58 {
+                return format!("IPv6 next header {nh}");
+            }
+            match at(off) {
+                133 => "IPv6 router solicitation".into(),
+                135 => "IPv6 neighbour solicitation".into(),
+                136 => "IPv6 neighbour advertisement".into(),
+                143 => "MLDv2 listener report".into(),
+                t => format!("ICMPv6 type {t}"),
+            }
+        }
+        (a, b) => format!("Ethernet type 0x{a:02x}{b:02x}"),
+    }
+}
+
+/// Frames at a sink against frames sent: "2000001 = 2000000 sent + 1
+/// stray (MLDv2 listener report)"; the frames of the generator's flow
+/// are `counted - strays`.
+fn arrivals(counted: u64, sent: u32, strays: &[String]) -> String {
+    let flow = counted.saturating_sub(strays.len() as u64);
+    let mut s = format!("{counted}");
+    if strays.is_empty() && flow == u64::from(sent) {
+        return s;
+    }
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for k in strays {
+        *kinds.entry(k).or_default() += 1;
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    write!(s, " = {flow} of the flow").ok();
+    if !strays.is_empty() {
+        write!(
+            s,
+            " + {} sent by lbout's own stack ({})",
+            strays.len(),
+            kinds.join(", ")
+        )
+        .ok();
+    }
+    if flow != u64::from(sent) {
+        write!(
+            s,
+            "; {} of the flow's {sent} frames unaccounted for",
+            i128::from(sent) - i128::from(flow)
+        )
+        .ok();
+    }
+    s
+}
+
+/// [`generate`] with the sink's strays: the frames lbout's stack sent
+/// meanwhile.
+fn generate_to_sink(
+    aux: &Aux,
+    frame: &[u8],
+    ifindex: u32,
+    frames: u32,
+) -> anyhow::Result<(u64, f64, Vec<String>)> {
+    let tap = StackTx::open("lbout")?;
+    let (n, secs) = generate(aux, frame, ifindex, frames)?;
+    Ok((n, secs, tap.take()))
 }
 
 fn generate(aux: &Aux, frame: &[u8], ifindex: u32, frames: u32) -> anyhow::Result<(u64, f64)> {
@@ -1295,11 +1592,28 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     let mut rep = Report {
         sections: BTreeMap::new(),
         json: serde_json::Map::new(),
+        noise: None,
     };
     let t0 = Instant::now();
     let mut aux = Aux::load()?;
+    // BENCH_ONLY=rate: section 2 alone, printed (never for the record).
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "rate") {
+        eprintln!("bench: packet rate");
+        rate(&mut rep, &mut aux, sc)?;
+        modes::rate(&mut rep, &mut aux, sc)?;
+        println!("{}", rep.markdown());
+        return Ok(());
+    }
+    // BENCH_ONLY=reference: the programs' table and the same-run reference.
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "reference") {
+        let ours = verifier_table(&mut rep)?;
+        reference::run(&mut rep, sc.rounds, &ours)?;
+        println!("{}", rep.markdown());
+        return Ok(());
+    }
     eprintln!("bench: data path");
     let dp = datapath(&mut rep, &aux, sc)?;
+    let ours = verifier_table(&mut rep)?;
     if std::env::var("BENCH_ONLY_DATAPATH").is_ok_and(|v| v == "small") {
         println!("{}", rep.markdown());
         return Ok(());
@@ -1309,6 +1623,8 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
         println!("{}", rep.markdown());
         return Ok(());
     }
+    eprintln!("bench: same-run reference");
+    reference::run(&mut rep, sc.rounds, &ours)?;
     eprintln!("bench: packet rate");
     rate(&mut rep, &mut aux, sc)?;
     modes::rate(&mut rep, &mut aux, sc)?;
@@ -1335,8 +1651,12 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     eprintln!("bench: real clients");
     realclients::run(&mut rep, sc)?;
     let head = format!(
-        "# Benchmarks\n\nProduced by `{command}` on {}, {}, in {:.0} s. Benchmarks, not tests: medians over repeated runs; compare ratios taken within this run, not absolute times across machines (run-to-run noise here is about 15-20 %).\n\nMachine-readable figures: `bench.json`.\n\n",
+        "# Benchmarks\n\nProduced by `{command}` on {}, {}, in {:.0} s. Benchmarks, not tests: medians over repeated runs; compare ratios taken within this run, not absolute times across machines ({}).\n\nMachine-readable figures: `bench.json`.\n\n",
         machine(),
+        rep.noise.map_or("section 1 did not run".into(), |n| format!(
+            "in section 1 the balancer's per-call time varied by a median of {:.0} % between rounds, (max - min) / median",
+            100.0 * n
+        )),
         chrono_like_date(),
         t0.elapsed().as_secs_f64()
     );

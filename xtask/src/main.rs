@@ -57,10 +57,22 @@ enum Cmd {
     /// The benchmarks: data-path cost, packet rate, balance quality, the
     /// peers (HAProxy, NGINX, installed here) and cost growth. Writes
     /// BENCHMARKS.md, bench.json and bench-balance.png at the workspace root.
+    ///
+    /// The full run also builds the reference commit's test bed in a git
+    /// worktree (target/bench-ref) and times its data path alternately with
+    /// this build's in the same session; set BENCH_NO_REF=1 to skip that
+    /// (the report then says it was skipped). BENCH_ONLY_DATAPATH=small
+    /// prints section 1 at 100 backends only (about 30 s).
     Bench {
         /// A quick pass to check the bench itself (figures not for the record).
         #[arg(long)]
         quick: bool,
+        /// Run one part only and print it instead of writing the report:
+        /// `rate` (section 2, the packet rate of every mode and family) or
+        /// `reference` (the programs' sizes and the same-run reference);
+        /// sets BENCH_ONLY.
+        #[arg(long, value_parser = ["rate", "reference"])]
+        only: Option<String>,
     },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
     Lint,
@@ -95,6 +107,51 @@ fn setup() -> anyhow::Result<()> {
 fn build() -> anyhow::Result<()> {
     setup()?;
     run(cargo().args(["build", "--workspace", "--bins"]))
+}
+
+/// The commit the bench compares this build's data path with in the same
+/// run: the last before the hostile-traffic rules.
+const REFERENCE: &str = "315e426";
+
+/// Creates (if absent) a git worktree of [`REFERENCE`] under
+/// target/bench-ref, builds its test bed in release mode there (its own
+/// target directory) and returns the binary's path.
+fn build_reference() -> anyhow::Result<PathBuf> {
+    let dir = root().join("target/bench-ref");
+    if !dir.join("Cargo.toml").exists() {
+        std::fs::create_dir_all(root().join("target"))?;
+        run(Command::new("git")
+            .current_dir(root())
+            .args(["worktree", "add", "--detach"])
+            .arg(&dir)
+            .arg(REFERENCE))?;
+    }
+    let head = Command::new("git")
+        .current_dir(&dir)
+        .args(["rev-parse", "--short=7", "HEAD"])
+        .output()
+        .context("git rev-parse in target/bench-ref")?;
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    if head != REFERENCE {
+        bail!(
+            "{} holds {head}, not {REFERENCE}: remove it (git worktree remove --force {0}) or set BENCH_NO_REF=1",
+            dir.display()
+        );
+    }
+    run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(&dir)
+            .env_remove("CARGO_TARGET_DIR")
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "balancer-tests",
+                "--bin",
+                "balancer-testbed",
+            ]),
+    )?;
+    Ok(dir.join("target/release/balancer-testbed"))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -136,13 +193,36 @@ fn main() -> anyhow::Result<()> {
             }
             run(&mut c)
         }
-        Cmd::Bench { quick } => {
+        Cmd::Bench { quick, only } => {
             run(Command::new("bash")
                 .arg(root().join("scripts/setup.sh"))
                 .arg("--bench"))?;
             run(cargo().args(["build", "--release", "--workspace", "--bins"]))?;
             let mut c = Command::new(root().join("target/release/balancer-testbed"));
             c.current_dir(root());
+            let selection = std::env::var_os("BENCH_ONLY_DATAPATH").is_some();
+            let skip = if quick {
+                Some("a quick pass".to_string())
+            } else if only.as_deref() == Some("rate") || selection {
+                Some("a partial run".to_string())
+            } else if std::env::var_os("BENCH_NO_REF").is_some() {
+                Some("BENCH_NO_REF was set".to_string())
+            } else {
+                None
+            };
+            match skip {
+                None => {
+                    let bin = build_reference()?;
+                    c.env("BENCH_REF_BIN", bin)
+                        .env("BENCH_REF_COMMIT", REFERENCE);
+                }
+                Some(why) => {
+                    c.env_remove("BENCH_REF_BIN").env("BENCH_REF_SKIPPED", why);
+                }
+            }
+            if let Some(section) = only {
+                c.env("BENCH_ONLY", section);
+            }
             if quick {
                 // Not over the recorded results.
                 let out = root().join("target/bench-quick");
