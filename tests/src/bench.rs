@@ -1650,15 +1650,18 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     peers(&mut rep, sc)?;
     eprintln!("bench: real clients");
     realclients::run(&mut rep, sc)?;
+    let noise = rep.noise.map_or("section 1 did not run".into(), |n| {
+        format!(
+            "in section 1 the balancer's per-call time varied by a median of {:.0} % between rounds, (max - min) / median",
+            100.0 * n
+        )
+    });
     let head = format!(
         "# Benchmarks\n\nProduced by `{command}` on {}, {}, in {:.0} s. Benchmarks, not tests: medians over repeated runs; compare ratios taken within this run, not absolute times across machines ({}).\n\nMachine-readable figures: `bench.json`.\n\n",
         machine(),
-        rep.noise.map_or("section 1 did not run".into(), |n| format!(
-            "in section 1 the balancer's per-call time varied by a median of {:.0} % between rounds, (max - min) / median",
-            100.0 * n
-        )),
         chrono_like_date(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        noise
     );
     let md = head + &rep.markdown();
     std::fs::write(out.join("BENCHMARKS.md"), md)?;
