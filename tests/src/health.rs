@@ -242,9 +242,9 @@ fn host_disappears() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A backend that starts refusing right after a passing check is ejected by
-/// passive detection long before its next check.
-fn refuses_between_checks() -> anyhow::Result<()> {
+/// A test bed of three backends behind one VIP whose TCP checks run hourly
+/// (so passive detection alone can act), every backend healthy.
+fn three_checked_hourly() -> anyhow::Result<Testbed> {
     let mut tb = Testbed::build(3)?;
     tb.start_daemon()?;
     tb.cli(&[
@@ -265,6 +265,13 @@ fn refuses_between_checks() -> anyhow::Result<()> {
             .iter()
             .all(|b| b.health.status == HealthStatus::Healthy))
     })?;
+    Ok(tb)
+}
+
+/// A backend that starts refusing right after a passing check is ejected by
+/// passive detection long before its next check.
+fn refuses_between_checks() -> anyhow::Result<()> {
+    let tb = three_checked_hourly()?;
     let bad = backend_addr(2);
     tb.servers[2].close_port();
     let r = sequential(&tb, 200, 20_000)?;
@@ -298,26 +305,7 @@ fn refuses_between_checks() -> anyhow::Result<()> {
 /// refused: passive detection must see the reset of a proven handshake
 /// (NAT), from the client's several prefixes, and eject it.
 fn accepts_then_resets() -> anyhow::Result<()> {
-    let mut tb = Testbed::build(3)?;
-    tb.start_daemon()?;
-    tb.cli(&[
-        "vip",
-        "add",
-        "10.0.0.10:80",
-        "--health",
-        "tcp",
-        "--health-interval",
-        "1h",
-    ])?;
-    let all: Vec<String> = (0..3).map(|k| backend_addr(k).to_string()).collect();
-    let mut args = vec!["backend", "add", "10.0.0.10:80"];
-    args.extend(all.iter().map(String::as_str));
-    tb.cli(&args)?;
-    wait_for("every backend healthy", Duration::from_secs(10), || {
-        Ok(backends(&tb)?
-            .iter()
-            .all(|b| b.health.status == HealthStatus::Healthy))
-    })?;
+    let tb = three_checked_hourly()?;
     let bad = backend_addr(1);
     tb.servers[1].reset_on_accept();
     let t0 = Instant::now();
