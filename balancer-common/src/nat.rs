@@ -71,20 +71,14 @@ pub fn forward(old: &Fields, new_addr: &Addr, new_port: u16, ttl: Ttl, v6: bool)
     } else {
         u16::from_ne_bytes([tw[0].wrapping_sub(step), tw[1]])
     };
+    // The address's change, once for both checksums.
+    let delta = csum::addr_delta(&old.addr, new_addr);
     let ip_csum = if v6 {
         old.ip_csum
     } else {
-        csum::replace16(
-            csum::replace_addr(old.ip_csum, &old.addr, new_addr),
-            old.ttl_word,
-            ttl_word,
-        )
+        csum::apply_delta(old.ip_csum, delta, old.ttl_word, ttl_word)
     };
-    let tcp_csum = csum::replace16(
-        csum::replace_addr(old.tcp_csum, &old.addr, new_addr),
-        old.port,
-        new_port,
-    );
+    let tcp_csum = csum::apply_delta(old.tcp_csum, delta, old.port, new_port);
     Fields {
         addr: *new_addr,
         port: new_port,

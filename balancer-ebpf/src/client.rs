@@ -161,9 +161,12 @@ pub fn unpinned(
 
 /// The new-flow stage, tail-called by the entry program for a SYN to a VIP
 /// that matches no flow (the frame is unchanged and was admitted): places
-/// it (or refuses it) and forwards it.
-#[inline(always)]
-pub fn new_flow(ctx: &XdpContext) -> u32 {
+/// it (or refuses it); returns the decision as a `Next::code` (a BPF
+/// function of its own: the stage's main function forwards).
+/// The context by value, as the entry's `decide`.
+#[inline(never)]
+pub fn new_flow(ctx: XdpContext) -> u32 {
+    let ctx = &ctx;
     let frame = XdpFrame(ctx);
     let Parsed::Tcp(seg) = parse::parse(&frame) else {
         return xdp_action::XDP_PASS;
@@ -181,9 +184,9 @@ pub fn new_flow(ctx: &XdpContext) -> u32 {
     };
     let now = now_ns();
     match choose::place(&key, &seg, &vip, now) {
-        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now).finish(ctx),
+        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now).code(),
         Err(Refusal::Drop) => xdp_action::XDP_DROP,
-        Err(Refusal::Reset) => Next::Reset.finish(ctx),
+        Err(Refusal::Reset) => Next::Reset.code(),
     }
 }
 

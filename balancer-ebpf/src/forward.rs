@@ -22,15 +22,15 @@ use crate::{
         STAGES, TOO_BIG_MTU,
     },
     rewrite::{encap::encapsulate, kind, nat::rewrite, Rewrite},
-    stats::count,
+    stats::{count, counted_drop, counted_pass},
 };
 
 pub use balancer_common::plan::{Dest, ForwardPlan, HopCache};
 
-/// What a stage decided for a frame: an action, or a stage of its own to
-/// carry it out (the forward and reset stages, reached by tail calls: with
-/// 16-byte addresses the forwarding code no longer fitted in one 512-byte
-/// stack beside the lookups and the tracking).
+/// What a stage decided for a frame: an action, a forward (a BPF function
+/// of its own, [`fast`], when the next hop is cached; the forward stage, a
+/// program of its own reached by a tail call, when it must be looked up),
+/// or a reset (a stage of its own, reached by a tail call).
 pub enum Next {
     /// Return this XDP action.
     Action(u32),
@@ -61,65 +61,163 @@ impl Next {
         }
     }
 
-    /// Returns the action, or tail-calls the stage that carries it out
-    /// (which does not return when it runs).
-    ///
-    /// Each stage has a tail call of its own, with its index a constant:
-    /// the verifier then lets the JIT jump straight to the stage. One call
-    /// shared by both stages (a key of 4 or 5 by path) is an indirect jump
-    /// through the program array, a retpoline on this machine kind: it
-    /// measured about 48 ns of the pinned ACK's 380. The two failure paths
-    /// end differently (drop, pass) so that the compiler does not merge the
-    /// calls again; `tests::tail_calls` checks the object for it.
+    /// Returns the action: forwards the frame, or tail-calls the stage
+    /// that carries it out (which does not return when it runs); see
+    /// [`finish`]. In a program's main function only.
     #[inline(always)]
     pub fn finish(self, ctx: &XdpContext) -> u32 {
+        finish(ctx, self.code())
+    }
+
+    /// The decision as one word, for a BPF function to return to its
+    /// program's main function (which tail-calls: [`finish`]): an XDP
+    /// action, [`CODE_FORWARD`], or [`CODE_RESET`] with this CPU's
+    /// [`ResetPlan`] written.
+    #[inline(always)]
+    pub fn code(self) -> u32 {
         match self {
             Next::Action(a) => a,
-            Next::Forward => {
-                // SAFETY: the program array holds XDP programs of this object.
-                unsafe { STAGES.tail_call(ctx, programs::FORWARD_STAGE) };
-                count(Counter::DropNoStage, 1);
-                xdp_action::XDP_DROP
-            }
+            Next::Forward => CODE_FORWARD,
             Next::Reset | Next::ResetClient(..) => {
                 let (kind, vip_addr, vip_port) = match self {
                     Next::ResetClient(a, p) => (reset_kind::TOWARD_CLIENT, a, p),
                     _ => (reset_kind::ANSWER, Addr::ZERO, 0),
                 };
-                if let Some(p) = RESET_PLAN.get_ptr_mut(0) {
-                    // SAFETY: this CPU's value, read by the reset stage next.
-                    unsafe {
-                        *p = ResetPlan {
-                            kind,
-                            vip_port,
-                            _pad: 0,
-                            vip_addr,
-                        };
-                        STAGES.tail_call(ctx, programs::RESET_STAGE)
-                    };
-                }
-                // No reset: the host answers the segment as it would.
-                count(Counter::DropNoStage, 1);
-                xdp_action::XDP_PASS
+                let Some(p) = RESET_PLAN.get_ptr_mut(0) else {
+                    // No reset: the host answers the segment as it would.
+                    count(Counter::DropNoStage, 1);
+                    return xdp_action::XDP_PASS;
+                };
+                // SAFETY: this CPU's value, read by the reset stage next.
+                unsafe {
+                    *p = ResetPlan {
+                        kind,
+                        vip_port,
+                        _pad: 0,
+                        vip_addr,
+                    }
+                };
+                CODE_RESET
             }
         }
     }
 }
 
+/// [`Next::code`] of [`Next::Forward`] (no XDP action is this large).
+pub const CODE_FORWARD: u32 = 0xffff_0010;
+/// [`Next::code`] of a reset, its plan written.
+pub const CODE_RESET: u32 = 0xffff_0011;
+
+/// Carries out a [`Next::code`] in a program's main function: the action
+/// itself, the forward ([`fast`], or the forward stage when the next hop
+/// must be looked up), or the reset stage. Tail calls are made here, not
+/// in the BPF functions that decided: a tail call inside a function holds
+/// its callers' frames below 256 bytes, and the deciding functions' frames
+/// are larger; the main function's frame is nearly empty, so the deciding
+/// function, [`fast`] and the tracking each have the 512 bytes to
+/// themselves with it.
+///
+/// Each tail call (forward, reset, too big) has its index a constant: the
+/// verifier then lets the JIT jump straight to the stage. One call shared
+/// by two stages is an indirect jump through the program array, a
+/// retpoline on this machine kind: it measured about 48 ns of the pinned
+/// ACK's 380. The failure paths end differently (drop, pass) so that the
+/// compiler does not merge the calls again; `tests/tests/object.rs` checks
+/// the object for it.
+#[inline(always)]
+pub fn finish(ctx: &XdpContext, code: u32) -> u32 {
+    match code {
+        CODE_FORWARD => {
+            let action = fast(ctx);
+            if action != TAIL_FORWARD {
+                return action;
+            }
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(ctx, programs::FORWARD_STAGE) };
+            counted_drop(Counter::DropNoStage)
+        }
+        CODE_RESET => {
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(ctx, programs::RESET_STAGE) };
+            counted_pass(Counter::DropNoStage)
+        }
+        action => action,
+    }
+}
+
+/// What [`forward`] returns, in place of an XDP action, for a frame the
+/// too-big stage must answer (its MTU is in `TOO_BIG_MTU`): the tail call
+/// is made by the program's main function (a tail call inside a BPF
+/// function would hold the callers' frames below 256 bytes).
+const TAIL_TOO_BIG: u32 = 0xffff_0001;
+
+/// What [`fast`] returns, in place of an XDP action, when the next hop is
+/// not in its cache: the program's main function tail-calls the forward
+/// stage, which looks it up.
+const TAIL_FORWARD: u32 = 0xffff_0002;
+
 /// The forward stage (`programs::FORWARD`): the frame is forwarded as its
-/// CPU's [`ForwardPlan`] says, its headers where the plan says (the deciding
-/// stage parsed them; the offsets are masked to their largest values for
-/// the verifier, and every access is checked against the frame's end). A
-/// TCP segment, or an ICMP message the ICMP stage has rewritten (kind
-/// `DONE`) or will encapsulate.
+/// CPU's [`ForwardPlan`] says, the next hop looked up when it is not
+/// cached. Reached by a tail call from [`Next::finish`] when [`fast`]
+/// found no cached next hop, and from the ICMP stage.
 #[inline(always)]
 pub fn stage(ctx: &XdpContext) -> u32 {
+    let action = match FORWARD_PLAN.get(0) {
+        Some(plan) => forward(ctx, &Tcp::of_info(&plan.seg), &plan.rw, &plan.to),
+        None => {
+            count(Counter::DropNoStage, 1);
+            xdp_action::XDP_DROP
+        }
+    };
+    if action != TAIL_TOO_BIG {
+        return action;
+    }
+    // SAFETY: the program array holds XDP programs of this object.
+    unsafe { STAGES.tail_call(ctx, programs::TOO_BIG_STAGE) };
+    count(Counter::DropMtu, 1);
+    xdp_action::XDP_DROP
+}
+
+/// Forwards the frame as its CPU's [`ForwardPlan`] says when its next hop
+/// is cached and fresh (every segment of a flow after its first, nearly):
+/// a BPF function of its own, called by the stage that decided, with a
+/// stack frame of its own beside the caller's; no tail call (the tail call
+/// into the forward stage and its set-up measured 79-102 ns of the pinned
+/// ACK). [`TAIL_FORWARD`] when the next hop must be looked up.
+///
+/// The plan's offsets are masked to their largest values for the verifier
+/// (as in the forward stage: offsets read from memory are unbounded), and
+/// every access is checked against the frame's end.
+#[inline(never)]
+fn fast(ctx: &XdpContext) -> u32 {
     let Some(plan) = FORWARD_PLAN.get(0) else {
-        count(Counter::DropNoStage, 1);
-        return xdp_action::XDP_DROP;
+        return TAIL_FORWARD;
+    };
+    let ingress = ctx.ingress_ifindex() as u32;
+    // The cached entry in place (a copy would take the stack this
+    // function's caller leaves it: 128 bytes).
+    let to = &plan.to;
+    let hop: &NextHop = if to.cache.per_slot != 0 {
+        match BACKEND_HOPS.get(to.cache.slot) {
+            Some(h) if h.generation == to.cache.generation && h.ingress == ingress => &h.hop,
+            _ => return TAIL_FORWARD,
+        }
+    } else {
+        let key = HopKey {
+            dst: to.dst,
+            ingress,
+        };
+        match NEXT_HOPS.get_ptr(&key) {
+            // SAFETY: pointer from a successful lookup, valid for this run.
+            Some(h) => unsafe { &*h },
+            None => return TAIL_FORWARD,
+        }
     };
     let seg = Tcp::of_info(&plan.seg);
-    forward(ctx, &seg, &plan.rw, &plan.to)
+    if hop.expires_ns <= to.now || out_len(&seg, &plan.rw) > hop.max_len {
+        return TAIL_FORWARD;
+    }
+    send(ctx, &seg, &plan.rw, hop, ingress)
 }
 
 /// How long a next hop is reused before it is looked up again (ns): a
@@ -147,30 +245,14 @@ fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
     let frame = &XdpFrame(ctx);
     let (now, cache) = (to.now, to.cache);
     let ingress = ctx.ingress_ifindex() as u32;
-    // The IP packet's length as the frame will leave.
-    let out_len = if rw.kind == kind::ENCAP {
-        (seg.ip_total_len as u16).wrapping_add(rw.encap.overhead() as u16)
-    } else {
-        seg.ip_total_len as u16
-    };
+    let out_len = out_len(seg, rw);
     let key = HopKey {
         dst: to.dst,
         ingress,
     };
     // The family the frame leaves in: the destination's.
     let v6 = !to.dst.is_v4();
-    let cached = if cache.per_slot != 0 {
-        match BACKEND_HOPS.get(cache.slot) {
-            Some(h) if h.generation == cache.generation && h.ingress == ingress => h.hop,
-            _ => NextHop::NONE,
-        }
-    } else {
-        match NEXT_HOPS.get_ptr(&key) {
-            // SAFETY: pointer from a successful lookup.
-            Some(h) => unsafe { *h },
-            None => NextHop::NONE,
-        }
-    };
+    let cached = cached_entry(to, ingress);
     let hop = if cached.expires_ns > now && out_len <= cached.max_len {
         cached
     } else {
@@ -209,7 +291,7 @@ fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
         if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
             // SAFETY: union field of a plain struct, set by the helper.
             let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
-            return too_big(ctx, frame, seg, rw, cache, mtu);
+            return too_big(frame, seg, rw, cache, mtu);
         }
         if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
             return no_neigh(ctx, frame, seg, rw);
@@ -271,6 +353,44 @@ fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
         }
         fresh
     };
+    send(ctx, seg, rw, &hop, ingress)
+}
+
+/// The IP packet's length as the frame will leave, bytes.
+#[inline(always)]
+fn out_len(seg: &Tcp, rw: &Rewrite) -> u16 {
+    if rw.kind == kind::ENCAP {
+        (seg.ip_total_len as u16).wrapping_add(rw.encap.overhead() as u16)
+    } else {
+        seg.ip_total_len as u16
+    }
+}
+
+/// The cached next hop towards `to` for frames arriving on `ingress`
+/// (per backend slot or per destination), [`NextHop::NONE`] when none.
+#[inline(always)]
+fn cached_entry(to: &Dest, ingress: u32) -> NextHop {
+    let cache = to.cache;
+    if cache.per_slot != 0 {
+        match BACKEND_HOPS.get(cache.slot) {
+            Some(h) if h.generation == cache.generation && h.ingress == ingress => h.hop,
+            _ => NextHop::NONE,
+        }
+    } else {
+        let key = HopKey { dst: to.dst, ingress };
+        match NEXT_HOPS.get_ptr(&key) {
+            // SAFETY: pointer from a successful lookup.
+            Some(h) => unsafe { *h },
+            None => NextHop::NONE,
+        }
+    }
+}
+
+/// Applies `rw` and sends the frame to `hop`: XDP_TX when it leaves through
+/// the interface it came in on (`ingress`), XDP_REDIRECT otherwise.
+#[inline(always)]
+fn send(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, hop: &NextHop, ingress: u32) -> u32 {
+    let frame = &XdpFrame(ctx);
     match rw.kind {
         kind::NAT => {
             if rewrite(frame, seg, &rw.nat, Ttl::Decrement).is_none()
@@ -349,7 +469,6 @@ fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp, rw: &Rewrite) -> u32 
 /// (`drop_mtu`).
 #[inline(always)]
 fn too_big(
-    ctx: &XdpContext,
     frame: &XdpFrame,
     seg: &Tcp,
     rw: &Rewrite,
@@ -381,9 +500,8 @@ fn too_big(
                 if let Some(p) = TOO_BIG_MTU.get_ptr_mut(0) {
                     // SAFETY: per-CPU value, read by the stage on this CPU.
                     unsafe { *p = (mtu as u32).saturating_sub(over) };
+                    return TAIL_TOO_BIG;
                 }
-                // SAFETY: the program array holds XDP programs of this object.
-                unsafe { STAGES.tail_call(ctx, programs::TOO_BIG_STAGE) };
             }
         }
     }

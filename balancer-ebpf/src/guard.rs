@@ -3,9 +3,13 @@
 //! untouched before any flow is looked up, placed or tracked.
 
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use balancer_common::{nat, parse::Frame, parse::Tcp, Counter};
+use balancer_common::{nat, parse::Frame, parse::Tcp, Counter, LOCAL_MAC_SLOTS};
 
-use crate::{frame::XdpFrame, maps::LOCAL_MACS, stats::count};
+use crate::{
+    frame::XdpFrame,
+    maps::{LOCAL_MACS, LOCAL_MAC_SLOTS as LOCAL_MAC_SLOTS_MAP},
+    stats::count,
+};
 
 /// `Ok` when the balancer may act on the frame; otherwise the action for
 /// it (XDP_PASS, counted).
@@ -19,13 +23,21 @@ use crate::{frame::XdpFrame, maps::LOCAL_MACS, stats::count};
 ///   `pass_ttl_expired`.
 #[inline(always)]
 pub fn admit(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> Result<(), u32> {
-    // SAFETY: the value is only read.
-    let local = unsafe { LOCAL_MACS.get(&(ctx.ingress_ifindex() as u32)) };
+    let ifindex = ctx.ingress_ifindex() as u32;
+    // An array entry (inlined by the JIT) for the usual small ifindex.
+    let local = if ifindex < LOCAL_MAC_SLOTS {
+        LOCAL_MAC_SLOTS_MAP.get(ifindex)
+    } else {
+        // SAFETY: the value is only read.
+        unsafe { LOCAL_MACS.get(&ifindex) }
+    };
     // Compared as a 4-byte and a 2-byte word (both at even offsets).
     let ours = match (local, frame.read_u32(0), frame.read::<2>(4)) {
         (Some(l), Some(hi), Some(lo)) => {
             let m = l.mac;
-            hi == u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) && lo == [m[4], m[5]]
+            l.in_use != 0
+                && hi == u32::from_ne_bytes([m[0], m[1], m[2], m[3]])
+                && lo == [m[4], m[5]]
         }
         _ => false,
     };

@@ -34,9 +34,12 @@ use crate::{
     stats::count,
 };
 
-/// The stage.
-#[inline(always)]
-pub fn to_backend(ctx: &XdpContext) -> u32 {
+/// The stage's decision, as a `Next::code` (a BPF function of its own,
+/// the context by value: the stage's main function forwards, with a frame
+/// of its own; see `forward::finish`).
+#[inline(never)]
+pub fn to_backend(ctx: XdpContext) -> u32 {
+    let ctx = &ctx;
     let frame = XdpFrame(ctx);
     let Parsed::Icmp {
         l3_off, l4_off, v6, ..
@@ -87,7 +90,7 @@ pub fn to_backend(ctx: &XdpContext) -> u32 {
     }
     let o = match Next::plan() {
         Ok(o) => o,
-        Err(n) => return n.finish(ctx),
+        Err(n) => return n.code(),
     };
     let src = match b.mode {
         mode::NAT => {
@@ -126,7 +129,7 @@ pub fn to_backend(ctx: &XdpContext) -> u32 {
         cache: HopCache::slot(slot, b.generation),
     };
     count(Counter::IcmpToBackend, 1);
-    Next::Forward.finish(ctx)
+    Next::Forward.code()
 }
 
 /// Rewrites an ICMP "fragmentation needed" to the NAT backend `b` (an

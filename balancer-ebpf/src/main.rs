@@ -79,10 +79,25 @@ mod entry {
         stats::{count, count_rx},
     };
 
-    /// The entry point (`programs::ENTRY`).
+    /// The entry point (`programs::ENTRY`): decides, then carries the
+    /// decision out (`forward::finish`).
     #[xdp(frags)]
     pub fn balancer(ctx: XdpContext) -> u32 {
-        let frame = XdpFrame(&ctx);
+        let code = decide(XdpContext { ctx: ctx.ctx });
+        forward::finish(&ctx, code)
+    }
+
+    /// What becomes of a frame, as a `Next::code`: a BPF function of its
+    /// own, so that the main function's frame stays nearly empty and the
+    /// forward ([`forward::finish`]) has the stack this one used.
+    ///
+    /// The context by value (a pointer in a register): a reference would
+    /// take a slot of the main function's frame, whose size counts in the
+    /// 512 bytes of every call chain.
+    #[inline(never)]
+    fn decide(ctx: XdpContext) -> u32 {
+        let ctx = &ctx;
+        let frame = XdpFrame(ctx);
         let parsed = parse::parse(&frame);
         // A multi-buffer frame's bytes past its first buffer are counted
         // from the IP header (not from a helper call on every frame).
@@ -91,13 +106,13 @@ mod entry {
             _ => frame.len(),
         } as u64);
         match parsed {
-            Parsed::Tcp(seg) => tcp(&ctx, &frame, &seg),
+            Parsed::Tcp(seg) => tcp(ctx, &frame, &seg),
             Parsed::Fragment { .. } => pass(Counter::PassFragment),
             Parsed::Malformed => pass(Counter::PassMalformed),
             Parsed::Icmp {
                 dst_addr, v6: true, ..
             } if dst_addr.is_v4() => drop(Counter::DropMappedV6),
-            Parsed::Icmp { dst_addr, .. } => icmp_stage(&ctx, dst_addr),
+            Parsed::Icmp { dst_addr, .. } => icmp_stage(ctx, dst_addr),
             Parsed::Ipv6Ext => pass(Counter::PassIpv6Ext),
             Parsed::OtherIp | Parsed::OtherL2 => pass(Counter::PassNotVip),
         }
@@ -106,13 +121,15 @@ mod entry {
     /// The new-flow stage (`programs::NEW_FLOW`), tail-called by the entry.
     #[xdp(frags)]
     pub fn balancer_new_flow(ctx: XdpContext) -> u32 {
-        client::new_flow(&ctx)
+        let code = client::new_flow(XdpContext { ctx: ctx.ctx });
+        forward::finish(&ctx, code)
     }
 
     /// The ICMP stage (`programs::ICMP`), tail-called by the entry.
     #[xdp(frags)]
     pub fn balancer_icmp(ctx: XdpContext) -> u32 {
-        icmp::to_backend(&ctx)
+        let code = icmp::to_backend(XdpContext { ctx: ctx.ctx });
+        forward::finish(&ctx, code)
     }
 
     /// The too-big stage (`programs::TOO_BIG`), tail-called by `forward`.
@@ -138,7 +155,16 @@ mod entry {
     /// The reply stage (`programs::REPLY`), tail-called by the entry.
     #[xdp(frags)]
     pub fn balancer_reply(ctx: XdpContext) -> u32 {
-        let frame = XdpFrame(&ctx);
+        let code = reply_decide(XdpContext { ctx: ctx.ctx });
+        forward::finish(&ctx, code)
+    }
+
+    /// The reply stage's decision, as a `Next::code` (a BPF function of
+    /// its own, as [`decide`]).
+    #[inline(never)]
+    fn reply_decide(ctx: XdpContext) -> u32 {
+        let ctx = &ctx;
+        let frame = XdpFrame(ctx);
         // Parsed again: offsets read from a map would be unbounded for the
         // verifier's packet checks.
         let Parsed::Tcp(seg) = parse::parse(&frame) else {
@@ -148,7 +174,7 @@ mod entry {
         let Some(bv) = REPLY_SCRATCH.get(0) else {
             return pass(Counter::DropNoStage);
         };
-        reply::to_client(&frame, &seg, bv).finish(&ctx)
+        reply::to_client(&frame, &seg, bv).code()
     }
 
     /// A segment from a backend: the reply stage, a program of its own (its
@@ -278,7 +304,7 @@ mod entry {
             Target::FromBackend(bv) => Next::Action(reply_stage(ctx, bv)),
             Target::NotOurs => Next::Action(pass(Counter::PassNotVip)),
         };
-        next.finish(ctx)
+        next.code()
     }
 
     #[cfg(not(test))]

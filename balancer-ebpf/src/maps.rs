@@ -121,7 +121,13 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry> =
 /// daemon (the program never reads it).
 #[map]
 pub static LAYOUT: Array<u64> = Array::with_max_entries(1, 0);
-/// MAC address of each interface the program acts on, by ifindex.
+/// MAC address of each interface the program acts on whose ifindex is
+/// below `LOCAL_MAC_SLOTS`, by ifindex.
+#[map]
+pub static LOCAL_MAC_SLOTS: Array<LocalMac> =
+    Array::with_max_entries(balancer_common::LOCAL_MAC_SLOTS, 0);
+/// MAC address of each interface the program acts on whose ifindex is
+/// `LOCAL_MAC_SLOTS` or more, by ifindex.
 #[map]
 pub static LOCAL_MACS: HashMap<u32, LocalMac> = HashMap::with_max_entries(256, 0);
 /// Sources no client has, with their class (`martian_class`).

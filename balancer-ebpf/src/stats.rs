@@ -19,6 +19,24 @@ pub fn count(c: Counter, v: u64) {
     }
 }
 
+/// Adds one to global counter `c` and returns XDP_DROP: a BPF function of
+/// its own, for a program's main function, whose frame must stay empty
+/// (the counter's map key takes a stack slot; see `forward::finish`).
+/// Separate from [`counted_pass`] so that the compiler cannot merge the
+/// tail calls before them into one call site.
+#[inline(never)]
+pub fn counted_drop(c: Counter) -> u32 {
+    count(c, 1);
+    aya_ebpf::bindings::xdp_action::XDP_DROP
+}
+
+/// As [`counted_drop`], returning XDP_PASS.
+#[inline(never)]
+pub fn counted_pass(c: Counter) -> u32 {
+    count(c, 1);
+    aya_ebpf::bindings::xdp_action::XDP_PASS
+}
+
 /// Counts a received frame of `bytes` bytes (one lookup for both counters).
 #[inline(always)]
 pub fn count_rx(bytes: u64) {

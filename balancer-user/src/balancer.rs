@@ -663,13 +663,12 @@ impl Balancer {
     /// # Errors
     /// Map failure (an interface that vanished is skipped).
     pub fn refresh_interfaces(&mut self) -> Result<Vec<String>> {
-        let known = self.maps.local_macs();
         let mut changed = Vec::new();
         for a in &self.attached {
             let Ok(mac) = netdev::mac(&a.name) else {
                 continue;
             };
-            if known.get(&a.ifindex) != Some(&mac) {
+            if self.maps.local_mac(a.ifindex) != Some(mac) {
                 self.maps.set_local_mac(a.ifindex, mac)?;
                 changed.push(format!("{} ({})", a.name, netdev::mac_string(&mac)));
             }

@@ -231,6 +231,7 @@ pub struct Maps {
     backend_vips: HashMap<MapData, BackendKey, BackendVips>,
     backend_hosts: HashMap<MapData, Addr, HostVips>,
     local_macs: HashMap<MapData, u32, LocalMac>,
+    local_mac_slots: Array<MapData, LocalMac>,
     martian_sources: LpmTrie<MapData, Addr, u32>,
     vip_ports: Array<MapData, u64>,
     backend_ports: Array<MapData, u64>,
@@ -280,6 +281,7 @@ impl Maps {
             backend_vips: take!(map_names::BACKEND_VIPS),
             backend_hosts: take!(map_names::BACKEND_HOSTS),
             local_macs: take!(map_names::LOCAL_MACS),
+            local_mac_slots: take!(map_names::LOCAL_MAC_SLOTS),
             martian_sources: take!(map_names::MARTIAN_SOURCES),
             vip_ports: take!(map_names::VIP_PORTS),
             backend_ports: take!(map_names::BACKEND_PORTS),
@@ -1138,13 +1140,22 @@ impl Maps {
 
     // ---- interfaces ----
 
-    /// Records the MAC of an interface the program acts on.
+    /// Records the MAC of an interface the program acts on: in the array
+    /// for an ifindex below [`balancer_common::LOCAL_MAC_SLOTS`], in the
+    /// hash otherwise.
     ///
     /// # Errors
-    /// Map write failure (the table holds 256 interfaces).
+    /// Map write failure (the hash holds 256 interfaces).
     pub fn set_local_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
+        let v = LocalMac { mac, in_use: 1 };
+        if ifindex < balancer_common::LOCAL_MAC_SLOTS {
+            return self
+                .local_mac_slots
+                .set(ifindex, v, 0)
+                .map_err(map_err(map_names::LOCAL_MAC_SLOTS, "write"));
+        }
         self.local_macs
-            .insert(ifindex, LocalMac { mac, _pad: 0 }, 0)
+            .insert(ifindex, v, 0)
             .map_err(map_err(map_names::LOCAL_MACS, "write"))
     }
 
@@ -1153,17 +1164,23 @@ impl Maps {
     /// # Errors
     /// Map failure.
     pub fn remove_local_mac(&mut self, ifindex: u32) -> Result<()> {
+        if ifindex < balancer_common::LOCAL_MAC_SLOTS {
+            return self
+                .local_mac_slots
+                .set(ifindex, LocalMac::default(), 0)
+                .map_err(map_err(map_names::LOCAL_MAC_SLOTS, "write"));
+        }
         ignore_missing(self.local_macs.remove(&ifindex))
             .map_err(map_err(map_names::LOCAL_MACS, "remove"))
     }
 
-    /// The interfaces recorded, with their MACs.
-    pub fn local_macs(&self) -> BTreeMap<u32, [u8; 6]> {
-        self.local_macs
-            .iter()
-            .filter_map(|r| r.ok())
-            .map(|(k, v)| (k, v.mac))
-            .collect()
+    /// The MAC recorded for interface `ifindex`, if any.
+    pub fn local_mac(&self, ifindex: u32) -> Option<[u8; 6]> {
+        if ifindex < balancer_common::LOCAL_MAC_SLOTS {
+            let v = self.local_mac_slots.get(&ifindex, 0).ok()?;
+            return (v.in_use != 0).then_some(v.mac);
+        }
+        self.local_macs.get(&ifindex, 0).ok().map(|v| v.mac)
     }
 }
 

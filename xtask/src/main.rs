@@ -61,7 +61,8 @@ enum Cmd {
     /// The full run also builds the reference commit's test bed in a git
     /// worktree (target/bench-ref) and times its data path alternately with
     /// this build's in the same session; set BENCH_NO_REF=1 to skip that
-    /// (the report then says it was skipped). BENCH_ONLY_DATAPATH=small
+    /// (the report then says it was skipped), or BENCH_REF=COMMIT to
+    /// compare with another commit. BENCH_ONLY_DATAPATH=small
     /// prints section 1 at 100 backends only (about 30 s).
     Bench {
         /// A quick pass to check the bench itself (figures not for the record).
@@ -113,28 +114,41 @@ fn build() -> anyhow::Result<()> {
 /// run: the last before the hostile-traffic rules.
 const REFERENCE: &str = "315e426";
 
-/// Creates (if absent) a git worktree of [`REFERENCE`] under
-/// target/bench-ref, builds its test bed in release mode there (its own
+/// The commit to compare with: `BENCH_REF` (a commit, for the A/B of one
+/// change against the build before it) or [`REFERENCE`].
+fn reference() -> String {
+    std::env::var("BENCH_REF").unwrap_or_else(|_| REFERENCE.to_string())
+}
+
+/// Creates (if absent) a git worktree of [`reference`] under
+/// target/bench-ref (target/bench-ref-COMMIT for a `BENCH_REF` other than
+/// [`REFERENCE`]), builds its test bed in release mode there (its own
 /// target directory) and returns the binary's path.
 fn build_reference() -> anyhow::Result<PathBuf> {
-    let dir = root().join("target/bench-ref");
+    let reference = reference();
+    let reference = reference.as_str();
+    let dir = if reference == REFERENCE {
+        root().join("target/bench-ref")
+    } else {
+        root().join(format!("target/bench-ref-{reference}"))
+    };
     if !dir.join("Cargo.toml").exists() {
         std::fs::create_dir_all(root().join("target"))?;
         run(Command::new("git")
             .current_dir(root())
             .args(["worktree", "add", "--detach"])
             .arg(&dir)
-            .arg(REFERENCE))?;
+            .arg(reference))?;
     }
     let head = Command::new("git")
         .current_dir(&dir)
-        .args(["rev-parse", "--short=7", "HEAD"])
+        .args(["rev-parse", "HEAD"])
         .output()
         .context("git rev-parse in target/bench-ref")?;
     let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
-    if head != REFERENCE {
+    if !head.starts_with(reference) {
         bail!(
-            "{} holds {head}, not {REFERENCE}: remove it (git worktree remove --force {0}) or set BENCH_NO_REF=1",
+            "{} holds {head}, not {reference}: remove it (git worktree remove --force {0}) or set BENCH_NO_REF=1",
             dir.display()
         );
     }
@@ -214,7 +228,7 @@ fn main() -> anyhow::Result<()> {
                 None => {
                     let bin = build_reference()?;
                     c.env("BENCH_REF_BIN", bin)
-                        .env("BENCH_REF_COMMIT", REFERENCE);
+                        .env("BENCH_REF_COMMIT", reference());
                 }
                 Some(why) => {
                     c.env_remove("BENCH_REF_BIN").env("BENCH_REF_SKIPPED", why);
