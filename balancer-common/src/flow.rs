@@ -478,6 +478,26 @@ pub const fn verdict(old: u32, step: &Step) -> Verdict {
     }
 }
 
+/// The step of a client segment on an established flow when it changes
+/// nothing but sequence numbers: no SYN, FIN or RST to judge and no state
+/// bit to set (a steady flow's ACKs and data, nearly every segment). The
+/// data path then stores the numbers and stamps the entry without the
+/// rest of the tracking (the atomic OR, the verdict, a move between
+/// tables). `None` for any other segment, which takes the whole tracking.
+/// `one_sided`: the flow's backend replies directly ([`track_one_sided`]).
+#[inline(always)]
+pub fn steady(entry: &FlowEntry, seg: &Tcp, one_sided: bool) -> Option<Step> {
+    if seg.flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 || entry.state & F_ESTABLISHED == 0 {
+        return None;
+    }
+    let step = if one_sided {
+        track_one_sided(entry, seg)
+    } else {
+        track(entry, Direction::ToBackend, seg)
+    };
+    (step.set == 0 && step.rst == Rst::None).then_some(step)
+}
+
 /// [`track`] and its writes in one go, for a single writer (userspace and
 /// tests): stores the sequence numbers, sets the bits and returns the
 /// verdict. Does not touch `last_seen_ns`.
@@ -831,6 +851,55 @@ mod tests {
         apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 6001));
         assert_eq!(e.server_next_seq, 6001);
         assert_ne!(e.state & F_SERVED, 0);
+    }
+
+    proptest::proptest! {
+        /// A segment [`steady`] takes changes no state bit, closes
+        /// nothing and moves the numbers as the whole tracking does; the
+        /// segments it refuses include every SYN, FIN and RST.
+        #[test]
+        fn steady_is_the_whole_tracking_when_nothing_but_numbers_move(
+            state in 0u32..512, client_next in proptest::prelude::any::<u32>(),
+            server_next in proptest::prelude::any::<u32>(), flags in proptest::prelude::any::<u8>(),
+            seq in proptest::prelude::any::<u32>(), ack in proptest::prelude::any::<u32>(),
+            len in 0u32..3, one_sided in proptest::prelude::any::<bool>(),
+        ) {
+            let e = FlowEntry {
+                state,
+                client_next_seq: client_next,
+                server_next_seq: server_next,
+                ..Default::default()
+            };
+            let mut s = seg(flags, seq, ack);
+            s.ip_total_len = 40 + len * 100;
+            s.tcp_hlen = 20;
+            s.l3_off = 14;
+            s.l4_off = 34;
+            let full = if one_sided {
+                track_one_sided(&e, &s)
+            } else {
+                track(&e, Direction::ToBackend, &s)
+            };
+            let verdict = if one_sided {
+                verdict_one_sided(e.state, &full)
+            } else {
+                verdict(e.state, &full)
+            };
+            match steady(&e, &s, one_sided) {
+                Some(step) => {
+                    proptest::prop_assert_eq!(step, full);
+                    proptest::prop_assert_eq!(step.set, 0);
+                    proptest::prop_assert_eq!(verdict, Verdict::Open);
+                    proptest::prop_assert_eq!(flags & (TCP_SYN | TCP_FIN | TCP_RST), 0);
+                }
+                None => proptest::prop_assert!(
+                    flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0
+                        || state & F_ESTABLISHED == 0
+                        || full.set != 0
+                        || full.rst != Rst::None
+                ),
+            }
+        }
     }
 
     fn seg(flags: u8, seq: u32, ack: u32) -> Tcp {

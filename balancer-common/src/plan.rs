@@ -3,13 +3,14 @@
 //! XDP_REDIRECT) or the reset stage (the frame becomes a TCP RST).
 //!
 //! The deciding stage writes its CPU's value of a per-CPU array
-//! (`map_names::FORWARD_PLAN`, `map_names::RESET_PLAN`) and tail-calls the
-//! carrying stage, which runs at once on the same CPU and parses the frame
-//! again (offsets read back from a map are unbounded for the verifier's
-//! packet checks, so a plan holds none: only addresses, ports, flags and
-//! slots). Splitting here gives each program its own 512-byte stack: with
-//! 16-byte addresses the forwarding code no longer fitted beside the flow
-//! lookup and tracking in one call chain.
+//! (`map_names::FORWARD_PLAN`, `map_names::RESET_PLAN`); its program's main
+//! function then forwards through a BPF function of its own (a cached next
+//! hop) or tail-calls the carrying stage, which runs at once on the same
+//! CPU. Neither trusts offsets read back from a map (they are unbounded for
+//! the verifier's packet checks): a plan holds offsets masked to their
+//! largest values, addresses, ports, flags and slots. Splitting here gives
+//! each part its own 512-byte stack: with 16-byte addresses the forwarding
+//! code does not fit beside the flow lookup and tracking in one frame.
 //!
 //! Every struct is `#[repr(C)]` with explicit padding (bytemuck's derive
 //! proves there is none left): the maps are pinned, and a running entry

@@ -47,6 +47,24 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
             count(Counter::FlowsAdopted, 1);
         }
     }
+    // An established flow's segment that only moves sequence numbers
+    // (`flow::steady`): stored here, without the call into `track`.
+    if table == Table::Established {
+        if let Some(step) = flow::steady(entry, seg, mode::one_sided(b.mode)) {
+            // SAFETY: `e` points to the flow-table value of `key`; plain
+            // stores of whole words (as `track` makes them).
+            unsafe {
+                (*e).last_seen_ns = now;
+                if let Some(v) = step.client_next_seq {
+                    (*e).client_next_seq = v;
+                }
+                if let Some(v) = step.server_next_seq {
+                    (*e).server_next_seq = v;
+                }
+            }
+            return to_backend(frame, seg, b, slot, vip_index, false, now);
+        }
+    }
     if flow::syn_retransmit(entry, seg, now) {
         // SAFETY: `e` points to the flow-table value of `key`.
         unsafe { syn_retransmitted(e, &key.src_addr, b, slot) };

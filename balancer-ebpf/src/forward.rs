@@ -377,7 +377,10 @@ fn cached_entry(to: &Dest, ingress: u32) -> NextHop {
             _ => NextHop::NONE,
         }
     } else {
-        let key = HopKey { dst: to.dst, ingress };
+        let key = HopKey {
+            dst: to.dst,
+            ingress,
+        };
         match NEXT_HOPS.get_ptr(&key) {
             // SAFETY: pointer from a successful lookup.
             Some(h) => unsafe { *h },
@@ -468,13 +471,7 @@ fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp, rw: &Rewrite) -> u32 
 /// connection. A backend's reply without DF is dropped and counted
 /// (`drop_mtu`).
 #[inline(always)]
-fn too_big(
-    frame: &XdpFrame,
-    seg: &Tcp,
-    rw: &Rewrite,
-    cache: HopCache,
-    mtu: u16,
-) -> u32 {
+fn too_big(frame: &XdpFrame, seg: &Tcp, rw: &Rewrite, cache: HopCache, mtu: u16) -> u32 {
     // IPv6 routers never fragment: every IPv6 packet is as if DF were set.
     let df = seg.v6
         || frame

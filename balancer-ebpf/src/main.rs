@@ -10,17 +10,26 @@
 //!          reply side (reply, a program of its own): find the flow among the backend's
 //!          VIPs (lookup) -> track
 //!       -> the decision, handed over in a per-CPU plan (balancer_common::plan):
-//!          forward (a program of its own): bpf_fib_lookup with a next-hop cache, the MTU,
-//!            the rewrite: NAT (rewrite/nat), MACs only, IP-in-IP or GUE (rewrite/encap),
-//!            then XDP_TX or XDP_REDIRECT; too big -> the too-big program (icmp)
+//!          forward: with the next hop cached, a BPF function of the program
+//!            that decided (forward::fast: the rewrite: NAT (rewrite/nat),
+//!            MACs only, IP-in-IP or GUE (rewrite/encap), then XDP_TX or
+//!            XDP_REDIRECT); without it, the forward stage (a program of its
+//!            own): bpf_fib_lookup, the MTU, the same rewrite; too big -> the
+//!            too-big program (icmp)
 //!          reset (a program of its own): the frame becomes a TCP RST (rewrite/reset)
 //! ```
 //!
-//! The programs reach one another by tail calls (`maps::STAGES`): each has
-//! its own 512-byte stack, which one chain of calls carrying 16-byte
-//! addresses through lookup, tracking and forwarding does not fit in.
-//! Counters live in `stats`, maps in `maps`. Everything that can run on the
-//! host lives in `balancer-common`, with host tests.
+//! Each program's main function calls one BPF function that decides and
+//! returns the decision as a word (`forward::Next::code`), then carries it
+//! out (`forward::finish`): the forward with a cached next hop is a call,
+//! everything else a tail call (`maps::STAGES`). The main function's frame
+//! is empty, so the deciding function (with the tracking it calls) and the
+//! forward each have the 512-byte stack to themselves; a tail call is made
+//! only from a main function or from a function whose callers' frames are
+//! under 256 bytes, as the verifier requires. The stages that are programs
+//! of their own have their own verification budget and stack. Counters
+//! live in `stats`, maps in `maps`. Everything that can run on the host
+//! lives in `balancer-common`, with host tests.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics, asm_experimental_arch))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
