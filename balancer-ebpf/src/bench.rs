@@ -1,6 +1,6 @@
 //! Programs for benchmarks and test beds (never attached by the daemon):
 //! the per-call floor and veth peer program, the parse-only baseline, a
-//! packet generator and a counting sink.
+//! packet generator, a plain redirect and a counting sink.
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -43,9 +43,26 @@ pub fn bench_tx(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_TX
 }
 
-/// Template frame for `bench_gen` (the first 64 bytes of each frame).
+/// Where `bench_redirect` sends frames: an ifindex.
 #[map]
-pub static BENCH_FRAME: Array<[u8; 64]> = Array::with_max_entries(1, 0);
+pub static BENCH_REDIRECT: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Redirects every frame, unchanged, to the interface in `BENCH_REDIRECT`:
+/// the forwarding ceiling of the path the balancer's redirected frames
+/// take (XDP_REDIRECT to another interface costs more than XDP_TX).
+#[xdp(frags)]
+pub fn bench_redirect(_ctx: XdpContext) -> u32 {
+    match BENCH_REDIRECT.get(0) {
+        // SAFETY: plain helper call.
+        Some(i) => unsafe { aya_ebpf::helpers::generated::bpf_redirect(*i, 0) as u32 },
+        None => xdp_action::XDP_ABORTED,
+    }
+}
+
+/// Template frames for `bench_gen` (the first 64 bytes of each frame): by
+/// the generating CPU's number, modulo 2 (two generators, two flows).
+#[map]
+pub static BENCH_FRAME: Array<[u8; 64]> = Array::with_max_entries(2, 0);
 
 /// Writes the template frame over the first 64 bytes and returns XDP_TX: a
 /// packet generator under live-frame test runs whose frames stay the same
@@ -57,7 +74,9 @@ pub fn bench_gen(ctx: XdpContext) -> u32 {
     if start + 64 > ctx.data_end() {
         return xdp_action::XDP_ABORTED;
     }
-    if let Some(t) = BENCH_FRAME.get(0) {
+    // SAFETY: helper without arguments.
+    let cpu = unsafe { aya_ebpf::helpers::generated::bpf_get_smp_processor_id() };
+    if let Some(t) = BENCH_FRAME.get(cpu & 1) {
         // SAFETY: 64 bytes checked against data_end just above.
         unsafe { core::ptr::write_unaligned(start as *mut [u8; 64], *t) };
     }

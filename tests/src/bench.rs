@@ -104,6 +104,7 @@ impl Aux {
             "bench_tx",
             "bench_gen",
             "bench_count",
+            "bench_redirect",
         ] {
             let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
             p.load().with_context(|| format!("loading {name}"))?;
@@ -125,6 +126,16 @@ impl Aux {
             .program_mut(name)
             .context(name.to_string())?
             .try_into()?)
+    }
+
+    /// The generator's template frames: `a` for even CPUs, `b` for odd
+    /// ones (`bench_gen`); their first 64 bytes.
+    fn set_template(&mut self, a: &[u8], b: &[u8]) -> anyhow::Result<()> {
+        let mut t: aya::maps::Array<_, [u8; 64]> =
+            aya::maps::Array::try_from(self.ebpf.map_mut("BENCH_FRAME").context("BENCH_FRAME")?)?;
+        t.set(0, <[u8; 64]>::try_from(&a[..64])?, 0)?;
+        t.set(1, <[u8; 64]>::try_from(&b[..64])?, 0)?;
+        Ok(())
     }
 
     fn count(&self) -> anyhow::Result<u64> {
@@ -792,8 +803,30 @@ fn plot(series: &BTreeMap<&str, Vec<u64>>, png: &Path) -> anyhow::Result<()> {
 /// Section 2: packet rate with live frames on veth, native mode.
 fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     // gen0 <-> lbin [balancer] ... lbout <-> sink [bench_count]
+    // Two queues each way: two generators on two CPUs reach lbin's two RX
+    // queues (veth picks the queue by the sending CPU).
     for (a, b) in [("gen0", "lbin"), ("lbout", "sink")] {
-        sh("ip", &["link", "add", a, "type", "veth", "peer", "name", b])?;
+        sh(
+            "ip",
+            &[
+                "link",
+                "add",
+                a,
+                "numtxqueues",
+                "2",
+                "numrxqueues",
+                "2",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                b,
+                "numtxqueues",
+                "2",
+                "numrxqueues",
+                "2",
+            ],
+        )?;
         sh("ip", &["link", "set", a, "up"])?;
         sh("ip", &["link", "set", b, "up"])?;
     }
@@ -825,11 +858,7 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     ack.payload = vec![0x42; 10]; // 64 bytes: the generator's template size
     let frame = ack.build();
     ensure!(frame.len() == 64, "rate frame is {} bytes", frame.len());
-    {
-        let mut t: aya::maps::Array<_, [u8; 64]> =
-            aya::maps::Array::try_from(aux.ebpf.map_mut("BENCH_FRAME").context("BENCH_FRAME")?)?;
-        t.set(0, <[u8; 64]>::try_from(&frame[..])?, 0)?;
-    }
+    aux.set_template(&frame, &frame)?;
     let mut results = Vec::new();
     for round in 0..sc.rounds.min(3) {
         // The balancer on lbin, the counter on sink.
@@ -861,19 +890,35 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
         ));
         aux.prog_mut("bench_count")?.detach(back)?;
         aux.prog_mut("bench_tx")?.detach(tx)?;
+        let (n3, secs3, strays3) = redirect_ceiling(aux, &frame, gen, sc.rate_frames)?;
+        results.push((
+            "plain XDP_REDIRECT program lbin -> lbout (the balancer's path, no work)",
+            n3.saturating_sub(strays3.len() as u64),
+            secs3,
+            arrivals(n3, sc.rate_frames, &strays3),
+        ));
         let _ = round;
     }
+    let scaling = two_queues(aux, &mut lb, &frame, gen, sc)?;
     let mut md = String::new();
     writeln!(md, "## 2. Packet rate on veth, native mode, one core\n")?;
-    writeln!(md, "Frames generated with BPF_PROG_TEST_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, batch 64) from gen0 into the veth pair gen0/lbin, {} 64-byte frames per run (a generator program writes the template into each frame, so what the balancer rewrote is restored), process pinned to one CPU; counted where they land by an XDP counter program. The counter at the sink counts every frame that reaches it: the frames the kernel's own stack sends out of lbout meanwhile (seen by a packet socket on lbout, which the redirected frames bypass) are named and taken off, and the rate is the generator's flow's frames per second. Median of {} runs.\n", sc.rate_frames, results.len() / 2)?;
+    writeln!(md, "Frames generated with BPF_PROG_TEST_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, batch 64) from gen0 into the veth pair gen0/lbin, {} 64-byte frames per run (a generator program writes the template into each frame, so what the balancer rewrote is restored), process pinned to one CPU; counted where they land by an XDP counter program. The counter at the sink counts every frame that reaches it: the frames the kernel's own stack sends out of lbout meanwhile (seen by a packet socket on lbout, which the redirected frames bypass) are named and taken off, and the rate is the generator's flow's frames per second. Median of {} runs.\n", sc.rate_frames, results.len() / 3)?;
     writeln!(
         md,
         "| program on lbin | frames counted per run / sent | Mpps |\n|---|---|---|"
     )?;
     let mut js = Vec::new();
-    let mut med: BTreeMap<&str, (Vec<f64>, Vec<String>)> = BTreeMap::new();
+    // In the order measured (balancer, XDP_TX, XDP_REDIRECT).
+    let mut med: Vec<(&str, (Vec<f64>, Vec<String>))> = Vec::new();
     for (name, n, secs, counted) in &results {
-        let e = med.entry(name).or_default();
+        let i = match med.iter().position(|(k, _)| k == name) {
+            Some(i) => i,
+            None => {
+                med.push((name, Default::default()));
+                med.len() - 1
+            }
+        };
+        let e = &mut med[i].1;
         e.0.push(*n as f64 / secs / 1e6);
         e.1.push(counted.clone());
     }
@@ -891,16 +936,105 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
             json!({"program": name, "mpps": r2(m), "counted": counted, "sent": sc.rate_frames}),
         );
     }
-    if rates.len() == 2 {
+    if rates.len() == 3 {
         writeln!(
             md,
-            "\nThe balancer forwards at {:.0} % of the plain XDP_TX ceiling on this interface.\n",
-            100.0 * rates[0] / rates[1]
+            "\nThe balancer forwards at {:.0} % of the plain XDP_TX ceiling on this interface, and at {:.0} % of a plain XDP_REDIRECT program sending the same frames the balancer's way (lbin -> lbout -> sink) without its work.\n",
+            100.0 * rates[0] / rates[1],
+            100.0 * rates[0] / rates[2]
         )?;
     }
+    let (one, two) = scaling;
+    writeln!(md, "Two RX queues (lbin and every veth here have two queues each way): two generator threads, pinned to CPU 0 and CPU 1, each send {} frames of a flow of its own (client ports 40000 and 40001, both placed with their handshakes; veth puts a frame on the receiving queue of the CPU that sends it, so each CPU's frames stay on its queue and its CPU), against one thread on CPU 0 alone, median of {} runs each: {one:.2} Mpps on one queue, {two:.2} Mpps on two, {:.2}x.\n", sc.rate_frames, sc.rounds.min(3), two / one)?;
     rep.section(2, &md);
     rep.json.insert("packet_rate".into(), Value::Array(js));
+    rep.json.insert(
+        "packet_rate_two_queues".into(),
+        json!({"one_queue_mpps": r2(one), "two_queues_mpps": r2(two), "scaling": r2(two / one)}),
+    );
     Ok(())
+}
+
+/// The balancer on lbin with one generator (CPU 0) and with two (CPUs 0
+/// and 1, one flow each): median Mpps of each, counted at the sink.
+fn two_queues(
+    aux: &mut Aux,
+    lb: &mut balancer::Balancer,
+    frame: &[u8],
+    gen: u32,
+    sc: Scale,
+) -> anyhow::Result<(f64, f64)> {
+    // The second flow, placed like the first.
+    let vip: SocketAddr = "10.9.0.10:80".parse()?;
+    let client: SocketAddr = "10.9.1.2:40001".parse()?;
+    let lbin_mac = rig::mac_of("lbin")?;
+    let mut syn = Seg::new(client, vip, SYN);
+    syn.dmac = lbin_mac;
+    let (a, _, _) = test_run(lb.program()?, &syn.build(), ifindex("lbin")?)?;
+    ensure!(a == XDP_REDIRECT, "rate: second SYN not redirected ({a})");
+    let mut sa = syn_ack("10.9.2.10:8080".parse()?, client);
+    sa.dmac = lbin_mac;
+    test_run(lb.program()?, &sa.build(), ifindex("lbin")?)?;
+    let mut ack = handshake_ack(client, vip);
+    ack.dmac = lbin_mac;
+    ack.payload = vec![0x42; 10];
+    let second = ack.build();
+    aux.set_template(frame, &second)?;
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    for _ in 0..sc.rounds.min(3) {
+        lb.attach("lbin", XdpMode::Driver)?;
+        let sink = aux
+            .prog_mut("bench_count")?
+            .attach("sink", XdpMode::Driver)?;
+        warm_up(aux, frame, gen, sc.rate_frames)?;
+        let (n, secs) = timed(aux, frame, gen, sc.rate_frames)?;
+        one.push(n as f64 / secs / 1e6);
+        let before = aux.count()?;
+        let t0 = Instant::now();
+        let shared: &Aux = aux;
+        std::thread::scope(|s| -> anyhow::Result<()> {
+            let runs: Vec<_> = [0usize, 1]
+                .into_iter()
+                .map(|cpu| {
+                    s.spawn(move || -> anyhow::Result<()> {
+                        // SAFETY: plain syscall on a zeroed, then filled, cpu set.
+                        unsafe {
+                            let mut set: libc::cpu_set_t = std::mem::zeroed();
+                            libc::CPU_SET(cpu, &mut set);
+                            libc::sched_setaffinity(
+                                0,
+                                std::mem::size_of::<libc::cpu_set_t>(),
+                                &set,
+                            );
+                        }
+                        let mut ctx = [0u8; 24];
+                        ctx[4..8].copy_from_slice(&64u32.to_ne_bytes());
+                        ctx[12..16].copy_from_slice(&gen.to_ne_bytes());
+                        shared.prog("bench_gen")?.test_run(TestRunOptions {
+                            data_in: Some(frame),
+                            ctx_in: Some(&ctx),
+                            repeat: sc.rate_frames,
+                            attrs: TestRunAttrs::new().xdp_live_frames(64),
+                            ..Default::default()
+                        })?;
+                        Ok(())
+                    })
+                })
+                .collect();
+            for r in runs {
+                r.join()
+                    .map_err(|_| anyhow::anyhow!("generator thread panicked"))??;
+            }
+            Ok(())
+        })?;
+        let secs = t0.elapsed().as_secs_f64();
+        thread::sleep(Duration::from_millis(200));
+        two.push((aux.count()? - before) as f64 / secs / 1e6);
+        aux.prog_mut("bench_count")?.detach(sink)?;
+        lb.detach_all()?;
+    }
+    aux.set_template(frame, frame)?;
+    Ok((median(one), median(two)))
 }
 
 /// The frames the kernel's own stack sends out of an interface during a
@@ -1054,12 +1188,70 @@ fn generate_to_sink(
     ifindex: u32,
     frames: u32,
 ) -> anyhow::Result<(u64, f64, Vec<String>)> {
+    warm_up(aux, frame, ifindex, frames)?;
     let tap = StackTx::open("lbout")?;
-    let (n, secs) = generate(aux, frame, ifindex, frames)?;
+    let (n, secs) = timed(aux, frame, ifindex, frames)?;
     Ok((n, secs, tap.take()))
 }
 
+/// The plain-redirect ceiling of one run: `bench_redirect` on lbin sends
+/// the frames unchanged to lbout, counted at sink; as [`generate_to_sink`].
+fn redirect_ceiling(
+    aux: &mut Aux,
+    frame: &[u8],
+    gen: u32,
+    frames: u32,
+) -> anyhow::Result<(u64, f64, Vec<String>)> {
+    {
+        let mut t: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+            aux.ebpf
+                .map_mut("BENCH_REDIRECT")
+                .context("BENCH_REDIRECT")?,
+        )?;
+        t.set(0, ifindex("lbout")?, 0)?;
+    }
+    let link = aux
+        .prog_mut("bench_redirect")?
+        .attach("lbin", XdpMode::Driver)?;
+    let sink = aux
+        .prog_mut("bench_count")?
+        .attach("sink", XdpMode::Driver)?;
+    let r = generate_to_sink(aux, frame, gen, frames);
+    aux.prog_mut("bench_count")?.detach(sink)?;
+    aux.prog_mut("bench_redirect")?.detach(link)?;
+    r
+}
+
+/// Frames sent before each timed run and not counted: the first frames
+/// after an attach found the path cold (in one run the balancer's first
+/// run lost 1.1 million of its 2 million frames this way).
+const WARM_UP_FRAMES: u32 = 64_000;
+
+/// [`WARM_UP_FRAMES`] from the generator, not counted.
+fn warm_up(aux: &Aux, frame: &[u8], ifindex: u32, frames: u32) -> anyhow::Result<()> {
+    let mut ctx = [0u8; 24];
+    ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+    aux.prog("bench_gen")?.test_run(TestRunOptions {
+        data_in: Some(frame),
+        ctx_in: Some(&ctx),
+        repeat: WARM_UP_FRAMES.min(frames),
+        attrs: TestRunAttrs::new().xdp_live_frames(64),
+        ..Default::default()
+    })?;
+    thread::sleep(Duration::from_millis(100));
+    Ok(())
+}
+
+/// A warm-up, then `frames` frames from the generator, timed; the frames
+/// counted by the counter program meanwhile and the seconds.
 fn generate(aux: &Aux, frame: &[u8], ifindex: u32, frames: u32) -> anyhow::Result<(u64, f64)> {
+    warm_up(aux, frame, ifindex, frames)?;
+    timed(aux, frame, ifindex, frames)
+}
+
+/// `frames` frames from the generator, timed (no warm-up).
+fn timed(aux: &Aux, frame: &[u8], ifindex: u32, frames: u32) -> anyhow::Result<(u64, f64)> {
     let before = aux.count()?;
     let mut ctx = [0u8; 24];
     ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());

@@ -9,7 +9,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use anyhow::{ensure, Context as _};
+use anyhow::ensure;
 use aya::programs::XdpMode;
 use balancer::state::{ForwardingMode, VipSettings};
 use serde_json::{json, Value};
@@ -265,10 +265,10 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     let mut md = String::new();
     let mut js = Vec::new();
     writeln!(md, "### Every forwarding mode and family\n")?;
-    writeln!(md, "As above, {} frames per run, median of {} runs; each mode's ACK (64 bytes for IPv4, 84 for IPv6) next to the plain XDP_TX program forwarding the same frame, interleaved.\n", sc.rate_frames, sc.rounds.min(3))?;
+    writeln!(md, "As above, {} frames per run, median of {} runs; each mode's ACK (64 bytes for IPv4, 84 for IPv6) next to the plain XDP_TX program forwarding the same frame and a plain XDP_REDIRECT program sending it, unchanged, the balancer's way (lbin -> lbout -> sink), interleaved.\n", sc.rate_frames, sc.rounds.min(3))?;
     writeln!(
         md,
-        "| mode, family | balancer Mpps | XDP_TX Mpps | share of XDP_TX |\n|---|---|---|---|"
+        "| mode, family | balancer Mpps | XDP_TX Mpps | share of XDP_TX | XDP_REDIRECT Mpps | share of XDP_REDIRECT |\n|---|---|---|---|---|---|"
     )?;
     let mut notes = Vec::new();
     for case in CASES {
@@ -315,13 +315,8 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
         let mut ack = hs;
         ack.payload = vec![0x42; 10];
         let frame = ack.build();
-        {
-            let mut t: aya::maps::Array<_, [u8; 64]> = aya::maps::Array::try_from(
-                aux.ebpf.map_mut("BENCH_FRAME").context("BENCH_FRAME")?,
-            )?;
-            t.set(0, <[u8; 64]>::try_from(&frame[..64])?, 0)?;
-        }
-        let (mut ours, mut ceiling) = (Vec::new(), Vec::new());
+        aux.set_template(&frame, &frame)?;
+        let (mut ours, mut ceiling, mut redirect) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..sc.rounds.min(3) {
             lb.attach("lbin", XdpMode::Driver)?;
             let sink_link = aux
@@ -349,15 +344,18 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
             ceiling.push(n2 as f64 / secs2 / 1e6);
             aux.prog_mut("bench_count")?.detach(back)?;
             aux.prog_mut("bench_tx")?.detach(tx)?;
+            let (n3, secs3, strays3) = super::redirect_ceiling(aux, &frame, gen, sc.rate_frames)?;
+            redirect.push(n3.saturating_sub(strays3.len() as u64) as f64 / secs3 / 1e6);
         }
-        let (m, c) = (median(ours), median(ceiling));
+        let (m, c, r) = (median(ours), median(ceiling), median(redirect));
         writeln!(
             md,
-            "| {} | {m:.2} | {c:.2} | {:.0} % |",
+            "| {} | {m:.2} | {c:.2} | {:.0} % | {r:.2} | {:.0} % |",
             case.label(),
-            100.0 * m / c
+            100.0 * m / c,
+            100.0 * m / r
         )?;
-        js.push(json!({"mode": case.mode.name(), "ipv6": case.v6, "mpps": r2(m), "xdp_tx_mpps": r2(c), "share": r1(100.0 * m / c)}));
+        js.push(json!({"mode": case.mode.name(), "ipv6": case.v6, "mpps": r2(m), "xdp_tx_mpps": r2(c), "share": r1(100.0 * m / c), "xdp_redirect_mpps": r2(r), "share_redirect": r1(100.0 * m / r)}));
     }
     if notes.is_empty() {
         writeln!(md, "\nEvery run's sink counted exactly the frames sent.")?;
