@@ -908,8 +908,10 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
         "| program on lbin | frames counted per run / sent | Mpps |\n|---|---|---|"
     )?;
     let mut js = Vec::new();
-    // In the order measured (balancer, XDP_TX, XDP_REDIRECT).
-    let mut med: Vec<(&str, (Vec<f64>, Vec<String>))> = Vec::new();
+    // In the order measured (balancer, XDP_TX, XDP_REDIRECT): each
+    // program's rates and arrival texts.
+    type Runs = (Vec<f64>, Vec<String>);
+    let mut med: Vec<(&str, Runs)> = Vec::new();
     for (name, n, secs, counted) in &results {
         let i = match med.iter().position(|(k, _)| k == name) {
             Some(i) => i,
