@@ -7,7 +7,7 @@ use balancer_common::{
     flow_kind, martian_class,
     parse::{self, Frame, Parsed, Tcp, TCP_RST},
     programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
-    VIP_F_REMOVED,
+    VIP_F_REMOVED, VIP_F_TWO_SIDED,
 };
 
 use crate::{
@@ -159,7 +159,15 @@ pub fn unpinned(
     }
     // SAFETY: the entries are only read.
     let closed = key.with_kind(flow_kind::CLOSED);
-    if let Some(e) = unsafe { FLOWS.get(&closed) }.or_else(|| unsafe { UNPROVEN.get(&closed) }) {
+    // A two-sided VIP's closed flows are never in the unproven table.
+    let found = unsafe { FLOWS.get(&closed) }.or_else(|| {
+        if vip.flags & VIP_F_TWO_SIDED != 0 {
+            None
+        } else {
+            unsafe { UNPROVEN.get(&closed) }
+        }
+    });
+    if let Some(e) = found {
         let Some(b) = backend_of(e) else {
             count(Counter::ResetBackendGone, 1);
             return Next::Reset;

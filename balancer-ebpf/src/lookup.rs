@@ -49,6 +49,17 @@ pub fn live(key: &FlowKey) -> Option<(*mut FlowEntry, Table)> {
     UNPROVEN.get_ptr_mut(key).map(|e| (e, Table::Unproven))
 }
 
+/// The live flow of `key` in the established or the half-open table (in
+/// that order); the caller looks in the unproven table when the flow's VIP
+/// can have flows there.
+#[inline(always)]
+pub fn proven(key: &FlowKey) -> Option<(*mut FlowEntry, Table)> {
+    if let Some(e) = FLOWS.get_ptr_mut(key) {
+        return Some((e, Table::Established));
+    }
+    HALF_OPEN.get_ptr_mut(key).map(|e| (e, Table::HalfOpen))
+}
+
 /// The LIVE key of a client-side segment (client -> VIP).
 #[inline(always)]
 pub fn client_key(seg: &Tcp) -> FlowKey {

@@ -76,6 +76,7 @@ mod entry {
         flow::{self, Direction},
         parse::{self, Frame, Parsed, Tcp},
         programs, Addr, BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
+        VIP_F_TWO_SIDED,
     };
 
     use crate::{
@@ -83,7 +84,7 @@ mod entry {
         forward::{self, Next},
         frame::XdpFrame,
         guard, icmp, lookup,
-        maps::{BACKEND_PORTS, REPLY_SCRATCH, STAGES, VIPS, VIP_ADDRS, VIP_PORTS},
+        maps::{BACKEND_PORTS, REPLY_SCRATCH, STAGES, UNPROVEN, VIPS, VIP_ADDRS, VIP_PORTS},
         reply, rewrite,
         stats::{count, count_rx},
     };
@@ -241,14 +242,16 @@ mod entry {
     /// Classifies a segment with read-only lookups. Bitmaps of VIP ports,
     /// VIP address low bits and backend ports let most other traffic go
     /// without a hash lookup; a pinned flow is looked up before the VIP
-    /// table (established traffic needs no VIP lookup).
+    /// table (established traffic needs no VIP lookup), and the unproven
+    /// table only for a VIP that can have flows there (not
+    /// `VIP_F_TWO_SIDED`).
     #[inline(always)]
     fn classify(seg: &Tcp) -> Target {
         // Low 16 bits of the address, as a port-sized key (network byte order).
         let addr_key = seg.dst_addr.low16_be();
         if port_listed(&VIP_PORTS, seg.dst_port) && port_listed(&VIP_ADDRS, addr_key) {
             let key = lookup::client_key(seg);
-            if let Some((e, table)) = lookup::live(&key) {
+            if let Some((e, table)) = lookup::proven(&key) {
                 return Target::Pinned(key, e, table);
             }
             let vip_key = VipKey {
@@ -257,7 +260,15 @@ mod entry {
                 proto: IPPROTO_TCP,
                 _pad: 0,
             };
-            if let Some(vip) = VIPS.get_ptr(&vip_key) {
+            let vip = VIPS.get_ptr(&vip_key);
+            // SAFETY: a pointer from a successful lookup.
+            let two_sided = vip.is_some_and(|v| unsafe { (*v).flags } & VIP_F_TWO_SIDED != 0);
+            if !two_sided {
+                if let Some(e) = UNPROVEN.get_ptr_mut(&key) {
+                    return Target::Pinned(key, e, lookup::Table::Unproven);
+                }
+            }
+            if let Some(vip) = vip {
                 return Target::Vip(key, vip);
             }
         }

@@ -21,7 +21,7 @@ use balancer_common::{
     FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
     TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED,
     BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND,
-    PORT_BITMAP_WORDS, VIP_F_FALLBACK, VIP_F_REMOVED,
+    PORT_BITMAP_WORDS, VIP_F_FALLBACK, VIP_F_REMOVED, VIP_F_TWO_SIDED,
 };
 
 use crate::{
@@ -854,7 +854,12 @@ impl Maps {
                     choices: v.settings.choices,
                     eligible: eligible.len() as u32,
                     list: next,
-                    flags: if fallback { VIP_F_FALLBACK } else { 0 },
+                    flags: if fallback { VIP_F_FALLBACK } else { 0 }
+                        | if v.settings.mode == ForwardingMode::Nat {
+                            VIP_F_TWO_SIDED
+                        } else {
+                            0
+                        },
                     eject_after: if fallback { 0 } else { v.settings.eject_after },
                     eject_min_sources: v.settings.eject_min_sources,
                     persistence_s: persistence_seconds(v.settings.persistence),
