@@ -1495,17 +1495,22 @@ fn proc_cpu_s(pids: &[u32]) -> f64 {
         .sum()
 }
 
+/// `pid` and every process descending from it.
 fn children(pid: u32) -> Vec<u32> {
     let mut out = vec![pid];
-    if let Ok(o) = Command::new("pgrep")
-        .args(["-P", &pid.to_string()])
-        .output()
-    {
-        out.extend(
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(|l| l.trim().parse::<u32>().ok()),
-        );
+    let mut i = 0;
+    while i < out.len() {
+        if let Ok(o) = Command::new("pgrep")
+            .args(["-P", &out[i].to_string()])
+            .output()
+        {
+            out.extend(
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<u32>().ok()),
+            );
+        }
+        i += 1;
     }
     out
 }
@@ -1689,9 +1694,24 @@ fn peers(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
                 let conf = format!("load_module /usr/lib/nginx/modules/ngx_stream_module.so;\nuser root;\nworker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\nworker_rlimit_nofile 20000;\nevents {{ worker_connections 8000; }}\nstream {{\n  upstream be {{\n    random two least_conn;\n{up}  }}\n  server {{ listen {TB_VIP}; proxy_pass be; }}\n}}\n", d = dir.display());
                 let path = dir.join("nginx.conf");
                 std::fs::write(&path, conf)?;
+                // NGINX's master forks its workers; killing only the
+                // master (all a drop reaches) orphaned them to init (two
+                // workers outlived a bench run). As PID 1 of a PID
+                // namespace of its own (`--kill-child`: SIGKILL to it when
+                // `unshare` dies), the master takes every worker with it.
                 child = Some(spawn_in(
                     &tb,
-                    &["nginx", "-c", path.to_str().unwrap(), "-g", "daemon off;"],
+                    &[
+                        "unshare",
+                        "--pid",
+                        "--fork",
+                        "--kill-child",
+                        "nginx",
+                        "-c",
+                        path.to_str().unwrap(),
+                        "-g",
+                        "daemon off;",
+                    ],
                     &dir.join("proxy.log"),
                 )?);
             }
@@ -1699,7 +1719,8 @@ fn peers(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
                 std::fs::read_to_string(dir.join("proxy.log")).unwrap_or_default()
             })?;
             let pid = child.as_ref().map(|c| c.0.id()).unwrap_or(0);
-            // `ip netns exec` execs the proxy in place; NGINX forks workers.
+            // `ip netns exec` execs the proxy (or `unshare`) in place;
+            // NGINX forks workers: every descendant is counted.
             let mut r = drive(&tb, sc.peer_connections, || proc_cpu_s(&children(pid)))?;
             r.cpu_what = "process user + system time".into();
             r
