@@ -166,6 +166,17 @@ mod tests {
         assert_eq!(replace16(0xDD2F, 0x5555, 0x3285), 0x0000);
     }
 
+    /// Makes `data` an even number of bytes with a valid checksum at 0..2;
+    /// returns that checksum and the 16-byte address at `field`.
+    fn with_addr_at(data: &mut Vec<u8>, field: usize) -> (u16, crate::Addr) {
+        data.truncate((data.len() / 2) * 2);
+        let c0 = stored(data, 0);
+        data[0..2].copy_from_slice(&c0.to_ne_bytes());
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&data[field..field + 16]);
+        (c0, crate::Addr::from_v6_bytes(&b))
+    }
+
     proptest! {
         /// The delta form gives what the word-by-word form gives, modulo
         /// one's-complement's two zeros, and the packet still verifies.
@@ -177,12 +188,7 @@ mod tests {
             off in 0usize..5,
         ) {
             let field = 4 + off * 4;
-            data.truncate((data.len() / 2) * 2);
-            let c0 = stored(&data, 0);
-            data[0..2].copy_from_slice(&c0.to_ne_bytes());
-            let mut b = [0u8; 16];
-            b.copy_from_slice(&data[field..field + 16]);
-            let old = crate::Addr::from_v6_bytes(&b);
+            let (c0, old) = with_addr_at(&mut data, field);
             let new = crate::Addr(new);
             let old_word = u16::from_ne_bytes([data[2], data[3]]);
             let inc = apply_delta(c0, addr_delta(&old, &new), old_word, new_word);
@@ -203,12 +209,7 @@ mod tests {
             off in 0usize..5,
         ) {
             let field = 4 + off * 4;
-            data.truncate((data.len() / 2) * 2);
-            let c0 = stored(&data, 0);
-            data[0..2].copy_from_slice(&c0.to_ne_bytes());
-            let mut b = [0u8; 16];
-            b.copy_from_slice(&data[field..field + 16]);
-            let old = crate::Addr::from_v6_bytes(&b);
+            let (c0, old) = with_addr_at(&mut data, field);
             let new = crate::Addr(new);
             let inc = replace_addr(c0, &old, &new);
             let data2 = with_field(&data, field, &new.v6_bytes());

@@ -61,14 +61,6 @@ impl Next {
         }
     }
 
-    /// Returns the action: forwards the frame, or tail-calls the stage
-    /// that carries it out (which does not return when it runs); see
-    /// [`finish`]. In a program's main function only.
-    #[inline(always)]
-    pub fn finish(self, ctx: &XdpContext) -> u32 {
-        finish(ctx, self.code())
-    }
-
     /// The decision as one word, for a BPF function to return to its
     /// program's main function (which tail-calls: [`finish`]): an XDP
     /// action, [`CODE_FORWARD`], or [`CODE_RESET`] with this CPU's
@@ -145,12 +137,6 @@ pub fn finish(ctx: &XdpContext, code: u32) -> u32 {
     }
 }
 
-/// What [`forward`] returns, in place of an XDP action, for a frame the
-/// too-big stage must answer (its MTU is in `TOO_BIG_MTU`): the tail call
-/// is made by the program's main function (a tail call inside a BPF
-/// function would hold the callers' frames below 256 bytes).
-const TAIL_TOO_BIG: u32 = 0xffff_0001;
-
 /// What [`fast`] returns, in place of an XDP action, when the next hop is
 /// not in its cache: the program's main function tail-calls the forward
 /// stage, which looks it up.
@@ -158,24 +144,15 @@ const TAIL_FORWARD: u32 = 0xffff_0002;
 
 /// The forward stage (`programs::FORWARD`): the frame is forwarded as its
 /// CPU's [`ForwardPlan`] says, the next hop looked up when it is not
-/// cached. Reached by a tail call from [`Next::finish`] when [`fast`]
-/// found no cached next hop, and from the ICMP stage.
+/// cached. Reached by a tail call from [`finish`] when [`fast`] found no
+/// cached next hop.
 #[inline(always)]
 pub fn stage(ctx: &XdpContext) -> u32 {
-    let action = match FORWARD_PLAN.get(0) {
-        Some(plan) => forward(ctx, &Tcp::of_info(&plan.seg), &plan.rw, &plan.to),
-        None => {
-            count(Counter::DropNoStage, 1);
-            xdp_action::XDP_DROP
-        }
+    let Some(plan) = FORWARD_PLAN.get(0) else {
+        count(Counter::DropNoStage, 1);
+        return xdp_action::XDP_DROP;
     };
-    if action != TAIL_TOO_BIG {
-        return action;
-    }
-    // SAFETY: the program array holds XDP programs of this object.
-    unsafe { STAGES.tail_call(ctx, programs::TOO_BIG_STAGE) };
-    count(Counter::DropMtu, 1);
-    xdp_action::XDP_DROP
+    forward(ctx, &Tcp::of_info(&plan.seg), &plan.rw, &plan.to)
 }
 
 /// Forwards the frame as its CPU's [`ForwardPlan`] says when its next hop
@@ -194,27 +171,14 @@ fn fast(ctx: &XdpContext) -> u32 {
         return TAIL_FORWARD;
     };
     let ingress = ctx.ingress_ifindex() as u32;
+    let to = &plan.to;
     // The cached entry in place (a copy would take the stack this
     // function's caller leaves it: 128 bytes).
-    let to = &plan.to;
-    let hop: &NextHop = if to.cache.per_slot != 0 {
-        match BACKEND_HOPS.get(to.cache.slot) {
-            Some(h) if h.generation == to.cache.generation && h.ingress == ingress => &h.hop,
-            _ => return TAIL_FORWARD,
-        }
-    } else {
-        let key = HopKey {
-            dst: to.dst,
-            ingress,
-        };
-        match NEXT_HOPS.get_ptr(&key) {
-            // SAFETY: pointer from a successful lookup, valid for this run.
-            Some(h) => unsafe { &*h },
-            None => return TAIL_FORWARD,
-        }
+    let Some(hop) = cached_hop(to, ingress) else {
+        return TAIL_FORWARD;
     };
     let seg = Tcp::of_info(&plan.seg);
-    if hop.expires_ns <= to.now || out_len(&seg, &plan.rw) > hop.max_len {
+    if !hop.serves(to.now, out_len(&seg, &plan.rw)) {
         return TAIL_FORWARD;
     }
     send(ctx, &seg, &plan.rw, hop, ingress)
@@ -252,8 +216,8 @@ fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
     };
     // The family the frame leaves in: the destination's.
     let v6 = !to.dst.is_v4();
-    let cached = cached_entry(to, ingress);
-    let hop = if cached.expires_ns > now && out_len <= cached.max_len {
+    let cached = cached_hop(to, ingress).copied().unwrap_or(NextHop::NONE);
+    let hop = if cached.serves(now, out_len) {
         cached
     } else {
         // The 64-byte parameters live in a per-CPU scratch value, not on
@@ -291,7 +255,7 @@ fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
         if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
             // SAFETY: union field of a plain struct, set by the helper.
             let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
-            return too_big(frame, seg, rw, cache, mtu);
+            return too_big(ctx, frame, seg, rw, cache, mtu);
         }
         if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
             return no_neigh(ctx, frame, seg, rw);
@@ -367,25 +331,22 @@ fn out_len(seg: &Tcp, rw: &Rewrite) -> u16 {
 }
 
 /// The cached next hop towards `to` for frames arriving on `ingress`
-/// (per backend slot or per destination), [`NextHop::NONE`] when none.
+/// (per backend slot or per destination), in place in its map.
 #[inline(always)]
-fn cached_entry(to: &Dest, ingress: u32) -> NextHop {
+fn cached_hop(to: &Dest, ingress: u32) -> Option<&'static NextHop> {
     let cache = to.cache;
     if cache.per_slot != 0 {
         match BACKEND_HOPS.get(cache.slot) {
-            Some(h) if h.generation == cache.generation && h.ingress == ingress => h.hop,
-            _ => NextHop::NONE,
+            Some(h) if h.generation == cache.generation && h.ingress == ingress => Some(&h.hop),
+            _ => None,
         }
     } else {
         let key = HopKey {
             dst: to.dst,
             ingress,
         };
-        match NEXT_HOPS.get_ptr(&key) {
-            // SAFETY: pointer from a successful lookup.
-            Some(h) => unsafe { *h },
-            None => NextHop::NONE,
-        }
+        // SAFETY: pointer from a successful lookup, valid for this run.
+        NEXT_HOPS.get_ptr(&key).map(|h| unsafe { &*h })
     }
 }
 
@@ -471,7 +432,14 @@ fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp, rw: &Rewrite) -> u32 
 /// connection. A backend's reply without DF is dropped and counted
 /// (`drop_mtu`).
 #[inline(always)]
-fn too_big(frame: &XdpFrame, seg: &Tcp, rw: &Rewrite, cache: HopCache, mtu: u16) -> u32 {
+fn too_big(
+    ctx: &XdpContext,
+    frame: &XdpFrame,
+    seg: &Tcp,
+    rw: &Rewrite,
+    cache: HopCache,
+    mtu: u16,
+) -> u32 {
     // IPv6 routers never fragment: every IPv6 packet is as if DF were set.
     let df = seg.v6
         || frame
@@ -497,8 +465,9 @@ fn too_big(frame: &XdpFrame, seg: &Tcp, rw: &Rewrite, cache: HopCache, mtu: u16)
                 if let Some(p) = TOO_BIG_MTU.get_ptr_mut(0) {
                     // SAFETY: per-CPU value, read by the stage on this CPU.
                     unsafe { *p = (mtu as u32).saturating_sub(over) };
-                    return TAIL_TOO_BIG;
                 }
+                // SAFETY: the program array holds XDP programs of this object.
+                unsafe { STAGES.tail_call(ctx, programs::TOO_BIG_STAGE) };
             }
         }
     }

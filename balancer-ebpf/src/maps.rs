@@ -176,6 +176,14 @@ pub struct NextHop {
 }
 
 impl NextHop {
+    /// `true` while the entry may be used at `now_ns` for an IP packet of
+    /// `len` bytes (not expired, and checked for packets at least this
+    /// large).
+    #[inline(always)]
+    pub fn serves(&self, now_ns: u64, len: u16) -> bool {
+        self.expires_ns > now_ns && len <= self.max_len
+    }
+
     /// An entry that is never used.
     pub const NONE: NextHop = NextHop {
         ifindex: 0,
