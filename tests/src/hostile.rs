@@ -1333,7 +1333,12 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             ]
             .iter()
             .all(|c| d(c) > 0),
-            _ => after.refused_source - before.refused_source >= sent,
+            // The forged tunnels cross the balancer host's own kernel
+            // forwarding (not the XDP program: IP-in-IP to a backend is not
+            // a VIP's), which may drop a few under a flood: 331 of 110,924
+            // went missing once. At least 99 % must reach a backend and be
+            // refused there.
+            _ => (after.refused_source - before.refused_source) * 100 >= sent * 99,
         };
         if !own_ok {
             failures.push(format!(
