@@ -30,7 +30,7 @@ use crate::{
     },
     eligibility::{Changes, Eligibility},
     error::{BalancerError, Result},
-    gc::{GcReport, Reconciler, Timeouts},
+    gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
     health::{Outcome, Target},
     links::{self, Attached, Held},
     maps::{check_pins, Count, Maps, Traffic, PINNED_MAPS},
@@ -100,11 +100,12 @@ fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
         Some(libc::ENOMEM) | Some(libc::E2BIG) => BalancerError::Invalid {
             what: "table sizes",
             reason: format!(
-                "the kernel could not allocate the flow table and the unproven table ({} \
-                 entries each, about {} MiB each) and the half-open table ({} entries, about \
-                 {} MiB): {e}; lower --flow-table-size or --half-open-table-size",
+                "the kernel could not allocate the flow table, the unproven table and the \
+                 orphan table ({} entries each, about {} MiB together) and the half-open table \
+                 ({} entries, about {} MiB): {e}; lower --flow-table-size or \
+                 --half-open-table-size",
                 opts.flow_table_size,
-                table_mib(opts.flow_table_size),
+                flow_tables_mib(opts.flow_table_size),
                 opts.half_open_table_size,
                 table_mib(opts.half_open_table_size),
             ),
@@ -120,6 +121,15 @@ fn table_mib(entries: u32) -> u64 {
         + std::mem::size_of::<balancer_common::FlowEntry>()
         + 48) as u64;
     (u64::from(entries) * per_entry).div_ceil(1 << 20)
+}
+
+/// Rough kernel memory of the three tables sized by `--flow-table-size`
+/// (flows, unproven, orphans), MiB.
+pub fn flow_tables_mib(entries: u32) -> u64 {
+    let orphan = (std::mem::size_of::<balancer_common::FlowKey>()
+        + std::mem::size_of::<balancer_common::Orphan>()
+        + 48) as u64;
+    2 * table_mib(entries) + (u64::from(entries) * orphan).div_ceil(1 << 20)
 }
 
 /// An interface the program is attached to.
@@ -401,6 +411,9 @@ impl Balancer {
         // table carried before it existed (short ones live and close in it):
         // it has the flow table's size.
         loader.map_max_entries(map_names::UNPROVEN, opts.flow_table_size);
+        // Every flow the daemon expires at once may come back: as many
+        // orphan records as flows.
+        loader.map_max_entries(map_names::ORPHANS, opts.flow_table_size);
         loader.map_max_entries(map_names::AFFINITY, opts.affinity_table_size);
         if let Some(dir) = &opts.pin_dir {
             std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {
@@ -1590,6 +1603,53 @@ impl Balancer {
     /// Map read or write failure.
     pub fn expire_and_reconcile(&mut self, timeouts: &Timeouts) -> Result<GcReport> {
         let report = self.gc.pass(&mut self.maps, &self.state, timeouts)?;
+        self.after_round(timeouts)?;
+        Ok(report)
+    }
+
+    /// A sweep of the flow tables for the daemon's housekeeping task, on
+    /// descriptors of its own: [`Sweep::slice`] runs without this lock,
+    /// [`Balancer::settle_sweep`] with it.
+    ///
+    /// # Errors
+    /// The tables cannot be opened again; a count cannot be read.
+    pub fn new_sweep(&self) -> Result<Sweep> {
+        Ok(Sweep::new(
+            self.maps.flow_tables()?,
+            Reconciler::counts_now(&self.maps, &self.state)?,
+        ))
+    }
+
+    /// What a slice of `sweep` needs, read now.
+    pub fn sweep_inputs(&self) -> SweepInputs {
+        SweepInputs::of(&self.state, &self.timeouts())
+    }
+
+    /// Entries the flow tables and the orphan table can hold together (a
+    /// sweep's first budget).
+    pub fn table_capacity(&self) -> u64 {
+        let (flows, half_open) = self.table_sizes;
+        3 * u64::from(flows) + u64::from(half_open)
+    }
+
+    /// Applies what `sweep` did since the last call ([`Reconciler::settle`])
+    /// and, when its round ended, forgets retired VIPs and backends whose
+    /// orphans are gone; returns the round's report.
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn settle_sweep(&mut self, sweep: &mut Sweep) -> Result<Option<GcReport>> {
+        let report = self.gc.settle(&mut self.maps, &self.state, sweep)?;
+        if report.is_some() {
+            let timeouts = self.timeouts();
+            self.after_round(&timeouts)?;
+        }
+        Ok(report)
+    }
+
+    /// The end of an expiry round: VIPs and backends retired longer than
+    /// the orphan timeout leave the maps.
+    fn after_round(&mut self, timeouts: &Timeouts) -> Result<()> {
         let (vips, backends) = self.retired.expire(timeouts.orphan, Instant::now());
         for v in &vips {
             self.maps.remove_vip(v)?;
@@ -1600,7 +1660,7 @@ impl Balancer {
         if !vips.is_empty() || !backends.is_empty() {
             self.maps.publish_ports(&self.state, &self.retired)?;
         }
-        Ok(report)
+        Ok(())
     }
 
     // ---- internals ----

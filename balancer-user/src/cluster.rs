@@ -213,7 +213,18 @@ impl ReplayWindow {
     }
 }
 
+/// Longest a starting daemon waits for its peers' tables before it
+/// announces its VIPs anyway (a peer that is down must not keep it out of
+/// service).
+pub const MAX_READY_WAIT: Duration = Duration::from_secs(20);
+
 impl ClusterConfig {
+    /// How long a starting daemon waits for every peer's `Synced`: two
+    /// refresh intervals, at most [`MAX_READY_WAIT`].
+    pub fn ready_wait(&self) -> Duration {
+        (self.refresh_interval * 2).min(MAX_READY_WAIT)
+    }
+
     /// Checks the peer list against the listen address.
     ///
     /// # Errors
@@ -388,9 +399,8 @@ pub struct Sync {
     started: Instant,
     /// Peers that sent `Synced` since this start.
     synced_from: BTreeSet<SocketAddr>,
-    /// Own flows as last sent.
-    sent: BTreeSet<(SocketAddr, SocketAddr)>,
-    last_full: Option<Instant>,
+    /// Own flows as last sent: their synced state bits, backend, and when.
+    sent: HashMap<(SocketAddr, SocketAddr), Sent>,
     full_requested: bool,
     /// Each peer's last reported load per backend (a report may span
     /// several datagrams: merged per backend), by node id.
@@ -413,9 +423,10 @@ impl Sync {
             node: rand::random(),
             started: Instant::now(),
             synced_from: BTreeSet::new(),
-            sent: BTreeSet::new(),
-            last_full: None,
-            full_requested: false,
+            sent: HashMap::new(),
+            // The first tick sends everything and `Synced`: a peer that
+            // started first (its hello unheard) learns this one is in.
+            full_requested: true,
             peer_loads: HashMap::new(),
             last_heard: BTreeMap::new(),
             replay: BTreeMap::new(),
@@ -429,6 +440,82 @@ impl Default for Sync {
     fn default() -> Self {
         Sync::new()
     }
+}
+
+/// What a peer was last sent of one own flow.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    state: u32,
+    backend: SocketAddr,
+    at: Instant,
+}
+
+/// What one walk of the flow tables found for the sync
+/// ([`Walk::collect`]): this balancer's counted flows of direct-return
+/// VIPs, as they would be sent, and the synced copies of peers' flows it
+/// holds.
+#[derive(Debug, Default)]
+pub struct Walk {
+    own: Vec<WireFlow>,
+    synced_here: std::collections::HashSet<(SocketAddr, SocketAddr)>,
+}
+
+/// Slot -> (VIP, backend address, generation) of the direct-return VIPs'
+/// backends: what a walk needs of the desired state.
+pub type SyncedSlots = BTreeMap<u32, (SocketAddr, SocketAddr, u32)>;
+
+impl Walk {
+    /// Sorts `entries` (every table's, as read) into own flows and synced
+    /// copies; `now_ns` is the data path's clock.
+    pub fn collect(
+        entries: impl IntoIterator<Item = (FlowTable, FlowKey, FlowEntry)>,
+        slots: &SyncedSlots,
+        now_ns: u64,
+    ) -> Walk {
+        let mut w = Walk::default();
+        // Every table: a flow in its handshake is synced too, so the
+        // client's ACK finds it on whichever balancer ECMP sends it to.
+        for (t, k, e) in entries {
+            if k.kind != flow_kind::LIVE {
+                continue;
+            }
+            if t == FlowTable::HalfOpen && e.state & fl::F_SYNCED != 0 {
+                continue;
+            }
+            let Some((vip, backend, generation)) = slots.get(&e.backend_slot) else {
+                continue;
+            };
+            if *generation != e.backend_generation {
+                continue;
+            }
+            let ends = flow_endpoints(&k);
+            if !fl::counted(e.state) {
+                w.synced_here.insert(ends);
+                continue;
+            }
+            w.own.push(WireFlow {
+                client: ends.0,
+                vip: *vip,
+                backend: *backend,
+                state: e.state & SYNCED_BITS,
+                client_next_seq: e.client_next_seq,
+                server_next_seq: e.server_next_seq,
+                idle_ms: (now_ns.saturating_sub(e.last_seen_ns) / 1_000_000).min(u32::MAX as u64)
+                    as u32,
+            });
+        }
+        w
+    }
+}
+
+/// The datagrams of one tick, by urgency: new, changed and closed flows
+/// first; refreshes, and the whole table a peer asked for, after them.
+#[derive(Debug, Default)]
+pub struct Outgoing {
+    /// New, changed and closed flows.
+    pub urgent: Vec<Vec<u8>>,
+    /// Refreshes and full tables (ending with `Synced`).
+    pub bulk: Vec<Vec<u8>>,
 }
 
 fn key_of(client: SocketAddr, vip: SocketAddr) -> FlowKey {
@@ -445,7 +532,7 @@ fn key_of(client: SocketAddr, vip: SocketAddr) -> FlowKey {
 
 /// Slot -> (VIP, backend address, generation) of the direct-return VIPs'
 /// backends.
-fn synced_slots(state: &State) -> BTreeMap<u32, (SocketAddr, SocketAddr, u32)> {
+pub fn synced_slots(state: &State) -> SyncedSlots {
     state
         .vips
         .values()
@@ -513,81 +600,79 @@ impl Sync {
             .collect()
     }
 
-    /// The datagrams of one sync tick: own flows not sent yet (all of them
-    /// every refresh interval, or when a peer said hello), and those closed
-    /// since the last tick.
+    /// The datagrams of one sync tick, walking the tables under the
+    /// caller's lock ([`Sync::tick_from`] says what is sent).
     ///
     /// # Errors
     /// Map read failure.
     pub fn tick(&mut self, lb: &mut Balancer, refresh: Duration) -> Result<Vec<Vec<u8>>> {
-        let now = Instant::now();
         let now_ns = datapath_now_ns();
         let (state, maps) = lb.cluster_parts();
-        let slots = synced_slots(state);
-        let full = self.full_requested
-            || self
-                .last_full
-                .is_none_or(|t| now.duration_since(t) >= refresh);
-        let mut own = BTreeSet::new();
-        let mut synced_here = BTreeSet::new();
-        let mut flows = Vec::new();
-        // Both tables: a flow in its handshake is synced too, so the
-        // client's ACK finds it on whichever balancer ECMP sends it to.
-        for (t, k, e) in maps.flow_entries()? {
-            if k.kind != flow_kind::LIVE {
-                continue;
-            }
-            if t == FlowTable::HalfOpen && e.state & fl::F_SYNCED != 0 {
-                continue;
-            }
-            let Some((vip, backend, generation)) = slots.get(&e.backend_slot) else {
-                continue;
+        let walk = Walk::collect(maps.flow_entries()?, &synced_slots(state), now_ns);
+        let out = self.tick_from(walk, refresh);
+        Ok(out.urgent.into_iter().chain(out.bulk).collect())
+    }
+
+    /// What to send after a walk: own flows not sent yet or whose state or
+    /// backend changed (urgent); those last sent `refresh` ago or more, and
+    /// every one when a peer said hello, followed by `Synced` (bulk); and
+    /// the flows sent before that are gone from the table (closed, expired,
+    /// evicted), not moved away (urgent). A refresh keeps a peer's copy
+    /// from expiring and repairs a lost datagram; each flow is refreshed on
+    /// its own schedule, so a refresh interval's traffic is spread, not a
+    /// burst of the whole table.
+    pub fn tick_from(&mut self, walk: Walk, refresh: Duration) -> Outgoing {
+        let now = Instant::now();
+        let full = std::mem::take(&mut self.full_requested);
+        let mut old = std::mem::take(&mut self.sent);
+        let mut fresh = Vec::new();
+        let mut due = Vec::new();
+        for f in walk.own {
+            let key = (f.client, f.vip);
+            let at = match old.remove(&key) {
+                None => {
+                    fresh.push(f);
+                    now
+                }
+                Some(s) if s.state != f.state || s.backend != f.backend => {
+                    fresh.push(f);
+                    now
+                }
+                Some(s) if full || now.duration_since(s.at) >= refresh => {
+                    due.push(f);
+                    now
+                }
+                Some(s) => s.at,
             };
-            if *generation != e.backend_generation {
-                continue;
-            }
-            let ends = flow_endpoints(&k);
-            if !fl::counted(e.state) {
-                synced_here.insert(ends);
-                continue;
-            }
-            own.insert(ends);
-            if !full && self.sent.contains(&ends) {
-                continue;
-            }
-            let (client, _) = ends;
-            flows.push(WireFlow {
-                client,
-                vip: *vip,
-                backend: *backend,
-                state: e.state & SYNCED_BITS,
-                client_next_seq: e.client_next_seq,
-                server_next_seq: e.server_next_seq,
-                idle_ms: (now_ns.saturating_sub(e.last_seen_ns) / 1_000_000).min(u32::MAX as u64)
-                    as u32,
-            });
+            self.sent.insert(
+                key,
+                Sent {
+                    state: f.state,
+                    backend: f.backend,
+                    at,
+                },
+            );
         }
-        // Gone from the table (closed, expired, evicted), not moved away.
-        let closed: Vec<(SocketAddr, SocketAddr)> = self
-            .sent
-            .iter()
-            .filter(|k| !own.contains(*k) && !synced_here.contains(*k))
-            .copied()
+        // What is left of the old set is gone from the table, unless it is
+        // now a synced copy (moved away).
+        let closed: Vec<(SocketAddr, SocketAddr)> = old
+            .into_keys()
+            .filter(|k| !walk.synced_here.contains(k))
             .collect();
-        self.sent = own;
-        if full {
-            self.last_full = Some(now);
-            self.full_requested = false;
-        }
-        self.stats.flows_sent += flows.len() as u64;
+        self.stats.flows_sent += (fresh.len() + due.len()) as u64;
         self.stats.closed_sent += closed.len() as u64;
         let node = self.node;
-        let mut out = encode(&flows, |flows| Message::Flows { node, flows });
-        out.extend(encode(&closed, |flows| Message::Closed { node, flows }));
+        let mut out = Outgoing {
+            urgent: encode(&fresh, |flows| Message::Flows { node, flows }),
+            bulk: encode(&due, |flows| Message::Flows { node, flows }),
+        };
+        out.urgent
+            .extend(encode(&closed, |flows| Message::Closed { node, flows }));
         if full {
-            out.push(postcard::to_allocvec(&Message::Synced { node }).unwrap_or_default());
+            out.bulk
+                .push(postcard::to_allocvec(&Message::Synced { node }).unwrap_or_default());
         }
-        Ok(out)
+        out
     }
 
     /// The load report datagrams: active connections per backend address.
@@ -789,9 +874,85 @@ async fn send_all(
     }
 }
 
+/// Datagrams sent to each peer per second at most, new flows first
+/// ([`Outgoing`]): 20,000 (about 28 MB/s, 480,000 flows/s), so a whole
+/// table sent to a peer that said hello (42,000 datagrams per million
+/// flows) is spread over seconds instead of overflowing the peer's socket
+/// buffer, which drops the tail of a burst.
+pub const PACE_PER_SECOND: u64 = 20_000;
+
+/// Receive and send buffer of the sync socket, bytes: 32 MiB, a second and
+/// a half of paced sending (`SO_RCVBUFFORCE`, past `net.core.rmem_max`).
+pub const SOCKET_BUFFER: usize = 32 << 20;
+
+/// Datagrams read in one go, then applied under one hold of the locks.
+const RECEIVE_BATCH: usize = 256;
+
+/// Sizes the socket's buffers to [`SOCKET_BUFFER`] (the `FORCE` options
+/// need CAP_NET_ADMIN; without it the kernel's `rmem_max` caps the plain
+/// ones). Returns the receive buffer the kernel granted, bytes.
+pub fn size_buffers(sock: &UdpSocket) -> usize {
+    use std::os::fd::AsRawFd as _;
+    let fd = sock.as_raw_fd();
+    let set = |force: libc::c_int, plain: libc::c_int| {
+        let v = SOCKET_BUFFER as libc::c_int;
+        // SAFETY: setsockopt on our socket with an int option value.
+        unsafe {
+            let p = (&v as *const libc::c_int).cast();
+            let n = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            if libc::setsockopt(fd, libc::SOL_SOCKET, force, p, n) != 0 {
+                libc::setsockopt(fd, libc::SOL_SOCKET, plain, p, n);
+            }
+        }
+    };
+    set(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF);
+    set(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF);
+    let mut got: libc::c_int = 0;
+    let mut n = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into an int.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut got as *mut libc::c_int).cast(),
+            &mut n,
+        )
+    };
+    got.max(0) as usize
+}
+
+/// Datagrams waiting for their turn under the pace, urgent ones first.
+#[derive(Default)]
+struct Queue {
+    urgent: std::collections::VecDeque<Vec<u8>>,
+    bulk: std::collections::VecDeque<Vec<u8>>,
+}
+
+impl Queue {
+    fn push(&mut self, o: Outgoing) {
+        self.urgent.extend(o.urgent);
+        self.bulk.extend(o.bulk);
+    }
+
+    /// Up to `n` datagrams, urgent first.
+    fn take(&mut self, n: usize) -> Vec<Vec<u8>> {
+        let a = n.min(self.urgent.len());
+        let mut out: Vec<Vec<u8>> = self.urgent.drain(..a).collect();
+        let b = (n - a).min(self.bulk.len());
+        out.extend(self.bulk.drain(..b));
+        out
+    }
+}
+
 /// Runs the sync until the task is dropped: says hello, then ticks, reports
-/// and receives. Where both locks are held, the balancer's is taken before
-/// the sync's (as [`keep_announced`] does): the one order, no deadlock.
+/// and receives. A tick reads the desired state under the balancer's lock,
+/// walks the flow tables (batched reads, on descriptors of its own) with no
+/// lock held, and takes only the sync's lock to decide what to send; the
+/// datagrams go out paced ([`PACE_PER_SECOND`]). Received datagrams are
+/// read in batches and applied under one hold of both locks. Where both
+/// locks are held, the balancer's is taken before the sync's (as
+/// [`keep_announced`] does): the one order, no deadlock.
 pub async fn run(
     lb: Arc<Mutex<Balancer>>,
     sync: Arc<Mutex<Sync>>,
@@ -802,6 +963,20 @@ pub async fn run(
         let mut s = sync.lock().await;
         s.use_peer_loads = !cfg.load_report_interval.is_zero();
         s.node
+    };
+    let granted = size_buffers(&sock);
+    if granted < SOCKET_BUFFER {
+        tracing::warn!(
+            "cluster sync: the socket's receive buffer is {granted} bytes, not {SOCKET_BUFFER} \
+             (no CAP_NET_ADMIN?): a peer's whole table may overflow it"
+        );
+    }
+    let tables = match lb.lock().await.maps().flow_tables() {
+        Ok(t) => Arc::new(std::sync::Mutex::new(t)),
+        Err(e) => {
+            tracing::error!("cluster sync: the flow tables cannot be opened: {e}");
+            return;
+        }
     };
     let hello = postcard::to_allocvec(&Message::Hello { node }).unwrap_or_default();
     let mut errors = 0u64;
@@ -818,6 +993,9 @@ pub async fn run(
     .await;
     let mut tick = tokio::time::interval(cfg.sync_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let per_tick =
+        ((PACE_PER_SECOND as u128 * cfg.sync_interval.as_nanos() / 1_000_000_000) as usize).max(1);
+    let mut queue = Queue::default();
     let report_every = if cfg.load_report_interval.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -831,19 +1009,29 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let out = {
-                    let mut lb = lb.lock().await;
-                    sync.lock().await.tick(&mut lb, cfg.refresh_interval)
-                };
-                match out {
-                    Ok(d) => {
-                        send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut errors)
-                            .await
+                let slots = synced_slots(lb.lock().await.state());
+                let tables = tables.clone();
+                let walked = tokio::task::spawn_blocking(move || -> Result<Walk> {
+                    let now_ns = datapath_now_ns();
+                    let mut t = tables.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut entries = Vec::new();
+                    for table in FlowTable::ALL {
+                        entries.extend(t.read_all(table)?.into_iter().map(|(k, e)| (table, k, e)));
+                    }
+                    Ok(Walk::collect(entries, &slots, now_ns))
+                })
+                .await;
+                match walked {
+                    Ok(Ok(w)) => queue.push(sync.lock().await.tick_from(w, cfg.refresh_interval)),
+                    Ok(Err(e)) => {
+                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
                     }
                     Err(e) => {
                         log.warn(Instant::now(), || format!("cluster sync: {e}"));
                     }
                 }
+                let d = queue.take(per_tick);
+                send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut errors).await;
             }
             _ = report.tick(), if !cfg.load_report_interval.is_zero() => {
                 let out = {
@@ -859,27 +1047,46 @@ pub async fn run(
             }
             r = sock.recv_from(&mut buf) => {
                 let Ok((n, from)) = r else { continue };
-                let from = canonical(from);
-                // Only the configured peers, from their sync port (a peer
-                // sends from the socket it listens on), may write here.
-                let Some(peer) = cfg.peers.iter().copied().find(|p| canonical(*p) == from) else {
-                    sync.lock().await.stats.not_from_peer += 1;
-                    continue;
-                };
-                let payload = match &cfg.key {
-                    Some(k) => match open(k, &buf[..n]) {
-                        Some(p) => p,
-                        None => {
-                            sync.lock().await.stats.bad_auth += 1;
-                            continue;
-                        }
-                    },
-                    None => &buf[..n],
-                };
+                // This one and whatever else is queued, up to a batch.
+                let mut got = vec![(buf[..n].to_vec(), from)];
+                while got.len() < RECEIVE_BATCH {
+                    match sock.try_recv_from(&mut buf) {
+                        Ok((n, from)) => got.push((buf[..n].to_vec(), from)),
+                        Err(_) => break,
+                    }
+                }
+                let mut admitted = Vec::with_capacity(got.len());
+                let (mut not_from_peer, mut bad_auth) = (0, 0);
+                for (d, from) in got {
+                    let from = canonical(from);
+                    // Only the configured peers, from their sync port (a
+                    // peer sends from the socket it listens on), may write
+                    // here.
+                    let Some(peer) = cfg.peers.iter().copied().find(|p| canonical(*p) == from)
+                    else {
+                        not_from_peer += 1;
+                        continue;
+                    };
+                    let payload = match &cfg.key {
+                        Some(k) => match open(k, &d) {
+                            Some(p) => p.to_vec(),
+                            None => {
+                                bad_auth += 1;
+                                continue;
+                            }
+                        },
+                        None => d,
+                    };
+                    admitted.push((peer, payload));
+                }
                 let mut lb = lb.lock().await;
                 let mut s = sync.lock().await;
-                if let Err(e) = s.receive(&mut lb, peer, payload, stale_after) {
-                    log.warn(Instant::now(), || format!("cluster sync: {e}"));
+                s.stats.not_from_peer += not_from_peer;
+                s.stats.bad_auth += bad_auth;
+                for (peer, payload) in admitted {
+                    if let Err(e) = s.receive(&mut lb, peer, &payload, stale_after) {
+                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
+                    }
                 }
             }
         }
@@ -913,7 +1120,7 @@ pub fn view(
     bgp_error: Option<String>,
 ) -> ClusterView {
     let peers = cfg.map(|c| c.peers.clone()).unwrap_or_default();
-    let wait = cfg.map_or(Duration::ZERO, |c| c.refresh_interval * 2);
+    let wait = cfg.map_or(Duration::ZERO, ClusterConfig::ready_wait);
     ClusterView {
         node: sync.map(|s| format!("{:016x}", s.node)).unwrap_or_default(),
         listen: cfg.map(|c| c.listen),
@@ -948,7 +1155,7 @@ pub async fn keep_announced(
             Some(s) => {
                 let s = s.lock().await;
                 let (peers, wait) = cfg.as_ref().map_or((Vec::new(), Duration::ZERO), |c| {
-                    (c.peers.clone(), c.refresh_interval * 2)
+                    (c.peers.clone(), c.ready_wait())
                 });
                 s.ready(&peers, wait)
             }

@@ -357,29 +357,70 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let lb = Arc::new(Mutex::new(lb));
 
     let daemon_metrics = Arc::new(DaemonMetrics::default());
+    // Housekeeping: an incremental sweep of the flow tables (a slice per
+    // tick, a round per gc::SWEEP_ROUND) that reads and expires without the
+    // balancer's lock, which it takes only to read its inputs and to settle
+    // what it did (count releases; at a round's end, the reconciliation).
     let gc = {
         let lb = lb.clone();
         let every = cfg.gc_interval;
         let metrics = daemon_metrics.clone();
         tokio::spawn(async move {
-            let mut next = every;
             let mut failures = control::RateLimitedLog::default();
+            let ticks = (crate::gc::SWEEP_ROUND.as_nanos() / every.as_nanos().max(1)).max(1) as u64;
+            let mut sweep: Option<crate::gc::Sweep> = None;
             loop {
-                tokio::time::sleep(next).await;
-                let mut lb = lb.lock().await;
-                let started = std::time::Instant::now();
-                let timeouts = lb.timeouts();
-                match lb.expire_and_reconcile(&timeouts) {
-                    Ok(r) => {
-                        metrics.gc_pass.observe(started.elapsed().as_secs_f64());
-                        tracing::debug!("gc: {r:?} in {:?}", started.elapsed())
-                    }
+                tokio::time::sleep(every).await;
+                let (inputs, capacity, s) = {
+                    let lb = lb.lock().await;
+                    let s = match sweep.take() {
+                        Some(s) => Ok(s),
+                        None => lb.new_sweep(),
+                    };
+                    (lb.sweep_inputs(), lb.table_capacity(), s)
+                };
+                let mut s = match s {
+                    Ok(s) => s,
                     Err(e) => {
                         failures.warn(std::time::Instant::now(), || {
-                            format!("gc pass failed: {e:#}")
+                            format!("opening the flow tables for expiry failed: {e:#}")
+                        });
+                        continue;
+                    }
+                };
+                let budget = s.budget(ticks, capacity);
+                let started = std::time::Instant::now();
+                let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
+                    let r = s.slice(&inputs, budget);
+                    (s, r)
+                })
+                .await
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        failures.warn(std::time::Instant::now(), || {
+                            format!("the expiry sweep failed: {e}")
+                        });
+                        continue;
+                    }
+                };
+                metrics.gc_pass.observe(started.elapsed().as_secs_f64());
+                if let Err(e) = sliced {
+                    failures.warn(std::time::Instant::now(), || {
+                        format!("expiry sweep failed: {e:#}")
+                    });
+                }
+                let mut lb = lb.lock().await;
+                match lb.settle_sweep(&mut s) {
+                    Ok(Some(r)) => tracing::debug!("gc round: {r:?}"),
+                    Ok(None) => {}
+                    Err(e) => {
+                        failures.warn(std::time::Instant::now(), || {
+                            format!("settling the expiry sweep failed: {e:#}")
                         });
                     }
                 }
+                sweep = Some(s);
                 match lb.refresh_interfaces() {
                     Ok(changed) if !changed.is_empty() => {
                         tracing::info!("interface MAC changed: {}", changed.join(", "))
@@ -395,10 +436,6 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                 if !probed.is_empty() {
                     tracing::debug!("resolving the MACs of DSR backends {probed:?}");
                 }
-                // A pass walks the whole flow table (about 1.7 s per million
-                // flows here, see BENCHMARKS.md) and holds the control API
-                // meanwhile: leave at least twice its time between passes.
-                next = every.max(started.elapsed() * 2);
             }
         })
     };

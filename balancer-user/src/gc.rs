@@ -3,12 +3,15 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use balancer_common::{flow as fl, flow_kind, orphan_reason, AffinityKey, FlowEntry};
+use balancer_common::{
+    flow as fl, flow_kind, orphan_reason, Addr, AffinityKey, FlowEntry, FlowKey,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    batch::Cursor,
     error::Result,
-    maps::{Count, FlowTable, Maps},
+    maps::{Count, FlowTable, FlowTables, Maps},
     state::State,
 };
 
@@ -213,11 +216,286 @@ pub fn correction(before: i64, after: i64, live: i64, prev: i64) -> (i64, i64) {
     }
 }
 
-/// What reconciliation remembers between passes, and the totals shown by
+/// What a sweep needs from the desired state, read under the balancer's
+/// lock ([`SweepInputs::of`]) and used without it.
+#[derive(Clone, Debug, Default)]
+pub struct SweepInputs {
+    /// The data path's clock when read ([`datapath_now_ns`]).
+    pub now_ns: u64,
+    /// The idle timeouts.
+    pub timeouts: Timeouts,
+    /// Slot -> generation of every backend in use.
+    pub slots: BTreeMap<u32, u32>,
+    /// Slot -> server index.
+    pub server_of: BTreeMap<u32, u32>,
+    /// VIP index -> (persistence, ns; the client netmask) of the VIPs with
+    /// session affinity.
+    pub persistent: BTreeMap<u32, (u64, Addr)>,
+}
+
+impl SweepInputs {
+    /// The inputs of a slice now.
+    pub fn of(state: &State, timeouts: &Timeouts) -> SweepInputs {
+        let server_of = state
+            .vips
+            .values()
+            .flat_map(|v| v.backends.iter())
+            .filter_map(|b| Some((b.slot, state.server(&b.addr)?)))
+            .collect();
+        let persistent = state
+            .vips
+            .values()
+            .filter(|v| !v.settings.persistence.is_zero())
+            .map(|v| {
+                (
+                    v.index,
+                    (
+                        v.settings.persistence.as_nanos() as u64,
+                        Addr::netmask(v.addr.is_ipv4(), v.settings.persistence_prefix(&v.addr)),
+                    ),
+                )
+            })
+            .collect();
+        SweepInputs {
+            now_ns: datapath_now_ns(),
+            timeouts: *timeouts,
+            slots: state.slots(),
+            server_of,
+            persistent,
+        }
+    }
+
+    /// The counts a slot's flow holds: its slot's and its server's.
+    fn owners(&self, slot: u32) -> [Option<Count>; 2] {
+        [
+            Some(Count::Slot(slot)),
+            self.server_of.get(&slot).map(|s| Count::Server(*s)),
+        ]
+    }
+}
+
+/// Entries a sweep reads per system call (see [`crate::batch`]).
+const SWEEP_CHUNK: u32 = 4096;
+
+/// The stages of a sweep round, in order: the three flow tables, then the
+/// orphan table.
+const STAGES: usize = 4;
+
+/// An incremental sweep of the flow tables and the orphan table: each
+/// [`Sweep::slice`] reads (in batches), expires and removes up to a budget
+/// of entries without the balancer's lock, and leaves what needs the lock
+/// (count releases, the reconciliation at the end of a round) to
+/// [`Reconciler::settle`]. A round is one walk of every table; the daemon
+/// spreads it over [`SWEEP_ROUND`] ([`Sweep::budget`]).
+///
+/// The rules are those of one pass over the table: a live flow idle longer
+/// than its state's timeout is removed and its active connection released
+/// (only if this removal succeeded: the data path or the API may remove it
+/// first, and only the remover releases), an established one remembered as
+/// an orphan first; a closed entry idle past the closing timeout is
+/// removed; an orphan older than the orphan timeout is forgotten.
+pub struct Sweep {
+    tables: FlowTables,
+    stage: usize,
+    cursor: Cursor,
+    flows: Vec<(FlowKey, FlowEntry)>,
+    orphans: Vec<(FlowKey, balancer_common::Orphan)>,
+    /// This round so far.
+    round: Round,
+    /// Counts at the start of this round (the end of the last one).
+    before: BTreeMap<Count, u64>,
+    /// Entries seen by the last complete round (sizes the budget).
+    last_round_entries: u64,
+    started: std::time::Instant,
+}
+
+/// What a round has found so far.
+#[derive(Debug, Default)]
+struct Round {
+    report: GcReport,
+    /// Live counted flows per count.
+    live: BTreeMap<Count, u64>,
+    /// Releases not applied yet: (slot, generation) of each flow this sweep
+    /// removed while it held a count.
+    releases: Vec<(u32, u32)>,
+    /// Half-open flows expired, by slot (current backends only).
+    handshake_timeouts: BTreeMap<u32, u64>,
+    /// Per (VIP index, client network): the slot, generation and newest
+    /// packet of its flows (session affinity upkeep).
+    newest: BTreeMap<(u32, Addr), (u32, u32, u64)>,
+    done: bool,
+}
+
+/// The time a sweep round is spread over in the daemon: every entry is
+/// looked at once per round, so an idle flow is expired at most this late.
+pub const SWEEP_ROUND: Duration = Duration::from_secs(5);
+
+/// Fewest entries a slice takes (a table this small is walked whole each
+/// tick, as one pass).
+pub const MIN_SLICE: u64 = 65_536;
+
+impl Sweep {
+    /// A sweep over `tables` whose first round starts from the counts
+    /// `before`.
+    pub fn new(tables: FlowTables, before: BTreeMap<Count, u64>) -> Sweep {
+        Sweep {
+            tables,
+            stage: 0,
+            cursor: Cursor::Start,
+            flows: Vec::new(),
+            orphans: Vec::new(),
+            round: Round::default(),
+            before,
+            last_round_entries: 0,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// The entries a slice should take when a round is spread over `ticks`
+    /// slices: the last round's entries (a quarter more, for growth) over
+    /// the ticks, at least [`MIN_SLICE`]; before the first round ends,
+    /// `capacity` (every table's size) over the ticks.
+    pub fn budget(&self, ticks: u64, capacity: u64) -> u64 {
+        let base = if self.last_round_entries == 0 {
+            capacity
+        } else {
+            self.last_round_entries + self.last_round_entries / 4
+        };
+        (base / ticks.max(1)).max(MIN_SLICE)
+    }
+
+    /// `true` when the round is complete (settle it before the next slice).
+    pub fn round_done(&self) -> bool {
+        self.round.done
+    }
+
+    /// Walks on for at least `budget` entries (whole batches), or to the end
+    /// of the round. Takes no lock: the inputs were read under it.
+    ///
+    /// # Errors
+    /// Map read or write failure; the sweep resumes where it stopped.
+    pub fn slice(&mut self, inp: &SweepInputs, budget: u64) -> Result<()> {
+        let mut taken = 0u64;
+        while !self.round.done && taken < budget {
+            if self.stage == STAGES {
+                self.round.done = true;
+                break;
+            }
+            if self.cursor == Cursor::Done {
+                self.stage += 1;
+                self.cursor = Cursor::Start;
+                continue;
+            }
+            if self.stage < FlowTable::ALL.len() {
+                let table = FlowTable::ALL[self.stage];
+                let mut batch = std::mem::take(&mut self.flows);
+                batch.clear();
+                self.tables
+                    .read(table, &mut self.cursor, SWEEP_CHUNK, &mut batch)?;
+                taken += batch.len() as u64;
+                let r = batch
+                    .iter()
+                    .try_for_each(|(k, e)| self.flow(inp, table, k, e));
+                self.flows = batch;
+                r?;
+            } else {
+                let mut batch = std::mem::take(&mut self.orphans);
+                batch.clear();
+                self.tables
+                    .read_orphans(&mut self.cursor, SWEEP_CHUNK, &mut batch)?;
+                taken += batch.len() as u64;
+                for (k, o) in &batch {
+                    if Duration::from_nanos(inp.now_ns.saturating_sub(o.since_ns))
+                        > inp.timeouts.orphan
+                        && self.tables.remove_orphan(k)
+                    {
+                        self.round.report.orphans_forgotten += 1;
+                    }
+                }
+                self.orphans = batch;
+            }
+        }
+        Ok(())
+    }
+
+    /// One flow entry of `table`.
+    fn flow(
+        &mut self,
+        inp: &SweepInputs,
+        table: FlowTable,
+        k: &FlowKey,
+        e: &FlowEntry,
+    ) -> Result<()> {
+        let report = &mut self.round.report;
+        report.entries += 1;
+        // Entries of the tables beside the established one (half-open and
+        // unproven): the established table's fill is the rest.
+        if table != FlowTable::Established {
+            report.half_open_entries += 1;
+        }
+        let idle = Duration::from_nanos(inp.now_ns.saturating_sub(e.last_seen_ns));
+        let current = inp.slots.get(&e.backend_slot) == Some(&e.backend_generation);
+        // A peer's synced flow not adopted here holds no count here.
+        let counted = fl::counted(e.state);
+        if k.kind != flow_kind::LIVE {
+            if idle > inp.timeouts.closing && self.tables.remove(table, k) {
+                report.removed += 1;
+            }
+            return Ok(());
+        }
+        if idle > inp.timeouts.for_live(table, e) {
+            let established = e.state & fl::F_ESTABLISHED != 0;
+            if established && counted {
+                // Its client's next segment gets a reset; written before
+                // the flow goes, so no segment finds neither.
+                self.tables
+                    .add_orphan(k, orphan_reason::EXPIRED, inp.now_ns)?;
+            }
+            if self.tables.remove(table, k) {
+                report.expired += 1;
+                if !established {
+                    report.half_open_expired += 1;
+                    if current {
+                        *self
+                            .round
+                            .handshake_timeouts
+                            .entry(e.backend_slot)
+                            .or_default() += 1;
+                    }
+                }
+                if current && counted {
+                    self.round
+                        .releases
+                        .push((e.backend_slot, e.backend_generation));
+                }
+            }
+            return Ok(());
+        }
+        if current && counted {
+            report.live += 1;
+            for c in inp.owners(e.backend_slot).into_iter().flatten() {
+                *self.round.live.entry(c).or_default() += 1;
+            }
+        }
+        if let Some((_, mask)) = inp.persistent.get(&e.vip_index) {
+            let n = self
+                .round
+                .newest
+                .entry((e.vip_index, k.src_addr.masked(mask)))
+                .or_insert((e.backend_slot, e.backend_generation, 0));
+            if (n.0, n.1) == (e.backend_slot, e.backend_generation) {
+                n.2 = n.2.max(e.last_seen_ns);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What reconciliation remembers between rounds, and the totals shown by
 /// `stats`.
 #[derive(Clone, Debug, Default)]
 pub struct Reconciler {
-    /// The last pass's count-minus-live excess per count.
+    /// The last round's count-minus-live excess per count.
     last_delta: BTreeMap<Count, i64>,
     /// Handshakes that never completed (half-open flows expired), by slot.
     pub handshake_timeouts: BTreeMap<u32, u64>,
@@ -225,36 +503,34 @@ pub struct Reconciler {
     pub expired_total: u64,
     /// Corrections applied since start.
     pub reconciled_total: u64,
-    /// The last pass.
+    /// The last complete round.
     pub last: GcReport,
-    /// How long the last pass took, µs.
+    /// How long the last round took from its first slice to its end, µs
+    /// (spread over several ticks in the daemon).
     pub last_pass_us: u64,
 }
 
 impl Reconciler {
-    /// One expiry and reconciliation pass over the flow table.
-    ///
-    /// Expiry: a live flow idle longer than its state's timeout is removed
-    /// and its active connection released (once: only if this removal
-    /// succeeded, the same rule the data path follows); closed entries idle
-    /// past the closing timeout are removed.
+    /// Applies what `sweep` did since the last call, under the balancer's
+    /// lock: the releases of the flows it expired (only those of backends
+    /// still in their slot's generation); and at the end of a round the
+    /// reconciliation, session affinity upkeep and the next round's start.
+    /// Returns the round's report when one ended.
     ///
     /// Reconciliation: for every backend, the counted active connections
-    /// are compared with the live flows found in the table (the LRU table
-    /// can evict a flow without telling anyone, which leaves its count
-    /// behind) and corrected as [`correction`] says.
+    /// are compared with the live flows the round found (the LRU table can
+    /// evict a flow without telling anyone, which leaves its count behind)
+    /// and corrected as [`correction`] says, from the counts at the round's
+    /// start and end.
     ///
     /// # Errors
     /// Map read or write failure.
-    pub fn pass(
+    pub fn settle(
         &mut self,
         maps: &mut Maps,
         state: &State,
-        timeouts: &Timeouts,
-    ) -> Result<GcReport> {
-        let started = std::time::Instant::now();
-        let now = datapath_now_ns();
-        let mut report = GcReport::default();
+        sweep: &mut Sweep,
+    ) -> Result<Option<GcReport>> {
         let slots = state.slots();
         let server_of: BTreeMap<u32, u32> = state
             .vips
@@ -262,78 +538,41 @@ impl Reconciler {
             .flat_map(|v| v.backends.iter())
             .filter_map(|b| Some((b.slot, state.server(&b.addr)?)))
             .collect();
+        for (slot, generation) in std::mem::take(&mut sweep.round.releases) {
+            if slots.get(&slot) != Some(&generation) {
+                continue;
+            }
+            maps.add_adjust(Count::Slot(slot), u64::MAX)?;
+            if let Some(s) = server_of.get(&slot) {
+                maps.add_adjust(Count::Server(*s), u64::MAX)?;
+            }
+        }
+        if !sweep.round.done {
+            return Ok(None);
+        }
+        let round = std::mem::take(&mut sweep.round);
+        let mut report = round.report;
+        for (slot, n) in round.handshake_timeouts {
+            if slots.contains_key(&slot) {
+                *self.handshake_timeouts.entry(slot).or_default() += n;
+            }
+        }
+        let now = datapath_now_ns();
+        report.affinities_forgotten = refresh_affinities(maps, state, &round.newest, now)?;
         let counts: Vec<Count> = slots
             .keys()
             .map(|s| Count::Slot(*s))
             .chain(state.servers.values().map(|s| Count::Server(*s)))
             .collect();
-        let mut before = BTreeMap::new();
-        for c in &counts {
-            before.insert(*c, maps.count(*c)?);
-        }
-        let mut live: BTreeMap<Count, u64> = BTreeMap::new();
-        let entries = maps.flow_entries()?;
-        report.entries = entries.len() as u64;
-        // Entries of the tables beside the established one (half-open and
-        // unproven): the established table's fill is the rest.
-        report.half_open_entries = entries
-            .iter()
-            .filter(|(t, _, _)| *t != crate::maps::FlowTable::Established)
-            .count() as u64;
-        for (table, k, e) in &entries {
-            let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
-            let current = slots.get(&e.backend_slot) == Some(&e.backend_generation);
-            let owners = [
-                Some(Count::Slot(e.backend_slot)),
-                server_of.get(&e.backend_slot).map(|s| Count::Server(*s)),
-            ];
-            // A peer's synced flow not adopted here holds no count here.
-            let counted = fl::counted(e.state);
-            if k.kind == flow_kind::LIVE {
-                if idle > timeouts.for_live(*table, e) {
-                    let established = e.state & fl::F_ESTABLISHED != 0;
-                    if established && counted {
-                        // Its client's next segment gets a reset; written
-                        // before the flow goes, so no segment finds neither.
-                        maps.add_orphan(k, orphan_reason::EXPIRED, now)?;
-                    }
-                    if maps.remove_flow(*table, k) {
-                        report.expired += 1;
-                        if !established {
-                            report.half_open_expired += 1;
-                            if current {
-                                *self.handshake_timeouts.entry(e.backend_slot).or_default() += 1;
-                            }
-                        }
-                        if current && counted {
-                            for c in owners.into_iter().flatten() {
-                                maps.add_adjust(c, u64::MAX)?;
-                            }
-                        }
-                    }
-                } else if current && counted {
-                    report.live += 1;
-                    for c in owners.into_iter().flatten() {
-                        *live.entry(c).or_default() += 1;
-                    }
-                }
-            } else if idle > timeouts.closing && maps.remove_flow(*table, k) {
-                report.removed += 1;
-            }
-        }
-        report.affinities_forgotten = refresh_affinities(maps, state, &entries, now)?;
-        for (k, o) in maps.orphans() {
-            if Duration::from_nanos(now.saturating_sub(o.since_ns)) > timeouts.orphan
-                && maps.remove_orphan(&k)
-            {
-                report.orphans_forgotten += 1;
-            }
-        }
         let mut deltas = BTreeMap::new();
+        let mut after_all = BTreeMap::new();
         for c in &counts {
-            let after = maps.count(*c)? as i64;
-            let l = live.get(c).copied().unwrap_or(0) as i64;
-            let b = before.get(c).copied().unwrap_or(0) as i64;
+            let after = maps.count(*c)?;
+            after_all.insert(*c, after);
+            let after = after as i64;
+            let l = round.live.get(c).copied().unwrap_or(0) as i64;
+            // A count that appeared during the round: its start is now.
+            let b = sweep.before.get(c).map_or(after, |b| *b as i64);
             let prev = self.last_delta.get(c).copied().unwrap_or(0);
             let (fix, keep) = correction(b, after, l, prev);
             if fix != 0 {
@@ -348,60 +587,80 @@ impl Reconciler {
         self.expired_total += report.expired;
         self.reconciled_total += report.corrected;
         self.last = report;
-        self.last_pass_us = started.elapsed().as_micros() as u64;
-        Ok(report)
+        self.last_pass_us = sweep.started.elapsed().as_micros() as u64;
+        // The next round starts here.
+        sweep.before = after_all;
+        sweep.last_round_entries = report.entries;
+        sweep.stage = 0;
+        sweep.cursor = Cursor::Start;
+        sweep.started = std::time::Instant::now();
+        Ok(Some(report))
+    }
+
+    /// The counts every reconciliation compares, read now (a sweep's first
+    /// `before`).
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn counts_now(maps: &Maps, state: &State) -> Result<BTreeMap<Count, u64>> {
+        let mut out = BTreeMap::new();
+        for c in state
+            .slots()
+            .keys()
+            .map(|s| Count::Slot(*s))
+            .chain(state.servers.values().map(|s| Count::Server(*s)))
+        {
+            out.insert(c, maps.count(c)?);
+        }
+        Ok(out)
+    }
+
+    /// One whole round at once, under the caller's lock (tests, and
+    /// anything that needs the table settled now): a fresh sweep from the
+    /// counts now, walked to its end and settled.
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn pass(
+        &mut self,
+        maps: &mut Maps,
+        state: &State,
+        timeouts: &Timeouts,
+    ) -> Result<GcReport> {
+        let mut sweep = Sweep::new(maps.flow_tables()?, Self::counts_now(maps, state)?);
+        let inputs = SweepInputs::of(state, timeouts);
+        sweep.slice(&inputs, u64::MAX)?;
+        Ok(self.settle(maps, state, &mut sweep)?.unwrap_or_default())
     }
 }
 
 /// Session affinity upkeep: a client is "seen" while any of its flows
 /// through the VIP is live, so each affinity is refreshed to the newest
-/// packet of the flows pinned to its backend; affinities older than their
-/// VIP's persistence, or of VIPs without persistence, are forgotten.
-/// Returns how many were forgotten.
+/// packet of the flows pinned to its backend (`newest`, from a sweep
+/// round); affinities older than their VIP's persistence, or of VIPs
+/// without persistence, are forgotten. Returns how many were forgotten.
 fn refresh_affinities(
     maps: &mut Maps,
     state: &State,
-    entries: &[(crate::maps::FlowTable, balancer_common::FlowKey, FlowEntry)],
+    newest: &BTreeMap<(u32, Addr), (u32, u32, u64)>,
     now: u64,
 ) -> Result<u64> {
-    let persistent: BTreeMap<u32, (u64, balancer_common::Addr)> = state
+    let persistent: BTreeMap<u32, u64> = state
         .vips
         .values()
         .filter(|v| !v.settings.persistence.is_zero())
-        .map(|v| {
-            (
-                v.index,
-                (
-                    v.settings.persistence.as_nanos() as u64,
-                    balancer_common::Addr::netmask(
-                        v.addr.is_ipv4(),
-                        v.settings.persistence_prefix(&v.addr),
-                    ),
-                ),
-            )
-        })
+        .map(|v| (v.index, v.settings.persistence.as_nanos() as u64))
         .collect();
-    let mut newest: BTreeMap<(u32, balancer_common::Addr), (u32, u32, u64)> = BTreeMap::new();
-    for (_, k, e) in entries {
-        if k.kind != flow_kind::LIVE {
-            continue;
-        }
-        let Some((_, mask)) = persistent.get(&e.vip_index) else {
-            continue;
-        };
-        let n = newest
-            .entry((e.vip_index, k.src_addr.masked(mask)))
-            .or_insert((e.backend_slot, e.backend_generation, 0));
-        if (n.0, n.1) == (e.backend_slot, e.backend_generation) {
-            n.2 = n.2.max(e.last_seen_ns);
-        }
-    }
     for ((vip_index, client), (slot, generation, seen)) in newest {
-        let key = AffinityKey { vip_index, client };
+        let key = AffinityKey {
+            vip_index: *vip_index,
+            client: *client,
+        };
         if let Some(mut a) = maps.affinity(&key) {
-            if (a.backend_slot, a.backend_generation) == (slot, generation) && seen > a.last_seen_ns
+            if (a.backend_slot, a.backend_generation) == (*slot, *generation)
+                && *seen > a.last_seen_ns
             {
-                a.last_seen_ns = seen;
+                a.last_seen_ns = *seen;
                 maps.set_affinity(key, a)?;
             }
         }
@@ -410,7 +669,7 @@ fn refresh_affinities(
     for (k, a) in maps.affinities() {
         let keep = persistent
             .get(&k.vip_index)
-            .is_some_and(|(ttl, _)| now.saturating_sub(a.last_seen_ns) <= *ttl);
+            .is_some_and(|ttl| now.saturating_sub(a.last_seen_ns) <= *ttl);
         if !keep && maps.remove_affinity(&k) {
             forgotten += 1;
         }

@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod balancer;
+pub mod batch;
 pub mod bgp;
 pub mod client;
 pub mod cluster;

@@ -5,13 +5,14 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
+    os::fd::AsFd as _,
     path::Path,
 };
 
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Array, HashMap, MapData, MapError, PerCpuArray, PerCpuValues,
+        Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, PerCpuValues,
     },
     Ebpf,
 };
@@ -25,6 +26,7 @@ use balancer_common::{
 };
 
 use crate::{
+    batch,
     error::{BalancerError, Result},
     retired::Retired,
     state::{BackendConfig, ForwardingMode, State, VipConfig, VipSettings},
@@ -160,6 +162,19 @@ pub(crate) fn map_err(
     }
 }
 
+/// A bpf(2) error of a batched read, as the other map errors are reported.
+fn syscall_err(
+    map: &'static str,
+    action: &'static str,
+) -> impl FnOnce(std::io::Error) -> BalancerError {
+    move |io_error| {
+        map_err(map, action)(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error,
+        }))
+    }
+}
+
 fn ignore_missing(r: std::result::Result<(), MapError>) -> std::result::Result<(), MapError> {
     match r {
         Err(MapError::KeyNotFound) => Ok(()),
@@ -179,6 +194,112 @@ pub enum FlowTable {
     /// Direct-return flows whose handshake is unproven, and their closed
     /// entries.
     Unproven,
+}
+
+impl FlowTable {
+    /// The three tables, in the order walks take them.
+    pub const ALL: [FlowTable; 3] = [
+        FlowTable::Established,
+        FlowTable::HalfOpen,
+        FlowTable::Unproven,
+    ];
+
+    /// The map's name.
+    pub fn map_name(self) -> &'static str {
+        match self {
+            FlowTable::Established => map_names::FLOWS,
+            FlowTable::HalfOpen => map_names::HALF_OPEN,
+            FlowTable::Unproven => map_names::UNPROVEN,
+        }
+    }
+}
+
+/// The flow tables and the orphan table on descriptors of their own
+/// ([`Maps::flow_tables`]): what the expiry sweep reads and writes outside
+/// the balancer's lock.
+pub struct FlowTables {
+    flows: HashMap<MapData, FlowKey, FlowEntry>,
+    half_open: HashMap<MapData, FlowKey, FlowEntry>,
+    unproven: HashMap<MapData, FlowKey, FlowEntry>,
+    orphans: HashMap<MapData, FlowKey, Orphan>,
+}
+
+impl FlowTables {
+    fn table(&mut self, t: FlowTable) -> &mut HashMap<MapData, FlowKey, FlowEntry> {
+        match t {
+            FlowTable::Established => &mut self.flows,
+            FlowTable::HalfOpen => &mut self.half_open,
+            FlowTable::Unproven => &mut self.unproven,
+        }
+    }
+
+    /// Reads up to `max` entries of table `t` from `cursor` on
+    /// ([`batch::lookup`]).
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn read(
+        &mut self,
+        t: FlowTable,
+        cursor: &mut batch::Cursor,
+        max: u32,
+        out: &mut Vec<(FlowKey, FlowEntry)>,
+    ) -> Result<()> {
+        let fd = IterableMap::map(self.table(t)).fd().as_fd();
+        batch::lookup(fd, cursor, max, out).map_err(syscall_err(t.map_name(), "read"))
+    }
+
+    /// Every entry of table `t`, read in batches.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn read_all(&mut self, t: FlowTable) -> Result<Vec<(FlowKey, FlowEntry)>> {
+        let fd = IterableMap::map(self.table(t)).fd().as_fd();
+        batch::lookup_all(fd, batch::CHUNK).map_err(syscall_err(t.map_name(), "read"))
+    }
+
+    /// Reads up to `max` orphan records from `cursor` on.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn read_orphans(
+        &mut self,
+        cursor: &mut batch::Cursor,
+        max: u32,
+        out: &mut Vec<(FlowKey, Orphan)>,
+    ) -> Result<()> {
+        let fd = IterableMap::map(&self.orphans).fd().as_fd();
+        batch::lookup(fd, cursor, max, out).map_err(syscall_err(map_names::ORPHANS, "read"))
+    }
+
+    /// Removes a flow entry; `true` when this call removed it (the data
+    /// path, or another writer, may have removed it first).
+    pub fn remove(&mut self, t: FlowTable, key: &FlowKey) -> bool {
+        self.table(t).remove(key).is_ok()
+    }
+
+    /// Remembers a flow the sweep expired (see [`Maps::add_orphan`]).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn add_orphan(&mut self, key: &FlowKey, reason: u32, now_ns: u64) -> Result<()> {
+        self.orphans
+            .insert(
+                key.with_kind(flow_kind::LIVE),
+                Orphan {
+                    reason,
+                    _pad: 0,
+                    since_ns: now_ns,
+                },
+                0,
+            )
+            .map_err(map_err(map_names::ORPHANS, "write"))
+    }
+
+    /// Forgets an orphan; `true` when this call removed it.
+    pub fn remove_orphan(&mut self, key: &FlowKey) -> bool {
+        self.orphans.remove(key).is_ok()
+    }
 }
 
 /// An active-connection count: of a slot (one backend under one VIP, for
@@ -951,27 +1072,54 @@ impl Maps {
         }
     }
 
-    /// Every entry of the flow tables (a walk: entries added or removed
-    /// meanwhile may or may not show).
+    /// Every entry of the flow tables, read in batches (a walk: entries
+    /// added or removed meanwhile may or may not show).
     ///
     /// # Errors
-    /// Map iteration failure.
+    /// Map read failure.
     pub fn flow_entries(&self) -> Result<Vec<(FlowTable, FlowKey, FlowEntry)>> {
         let mut entries = Vec::new();
-        for (t, name) in [
-            (FlowTable::Established, map_names::FLOWS),
-            (FlowTable::HalfOpen, map_names::HALF_OPEN),
-            (FlowTable::Unproven, map_names::UNPROVEN),
-        ] {
-            for item in self.table(t).iter() {
-                match item {
-                    Ok((k, e)) => entries.push((t, k, e)),
-                    Err(MapError::KeyNotFound) => continue,
-                    Err(e) => return Err(map_err(name, "iterate")(e)),
-                }
-            }
+        for t in FlowTable::ALL {
+            let fd = IterableMap::map(self.table(t)).fd().as_fd();
+            let part: Vec<(FlowKey, FlowEntry)> =
+                batch::lookup_all(fd, batch::CHUNK).map_err(syscall_err(t.map_name(), "read"))?;
+            entries.extend(part.into_iter().map(|(k, e)| (t, k, e)));
         }
         Ok(entries)
+    }
+
+    /// The flow tables and the orphan table on descriptors of their own,
+    /// for the expiry sweep that runs without the balancer's lock (the
+    /// kernel serialises each entry's update; the sweep never needs the
+    /// other maps).
+    ///
+    /// # Errors
+    /// A descriptor cannot be duplicated or opened.
+    pub fn flow_tables(&self) -> Result<FlowTables> {
+        fn dup<K: aya::Pod, V: aya::Pod>(
+            m: &HashMap<MapData, K, V>,
+            name: &'static str,
+        ) -> Result<HashMap<MapData, K, V>> {
+            let fd = IterableMap::map(m)
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|io_error| {
+                    map_err(name, "duplicate")(MapError::SyscallError(aya::sys::SyscallError {
+                        call: "dup",
+                        io_error,
+                    }))
+                })?;
+            let data = MapData::from_fd(fd).map_err(map_err(name, "open"))?;
+            let map = aya::maps::Map::from_map_data(data).map_err(map_err(name, "open"))?;
+            HashMap::try_from(map).map_err(map_err(name, "open"))
+        }
+        Ok(FlowTables {
+            flows: dup(&self.flows, map_names::FLOWS)?,
+            half_open: dup(&self.half_open, map_names::HALF_OPEN)?,
+            unproven: dup(&self.unproven, map_names::UNPROVEN)?,
+            orphans: dup(&self.orphans, map_names::ORPHANS)?,
+        })
     }
 
     /// Writes `PEER_CONNS[server]`: the peers' last reported active
@@ -1035,21 +1183,29 @@ impl Maps {
         self.table_mut(t).remove(key).is_ok()
     }
 
+    /// The entries of table `t`, read in batches (entries that fail to
+    /// read leave the walk short, not wrong: it is logged).
+    fn entries_of(&self, t: FlowTable) -> Vec<(FlowKey, FlowEntry)> {
+        let fd = IterableMap::map(self.table(t)).fd().as_fd();
+        batch::lookup_all(fd, batch::CHUNK).unwrap_or_else(|e| {
+            tracing::warn!("reading {}: {e}", t.map_name());
+            Vec::new()
+        })
+    }
+
     /// The live flows pinned to one of `of` (slot, generation), in both
     /// tables.
     pub fn live_flows_of(&self, of: &BTreeSet<(u32, u32)>) -> Vec<FlowKey> {
         [FlowTable::Established, FlowTable::HalfOpen]
             .into_iter()
             .flat_map(|t| {
-                self.table(t)
-                    .iter()
-                    .filter_map(|r| r.ok())
+                self.entries_of(t)
+                    .into_iter()
                     .filter(|(k, e)| {
                         k.kind == flow_kind::LIVE
                             && of.contains(&(e.backend_slot, e.backend_generation))
                     })
                     .map(|(k, _)| k)
-                    .collect::<Vec<_>>()
             })
             .collect()
     }
@@ -1060,9 +1216,8 @@ impl Maps {
         let mut removed = Vec::new();
         for t in [FlowTable::Established, FlowTable::HalfOpen] {
             let doomed: Vec<FlowKey> = self
-                .table(t)
-                .iter()
-                .filter_map(|r| r.ok())
+                .entries_of(t)
+                .into_iter()
                 .filter(|(_, e)| gone.contains(&(e.backend_slot, e.backend_generation)))
                 .map(|(k, _)| k)
                 .collect();
@@ -1094,9 +1249,10 @@ impl Maps {
             .map_err(map_err(map_names::ORPHANS, "write"))
     }
 
-    /// The orphans remembered.
+    /// The orphans remembered (read in batches).
     pub fn orphans(&self) -> Vec<(FlowKey, Orphan)> {
-        self.orphans.iter().filter_map(|r| r.ok()).collect()
+        batch::lookup_all(IterableMap::map(&self.orphans).fd().as_fd(), batch::CHUNK)
+            .unwrap_or_default()
     }
 
     /// Forgets an orphan.
@@ -1108,7 +1264,8 @@ impl Maps {
 
     /// Every session-affinity entry.
     pub fn affinities(&self) -> Vec<(AffinityKey, AffinityEntry)> {
-        self.affinity.iter().filter_map(|r| r.ok()).collect()
+        batch::lookup_all(IterableMap::map(&self.affinity).fd().as_fd(), batch::CHUNK)
+            .unwrap_or_default()
     }
 
     /// One client's affinity.

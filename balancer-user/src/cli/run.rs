@@ -154,9 +154,12 @@ pub struct RunArgs {
     /// Time between batches of new and closed flows to the peers.
     #[arg(long, default_value = "100ms", value_parser = parse_timeout)]
     sync_interval: Duration,
-    /// Time between sends of every flow this balancer holds (a peer that
-    /// missed a datagram, restarted or joined learns them).
-    #[arg(long, default_value = "10s", value_parser = parse_timeout)]
+    /// Time after which a flow sent to the peers is sent again (each on its
+    /// own schedule, so the table's refresh is spread, not a burst): it
+    /// keeps the peers' copies from expiring (keep it well under
+    /// --established-timeout) and repairs a lost datagram. A peer that
+    /// starts or restarts asks for the whole table at once (sent paced).
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
     sync_refresh: Duration,
     /// Time between reports of this balancer's active connections per
     /// backend to its peers, which add them to their own when they choose
