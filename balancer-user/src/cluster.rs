@@ -80,7 +80,7 @@ pub struct ClusterConfig {
     pub peers: Vec<SocketAddr>,
     /// Time between batches of new and closed flows.
     pub sync_interval: Duration,
-    /// Time between sends of every owned flow.
+    /// Time after which an owned flow is sent again.
     pub refresh_interval: Duration,
     /// Time between load reports (zero: no reports, each balancer compares
     /// only its own counts).
@@ -90,6 +90,10 @@ pub struct ClusterConfig {
     /// and one without a valid tag is dropped. None: unauthenticated (only
     /// the peer's address and port are checked).
     pub key: Option<Vec<u8>>,
+    /// The sync socket's receive and send buffers, bytes
+    /// ([`SOCKET_BUFFER`]; tests set a small one to show what a lost
+    /// datagram costs).
+    pub socket_buffer: usize,
 }
 
 /// Bytes of the authentication tag at the end of a datagram (HMAC-SHA256
@@ -888,14 +892,14 @@ pub const SOCKET_BUFFER: usize = 32 << 20;
 /// Datagrams read in one go, then applied under one hold of the locks.
 const RECEIVE_BATCH: usize = 256;
 
-/// Sizes the socket's buffers to [`SOCKET_BUFFER`] (the `FORCE` options
+/// Sizes the socket's buffers to `bytes` (the `FORCE` options
 /// need CAP_NET_ADMIN; without it the kernel's `rmem_max` caps the plain
 /// ones). Returns the receive buffer the kernel granted, bytes.
-pub fn size_buffers(sock: &UdpSocket) -> usize {
+pub fn size_buffers(sock: &UdpSocket, bytes: usize) -> usize {
     use std::os::fd::AsRawFd as _;
     let fd = sock.as_raw_fd();
     let set = |force: libc::c_int, plain: libc::c_int| {
-        let v = SOCKET_BUFFER as libc::c_int;
+        let v = bytes.min(i32::MAX as usize) as libc::c_int;
         // SAFETY: setsockopt on our socket with an int option value.
         unsafe {
             let p = (&v as *const libc::c_int).cast();
@@ -964,11 +968,12 @@ pub async fn run(
         s.use_peer_loads = !cfg.load_report_interval.is_zero();
         s.node
     };
-    let granted = size_buffers(&sock);
-    if granted < SOCKET_BUFFER {
+    let granted = size_buffers(&sock, cfg.socket_buffer);
+    if granted < cfg.socket_buffer {
         tracing::warn!(
-            "cluster sync: the socket's receive buffer is {granted} bytes, not {SOCKET_BUFFER} \
-             (no CAP_NET_ADMIN?): a peer's whole table may overflow it"
+            "cluster sync: the socket's receive buffer is {granted} bytes, not {} \
+             (no CAP_NET_ADMIN?): a peer's whole table may overflow it",
+            cfg.socket_buffer
         );
     }
     let tables = match lb.lock().await.maps().flow_tables() {
@@ -1281,6 +1286,7 @@ mod tests {
             refresh_interval: Duration::from_secs(10),
             load_report_interval: Duration::from_millis(100),
             key: None,
+            socket_buffer: SOCKET_BUFFER,
         };
         assert!(cfg("10.0.9.11:7946", &["10.0.9.12:7946"])
             .validate()

@@ -94,6 +94,31 @@ fn send_syns(
     dst_mac: [u8; 6],
     n: u32,
 ) -> anyhow::Result<(u32, Duration)> {
+    send_frames(ns, iface, dst_mac, n, move |i, frame| {
+        let (src, port) = spoofed(i);
+        PacketBuilder::ethernet2(src_mac, dst_mac)
+            .ipv4(src.octets(), crate::frames::v4(VIP.ip()).octets(), 64)
+            .tcp(port, VIP.port(), i.wrapping_mul(2_654_435_761), 64_240)
+            .syn()
+            .write(frame, &[])?;
+        Ok(())
+    })
+}
+
+/// Sends `n` frames, the `i`-th written by `build(i, frame)`, on `iface` of
+/// namespace `ns` (to `dst_mac`) with an AF_PACKET socket, as fast as the
+/// device takes them (a full queue is retried; the whole is bounded to
+/// 60 s); returns how many the socket took and the time it took.
+///
+/// # Errors
+/// The namespace, the socket or a frame cannot be made.
+pub fn send_frames(
+    ns: &Netns,
+    iface: &str,
+    dst_mac: [u8; 6],
+    n: u32,
+    build: impl Fn(u32, &mut Vec<u8>) -> anyhow::Result<()> + Send + 'static,
+) -> anyhow::Result<(u32, Duration)> {
     let path = ns.path();
     let iface = iface.to_string();
     thread::spawn(move || -> anyhow::Result<(u32, Duration)> {
@@ -125,13 +150,8 @@ fn send_syns(
         let t0 = Instant::now();
         let mut i = 0;
         while i < n {
-            let (src, port) = spoofed(i);
             frame.clear();
-            PacketBuilder::ethernet2(src_mac, dst_mac)
-                .ipv4(src.octets(), crate::frames::v4(VIP.ip()).octets(), 64)
-                .tcp(port, VIP.port(), i.wrapping_mul(2_654_435_761), 64_240)
-                .syn()
-                .write(&mut frame, &[])?;
+            build(i, &mut frame)?;
             // SAFETY: frame and address are valid for the call.
             let r = unsafe {
                 libc::sendto(

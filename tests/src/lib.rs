@@ -25,5 +25,6 @@ pub mod refusals;
 pub mod restart;
 pub mod rig;
 pub mod scenario;
+pub mod sync;
 pub mod testbed;
 pub mod traffic;

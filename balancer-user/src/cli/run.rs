@@ -175,6 +175,11 @@ pub struct RunArgs {
     /// port. Needs --cluster-listen.
     #[arg(long, value_name = "FILE", requires = "cluster_listen")]
     cluster_key_file: Option<PathBuf>,
+    /// The sync socket's receive and send buffers, bytes (tests only: a
+    /// small one loses datagrams of a burst).
+    #[arg(long, default_value_t = balancer::cluster::SOCKET_BUFFER as u32, hide = true,
+          value_parser = clap::value_parser!(u32).range(1024..=(1 << 30)))]
+    sync_socket_buffer: u32,
     /// Announce the VIPs by BGP through BIRD 2: the directory where the
     /// daemon writes `vips4.conf` and `vips6.conf` (static routes the BIRD
     /// configuration includes; docs/cluster.md). Needs --birdc-socket.
@@ -209,6 +214,7 @@ impl RunArgs {
                 refresh_interval: self.sync_refresh,
                 load_report_interval: self.load_report_interval,
                 key,
+                socket_buffer: self.sync_socket_buffer as usize,
             });
         if let Some(c) = &cluster {
             c.validate()?;

@@ -16,6 +16,7 @@
 //! * `balancer-testbed modes`
 //! * `balancer-testbed mistakes`
 //! * `balancer-testbed cluster [--long]`
+//! * `balancer-testbed sync`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
 
@@ -23,7 +24,7 @@ use std::process::ExitCode;
 
 use balancer_tests::{
     abuse, bench, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile, jumbo,
-    mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario,
+    mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario, sync,
 };
 use clap::{Parser, Subcommand};
 
@@ -79,6 +80,9 @@ enum Cmd {
     /// A SYN flood (100,000 spoofed SYNs) against 100 idle established
     /// connections through small tables.
     Flood,
+    /// Flow sync at table scale: 50,000 flows injected as frames reach a
+    /// peer daemon within 5 s; resets, a restarted peer, and a control.
+    Sync,
     /// Hostile clients (spoofed sources and numbers, classes a-g) against
     /// a NAT, an L2 DSR and an IP-in-IP VIP holding 200 connections, with
     /// the controls that show a real failure is still detected.
@@ -192,6 +196,7 @@ fn main() -> ExitCode {
         Cmd::Refusals => refusals::run(),
         Cmd::Abuse => abuse::run(),
         Cmd::Flood => flood::run(),
+        Cmd::Sync => sync::run(),
         Cmd::Hostile { long } => hostile::run(long),
         Cmd::Orphans => orphans::run(),
         Cmd::Realclients => realclients::run(),
