@@ -26,6 +26,12 @@ pub const CHUNK: u32 = 8192;
 /// `BPF_MAP_LOOKUP_BATCH` (include/uapi/linux/bpf.h, `enum bpf_cmd`).
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
+/// `BPF_MAP_UPDATE_BATCH`.
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// `BPF_MAP_DELETE_BATCH`.
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
 /// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
 #[repr(C)]
 #[derive(Default)]
@@ -136,4 +142,81 @@ pub fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>, chunk: u32) -> io::Result<
         lookup(fd, &mut cursor, chunk, &mut out)?;
     }
     Ok(out)
+}
+
+/// Writes `keys[i] -> values[i]` into the hash map `fd` in one call
+/// (`BPF_ANY`: created or replaced). For tests and benchmarks that fill a
+/// table without the data path; returns how many were written.
+///
+/// # Errors
+/// The bpf(2) error (`E2BIG` for more entries than the map holds, with
+/// those before written).
+pub fn update<K: Pod, V: Pod>(fd: BorrowedFd<'_>, keys: &[K], values: &[V]) -> io::Result<u32> {
+    let n = keys.len().min(values.len()).min(u32::MAX as usize) as u32;
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count: n,
+        map_fd: fd.as_raw_fd() as u32,
+        ..BatchAttr::default()
+    };
+    // SAFETY: attr points at `n` keys and values of the caller's types,
+    // alive for the call; the kernel only reads them.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_BATCH,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(attr.count)
+}
+
+/// Deletes `keys` from the hash map `fd` in as few calls as possible and
+/// says, per key, whether this call deleted it (`false`: it was not there,
+/// e.g. the data path deleted it first). The kernel's batch delete stops at
+/// the first key it cannot delete and reports how many it deleted before
+/// it (`generic_map_delete_batch`), so each failure costs one more call.
+///
+/// # Errors
+/// A bpf(2) error other than `ENOENT` (the keys before it are deleted and
+/// reported).
+pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<Vec<bool>> {
+    let mut done = Vec::with_capacity(keys.len());
+    while done.len() < keys.len() {
+        let rest = &keys[done.len()..];
+        let mut attr = BatchAttr {
+            keys: rest.as_ptr() as u64,
+            count: rest.len().min(u32::MAX as usize) as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: attr points at `count` keys of the caller's type, alive
+        // for the call; the kernel only reads them.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_DELETE_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
+        };
+        let deleted = (attr.count as usize).min(rest.len());
+        done.extend(std::iter::repeat_n(true, deleted));
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+            // The key after the deleted ones was not there.
+            if done.len() < keys.len() {
+                done.push(false);
+            }
+        }
+    }
+    Ok(done)
 }

@@ -355,6 +355,21 @@ pub struct ClusterStats {
     pub replayed: u64,
     /// Datagrams that could not be sent.
     pub send_errors: u64,
+    /// Datagrams sent (to each peer: counted once per peer).
+    #[serde(default)]
+    pub datagrams_sent: u64,
+    /// Bytes of those datagrams (UDP payload).
+    #[serde(default)]
+    pub bytes_sent: u64,
+    /// Sync ticks run (one per sync interval when each keeps its time).
+    #[serde(default)]
+    pub ticks: u64,
+    /// Time the last tick spent walking the flow tables, µs.
+    #[serde(default)]
+    pub last_walk_us: u64,
+    /// Datagrams waiting for their turn under the pace.
+    #[serde(default)]
+    pub queued: u64,
 }
 
 /// The cluster as `balancer cluster status` shows it.
@@ -405,6 +420,8 @@ pub struct Sync {
     synced_from: BTreeSet<SocketAddr>,
     /// Own flows as last sent: their synced state bits, backend, and when.
     sent: HashMap<(SocketAddr, SocketAddr), Sent>,
+    /// Walks taken so far.
+    walks: u64,
     full_requested: bool,
     /// Each peer's last reported load per backend (a report may span
     /// several datagrams: merged per backend), by node id.
@@ -428,6 +445,7 @@ impl Sync {
             started: Instant::now(),
             synced_from: BTreeSet::new(),
             sent: HashMap::new(),
+            walks: 0,
             // The first tick sends everything and `Synced`: a peer that
             // started first (its hello unheard) learns this one is in.
             full_requested: true,
@@ -452,6 +470,8 @@ struct Sent {
     state: u32,
     backend: SocketAddr,
     at: Instant,
+    /// The last walk that found it.
+    walk: u64,
 }
 
 /// What one walk of the flow tables found for the sync
@@ -461,7 +481,9 @@ struct Sent {
 #[derive(Debug, Default)]
 pub struct Walk {
     own: Vec<WireFlow>,
-    synced_here: std::collections::HashSet<(SocketAddr, SocketAddr)>,
+    /// Keys of the synced copies (turned into endpoints only when a sent
+    /// flow is missing from `own`: usually never).
+    synced_here: Vec<FlowKey>,
 }
 
 /// Slot -> (VIP, backend address, generation) of the direct-return VIPs'
@@ -492,11 +514,11 @@ impl Walk {
             if *generation != e.backend_generation {
                 continue;
             }
-            let ends = flow_endpoints(&k);
             if !fl::counted(e.state) {
-                w.synced_here.insert(ends);
+                w.synced_here.push(k);
                 continue;
             }
+            let ends = flow_endpoints(&k);
             w.own.push(WireFlow {
                 client: ends.0,
                 vip: *vip,
@@ -628,41 +650,58 @@ impl Sync {
     pub fn tick_from(&mut self, walk: Walk, refresh: Duration) -> Outgoing {
         let now = Instant::now();
         let full = std::mem::take(&mut self.full_requested);
-        let mut old = std::mem::take(&mut self.sent);
+        self.walks += 1;
+        let this = self.walks;
         let mut fresh = Vec::new();
         let mut due = Vec::new();
         for f in walk.own {
             let key = (f.client, f.vip);
-            let at = match old.remove(&key) {
+            match self.sent.get_mut(&key) {
                 None => {
+                    self.sent.insert(
+                        key,
+                        Sent {
+                            state: f.state,
+                            backend: f.backend,
+                            at: now,
+                            walk: this,
+                        },
+                    );
                     fresh.push(f);
-                    now
                 }
-                Some(s) if s.state != f.state || s.backend != f.backend => {
-                    fresh.push(f);
-                    now
+                Some(s) => {
+                    s.walk = this;
+                    if s.state != f.state || s.backend != f.backend {
+                        (s.state, s.backend, s.at) = (f.state, f.backend, now);
+                        fresh.push(f);
+                    } else if full || now.duration_since(s.at) >= refresh {
+                        s.at = now;
+                        due.push(f);
+                    }
                 }
-                Some(s) if full || now.duration_since(s.at) >= refresh => {
-                    due.push(f);
-                    now
-                }
-                Some(s) => s.at,
-            };
-            self.sent.insert(
-                key,
-                Sent {
-                    state: f.state,
-                    backend: f.backend,
-                    at,
-                },
-            );
+            }
         }
-        // What is left of the old set is gone from the table, unless it is
-        // now a synced copy (moved away).
-        let closed: Vec<(SocketAddr, SocketAddr)> = old
-            .into_keys()
-            .filter(|k| !walk.synced_here.contains(k))
+        // Sent before and not found now: gone from the table (closed,
+        // expired, evicted), unless it is now a synced copy (moved away).
+        let missing: Vec<(SocketAddr, SocketAddr)> = self
+            .sent
+            .iter()
+            .filter(|(_, s)| s.walk != this)
+            .map(|(k, _)| *k)
             .collect();
+        let closed: Vec<(SocketAddr, SocketAddr)> = if missing.is_empty() {
+            missing
+        } else {
+            for k in &missing {
+                self.sent.remove(k);
+            }
+            let synced: std::collections::HashSet<(SocketAddr, SocketAddr)> =
+                walk.synced_here.iter().map(flow_endpoints).collect();
+            missing
+                .into_iter()
+                .filter(|k| !synced.contains(k))
+                .collect()
+        };
         self.stats.flows_sent += (fresh.len() + due.len()) as u64;
         self.stats.closed_sent += closed.len() as u64;
         let node = self.node;
@@ -849,6 +888,14 @@ impl Sync {
     }
 }
 
+/// What sends did since the last look.
+#[derive(Default)]
+struct Tally {
+    errors: u64,
+    datagrams: u64,
+    bytes: u64,
+}
+
 /// Sends `datagrams` (messages), each framed with the next sequence
 /// number and sealed under `key` when there is one, to every peer (best
 /// effort: a failure is counted).
@@ -858,7 +905,7 @@ async fn send_all(
     key: Option<&[u8]>,
     seq: &mut Sequencer,
     datagrams: &[Vec<u8>],
-    errors: &mut u64,
+    tally: &mut Tally,
 ) {
     for d in datagrams {
         let framed = frame(seq.next(realtime_ns()), d);
@@ -872,7 +919,10 @@ async fn send_all(
         };
         for p in peers {
             if sock.send_to(d, p).await.is_err() {
-                *errors += 1;
+                tally.errors += 1;
+            } else {
+                tally.datagrams += 1;
+                tally.bytes += d.len() as u64;
             }
         }
     }
@@ -984,7 +1034,7 @@ pub async fn run(
         }
     };
     let hello = postcard::to_allocvec(&Message::Hello { node }).unwrap_or_default();
-    let mut errors = 0u64;
+    let mut tally = Tally::default();
     // Sequence numbers start at this start's CLOCK_REALTIME.
     let mut seq = Sequencer::default();
     send_all(
@@ -993,14 +1043,66 @@ pub async fn run(
         cfg.key.as_deref(),
         &mut seq,
         &[hello],
-        &mut errors,
+        &mut tally,
     )
     .await;
-    let mut tick = tokio::time::interval(cfg.sync_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let per_tick =
-        ((PACE_PER_SECOND as u128 * cfg.sync_interval.as_nanos() / 1_000_000_000) as usize).max(1);
-    let mut queue = Queue::default();
+    // The walker: a walk every sync interval (after the last one ended,
+    // however long it took), what to send queued; the loop below sends
+    // from the queue at the pace, whatever the walks cost.
+    let queue = Arc::new(std::sync::Mutex::new(Queue::default()));
+    let walker = {
+        let (lb, sync, queue, cfg) = (lb.clone(), sync.clone(), queue.clone(), cfg.clone());
+        tokio::spawn(async move {
+            let mut log = crate::control::RateLimitedLog::default();
+            loop {
+                tokio::time::sleep(cfg.sync_interval).await;
+                let slots = synced_slots(lb.lock().await.state());
+                let tables = tables.clone();
+                let walked = tokio::task::spawn_blocking(move || -> Result<(Walk, u64)> {
+                    let started = Instant::now();
+                    let now_ns = datapath_now_ns();
+                    let mut t = tables.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut entries = Vec::new();
+                    for table in FlowTable::ALL {
+                        entries.extend(t.read_all(table)?.into_iter().map(|(k, e)| (table, k, e)));
+                    }
+                    let w = Walk::collect(entries, &slots, now_ns);
+                    Ok((w, started.elapsed().as_micros() as u64))
+                })
+                .await;
+                match walked {
+                    Ok(Ok((w, us))) => {
+                        let out = {
+                            let mut s = sync.lock().await;
+                            s.stats.ticks += 1;
+                            s.stats.last_walk_us = us;
+                            s.tick_from(w, cfg.refresh_interval)
+                        };
+                        queue.lock().unwrap_or_else(|p| p.into_inner()).push(out);
+                    }
+                    Ok(Err(e)) => {
+                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
+                    }
+                    Err(e) => {
+                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
+                    }
+                }
+            }
+        })
+    };
+    // Aborted with this task.
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _walker = AbortOnDrop(walker);
+    const PACE_EVERY: Duration = Duration::from_millis(10);
+    let mut pace = tokio::time::interval(PACE_EVERY);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let per_pace =
+        ((PACE_PER_SECOND as u128 * PACE_EVERY.as_nanos() / 1_000_000_000) as usize).max(1);
     let report_every = if cfg.load_report_interval.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -1013,30 +1115,11 @@ pub async fn run(
     let mut log = crate::control::RateLimitedLog::default();
     loop {
         tokio::select! {
-            _ = tick.tick() => {
-                let slots = synced_slots(lb.lock().await.state());
-                let tables = tables.clone();
-                let walked = tokio::task::spawn_blocking(move || -> Result<Walk> {
-                    let now_ns = datapath_now_ns();
-                    let mut t = tables.lock().unwrap_or_else(|p| p.into_inner());
-                    let mut entries = Vec::new();
-                    for table in FlowTable::ALL {
-                        entries.extend(t.read_all(table)?.into_iter().map(|(k, e)| (table, k, e)));
-                    }
-                    Ok(Walk::collect(entries, &slots, now_ns))
-                })
-                .await;
-                match walked {
-                    Ok(Ok(w)) => queue.push(sync.lock().await.tick_from(w, cfg.refresh_interval)),
-                    Ok(Err(e)) => {
-                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
-                    }
-                    Err(e) => {
-                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
-                    }
+            _ = pace.tick() => {
+                let d = queue.lock().unwrap_or_else(|p| p.into_inner()).take(per_pace);
+                if !d.is_empty() {
+                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut tally).await;
                 }
-                let d = queue.take(per_tick);
-                send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut errors).await;
             }
             _ = report.tick(), if !cfg.load_report_interval.is_zero() => {
                 let out = {
@@ -1046,7 +1129,7 @@ pub async fn run(
                     s.load_report(&mut lb)
                 };
                 if let Ok(d) = out {
-                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut errors)
+                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut tally)
                         .await;
                 }
             }
@@ -1095,9 +1178,16 @@ pub async fn run(
                 }
             }
         }
-        if errors > 0 {
-            sync.lock().await.stats.send_errors += errors;
-            errors = 0;
+        if tally.errors + tally.datagrams > 0 {
+            let mut s = sync.lock().await;
+            s.stats.send_errors += tally.errors;
+            s.stats.datagrams_sent += tally.datagrams;
+            s.stats.bytes_sent += tally.bytes;
+            s.stats.queued = queue
+                .lock()
+                .map(|q| (q.urgent.len() + q.bulk.len()) as u64)
+                .unwrap_or(0);
+            tally = Tally::default();
         }
     }
 }
@@ -1275,6 +1365,78 @@ mod tests {
             assert_eq!(open(key, &t), None, "byte {i} flipped");
         }
         assert_eq!(open(key, &sealed[..TAG_LEN - 1]), None);
+    }
+
+    fn walk_of(flows: &[WireFlow]) -> Walk {
+        Walk {
+            own: flows.to_vec(),
+            synced_here: Vec::new(),
+        }
+    }
+
+    fn sent_in(out: &[Vec<u8>]) -> (Vec<SocketAddr>, Vec<SocketAddr>, bool) {
+        let (mut flows, mut closed, mut synced) = (Vec::new(), Vec::new(), false);
+        for d in out {
+            match decode(d) {
+                Some(Message::Flows { flows: f, .. }) => flows.extend(f.iter().map(|f| f.client)),
+                Some(Message::Closed { flows: f, .. }) => closed.extend(f.iter().map(|f| f.0)),
+                Some(Message::Synced { .. }) => synced = true,
+                _ => {}
+            }
+        }
+        (flows, closed, synced)
+    }
+
+    #[test]
+    fn a_tick_sends_what_changed_and_refreshes_on_schedule() {
+        let mut s = Sync::new();
+        let hour = Duration::from_secs(3600);
+        let (a, b) = (flow(1, false), flow(2, false));
+        // The first tick: everything (urgent) and `Synced` (bulk).
+        let out = s.tick_from(walk_of(&[a, b]), hour);
+        assert_eq!(sent_in(&out.urgent).0, vec![a.client, b.client]);
+        assert_eq!(sent_in(&out.bulk), (vec![], vec![], true));
+        // Nothing changed: nothing sent.
+        let out = s.tick_from(walk_of(&[a, b]), hour);
+        assert!(out.urgent.is_empty() && out.bulk.is_empty());
+        // A state change is urgent; a flow gone is sent as closed.
+        let mut a2 = a;
+        a2.state |= fl::F_CLIENT_FIN;
+        let out = s.tick_from(walk_of(&[a2]), hour);
+        assert_eq!(
+            sent_in(&out.urgent),
+            (vec![a.client], vec![b.client], false)
+        );
+        // Gone but now a synced copy here: moved away, not closed.
+        let mut w = walk_of(&[]);
+        w.synced_here.push(key_of(a.client, a.vip));
+        let out = s.tick_from(w, hour);
+        assert!(out.urgent.is_empty(), "{:?}", sent_in(&out.urgent));
+        // A hello: every flow again, in bulk, then `Synced`.
+        s.tick_from(walk_of(&[a, b]), hour);
+        s.full_requested = true;
+        let out = s.tick_from(walk_of(&[a, b]), hour);
+        assert!(out.urgent.is_empty());
+        assert_eq!(sent_in(&out.bulk), (vec![a.client, b.client], vec![], true));
+        // A refresh interval of zero: each tick refreshes (bulk).
+        let out = s.tick_from(walk_of(&[a]), Duration::ZERO);
+        assert_eq!(sent_in(&out.bulk).0, vec![a.client]);
+    }
+
+    #[test]
+    fn the_queue_sends_urgent_datagrams_first() {
+        let mut q = Queue::default();
+        q.push(Outgoing {
+            urgent: vec![vec![1]],
+            bulk: vec![vec![2], vec![3]],
+        });
+        q.push(Outgoing {
+            urgent: vec![vec![4]],
+            bulk: vec![],
+        });
+        assert_eq!(q.take(2), vec![vec![1], vec![4]]);
+        assert_eq!(q.take(5), vec![vec![2], vec![3]]);
+        assert!(q.take(5).is_empty());
     }
 
     #[test]

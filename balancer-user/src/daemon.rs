@@ -358,7 +358,8 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
 
     let daemon_metrics = Arc::new(DaemonMetrics::default());
     // Housekeeping: an incremental sweep of the flow tables (a slice per
-    // tick, a round per gc::SWEEP_ROUND) that reads and expires without the
+    // tick, a round per gc::SWEEP_ROUND or longer, at most gc::SWEEP_CPU of
+    // a core) that reads and expires without the
     // balancer's lock, which it takes only to read its inputs and to settle
     // what it did (count releases; at a round's end, the reconciliation).
     let gc = {
@@ -367,7 +368,6 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         let metrics = daemon_metrics.clone();
         tokio::spawn(async move {
             let mut failures = control::RateLimitedLog::default();
-            let ticks = (crate::gc::SWEEP_ROUND.as_nanos() / every.as_nanos().max(1)).max(1) as u64;
             let mut sweep: Option<crate::gc::Sweep> = None;
             loop {
                 tokio::time::sleep(every).await;
@@ -388,7 +388,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                         continue;
                     }
                 };
-                let budget = s.budget(ticks, capacity);
+                let budget = s.budget(every, capacity);
                 let started = std::time::Instant::now();
                 let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
                     let r = s.slice(&inputs, budget);
@@ -405,6 +405,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     }
                 };
                 metrics.gc_pass.observe(started.elapsed().as_secs_f64());
+                s.account(s.last_slice(), started.elapsed());
                 if let Err(e) = sliced {
                     failures.warn(std::time::Instant::now(), || {
                         format!("expiry sweep failed: {e:#}")

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use balancer_common::{
-    flow as fl, flow_kind, orphan_reason, Addr, AffinityKey, FlowEntry, FlowKey,
+    flow as fl, flow_kind, orphan_reason, Addr, AffinityKey, FlowEntry, FlowKey, BACKEND_SLOTS,
 };
 use serde::{Deserialize, Serialize};
 
@@ -226,11 +226,25 @@ pub struct SweepInputs {
     pub timeouts: Timeouts,
     /// Slot -> generation of every backend in use.
     pub slots: BTreeMap<u32, u32>,
+    /// The same, as generation + 1 by slot (0: not in use).
+    generation: Vec<u32>,
     /// Slot -> server index.
     pub server_of: BTreeMap<u32, u32>,
     /// VIP index -> (persistence, ns; the client netmask) of the VIPs with
     /// session affinity.
     pub persistent: BTreeMap<u32, (u64, Addr)>,
+}
+
+/// A slot's generation plus one, by slot (0: not in use): the per-entry
+/// test of a sweep is one index, not a tree walk.
+fn generations(slots: &BTreeMap<u32, u32>) -> Vec<u32> {
+    let mut v = vec![0u32; BACKEND_SLOTS as usize];
+    for (slot, generation) in slots {
+        if let Some(g) = v.get_mut(*slot as usize) {
+            *g = generation.wrapping_add(1);
+        }
+    }
+    v
 }
 
 impl SweepInputs {
@@ -256,21 +270,20 @@ impl SweepInputs {
                 )
             })
             .collect();
+        let slots = state.slots();
         SweepInputs {
             now_ns: datapath_now_ns(),
             timeouts: *timeouts,
-            slots: state.slots(),
+            generation: generations(&slots),
+            slots,
             server_of,
             persistent,
         }
     }
 
-    /// The counts a slot's flow holds: its slot's and its server's.
-    fn owners(&self, slot: u32) -> [Option<Count>; 2] {
-        [
-            Some(Count::Slot(slot)),
-            self.server_of.get(&slot).map(|s| Count::Server(*s)),
-        ]
+    /// Whether `slot` holds a backend of `generation`.
+    fn current(&self, slot: u32, generation: u32) -> bool {
+        self.generation.get(slot as usize) == Some(&generation.wrapping_add(1))
     }
 }
 
@@ -306,6 +319,10 @@ pub struct Sweep {
     before: BTreeMap<Count, u64>,
     /// Entries seen by the last complete round (sizes the budget).
     last_round_entries: u64,
+    /// Cost of a swept entry, ns (moving average; 0 until measured).
+    ns_per_entry: f64,
+    /// Entries the last slice took.
+    last_slice: u64,
     started: std::time::Instant,
 }
 
@@ -313,8 +330,8 @@ pub struct Sweep {
 #[derive(Debug, Default)]
 struct Round {
     report: GcReport,
-    /// Live counted flows per count.
-    live: BTreeMap<Count, u64>,
+    /// Live counted flows per slot (empty until the first flow).
+    live: Vec<u64>,
     /// Releases not applied yet: (slot, generation) of each flow this sweep
     /// removed while it held a count.
     releases: Vec<(u32, u32)>,
@@ -329,6 +346,9 @@ struct Round {
 /// The time a sweep round is spread over in the daemon: every entry is
 /// looked at once per round, so an idle flow is expired at most this late.
 pub const SWEEP_ROUND: Duration = Duration::from_secs(5);
+
+/// Share of a core the sweep may spend: 2 % (`Sweep::budget`).
+pub const SWEEP_CPU: f64 = 0.02;
 
 /// Fewest entries a slice takes (a table this small is walked whole each
 /// tick, as one pass).
@@ -347,21 +367,41 @@ impl Sweep {
             round: Round::default(),
             before,
             last_round_entries: 0,
+            ns_per_entry: 0.0,
+            last_slice: 0,
             started: std::time::Instant::now(),
         }
     }
 
-    /// The entries a slice should take when a round is spread over `ticks`
-    /// slices: the last round's entries (a quarter more, for growth) over
-    /// the ticks, at least [`MIN_SLICE`]; before the first round ends,
-    /// `capacity` (every table's size) over the ticks.
-    pub fn budget(&self, ticks: u64, capacity: u64) -> u64 {
-        let base = if self.last_round_entries == 0 {
-            capacity
+    /// The entries a slice should take, one slice per `every`: a round
+    /// over [`SWEEP_ROUND`] (the last round's entries, a quarter more for
+    /// growth, over the ticks; before the first round ends, `capacity`,
+    /// every table's size), but no more than [`SWEEP_CPU`] of a core at the
+    /// cost per entry measured so far; at least [`MIN_SLICE`]. A large
+    /// table's round thus takes longer than `SWEEP_ROUND` (about 15 s per
+    /// million flows here: the kernel's batched read costs about 300 ns an
+    /// entry, BENCHMARKS.md section 8).
+    pub fn budget(&self, every: Duration, capacity: u64) -> u64 {
+        slice_budget(self.last_round_entries, self.ns_per_entry, every, capacity)
+    }
+
+    /// Records what a slice cost: `took` for `entries` entries (a moving
+    /// average per entry, for [`Sweep::budget`]).
+    pub fn account(&mut self, entries: u64, took: Duration) {
+        if entries < 1000 {
+            return;
+        }
+        let ns = took.as_nanos() as f64 / entries as f64;
+        self.ns_per_entry = if self.ns_per_entry == 0.0 {
+            ns
         } else {
-            self.last_round_entries + self.last_round_entries / 4
+            0.8 * self.ns_per_entry + 0.2 * ns
         };
-        (base / ticks.max(1)).max(MIN_SLICE)
+    }
+
+    /// Entries the last slice took.
+    pub fn last_slice(&self) -> u64 {
+        self.last_slice
     }
 
     /// `true` when the round is complete (settle it before the next slice).
@@ -376,6 +416,7 @@ impl Sweep {
     /// Map read or write failure; the sweep resumes where it stopped.
     pub fn slice(&mut self, inp: &SweepInputs, budget: u64) -> Result<()> {
         let mut taken = 0u64;
+        self.last_slice = 0;
         while !self.round.done && taken < budget {
             if self.stage == STAGES {
                 self.round.done = true;
@@ -393,11 +434,12 @@ impl Sweep {
                 self.tables
                     .read(table, &mut self.cursor, SWEEP_CHUNK, &mut batch)?;
                 taken += batch.len() as u64;
-                let r = batch
-                    .iter()
-                    .try_for_each(|(k, e)| self.flow(inp, table, k, e));
+                let mut doomed = Vec::new();
+                for (k, e) in &batch {
+                    self.flow(inp, table, k, e, &mut doomed);
+                }
                 self.flows = batch;
-                r?;
+                self.expire(inp, table, &doomed)?;
             } else {
                 let mut batch = std::mem::take(&mut self.orphans);
                 batch.clear();
@@ -414,18 +456,21 @@ impl Sweep {
                 }
                 self.orphans = batch;
             }
+            self.last_slice = taken;
         }
         Ok(())
     }
 
-    /// One flow entry of `table`.
+    /// One flow entry of `table`: counted, or added to `doomed` (expired
+    /// live flows, closed entries past the closing timeout).
     fn flow(
         &mut self,
         inp: &SweepInputs,
         table: FlowTable,
         k: &FlowKey,
         e: &FlowEntry,
-    ) -> Result<()> {
+        doomed: &mut Vec<(FlowKey, FlowEntry)>,
+    ) {
         let report = &mut self.round.report;
         report.entries += 1;
         // Entries of the tables beside the established one (half-open and
@@ -434,47 +479,25 @@ impl Sweep {
             report.half_open_entries += 1;
         }
         let idle = Duration::from_nanos(inp.now_ns.saturating_sub(e.last_seen_ns));
-        let current = inp.slots.get(&e.backend_slot) == Some(&e.backend_generation);
-        // A peer's synced flow not adopted here holds no count here.
-        let counted = fl::counted(e.state);
         if k.kind != flow_kind::LIVE {
-            if idle > inp.timeouts.closing && self.tables.remove(table, k) {
-                report.removed += 1;
+            if idle > inp.timeouts.closing {
+                doomed.push((*k, *e));
             }
-            return Ok(());
+            return;
         }
         if idle > inp.timeouts.for_live(table, e) {
-            let established = e.state & fl::F_ESTABLISHED != 0;
-            if established && counted {
-                // Its client's next segment gets a reset; written before
-                // the flow goes, so no segment finds neither.
-                self.tables
-                    .add_orphan(k, orphan_reason::EXPIRED, inp.now_ns)?;
-            }
-            if self.tables.remove(table, k) {
-                report.expired += 1;
-                if !established {
-                    report.half_open_expired += 1;
-                    if current {
-                        *self
-                            .round
-                            .handshake_timeouts
-                            .entry(e.backend_slot)
-                            .or_default() += 1;
-                    }
-                }
-                if current && counted {
-                    self.round
-                        .releases
-                        .push((e.backend_slot, e.backend_generation));
-                }
-            }
-            return Ok(());
+            doomed.push((*k, *e));
+            return;
         }
-        if current && counted {
+        // A peer's synced flow not adopted here holds no count here.
+        if inp.current(e.backend_slot, e.backend_generation) && fl::counted(e.state) {
             report.live += 1;
-            for c in inp.owners(e.backend_slot).into_iter().flatten() {
-                *self.round.live.entry(c).or_default() += 1;
+            if self.round.live.is_empty() {
+                self.round.live = vec![0; BACKEND_SLOTS as usize];
+            }
+            // Per slot here; servers are summed from slots at the end.
+            if let Some(n) = self.round.live.get_mut(e.backend_slot as usize) {
+                *n += 1;
             }
         }
         if let Some((_, mask)) = inp.persistent.get(&e.vip_index) {
@@ -487,8 +510,82 @@ impl Sweep {
                 n.2 = n.2.max(e.last_seen_ns);
             }
         }
+    }
+
+    /// Removes `doomed` entries of `table` in batches: an expired live flow
+    /// that was established and counted is remembered as an orphan first
+    /// (so that no segment finds neither), and its count is released only
+    /// if this sweep's removal succeeded.
+    fn expire(
+        &mut self,
+        inp: &SweepInputs,
+        table: FlowTable,
+        doomed: &[(FlowKey, FlowEntry)],
+    ) -> Result<()> {
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let orphans: Vec<FlowKey> = doomed
+            .iter()
+            .filter(|(k, e)| {
+                k.kind == flow_kind::LIVE
+                    && e.state & fl::F_ESTABLISHED != 0
+                    && fl::counted(e.state)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        self.tables
+            .add_orphans(&orphans, orphan_reason::EXPIRED, inp.now_ns)?;
+        let keys: Vec<FlowKey> = doomed.iter().map(|(k, _)| *k).collect();
+        let removed = self.tables.remove_all(table, &keys)?;
+        let report = &mut self.round.report;
+        for ((k, e), gone) in doomed.iter().zip(removed) {
+            if !gone {
+                continue;
+            }
+            if k.kind != flow_kind::LIVE {
+                report.removed += 1;
+                continue;
+            }
+            report.expired += 1;
+            let current = inp.current(e.backend_slot, e.backend_generation);
+            if e.state & fl::F_ESTABLISHED == 0 {
+                report.half_open_expired += 1;
+                if current {
+                    *self
+                        .round
+                        .handshake_timeouts
+                        .entry(e.backend_slot)
+                        .or_default() += 1;
+                }
+            }
+            if current && fl::counted(e.state) {
+                self.round
+                    .releases
+                    .push((e.backend_slot, e.backend_generation));
+            }
+        }
         Ok(())
     }
+}
+
+/// [`Sweep::budget`] from what it depends on: the last round's entries (0:
+/// no round yet), the cost per entry (ns; 0: not measured), the tick and
+/// the tables' capacity.
+pub fn slice_budget(last_round: u64, ns_per_entry: f64, every: Duration, capacity: u64) -> u64 {
+    let ticks = (SWEEP_ROUND.as_nanos() / every.as_nanos().max(1)).max(1) as u64;
+    let base = if last_round == 0 {
+        capacity
+    } else {
+        last_round + last_round / 4
+    };
+    let by_round = base / ticks;
+    let by_cpu = if ns_per_entry > 0.0 {
+        (every.as_nanos() as f64 * SWEEP_CPU / ns_per_entry) as u64
+    } else {
+        u64::MAX
+    };
+    by_round.min(by_cpu).max(MIN_SLICE)
 }
 
 /// What reconciliation remembers between rounds, and the totals shown by
@@ -538,14 +635,20 @@ impl Reconciler {
             .flat_map(|v| v.backends.iter())
             .filter_map(|b| Some((b.slot, state.server(&b.addr)?)))
             .collect();
+        // Summed per count first: one write per count, however many flows
+        // a mass expiry released.
+        let mut released: BTreeMap<Count, u64> = BTreeMap::new();
         for (slot, generation) in std::mem::take(&mut sweep.round.releases) {
             if slots.get(&slot) != Some(&generation) {
                 continue;
             }
-            maps.add_adjust(Count::Slot(slot), u64::MAX)?;
+            *released.entry(Count::Slot(slot)).or_default() += 1;
             if let Some(s) = server_of.get(&slot) {
-                maps.add_adjust(Count::Server(*s), u64::MAX)?;
+                *released.entry(Count::Server(*s)).or_default() += 1;
             }
+        }
+        for (c, n) in released {
+            maps.add_adjust(c, n.wrapping_neg())?;
         }
         if !sweep.round.done {
             return Ok(None);
@@ -564,13 +667,23 @@ impl Reconciler {
             .map(|s| Count::Slot(*s))
             .chain(state.servers.values().map(|s| Count::Server(*s)))
             .collect();
+        // Live flows per count: each slot's, and its server's as the sum of
+        // its slots'.
+        let mut live: BTreeMap<Count, u64> = BTreeMap::new();
+        for (slot, n) in round.live.iter().enumerate().filter(|(_, n)| **n > 0) {
+            let slot = slot as u32;
+            live.insert(Count::Slot(slot), *n);
+            if let Some(s) = server_of.get(&slot) {
+                *live.entry(Count::Server(*s)).or_default() += n;
+            }
+        }
         let mut deltas = BTreeMap::new();
         let mut after_all = BTreeMap::new();
         for c in &counts {
             let after = maps.count(*c)?;
             after_all.insert(*c, after);
             let after = after as i64;
-            let l = round.live.get(c).copied().unwrap_or(0) as i64;
+            let l = live.get(c).copied().unwrap_or(0) as i64;
             // A count that appeared during the round: its start is now.
             let b = sweep.before.get(c).map_or(after, |b| *b as i64);
             let prev = self.last_delta.get(c).copied().unwrap_or(0);
@@ -715,6 +828,25 @@ mod tests {
         ] {
             assert_eq!(timens_monotonic_offset_ns(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_slice_spreads_a_round_within_the_cpu_share() {
+        let sec = Duration::from_secs(1);
+        // A small table: walked whole each tick.
+        assert_eq!(slice_budget(1_000, 300.0, sec, 1 << 20), MIN_SLICE);
+        // Before the first round: the capacity over the round's ticks.
+        assert_eq!(slice_budget(0, 0.0, sec, 50_000_000), 10_000_000);
+        // 4M entries at no measured cost: a quarter more over five ticks.
+        assert_eq!(slice_budget(4_000_000, 0.0, sec, 1 << 23), 1_000_000);
+        // At 300 ns an entry, 2 % of a second is 66,666 entries: the round
+        // of 4M takes about a minute instead.
+        assert_eq!(slice_budget(4_000_000, 300.0, sec, 1 << 23), 66_666);
+        // Shorter ticks, smaller slices, the same share.
+        assert_eq!(
+            slice_budget(4_000_000, 300.0, Duration::from_millis(200), 1 << 23),
+            MIN_SLICE
+        );
     }
 
     #[test]

@@ -169,7 +169,7 @@ fn syscall_err(
 ) -> impl FnOnce(std::io::Error) -> BalancerError {
     move |io_error| {
         map_err(map, action)(MapError::SyscallError(aya::sys::SyscallError {
-            call: "bpf_map_lookup_batch",
+            call: "bpf_map_batch",
             io_error,
         }))
     }
@@ -276,6 +276,40 @@ impl FlowTables {
     /// path, or another writer, may have removed it first).
     pub fn remove(&mut self, t: FlowTable, key: &FlowKey) -> bool {
         self.table(t).remove(key).is_ok()
+    }
+
+    /// Removes flow entries in batches ([`batch::delete`]); per key,
+    /// whether this call removed it.
+    ///
+    /// # Errors
+    /// Map failure other than a missing key.
+    pub fn remove_all(&mut self, t: FlowTable, keys: &[FlowKey]) -> Result<Vec<bool>> {
+        let fd = IterableMap::map(self.table(t)).fd().as_fd();
+        batch::delete(fd, keys).map_err(syscall_err(t.map_name(), "delete"))
+    }
+
+    /// Remembers flows the sweep expires, in one batched write (see
+    /// [`Maps::add_orphan`]).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn add_orphans(&mut self, keys: &[FlowKey], reason: u32, now_ns: u64) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<FlowKey> = keys.iter().map(|k| k.with_kind(flow_kind::LIVE)).collect();
+        let values = vec![
+            Orphan {
+                reason,
+                _pad: 0,
+                since_ns: now_ns,
+            };
+            keys.len()
+        ];
+        let fd = IterableMap::map(&self.orphans).fd().as_fd();
+        batch::update(fd, &keys, &values)
+            .map(|_| ())
+            .map_err(syscall_err(map_names::ORPHANS, "write"))
     }
 
     /// Remembers a flow the sweep expired (see [`Maps::add_orphan`]).

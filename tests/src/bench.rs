@@ -18,6 +18,7 @@ mod health;
 mod modes;
 mod realclients;
 mod reference;
+mod scale;
 
 use anyhow::{bail, ensure, Context as _};
 use aya::{
@@ -1436,17 +1437,7 @@ fn daemon_memory(rep: &mut Report) -> anyhow::Result<()> {
             .find(|l| l.starts_with("VmRSS:"))
             .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
             .unwrap_or(0);
-        let mut memlock = 0u64;
-        for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-            let text = std::fs::read_to_string(e?.path()).unwrap_or_default();
-            if text.contains("map_type:") {
-                memlock += text
-                    .lines()
-                    .find(|l| l.starts_with("memlock:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
+        let memlock = scale::map_memlock(pid);
         let _ = sh("kill", &["-TERM", &pid.to_string()]);
         let _ = d.0.wait();
         let _ = std::fs::remove_dir_all(bpffs.join("pins"));
@@ -1819,6 +1810,12 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
         println!("{}", rep.markdown());
         return Ok(());
     }
+    // BENCH_ONLY=scale: section 8 alone, printed.
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "scale") {
+        scale::run(&mut rep)?;
+        println!("{}", rep.markdown());
+        return Ok(());
+    }
     // BENCH_ONLY=reference: the programs' table and the same-run reference.
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "reference") {
         let ours = verifier_table(&mut rep)?;
@@ -1865,6 +1862,8 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     peers(&mut rep, sc)?;
     eprintln!("bench: real clients");
     realclients::run(&mut rep, sc)?;
+    eprintln!("bench: control plane at scale");
+    scale::run(&mut rep)?;
     let noise = rep.noise.map_or("section 1 did not run".into(), |n| {
         format!(
             "in section 1 the balancer's per-call time varied by a median of {:.0} % between rounds, (max - min) / median",

@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _};
-use balancer::Timeouts;
+use balancer::{maps::FlowTable, Timeouts};
 use etherparse::{Ethernet2Header, IpNumber, Ipv4Header, PacketBuilder};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -783,5 +783,35 @@ fn table_pressure() -> anyhow::Result<usize> {
         r.lb.stats()?.reconciled
     );
     ok(name);
-    Ok(2)
+
+    let name = "sweep: a batched removal says, per key, whether this call removed it";
+    let mut ft = r.lb.maps().flow_tables()?;
+    let keys: Vec<_> =
+        r.lb.maps()
+            .flow_entries()?
+            .into_iter()
+            .filter(|(t, _, _)| *t == FlowTable::Established)
+            .map(|(_, k, _)| k)
+            .take(20)
+            .collect();
+    ensure!(keys.len() == 20, "[{name}] only {} flows", keys.len());
+    // Removed first by someone else (the data path, the API).
+    ensure!(
+        ft.remove(FlowTable::Established, &keys[3]),
+        "[{name}] remove"
+    );
+    ensure!(
+        ft.remove(FlowTable::Established, &keys[19]),
+        "[{name}] remove"
+    );
+    let got = ft.remove_all(FlowTable::Established, &keys)?;
+    let want: Vec<bool> = (0..20).map(|i| i != 3 && i != 19).collect();
+    ensure!(got == want, "[{name}] {got:?}");
+    ensure!(
+        keys.iter()
+            .all(|k| r.lb.maps().flow_in(FlowTable::Established, k).is_none()),
+        "[{name}] a key is still there"
+    );
+    ok(name);
+    Ok(3)
 }

@@ -69,10 +69,12 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
         /// Run one part only and print it instead of writing the report:
-        /// `rate` (section 2, the packet rate of every mode and family) or
-        /// `reference` (the programs' sizes and the same-run reference);
-        /// sets BENCH_ONLY.
-        #[arg(long, value_parser = ["rate", "reference"])]
+        /// `rate` (section 2, the packet rate of every mode and family),
+        /// `reference` (the programs' sizes and the same-run reference) or
+        /// `scale` (section 8, the control plane at 100k-10M flows; sizes
+        /// from BENCH_SCALE_SIZES and BENCH_SCALE_CLUSTER, the steady window
+        /// from BENCH_SCALE_STEADY_S); sets BENCH_ONLY.
+        #[arg(long, value_parser = ["rate", "reference", "scale"])]
         only: Option<String>,
     },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
@@ -217,7 +219,7 @@ fn main() -> anyhow::Result<()> {
             let selection = std::env::var_os("BENCH_ONLY_DATAPATH").is_some();
             let skip = if quick {
                 Some("a quick pass".to_string())
-            } else if only.as_deref() == Some("rate") || selection {
+            } else if matches!(only.as_deref(), Some("rate" | "scale")) || selection {
                 Some("a partial run".to_string())
             } else if std::env::var_os("BENCH_NO_REF").is_some() {
                 Some("BENCH_NO_REF was set".to_string())
