@@ -29,7 +29,7 @@
 //! | every other data-path counter of `/v1/stats` (`rx_packets_total`, `new_flows_total`, …) | counter | |
 //! | `flow_table_entries`, `flow_table_size`, `half_open_entries`, `half_open_table_size`, `live_flows` | gauge | |
 //! | `expired_flows_total`, `reconciled_total` | counter | |
-//! | `gc_pass_duration_seconds` (expiry and reconciliation passes) | histogram | |
+//! | `gc_pass_duration_seconds` (slices of the expiry sweep, run without the API's lock) | histogram | |
 //! | `attached` (1 per interface the program runs on) | gauge | interface, mode |
 //! | `build_info` | gauge | version, commit, fingerprint |
 //! | `cluster_ready`, `cluster_drained` (0 or 1) | gauge | |
@@ -458,7 +458,7 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
     }
     reg.register(
         "gc_pass_duration_seconds",
-        "Duration of the daemon's expiry and reconciliation passes",
+        "Duration of the slices of the daemon's expiry sweep (each reads part of the flow tables without the API's lock)",
         daemon.gc_pass.clone(),
     );
     let attached = Gauges::new(
