@@ -66,7 +66,9 @@ pub struct RunArgs {
     /// Flow-table entries (one per established connection, live or
     /// recently closed), and as many in the unproven table (direct-return
     /// flows whose client ACKed, not yet graduated, and their closed
-    /// entries; forged handshakes evict only these).
+    /// entries; forged handshakes evict only these) and in the orphan
+    /// table. About 800 bytes of kernel memory per entry for all the maps
+    /// together (the README's "Table sizes and memory").
     #[arg(long, default_value_t = DEFAULT_FLOW_TABLE_SIZE,
           value_parser = clap::value_parser!(u32).range(16..=i64::from(MAX_TABLE_SIZE)))]
     flow_table_size: u32,
