@@ -46,6 +46,24 @@ struct BatchAttr {
     flags: u64,
 }
 
+/// Runs bpf(2) command `cmd` on `attr`; the raw return value (negative
+/// with `errno` set on failure).
+///
+/// # Safety
+/// Every pointer in `attr` must be valid for what `cmd` reads and writes
+/// (the keys, values and tokens of `count` entries of the map's sizes).
+unsafe fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> libc::c_long {
+    // SAFETY: the caller's contract; attr itself is a live, sized struct.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>() as u32,
+        )
+    }
+}
+
 /// Where a walk of one hash map stands: the bucket to resume from, or done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Cursor {
@@ -103,14 +121,7 @@ pub fn lookup<K: Pod, V: Pod>(
     // SAFETY: attr points at buffers of `max` keys and values of the map's
     // sizes (the caller's K and V), and at two token words, all alive for
     // the call; the kernel writes at most `count` of each.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_BATCH,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as u32,
-        )
-    };
+    let r = unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) };
     let err = (r < 0).then(io::Error::last_os_error);
     let got = (attr.count as usize).min(n);
     match &err {
@@ -162,14 +173,7 @@ pub fn update<K: Pod, V: Pod>(fd: BorrowedFd<'_>, keys: &[K], values: &[V]) -> i
     };
     // SAFETY: attr points at `n` keys and values of the caller's types,
     // alive for the call; the kernel only reads them.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_BATCH,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as u32,
-        )
-    };
+    let r = unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -197,14 +201,7 @@ pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<Vec<bool>> {
         };
         // SAFETY: attr points at `count` keys of the caller's type, alive
         // for the call; the kernel only reads them.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_DELETE_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>() as u32,
-            )
-        };
+        let r = unsafe { bpf(BPF_MAP_DELETE_BATCH, &mut attr) };
         let deleted = (attr.count as usize).min(rest.len());
         done.extend(std::iter::repeat_n(true, deleted));
         if r < 0 {

@@ -312,24 +312,6 @@ impl FlowTables {
             .map_err(syscall_err(map_names::ORPHANS, "write"))
     }
 
-    /// Remembers a flow the sweep expired (see [`Maps::add_orphan`]).
-    ///
-    /// # Errors
-    /// Map write failure.
-    pub fn add_orphan(&mut self, key: &FlowKey, reason: u32, now_ns: u64) -> Result<()> {
-        self.orphans
-            .insert(
-                key.with_kind(flow_kind::LIVE),
-                Orphan {
-                    reason,
-                    _pad: 0,
-                    since_ns: now_ns,
-                },
-                0,
-            )
-            .map_err(map_err(map_names::ORPHANS, "write"))
-    }
-
     /// Forgets an orphan; `true` when this call removed it.
     pub fn remove_orphan(&mut self, key: &FlowKey) -> bool {
         self.orphans.remove(key).is_ok()
