@@ -69,6 +69,12 @@ pub const F_SERVED: u32 = 128;
 /// (once per flow: [`syn_retransmit`]).
 pub const F_SYN_RETRANSMIT: u32 = 256;
 
+/// State bits a synced flow carries to the peers (docs/cluster.md); the
+/// rest are each balancer's own. A change of one of them is a flow event
+/// (`crate::flow_event::CHANGED`).
+pub const SYNCED_BITS: u32 =
+    F_CLIENT_FIN | F_SERVER_FIN | F_SERVER_SEQ_KNOWN | F_ESTABLISHED | F_DATA;
+
 /// `true` when a flow entry holds an active connection on this balancer:
 /// every flow it placed, and synced flows once adopted.
 pub fn counted(state: u32) -> bool {

@@ -103,6 +103,10 @@ pub mod map_names {
     /// [`crate::FlowKey`] -> [`crate::Orphan`] (LRU hash). Their client's
     /// next segment gets a TCP RST instead of hanging.
     pub const ORPHANS: &str = "ORPHANS";
+    /// Flow events for the cluster sync: [`crate::FlowEvent`] records
+    /// (ring buffer, [`crate::DEFAULT_FLOW_EVENT_RING`] bytes; not pinned:
+    /// each start reads its own).
+    pub const FLOW_EVENTS: &str = "FLOW_EVENTS";
     /// The layout fingerprint of the pinned maps
     /// ([`crate::layout::LAYOUT_FINGERPRINT`]) at index 0 (array of one
     /// `u64`), pinned with them.
@@ -787,11 +791,15 @@ pub enum Counter {
     /// with DF, answered with an ICMP "fragmentation needed" (an XDP
     /// program cannot fragment), and counted here as well.
     TooBigDfClear,
+    /// Flow events ([`FlowEvent`]) the data path could not write because
+    /// the `FLOW_EVENTS` ring buffer was full (the daemon fell behind):
+    /// the cluster sync then sends its whole table again.
+    FlowEventsLost,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::TooBigDfClear;
+    pub const LAST: Counter = Counter::FlowEventsLost;
 }
 
 /// Number of entries of the `STATS` array.
@@ -857,6 +865,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "drop_martian_vip",
     "ack_unproven",
     "too_big_df_clear",
+    "flow_events_lost",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].
@@ -1099,6 +1108,47 @@ pub struct Settings {
 /// and without).
 pub const SETTINGS_F_NO_CHOICE_TELEMETRY: u64 = 1;
 
+/// Write a [`FlowEvent`] to the `FLOW_EVENTS` ring buffer when a flow of a
+/// direct-return backend is placed, changes its synced state bits, is
+/// adopted or closes (set by the daemon when it syncs flows with peers).
+pub const SETTINGS_F_FLOW_EVENTS: u64 = 2;
+
+/// What happened to the flow of a [`FlowEvent`].
+pub mod flow_event {
+    /// A new flow was placed (the SYN's entry in the half-open table).
+    pub const PLACED: u32 = 1;
+    /// A flow's state bits among those a peer keeps changed (established,
+    /// a FIN, the server's sequence number known, data), or this balancer
+    /// adopted a peer's synced flow.
+    pub const CHANGED: u32 = 2;
+    /// The data path closed the flow (FIN both ways, or an RST in window)
+    /// and released its count.
+    pub const CLOSED: u32 = 3;
+}
+
+/// One record of the `FLOW_EVENTS` ring buffer (`map_names::FLOW_EVENTS`):
+/// the flow's key and its entry as the data path left it, 88 bytes. Only
+/// flows of direct-return backends, only with [`SETTINGS_F_FLOW_EVENTS`]:
+/// the cluster sync sends what changed from these, not from walks of the
+/// flow tables.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct FlowEvent {
+    /// The flow (`flow_kind::LIVE`).
+    pub key: FlowKey,
+    /// Its entry after the event.
+    pub entry: FlowEntry,
+    /// `flow_event::*`.
+    pub kind: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// Size of the `FLOW_EVENTS` ring buffer, bytes (a power of two times the
+/// page size, as the kernel requires): 4 MiB, about 43,000 events of 96
+/// bytes with the ring's header; the daemon drains it every 10 ms.
+pub const DEFAULT_FLOW_EVENT_RING: u32 = 4 << 20;
+
 const _: () = {
     assert!(core::mem::size_of::<Addr>() == 16);
     assert!(core::mem::size_of::<VipKey>() == 20);
@@ -1120,6 +1170,7 @@ const _: () = {
     assert!(core::mem::size_of::<ChoiceStats>() == 8 * (2 + 3 * LOAD_BUCKETS));
     assert!(core::mem::size_of::<ChoiceCounts>() == 16);
     assert!(core::mem::size_of::<Settings>() == 16);
+    assert!(core::mem::size_of::<FlowEvent>() == 88);
     assert!(core::mem::size_of::<LocalMac>() == 8);
     assert!(core::mem::size_of::<Orphan>() == 16);
     assert!(core::mem::size_of::<HostVips>() == 8 * VIP_BITMAP_WORDS);
@@ -1159,6 +1210,7 @@ mod pod {
         ChoiceStats,
         ChoiceCounts,
         Orphan,
+        FlowEvent,
         AffinityKey,
         AffinityEntry,
         DecapConfig,

@@ -45,6 +45,8 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
             atomic::add(&BACKEND_CONNS, slot, 1);
             atomic::add(&SERVER_CONNS, b.server, 1);
             count(Counter::FlowsAdopted, 1);
+            // SAFETY: as above; the entry with its adoption bit.
+            crate::events::flow_event(key, unsafe { &*e }, b, balancer_common::flow_event::CHANGED);
         }
     }
     // An established flow's segment that only moves sequence numbers

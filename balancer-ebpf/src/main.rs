@@ -45,6 +45,8 @@ mod choose;
 #[cfg(target_arch = "bpf")]
 mod client;
 #[cfg(target_arch = "bpf")]
+mod events;
+#[cfg(target_arch = "bpf")]
 mod forward;
 #[cfg(target_arch = "bpf")]
 mod frame;

@@ -3,15 +3,15 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use balancer_common::{
     plan::{ForwardPlan, ResetPlan},
     programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
     FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
     TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN, DEFAULT_AFFINITY_TABLE_SIZE,
-    DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE, MARTIAN_SOURCES_LEN, MAX_VIPS,
-    ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+    DEFAULT_FLOW_EVENT_RING, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE,
+    MARTIAN_SOURCES_LEN, MAX_VIPS, ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
 };
 
 /// What the entry hands the reply stage (per CPU: the tail call runs on
@@ -112,6 +112,11 @@ pub static UNPROVEN: LruHashMap<FlowKey, FlowEntry> =
 #[map]
 pub static ORPHANS: LruHashMap<FlowKey, Orphan> =
     LruHashMap::with_max_entries(ORPHAN_TABLE_SIZE, 0);
+/// Flow events for the cluster sync (`balancer_common::FlowEvent`
+/// records), written only when the daemon asks (`SETTINGS_F_FLOW_EVENTS`).
+#[map]
+pub static FLOW_EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_FLOW_EVENT_RING, 0);
+
 /// Session affinity of VIPs with persistence: the backend a client (address
 /// masked by the VIP's netmask) was last placed on.
 #[map]

@@ -6,7 +6,7 @@
 use balancer_common::{
     encap::mode,
     flow::{self, Direction, Verdict},
-    flow_kind,
+    flow_event, flow_kind,
     parse::Tcp,
     source_bucket, Addr, Backend, Counter, FlowEntry, FlowKey,
 };
@@ -88,7 +88,12 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
         flow::verdict(old, &step)
     };
     match verdict {
-        Verdict::Open => {}
+        Verdict::Open => {
+            if one_sided && step.set & !old & flow::SYNCED_BITS != 0 {
+                // SAFETY: the entry, after this segment's stores.
+                crate::events::flow_event(key, unsafe { &*e }, b, flow_event::CHANGED);
+            }
+        }
         Verdict::RstOutOfWindow => {
             count(Counter::RstOutOfWindow, 1);
             let expected = match dir {
@@ -236,6 +241,9 @@ fn close(
             let _ = table.map().insert(k, entry, 0);
         }
     }
+    // Before the delete (which frees `entry`): a racing closer may send
+    // the same event too, which a peer applies once.
+    crate::events::flow_event(live_key, entry, b, flow_event::CLOSED);
     if table.map().remove(live_key).is_ok() {
         atomic::add(&BACKEND_CONNS, slot, u64::MAX);
         atomic::add(&SERVER_CONNS, b.server, u64::MAX);

@@ -72,6 +72,10 @@ pub struct LoadOptions {
     /// rare events such as an RST outside the window); `None`, the
     /// default, emits none (one global read on those paths, nothing else).
     pub datapath_log: Option<log::Level>,
+    /// Size of the flow-event ring buffer, bytes (a power of two, at least
+    /// the page size). Default [`balancer_common::DEFAULT_FLOW_EVENT_RING`];
+    /// tests make it small to lose events on purpose.
+    pub flow_event_ring: u32,
 }
 
 impl Default for LoadOptions {
@@ -82,6 +86,7 @@ impl Default for LoadOptions {
             affinity_table_size: balancer_common::DEFAULT_AFFINITY_TABLE_SIZE,
             pin_dir: None,
             datapath_log: None,
+            flow_event_ring: balancer_common::DEFAULT_FLOW_EVENT_RING,
         }
     }
 }
@@ -165,6 +170,8 @@ pub struct Balancer {
     host_addrs: Option<Vec<std::net::IpAddr>>,
     /// The data path's log records, until [`Balancer::take_datapath_log`].
     logger: Option<DatapathLog>,
+    /// The flow-event ring buffer, until [`Balancer::take_flow_events`].
+    flow_events: Option<aya::maps::RingBuf<aya::maps::MapData>>,
     /// The idle timeouts used while the state holds none (the daemon's
     /// command line).
     default_timeouts: Timeouts,
@@ -396,6 +403,15 @@ impl Balancer {
                 });
             }
         }
+        if !opts.flow_event_ring.is_power_of_two() || opts.flow_event_ring < 4096 {
+            return Err(BalancerError::Invalid {
+                what: "flow-event ring size",
+                reason: format!(
+                    "{} bytes is not a power of two of at least 4096",
+                    opts.flow_event_ring
+                ),
+            });
+        }
         if let Some(dir) = &opts.pin_dir {
             check_pins(
                 dir,
@@ -415,6 +431,7 @@ impl Balancer {
         // orphan records as flows.
         loader.map_max_entries(map_names::ORPHANS, opts.flow_table_size);
         loader.map_max_entries(map_names::AFFINITY, opts.affinity_table_size);
+        loader.map_max_entries(map_names::FLOW_EVENTS, opts.flow_event_ring);
         if let Some(dir) = &opts.pin_dir {
             std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {
                 action: format!("creating pin directory {}", dir.display()),
@@ -495,6 +512,15 @@ impl Balancer {
                     source,
                 })?;
         }
+        let flow_events = ebpf
+            .take_map(map_names::FLOW_EVENTS)
+            .map(aya::maps::RingBuf::try_from)
+            .transpose()
+            .map_err(|source| BalancerError::Map {
+                map: map_names::FLOW_EVENTS,
+                action: "open",
+                source,
+            })?;
         let mut maps = Maps::take(&mut ebpf)?;
         maps.set_settings(Settings::default())?;
         maps.write_layout()?;
@@ -513,6 +539,7 @@ impl Balancer {
             polls: 0,
             host_addrs: None,
             logger,
+            flow_events,
             default_timeouts: Timeouts::default(),
             table_sizes: (opts.flow_table_size, opts.half_open_table_size),
             cluster_view: None,
@@ -687,6 +714,21 @@ impl Balancer {
             }
         }
         Ok(changed)
+    }
+
+    /// The flow-event ring buffer's reader, once (`None` once taken), with
+    /// the data path's events turned on
+    /// ([`balancer_common::SETTINGS_F_FLOW_EVENTS`]): the cluster sync's.
+    ///
+    /// # Errors
+    /// Map write failure (the settings).
+    pub fn take_flow_events(&mut self) -> Result<Option<aya::maps::RingBuf<aya::maps::MapData>>> {
+        let Some(r) = self.flow_events.take() else {
+            return Ok(None);
+        };
+        self.settings.flags |= balancer_common::SETTINGS_F_FLOW_EVENTS;
+        self.maps.set_settings(self.settings)?;
+        Ok(Some(r))
     }
 
     /// The data path's log reader, once (`None` when the log is off or was

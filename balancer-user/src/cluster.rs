@@ -2,16 +2,23 @@
 //! load between peer daemons, over UDP datagrams of at most
 //! [`MAX_DATAGRAM`] bytes serialized with postcard.
 //!
-//! * Flows: every sync interval a daemon sends its peers the flows
-//!   (established or in their handshake) of direct-return VIPs that it
-//!   holds a count for (placed or
-//!   adopted here) and that it has not sent yet, and the ones that closed;
-//!   every refresh interval, all of them. A receiver writes each into its
-//!   own flow table pinned to its own slot of that backend, marked
-//!   `F_SYNCED` (no count here); the data path adopts it when a segment
-//!   arrives. A daemon that receives a flow it counts itself but that a
-//!   peer has seen more recently releases its count and keeps the entry as
-//!   synced (the flow moved).
+//! * Flows: the data path reports what changes as flow events (placed,
+//!   state changed, adopted, closed: `balancer_common::FlowEvent` through
+//!   the `FLOW_EVENTS` ring buffer) for the flows of direct-return VIPs;
+//!   every pace tick (10 ms) the daemon reads them and sends its peers the
+//!   new and changed flows it holds a count for (placed or adopted here)
+//!   and the ones that closed. Nothing walks the table for that. The whole
+//!   table is sent (walked once, paced) only to a peer that says hello, at
+//!   this daemon's start, and when events were lost (a full ring or send
+//!   queue, counted; at most once per refresh interval). The sweep's
+//!   rounds refresh, once per refresh interval, the flows in use since the
+//!   last refresh (a flow idle since then is not sent: its peers' copies
+//!   age as it does). A receiver writes each flow into its own flow table
+//!   pinned to its own slot of that backend, marked `F_SYNCED` (no count
+//!   here); the data path adopts it when a segment arrives. A daemon that
+//!   receives a flow it counts itself but that a peer has seen more
+//!   recently releases its count and keeps the entry as synced (the flow
+//!   moved).
 //! * Load: every report interval a daemon sends its active connections per
 //!   backend address; each daemon writes the sum of its peers' last
 //!   reports into `PEER_CONNS`, which the choice adds to its own live
@@ -24,7 +31,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use balancer_common::{flow as fl, flow_kind, FlowEntry, FlowKey, IPPROTO_TCP};
+use balancer_common::{
+    flow as fl, flow_event, flow_kind, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP,
+};
 use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
 
@@ -67,9 +76,7 @@ pub const MAX_SEQUENCE_AGE: Duration = Duration::from_secs(60);
 /// when its encoding does not fit).
 const FLOWS_PER_DATAGRAM: usize = 24;
 
-/// State bits a synced flow carries (the rest are this balancer's).
-const SYNCED_BITS: u32 =
-    fl::F_CLIENT_FIN | fl::F_SERVER_FIN | fl::F_SERVER_SEQ_KNOWN | fl::F_ESTABLISHED | fl::F_DATA;
+use balancer_common::flow::SYNCED_BITS;
 
 /// The cluster settings of a daemon (`run --peer ...`).
 #[derive(Clone, Debug)]
@@ -364,9 +371,27 @@ pub struct ClusterStats {
     /// Sync ticks run (one per sync interval when each keeps its time).
     #[serde(default)]
     pub ticks: u64,
-    /// Time the last tick spent walking the flow tables, µs.
+    /// Time the last walk of the whole flow table took (for a peer's
+    /// hello, a start, or lost events), µs.
     #[serde(default)]
     pub last_walk_us: u64,
+    /// Flow events read from the data path.
+    #[serde(default)]
+    pub events: u64,
+    /// Flow events the data path could not write (its ring was full).
+    #[serde(default)]
+    pub events_lost: u64,
+    /// Whole tables sent because events or datagrams were lost (not
+    /// counting the ones a peer's hello asked for).
+    #[serde(default)]
+    pub repairs: u64,
+    /// Flows sent again by a refresh round (in use since the last).
+    #[serde(default)]
+    pub flows_refreshed: u64,
+    /// New, changed and closed flows' datagrams dropped because the send
+    /// queue was full ([`MAX_URGENT_QUEUED`]); repaired like lost events.
+    #[serde(default)]
+    pub queue_dropped: u64,
     /// Datagrams waiting for their turn under the pace.
     #[serde(default)]
     pub queued: u64,
@@ -418,11 +443,21 @@ pub struct Sync {
     started: Instant,
     /// Peers that sent `Synced` since this start.
     synced_from: BTreeSet<SocketAddr>,
-    /// Own flows as last sent: their synced state bits, backend, and when.
-    sent: HashMap<(SocketAddr, SocketAddr), Sent>,
-    /// Walks taken so far.
-    walks: u64,
+    /// A peer said hello (or this daemon just started): the whole table
+    /// is due, with `Synced`.
     full_requested: bool,
+    /// Flow events were lost (the ring was full, or the send queue): the
+    /// whole table is due, no sooner than a refresh interval after the last.
+    repair_requested: bool,
+    /// When the whole table was last sent.
+    last_full: Option<Instant>,
+    /// The data path's `flow_events_lost` counter as last read.
+    lost_seen: Option<u64>,
+    /// The start of the last refresh round: when, and the data path's clock.
+    refresh_round: Option<(Instant, u64)>,
+    /// Datagrams decided and not yet queued for sending (the sync task
+    /// moves them to its paced queue).
+    outbox: Outgoing,
     /// Each peer's last reported load per backend (a report may span
     /// several datagrams: merged per backend), by node id.
     peer_loads: HashMap<u64, BTreeMap<SocketAddr, (u64, Instant)>>,
@@ -444,11 +479,14 @@ impl Sync {
             node: rand::random(),
             started: Instant::now(),
             synced_from: BTreeSet::new(),
-            sent: HashMap::new(),
-            walks: 0,
             // The first tick sends everything and `Synced`: a peer that
             // started first (its hello unheard) learns this one is in.
             full_requested: true,
+            repair_requested: false,
+            last_full: None,
+            lost_seen: None,
+            refresh_round: None,
+            outbox: Outgoing::default(),
             peer_loads: HashMap::new(),
             last_heard: BTreeMap::new(),
             replay: BTreeMap::new(),
@@ -464,79 +502,90 @@ impl Default for Sync {
     }
 }
 
-/// What a peer was last sent of one own flow.
-#[derive(Clone, Copy, Debug)]
-struct Sent {
-    state: u32,
-    backend: SocketAddr,
-    at: Instant,
-    /// The last walk that found it.
-    walk: u64,
+/// Where own flows of direct-return VIPs go on the wire, by backend slot:
+/// the VIP, the backend's address and the slot's generation. What a flow
+/// event, a full walk or a refresh needs of the desired state.
+#[derive(Clone, Debug, Default)]
+pub struct SyncedSlots {
+    by_slot: Vec<Option<(SocketAddr, SocketAddr, u32)>>,
 }
 
-/// What one walk of the flow tables found for the sync
-/// ([`Walk::collect`]): this balancer's counted flows of direct-return
-/// VIPs, as they would be sent, and the synced copies of peers' flows it
-/// holds.
-#[derive(Debug, Default)]
-pub struct Walk {
-    own: Vec<WireFlow>,
-    /// Keys of the synced copies (turned into endpoints only when a sent
-    /// flow is missing from `own`: usually never).
-    synced_here: Vec<FlowKey>,
-}
-
-/// Slot -> (VIP, backend address, generation) of the direct-return VIPs'
-/// backends: what a walk needs of the desired state.
-pub type SyncedSlots = BTreeMap<u32, (SocketAddr, SocketAddr, u32)>;
-
-impl Walk {
-    /// Sorts `entries` (every table's, as read) into own flows and synced
-    /// copies; `now_ns` is the data path's clock.
-    pub fn collect(
-        entries: impl IntoIterator<Item = (FlowTable, FlowKey, FlowEntry)>,
-        slots: &SyncedSlots,
-        now_ns: u64,
-    ) -> Walk {
-        let mut w = Walk::default();
-        // Every table: a flow in its handshake is synced too, so the
-        // client's ACK finds it on whichever balancer ECMP sends it to.
-        for (t, k, e) in entries {
-            if k.kind != flow_kind::LIVE {
+impl SyncedSlots {
+    /// The backends of the direct-return VIPs of `state`.
+    pub fn of(state: &State) -> SyncedSlots {
+        let mut by_slot = Vec::new();
+        for v in state.vips.values() {
+            if !v.settings.mode.direct_return() {
                 continue;
             }
-            if t == FlowTable::HalfOpen && e.state & fl::F_SYNCED != 0 {
-                continue;
+            for b in &v.backends {
+                let i = b.slot as usize;
+                if by_slot.len() <= i {
+                    by_slot.resize(i + 1, None);
+                }
+                by_slot[i] = Some((v.addr, b.addr, b.generation));
             }
-            let Some((vip, backend, generation)) = slots.get(&e.backend_slot) else {
-                continue;
-            };
-            if *generation != e.backend_generation {
-                continue;
-            }
-            if !fl::counted(e.state) {
-                w.synced_here.push(k);
-                continue;
-            }
-            let ends = flow_endpoints(&k);
-            w.own.push(WireFlow {
-                client: ends.0,
-                vip: *vip,
-                backend: *backend,
-                state: e.state & SYNCED_BITS,
-                client_next_seq: e.client_next_seq,
-                server_next_seq: e.server_next_seq,
-                idle_ms: (now_ns.saturating_sub(e.last_seen_ns) / 1_000_000).min(u32::MAX as u64)
-                    as u32,
-            });
         }
-        w
+        SyncedSlots { by_slot }
     }
+
+    /// `true` when no VIP is direct-return (nothing is synced).
+    pub fn is_empty(&self) -> bool {
+        self.by_slot.iter().all(Option::is_none)
+    }
+
+    /// The wire form of flow `k` with entry `e` when it is this balancer's
+    /// to send: LIVE, counted here (placed or adopted), pinned to a current
+    /// backend of a direct-return VIP, and seen at or after `since_ns`
+    /// (data-path clock, as `now_ns`).
+    pub fn wire(&self, k: &FlowKey, e: &FlowEntry, now_ns: u64, since_ns: u64) -> Option<WireFlow> {
+        if k.kind != flow_kind::LIVE || !fl::counted(e.state) || e.last_seen_ns < since_ns {
+            return None;
+        }
+        let (vip, backend, generation) = (*self.by_slot.get(e.backend_slot as usize)?)?;
+        if generation != e.backend_generation {
+            return None;
+        }
+        Some(WireFlow {
+            client: flow_endpoints(k).0,
+            vip,
+            backend,
+            state: e.state & SYNCED_BITS,
+            client_next_seq: e.client_next_seq,
+            server_next_seq: e.server_next_seq,
+            idle_ms: (now_ns.saturating_sub(e.last_seen_ns) / 1_000_000).min(u32::MAX as u64)
+                as u32,
+        })
+    }
+}
+
+/// A flow-table entry as a sweep reads it, for a refresh
+/// ([`Sync::refresh_round`]): the own flows seen since `since_ns` are sent
+/// again.
+#[derive(Clone, Debug)]
+pub struct Refresh {
+    /// Where flows go on the wire.
+    pub slots: SyncedSlots,
+    /// Flows last seen before this (data-path clock, ns) are not sent:
+    /// idle since the last refresh, their peers' copies age as theirs do.
+    pub since_ns: u64,
+}
+
+/// Every own flow of `entries` (a walk of every table) as sent.
+pub fn own_flows(
+    entries: impl IntoIterator<Item = (FlowKey, FlowEntry)>,
+    slots: &SyncedSlots,
+    now_ns: u64,
+) -> Vec<WireFlow> {
+    entries
+        .into_iter()
+        .filter_map(|(k, e)| slots.wire(&k, &e, now_ns, 0))
+        .collect()
 }
 
 /// The datagrams of one tick, by urgency: new, changed and closed flows
 /// first; refreshes, and the whole table a peer asked for, after them.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Outgoing {
     /// New, changed and closed flows.
     pub urgent: Vec<Vec<u8>>,
@@ -554,21 +603,6 @@ fn key_of(client: SocketAddr, vip: SocketAddr) -> FlowKey {
         kind: flow_kind::LIVE,
         _pad: 0,
     }
-}
-
-/// Slot -> (VIP, backend address, generation) of the direct-return VIPs'
-/// backends.
-pub fn synced_slots(state: &State) -> SyncedSlots {
-    state
-        .vips
-        .values()
-        .filter(|v| v.settings.mode.direct_return())
-        .flat_map(|v| {
-            v.backends
-                .iter()
-                .map(move |b| (b.slot, (v.addr, b.addr, b.generation)))
-        })
-        .collect()
 }
 
 /// Decodes a datagram (`None`: not a message of this protocol, or bytes
@@ -626,96 +660,177 @@ impl Sync {
             .collect()
     }
 
-    /// The datagrams of one sync tick, walking the tables under the
-    /// caller's lock ([`Sync::tick_from`] says what is sent).
+    /// What to send of flow events read from the data path's ring
+    /// (`FlowEvent` records, in order): the new and changed own flows of
+    /// direct-return VIPs, and the closed ones, each flow once with its
+    /// last event (urgent, into the outbox).
+    pub fn on_events(&mut self, events: &[FlowEvent], slots: &SyncedSlots, now_ns: u64) {
+        self.stats.events += events.len() as u64;
+        // The last event of each flow, in first-seen order.
+        let mut last: HashMap<(SocketAddr, SocketAddr), usize> = HashMap::new();
+        let mut order: Vec<(Option<WireFlow>, (SocketAddr, SocketAddr))> = Vec::new();
+        for ev in events {
+            let k = ev.key;
+            if k.kind != flow_kind::LIVE {
+                continue;
+            }
+            let Some((vip, _, generation)) = slots
+                .by_slot
+                .get(ev.entry.backend_slot as usize)
+                .copied()
+                .flatten()
+            else {
+                continue;
+            };
+            if generation != ev.entry.backend_generation {
+                continue;
+            }
+            let ends = (flow_endpoints(&k).0, vip);
+            let item = if ev.kind == flow_event::CLOSED {
+                None
+            } else {
+                match slots.wire(&k, &ev.entry, now_ns, 0) {
+                    Some(f) => Some(f),
+                    None => continue,
+                }
+            };
+            match last.get(&ends) {
+                Some(i) => order[*i].0 = item,
+                None => {
+                    last.insert(ends, order.len());
+                    order.push((item, ends));
+                }
+            }
+        }
+        let (mut flows, mut closed) = (Vec::new(), Vec::new());
+        for (item, ends) in order {
+            match item {
+                Some(f) => flows.push(f),
+                None => closed.push(ends),
+            }
+        }
+        self.stats.flows_sent += flows.len() as u64;
+        self.stats.closed_sent += closed.len() as u64;
+        let node = self.node;
+        self.outbox
+            .urgent
+            .extend(encode(&flows, |flows| Message::Flows { node, flows }));
+        self.outbox
+            .urgent
+            .extend(encode(&closed, |flows| Message::Closed { node, flows }));
+    }
+
+    /// Takes the data path's `flow_events_lost` counter (its running total):
+    /// when it grew, events were lost and the whole table is sent again
+    /// ([`Sync::take_full`]).
+    pub fn events_lost(&mut self, total: u64) {
+        if let Some(seen) = self.lost_seen {
+            if total > seen {
+                self.stats.events_lost += total - seen;
+                self.repair_requested = true;
+            }
+        }
+        self.lost_seen = Some(total);
+    }
+
+    /// `true` when the whole table is due now: a peer said hello (or this
+    /// daemon started), or events were lost and no whole table went out in
+    /// the last `refresh` (a flood that overflows the ring costs one walk
+    /// per refresh interval, not one per tick).
+    pub fn take_full(&mut self, refresh: Duration) -> bool {
+        let repair = self.repair_requested && self.last_full.is_none_or(|t| t.elapsed() >= refresh);
+        if !self.full_requested && !repair {
+            return false;
+        }
+        if repair && !self.full_requested {
+            self.stats.repairs += 1;
+        }
+        self.full_requested = false;
+        self.repair_requested = false;
+        self.last_full = Some(Instant::now());
+        true
+    }
+
+    /// Queues the whole table, `own` (every own flow, [`own_flows`]), then
+    /// `Synced` (bulk): after a hello, a start or lost events.
+    pub fn full(&mut self, own: Vec<WireFlow>) {
+        self.stats.flows_sent += own.len() as u64;
+        let node = self.node;
+        self.outbox
+            .bulk
+            .extend(encode(&own, |flows| Message::Flows { node, flows }));
+        self.outbox
+            .bulk
+            .push(postcard::to_allocvec(&Message::Synced { node }).unwrap_or_default());
+    }
+
+    /// Called as a sweep of the flow tables starts a round (the data
+    /// path's clock `now_ns`): when the last refresh round started
+    /// `refresh` ago or more, this round is one, and the flows seen since
+    /// that start are to be sent again ([`Refresh`]). A refresh keeps a
+    /// peer's copy of a live flow from expiring and repairs a lost
+    /// datagram of a flow still in use; a flow idle since the last refresh
+    /// is not sent (its copies age as it does), so a refresh costs what is
+    /// in use, not what exists.
+    pub fn refresh_round(
+        &mut self,
+        now_ns: u64,
+        refresh: Duration,
+        slots: SyncedSlots,
+    ) -> Option<Refresh> {
+        let now = Instant::now();
+        match self.refresh_round {
+            None => {
+                // The start sends the whole table: the first refresh is
+                // one interval later.
+                self.refresh_round = Some((now, now_ns));
+                None
+            }
+            Some((at, since_ns)) if now.duration_since(at) >= refresh => {
+                self.refresh_round = Some((now, now_ns));
+                Some(Refresh { slots, since_ns })
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Queues flows a refresh round found (bulk).
+    pub fn refreshed(&mut self, flows: &[WireFlow]) {
+        if flows.is_empty() {
+            return;
+        }
+        self.stats.flows_refreshed += flows.len() as u64;
+        let node = self.node;
+        self.outbox
+            .bulk
+            .extend(encode(flows, |flows| Message::Flows { node, flows }));
+    }
+
+    /// The datagrams decided since the last call.
+    pub fn take_outbox(&mut self) -> Outgoing {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Reads the flow events waiting in `ring` and the data path's lost
+    /// count, and returns every datagram decided so far, urgent first (the
+    /// daemon's tasks do the same apart, paced; fixtures call this).
     ///
     /// # Errors
     /// Map read failure.
-    pub fn tick(&mut self, lb: &mut Balancer, refresh: Duration) -> Result<Vec<Vec<u8>>> {
-        let now_ns = datapath_now_ns();
-        let (state, maps) = lb.cluster_parts();
-        let walk = Walk::collect(maps.flow_entries()?, &synced_slots(state), now_ns);
-        let out = self.tick_from(walk, refresh);
+    pub fn events_now(
+        &mut self,
+        lb: &mut Balancer,
+        ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let events = read_events(ring, usize::MAX);
+        let slots = SyncedSlots::of(lb.state());
+        self.on_events(&events, &slots, datapath_now_ns());
+        self.events_lost(
+            lb.maps()
+                .counter(balancer_common::Counter::FlowEventsLost)?,
+        );
+        let out = self.take_outbox();
         Ok(out.urgent.into_iter().chain(out.bulk).collect())
-    }
-
-    /// What to send after a walk: own flows not sent yet or whose state or
-    /// backend changed (urgent); those last sent `refresh` ago or more, and
-    /// every one when a peer said hello, followed by `Synced` (bulk); and
-    /// the flows sent before that are gone from the table (closed, expired,
-    /// evicted), not moved away (urgent). A refresh keeps a peer's copy
-    /// from expiring and repairs a lost datagram; each flow is refreshed on
-    /// its own schedule, so a refresh interval's traffic is spread, not a
-    /// burst of the whole table.
-    pub fn tick_from(&mut self, walk: Walk, refresh: Duration) -> Outgoing {
-        let now = Instant::now();
-        let full = std::mem::take(&mut self.full_requested);
-        self.walks += 1;
-        let this = self.walks;
-        let mut fresh = Vec::new();
-        let mut due = Vec::new();
-        for f in walk.own {
-            let key = (f.client, f.vip);
-            match self.sent.get_mut(&key) {
-                None => {
-                    self.sent.insert(
-                        key,
-                        Sent {
-                            state: f.state,
-                            backend: f.backend,
-                            at: now,
-                            walk: this,
-                        },
-                    );
-                    fresh.push(f);
-                }
-                Some(s) => {
-                    s.walk = this;
-                    if s.state != f.state || s.backend != f.backend {
-                        (s.state, s.backend, s.at) = (f.state, f.backend, now);
-                        fresh.push(f);
-                    } else if full || now.duration_since(s.at) >= refresh {
-                        s.at = now;
-                        due.push(f);
-                    }
-                }
-            }
-        }
-        // Sent before and not found now: gone from the table (closed,
-        // expired, evicted), unless it is now a synced copy (moved away).
-        let missing: Vec<(SocketAddr, SocketAddr)> = self
-            .sent
-            .iter()
-            .filter(|(_, s)| s.walk != this)
-            .map(|(k, _)| *k)
-            .collect();
-        let closed: Vec<(SocketAddr, SocketAddr)> = if missing.is_empty() {
-            missing
-        } else {
-            for k in &missing {
-                self.sent.remove(k);
-            }
-            let synced: std::collections::HashSet<(SocketAddr, SocketAddr)> =
-                walk.synced_here.iter().map(flow_endpoints).collect();
-            missing
-                .into_iter()
-                .filter(|k| !synced.contains(k))
-                .collect()
-        };
-        self.stats.flows_sent += (fresh.len() + due.len()) as u64;
-        self.stats.closed_sent += closed.len() as u64;
-        let node = self.node;
-        let mut out = Outgoing {
-            urgent: encode(&fresh, |flows| Message::Flows { node, flows }),
-            bulk: encode(&due, |flows| Message::Flows { node, flows }),
-        };
-        out.urgent
-            .extend(encode(&closed, |flows| Message::Closed { node, flows }));
-        if full {
-            out.bulk
-                .push(postcard::to_allocvec(&Message::Synced { node }).unwrap_or_default());
-        }
-        out
     }
 
     /// The load report datagrams: active connections per backend address.
@@ -976,6 +1091,31 @@ pub fn size_buffers(sock: &UdpSocket, bytes: usize) -> usize {
     got.max(0) as usize
 }
 
+/// Urgent datagrams (new, changed, closed flows) queued at most: 16,384,
+/// under a second of the pace and about 23 MB. A flood of new flows past
+/// it loses datagrams, counted, and the whole table is sent again.
+pub const MAX_URGENT_QUEUED: usize = 16_384;
+
+/// Flow events read from the ring in one go at most (the rest wait for the
+/// next pace tick).
+const EVENTS_PER_READ: usize = 65_536;
+
+/// Reads up to `max` flow events waiting in `ring` (records of another
+/// size are skipped).
+pub fn read_events(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    max: usize,
+) -> Vec<FlowEvent> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        let Some(item) = ring.next() else { break };
+        if let Ok(ev) = bytemuck::try_pod_read_unaligned::<FlowEvent>(&item) {
+            out.push(ev);
+        }
+    }
+    out
+}
+
 /// Datagrams waiting for their turn under the pace, urgent ones first.
 #[derive(Default)]
 struct Queue {
@@ -984,9 +1124,14 @@ struct Queue {
 }
 
 impl Queue {
-    fn push(&mut self, o: Outgoing) {
-        self.urgent.extend(o.urgent);
+    /// Queues `o`; returns the urgent datagrams dropped past
+    /// [`MAX_URGENT_QUEUED`].
+    fn push(&mut self, o: Outgoing) -> usize {
+        let room = MAX_URGENT_QUEUED.saturating_sub(self.urgent.len());
+        let dropped = o.urgent.len().saturating_sub(room);
+        self.urgent.extend(o.urgent.into_iter().take(room));
         self.bulk.extend(o.bulk);
+        dropped
     }
 
     /// Up to `n` datagrams, urgent first.
@@ -1026,6 +1171,15 @@ pub async fn run(
             cfg.socket_buffer
         );
     }
+    // The data path's flow events: this task's from now on (turned on
+    // as it is taken).
+    let mut ring = match lb.lock().await.take_flow_events() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cluster sync: the flow events cannot be turned on: {e}");
+            None
+        }
+    };
     let tables = match lb.lock().await.maps().flow_tables() {
         Ok(t) => Arc::new(std::sync::Mutex::new(t)),
         Err(e) => {
@@ -1046,44 +1200,65 @@ pub async fn run(
         &mut tally,
     )
     .await;
-    // The walker: a walk every sync interval (after the last one ended,
-    // however long it took), what to send queued; the loop below sends
-    // from the queue at the pace, whatever the walks cost.
+    // The walker: every sync interval it reads the data path's lost-event
+    // count and the desired state (where flows go on the wire), and walks
+    // the whole table only when it is due (a peer's hello, this start,
+    // lost events); the loop below reads the events and sends from the
+    // queue at the pace, whatever a walk costs.
     let queue = Arc::new(std::sync::Mutex::new(Queue::default()));
+    let slots = Arc::new(std::sync::Mutex::new(SyncedSlots::of(
+        lb.lock().await.state(),
+    )));
     let walker = {
-        let (lb, sync, queue, cfg) = (lb.clone(), sync.clone(), queue.clone(), cfg.clone());
+        let (lb, sync, slots, cfg) = (lb.clone(), sync.clone(), slots.clone(), cfg.clone());
         tokio::spawn(async move {
             let mut log = crate::control::RateLimitedLog::default();
             loop {
                 tokio::time::sleep(cfg.sync_interval).await;
-                let slots = synced_slots(lb.lock().await.state());
-                let tables = tables.clone();
-                let walked = tokio::task::spawn_blocking(move || -> Result<(Walk, u64)> {
-                    let started = Instant::now();
-                    let now_ns = datapath_now_ns();
-                    let mut t = tables.lock().unwrap_or_else(|p| p.into_inner());
-                    let mut entries = Vec::new();
-                    for table in FlowTable::ALL {
-                        entries.extend(t.read_all(table)?.into_iter().map(|(k, e)| (table, k, e)));
+                let (now_slots, lost) = {
+                    let lb = lb.lock().await;
+                    (
+                        SyncedSlots::of(lb.state()),
+                        lb.maps().counter(balancer_common::Counter::FlowEventsLost),
+                    )
+                };
+                *slots.lock().unwrap_or_else(|p| p.into_inner()) = now_slots.clone();
+                let full = {
+                    let mut s = sync.lock().await;
+                    s.stats.ticks += 1;
+                    if let Ok(n) = lost {
+                        s.events_lost(n);
                     }
-                    let w = Walk::collect(entries, &slots, now_ns);
-                    Ok((w, started.elapsed().as_micros() as u64))
-                })
-                .await;
+                    s.take_full(cfg.refresh_interval)
+                };
+                if !full {
+                    continue;
+                }
+                let tables = tables.clone();
+                let walked =
+                    tokio::task::spawn_blocking(move || -> Result<(Vec<WireFlow>, u64)> {
+                        let started = Instant::now();
+                        let now_ns = datapath_now_ns();
+                        let mut t = tables.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut own = Vec::new();
+                        for table in FlowTable::ALL {
+                            own.extend(own_flows(t.read_all(table)?, &now_slots, now_ns));
+                        }
+                        Ok((own, started.elapsed().as_micros() as u64))
+                    })
+                    .await;
                 match walked {
-                    Ok(Ok((w, us))) => {
-                        let out = {
-                            let mut s = sync.lock().await;
-                            s.stats.ticks += 1;
-                            s.stats.last_walk_us = us;
-                            s.tick_from(w, cfg.refresh_interval)
-                        };
-                        queue.lock().unwrap_or_else(|p| p.into_inner()).push(out);
+                    Ok(Ok((own, us))) => {
+                        let mut s = sync.lock().await;
+                        s.stats.last_walk_us = us;
+                        s.full(own);
                     }
                     Ok(Err(e)) => {
+                        sync.lock().await.full_requested = true;
                         log.warn(Instant::now(), || format!("cluster sync: {e}"));
                     }
                     Err(e) => {
+                        sync.lock().await.full_requested = true;
                         log.warn(Instant::now(), || format!("cluster sync: {e}"));
                     }
                 }
@@ -1116,6 +1291,26 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = pace.tick() => {
+                let events = match ring.as_mut() {
+                    Some(r) => read_events(r, EVENTS_PER_READ),
+                    None => Vec::new(),
+                };
+                let out = {
+                    let mut s = sync.lock().await;
+                    if !events.is_empty() {
+                        let slots = slots.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        s.on_events(&events, &slots, datapath_now_ns());
+                    }
+                    s.take_outbox()
+                };
+                if !out.urgent.is_empty() || !out.bulk.is_empty() {
+                    let dropped = queue.lock().unwrap_or_else(|p| p.into_inner()).push(out);
+                    if dropped > 0 {
+                        let mut s = sync.lock().await;
+                        s.stats.queue_dropped += dropped as u64;
+                        s.repair_requested = true;
+                    }
+                }
                 let d = queue.lock().unwrap_or_else(|p| p.into_inner()).take(per_pace);
                 if !d.is_empty() {
                     send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut tally).await;
@@ -1367,13 +1562,6 @@ mod tests {
         assert_eq!(open(key, &sealed[..TAG_LEN - 1]), None);
     }
 
-    fn walk_of(flows: &[WireFlow]) -> Walk {
-        Walk {
-            own: flows.to_vec(),
-            synced_here: Vec::new(),
-        }
-    }
-
     fn sent_in(out: &[Vec<u8>]) -> (Vec<SocketAddr>, Vec<SocketAddr>, bool) {
         let (mut flows, mut closed, mut synced) = (Vec::new(), Vec::new(), false);
         for d in out {
@@ -1387,40 +1575,124 @@ mod tests {
         (flows, closed, synced)
     }
 
+    /// Slot 3 (generation 2) is a backend of a direct-return VIP.
+    fn slots() -> SyncedSlots {
+        let f = flow(0, false);
+        let mut by_slot = vec![None; 4];
+        by_slot[3] = Some((f.vip, f.backend, 2));
+        SyncedSlots { by_slot }
+    }
+
+    fn event(i: u16, kind: u32, state: u32, slot: u32, generation: u32) -> FlowEvent {
+        let f = flow(i, false);
+        FlowEvent {
+            key: key_of(f.client, f.vip),
+            entry: FlowEntry {
+                backend_slot: slot,
+                backend_generation: generation,
+                state,
+                last_seen_ns: 1_000_000_000,
+                ..FlowEntry::default()
+            },
+            kind,
+            _pad: 0,
+        }
+    }
+
     #[test]
-    fn a_tick_sends_what_changed_and_refreshes_on_schedule() {
+    fn flow_events_send_each_flow_once_with_its_last_event() {
         let mut s = Sync::new();
-        let hour = Duration::from_secs(3600);
-        let (a, b) = (flow(1, false), flow(2, false));
-        // The first tick: everything (urgent) and `Synced` (bulk).
-        let out = s.tick_from(walk_of(&[a, b]), hour);
-        assert_eq!(sent_in(&out.urgent).0, vec![a.client, b.client]);
-        assert_eq!(sent_in(&out.bulk), (vec![], vec![], true));
-        // Nothing changed: nothing sent.
-        let out = s.tick_from(walk_of(&[a, b]), hour);
-        assert!(out.urgent.is_empty() && out.bulk.is_empty());
-        // A state change is urgent; a flow gone is sent as closed.
-        let mut a2 = a;
-        a2.state |= fl::F_CLIENT_FIN;
-        let out = s.tick_from(walk_of(&[a2]), hour);
+        let est = fl::F_ESTABLISHED;
+        s.on_events(
+            &[
+                event(1, flow_event::PLACED, 0, 3, 2),
+                event(2, flow_event::PLACED, 0, 3, 2),
+                event(1, flow_event::CHANGED, est, 3, 2),
+                event(2, flow_event::CLOSED, 0, 3, 2),
+                // Not sent: a stale generation, a slot of no synced VIP, a
+                // peer's synced copy (no count here).
+                event(4, flow_event::PLACED, 0, 3, 1),
+                event(5, flow_event::PLACED, 0, 1, 2),
+                event(6, flow_event::CHANGED, fl::F_SYNCED, 3, 2),
+            ],
+            &slots(),
+            2_000_000_000,
+        );
+        let out = s.take_outbox();
+        assert!(out.bulk.is_empty());
         assert_eq!(
             sent_in(&out.urgent),
-            (vec![a.client], vec![b.client], false)
+            (
+                vec![flow(1, false).client],
+                vec![flow(2, false).client],
+                false
+            )
         );
-        // Gone but now a synced copy here: moved away, not closed.
-        let mut w = walk_of(&[]);
-        w.synced_here.push(key_of(a.client, a.vip));
-        let out = s.tick_from(w, hour);
-        assert!(out.urgent.is_empty(), "{:?}", sent_in(&out.urgent));
-        // A hello: every flow again, in bulk, then `Synced`.
-        s.tick_from(walk_of(&[a, b]), hour);
+        let Some(Message::Flows { flows, .. }) = decode(&out.urgent[0]) else {
+            panic!("not flows first")
+        };
+        assert_eq!((flows[0].state, flows[0].idle_ms), (est, 1000));
+        assert_eq!(s.stats.events, 7);
+        assert!(s.take_outbox().urgent.is_empty());
+    }
+
+    #[test]
+    fn lost_events_make_the_whole_table_due_once_per_refresh() {
+        let mut s = Sync::new();
+        let minute = Duration::from_secs(60);
+        // The start: the whole table, then nothing more.
+        assert!(s.take_full(minute));
+        assert!(!s.take_full(minute));
+        s.full(vec![flow(1, false)]);
+        assert_eq!(
+            sent_in(&s.take_outbox().bulk),
+            (vec![flow(1, false).client], vec![], true)
+        );
+        // The first reading of the counter is a baseline, not a loss.
+        s.events_lost(10);
+        assert!(!s.take_full(minute));
+        s.events_lost(12);
+        assert_eq!(s.stats.events_lost, 2);
+        // A loss right after a whole table waits a refresh interval ...
+        assert!(!s.take_full(minute));
+        // ... which a zero interval does not.
+        assert!(s.take_full(Duration::ZERO));
+        assert_eq!(s.stats.repairs, 1);
+        assert!(!s.take_full(Duration::ZERO));
+        // A hello is served at once.
         s.full_requested = true;
-        let out = s.tick_from(walk_of(&[a, b]), hour);
-        assert!(out.urgent.is_empty());
-        assert_eq!(sent_in(&out.bulk), (vec![a.client, b.client], vec![], true));
-        // A refresh interval of zero: each tick refreshes (bulk).
-        let out = s.tick_from(walk_of(&[a]), Duration::ZERO);
-        assert_eq!(sent_in(&out.bulk).0, vec![a.client]);
+        assert!(s.take_full(minute));
+        assert_eq!(s.stats.repairs, 1);
+    }
+
+    #[test]
+    fn refresh_rounds_send_only_flows_in_use_since_the_last() {
+        let mut s = Sync::new();
+        assert!(
+            s.refresh_round(100, Duration::ZERO, slots()).is_none(),
+            "the start"
+        );
+        assert!(s
+            .refresh_round(200, Duration::from_secs(3600), slots())
+            .is_none());
+        let r = s.refresh_round(300, Duration::ZERO, slots()).expect("due");
+        assert_eq!(r.since_ns, 100);
+        let f = flow(1, false);
+        let k = key_of(f.client, f.vip);
+        let e = |last_seen_ns| FlowEntry {
+            backend_slot: 3,
+            backend_generation: 2,
+            last_seen_ns,
+            ..FlowEntry::default()
+        };
+        assert!(r.slots.wire(&k, &e(99), 300, r.since_ns).is_none());
+        assert_eq!(
+            r.slots.wire(&k, &e(150), 300, r.since_ns).map(|w| w.client),
+            Some(f.client)
+        );
+        s.refreshed(&[f]);
+        assert_eq!(sent_in(&s.take_outbox().bulk).0, vec![f.client]);
+        assert_eq!(s.stats.flows_refreshed, 1);
     }
 
     #[test]

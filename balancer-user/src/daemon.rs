@@ -362,9 +362,20 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     // a core) that reads and expires without the
     // balancer's lock, which it takes only to read its inputs and to settle
     // what it did (count releases; at a round's end, the reconciliation).
+    // The cluster sync's state: shared with the sweep, whose rounds
+    // refresh the peers (cluster::Sync::refresh_round).
+    let sync = cfg
+        .cluster
+        .as_ref()
+        .map(|_| Arc::new(tokio::sync::Mutex::new(crate::cluster::Sync::new())));
     let gc = {
         let lb = lb.clone();
         let every = cfg.gc_interval;
+        let sync = sync.clone();
+        let refresh_every = cfg
+            .cluster
+            .as_ref()
+            .map_or(Duration::from_secs(60), |c| c.refresh_interval);
         let metrics = daemon_metrics.clone();
         tokio::spawn(async move {
             let mut failures = control::RateLimitedLog::default();
@@ -373,11 +384,22 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                 tokio::time::sleep(every).await;
                 let (inputs, capacity, s) = {
                     let lb = lb.lock().await;
-                    let s = match sweep.take() {
+                    let mut s = match sweep.take() {
                         Some(s) => Ok(s),
                         None => lb.new_sweep(),
                     };
-                    (lb.sweep_inputs(), lb.table_capacity(), s)
+                    let inputs = lb.sweep_inputs();
+                    if let (Some(sync), Ok(s)) = (&sync, s.as_mut()) {
+                        if s.at_round_start() {
+                            let slots = crate::cluster::SyncedSlots::of(lb.state());
+                            s.set_refresh(sync.lock().await.refresh_round(
+                                inputs.now_ns,
+                                refresh_every,
+                                slots,
+                            ));
+                        }
+                    }
+                    (inputs, lb.table_capacity(), s)
                 };
                 let mut s = match s {
                     Ok(s) => s,
@@ -405,6 +427,12 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     }
                 };
                 metrics.gc_pass.observe(started.elapsed().as_secs_f64());
+                if let Some(sync) = &sync {
+                    let flows = s.take_refreshed();
+                    if !flows.is_empty() {
+                        sync.lock().await.refreshed(&flows);
+                    }
+                }
                 s.account(s.last_slice(), started.elapsed());
                 if let Err(e) = sliced {
                     failures.warn(std::time::Instant::now(), || {
@@ -499,7 +527,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             c.refresh_interval,
             c.load_report_interval
         );
-        let sync = Arc::new(tokio::sync::Mutex::new(crate::cluster::Sync::new()));
+        let sync = sync.clone().unwrap_or_default();
         (
             sync.clone(),
             tokio::spawn(crate::cluster::run(lb.clone(), sync, c, sock)),

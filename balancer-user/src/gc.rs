@@ -324,6 +324,11 @@ pub struct Sweep {
     /// Entries the last slice took.
     last_slice: u64,
     started: std::time::Instant,
+    /// This round also refreshes the cluster's peers: the own flows in use
+    /// since `Refresh::since_ns` are collected into `refreshed`.
+    refresh: Option<crate::cluster::Refresh>,
+    /// Flows collected for the refresh, until [`Sweep::take_refreshed`].
+    refreshed: Vec<crate::cluster::WireFlow>,
 }
 
 /// What a round has found so far.
@@ -370,7 +375,28 @@ impl Sweep {
             ns_per_entry: 0.0,
             last_slice: 0,
             started: std::time::Instant::now(),
+            refresh: None,
+            refreshed: Vec::new(),
         }
+    }
+
+    /// `true` before the first slice of a round.
+    pub fn at_round_start(&self) -> bool {
+        self.stage == 0
+            && self.cursor == Cursor::Start
+            && !self.round.done
+            && self.round.report.entries == 0
+    }
+
+    /// Makes this round a refresh round of the cluster sync (`None`: not
+    /// one). Set at the round's start ([`Sweep::at_round_start`]).
+    pub fn set_refresh(&mut self, refresh: Option<crate::cluster::Refresh>) {
+        self.refresh = refresh;
+    }
+
+    /// The flows the refresh collected since the last call.
+    pub fn take_refreshed(&mut self) -> Vec<crate::cluster::WireFlow> {
+        std::mem::take(&mut self.refreshed)
     }
 
     /// The entries a slice should take, one slice per `every`: a round
@@ -488,6 +514,11 @@ impl Sweep {
         if idle > inp.timeouts.for_live(table, e) {
             doomed.push((*k, *e));
             return;
+        }
+        if let Some(r) = &self.refresh {
+            if let Some(w) = r.slots.wire(k, e, inp.now_ns, r.since_ns) {
+                self.refreshed.push(w);
+            }
         }
         // A peer's synced flow not adopted here holds no count here.
         if inp.current(e.backend_slot, e.backend_generation) && fl::counted(e.state) {

@@ -123,7 +123,24 @@ pub fn send_frames(
     let iface = iface.to_string();
     thread::spawn(move || -> anyhow::Result<(u32, Duration)> {
         enter_ns(&path)?;
-        let ifindex = crate::rig::ifindex(&iface)?;
+        send_frames_here(&iface, dst_mac, n, build)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+}
+
+/// [`send_frames`] on `iface` of the calling thread's namespace.
+///
+/// # Errors
+/// The socket or a frame cannot be made.
+pub fn send_frames_here(
+    iface: &str,
+    dst_mac: [u8; 6],
+    n: u32,
+    build: impl Fn(u32, &mut Vec<u8>) -> anyhow::Result<()>,
+) -> anyhow::Result<(u32, Duration)> {
+    {
+        let ifindex = crate::rig::ifindex(iface)?;
         // SAFETY: plain socket call; the fd is owned right after.
         let fd = unsafe {
             libc::socket(
@@ -174,9 +191,7 @@ pub fn send_frames(
             }
         }
         Ok((sent, t0.elapsed()))
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+    }
 }
 
 /// One more request on every held connection; each must be answered by

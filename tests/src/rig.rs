@@ -371,6 +371,7 @@ impl Rig {
             affinity_table_size: 1024,
             pin_dir: None,
             datapath_log: Some(log::Level::Warn),
+            ..LoadOptions::default()
         })?;
         let datapath_log = lb.take_datapath_log();
         lb.register_interface("fx0")?;

@@ -13,7 +13,12 @@
 //!    datagrams of the paced full table and holds fewer after the same
 //!    wait (so the check can fail); then restarted as it should be, it
 //!    holds them all again;
-//! 5. lb1's active counts equal its live flows per backend.
+//! 5. events lost on purpose (lb1 restarted with a 4 KiB flow-event ring,
+//!    20,000 more flows injected): the loss is counted and the whole table
+//!    sent again, and the peer holds every flow; control: with the repair
+//!    held off (a one-hour refresh interval) the peer misses flows after
+//!    the same wait;
+//! 6. lb1's active counts equal its live flows per backend.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -192,6 +197,58 @@ fn converge(
     }
 }
 
+/// Injects flows `first..first + n` through lb1 (SYN, then the client's
+/// ACK, each); returns the time it took.
+fn inject(tb: &Testbed, first: u32, n: u32) -> anyhow::Result<Duration> {
+    let src_mac = mac_in(&tb.client, "cl0")?;
+    let dst_mac = mac_in(&tb.lb, "lb0")?;
+    let vip = crate::frames::v4(VIP.ip()).octets();
+    let (sent, took) = send_frames(&tb.client, "cl0", dst_mac, 2 * n, move |j, frame| {
+        let (i, ack) = (first + j / 2, j % 2 == 1);
+        let (src, port) = client(i);
+        let b = PacketBuilder::ethernet2(src_mac, dst_mac)
+            .ipv4(src.octets(), vip, 64)
+            .tcp(
+                port,
+                VIP.port(),
+                if ack { isn(i).wrapping_add(1) } else { isn(i) },
+                64_240,
+            );
+        if ack {
+            b.ack(1).write(frame, &[])?;
+        } else {
+            b.syn().write(frame, &[])?;
+        }
+        Ok(())
+    })?;
+    ensure!(sent == 2 * n, "only {sent} of {} frames sent", 2 * n);
+    Ok(took)
+}
+
+/// lb1 restarted (its flows kept in the pinned maps) with `extra`
+/// arguments; waits for the peer to hold lb1's table again.
+fn restart_lb1(tb: &mut Testbed, peer: &Peer, extra: &[&str]) -> anyhow::Result<()> {
+    tb.stop_daemon();
+    tb.daemon_args = ["--cluster-listen", LB1_SYNC, "--peer", LB2_SYNC]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+    tb.start_daemon()?;
+    let (took, n, held) = converge(tb, peer, CONVERGE)?;
+    ensure!(
+        took.is_some(),
+        "after lb1's restart the peer holds {held} of its {n} flows"
+    );
+    Ok(())
+}
+
+/// lb1's cluster stats (`cluster status --json`).
+fn cluster_stats(tb: &Testbed) -> anyhow::Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(&tb.cli(&["cluster", "status", "--json"])?)?;
+    Ok(v["stats"].clone())
+}
+
 /// Runs the scenario.
 ///
 /// # Errors
@@ -232,32 +289,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let peer = start_peer(tb, &[])?;
 
     // 1. Inject: SYN, then the client's ACK, for every flow.
-    let src_mac = mac_in(&tb.client, "cl0")?;
-    let dst_mac = mac_in(&tb.lb, "lb0")?;
-    let vip = crate::frames::v4(VIP.ip()).octets();
-    let (sent, took) = send_frames(&tb.client, "cl0", dst_mac, 2 * FLOWS, move |j, frame| {
-        let (i, ack) = (j / 2, j % 2 == 1);
-        let (src, port) = client(i);
-        let b = PacketBuilder::ethernet2(src_mac, dst_mac)
-            .ipv4(src.octets(), vip, 64)
-            .tcp(
-                port,
-                VIP.port(),
-                if ack { isn(i).wrapping_add(1) } else { isn(i) },
-                64_240,
-            );
-        if ack {
-            b.ack(1).write(frame, &[])?;
-        } else {
-            b.syn().write(frame, &[])?;
-        }
-        Ok(())
-    })?;
-    ensure!(
-        sent == 2 * FLOWS,
-        "only {sent} of {} frames sent",
-        2 * FLOWS
-    );
+    let took = inject(tb, 0, FLOWS)?;
     let mine = own(&tb.pin_dir())?;
     let established = mine
         .values()
@@ -283,6 +315,9 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     );
 
     // 2. Resets from 10,000 clients: gone at lb1, then at the peer.
+    let src_mac = mac_in(&tb.client, "cl0")?;
+    let dst_mac = mac_in(&tb.lb, "lb0")?;
+    let vip = crate::frames::v4(VIP.ip()).octets();
     let (sent, _) = send_frames(&tb.client, "cl0", dst_mac, RESET, move |i, frame| {
         let (src, port) = client(i);
         PacketBuilder::ethernet2(src_mac, dst_mac)
@@ -340,7 +375,65 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         took_restart.as_millis()
     );
 
-    // 5. Counts.
+    // 5. Events lost on purpose: a 4 KiB ring (about 40 events) and
+    // 20,000 new flows. Control first: the repair held off for an hour.
+    const MORE: u32 = 20_000;
+    let small_ring = ["--flow-event-ring", "4096"];
+    restart_lb1(
+        tb,
+        &peer,
+        &[small_ring[0], small_ring[1], "--sync-refresh", "1h"],
+    )?;
+    inject(tb, FLOWS, MORE / 2)?;
+    let (control, n, held) = converge(tb, &peer, CONVERGE)?;
+    let st = cluster_stats(tb)?;
+    ensure!(
+        st["events_lost"].as_u64().unwrap_or(0) > 0,
+        "control: a 4 KiB ring lost no events: {st}"
+    );
+    ensure!(
+        control.is_none(),
+        "control: with lost events and no repair for an hour the peer held all {n} flows: the \
+         check does not show lost events"
+    );
+    println!(
+        "sync: control: lb1 with a 4 KiB flow-event ring lost {} of the {} events of {} new flows; with \
+         its repair held off the peer held {held} of {n} flows after {} s",
+        st["events_lost"],
+        MORE,
+        MORE / 2,
+        CONVERGE.as_secs()
+    );
+    restart_lb1(
+        tb,
+        &peer,
+        &[small_ring[0], small_ring[1], "--sync-refresh", "2s"],
+    )?;
+    inject(tb, FLOWS + MORE / 2, MORE / 2)?;
+    let limit = CONVERGE + Duration::from_secs(2);
+    let (took_repair, n, held) = converge(tb, &peer, limit)?;
+    let st = cluster_stats(tb)?;
+    let Some(took_repair) = took_repair else {
+        anyhow::bail!(
+            "after lost events the peer holds {held} of lb1's {n} flows after {} s ({st})",
+            limit.as_secs()
+        );
+    };
+    ensure!(
+        st["events_lost"].as_u64().unwrap_or(0) > 0 && st["repairs"].as_u64().unwrap_or(0) > 0,
+        "the ring lost no events or the whole table was not sent again: {st}"
+    );
+    println!(
+        "sync: lb1 with a 4 KiB flow-event ring lost {} of the {} events of {} new flows, sent its whole \
+         table again ({} repairs); the peer held all {n} flows {} ms after the injection",
+        st["events_lost"],
+        MORE,
+        MORE / 2,
+        st["repairs"],
+        took_repair.as_millis()
+    );
+
+    // 6. Counts.
     let mut per_backend: BTreeMap<SocketAddr, u64> = BTreeMap::new();
     let slots: BTreeMap<u32, SocketAddr> = tb
         .backends()?

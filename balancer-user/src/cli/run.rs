@@ -153,14 +153,18 @@ pub struct RunArgs {
     /// addresses and ports are read; needs --cluster-listen).
     #[arg(long = "peer", value_name = "ADDR:PORT", requires = "cluster_listen")]
     peers: Vec<std::net::SocketAddr>,
-    /// Time between batches of new and closed flows to the peers.
+    /// Time between checks for lost flow events and for a whole table due
+    /// (a peer's hello). New, changed and closed flows are not waited for:
+    /// the data path reports them as flow events, read every 10 ms.
     #[arg(long, default_value = "100ms", value_parser = parse_timeout)]
     sync_interval: Duration,
-    /// Time after which a flow sent to the peers is sent again (each on its
-    /// own schedule, so the table's refresh is spread, not a burst): it
-    /// keeps the peers' copies from expiring (keep it well under
-    /// --established-timeout) and repairs a lost datagram. A peer that
-    /// starts or restarts asks for the whole table at once (sent paced).
+    /// Time between refresh rounds: a round of the expiry sweep sends the
+    /// peers again every flow in use since the last round (a flow idle
+    /// since is not sent: its peers' copies idle as it does). It keeps the
+    /// peers' copies of live flows from expiring (keep it well under
+    /// --established-timeout) and repairs a lost datagram; lost flow events
+    /// send the whole table at most once per interval. A peer that starts
+    /// or restarts asks for the whole table at once (sent paced).
     #[arg(long, default_value = "60s", value_parser = parse_timeout)]
     sync_refresh: Duration,
     /// Time between reports of this balancer's active connections per
@@ -182,6 +186,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = balancer::cluster::SOCKET_BUFFER as u32, hide = true,
           value_parser = clap::value_parser!(u32).range(1024..=(1 << 30)))]
     sync_socket_buffer: u32,
+    /// The flow-event ring buffer the cluster sync reads, bytes (a power of
+    /// two of at least 4096; tests only: a small one loses events, which
+    /// the sync repairs by sending its whole table).
+    #[arg(long, default_value_t = balancer_common::DEFAULT_FLOW_EVENT_RING, hide = true,
+          value_parser = parse_ring_size)]
+    flow_event_ring: u32,
     /// Announce the VIPs by BGP through BIRD 2: the directory where the
     /// daemon writes `vips4.conf` and `vips6.conf` (static routes the BIRD
     /// configuration includes; docs/cluster.md). Needs --birdc-socket.
@@ -232,6 +242,7 @@ impl RunArgs {
                 affinity_table_size: self.affinity_table_size,
                 pin_dir: Some(self.pin_dir),
                 datapath_log: self.datapath_log,
+                flow_event_ring: self.flow_event_ring,
             },
             timeouts: Timeouts {
                 half_open: self.half_open_timeout,
@@ -254,5 +265,15 @@ impl RunArgs {
                 .zip(self.birdc_socket)
                 .map(|(dir, birdc_socket)| balancer::bgp::BgpConfig { dir, birdc_socket }),
         })
+    }
+}
+
+/// A ring-buffer size in bytes: a power of two from 4096 to 1 GiB.
+fn parse_ring_size(s: &str) -> Result<u32, String> {
+    let n: u32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if n.is_power_of_two() && (4096..=1 << 30).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} is not a power of two from 4096 to 1073741824"))
     }
 }

@@ -30,6 +30,9 @@ use crate::{
 struct Case {
     mode: ForwardingMode,
     v6: bool,
+    /// The data path writes flow events (as when the daemon syncs flows
+    /// with peers: `SETTINGS_F_FLOW_EVENTS`).
+    events: bool,
 }
 
 impl Case {
@@ -37,6 +40,9 @@ impl Case {
         let family = if self.v6 { "IPv6" } else { "IPv4" };
         match self.mode {
             ForwardingMode::Nat => format!("nat, {family}"),
+            ForwardingMode::Dsr if self.events => {
+                format!("dsr, {family}, flow events on (cluster sync)")
+            }
             ForwardingMode::Dsr => format!("dsr, {family}"),
             ForwardingMode::Ipip => format!("ipip, {family} in {family}"),
             ForwardingMode::Gue => format!("gue, {family} in UDP in {family}"),
@@ -57,38 +63,51 @@ impl Case {
     }
 }
 
-const CASES: [Case; 8] = [
+const CASES: [Case; 9] = [
     Case {
         mode: ForwardingMode::Nat,
         v6: false,
+        events: false,
     },
     Case {
         mode: ForwardingMode::Nat,
         v6: true,
+        events: false,
     },
     Case {
         mode: ForwardingMode::Dsr,
         v6: false,
+        events: false,
     },
     Case {
         mode: ForwardingMode::Dsr,
         v6: true,
+        events: false,
+    },
+    Case {
+        mode: ForwardingMode::Dsr,
+        v6: false,
+        events: true,
     },
     Case {
         mode: ForwardingMode::Ipip,
         v6: false,
+        events: false,
     },
     Case {
         mode: ForwardingMode::Ipip,
         v6: true,
+        events: false,
     },
     Case {
         mode: ForwardingMode::Gue,
         v6: false,
+        events: false,
     },
     Case {
         mode: ForwardingMode::Gue,
         v6: true,
+        events: false,
     },
 ];
 
@@ -144,6 +163,18 @@ pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
             .map(|l| if case.v6 { backend6(l) } else { backend(l) })
             .collect();
         r.lb.add_backends(v, &bs)?;
+        // Read between rounds, as the daemon does every 10 ms: a full
+        // ring would time the lost-event path instead.
+        let mut ring = if case.events {
+            r.lb.take_flow_events()?
+        } else {
+            None
+        };
+        let mut drain = move || {
+            if let Some(ring) = ring.as_mut() {
+                balancer::cluster::read_events(ring, usize::MAX);
+            }
+        };
         let mut pinned = Vec::new();
         for k in 0..sc.calls as u32 {
             let c = client(case.v6, k);
@@ -182,9 +213,11 @@ pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
                 r.run(a, Side::Client)?;
             }
         }
+        drain();
         let c_ack = time_path(&r, aux, Side::Client, sc.rounds, |_| acks.clone())?;
         let base = 2_000_000u32;
         let c_syn = time_path(&r, aux, Side::Client, sc.rounds, |round| {
+            drain();
             (0..sc.calls as u32)
                 .map(|i| {
                     let k = base + round as u32 * sc.calls as u32 + i;
@@ -217,7 +250,7 @@ pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
             c_reply.as_ref().map_or("(replies bypass it)".into(), cell)
         )?;
         js.push(json!({
-            "mode": case.mode.name(), "ipv6": case.v6,
+            "mode": case.mode.name(), "ipv6": case.v6, "flow_events": case.events,
             "ack": c_ack.json(), "syn": c_syn.json(),
             "reply": c_reply.map(|c| c.json()),
         }));

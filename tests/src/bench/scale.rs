@@ -241,6 +241,14 @@ impl Daemon {
         }
     }
 
+    /// The data path's global counters, by name.
+    fn counters(&self) -> anyhow::Result<BTreeMap<String, u64>> {
+        match self.request(&Request::Stats)? {
+            Response::Stats(s) => Ok(s.counters.clone()),
+            other => anyhow::bail!("unexpected answer {other:?}"),
+        }
+    }
+
     fn table(&self, name: &str) -> anyhow::Result<aya::maps::HashMap<MapData, FlowKey, FlowEntry>> {
         let data = MapData::from_pin(self.pins.join(name))?;
         Ok(aya::maps::HashMap::try_from(
@@ -485,7 +493,7 @@ fn run_in(rep: &mut Report, dir: &Path) -> anyhow::Result<()> {
     let mut cl = Vec::new();
     writeln!(
         md,
-        "Cluster pair: two daemons on one host syncing over loopback (`--sync-interval 100ms`, default pace and refresh), a DSR VIP with {BACKENDS} backends; N flows written into the first one's table; then the second starts empty: *full table* is the time from its start until it holds N synced copies (read from its pinned table). Then {} s in which {CLUSTER_RATE} new flows a second are written into the first one's table and as many of the oldest removed: the sender's sync CPU (the whole daemon), its datagrams and bytes per second to the peer, its sync ticks per second (10 when every tick keeps its 100 ms) and the last walk of its tables.\n\n| flows | full table to a new peer | sender CPU | receiver CPU | datagrams/s | bytes/s | ticks/s | last walk |\n|---|---|---|---|---|---|---|---|",
+        "Cluster pair: two daemons on one host syncing over loopback (`--sync-interval 100ms`, default pace and refresh), a DSR VIP with {BACKENDS} backends; N flows written into the first one's table; then the second starts empty: *full table* is the time from its start until it holds N synced copies (read from its pinned table). Then {} s in which {CLUSTER_RATE} new flows a second go through the first one's data path as frames (SYN, then the client's ACK, sent into its veth) and as many of the oldest are closed by their client's RST: the frames per second sent (of the rate asked), the flows per second the data path placed and closed (its counters), the flow events per second the sync read (and lost), the sender's CPU (the whole daemon) and the receiver's, its datagrams and bytes per second to the peer, the flows per second its refresh rounds sent again (only flows in use since the last round: none of the written flows carries traffic), its sync ticks per second (10 when every tick keeps its 100 ms) and its last walk of the whole table (for the peer's hello).\n\n| flows | full table to a new peer | frames/s sent (asked) | placed / closed per s | events/s | sender CPU | receiver CPU | datagrams/s | bytes/s | refreshed/s | ticks/s | last walk |\n|---|---|---|---|---|---|---|---|---|---|---|---|",
         seconds("BENCH_SCALE_CLUSTER_S", 30).as_secs()
     )?;
     for n in sizes("BENCH_SCALE_CLUSTER", &[100_000, 1_000_000, 4_000_000]) {
@@ -672,38 +680,53 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
     let window = seconds("BENCH_SCALE_CLUSTER_S", 30);
     let s0 = a.stats_cluster()?;
     let (cpu_a0, cpu_b0) = (proc_cpu_s(&[a.pid()]), proc_cpu_s(&[b.pid()]));
+    // Through the data path, so that the flow events are what the sync
+    // sends from: each 100 ms, CLUSTER_RATE / 10 new flows (SYN, then the
+    // client's ACK) from sc1 into lb1's sc0, and as many of the oldest
+    // closed by their client's RST (in window: `inject` wrote their
+    // sequence numbers).
+    let (src_mac, dst_mac) = (crate::rig::mac_of("sc1")?, crate::rig::mac_of("sc0")?);
+    let vip_octets = match vip.ip() {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(_) => anyhow::bail!("the DSR VIP is IPv4"),
+    };
+    let c0 = a.counters()?;
     let t1 = Instant::now();
     let mut next = n;
     let mut oldest = 0u64;
-    let flows = a.table(map_names::FLOWS)?;
-    let st = balancer::state::read_state(&a.state)?.context("state")?;
-    let server_of: BTreeMap<u32, u32> = st
-        .vips
-        .get(&vip)
-        .context("VIP")?
-        .backends
-        .iter()
-        .map(|b| (b.slot, st.server(&b.addr).unwrap_or(0)))
-        .collect();
+    let mut frames_sent = 0u64;
     while t1.elapsed() < window {
         let tick = Instant::now();
         let k = CLUSTER_RATE / 10;
-        a.inject(vip, next, k, balancer::gc::datapath_now_ns())?;
+        let (new_from, old_from) = (next, oldest);
+        let (sent, _) =
+            crate::flood::send_frames_here("sc1", dst_mac, 3 * k as u32, move |j, frame| {
+                let j = u64::from(j);
+                let fk = if j < 2 * k {
+                    key(new_from + j / 2, vip)
+                } else {
+                    key(old_from + j - 2 * k, vip)
+                };
+                let src = Ipv4Addr::from(u32::from_be(fk.src_addr.v4_be())).octets();
+                let b = etherparse::PacketBuilder::ethernet2(src_mac, dst_mac)
+                    .ipv4(src, vip_octets, 64);
+                let port = u16::from_be(fk.src_port);
+                if j >= 2 * k {
+                    b.tcp(port, vip.port(), 1000, 0).rst().write(frame, &[])?;
+                } else if j % 2 == 0 {
+                    b.tcp(port, vip.port(), 7000, 64_240)
+                        .syn()
+                        .write(frame, &[])?;
+                } else {
+                    b.tcp(port, vip.port(), 7001, 64_240)
+                        .ack(1)
+                        .write(frame, &[])?;
+                }
+                Ok(())
+            })?;
+        frames_sent += u64::from(sent);
         next += k;
-        let gone: Vec<FlowKey> = (oldest..oldest + k).map(|i| key(i, vip)).collect();
         oldest += k;
-        let mut per: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-        for g in &gone {
-            if let Ok(e) = flows.get(g, 0) {
-                let server = server_of.get(&e.backend_slot).copied().unwrap_or(0);
-                *per.entry((e.backend_slot, server)).or_default() += 1;
-            }
-        }
-        let mut w = a.table(map_names::FLOWS)?;
-        for g in &gone {
-            let _ = w.remove(g);
-        }
-        a.add_counts(&per, -1)?;
         thread::sleep(Duration::from_millis(100).saturating_sub(tick.elapsed()));
     }
     let secs = t1.elapsed().as_secs_f64();
@@ -718,16 +741,27 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
             / secs
     };
     let (dgrams, bytes, ticks) = (d("datagrams_sent"), d("bytes_sent"), d("ticks"));
+    let (events, lost, refreshed) = (d("events"), d("events_lost"), d("flows_refreshed"));
     let walk_ms = s1["last_walk_us"].as_u64().unwrap_or(0) as f64 / 1e3;
+    let c1 = a.counters()?;
+    let dc = |f: &str| {
+        (c1.get(f).copied().unwrap_or(0)).saturating_sub(c0.get(f).copied().unwrap_or(0)) as f64
+            / secs
+    };
+    let (placed, closed) = (dc("new_flows"), dc("closed_rst"));
     writeln!(
         md,
-        "| {n} | {} | {:.1} % | {:.1} % | {dgrams:.0} | {bytes:.0} | {ticks:.1} | {walk_ms:.1} ms |",
+        "| {n} | {} | {:.0} / {:.0} | {placed:.0} / {closed:.0} | {events:.0} ({lost:.0} lost) | {:.1} % | {:.1} % | {dgrams:.0} | {bytes:.0} | {refreshed:.0} | {ticks:.1} | {walk_ms:.1} ms |",
         full_s.map_or("not within 300 s".into(), |s| format!("{s:.1} s")),
+        frames_sent as f64 / secs,
+        3.0 * CLUSTER_RATE as f64,
         100.0 * cpu_a,
         100.0 * cpu_b,
     )?;
     Ok(
         json!({"flows": n, "full_table_s": full_s, "sender_cpu": cpu_a, "receiver_cpu": cpu_b,
+        "frames_per_s": frames_sent as f64 / secs, "placed_per_s": placed, "closed_per_s": closed,
+        "events_per_s": events, "events_lost_per_s": lost, "refreshed_per_s": refreshed,
         "datagrams_per_s": dgrams, "bytes_per_s": bytes, "ticks_per_s": ticks, "last_walk_ms": walk_ms,
         "rate": CLUSTER_RATE}),
     )
