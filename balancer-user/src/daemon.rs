@@ -411,6 +411,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     }
                 };
                 let budget = s.budget(every, capacity);
+                s.time_cap = Some(every.mul_f64(crate::gc::SWEEP_CPU));
                 let started = std::time::Instant::now();
                 let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
                     let r = s.slice(&inputs, budget);

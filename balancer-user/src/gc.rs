@@ -123,6 +123,17 @@ pub struct GcReport {
     /// Session affinities forgotten (older than their VIP's persistence,
     /// or of a VIP without persistence now).
     pub affinities_forgotten: u64,
+    /// Tables not scanned because they were empty and nothing could have
+    /// written to them since ([`Sweep`]'s skip rule).
+    pub tables_skipped: u64,
+}
+
+impl GcReport {
+    /// Entries this round removed or expired so far (orphans forgotten
+    /// included): the work that is not bounded by the sweep's CPU share.
+    fn work(&self) -> u64 {
+        self.expired + self.removed + self.orphans_forgotten + self.half_open_expired
+    }
 }
 
 /// The data path's clock now, ns: the one every stamp in the maps
@@ -233,6 +244,9 @@ pub struct SweepInputs {
     /// VIP index -> (persistence, ns; the client netmask) of the VIPs with
     /// session affinity.
     pub persistent: BTreeMap<u32, (u64, Addr)>,
+    /// A direct-return VIP exists (only their flows enter the unproven
+    /// table).
+    pub direct_return: bool,
 }
 
 /// A slot's generation plus one, by slot (0: not in use): the per-entry
@@ -278,6 +292,7 @@ impl SweepInputs {
             slots,
             server_of,
             persistent,
+            direct_return: state.vips.values().any(|v| v.settings.mode.direct_return()),
         }
     }
 
@@ -293,6 +308,9 @@ const SWEEP_CHUNK: u32 = 4096;
 /// The stages of a sweep round, in order: the three flow tables, then the
 /// orphan table.
 const STAGES: usize = 4;
+
+/// The orphan table's stage.
+const ORPHAN_STAGE: usize = 3;
 
 /// An incremental sweep of the flow tables and the orphan table: each
 /// [`Sweep::slice`] reads (in batches), expires and removes up to a budget
@@ -329,6 +347,17 @@ pub struct Sweep {
     refresh: Option<crate::cluster::Refresh>,
     /// Flows collected for the refresh, until [`Sweep::take_refreshed`].
     refreshed: Vec<crate::cluster::WireFlow>,
+    /// Per stage: its last scan found no entry.
+    found_none: [bool; STAGES],
+    /// Entries this round's scan of the current stage found so far.
+    stage_found: u64,
+    /// [`crate::maps::ORPHAN_WRITES`] when the orphan table's last scan
+    /// started.
+    orphan_writes_seen: u64,
+    /// Time a slice may spend on batches that expire nothing (`None`: no
+    /// limit): the CPU cap counts empty buckets too, which yield no
+    /// entries for the entry budget to count.
+    pub time_cap: Option<Duration>,
 }
 
 /// What a round has found so far.
@@ -352,12 +381,15 @@ struct Round {
 /// looked at once per round, so an idle flow is expired at most this late.
 pub const SWEEP_ROUND: Duration = Duration::from_secs(5);
 
-/// Share of a core the sweep may spend: 2 % (`Sweep::budget`).
-pub const SWEEP_CPU: f64 = 0.02;
+/// Share of a core the sweep may spend reading a table with nothing to
+/// expire: 1.5 % (`Sweep::budget`, `Sweep::time_cap`). A slice that
+/// expires flows is bounded by its entry budget only, so a mass expiry is
+/// not slowed to this share.
+pub const SWEEP_CPU: f64 = 0.015;
 
 /// Fewest entries a slice takes (a table this small is walked whole each
 /// tick, as one pass).
-pub const MIN_SLICE: u64 = 65_536;
+pub const MIN_SLICE: u64 = 32_768;
 
 impl Sweep {
     /// A sweep over `tables` whose first round starts from the counts
@@ -377,6 +409,28 @@ impl Sweep {
             started: std::time::Instant::now(),
             refresh: None,
             refreshed: Vec::new(),
+            found_none: [false; STAGES],
+            stage_found: 0,
+            orphan_writes_seen: 0,
+            time_cap: None,
+        }
+    }
+
+    /// `true` when the stage about to start can be skipped this round: its
+    /// last scan found it empty and nothing can have written to it since.
+    /// The unproven table only takes direct-return flows (none while no
+    /// such VIP exists); the orphan table only what this process writes
+    /// ([`crate::maps::ORPHAN_WRITES`]). Scanning an empty table costs its
+    /// every bucket (a table sized for millions: tens of ms a round).
+    fn skippable(&self, inp: &SweepInputs) -> bool {
+        if !self.found_none[self.stage] {
+            return false;
+        }
+        if self.stage == ORPHAN_STAGE {
+            self.orphan_writes_seen
+                == crate::maps::ORPHAN_WRITES.load(std::sync::atomic::Ordering::Relaxed)
+        } else {
+            FlowTable::ALL[self.stage] == FlowTable::Unproven && !inp.direct_return
         }
     }
 
@@ -404,9 +458,10 @@ impl Sweep {
     /// growth, over the ticks; before the first round ends, `capacity`,
     /// every table's size), but no more than [`SWEEP_CPU`] of a core at the
     /// cost per entry measured so far; at least [`MIN_SLICE`]. A large
-    /// table's round thus takes longer than `SWEEP_ROUND` (about 15 s per
+    /// table's round thus takes longer than `SWEEP_ROUND` (about 25 s per
     /// million flows here: the kernel's batched read costs about 300 ns an
-    /// entry, BENCHMARKS.md section 8).
+    /// entry, and empty buckets count against [`Sweep::time_cap`],
+    /// BENCHMARKS.md section 8).
     pub fn budget(&self, every: Duration, capacity: u64) -> u64 {
         slice_budget(self.last_round_entries, self.ns_per_entry, every, capacity)
     }
@@ -443,16 +498,37 @@ impl Sweep {
     pub fn slice(&mut self, inp: &SweepInputs, budget: u64) -> Result<()> {
         let mut taken = 0u64;
         self.last_slice = 0;
+        // Time spent on batches that expired nothing.
+        let mut idle = Duration::ZERO;
         while !self.round.done && taken < budget {
             if self.stage == STAGES {
                 self.round.done = true;
                 break;
             }
             if self.cursor == Cursor::Done {
+                self.found_none[self.stage] = self.stage_found == 0;
                 self.stage += 1;
+                self.stage_found = 0;
                 self.cursor = Cursor::Start;
                 continue;
             }
+            if self.cursor == Cursor::Start {
+                if self.skippable(inp) {
+                    self.round.report.tables_skipped += 1;
+                    self.cursor = Cursor::Done;
+                    continue;
+                }
+                if self.stage == ORPHAN_STAGE {
+                    self.orphan_writes_seen =
+                        crate::maps::ORPHAN_WRITES.load(std::sync::atomic::Ordering::Relaxed);
+                }
+            } else if self.time_cap.is_some_and(|cap| idle >= cap) {
+                // The CPU cap holds for buckets too: a table's empty
+                // buckets cost time and yield no entries.
+                break;
+            }
+            let batch_started = std::time::Instant::now();
+            let expired_before = self.round.report.work();
             if self.stage < FlowTable::ALL.len() {
                 let table = FlowTable::ALL[self.stage];
                 let mut batch = std::mem::take(&mut self.flows);
@@ -460,6 +536,7 @@ impl Sweep {
                 self.tables
                     .read(table, &mut self.cursor, SWEEP_CHUNK, &mut batch)?;
                 taken += batch.len() as u64;
+                self.stage_found += batch.len() as u64;
                 let mut doomed = Vec::new();
                 for (k, e) in &batch {
                     self.flow(inp, table, k, e, &mut doomed);
@@ -472,6 +549,7 @@ impl Sweep {
                 self.tables
                     .read_orphans(&mut self.cursor, SWEEP_CHUNK, &mut batch)?;
                 taken += batch.len() as u64;
+                self.stage_found += batch.len() as u64;
                 for (k, o) in &batch {
                     if Duration::from_nanos(inp.now_ns.saturating_sub(o.since_ns))
                         > inp.timeouts.orphan
@@ -481,6 +559,9 @@ impl Sweep {
                     }
                 }
                 self.orphans = batch;
+            }
+            if self.round.report.work() == expired_before {
+                idle += batch_started.elapsed();
             }
             self.last_slice = taken;
         }
@@ -870,9 +951,9 @@ mod tests {
         assert_eq!(slice_budget(0, 0.0, sec, 50_000_000), 10_000_000);
         // 4M entries at no measured cost: a quarter more over five ticks.
         assert_eq!(slice_budget(4_000_000, 0.0, sec, 1 << 23), 1_000_000);
-        // At 300 ns an entry, 2 % of a second is 66,666 entries: the round
-        // of 4M takes about a minute instead.
-        assert_eq!(slice_budget(4_000_000, 300.0, sec, 1 << 23), 66_666);
+        // At 300 ns an entry, 1.5 % of a second is 50,000 entries: the
+        // round of 4M takes 80 s instead.
+        assert_eq!(slice_budget(4_000_000, 300.0, sec, 1 << 23), 50_000);
         // Shorter ticks, smaller slices, the same share.
         assert_eq!(
             slice_budget(4_000_000, 300.0, Duration::from_millis(200), 1 << 23),

@@ -62,6 +62,11 @@ pub const PINNED_MAPS: [&str; 25] = [
     map_names::AFFINITY,
 ];
 
+/// Writes to the orphan table by this process so far (any daemon's maps):
+/// a sweep that found the table empty skips it until this moves (the data
+/// path only reads and removes orphans).
+pub static ORPHAN_WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The map pins present in `dir`.
 pub fn present_pins(dir: &Path) -> Vec<&'static str> {
     PINNED_MAPS
@@ -294,6 +299,7 @@ impl FlowTables {
     /// # Errors
     /// Map write failure.
     pub fn add_orphans(&mut self, keys: &[FlowKey], reason: u32, now_ns: u64) -> Result<()> {
+        ORPHAN_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if keys.is_empty() {
             return Ok(());
         }
@@ -1252,6 +1258,7 @@ impl Maps {
     /// # Errors
     /// Map write failure.
     pub fn add_orphan(&mut self, key: &FlowKey, reason: u32, now_ns: u64) -> Result<()> {
+        ORPHAN_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.orphans
             .insert(
                 key.with_kind(flow_kind::LIVE),

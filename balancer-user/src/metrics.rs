@@ -35,7 +35,7 @@
 //! | `cluster_ready`, `cluster_drained` (0 or 1) | gauge | |
 //! | `cluster_announced` (1 per VIP address announced by BGP), `cluster_bgp_error` (0 or 1) | gauge | vip / |
 //! | `cluster_peer_synced` (0 or 1), `cluster_peer_last_heard_seconds` | gauge | peer |
-//! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`) |
+//! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`, `events`, `events_lost`, `repairs`, `flows_refreshed`, `queue_dropped`) |
 //!
 //! The `cluster_*` series exist only on a daemon run with `--cluster-listen`
 //! or `--bgp-dir` (docs/cluster.md).
@@ -179,6 +179,11 @@ fn render_cluster(reg: &mut Registry, c: &crate::cluster::ClusterView) {
         ("bad_auth", s.bad_auth),
         ("replayed", s.replayed),
         ("send_errors", s.send_errors),
+        ("events", s.events),
+        ("events_lost", s.events_lost),
+        ("repairs", s.repairs),
+        ("flows_refreshed", s.flows_refreshed),
+        ("queue_dropped", s.queue_dropped),
     ] {
         totals.set(vec![("what", what.to_string())], v);
     }

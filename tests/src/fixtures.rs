@@ -813,5 +813,47 @@ fn table_pressure() -> anyhow::Result<usize> {
         "[{name}] a key is still there"
     );
     ok(name);
-    Ok(3)
+
+    let name = "sweep: a table found empty is skipped while nothing can fill it (the orphan table until an orphan is written, the unproven table while no direct-return VIP exists); the rounds still settle";
+    let timeouts = balancer::gc::Timeouts::default();
+    let inputs = balancer::gc::SweepInputs::of(r.lb.state(), &timeouts);
+    let mut sweep = r.lb.new_sweep()?;
+    let round =
+        |r: &mut Rig, sweep: &mut balancer::gc::Sweep| -> anyhow::Result<balancer::gc::GcReport> {
+            sweep.slice(&inputs, u64::MAX)?;
+            r.lb.settle_sweep(sweep)?
+                .ok_or_else(|| anyhow::anyhow!("[{name}] the round did not end"))
+        };
+    let first = round(&mut r, &mut sweep)?;
+    ensure!(first.tables_skipped == 0, "[{name}] first round {first:?}");
+    let unproven_empty = !r
+        .lb
+        .maps()
+        .flow_entries()?
+        .iter()
+        .any(|(t, _, _)| *t == FlowTable::Unproven);
+    let orphans_empty = r.lb.maps().orphans().is_empty();
+    let want = u64::from(unproven_empty && !inputs.direct_return) + u64::from(orphans_empty);
+    let second = round(&mut r, &mut sweep)?;
+    ensure!(
+        want > 0 && second.tables_skipped == want,
+        "[{name}] second round skipped {} tables, {want} expected (unproven empty {unproven_empty}, direct-return VIPs {}, orphans empty {orphans_empty})",
+        second.tables_skipped,
+        inputs.direct_return
+    );
+    // Control: an orphan written makes the next round scan that table.
+    let mut ft = r.lb.maps().flow_tables()?;
+    ft.add_orphans(
+        &[keys[0]],
+        balancer_common::orphan_reason::EXPIRED,
+        balancer::gc::datapath_now_ns(),
+    )?;
+    let third = round(&mut r, &mut sweep)?;
+    ensure!(
+        third.tables_skipped == want - u64::from(orphans_empty),
+        "[{name}] after an orphan was written: skipped {}",
+        third.tables_skipped
+    );
+    ok(name);
+    Ok(4)
 }

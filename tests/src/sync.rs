@@ -74,6 +74,11 @@ fn isn(i: u32) -> u32 {
 fn tables(pins: &Path) -> anyhow::Result<Vec<(FlowKey, FlowEntry)>> {
     let mut out = Vec::new();
     for name in [map_names::FLOWS, map_names::HALF_OPEN, map_names::UNPROVEN] {
+        // An older build (315e426, which this scenario is checked against
+        // with BALANCER_BIN) has no unproven table.
+        if name == map_names::UNPROVEN && !pins.join(name).exists() {
+            continue;
+        }
         let data = MapData::from_pin(pins.join(name)).with_context(|| format!("opening {name}"))?;
         let map: aya::maps::HashMap<MapData, FlowKey, FlowEntry> =
             aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data)?)?;

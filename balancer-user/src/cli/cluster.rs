@@ -148,4 +148,8 @@ pub fn print(v: &ClusterView) {
         "datagrams  load reports {} undecodable {} not from a peer {} bad tag {} replayed {} send errors {}",
         s.load_reports, s.bad_datagrams, s.not_from_peer, s.bad_auth, s.replayed, s.send_errors
     );
+    println!(
+        "events     read {} lost {} whole tables resent {} refreshed {} queue dropped {}",
+        s.events, s.events_lost, s.repairs, s.flows_refreshed, s.queue_dropped
+    );
 }
