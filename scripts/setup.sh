@@ -65,6 +65,10 @@ if ! rustup toolchain list | grep -q '^nightly'; then
   log "installing the nightly toolchain"
   rustup toolchain install nightly --profile minimal
 fi
+if ! rustup component list --installed | grep -q '^clippy'; then
+  log "adding clippy (CI runs it)"
+  rustup component add clippy
+fi
 if ! rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
   log "adding rust-src to nightly"
   rustup component add rust-src --toolchain nightly

@@ -71,7 +71,7 @@ const fn fingerprint() -> u64 {
     let mut h = FNV_OFFSET;
     // Addr is a tuple struct of one field: four u32 words.
     h = mix_bytes(h, b"Addr([u32; 4])");
-    h = mix_usize(h, core::mem::size_of::<Addr>());
+    h = mix_usize(h, size_of::<Addr>());
     h = layout!(
         h,
         VipKey {

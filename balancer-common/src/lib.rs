@@ -1150,30 +1150,28 @@ pub struct FlowEvent {
 pub const DEFAULT_FLOW_EVENT_RING: u32 = 4 << 20;
 
 const _: () = {
-    assert!(core::mem::size_of::<Addr>() == 16);
-    assert!(core::mem::size_of::<VipKey>() == 20);
-    assert!(core::mem::size_of::<VipInfo>() == 48);
-    assert!(core::mem::size_of::<ServerFails>() == 16);
-    assert!(core::mem::size_of::<Backend>() == 56);
-    assert!(core::mem::size_of::<FlowKey>() == 40);
-    assert!(core::mem::size_of::<AffinityKey>() == 20);
-    assert!(core::mem::size_of::<FlowEntry>() == 40);
+    assert!(size_of::<Addr>() == 16);
+    assert!(size_of::<VipKey>() == 20);
+    assert!(size_of::<VipInfo>() == 48);
+    assert!(size_of::<ServerFails>() == 16);
+    assert!(size_of::<Backend>() == 56);
+    assert!(size_of::<FlowKey>() == 40);
+    assert!(size_of::<AffinityKey>() == 20);
+    assert!(size_of::<FlowEntry>() == 40);
     assert!(core::mem::offset_of!(FlowEntry, vip_index) == FlowEntry::STATE_WORD_OFFSET);
     assert!(core::mem::offset_of!(FlowEntry, state) == FlowEntry::STATE_WORD_OFFSET + 4);
-    assert!(
-        FlowEntry::STATE_WORD_OFFSET.is_multiple_of(8) && core::mem::align_of::<FlowEntry>() == 8
-    );
+    assert!(FlowEntry::STATE_WORD_OFFSET.is_multiple_of(8) && align_of::<FlowEntry>() == 8);
     assert!(cfg!(target_endian = "little"));
-    assert!(core::mem::size_of::<BackendKey>() == 20);
-    assert!(core::mem::size_of::<BackendVips>() == 4 + 20 * MAX_VIPS_PER_BACKEND as usize);
-    assert!(core::mem::size_of::<TrafficStats>() == 48);
-    assert!(core::mem::size_of::<ChoiceStats>() == 8 * (2 + 3 * LOAD_BUCKETS));
-    assert!(core::mem::size_of::<ChoiceCounts>() == 16);
-    assert!(core::mem::size_of::<Settings>() == 16);
-    assert!(core::mem::size_of::<FlowEvent>() == 88);
-    assert!(core::mem::size_of::<LocalMac>() == 8);
-    assert!(core::mem::size_of::<Orphan>() == 16);
-    assert!(core::mem::size_of::<HostVips>() == 8 * VIP_BITMAP_WORDS);
+    assert!(size_of::<BackendKey>() == 20);
+    assert!(size_of::<BackendVips>() == 4 + 20 * MAX_VIPS_PER_BACKEND as usize);
+    assert!(size_of::<TrafficStats>() == 48);
+    assert!(size_of::<ChoiceStats>() == 8 * (2 + 3 * LOAD_BUCKETS));
+    assert!(size_of::<ChoiceCounts>() == 16);
+    assert!(size_of::<Settings>() == 16);
+    assert!(size_of::<FlowEvent>() == 88);
+    assert!(size_of::<LocalMac>() == 8);
+    assert!(size_of::<Orphan>() == 16);
+    assert!(size_of::<HostVips>() == 8 * VIP_BITMAP_WORDS);
     assert!(VIP_BITMAP_WORDS == 2, "HostVips::has reads two words");
 };
 
@@ -1216,8 +1214,8 @@ mod pod {
         DecapConfig,
         ServerFails,
         Addr,
-        crate::plan::ForwardPlan,
-        crate::plan::ResetPlan,
+        plan::ForwardPlan,
+        plan::ResetPlan,
     );
 }
 

@@ -264,11 +264,11 @@ pub struct ResetPlan {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<Nat>() == 24);
-    assert!(core::mem::size_of::<Encap>() == 40);
-    assert!(core::mem::size_of::<Rewrite>() == 68);
-    assert!(core::mem::size_of::<Dest>() == 56);
-    assert!(core::mem::size_of::<SegInfo>() == 16);
-    assert!(core::mem::size_of::<ForwardPlan>() == 144);
-    assert!(core::mem::size_of::<ResetPlan>() == 24);
+    assert!(size_of::<Nat>() == 24);
+    assert!(size_of::<Encap>() == 40);
+    assert!(size_of::<Rewrite>() == 68);
+    assert!(size_of::<Dest>() == 56);
+    assert!(size_of::<SegInfo>() == 16);
+    assert!(size_of::<ForwardPlan>() == 144);
+    assert!(size_of::<ResetPlan>() == 24);
 };

@@ -122,8 +122,8 @@ fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
 /// Rough kernel memory of a flow table, MiB: key + value + the hash
 /// table's per-element overhead (about 48 bytes), per entry.
 fn table_mib(entries: u32) -> u64 {
-    let per_entry = (std::mem::size_of::<balancer_common::FlowKey>()
-        + std::mem::size_of::<balancer_common::FlowEntry>()
+    let per_entry = (size_of::<balancer_common::FlowKey>()
+        + size_of::<balancer_common::FlowEntry>()
         + 48) as u64;
     (u64::from(entries) * per_entry).div_ceil(1 << 20)
 }
@@ -131,9 +131,8 @@ fn table_mib(entries: u32) -> u64 {
 /// Rough kernel memory of the three tables sized by `--flow-table-size`
 /// (flows, unproven, orphans), MiB.
 pub fn flow_tables_mib(entries: u32) -> u64 {
-    let orphan = (std::mem::size_of::<balancer_common::FlowKey>()
-        + std::mem::size_of::<balancer_common::Orphan>()
-        + 48) as u64;
+    let orphan =
+        (size_of::<balancer_common::FlowKey>() + size_of::<balancer_common::Orphan>() + 48) as u64;
     2 * table_mib(entries) + (u64::from(entries) * orphan).div_ceil(1 << 20)
 }
 
@@ -167,11 +166,11 @@ pub struct Balancer {
     /// Eligibility polls so far.
     polls: u64,
     /// This host's addresses, as last read (`LOCAL_ADDRS`).
-    host_addrs: Option<Vec<std::net::IpAddr>>,
+    host_addrs: Option<Vec<IpAddr>>,
     /// The data path's log records, until [`Balancer::take_datapath_log`].
     logger: Option<DatapathLog>,
     /// The flow-event ring buffer, until [`Balancer::take_flow_events`].
-    flow_events: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    flow_events: Option<aya::maps::RingBuf<MapData>>,
     /// The idle timeouts used while the state holds none (the daemon's
     /// command line).
     default_timeouts: Timeouts,
@@ -722,7 +721,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Map write failure (the settings).
-    pub fn take_flow_events(&mut self) -> Result<Option<aya::maps::RingBuf<aya::maps::MapData>>> {
+    pub fn take_flow_events(&mut self) -> Result<Option<aya::maps::RingBuf<MapData>>> {
         let Some(r) = self.flow_events.take() else {
             return Ok(None);
         };
@@ -801,7 +800,7 @@ impl Balancer {
 
     /// The desired state and the maps, for the cluster sync
     /// ([`crate::cluster`]), which reads and writes flow entries and counts.
-    pub(crate) fn cluster_parts(&mut self) -> (&State, &mut crate::maps::Maps) {
+    pub(crate) fn cluster_parts(&mut self) -> (&State, &mut Maps) {
         (&self.state, &mut self.maps)
     }
 
@@ -885,7 +884,7 @@ impl Balancer {
                 Change::SetBackend(v, b, w, h) => self.set_backend(
                     *v,
                     *b,
-                    &crate::api::BackendPatch {
+                    &BackendPatch {
                         weight: Some(*w),
                         health: Some(match h {
                             Some(h) => crate::api::HealthSetting::Check(h.clone()),
@@ -1188,8 +1187,8 @@ impl Balancer {
     /// kernel must know their MAC addresses before the data path can send
     /// to them ([`crate::netdev::resolve_neighbours`]; the other modes hand
     /// a frame to the kernel, which resolves the next hop itself).
-    pub fn dsr_backend_addrs(&self) -> Vec<std::net::IpAddr> {
-        let set: BTreeSet<std::net::IpAddr> = self
+    pub fn dsr_backend_addrs(&self) -> Vec<IpAddr> {
+        let set: BTreeSet<IpAddr> = self
             .state
             .vips
             .values()
@@ -1349,7 +1348,7 @@ impl Balancer {
         }
         if mode == crate::state::ForwardingMode::Dsr {
             // The first SYN must find their MACs known.
-            let ips: Vec<std::net::IpAddr> = addrs.iter().map(|a| a.ip()).collect();
+            let ips: Vec<IpAddr> = addrs.iter().map(|a| a.ip()).collect();
             netdev::resolve_neighbours(&ips);
         }
         self.maps.publish_ports(&self.state, &self.retired)

@@ -59,7 +59,7 @@ unsafe fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> libc::c_long {
             libc::SYS_bpf,
             cmd,
             attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as u32,
+            size_of::<BatchAttr>() as u32,
         )
     }
 }

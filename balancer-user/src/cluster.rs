@@ -1077,7 +1077,7 @@ pub fn size_buffers(sock: &UdpSocket, bytes: usize) -> usize {
         // SAFETY: setsockopt on our socket with an int option value.
         unsafe {
             let p = (&v as *const libc::c_int).cast();
-            let n = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            let n = size_of::<libc::c_int>() as libc::socklen_t;
             if libc::setsockopt(fd, libc::SOL_SOCKET, force, p, n) != 0 {
                 libc::setsockopt(fd, libc::SOL_SOCKET, plain, p, n);
             }
@@ -1086,7 +1086,7 @@ pub fn size_buffers(sock: &UdpSocket, bytes: usize) -> usize {
     set(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF);
     set(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF);
     let mut got: libc::c_int = 0;
-    let mut n = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    let mut n = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: getsockopt into an int.
     unsafe {
         libc::getsockopt(

@@ -321,7 +321,7 @@ pub fn parse(text: &str) -> Result<Config> {
 /// # Errors
 /// [`BalancerError::Invalid`] naming the address listed twice.
 pub fn check_unique(c: &Config) -> Result<()> {
-    let mut vips = std::collections::BTreeSet::new();
+    let mut vips = BTreeSet::new();
     for v in &c.vips {
         if !vips.insert(v.address) {
             return Err(BalancerError::Invalid {
@@ -329,7 +329,7 @@ pub fn check_unique(c: &Config) -> Result<()> {
                 reason: format!("VIP {} is listed twice", v.address),
             });
         }
-        let mut bs = std::collections::BTreeSet::new();
+        let mut bs = BTreeSet::new();
         for b in &v.backends {
             if !bs.insert(b.address) {
                 return Err(BalancerError::Invalid {

@@ -204,7 +204,7 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
         Request::Version => Ok(Response::Version(VersionView::this_build())),
         Request::ClusterStatus => match lb.cluster_view() {
             Some(v) => Ok(Response::Cluster(Box::new(v.clone()))),
-            None => Err(crate::error::BalancerError::Invalid {
+            None => Err(BalancerError::Invalid {
                 what: "cluster",
                 reason: "this daemon runs on its own (no --cluster-listen, no --bgp-dir)".into(),
             }),
@@ -222,7 +222,7 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             .map(|changes| Response::Applied { changes, dry_run }),
         Request::Detach {
             pin_dir: Some(p), ..
-        } if lb.pin_dir() != Some(p.as_path()) => Err(crate::error::BalancerError::Invalid {
+        } if lb.pin_dir() != Some(p.as_path()) => Err(BalancerError::Invalid {
             what: "pin directory",
             reason: format!(
                 "this daemon's pin directory is {}, not {}: nothing detached (check \

@@ -100,6 +100,7 @@ pub fn ensure_bpffs() -> anyhow::Result<bool> {
         return Ok(false);
     }
     std::fs::create_dir_all("/sys/fs/bpf").ok();
+    // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
     let rc = unsafe {
         libc::mount(
             c"bpf".as_ptr(),
@@ -367,7 +368,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let sync = cfg
         .cluster
         .as_ref()
-        .map(|_| Arc::new(tokio::sync::Mutex::new(crate::cluster::Sync::new())));
+        .map(|_| Arc::new(Mutex::new(crate::cluster::Sync::new())));
     let gc = {
         let lb = lb.clone();
         let every = cfg.gc_interval;
@@ -806,6 +807,7 @@ fn group_id(g: &str) -> anyhow::Result<u32> {
     if gr.is_null() {
         bail!("--read-only-group {g}: no such group");
     }
+    // SAFETY: not null (checked above), as getgrnam left it.
     Ok(unsafe { (*gr).gr_gid })
 }
 

@@ -240,7 +240,7 @@ pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) ->
         .set(
             0,
             DecapConfig {
-                local_addr: opts.local.map_or(balancer_common::Addr::ZERO, ip_be),
+                local_addr: opts.local.map_or(Addr::ZERO, ip_be),
                 gue_port: opts.gue_port.to_be(),
                 _pad: 0,
             },

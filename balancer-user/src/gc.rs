@@ -68,7 +68,7 @@ impl Timeouts {
     ///
     /// # Errors
     /// [`crate::BalancerError::Invalid`] naming the first one outside.
-    pub fn validate(&self) -> crate::Result<()> {
+    pub fn validate(&self) -> Result<()> {
         for (what, d) in [
             ("half-open timeout", self.half_open),
             ("established timeout", self.established),

@@ -286,7 +286,7 @@ mod tests {
             "bash -n refused the completion script"
         );
         let dir = tempfile::tempdir().unwrap();
-        cli::service::ManArgs::for_dir(dir.path().to_path_buf())
+        ManArgs::for_dir(dir.path().to_path_buf())
             .run(Cli::command())
             .unwrap();
         for page in [

@@ -34,12 +34,14 @@ pub fn host_addresses() -> Result<std::collections::BTreeSet<std::net::IpAddr>> 
             // type.
             match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
                 libc::AF_INET => {
+                    // SAFETY: an AF_INET address is a sockaddr_in.
                     let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                     out.insert(IpAddr::V4(Ipv4Addr::from(u32::from_be(
                         sin.sin_addr.s_addr,
                     ))));
                 }
                 libc::AF_INET6 => {
+                    // SAFETY: an AF_INET6 address is a sockaddr_in6.
                     let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                     out.insert(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
                 }

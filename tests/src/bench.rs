@@ -995,7 +995,7 @@ fn two_queues(
         let before = aux.count()?;
         let t0 = Instant::now();
         let shared: &Aux = aux;
-        std::thread::scope(|s| -> anyhow::Result<()> {
+        thread::scope(|s| -> anyhow::Result<()> {
             let runs: Vec<_> = [0usize, 1]
                 .into_iter()
                 .map(|cpu| {
@@ -1004,11 +1004,7 @@ fn two_queues(
                         unsafe {
                             let mut set: libc::cpu_set_t = std::mem::zeroed();
                             libc::CPU_SET(cpu, &mut set);
-                            libc::sched_setaffinity(
-                                0,
-                                std::mem::size_of::<libc::cpu_set_t>(),
-                                &set,
-                            );
+                            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
                         }
                         let mut ctx = [0u8; 24];
                         ctx[4..8].copy_from_slice(&64u32.to_ne_bytes());
@@ -1079,7 +1075,7 @@ impl StackTx {
             libc::bind(
                 std::os::fd::AsRawFd::as_raw_fd(&fd),
                 std::ptr::addr_of!(sa).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                size_of::<libc::sockaddr_ll>() as u32,
             )
         };
         ensure!(
@@ -1097,7 +1093,7 @@ impl StackTx {
         loop {
             // SAFETY: zeroed sockaddr_ll filled by recvfrom(2).
             let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            let mut len = size_of::<libc::sockaddr_ll>() as u32;
             // SAFETY: buffer and address of the sizes given.
             let n = unsafe {
                 libc::recvfrom(
@@ -1792,7 +1788,7 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(0, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
     }
     rig::net_setup()?;
     let mut rep = Report {
@@ -1857,7 +1853,7 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
         for c in 0..libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1) as usize {
             libc::CPU_SET(c, &mut set);
         }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
     }
     peers(&mut rep, sc)?;
     eprintln!("bench: real clients");

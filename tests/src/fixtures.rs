@@ -815,7 +815,7 @@ fn table_pressure() -> anyhow::Result<usize> {
     ok(name);
 
     let name = "sweep: a table found empty is skipped while nothing can fill it (the orphan table until an orphan is written, the unproven table while no direct-return VIP exists); the rounds still settle";
-    let timeouts = balancer::gc::Timeouts::default();
+    let timeouts = Timeouts::default();
     let inputs = balancer::gc::SweepInputs::of(r.lb.state(), &timeouts);
     let mut sweep = r.lb.new_sweep()?;
     let round =

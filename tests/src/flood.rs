@@ -177,7 +177,7 @@ pub fn send_frames_here(
                     frame.len(),
                     0,
                     (&sll as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                    size_of::<libc::sockaddr_ll>() as u32,
                 )
             };
             if r == frame.len() as isize {

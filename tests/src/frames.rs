@@ -336,7 +336,7 @@ pub fn reset_for(seg: &Seg) -> Vec<u8> {
 /// came, an IP header from `vip` to the segment's destination (as
 /// [`reset_for`]'s), a TCP header from the VIP's port with the backend's
 /// sequence number, RST alone, window 0, no payload.
-pub fn reset_toward_for(seg: &Seg, vip: std::net::SocketAddr) -> Vec<u8> {
+pub fn reset_toward_for(seg: &Seg, vip: SocketAddr) -> Vec<u8> {
     let mut out = Vec::new();
     write_link(
         &mut out,
@@ -354,8 +354,8 @@ pub fn reset_toward_for(seg: &Seg, vip: std::net::SocketAddr) -> Vec<u8> {
 /// `ack_flag`, ACK), the checksums as etherparse computes them.
 fn write_rst(
     out: &mut Vec<u8>,
-    src: std::net::SocketAddr,
-    dst: std::net::SocketAddr,
+    src: SocketAddr,
+    dst: SocketAddr,
     seq: u32,
     ack: u32,
     ack_flag: bool,

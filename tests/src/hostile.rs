@@ -519,7 +519,7 @@ fn learn_numbers(tb: &Testbed, held: Vec<Held>, id_base: u64) -> anyhow::Result<
             libc::bind(
                 sock.as_raw_fd(),
                 (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                size_of::<libc::sockaddr_ll>() as u32,
             )
         };
         ensure!(r == 0, "bind: {}", std::io::Error::last_os_error());
@@ -535,14 +535,14 @@ fn learn_numbers(tb: &Testbed, held: Vec<Held>, id_base: u64) -> anyhow::Result<
                 libc::SOL_SOCKET,
                 libc::SO_RCVTIMEO,
                 (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
+                size_of::<libc::timeval>() as u32,
             );
             libc::setsockopt(
                 sock.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_RCVBUFFORCE,
                 (&big as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as u32,
+                size_of::<libc::c_int>() as u32,
             );
         }
         let _ = ready_tx.send(());
@@ -625,7 +625,7 @@ fn blast(
                     frame.len(),
                     0,
                     (&sll as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                    size_of::<libc::sockaddr_ll>() as u32,
                 )
             };
             if r == frame.len() as isize {

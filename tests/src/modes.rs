@@ -329,7 +329,7 @@ fn send_raw_from_lb(tb: &Testbed, pkts: Vec<Vec<u8>>) -> anyhow::Result<()> {
                     pkt.len(),
                     0,
                     (&sin as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                    size_of::<libc::sockaddr_in>() as u32,
                 )
             };
             ensure!(

@@ -391,7 +391,7 @@ fn hang_ups(tb: &Testbed) -> anyhow::Result<()> {
     }
     thread_sleep_ms(300);
     ensure!(
-        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        Path::new(&format!("/proc/{pid}")).exists(),
         "the daemon died of clients that hung up before their answer"
     );
     tb.cli(&["vip", "list"])

@@ -298,7 +298,7 @@ fn removed_vip(tb: &Testbed) -> anyhow::Result<()> {
             "backend",
             "add",
             &v2.to_string(),
-            &crate::testbed::backend_addr(k).to_string(),
+            &backend_addr(k).to_string(),
         ])?;
     }
     let ns = tb.client_ns_path();
