@@ -534,6 +534,13 @@ impl SyncedSlots {
         self.by_slot.iter().all(Option::is_none)
     }
 
+    /// The VIP and backend address of `e`'s slot, when it holds a
+    /// direct-return VIP's backend of `e`'s generation.
+    fn current(&self, e: &FlowEntry) -> Option<(SocketAddr, SocketAddr)> {
+        let (vip, backend, generation) = (*self.by_slot.get(e.backend_slot as usize)?)?;
+        (generation == e.backend_generation).then_some((vip, backend))
+    }
+
     /// The wire form of flow `k` with entry `e` when it is this balancer's
     /// to send: LIVE, counted here (placed or adopted), pinned to a current
     /// backend of a direct-return VIP, and seen at or after `since_ns`
@@ -542,10 +549,7 @@ impl SyncedSlots {
         if k.kind != flow_kind::LIVE || !fl::counted(e.state) || e.last_seen_ns < since_ns {
             return None;
         }
-        let (vip, backend, generation) = (*self.by_slot.get(e.backend_slot as usize)?)?;
-        if generation != e.backend_generation {
-            return None;
-        }
+        let (vip, backend) = self.current(e)?;
         Some(WireFlow {
             client: flow_endpoints(k).0,
             vip,
@@ -674,17 +678,9 @@ impl Sync {
             if k.kind != flow_kind::LIVE {
                 continue;
             }
-            let Some((vip, _, generation)) = slots
-                .by_slot
-                .get(ev.entry.backend_slot as usize)
-                .copied()
-                .flatten()
-            else {
+            let Some((vip, _)) = slots.current(&ev.entry) else {
                 continue;
             };
-            if generation != ev.entry.backend_generation {
-                continue;
-            }
             let ends = (flow_endpoints(&k).0, vip);
             let item = if ev.kind == flow_event::CLOSED {
                 None
