@@ -261,6 +261,13 @@ pub enum Request {
         /// mistake than a wish).
         #[serde(default)]
         allow_empty: bool,
+        /// Make the running state exactly the configuration, undoing
+        /// runtime changes it did not make (drains, weights, backends
+        /// added). Otherwise what the configuration changed since it was
+        /// last applied is merged into the running state
+        /// (`balancer::config::merge`).
+        #[serde(default)]
+        exact: bool,
     },
     /// The cluster's state (`balancer cluster status`).
     ClusterStatus,
@@ -360,8 +367,19 @@ pub enum Response {
     Applied {
         /// One line per change, `+` added, `-` removed, `~` changed.
         changes: Vec<String>,
+        /// One line per runtime value kept against the configuration's
+        /// (`=` first): a drain, a weight, a backend added or removed at
+        /// runtime that the file did not change since its last apply.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        kept: Vec<String>,
         /// `true` when nothing was applied.
         dry_run: bool,
+    },
+    /// Done, but the state file could not be written: the change (one that
+    /// takes traffic away) stays applied and the write is retried.
+    Unsaved {
+        /// Why, and what it means for a restart.
+        warning: String,
     },
 }
 
@@ -605,6 +623,10 @@ pub struct StatsView {
     /// The interfaces the program is attached to.
     #[serde(default)]
     pub attachments: Vec<AttachmentView>,
+    /// Why the state file is not up to date, while a write is owed (a full
+    /// disk); `None` when it holds the running state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_file_unsaved: Option<String>,
 }
 
 /// One interface the program is attached to, as the kernel reports it.

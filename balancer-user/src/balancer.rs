@@ -10,7 +10,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     path::PathBuf,
-    time::Instant,
+    time::{Instant, SystemTime},
 };
 
 use aya::{
@@ -181,6 +181,8 @@ pub struct Balancer {
     /// The addresses of the balancer's host ([`netdev::host_addresses`];
     /// tests give their own, [`Balancer::set_host_addresses`]).
     host_addresses: HostAddresses,
+    /// Why the state file is not up to date, while a write is owed.
+    state_unsaved: Option<String>,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -376,6 +378,28 @@ fn check_settings_change(v: &VipConfig, new: &VipSettings, host: &BTreeSet<IpAdd
     Ok(())
 }
 
+/// How [`Balancer::apply_config`] applies a configuration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyHow {
+    /// Only compute the changes.
+    pub dry_run: bool,
+    /// A configuration without VIPs may remove every running VIP.
+    pub allow_empty: bool,
+    /// Make the running state exactly the file (a two-way plan): runtime
+    /// changes the file did not make are undone. Otherwise (and always
+    /// for the first file applied) the three-way [`crate::config::merge`].
+    pub exact: bool,
+}
+
+/// What [`Balancer::apply_config`] changed (or would change).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// One line per change, `+` added, `-` removed, `~` changed.
+    pub changes: Vec<String>,
+    /// One line per runtime value kept against the file's, `=` first.
+    pub kept: Vec<String>,
+}
+
 /// The reader of the data path's log records (aya-log's ring buffer): the
 /// daemon waits for its descriptor to be readable and calls `flush`, which
 /// hands the records to the `log` crate.
@@ -543,6 +567,7 @@ impl Balancer {
             table_sizes: (opts.flow_table_size, opts.half_open_table_size),
             cluster_view: None,
             host_addresses: netdev::host_addresses,
+            state_unsaved: None,
         })
     }
 
@@ -765,6 +790,14 @@ impl Balancer {
         &self.state
     }
 
+    /// The state as the state file holds it: [`Balancer::state`] with what
+    /// is remembered of removed VIPs and backends ([`State::retired`]).
+    pub fn snapshot(&self) -> State {
+        let mut s = self.state.clone();
+        s.retired = self.retired.record(Instant::now(), SystemTime::now());
+        s
+    }
+
     /// The cluster as its tasks last saw it (none: not in a cluster).
     pub fn cluster_view(&self) -> Option<&crate::cluster::ClusterView> {
         self.cluster_view.as_ref()
@@ -828,10 +861,14 @@ impl Balancer {
         crate::config::export(&self.state, &self.timeouts())
     }
 
-    /// Makes the running state match `desired` (`balancer apply`): the
-    /// changes [`crate::config::plan`] lists, in its order, each as its own
-    /// API call would make it. Returns them, one line each. With `dry_run`
-    /// nothing changes; the configuration is still checked. All of the
+    /// Applies the configuration file `desired` (`balancer apply`, `run
+    /// --config`): what the file changed since it was last applied, merged
+    /// into the running state ([`crate::config::merge`]; the whole file
+    /// with `exact` or for a first file), then the changes
+    /// [`crate::config::plan`] lists, in its order, each as its own API
+    /// call would make it. Returns them, one line each, and the runtime
+    /// values kept against the file's. With `dry_run` nothing changes; the
+    /// configuration is still checked. All of the
     /// changes, or none: every change is first checked against the running
     /// state as changed by the ones before it ([`Balancer::check_plan`]:
     /// values, duplicates, room in every table), so a refusal comes before
@@ -847,10 +884,14 @@ impl Balancer {
     pub fn apply_config(
         &mut self,
         desired: &crate::config::Config,
-        dry_run: bool,
-        allow_empty: bool,
-    ) -> Result<Vec<String>> {
+        how: ApplyHow,
+    ) -> Result<Applied> {
         use crate::config::Change;
+        let ApplyHow {
+            dry_run,
+            allow_empty,
+            exact,
+        } = how;
         check_config(desired)?;
         if desired.vips.is_empty() && !self.state.vips.is_empty() && !allow_empty {
             return Err(BalancerError::Invalid {
@@ -863,11 +904,27 @@ impl Balancer {
                 ),
             });
         }
-        let changes = crate::config::plan(&self.export_config(), desired);
+        let current = self.export_config();
+        let merged = match &self.state.applied {
+            Some(last) if !exact => crate::config::merge(last, desired, &current),
+            _ => crate::config::Merged {
+                target: desired.clone(),
+                kept: Vec::new(),
+            },
+        };
+        let changes = crate::config::plan(&current, &merged.target);
         let lines: Vec<String> = changes.iter().map(Change::describe).collect();
         self.check_plan(&changes, &lines)?;
-        if dry_run || changes.is_empty() {
-            return Ok(lines);
+        let done = Applied {
+            changes: lines.clone(),
+            kept: merged.kept,
+        };
+        if dry_run {
+            return Ok(done);
+        }
+        if changes.is_empty() {
+            self.state.applied = Some(desired.clone());
+            return Ok(done);
         }
         let state = self.state.clone();
         for (k, c) in changes.iter().enumerate() {
@@ -914,7 +971,8 @@ impl Balancer {
                 });
             }
         }
-        Ok(lines)
+        self.state.applied = Some(desired.clone());
+        Ok(done)
     }
 
     /// Checks each change of a plan as its API call would, against a copy
@@ -1040,7 +1098,12 @@ impl Balancer {
             }
             Err(e) => tracing::warn!("{e}"),
         }
+        let record = std::mem::take(&mut state.retired);
         self.state = state;
+        if !record.is_empty() {
+            // A restart: what was removed before it is remembered on.
+            self.retired = Retired::from_record(&record, Instant::now(), SystemTime::now());
+        }
         self.retired.forget_present(&self.state);
         // Entries no state accounts for (a change the state file never
         // received) go first, so the maps hold the state file's content.
@@ -1516,7 +1579,14 @@ impl Balancer {
         s.attachments = self.attachments();
         s.flow_table_size = u64::from(self.table_sizes.0);
         s.half_open_table_size = u64::from(self.table_sizes.1);
+        s.state_file_unsaved = self.state_unsaved.clone();
         Ok(s)
+    }
+
+    /// Records why the state file is not up to date (`None`: it is), for
+    /// [`Balancer::stats`] and the metrics.
+    pub fn set_state_unsaved(&mut self, why: Option<&str>) {
+        self.state_unsaved = why.map(str::to_string);
     }
 
     /// Each attached interface with the program the kernel says runs there.

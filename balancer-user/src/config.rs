@@ -521,6 +521,182 @@ fn backend_changes(
     }
 }
 
+/// The configuration a file asks for once the running state's own changes
+/// are kept: the result of [`merge`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Merged {
+    /// What the running state is to become ([`plan`] from the running
+    /// state to it gives the changes).
+    pub target: Config,
+    /// One line per runtime change kept against the file's value, `=`
+    /// first.
+    pub kept: Vec<String>,
+}
+
+/// A three-way merge (the model is `kubectl apply`'s last-applied
+/// configuration): what the file changed since it was `last` applied is
+/// applied to the `current` running state; what the file did not change
+/// keeps its running value, whatever the file says. A drain or a weight
+/// set at runtime, a backend or a VIP added or removed at runtime, are
+/// therefore kept by a restart with `--config` and by `apply`, unless the
+/// file itself changes that item (then the file, the newer word, wins).
+/// Item by item:
+/// - a VIP or a backend in `last` and not in `desired` goes;
+/// - one in `desired` and not in `last` comes with the file's values (a
+///   running one of the same address takes them);
+/// - one in both: each value (a VIP's settings; a backend's weight, drain
+///   and own health check) is the file's if the file changed it, the
+///   running one otherwise; if it is no longer running (removed at
+///   runtime) it stays removed unless the file changed it;
+/// - one in neither (added at runtime) stays;
+/// - the timeouts are the file's if the file changed them.
+///
+/// Nothing is dropped silently: every running value kept against the
+/// file's is a line of [`Merged::kept`].
+pub fn merge(last: &Config, desired: &Config, current: &Config) -> Merged {
+    let mut kept = Vec::new();
+    let timeouts = if desired.timeouts != last.timeouts {
+        desired.timeouts
+    } else {
+        if desired.timeouts.is_some() && current.timeouts != desired.timeouts {
+            kept.push("= timeouts set at runtime, kept (the file did not change them)".into());
+        }
+        None
+    };
+    let by = |c: &Config| -> BTreeMap<SocketAddr, VipEntry> {
+        c.vips.iter().map(|v| (v.address, v.clone())).collect()
+    };
+    let (l, d, c) = (by(last), by(desired), by(current));
+    let addrs: BTreeSet<SocketAddr> = l.keys().chain(d.keys()).chain(c.keys()).copied().collect();
+    let mut vips = Vec::new();
+    for a in addrs {
+        match (l.get(&a), d.get(&a), c.get(&a)) {
+            (_, None, None) | (Some(_), None, Some(_)) => {}
+            (None, None, Some(cv)) => {
+                kept.push(format!(
+                    "= vip {a} added at runtime, kept (not in the file)"
+                ));
+                vips.push(cv.clone());
+            }
+            (None, Some(dv), None) => vips.push(dv.clone()),
+            (Some(lv), Some(dv), None) => {
+                if lv == dv {
+                    kept.push(format!(
+                        "= vip {a} removed at runtime, not added back (the file did not change it)"
+                    ));
+                } else {
+                    vips.push(dv.clone());
+                }
+            }
+            (lv, Some(dv), Some(cv)) => {
+                let settings = if lv.map(VipEntry::settings) != Some(dv.settings()) {
+                    dv.settings()
+                } else {
+                    if cv.settings() != dv.settings() {
+                        kept.push(format!(
+                            "= vip {a}: settings set at runtime, kept (the file did not change \
+                             them)"
+                        ));
+                    }
+                    cv.settings()
+                };
+                let backends = merge_backends(
+                    a,
+                    lv.map_or(&[][..], |v| &v.backends),
+                    &dv.backends,
+                    &cv.backends,
+                    &mut kept,
+                );
+                vips.push(VipEntry::of(a, &settings, backends));
+            }
+        }
+    }
+    Merged {
+        target: Config { timeouts, vips },
+        kept,
+    }
+}
+
+fn merge_backends(
+    vip: SocketAddr,
+    last: &[BackendEntry],
+    desired: &[BackendEntry],
+    current: &[BackendEntry],
+    kept: &mut Vec<String>,
+) -> Vec<BackendEntry> {
+    let find = |bs: &[BackendEntry], a: SocketAddr| bs.iter().find(|b| b.address == a).cloned();
+    let mut out = Vec::new();
+    for cb in current {
+        let a = cb.address;
+        match (find(last, a), find(desired, a)) {
+            (Some(_), None) => {}
+            (None, None) => {
+                kept.push(format!(
+                    "= backend {a} of {vip} added at runtime, kept (not in the file)"
+                ));
+                out.push(cb.clone());
+            }
+            (lb, Some(db)) => {
+                // Each value: the file's if the file changed it.
+                let w_changed = lb.as_ref().map(|l| l.weight) != Some(db.weight);
+                let d_changed = lb.as_ref().map(|l| l.drained) != Some(db.drained);
+                let h_changed = lb.as_ref().map(|l| &l.health) != Some(&db.health);
+                let weight = if w_changed { db.weight } else { cb.weight };
+                let drained = if d_changed { db.drained } else { cb.drained };
+                let health = if h_changed {
+                    db.health.clone()
+                } else {
+                    cb.health.clone()
+                };
+                if weight != db.weight {
+                    kept.push(format!(
+                        "= backend {a} of {vip}: weight {weight} set at runtime, kept (the file's \
+                         {} is unchanged since its last apply)",
+                        db.weight
+                    ));
+                }
+                if drained != db.drained {
+                    kept.push(format!(
+                        "= backend {a} of {vip}: {} at runtime, kept (the file's value is \
+                         unchanged since its last apply)",
+                        if drained {
+                            "drained"
+                        } else {
+                            "put back into service"
+                        }
+                    ));
+                }
+                if health != db.health {
+                    kept.push(format!(
+                        "= backend {a} of {vip}: own health check set at runtime, kept"
+                    ));
+                }
+                out.push(BackendEntry {
+                    address: a,
+                    weight,
+                    drained,
+                    health,
+                });
+            }
+        }
+    }
+    for db in desired {
+        if current.iter().any(|b| b.address == db.address) {
+            continue;
+        }
+        if find(last, db.address).as_ref() == Some(db) {
+            kept.push(format!(
+                "= backend {} of {vip} removed at runtime, not added back (the file did not \
+                 change it)",
+                db.address
+            ));
+        } else {
+            out.push(db.clone());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -705,6 +881,87 @@ address = "[2001:db8:2::10]:443"
                 "~ backend 10.0.2.11:8080 of 10.0.0.10:80 back in service",
                 "+ backend 10.0.2.12:8080 of 10.0.0.10:80 weight 1",
             ]
+        );
+    }
+
+    #[test]
+    fn merge_keeps_what_only_the_runtime_changed() {
+        let file = parse(SAMPLE).unwrap();
+        // The running state: the file applied, then at runtime a drain, a
+        // weight, a backend added and one removed.
+        let mut running = file.clone();
+        let v = &mut running.vips[0];
+        v.backends[0].drained = true;
+        v.backends[1].weight = 7;
+        v.backends.push(BackendEntry {
+            address: "10.0.2.99:8080".parse().unwrap(),
+            weight: 1,
+            drained: false,
+            health: None,
+        });
+        running.vips[1].backends.clear();
+        // A restart with the same file changes nothing.
+        let m = merge(&file, &file, &running);
+        assert!(
+            plan(&running, &m.target).is_empty(),
+            "{:?}",
+            plan(&running, &m.target)
+        );
+        assert_eq!(m.kept.len(), 4, "{:#?}", m.kept);
+        assert!(m
+            .kept
+            .iter()
+            .any(|k| k.contains("10.0.2.10:8080") && k.contains("drained")));
+        // Without a last applied file (the first apply), the file is the
+        // state: the runtime changes are undone.
+        let m = merge(&Config::default(), &file, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Change::describe)
+            .collect();
+        assert!(
+            lines.contains(&"~ backend 10.0.2.10:8080 of 10.0.0.10:80 back in service".into()),
+            "{lines:?}"
+        );
+        // The file changes the drained backend's drain and another one's
+        // weight: the file wins there only.
+        let mut edited = file.clone();
+        edited.vips[0].backends[0].drained = true;
+        edited.vips[0].backends[0].weight = 4;
+        let m = merge(&file, &edited, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Change::describe)
+            .collect();
+        assert_eq!(lines, ["~ backend 10.0.2.10:8080 of 10.0.0.10:80 weight 4"]);
+        // The file removes the runtime-weighted backend and a VIP: gone.
+        let mut cut = file.clone();
+        cut.vips[0].backends.remove(1);
+        cut.vips.remove(1);
+        let m = merge(&file, &cut, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Change::describe)
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "- vip [2001:db8::10]:443 (and its backends)",
+                "- backend 10.0.2.11:8080 of 10.0.0.10:80",
+            ]
+        );
+        // A file that lists anew a backend removed at runtime (changed)
+        // adds it back.
+        let mut back = file.clone();
+        back.vips[1].backends[0].weight = 2;
+        let m = merge(&file, &back, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Change::describe)
+            .collect();
+        assert_eq!(
+            lines,
+            ["+ backend [2001:db8:2::10]:443 of [2001:db8::10]:443 weight 2"]
         );
     }
 }

@@ -7,7 +7,6 @@
 //! back off instead of spinning, and their log lines are rate-limited.
 
 use std::{
-    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -18,7 +17,7 @@ use crate::{
     api::{HealthEntry, Request, Response, VersionView, MAX_FLOWS_LISTED},
     balancer::Balancer,
     error::BalancerError,
-    state::write_state,
+    persist::StateFile,
 };
 
 /// Longest request line accepted, bytes (16,384 backends in one request
@@ -107,8 +106,8 @@ pub fn describe_peer(pid: Option<i32>, uid: u32) -> String {
 pub struct Shared {
     /// The balancer.
     pub lb: Arc<Mutex<Balancer>>,
-    /// State file rewritten after every change.
-    pub state_file: PathBuf,
+    /// State file rewritten after every change (locked after `lb`).
+    pub store: Arc<std::sync::Mutex<StateFile>>,
     /// Notified when a `detach` request asks the daemon to stop.
     pub stop: Arc<Notify>,
 }
@@ -133,11 +132,28 @@ pub fn req_name(r: &Request) -> String {
         .unwrap_or_default()
 }
 
-/// Applies one request. A change is persisted to `state_file`; a change
+/// Whether a request only takes traffic away (a drain, a removal, a
+/// cluster drain): such a change is kept when the state file cannot be
+/// written, since refusing it would keep traffic on what the operator is
+/// taking out of service.
+fn takes_out_of_service(r: &Request) -> bool {
+    matches!(
+        r,
+        Request::DrainBackend { .. }
+            | Request::RemoveBackend { .. }
+            | Request::RemoveVip { .. }
+            | Request::ClusterDrain { drained: true }
+    )
+}
+
+/// Applies one request. A change is persisted to the state file. A change
 /// that cannot be persisted is rolled back (the maps return to the state
 /// before it) and reported as not applied, so the maps never hold what the
-/// state file does not.
-pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
+/// state file does not, with one exception: a change that takes traffic
+/// away ([`takes_out_of_service`]) stays applied, the write stays owed and
+/// is retried ([`StateFile::check`]), and the answer is
+/// [`Response::Unsaved`].
+pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Response {
     let changes = !matches!(
         req,
         Request::ListVips
@@ -152,6 +168,7 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             | Request::Apply { dry_run: true, .. }
     );
     let before = changes.then(|| lb.state().clone());
+    let keep_unsaved = takes_out_of_service(&req);
     // Every change is logged with what it changes (as the request says it).
     let what = changes.then(|| describe(&req));
     let result = match req {
@@ -185,7 +202,10 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
         Request::ListBackends { vip } => lb
             .list_backends(vip)
             .map(|backends| Response::Backends { backends }),
-        Request::Stats => lb.stats().map(|s| Response::Stats(Box::new(s))),
+        Request::Stats => lb.stats().map(|mut s| {
+            s.state_file_unsaved = store.owed().map(str::to_string);
+            Response::Stats(Box::new(s))
+        }),
         Request::Flows { limit } => {
             let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED));
             Ok(Response::Flows { flows, truncated })
@@ -217,9 +237,21 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
             config,
             dry_run,
             allow_empty,
+            exact,
         } => lb
-            .apply_config(&config, dry_run, allow_empty)
-            .map(|changes| Response::Applied { changes, dry_run }),
+            .apply_config(
+                &config,
+                crate::balancer::ApplyHow {
+                    dry_run,
+                    allow_empty,
+                    exact,
+                },
+            )
+            .map(|a| Response::Applied {
+                changes: a.changes,
+                kept: a.kept,
+                dry_run,
+            }),
         Request::Detach {
             pin_dir: Some(p), ..
         } if lb.pin_dir() != Some(p.as_path()) => Err(BalancerError::Invalid {
@@ -264,7 +296,20 @@ pub fn handle(lb: &mut Balancer, req: Request, state_file: &Path) -> Response {
                 }
             }
             if let Some(before) = before {
-                if let Err(e) = write_state(state_file, lb.state()) {
+                let saved = store.save(&lb.snapshot());
+                lb.set_state_unsaved(store.owed());
+                if let Err(e) = saved {
+                    if keep_unsaved {
+                        let warning = format!(
+                            "applied, but the state file {} could not be written ({}): the \
+                             daemon retries every second; a restart before it succeeds starts \
+                             from the file's older state",
+                            store.path().display(),
+                            error_chain(&e)
+                        );
+                        tracing::error!("{warning}");
+                        return Response::Unsaved { warning };
+                    }
                     let undone = match lb.restore(before) {
                         Ok(()) => "the change was rolled back".to_string(),
                         Err(r) => format!(

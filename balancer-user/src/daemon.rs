@@ -28,7 +28,7 @@ use crate::{
     maps::{check_pins, present_pins},
     metrics::{DaemonMetrics, Source},
     preflight,
-    state::{read_state, write_state},
+    state::read_state,
 };
 
 pub use control::{error_chain, handle};
@@ -298,13 +298,25 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     let mut lb = start_data_path(&cfg, state)?;
     lb.set_default_timeouts(cfg.timeouts);
+    let mut store = crate::persist::StateFile::new(cfg.state_file.clone());
     if let Some((file, desired)) = cfg.config_file.as_ref().zip(desired.as_ref()) {
-        match lb.apply_config(desired, false, true) {
-            Ok(changes) => {
-                for c in &changes {
+        // A restart is not a reload: what the file changed since it was
+        // last applied is applied, and what was changed at runtime (a
+        // drain, a weight) is kept unless the file changed it too.
+        let how = crate::balancer::ApplyHow {
+            allow_empty: true,
+            ..Default::default()
+        };
+        match lb.apply_config(desired, how) {
+            Ok(applied) => {
+                for c in &applied.changes {
                     tracing::info!("config {}: {c}", file.display());
                 }
-                write_state(&cfg.state_file, lb.state())
+                for k in &applied.kept {
+                    tracing::info!("config {}: {k}", file.display());
+                }
+                store
+                    .save(&lb.snapshot())
                     .context("writing the state file after applying the configuration")?;
             }
             Err(e) => {
@@ -314,10 +326,14 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             }
         }
     }
-    if !cfg.state_file.exists() {
-        // The next start then finds the state that goes with the pins.
-        write_state(&cfg.state_file, lb.state()).context("writing the first state file")?;
+    if store.owed().is_none() {
+        // The next start then finds the state that goes with the pins (and
+        // the file is this daemon's from now on: StateFile::check).
+        store
+            .save(&lb.snapshot())
+            .context("writing the state file")?;
     }
+    let store = Arc::new(std::sync::Mutex::new(store));
     undo.disarm();
     if let Some(dir) = &link_dir {
         for stale in links::pinned_interfaces(dir)? {
@@ -579,10 +595,22 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         ))
     });
 
+    // The state file: written again when deleted or replaced, an owed
+    // write retried (crate::persist).
+    let keeper = {
+        let (lb, store) = (lb.clone(), store.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                keep_state_file(&lb, &store).await;
+            }
+        })
+    };
     let stop = Arc::new(Notify::new());
     let shared = Arc::new(control::Shared {
         lb: lb.clone(),
-        state_file: cfg.state_file.clone(),
+        store: store.clone(),
         stop: stop.clone(),
     });
     let server = tokio::spawn(http::serve_forever(listener, shared.clone(), Access::Root));
@@ -640,10 +668,23 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     health.abort();
     eligibility.abort();
+    keeper.abort();
     if let Some(t) = datapath_log {
         t.abort();
     }
     let lb = lb.lock().await;
+    // Written once more at a clean stop, whatever happened to it.
+    {
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = store.save(&lb.snapshot()) {
+            tracing::error!(
+                "writing the state file {} at stop failed: {}; the next start begins from its \
+                 older state",
+                cfg.state_file.display(),
+                error_chain(&e)
+            );
+        }
+    }
     let interfaces = lb.interfaces();
     if detached {
         tracing::info!("detached; stopping");
@@ -667,6 +708,30 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     drop(read_only_guard);
     drop(pin_lock);
     Ok(())
+}
+
+/// One check of the state file ([`crate::persist::StateFile::check`]),
+/// logged.
+async fn keep_state_file(
+    lb: &Mutex<Balancer>,
+    store: &std::sync::Mutex<crate::persist::StateFile>,
+) {
+    use crate::persist::Checked;
+    let mut lb = lb.lock().await;
+    let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+    let checked = store.check(&lb.snapshot());
+    lb.set_state_unsaved(store.owed());
+    let path = store.path().display();
+    match checked {
+        Checked::Fine => {}
+        Checked::Rewritten(how) => {
+            tracing::warn!("the state file {path} was {how} while the daemon ran: written again")
+        }
+        Checked::Caught => tracing::warn!("the state file {path} is written again: up to date"),
+        Checked::StillOwed(e) => tracing::error!(
+            "the state file {path} still cannot be written ({e}); retrying every second"
+        ),
+    }
 }
 
 /// Loads the program, restores the state and attaches.

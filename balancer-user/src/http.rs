@@ -102,6 +102,11 @@ pub struct ApplyBody {
     /// otherwise).
     #[serde(default)]
     pub allow_empty: bool,
+    /// Make the running state exactly the configuration (runtime drains,
+    /// weights and backends the file did not make are undone); otherwise
+    /// what the file changed since its last apply is merged in.
+    #[serde(default)]
+    pub exact: bool,
 }
 
 /// `GET /v1/flows` query.
@@ -179,10 +184,13 @@ pub fn route(req: &Request) -> (&'static str, String, Option<serde_json::Value>)
             config,
             dry_run,
             allow_empty,
+            exact,
         } => (
             "PUT",
             "/v1/config".into(),
-            Some(json!({"config": config, "dry_run": dry_run, "allow_empty": allow_empty})),
+            Some(
+                json!({"config": config, "dry_run": dry_run, "allow_empty": allow_empty, "exact": exact}),
+            ),
         ),
         Request::ClusterStatus => ("GET", "/v1/cluster".into(), None),
         Request::ClusterDrain { drained: true } => ("POST", "/v1/cluster/drain".into(), None),
@@ -289,7 +297,10 @@ async fn run(
                 r
             } else {
                 let detach = matches!(req, Request::Detach { .. });
-                let r = handle(&mut lb, req, &st.state_file);
+                let r = {
+                    let mut store = st.store.lock().unwrap_or_else(|p| p.into_inner());
+                    handle(&mut lb, req, &mut store)
+                };
                 if detach && matches!(r, Response::Detached { .. }) {
                     st.stop.notify_one();
                 }
@@ -525,6 +536,7 @@ async fn apply(State(st): State<St>, h: HeaderMap, b: Bytes) -> axum::response::
         config: b.config,
         dry_run: b.dry_run,
         allow_empty: b.allow_empty,
+        exact: b.exact,
     });
     run(&st, &h, req).await
 }

@@ -29,6 +29,7 @@ pub mod links;
 pub mod maps;
 pub mod metrics;
 pub mod netdev;
+pub mod persist;
 pub mod preflight;
 pub mod retired;
 pub mod state;

@@ -216,8 +216,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Flows { limit, json } => (Request::Flows { limit }, json),
     };
     let resp = client::call_with_timeout(&socket, &req, cli.timeout).await?;
-    if let (Request::DrainBackend { vip, .. } | Request::RemoveBackend { vip, .. }, Response::Ok) =
-        (&req, &resp)
+    if let (
+        Request::DrainBackend { vip, .. } | Request::RemoveBackend { vip, .. },
+        Response::Ok | Response::Unsaved { .. },
+    ) = (&req, &resp)
     {
         warn_if_no_eligible(&socket, *vip).await;
     }
@@ -247,6 +249,10 @@ async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddr) {
 fn print_response(resp: Response) -> anyhow::Result<()> {
     match resp {
         Response::Ok => println!("ok"),
+        Response::Unsaved { warning } => {
+            println!("ok");
+            eprintln!("warning: {warning}");
+        }
         Response::Error { message, .. } => bail!("{message}"),
         Response::Vips { vips } => cli::vip::print(&vips),
         Response::Backends { backends } => cli::backend::print(&backends),

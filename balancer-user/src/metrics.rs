@@ -440,6 +440,11 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             "Live flows at the last expiry pass",
             stats.live_flows,
         ),
+        (
+            "state_file_unsaved",
+            "1 while the state file cannot be written (a change is applied but not persisted; retried every second)",
+            u64::from(stats.state_file_unsaved.is_some()),
+        ),
     ] {
         let g = Gauge::<i64>::default();
         g.set(value as i64);
@@ -560,6 +565,7 @@ mod tests {
             expired_flows: 3,
             reconciled: 0,
             attachments: Vec::new(),
+            state_file_unsaved: None,
         };
         let d = DaemonMetrics::default();
         d.gc_pass.observe(0.002);

@@ -10,8 +10,9 @@
 //!   instead of reaching the client un-rewritten (with the backend's
 //!   address) through the host.
 //!
-//! This is runtime state: a restarted daemon forgets it (its orphans then
-//! pass, as plain misses).
+//! It is written to the state file ([`RetiredRecord`], wall-clock times):
+//! a restarted daemon keeps the tombstones and the reply entries until
+//! their orphan time ends, as if it had not restarted.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,6 +21,31 @@ use std::{
 };
 
 use crate::state::State;
+
+/// [`Retired`] as the state file holds it: times in ms since the Unix
+/// epoch (an [`Instant`] does not survive a restart).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RetiredRecord {
+    /// Tombstoned VIPs: (VIP, index, removed at).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vips: Vec<(SocketAddr, u32, u64)>,
+    /// Removed backends: (backend, the VIP it left, left at).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<(SocketAddr, SocketAddr, u64)>,
+}
+
+impl RetiredRecord {
+    /// Nothing recorded.
+    pub fn is_empty(&self) -> bool {
+        self.vips.is_empty() && self.backends.is_empty()
+    }
+}
+
+/// Now in ms since the Unix epoch.
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// Removed VIPs and backends still known to the data path.
 #[derive(Clone, Debug, Default)]
@@ -31,6 +57,43 @@ pub struct Retired {
 }
 
 impl Retired {
+    /// The record of what is remembered, its times taken from `now`
+    /// (monotonic) and `wall` (the same moment on the wall clock).
+    pub fn record(&self, now: Instant, wall: std::time::SystemTime) -> RetiredRecord {
+        let at =
+            |t: &Instant| unix_ms(wall).saturating_sub(now.duration_since(*t).as_millis() as u64);
+        RetiredRecord {
+            vips: self
+                .vips
+                .iter()
+                .map(|(v, (i, t))| (*v, *i, at(t)))
+                .collect(),
+            backends: self
+                .backends
+                .iter()
+                .flat_map(|(b, left)| left.iter().map(move |(v, t)| (*b, *v, at(t))))
+                .collect(),
+        }
+    }
+
+    /// What a record remembers, its times placed before `now` as far as
+    /// they lie before `wall` (a time in the future, after a clock step,
+    /// counts as now).
+    pub fn from_record(r: &RetiredRecord, now: Instant, wall: std::time::SystemTime) -> Retired {
+        let at = |ms: u64| {
+            let ago = Duration::from_millis(unix_ms(wall).saturating_sub(ms));
+            now.checked_sub(ago).unwrap_or(now)
+        };
+        let mut out = Retired::default();
+        for (v, i, t) in &r.vips {
+            out.add_vip(*v, *i, at(*t));
+        }
+        for (b, v, t) in &r.backends {
+            out.add_backend(*b, *v, at(*t));
+        }
+        out
+    }
+
     /// A VIP was removed.
     pub fn add_vip(&mut self, vip: SocketAddr, index: u32, now: Instant) {
         self.vips.insert(vip, (index, now));
@@ -121,6 +184,30 @@ impl Retired {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_round_trips_with_its_ages() {
+        let mut r = Retired::default();
+        let t0 = Instant::now();
+        let wall = std::time::SystemTime::now();
+        let (v, b): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.2.1:8080".parse().unwrap(),
+        );
+        r.add_vip(v, 3, t0);
+        r.add_backend(b, v, t0);
+        let later = t0 + Duration::from_secs(30);
+        let rec = r.record(later, wall);
+        assert_eq!(rec.vips.len(), 1);
+        assert_eq!(rec.backends, vec![(b, v, unix_ms(wall) - 30_000)]);
+        // Read back 10 s of wall time later (a restart): 40 s old.
+        let back = Retired::from_record(&rec, later, wall + Duration::from_secs(10));
+        assert_eq!(back.vip_indexes(), BTreeSet::from([3]));
+        let (vips, _) = back.clone().expire(Duration::from_secs(45), later);
+        assert!(vips.is_empty(), "40 s old is not past 45 s");
+        let (vips, backends) = back.clone().expire(Duration::from_secs(35), later);
+        assert_eq!((vips, backends), (vec![v], vec![b]));
+    }
 
     #[test]
     fn expire_forgets_only_what_is_old() {

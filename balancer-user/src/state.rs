@@ -499,6 +499,15 @@ impl VipSettings {
 pub fn check_weight(w: u32) -> Result<()> {
     if (1..=MAX_WEIGHT).contains(&w) {
         Ok(())
+    } else if w == 0 {
+        Err(BalancerError::Invalid {
+            what: "weight",
+            reason: format!(
+                "0 is not in 1..={MAX_WEIGHT}: to stop new connections to a backend while its \
+                 connections finish (IPVS's weight 0), drain it: `balancer backend drain VIP \
+                 BACKEND` (or `drained = true` in the configuration)"
+            ),
+        })
     } else {
         Err(BalancerError::Invalid {
             what: "weight",
@@ -576,6 +585,21 @@ pub struct State {
     /// announced by BGP.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cluster_drained: bool,
+    /// The configuration file as it was last applied (`run --config`,
+    /// `apply`): the base of the next apply's three-way merge
+    /// ([`crate::config::merge`]), so that what the file does not change
+    /// keeps its running value. `None` until a file is first applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<crate::config::Config>,
+    /// What was removed and is still remembered for its flows (VIP
+    /// tombstones, backends that left a VIP), with when (ms since the Unix
+    /// epoch): kept across a restart so the maps' entries for them are
+    /// expected, and expire on time ([`crate::retired::Retired`]).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::retired::RetiredRecord::is_empty"
+    )]
+    pub retired: crate::retired::RetiredRecord,
 }
 
 /// Where one backend address and port is used: what the data path's

@@ -112,6 +112,7 @@ impl View<'_> {
             expired_flows: self.gc.expired_total,
             reconciled: self.gc.reconciled_total,
             attachments: Vec::new(),
+            state_file_unsaved: None,
         })
     }
 }

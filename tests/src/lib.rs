@@ -28,3 +28,4 @@ pub mod scenario;
 pub mod sync;
 pub mod testbed;
 pub mod traffic;
+pub mod truth;

@@ -480,6 +480,8 @@ pub struct Testbed {
     /// A command the next start runs the daemon under, inside the
     /// balancer's namespace (`unshare --time ...`); empty: none.
     pub daemon_wrapper: Vec<String>,
+    /// The daemon's `--state-file` (`state.json` in [`Testbed::dir`]).
+    pub state_file: PathBuf,
     stop: Arc<AtomicBool>,
     daemon: Option<Child>,
     dir: PathBuf,
@@ -653,6 +655,7 @@ impl Testbed {
             gc_interval: "200ms",
             socket: dir.join("control.sock"),
             log: dir.join("daemon.log"),
+            state_file: dir.join("state.json"),
             dir,
             balancer_bin: balancer_bin()?,
             peers: None,
@@ -1048,7 +1051,7 @@ impl Testbed {
                 "0s",
             ])
             .arg("--state-file")
-            .arg(self.dir.join("state.json"))
+            .arg(&self.state_file)
             .arg("--pin-dir")
             .arg(self.pin_dir())
             .args(&self.daemon_args)

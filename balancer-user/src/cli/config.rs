@@ -22,6 +22,12 @@ pub struct ApplyArgs {
     /// otherwise: an empty or truncated file is more often a mistake).
     #[arg(long)]
     allow_empty: bool,
+    /// Make the running state exactly the file: drains, weights and
+    /// backends changed at runtime that the file did not change are undone
+    /// too. Without it, what the file changed since it was last applied is
+    /// applied and the rest keeps its running value (listed with `=`).
+    #[arg(long)]
+    exact: bool,
 }
 
 /// `balancer export` options.
@@ -76,9 +82,9 @@ fn line_of(
     }
 }
 
-fn applied(r: Response) -> anyhow::Result<Vec<String>> {
+fn applied(r: Response) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     match r {
-        Response::Applied { changes, .. } => Ok(changes),
+        Response::Applied { changes, kept, .. } => Ok((changes, kept)),
         Response::Error { message, .. } => bail!("{message}"),
         other => bail!("unexpected answer {other:?}"),
     }
@@ -100,15 +106,25 @@ impl ApplyArgs {
                     config: desired.clone(),
                     dry_run: true,
                     allow_empty: self.allow_empty,
+                    exact: self.exact,
                 },
                 timeout,
             )
             .await?,
         )?;
-        if plan.is_empty() {
+        let (plan, kept) = plan;
+        for line in &kept {
+            println!("{line}");
+        }
+        if plan.is_empty() && self.dry_run {
             println!(
-                "nothing to change: the running state matches {}",
-                self.file.display()
+                "nothing to change: the running state matches {}{}",
+                self.file.display(),
+                if kept.is_empty() {
+                    ""
+                } else {
+                    " but for the runtime values kept above (`--exact` undoes them)"
+                }
             );
             return Ok(());
         }
@@ -126,11 +142,27 @@ impl ApplyArgs {
                     config: desired,
                     dry_run: false,
                     allow_empty: self.allow_empty,
+                    exact: self.exact,
                 },
                 timeout,
             )
             .await?,
         )?;
+        let (done, _) = done;
+        if done.is_empty() {
+            // Applied all the same: the file becomes the base of the next
+            // apply's merge.
+            println!(
+                "nothing to change: the running state matches {}{}",
+                self.file.display(),
+                if kept.is_empty() {
+                    ""
+                } else {
+                    " but for the runtime values kept above (`--exact` undoes them)"
+                }
+            );
+            return Ok(());
+        }
         if done != plan {
             // The state changed between the two requests: say what was
             // really done.

@@ -25,6 +25,7 @@ use std::process::ExitCode;
 use balancer_tests::{
     abuse, bench, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile, jumbo,
     mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario, sync,
+    truth,
 };
 use clap::{Parser, Subcommand};
 
@@ -112,6 +113,10 @@ enum Cmd {
         #[arg(long)]
         long: bool,
     },
+    /// One source of truth across restarts: runtime drains and weights
+    /// kept by a restart with --config, a deleted state file written
+    /// again, a drain on a full disk, a clean restart after removals.
+    Truth,
     /// The operator's interface: the HTTP API with curl, the read-only
     /// socket, metrics against real traffic, `balancer top` under tmux,
     /// apply and export, readiness, the systemd unit, logs.
@@ -205,6 +210,7 @@ fn main() -> ExitCode {
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
         Cmd::Operator => operator::run(),
+        Cmd::Truth => truth::run(),
         Cmd::Cluster { long } => cluster::run(long),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
