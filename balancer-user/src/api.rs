@@ -238,10 +238,14 @@ pub enum Request {
     },
     /// Counters.
     Stats,
-    /// Live flows, at most `limit` (and at most [`MAX_FLOWS_LISTED`]).
+    /// Flows, live ones first, at most `limit` (and at most
+    /// [`MAX_FLOWS_LISTED`]), of those `filter` selects.
     Flows {
         /// Maximum number of flows returned.
         limit: usize,
+        /// Which flows (all when empty).
+        #[serde(default)]
+        filter: FlowFilter,
     },
     /// Every backend's health.
     Health,
@@ -383,6 +387,53 @@ pub enum Response {
     },
 }
 
+/// The kinds of flow [`FlowView::kind`] names, in the order `flows` lists
+/// them.
+pub const FLOW_KINDS: [&str; 5] = ["live", "half-open", "unproven", "synced", "closed"];
+
+/// Which flows `balancer flows` lists: every field given must match.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FlowFilter {
+    /// Flows of this VIP (address and port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub vip: Option<SocketAddr>,
+    /// Flows on this backend (address and port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub backend: Option<SocketAddr>,
+    /// Flows of this kind (one of [`FLOW_KINDS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+impl FlowFilter {
+    /// Checks the kind.
+    ///
+    /// # Errors
+    /// [`crate::error::BalancerError::Invalid`] for a kind not in
+    /// [`FLOW_KINDS`].
+    pub fn validate(&self) -> crate::error::Result<()> {
+        match &self.kind {
+            Some(k) if !FLOW_KINDS.contains(&k.as_str()) => {
+                Err(crate::error::BalancerError::Invalid {
+                    what: "flow kind",
+                    reason: format!("{k:?} is not one of {}", FLOW_KINDS.join(", ")),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `f` is selected.
+    pub fn matches(&self, f: &FlowView) -> bool {
+        self.vip.is_none_or(|v| v == f.vip)
+            && self.backend.is_none_or(|b| f.backend == Some(b))
+            && self.kind.as_deref().is_none_or(|k| k == f.kind)
+    }
+}
+
 /// A backend's health, for `GET /v1/health`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct HealthEntry {
@@ -432,8 +483,14 @@ pub struct VipView {
     pub settings: VipSettings,
     /// Backends (active and draining).
     pub backends: usize,
-    /// Backends receiving new flows now.
+    /// Backends eligible for new flows: in service, healthy and not
+    /// ejected (0 when none is, even while the fallback sends new flows to
+    /// all of them).
     pub eligible: usize,
+    /// Backends receiving new flows now: `eligible`, or in fallback every
+    /// backend not drained.
+    #[serde(default)]
+    pub receiving: usize,
     /// `true` when no backend is healthy and the VIP falls back to all of
     /// them (panic mode).
     pub fallback: bool,

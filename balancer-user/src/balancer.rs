@@ -28,7 +28,7 @@ use crate::{
         AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
         VipView,
     },
-    eligibility::{Changes, Eligibility},
+    eligibility::{Changes, Eligibility, Note},
     error::{BalancerError, Result},
     gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
     health::{Outcome, Target},
@@ -183,6 +183,9 @@ pub struct Balancer {
     host_addresses: HostAddresses,
     /// Why the state file is not up to date, while a write is owed.
     state_unsaved: Option<String>,
+    /// VIPs with backends none of which takes new connections (warned
+    /// of once).
+    starved: BTreeSet<SocketAddr>,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -568,6 +571,7 @@ impl Balancer {
             cluster_view: None,
             host_addresses: netdev::host_addresses,
             state_unsaved: None,
+            starved: BTreeSet::new(),
         })
     }
 
@@ -1305,7 +1309,8 @@ impl Balancer {
                     vip: v.addr,
                     settings: v.settings.clone(),
                     backends: v.backends.len(),
-                    eligible: list.len(),
+                    eligible: if fallback { 0 } else { list.len() },
+                    receiving: list.len(),
                     fallback,
                 }
             })
@@ -1609,8 +1614,8 @@ impl Balancer {
     }
 
     /// Up to `limit` flows of the flow table (live and closed).
-    pub fn flows(&self, limit: usize) -> (Vec<FlowView>, bool) {
-        telemetry::flows(&self.maps, limit)
+    pub fn flows(&self, limit: usize, filter: &crate::api::FlowFilter) -> (Vec<FlowView>, bool) {
+        telemetry::flows(&self.maps, limit, filter)
     }
 
     fn telemetry(&self) -> telemetry::View<'_> {
@@ -1635,7 +1640,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Map failure while publishing.
-    pub fn record_check(&mut self, outcome: &Outcome) -> Result<Vec<String>> {
+    pub fn record_check(&mut self, outcome: &Outcome) -> Result<Vec<Note>> {
         let ch = self
             .eligibility
             .record_check(&self.state, outcome, Instant::now());
@@ -1648,7 +1653,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Map failure.
-    pub fn poll_eligibility(&mut self) -> Result<Vec<String>> {
+    pub fn poll_eligibility(&mut self) -> Result<Vec<Note>> {
         let now = Instant::now();
         // A server's failure streak only grows when the data path counts a
         // failure: without one since the last poll no streak can have
@@ -1686,7 +1691,7 @@ impl Balancer {
         Ok(msgs)
     }
 
-    fn apply(&mut self, ch: Changes) -> Result<Vec<String>> {
+    fn apply(&mut self, ch: Changes) -> Result<Vec<Note>> {
         for s in &ch.clear_fails {
             self.maps.clear_server_fails(*s)?;
         }
@@ -1838,6 +1843,31 @@ impl Balancer {
     fn publish_vip(&mut self, addr: &SocketAddr) -> Result<()> {
         let v = self.state.vip(addr)?;
         let (eligible, fallback) = self.eligibility.list(&self.state, v);
+        // A VIP whose backends are all out of new connections is worth a
+        // warning when it happens, and a line when it ends.
+        let none_left = match (fallback, eligible.is_empty(), v.backends.is_empty()) {
+            (true, _, _) => Some(format!(
+                "VIP {addr}: no backend is healthy: new connections go to all {} backends in \
+                 service (no_healthy = fallback)",
+                eligible.len()
+            )),
+            (false, true, false) => Some(format!(
+                "VIP {addr}: no backend takes new connections (all drained, unhealthy or \
+                 ejected): new connections are refused"
+            )),
+            _ => None,
+        };
+        match (none_left, self.starved.contains(addr)) {
+            (Some(m), false) => {
+                tracing::warn!("{m}");
+                self.starved.insert(*addr);
+            }
+            (None, true) => {
+                tracing::info!("VIP {addr}: backends take new connections again");
+                self.starved.remove(addr);
+            }
+            _ => {}
+        }
         let list = self.maps.publish_vip(v, &eligible, fallback)?;
         let in_list: BTreeSet<u32> = eligible.iter().copied().collect();
         for b in &v.backends {

@@ -152,8 +152,14 @@ pub struct VipEntry {
     /// GUE's UDP destination port.
     #[serde(default = "d_gue_port")]
     pub gue_port: u16,
-    /// Active health check of the backends.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Active health check of the backends: a table, or `"off"`; left out,
+    /// a TCP check ([`crate::state::default_health`]).
+    #[serde(
+        default = "crate::state::default_health",
+        with = "health_or_off",
+        skip_serializing_if = "is_default_health"
+    )]
+    #[schema(value_type = Option<HealthCheck>)]
     pub health: Option<HealthCheck>,
     /// What new connections do when no backend is healthy.
     #[serde(default)]
@@ -189,6 +195,50 @@ pub struct VipEntry {
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
+}
+
+fn is_default_health(h: &Option<HealthCheck>) -> bool {
+    *h == crate::state::default_health()
+}
+
+/// A VIP's `health`: a table, or the string `"off"` for none.
+mod health_or_off {
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::state::HealthCheck;
+
+    pub fn serialize<S: Serializer>(h: &Option<HealthCheck>, s: S) -> Result<S::Ok, S::Error> {
+        match h {
+            Some(h) => h.serialize(s),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    struct Visitor;
+
+    impl<'de> de::Visitor<'de> for Visitor {
+        type Value = Option<HealthCheck>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a health check table or \"off\"")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            match v {
+                "off" => Ok(None),
+                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
+
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            // The table's own errors (an unknown key) keep their words.
+            HealthCheck::deserialize(de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HealthCheck>, D::Error> {
+        d.deserialize_any(Visitor)
+    }
 }
 
 fn d_choices() -> u32 {
@@ -822,6 +872,29 @@ address = "[2001:db8:2::10]:443"
             "{kinds:?}"
         );
         assert!(kinds[set + 1..].iter().all(|k| *k == "add"), "{kinds:?}");
+    }
+
+    #[test]
+    fn health_is_a_tcp_check_unless_off() {
+        let c = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
+        assert_eq!(c.vips[0].health, Some(HealthCheck::default()));
+        let off = parse("[[vip]]\naddress = \"10.0.0.10:80\"\nhealth = \"off\"\n").unwrap();
+        assert_eq!(off.vips[0].health, None);
+        // Round trips: "off" is written, the default is left out.
+        let text = to_toml(&off).unwrap();
+        assert!(text.contains("health = \"off\""), "{text}");
+        assert_eq!(parse(&text).unwrap(), off);
+        let text = to_toml(&c).unwrap();
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("health") || l.starts_with("[vip.health")),
+            "{text}"
+        );
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\nhealth = \"no\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("off") && e.contains("line 3"), "{e}");
     }
 
     #[test]

@@ -206,10 +206,10 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             s.state_file_unsaved = store.owed().map(str::to_string);
             Response::Stats(Box::new(s))
         }),
-        Request::Flows { limit } => {
-            let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED));
-            Ok(Response::Flows { flows, truncated })
-        }
+        Request::Flows { limit, filter } => filter.validate().map(|_| {
+            let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED), &filter);
+            Response::Flows { flows, truncated }
+        }),
         Request::Health => lb.list_backends(None).map(|bs| Response::Health {
             backends: bs
                 .into_iter()

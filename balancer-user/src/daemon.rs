@@ -21,6 +21,7 @@ use tokio::{
 use crate::{
     balancer::{mode_name, Balancer, LoadOptions},
     control,
+    eligibility::Note,
     gc::Timeouts,
     health::Monitor,
     http::{self, Access},
@@ -503,7 +504,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                     Some(o) = outcomes.recv() => {
                         let mut lb = lb.lock().await;
                         match lb.record_check(&o) {
-                            Ok(msgs) => msgs.iter().for_each(|m| tracing::info!("{m}")),
+                            Ok(msgs) => msgs.iter().for_each(Note::log),
                             Err(e) => {
                                 failures.warn(std::time::Instant::now(), || {
                                     format!("applying a health check result failed: {e:#}")
@@ -525,7 +526,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             loop {
                 tick.tick().await;
                 match lb.lock().await.poll_eligibility() {
-                    Ok(msgs) => msgs.iter().for_each(|m| tracing::info!("{m}")),
+                    Ok(msgs) => msgs.iter().for_each(Note::log),
                     Err(e) => {
                         failures.warn(std::time::Instant::now(), || {
                             format!("eligibility poll failed: {e:#}")

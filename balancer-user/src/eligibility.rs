@@ -21,11 +21,33 @@ use crate::{
 /// Smallest share of its weight a backend starts slow start with.
 const RAMP_FLOOR: f64 = 1.0 / 16.0;
 
+/// A transition for the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// It takes capacity away (a backend fails its checks, is ejected, or
+    /// would be but for the cap): logged as a warning; otherwise (a
+    /// backend returns) as information.
+    pub warn: bool,
+    /// What happened.
+    pub text: String,
+}
+
+impl Note {
+    /// Logs it at its level.
+    pub fn log(&self) {
+        if self.warn {
+            tracing::warn!("{}", self.text);
+        } else {
+            tracing::info!("{}", self.text);
+        }
+    }
+}
+
 /// What a change of health or ejection requires of the maps and the log.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// Transitions, for the log.
-    pub messages: Vec<String>,
+    pub messages: Vec<Note>,
     /// VIPs whose eligible list must be published again.
     pub republish: BTreeSet<SocketAddr>,
     /// Servers whose failure streak must be cleared in the data path.
@@ -222,15 +244,18 @@ impl Eligibility {
             .or_insert_with(|| BackendHealth::new(now));
         if let Some((old, new)) = h.record(&o.result, o.target.check.rise, o.target.check.fall, now)
         {
-            ch.messages.push(format!(
-                "health: backend {} of VIP {}: {old:?} -> {new:?}{}",
-                b.addr,
-                v.addr,
-                match &o.result {
-                    Err(e) => format!(" ({e})"),
-                    Ok(()) => String::new(),
-                }
-            ));
+            ch.messages.push(Note {
+                warn: new == HealthStatus::Unhealthy,
+                text: format!(
+                    "health: backend {} of VIP {}: {old:?} -> {new:?}{}",
+                    b.addr,
+                    v.addr,
+                    match &o.result {
+                        Err(e) => format!(" ({e})"),
+                        Ok(()) => String::new(),
+                    }
+                ),
+            });
             if old == HealthStatus::Unhealthy && new == HealthStatus::Healthy {
                 self.start_ramp(state, v, &[b.addr], now);
             }
@@ -310,26 +335,32 @@ impl Eligibility {
                     if !self.within_cap(state, vips, *server) {
                         if self.capped.insert(*server) {
                             self.capped_total += 1;
-                            ch.messages.push(format!(
-                                "passive: server {addr} not ejected: {} new flows failed in a \
-                                 row from {} client prefixes, but ejecting it would take a VIP \
-                                 past its max_ejection_percent (it ranks last in the choice \
-                                 instead)",
-                                f.streak,
-                                f.distinct_sources()
-                            ));
+                            ch.messages.push(Note {
+                                warn: true,
+                                text: format!(
+                                    "passive: server {addr} not ejected: {} new flows failed in \
+                                     a row from {} client prefixes, but ejecting it would take a \
+                                     VIP past its max_ejection_percent (it ranks last in the \
+                                     choice instead)",
+                                    f.streak,
+                                    f.distinct_sources()
+                                ),
+                            });
                         }
                         continue;
                     }
                     self.capped.remove(server);
                     self.ejected.insert(*server, now);
                     *self.ejections.entry(*server).or_default() += 1;
-                    ch.messages.push(format!(
-                        "passive: server {addr} ejected: {} new flows failed in a row from {} \
-                         client prefixes",
-                        f.streak,
-                        f.distinct_sources()
-                    ));
+                    ch.messages.push(Note {
+                        warn: true,
+                        text: format!(
+                            "passive: server {addr} ejected: {} new flows failed in a row from \
+                             {} client prefixes",
+                            f.streak,
+                            f.distinct_sources()
+                        ),
+                    });
                     ch.republish.extend(vips.iter().map(|v| v.addr));
                 }
                 Some(since) => {
@@ -360,10 +391,13 @@ impl Eligibility {
                 if state.server(&b.addr) == Some(server) {
                     self.start_ramp(state, v, &[b.addr], now);
                     ch.republish.insert(v.addr);
-                    ch.messages.push(format!(
-                        "passive: backend {} of VIP {} returns: {why}",
-                        b.addr, v.addr
-                    ));
+                    ch.messages.push(Note {
+                        warn: false,
+                        text: format!(
+                            "passive: backend {} of VIP {} returns: {why}",
+                            b.addr, v.addr
+                        ),
+                    });
                 }
             }
         }

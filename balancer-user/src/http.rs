@@ -34,7 +34,7 @@ use tokio::net::{UnixListener, UnixStream};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::{
-    api::{BackendPatch, Request, Response, VipPatch},
+    api::{BackendPatch, FlowFilter, Request, Response, VipPatch},
     config::Config,
     control::{
         handle, past_deadline, req_name, RateLimitedLog, Shared, ANSWER_TIMEOUT, BUSY,
@@ -115,6 +115,16 @@ pub struct FlowsQuery {
     /// At most this many flows (at most 10,000; default 100).
     #[serde(default = "default_limit")]
     pub limit: usize,
+    /// Only this VIP's flows.
+    #[serde(default)]
+    pub vip: Option<SocketAddr>,
+    /// Only this backend's flows.
+    #[serde(default)]
+    pub backend: Option<SocketAddr>,
+    /// Only flows of this kind (`live`, `half-open`, `unproven`, `synced`,
+    /// `closed`).
+    #[serde(default)]
+    pub kind: Option<String>,
 }
 
 fn default_limit() -> usize {
@@ -176,7 +186,19 @@ pub fn route(req: &Request) -> (&'static str, String, Option<serde_json::Value>)
         }
         Request::ListBackends { vip: None } => ("GET", "/v1/backends".into(), None),
         Request::Stats => ("GET", "/v1/stats".into(), None),
-        Request::Flows { limit } => ("GET", format!("/v1/flows?limit={limit}"), None),
+        Request::Flows { limit, filter } => {
+            let mut q = format!("/v1/flows?limit={limit}");
+            if let Some(v) = filter.vip {
+                q.push_str(&format!("&vip={}", seg(&v)));
+            }
+            if let Some(b) = filter.backend {
+                q.push_str(&format!("&backend={}", seg(&b)));
+            }
+            if let Some(k) = &filter.kind {
+                q.push_str(&format!("&kind={k}"));
+            }
+            ("GET", q, None)
+        }
         Request::Health => ("GET", "/v1/health".into(), None),
         Request::Version => ("GET", "/v1/version".into(), None),
         Request::Export => ("GET", "/v1/config".into(), None),
@@ -508,13 +530,26 @@ async fn stats(State(st): State<St>, h: HeaderMap) -> axum::response::Response {
 }
 
 /// Live flows.
-#[utoipa::path(get, path = "/v1/flows", params(("limit" = Option<usize>, Query, description = "at most this many (default 100, at most 10,000)")), responses((status = 200, body = Response)))]
+#[utoipa::path(get, path = "/v1/flows", params(("limit" = Option<usize>, Query, description = "at most this many (default 100, at most 10,000)"), ("vip" = Option<String>, Query, description = "only this VIP's flows"), ("backend" = Option<String>, Query, description = "only this backend's flows"), ("kind" = Option<String>, Query, description = "only this kind: live, half-open, unproven, synced, closed")), responses((status = 200, body = Response), (status = 400, body = Response)))]
 async fn flows(
     State(st): State<St>,
     Query(q): Query<FlowsQuery>,
     h: HeaderMap,
 ) -> axum::response::Response {
-    run(&st, &h, Ok(Request::Flows { limit: q.limit })).await
+    let filter = FlowFilter {
+        vip: q.vip,
+        backend: q.backend,
+        kind: q.kind,
+    };
+    run(
+        &st,
+        &h,
+        Ok(Request::Flows {
+            limit: q.limit,
+            filter,
+        }),
+    )
+    .await
 }
 
 /// The daemon's build.

@@ -119,14 +119,24 @@ enum Cmd {
     /// links pinned in --pin-dir are removed.
     #[command(after_help = "Example:\n  balancer detach --remove-maps")]
     Detach(DetachArgs),
-    /// List flows in the flow table.
+    /// List flows in the flow tables, live ones first (then half-open,
+    /// unproven, synced, closed), the most recently active first.
     #[command(
-        after_help = "Example:\n  balancer flows --limit 20 --json | jq '.flows[] | select(.kind == \"live\")'"
+        after_help = "Example:\n  balancer flows --vip 10.0.0.10:80 --state live --limit 20"
     )]
     Flows {
         /// At most this many (at most 10000).
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Only this VIP's flows (address and port).
+        #[arg(long)]
+        vip: Option<SocketAddr>,
+        /// Only this backend's flows (address and port).
+        #[arg(long)]
+        backend: Option<SocketAddr>,
+        /// Only flows in this state.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(balancer::api::FLOW_KINDS))]
+        state: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -213,7 +223,23 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             (req, json)
         }
         Cmd::Stats { json } => (Request::Stats, json),
-        Cmd::Flows { limit, json } => (Request::Flows { limit }, json),
+        Cmd::Flows {
+            limit,
+            vip,
+            backend,
+            state,
+            json,
+        } => (
+            Request::Flows {
+                limit,
+                filter: balancer::api::FlowFilter {
+                    vip,
+                    backend,
+                    kind: state,
+                },
+            },
+            json,
+        ),
     };
     let resp = client::call_with_timeout(&socket, &req, cli.timeout).await?;
     if let (
@@ -237,7 +263,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
 /// takes new connections.
 async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddr) {
     if let Ok(Response::Vips { vips }) = client::call(socket, &Request::ListVips).await {
-        if vips.iter().any(|v| v.vip == vip && v.eligible == 0) {
+        if vips.iter().any(|v| v.vip == vip && v.receiving == 0) {
             eprintln!(
                 "warning: VIP {vip} has no backend left that takes new connections; \
                  new connections to it are dropped (counter drop_no_backend)"

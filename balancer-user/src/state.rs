@@ -102,6 +102,15 @@ impl Default for HealthCheck {
     }
 }
 
+/// The health check a VIP gets when `vip add` or the configuration file
+/// does not say (`--health off`, `health = "off"` turn it off): a TCP
+/// connect to each backend's port ([`HealthCheck::default`]), so an
+/// unreachable backend is taken out by its checks rather than by the
+/// connections it breaks first.
+pub fn default_health() -> Option<HealthCheck> {
+    Some(HealthCheck::default())
+}
+
 impl HealthCheck {
     /// Checks the values.
     ///

@@ -7,7 +7,10 @@ use balancer_common::{
 };
 
 use crate::{
-    api::{BackendView, ChoiceView, FlowView, LoadHistogram, StatsView, VipStatsView},
+    api::{
+        BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, StatsView, VipStatsView,
+        FLOW_KINDS,
+    },
     eligibility::Eligibility,
     error::Result,
     gc::{datapath_now_ns, Reconciler},
@@ -137,12 +140,13 @@ pub fn choice_view(c: &ChoiceStats) -> ChoiceView {
     }
 }
 
-/// Up to `limit` flows of the flow table (live and closed), and whether
-/// more exist.
-pub fn flows(maps: &Maps, limit: usize) -> (Vec<FlowView>, bool) {
+/// Up to `limit` flows of the flow tables that `filter` selects, live
+/// ones first, and whether more exist (or more entries than
+/// [`FLOWS_SCANNED`] were left unread).
+pub fn flows(maps: &Maps, limit: usize, filter: &FlowFilter) -> (Vec<FlowView>, bool) {
     let now = datapath_now_ns();
-    let (entries, truncated) = maps.some_flows(limit);
-    let out = entries
+    let (entries, scan_cut) = maps.some_flows(limit.max(FLOWS_SCANNED));
+    let mut out: Vec<FlowView> = entries
         .iter()
         .filter_map(|(table, k, e)| {
             let kind = match (table, k.kind) {
@@ -174,6 +178,24 @@ pub fn flows(maps: &Maps, limit: usize) -> (Vec<FlowView>, bool) {
                 fins: fins.into(),
             })
         })
+        .filter(|f| filter.matches(f))
         .collect();
+    // Live first (then half-open, unproven, synced, closed), the most
+    // recently active first within a kind.
+    let rank = |k: &str| {
+        FLOW_KINDS
+            .iter()
+            .position(|x| *x == k)
+            .unwrap_or(usize::MAX)
+    };
+    out.sort_by_key(|f| (rank(&f.kind), f.idle_ms));
+    let truncated = scan_cut || out.len() > limit;
+    out.truncate(limit);
     (out, truncated)
 }
+
+/// Flow entries `flows` reads at most (or `limit`, if larger): the API's
+/// limit is at most [`crate::api::MAX_FLOWS_LISTED`], so a request walks a
+/// bounded part of the tables under the API's lock; more are reported as
+/// `truncated`.
+pub const FLOWS_SCANNED: usize = 65_536;

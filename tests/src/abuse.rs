@@ -201,7 +201,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let r = cli_timed(tb, "2s", &["vip", "list"]);
     // A change sent to the stopped daemon, given up by its sender: it must
     // not be applied when the daemon continues.
-    let late = cli_timed(tb, "1s", &["vip", "add", "10.0.0.99:80"]);
+    let late = cli_timed(tb, "1s", &["vip", "add", "--health", "off", "10.0.0.99:80"]);
     for p in &daemon_pids {
         Command::new("kill").args(["-CONT", p]).status()?;
     }
@@ -238,7 +238,7 @@ fn slow_readers(tb: &Testbed) -> anyhow::Result<()> {
     use std::io::Write as _;
     // A VIP with 2,000 backends: `backend list` is then about a megabyte.
     let vip = "10.0.0.98:80";
-    tb.cli(&["vip", "add", vip])?;
+    tb.cli(&["vip", "add", "--health", "off", vip])?;
     let backends: Vec<String> = (0..2000u32)
         .map(|i| format!("10.3.{}.{}:80", i / 250, i % 250 + 1))
         .collect();

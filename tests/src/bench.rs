@@ -484,7 +484,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
                 next = fill;
                 live_full = rig
                     .lb
-                    .flows(usize::MAX)
+                    .flows(usize::MAX, &Default::default())
                     .0
                     .iter()
                     .filter(|f| f.kind == "live")
@@ -1647,7 +1647,7 @@ fn peers(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
         let r = if sys.starts_with("this") {
             tb.gc_interval = "1s"; // the daemon's default
             tb.start_daemon()?;
-            tb.cli(&["vip", "add", &TB_VIP.to_string()])?;
+            tb.cli(&["vip", "add", "--health", "off", &TB_VIP.to_string()])?;
             let mut args = vec!["backend".to_string(), "add".into(), TB_VIP.to_string()];
             args.extend(backends.iter().map(|b| b.to_string()));
             tb.cli(&args.iter().map(String::as_str).collect::<Vec<_>>())?;

@@ -460,7 +460,17 @@ impl Cluster {
         let vip = VIP.to_string();
         self.cli(
             n,
-            &["vip", "add", &vip, "--mode", "dsr", "--choices", choices],
+            &[
+                "vip",
+                "add",
+                "--health",
+                "off",
+                &vip,
+                "--mode",
+                "dsr",
+                "--choices",
+                choices,
+            ],
         )?;
         let bs: Vec<String> = (0..BACKENDS).map(|k| backend(k).to_string()).collect();
         let mut args = vec!["backend", "add", vip.as_str()];

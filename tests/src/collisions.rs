@@ -79,7 +79,7 @@ pub fn run() -> anyhow::Result<()> {
 fn run_on(tb: &Testbed) -> anyhow::Result<()> {
     let (b0, b1) = (backend_addr(0), backend_addr(1));
     for v in [VIP_A, VIP_B] {
-        tb.cli(&["vip", "add", &v.to_string()])?;
+        tb.cli(&["vip", "add", "--health", "off", &v.to_string()])?;
         tb.cli(&["backend", "add", &v.to_string(), &b0.to_string()])?;
     }
     let client_ns = tb.client_ns_path();

@@ -768,7 +768,7 @@ fn table_pressure() -> anyhow::Result<usize> {
     r.lb.expire_and_reconcile(&t)?;
     r.lb.expire_and_reconcile(&t)?;
     let live =
-        r.lb.flows(10_000)
+        r.lb.flows(10_000, &Default::default())
             .0
             .iter()
             .filter(|f| f.kind == "live")

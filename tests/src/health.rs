@@ -113,7 +113,7 @@ pub fn dead_port(choices: &str, n: u64, protect: bool) -> anyhow::Result<Sequent
             "500ms",
         ]);
     } else {
-        add.extend(["--eject-after", "0"]);
+        add.extend(["--health", "off", "--eject-after", "0"]);
     }
     tb.cli(&add)?;
     let good: Vec<String> = (0..4).map(|k| backend_addr(k).to_string()).collect();
@@ -337,7 +337,7 @@ fn accepts_then_resets() -> anyhow::Result<()> {
 fn weighted_split() -> anyhow::Result<()> {
     let mut tb = Testbed::build(2)?;
     tb.start_daemon()?;
-    tb.cli(&["vip", "add", "10.0.0.10:80"])?;
+    tb.cli(&["vip", "add", "--health", "off", "10.0.0.10:80"])?;
     tb.cli(&[
         "backend",
         "add",
@@ -382,7 +382,15 @@ fn slow_start() -> anyhow::Result<()> {
     let share = |slow: &str| -> anyhow::Result<u64> {
         let mut tb = Testbed::build(5)?;
         tb.start_daemon()?;
-        tb.cli(&["vip", "add", "10.0.0.10:80", "--slow-start", slow])?;
+        tb.cli(&[
+            "vip",
+            "add",
+            "--health",
+            "off",
+            "10.0.0.10:80",
+            "--slow-start",
+            slow,
+        ])?;
         let four: Vec<String> = (0..4).map(|k| backend_addr(k).to_string()).collect();
         let mut args = vec!["backend", "add", "10.0.0.10:80"];
         args.extend(four.iter().map(String::as_str));

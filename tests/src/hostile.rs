@@ -355,7 +355,7 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
     tb.start_daemon()?;
     for v in VIPS {
         let vs = v.addr.to_string();
-        let mut a = vec!["vip", "add", &vs, "--no-healthy", "drop"];
+        let mut a = vec!["vip", "add", "--health", "off", &vs, "--no-healthy", "drop"];
         a.extend_from_slice(v.args);
         tb.cli(&a)?;
         for k in 0..BACKENDS {

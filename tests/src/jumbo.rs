@@ -63,7 +63,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
                 .collect(),
         ),
     ] {
-        tb.cli(&["vip", "add", &vip.to_string()])?;
+        tb.cli(&["vip", "add", "--health", "off", &vip.to_string()])?;
         for b in &backends {
             tb.cli(&["backend", "add", &vip.to_string(), &b.to_string()])?;
         }

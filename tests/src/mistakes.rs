@@ -164,7 +164,7 @@ fn unsaved_change_rolled_back(tb: &Testbed) -> anyhow::Result<()> {
         while std::io::Write::write_all(&mut filler, &chunk).is_ok() {}
         drop(filler);
         let err = o
-            .cli(tb, &["vip", "add", "10.0.0.40:80"])
+            .cli(tb, &["vip", "add", "--health", "off", "10.0.0.40:80"])
             .err()
             .context("a change with a full disk was accepted")?
             .to_string();
@@ -471,7 +471,7 @@ fn relative_state_file(tb: &Testbed) -> anyhow::Result<()> {
         );
         thread::sleep(Duration::from_millis(50));
     }
-    o.cli(tb, &["vip", "add", "10.0.0.42:80"])?;
+    o.cli(tb, &["vip", "add", "--health", "off", "10.0.0.42:80"])?;
     let text = std::fs::read_to_string(tb.dir().join("rel-state.json"))?;
     ensure!(
         text.contains("10.0.0.42:80"),

@@ -232,7 +232,7 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
     }
     tb.start_daemon()?;
     for v in vips() {
-        let mut a = vec!["vip", "add"];
+        let mut a = vec!["vip", "add", "--health", "off"];
         let vs = v.addr.to_string();
         a.push(&vs);
         a.extend_from_slice(v.args);

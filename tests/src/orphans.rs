@@ -73,7 +73,15 @@ fn time_namespace() -> anyhow::Result<()> {
 }
 
 fn time_namespace_on(tb: &mut Testbed) -> anyhow::Result<()> {
-    tb.cli(&["vip", "add", &VIP.to_string(), "--choices", "2"])?;
+    tb.cli(&[
+        "vip",
+        "add",
+        "--health",
+        "off",
+        &VIP.to_string(),
+        "--choices",
+        "2",
+    ])?;
     for k in 0..2 {
         tb.cli(&[
             "backend",
@@ -292,7 +300,7 @@ fn removed_vip(tb: &Testbed) -> anyhow::Result<()> {
         std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 11)),
         80,
     );
-    tb.cli(&["vip", "add", &v2.to_string()])?;
+    tb.cli(&["vip", "add", "--health", "off", &v2.to_string()])?;
     for k in 0..3 {
         tb.cli(&[
             "backend",

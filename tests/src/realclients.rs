@@ -407,9 +407,23 @@ pub(crate) fn configure(tb: &mut Testbed) -> anyhow::Result<()> {
     // log, which a failure prints.
     tb.daemon_args = vec!["--datapath-log".into(), "warn".into()];
     tb.start_daemon()?;
-    tb.cli(&["vip", "add", &VIP.to_string()])?;
-    tb.cli(&["vip", "add", &IPERF_VIP.to_string(), "--persistence", "60s"])?;
-    tb.cli(&["vip", "add", &IPERF_VIP_PLAIN.to_string()])?;
+    tb.cli(&["vip", "add", "--health", "off", &VIP.to_string()])?;
+    tb.cli(&[
+        "vip",
+        "add",
+        "--health",
+        "off",
+        &IPERF_VIP.to_string(),
+        "--persistence",
+        "60s",
+    ])?;
+    tb.cli(&[
+        "vip",
+        "add",
+        "--health",
+        "off",
+        &IPERF_VIP_PLAIN.to_string(),
+    ])?;
     for k in 0..BACKENDS {
         let ip = backend_ip(k);
         tb.cli(&[
@@ -653,8 +667,8 @@ pub fn measure(sc: Scale) -> anyhow::Result<Comparison> {
     // that tests see expiry quickly; a pass walks the whole table).
     tb.gc_interval = "1s";
     configure(&mut tb)?;
-    tb.cli(&["vip", "add", &ONE_HTTP_VIP.to_string()])?;
-    tb.cli(&["vip", "add", &ONE_IPERF_VIP.to_string()])?;
+    tb.cli(&["vip", "add", "--health", "off", &ONE_HTTP_VIP.to_string()])?;
+    tb.cli(&["vip", "add", "--health", "off", &ONE_IPERF_VIP.to_string()])?;
     tb.cli(&[
         "backend",
         "add",

@@ -300,7 +300,7 @@ fn probe_named_state_file(tb: &Testbed) -> anyhow::Result<()> {
     let mut d = tb
         .start_other(&args, &sock)
         .context("a daemon with state file st.probe")?;
-    tb.cli_on(&sock, &["vip", "add", "10.0.0.30:80"])?;
+    tb.cli_on(&sock, &["vip", "add", "--health", "off", "10.0.0.30:80"])?;
     ensure!(st.exists(), "no state file written");
     let _ = Command::new("kill")
         .args(["-TERM", &d.id().to_string()])

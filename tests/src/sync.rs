@@ -174,7 +174,15 @@ fn configure(tb: &Testbed, socket: Option<&Path>) -> anyhow::Result<()> {
     if cli(&["vip", "list"])?.contains(&VIP.to_string()) {
         return Ok(());
     }
-    cli(&["vip", "add", &VIP.to_string(), "--mode", "dsr"])?;
+    cli(&[
+        "vip",
+        "add",
+        "--health",
+        "off",
+        &VIP.to_string(),
+        "--mode",
+        "dsr",
+    ])?;
     for k in 0..BACKENDS {
         cli(&["backend", "add", &VIP.to_string(), &backend(k).to_string()])?;
     }

@@ -594,7 +594,15 @@ impl Testbed {
         let mut tb = Testbed::build(n_backends)?;
         tb.daemon_args = daemon_args.iter().map(|a| a.to_string()).collect();
         tb.start_daemon()?;
-        tb.cli(&["vip", "add", &VIP.to_string(), "--choices", choices])?;
+        tb.cli(&[
+            "vip",
+            "add",
+            "--health",
+            "off",
+            &VIP.to_string(),
+            "--choices",
+            choices,
+        ])?;
         for k in 0..n_backends {
             tb.cli(&[
                 "backend",

@@ -14,7 +14,13 @@
 //!    adds traffic is refused and rolled back on the same full disk);
 //! 4. a clean restart after removing a backend and a VIP warns of no map
 //!    entries missing from the state file (control: an entry the state
-//!    file really lacks is still warned of).
+//!    file really lacks is still warned of);
+//! 5. everyday defects: a VIP gets a TCP health check unless told `off`
+//!    (the control); backends failing it, and a VIP left with no healthy
+//!    backend, are warnings, and `vip list` shows ELIGIBLE 0 in fallback
+//!    (control: the VIP with healthy backends is not warned of); weight 0
+//!    is refused with the hint to drain; `flows` lists live flows before
+//!    closed ones and filters by VIP, backend and state.
 
 use std::{net::SocketAddr, path::Path, thread, time::Duration};
 
@@ -82,6 +88,7 @@ fn run_on(tb: &mut Testbed, disk: &Path) -> anyhow::Result<()> {
     deleted_state_file(tb)?;
     full_disk(tb, disk)?;
     clean_restart_after_removals(tb)?;
+    everyday(tb)?;
     Ok(())
 }
 
@@ -320,6 +327,159 @@ fn clean_restart_after_removals(tb: &mut Testbed) -> anyhow::Result<()> {
     println!(
         "truth: a clean restart after removing a backend and a VIP warned of nothing; a backend \
          taken out of the state file behind the daemon's back was warned of"
+    );
+    Ok(())
+}
+
+/// A VIP of the everyday step whose backends listen on no port.
+const DEAD_VIP: &str = "10.0.0.10:82";
+
+/// `vip list --json`.
+fn vips(tb: &Testbed) -> anyhow::Result<Vec<balancer::api::VipView>> {
+    match serde_json::from_str::<Response>(&tb.cli(&["vip", "list", "--json"])?)? {
+        Response::Vips { vips } => Ok(vips),
+        other => anyhow::bail!("unexpected answer {other:?}"),
+    }
+}
+
+/// `flows --json` with `args`.
+fn flows(tb: &Testbed, args: &[&str]) -> anyhow::Result<Vec<balancer::api::FlowView>> {
+    let mut a = vec!["flows", "--json"];
+    a.extend_from_slice(args);
+    match serde_json::from_str::<Response>(&tb.cli(&a)?)? {
+        Response::Flows { flows, .. } => Ok(flows),
+        other => anyhow::bail!("unexpected answer {other:?}"),
+    }
+}
+
+/// Whether the log holds a warning line with every one of `words`.
+fn warned(log: &str, words: &[&str]) -> bool {
+    log.lines()
+        .any(|l| l.contains(" WARN ") && words.iter().all(|w| l.contains(w)))
+}
+
+fn everyday(tb: &mut Testbed) -> anyhow::Result<()> {
+    let v = VIP.to_string();
+    for k in [0, 3] {
+        tb.cli(&["backend", "undrain", &v, &backend_addr(k).to_string()])?;
+    }
+    // A TCP health check unless told otherwise.
+    tb.cli(&["vip", "add", DEAD_VIP])?;
+    tb.cli(&["vip", "add", "10.0.0.10:83", "--health", "off"])?;
+    let dead: Vec<String> = (0..2)
+        .map(|k| format!("{}:9", backend_addr(k).ip()))
+        .collect();
+    tb.cli(&["backend", "add", DEAD_VIP, &dead[0], &dead[1]])?;
+    let list = vips(tb)?;
+    let health_of = |a: &str| {
+        list.iter()
+            .find(|x| x.vip.to_string() == a)
+            .map(|x| x.settings.health.is_some())
+    };
+    ensure!(
+        health_of(DEAD_VIP) == Some(true) && health_of("10.0.0.10:83") == Some(false),
+        "vip add without --health: {:?}; with --health off: {:?}",
+        health_of(DEAD_VIP),
+        health_of("10.0.0.10:83")
+    );
+    // Its backends fail their checks (rise 2, fall 3, every 2 s): warned
+    // of, one by one and for the VIP.
+    let since = tb.daemon_log().len();
+    let seen = wait_for(20, || {
+        let log = tb.daemon_log()[since..].to_string();
+        dead.iter().all(|d| warned(&log, &[d, "-> Unhealthy"]))
+            && warned(&log, &[DEAD_VIP, "no backend is healthy"])
+    });
+    let log = tb.daemon_log()[since..].to_string();
+    ensure!(
+        seen,
+        "no warnings for failing backends and a VIP without a healthy one in 20 s:\n{log}"
+    );
+    ensure!(
+        !warned(&log, &[&format!("VIP {VIP}")]),
+        "the VIP with healthy backends was warned of:\n{log}"
+    );
+    let list = vips(tb)?;
+    let view = |a: &str| list.iter().find(|x| x.vip.to_string() == a).cloned();
+    let d = view(DEAD_VIP).context("the dead VIP")?;
+    let live = view(&v).context("the VIP")?;
+    ensure!(
+        d.fallback && d.eligible == 0 && d.receiving == 2 && live.eligible == 2 && !live.fallback,
+        "vip list: {DEAD_VIP} eligible {} receiving {} fallback {}; {VIP} eligible {}",
+        d.eligible,
+        d.receiving,
+        d.fallback,
+        live.eligible
+    );
+    let shown = tb.cli(&["vip", "list"])?;
+    ensure!(
+        shown.contains("no healthy backend"),
+        "vip list does not say the VIP is in fallback:\n{shown}"
+    );
+    // Weight 0: the hint to drain.
+    let e = tb
+        .cli(&[
+            "backend",
+            "set",
+            &v,
+            &backend_addr(0).to_string(),
+            "--weight",
+            "0",
+        ])
+        .err()
+        .context("weight 0 was accepted")?
+        .to_string();
+    ensure!(e.contains("backend drain"), "weight 0: {e}");
+    // Flows: a closed one and a held one; live first, filters.
+    let ns = tb.client_ns_path();
+    let held = thread::spawn(move || -> anyhow::Result<Vec<crate::testbed::Conn>> {
+        crate::netns::enter_ns(&ns)?;
+        let closed = crate::testbed::Conn::open(9_000, 64)?;
+        closed.close();
+        let mut held = Vec::new();
+        for i in 0..4 {
+            held.push(crate::testbed::Conn::open(9_001 + i, 64)?);
+        }
+        Ok(held)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the client thread panicked"))??;
+    thread::sleep(Duration::from_millis(300));
+    let all = flows(tb, &[])?;
+    let first_closed = all.iter().position(|f| f.kind == "closed");
+    let last_live = all.iter().rposition(|f| f.kind == "live");
+    ensure!(
+        first_closed.is_some() && last_live.is_some() && last_live < first_closed,
+        "flows not live first: {:?}",
+        all.iter().map(|f| f.kind.as_str()).collect::<Vec<_>>()
+    );
+    let live = flows(tb, &["--vip", &v, "--state", "live"])?;
+    ensure!(
+        live.len() >= 4 && live.iter().all(|f| f.kind == "live" && f.vip == VIP),
+        "flows --vip --state live: {live:?}"
+    );
+    let b = held[0].backend;
+    let on_b = flows(tb, &["--backend", &b.to_string()])?;
+    ensure!(
+        !on_b.is_empty() && on_b.iter().all(|f| f.backend == Some(b)),
+        "flows --backend {b}: {on_b:?}"
+    );
+    ensure!(
+        flows(tb, &["--vip", DEAD_VIP])?.is_empty(),
+        "flows of a VIP without connections"
+    );
+    ensure!(
+        tb.cli(&["flows", "--state", "lively"]).is_err(),
+        "an unknown flow state was accepted"
+    );
+    for c in held {
+        c.close();
+    }
+    println!(
+        "truth: a VIP got a TCP check unless --health off; its failing backends and the VIP left \
+         without a healthy one were warnings, vip list showed ELIGIBLE 0 in fallback (the healthy \
+         VIP not warned of); weight 0 hinted at drain; flows listed live before closed and \
+         filtered by VIP, backend and state"
     );
     Ok(())
 }

@@ -16,6 +16,8 @@ fn the_running_state_survives_restarts_deletions_and_full_disks() {
             "a drain was applied and reported unsaved",
             "a clean restart after removing a backend and a VIP warned of nothing",
             "was warned of",
+            "a VIP got a TCP check unless --health off",
+            "flows listed live before closed",
         ],
     );
 }

@@ -202,7 +202,10 @@ impl VipCmd {
             VipCmd::Add { vip, settings } => (
                 Request::AddVip {
                     vip,
-                    settings: settings.patch().apply(&VipSettings::default()),
+                    settings: settings.patch().apply(&VipSettings {
+                        health: balancer::state::default_health(),
+                        ..VipSettings::default()
+                    }),
                 },
                 false,
             ),
@@ -275,9 +278,13 @@ pub fn print(vips: &[VipView]) {
             s.eject_after,
             persistence,
             if v.fallback {
-                "  (no healthy backend: fallback to all)"
+                format!(
+                    "  (no healthy backend: new connections go to all {} in service, the \
+                     fallback)",
+                    v.receiving
+                )
             } else {
-                ""
+                String::new()
             }
         );
     }

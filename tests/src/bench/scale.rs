@@ -205,7 +205,7 @@ impl Daemon {
 
     /// A VIP with [`BACKENDS`] backends (DSR ones on the VIP's port).
     fn configure(&self, vip: &str, dsr: bool) -> anyhow::Result<()> {
-        let mut args = vec!["vip", "add", vip];
+        let mut args = vec!["vip", "add", "--health", "off", vip];
         if dsr {
             args.extend(["--mode", "dsr"]);
         }
