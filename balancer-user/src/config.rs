@@ -361,8 +361,51 @@ pub fn parse(text: &str) -> Result<Config> {
         what: "configuration",
         reason: e.to_string().trim_end().to_string(),
     })?;
-    check_unique(&c)?;
+    check_unique(&c).map_err(|e| match e {
+        BalancerError::Invalid { what, reason } => BalancerError::Invalid {
+            what,
+            reason: match second_listing(text, &c) {
+                Some(line) => format!("{reason} (again at line {line})"),
+                None => reason,
+            },
+        },
+        other => other,
+    })?;
     Ok(c)
+}
+
+/// The line (from 1) where the first VIP, or backend of a VIP, listed a
+/// second time is listed again: the second `address` line naming it (a
+/// backend's within its VIP's entries).
+fn second_listing(text: &str, c: &Config) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let names = |l: &str, a: SocketAddr| {
+        l.trim_start().starts_with("address")
+            && (l.contains(&format!("\"{a}\"")) || l.contains(&format!("'{a}'")))
+    };
+    let nth = |from: usize, a: SocketAddr, n: usize| {
+        lines
+            .iter()
+            .enumerate()
+            .skip(from)
+            .filter(|(_, l)| names(l, a))
+            .nth(n)
+            .map(|(i, _)| i)
+    };
+    let mut vips = BTreeSet::new();
+    for v in &c.vips {
+        if !vips.insert(v.address) {
+            return nth(0, v.address, 1).map(|i| i + 1);
+        }
+        let mut bs = BTreeSet::new();
+        for b in &v.backends {
+            if !bs.insert(b.address) {
+                let at = nth(0, v.address, 0)?;
+                return nth(at, b.address, 1).map(|i| i + 1);
+            }
+        }
+    }
+    None
 }
 
 /// Checks that no VIP, and no backend of a VIP, is listed twice (the CLI
@@ -872,6 +915,22 @@ address = "[2001:db8:2::10]:443"
             "{kinds:?}"
         );
         assert!(kinds[set + 1..].iter().all(|k| *k == "add"), "{kinds:?}");
+    }
+
+    #[test]
+    fn an_address_listed_twice_is_named_with_its_line() {
+        let e = parse(
+            "[[vip]]\naddress = \"10.0.0.10:80\"\n[[vip.backend]]\naddress = \"10.0.2.1:80\"\n\
+             [[vip.backend]]\naddress = \"10.0.2.1:80\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("listed twice") && e.contains("line 6"), "{e}");
+        let e =
+            parse("[[vip]]\naddress = \"10.0.0.10:80\"\n\n[[vip]]\naddress = \"10.0.0.10:80\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("listed twice") && e.contains("line 5"), "{e}");
     }
 
     #[test]

@@ -295,6 +295,74 @@ fn print_response(resp: Response) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// Every `balancer` command in a code block of the README and of docs/
+    /// is one this CLI accepts (the commands a reader copies).
+    #[test]
+    fn the_documented_commands_parse() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![root.join("README.md")];
+        for e in std::fs::read_dir(root.join("docs")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "md") {
+                files.push(p);
+            }
+        }
+        let mut checked = 0;
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            let mut in_block = false;
+            let mut joined = String::new();
+            for line in text.lines() {
+                if line.trim_start().starts_with("```") {
+                    in_block = !in_block;
+                    continue;
+                }
+                if !in_block {
+                    continue;
+                }
+                // A continued line (`\` at its end) joins the next.
+                if let Some(head) = line.strip_suffix('\\') {
+                    joined.push_str(head);
+                    joined.push(' ');
+                    continue;
+                }
+                joined.push_str(line);
+                let cmd = std::mem::take(&mut joined);
+                // The command itself: before a comment, a pipe, a `&`.
+                let cmd = cmd.split(" #").next().unwrap();
+                let cmd = cmd.split(['|', '&', ';']).next().unwrap();
+                let Some(words) = shlex::split(cmd) else {
+                    continue;
+                };
+                let Some(at) = words.iter().position(|w| w == "balancer") else {
+                    continue;
+                };
+                // `balancer-testbed`, `balancer.toml` and the like are not
+                // the CLI; a word before it must be a launcher.
+                let launched = match words.first().map(String::as_str) {
+                    Some("sudo") => at == 1,
+                    Some("ip") => at == 4 && words[1..3] == ["netns", "exec"],
+                    _ => at == 0,
+                };
+                if !launched {
+                    continue;
+                }
+                // Redirections are the shell's.
+                let end = words
+                    .iter()
+                    .position(|w| w.trim_start_matches(char::is_numeric).starts_with(['>', '<']))
+                    .unwrap_or(words.len());
+                if let Err(e) = Cli::try_parse_from(&words[at..end]) {
+                    panic!("{}: `{}` is refused:\n{e}", f.display(), cmd.trim());
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 10, "only {checked} documented commands found");
+        // Control: a misspelt verb is refused by the same parse.
+        assert!(Cli::try_parse_from(["balancer", "backend", "drian", "a", "b"]).is_err());
+    }
+
     /// Completion scripts are valid shell; man pages are pages, one per verb.
     #[test]
     fn completions_and_man_pages() {
