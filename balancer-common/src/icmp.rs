@@ -18,8 +18,7 @@ use crate::{
     Addr, IPPROTO_TCP,
 };
 
-/// IP protocol number of ICMP.
-pub const IPPROTO_ICMP: u8 = 1;
+pub use crate::parse::IPPROTO_ICMP;
 /// ICMP type "destination unreachable".
 pub const ICMP_DEST_UNREACH: u8 = 3;
 /// Its code "fragmentation needed and DF set".

@@ -120,6 +120,9 @@ pub const fn dst_addr_off(v6: bool) -> usize {
     }
 }
 
+/// IP protocol number of ICMP (RFC 792).
+pub const IPPROTO_ICMP: u8 = 1;
+
 /// IPv6 next header: hop-by-hop options.
 pub const NEXT_HOP_BY_HOP: u8 = 0;
 /// IPv6 next header: routing.
@@ -371,7 +374,7 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
     let more_fragments = frag & 0x2000 != 0;
     let frag_offset = frag & 0x1fff;
     let l4_off = l3_off + ip_hlen;
-    if proto == crate::icmp::IPPROTO_ICMP && !more_fragments && frag_offset == 0 {
+    if proto == IPPROTO_ICMP && !more_fragments && frag_offset == 0 {
         return Parsed::Icmp {
             l3_off,
             l4_off,

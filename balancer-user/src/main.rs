@@ -350,7 +350,10 @@ mod tests {
                 // Redirections are the shell's.
                 let end = words
                     .iter()
-                    .position(|w| w.trim_start_matches(char::is_numeric).starts_with(['>', '<']))
+                    .position(|w| {
+                        w.trim_start_matches(char::is_numeric)
+                            .starts_with(['>', '<'])
+                    })
                     .unwrap_or(words.len());
                 if let Err(e) = Cli::try_parse_from(&words[at..end]) {
                     panic!("{}: `{}` is refused:\n{e}", f.display(), cmd.trim());

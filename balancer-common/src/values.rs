@@ -1,0 +1,564 @@
+//! Keys and values of the maps the program and the daemon share (besides
+//! the counters, [`crate::stats`]): `#[repr(C)]`, padding explicit, sizes
+//! asserted in the crate root.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{limits::*, Addr};
+
+/// Classes of the `MARTIAN_SOURCES` trie: why no client has such a source.
+pub mod martian_class {
+    /// `0.0.0.0/8` or `::`.
+    pub const UNSPECIFIED: u32 = 1;
+    /// `127.0.0.0/8` or `::1`.
+    pub const LOOPBACK: u32 = 2;
+    /// `224.0.0.0/4` or `ff00::/8`.
+    pub const MULTICAST: u32 = 3;
+    /// `255.255.255.255`.
+    pub const BROADCAST: u32 = 4;
+    /// An address of the balancer host.
+    pub const LOCAL: u32 = 5;
+    /// The address of a VIP.
+    pub const VIP: u32 = 6;
+}
+
+/// Entries of `MARTIAN_SOURCES`.
+pub const MARTIAN_SOURCES_LEN: u32 = 1024;
+
+/// The special-purpose source prefixes (RFC 6890; RFC 1122 section
+/// 3.2.1.3) the daemon writes into `MARTIAN_SOURCES`: (base address,
+/// prefix length in the 16-byte form (96 + n for an IPv4 /n), class). The
+/// same classes as [`Addr::martian_source`].
+pub const MARTIAN_PREFIXES: [(Addr, u32, u32); 7] = [
+    (Addr::v4(0), 96 + 8, martian_class::UNSPECIFIED),
+    (
+        Addr::v4(u32::from_ne_bytes([127, 0, 0, 0])),
+        96 + 8,
+        martian_class::LOOPBACK,
+    ),
+    (
+        Addr::v4(u32::from_ne_bytes([224, 0, 0, 0])),
+        96 + 4,
+        martian_class::MULTICAST,
+    ),
+    (Addr::v4(u32::MAX), 128, martian_class::BROADCAST),
+    (Addr::ZERO, 128, martian_class::UNSPECIFIED),
+    (
+        Addr([0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])]),
+        128,
+        martian_class::LOOPBACK,
+    ),
+    (
+        Addr([u32::from_ne_bytes([0xff, 0, 0, 0]), 0, 0, 0]),
+        8,
+        martian_class::MULTICAST,
+    ),
+];
+
+/// Settings of the backends' decapsulation program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DecapConfig {
+    /// Only packets to this outer destination are decapsulated
+    /// ([`Addr::ZERO`]: any).
+    pub local_addr: Addr,
+    /// GUE's UDP destination port, network byte order.
+    pub gue_port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// `DECAP_STATS` index: packets decapsulated.
+pub const DECAP_STAT_STRIPPED: u32 = 0;
+/// `DECAP_STATS` index: frames passed untouched (not encapsulated for us).
+pub const DECAP_STAT_PASSED: u32 = 1;
+/// `DECAP_STATS` index: tunnels for us (IP-in-IP, or GUE to the port, to
+/// the local address) from an outer source not in `DECAP_SOURCES`,
+/// dropped.
+pub const DECAP_STAT_REFUSED_SOURCE: u32 = 2;
+/// Number of `DECAP_STATS` counters.
+pub const DECAP_STATS_LEN: u32 = 3;
+/// Most entries of `DECAP_SOURCES`.
+pub const MAX_DECAP_SOURCES: u32 = 256;
+
+/// Key of the VIP table: address, port and protocol clients connect to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct VipKey {
+    /// The VIP's address.
+    pub addr: Addr,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// IP protocol number (6 for TCP).
+    pub proto: u8,
+    /// Padding, always 0.
+    pub _pad: u8,
+}
+
+/// Value of the VIP table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct VipInfo {
+    /// Index of the VIP in the per-VIP arrays, `0..MAX_VIPS`.
+    pub index: u32,
+    /// How many random eligible backends a new flow compares (see
+    /// [`choice`]); values at or above the eligible count, and
+    /// [`CHOICES_FULL_SCAN`], mean a full least-connections scan.
+    pub choices: u32,
+    /// Number of valid entries in the active eligible list.
+    pub eligible: u32,
+    /// Which of the VIP's two eligible lists is active (0 or 1). The daemon
+    /// fills the other list, then swaps this value in one map update, so the
+    /// data path never sees a half-written list.
+    pub list: u32,
+    /// `VIP_F_*` flags.
+    pub flags: u32,
+    /// A candidate whose server has failed this many new flows in a row
+    /// (`SERVER_FAILS`), from at least [`VipInfo::eject_min_sources`]
+    /// client prefixes, ranks below every candidate that has not: passive
+    /// failure detection in the data path ([`ServerFails::failing`]). 0:
+    /// never.
+    pub eject_after: u32,
+    /// Distinct client prefixes ([`source_bucket`]) the failures of a
+    /// streak must come from before it counts (1: any one client).
+    pub eject_min_sources: u32,
+    /// Session affinity (persistence), seconds: a new connection from a
+    /// client address seen within this time goes to the backend its last
+    /// connection got, while that backend is eligible. 0: off.
+    pub persistence_s: u32,
+    /// The netmask grouping clients for affinity ([`Addr::netmask`]; all
+    /// ones: each address on its own).
+    pub persistence_mask: Addr,
+}
+
+/// The VIP has no healthy backend and its policy is to fall back to all of
+/// its backends that are not drained (panic mode): its list holds them.
+pub const VIP_F_FALLBACK: u32 = 1;
+/// The VIP was removed: kept for the orphan time so that its clients'
+/// segments get a reset (and new connections are refused with one).
+pub const VIP_F_REMOVED: u32 = 2;
+/// [`VipInfo::flags`]: the VIP's mode has both directions in view (NAT):
+/// none of its flows is ever in the unproven table (only direct-return
+/// flows wait there), so the data path does not look there for its
+/// segments; each probe of a large flow table measured about 150 ns cold.
+/// A VIP without the flag (a direct-return mode, a tombstone, an entry an
+/// older daemon wrote) is looked for there as before.
+pub const VIP_F_TWO_SIDED: u32 = 4;
+
+impl VipInfo {
+    /// Index into `VIP_BACKENDS` of entry `i` of the active eligible list.
+    #[inline(always)]
+    pub fn list_index(&self, i: u32) -> u32 {
+        eligible_list_base(self.index, self.list) + i
+    }
+}
+
+/// Index into `VIP_BACKENDS` where eligible list `list` (0 or 1) of VIP
+/// `vip_index` starts.
+#[inline(always)]
+pub const fn eligible_list_base(vip_index: u32, list: u32) -> u32 {
+    (vip_index * 2 + (list & 1)) * MAX_BACKENDS_PER_VIP
+}
+
+/// Number of entries of the `VIP_BACKENDS` array.
+pub const VIP_BACKENDS_LEN: u32 = MAX_VIPS * 2 * MAX_BACKENDS_PER_VIP;
+
+/// Backend slot is in use (set by the daemon while the backend exists).
+pub const BACKEND_F_IN_USE: u32 = 1;
+/// The backend's address and port serve more than one VIP: a new flow placed
+/// on it must not reuse a client address and port that is live on it through
+/// another VIP (at the backend both would be one connection).
+pub const BACKEND_F_SHARED: u32 = 2;
+/// The slot is in its VIP's active eligible list (healthy, not drained, not
+/// ejected; or the VIP is falling back to all): an affinity to it holds.
+pub const BACKEND_F_ELIGIBLE: u32 = 4;
+
+/// Key of the `AFFINITY` table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct AffinityKey {
+    /// Index of the VIP.
+    pub vip_index: u32,
+    /// Client address masked with the VIP's `persistence_mask`.
+    pub client: Addr,
+}
+
+/// Value of the `AFFINITY` table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct AffinityEntry {
+    /// Backend slot the client's connections go to.
+    pub backend_slot: u32,
+    /// That slot's generation when the affinity was made (a slot reused by
+    /// another backend breaks it).
+    pub backend_generation: u32,
+    /// When a connection of the client was last placed or (by the daemon's
+    /// pass) last seen, CLOCK_MONOTONIC ns.
+    pub last_seen_ns: u64,
+}
+
+/// Whether an affinity last seen at `last_seen_ns` still holds at `now_ns`
+/// for a persistence of `persistence_s` seconds.
+#[inline(always)]
+pub const fn affinity_fresh(last_seen_ns: u64, now_ns: u64, persistence_s: u32) -> bool {
+    now_ns.saturating_sub(last_seen_ns) <= persistence_s as u64 * 1_000_000_000
+}
+
+/// One backend slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Backend {
+    /// The backend's address (of the VIP's family, or of either family in
+    /// the encapsulating modes).
+    pub addr: Addr,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+    /// Generation of the slot, raised each time a backend is placed in it. A
+    /// flow pinned to an older generation is never sent to the slot's new
+    /// backend.
+    pub generation: u32,
+    /// `BACKEND_F_*` flags.
+    pub flags: u32,
+    /// Server index: one per backend address and port across all VIPs,
+    /// indexing the `SERVER_*` arrays (the load a choice compares is the
+    /// server's, whatever VIP its connections came through).
+    pub server: u32,
+    /// Effective weight in units of 1/[`WEIGHT_ONE`] (slow start applied),
+    /// at least 1. A choice compares (active connections + 1) / weight.
+    pub weight: u32,
+    /// Outer source address of encapsulated packets, of the backend's
+    /// family (IP-in-IP and GUE modes; [`Addr::ZERO`] otherwise).
+    pub encap_src: Addr,
+    /// How packets reach the backend: one of [`encap::mode`] (its VIP's
+    /// forwarding mode).
+    pub mode: u16,
+    /// GUE's UDP destination port, network byte order (GUE mode).
+    pub encap_port: u16,
+}
+
+/// A weight of 1 in [`Backend::weight`] units: weights are kept in 1/256
+/// so that slow start can ramp them smoothly.
+pub const WEIGHT_ONE: u32 = 256;
+/// Largest configured weight.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// Kind of a flow-table entry (a field of [`FlowKey`]).
+pub mod flow_kind {
+    /// A live connection, keyed by its client-side 5-tuple (client -> VIP);
+    /// holds one active connection on its backend.
+    pub const LIVE: u8 = 0;
+    /// A closed connection (FIN both ways, or RST), keyed like `LIVE`; kept
+    /// for a short time so late segments still reach the same backend. Holds
+    /// no active connection.
+    pub const CLOSED: u8 = 1;
+}
+
+/// How many VIPs one backend address and port may serve. A reply names the
+/// backend, not the VIP: the data path tries the flow key of each VIP the
+/// backend serves, so this bounds the lookups per reply.
+pub const MAX_VIPS_PER_BACKEND: u32 = 4;
+
+/// Key of the `BACKEND_VIPS` table: a backend's address and port as a reply
+/// carries them in its source fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct BackendKey {
+    /// The backend's address.
+    pub addr: Addr,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// A VIP address and port, network byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct VipAddr {
+    /// The VIP's address.
+    pub addr: Addr,
+    /// TCP port, network byte order.
+    pub port: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// Value of the `BACKEND_VIPS` table: the VIPs a backend serves, so a reply
+/// finds its flow (client -> VIP) without per-flow reverse state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BackendVips {
+    /// Valid entries of `vips`, 1..=[`MAX_VIPS_PER_BACKEND`].
+    pub count: u32,
+    /// The VIPs.
+    pub vips: [VipAddr; MAX_VIPS_PER_BACKEND as usize],
+}
+
+/// Key of the flow table: a 5-tuple plus the entry kind.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct FlowKey {
+    /// Source address (the client).
+    pub src_addr: Addr,
+    /// Destination address (the VIP).
+    pub dst_addr: Addr,
+    /// Source port, network byte order.
+    pub src_port: u16,
+    /// Destination port, network byte order.
+    pub dst_port: u16,
+    /// IP protocol (6).
+    pub proto: u8,
+    /// One of [`flow_kind`].
+    pub kind: u8,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+impl FlowKey {
+    /// The same 5-tuple with another kind.
+    #[inline(always)]
+    pub const fn with_kind(mut self, kind: u8) -> Self {
+        self.kind = kind;
+        self
+    }
+}
+
+/// Value of the flow table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct FlowEntry {
+    /// Backend slot the flow is pinned to.
+    pub backend_slot: u32,
+    /// Generation of that slot when the flow was pinned.
+    pub backend_generation: u32,
+    /// Index of the VIP.
+    pub vip_index: u32,
+    /// `flow::F_*` state bits (FINs seen, sequence numbers known). Bits are
+    /// only ever set, never cleared, and the data path sets them with an
+    /// atomic OR, so segments of both directions handled on two CPUs at once
+    /// never lose each other's bits. BPF ISA v1 (what bpf-linker targets
+    /// here) has atomic fetch operations on 64-bit words only, so the data
+    /// path ORs `bits << 32` into the 8-byte word at offset 8 that holds
+    /// `vip_index` (low half, never changed) and `state` (high half):
+    /// [`FlowEntry::STATE_WORD_OFFSET`].
+    pub state: u32,
+    /// Next sequence number the backend expects from the client (from the
+    /// backend's ACKs; the client's ISN + 1 at first), host byte order.
+    pub client_next_seq: u32,
+    /// Next sequence number the client expects from the backend (from the
+    /// client's ACKs, or the backend's ISN + 1), host byte order; valid when
+    /// `flow::F_SERVER_SEQ_KNOWN` is set.
+    pub server_next_seq: u32,
+    /// Time of the last packet, `bpf_ktime_get_ns` (CLOCK_MONOTONIC, ns).
+    pub last_seen_ns: u64,
+    /// Time the flow was created, CLOCK_MONOTONIC ns at full resolution
+    /// (orders the closed flows of one backend tuple).
+    pub created_ns: u64,
+}
+
+impl FlowEntry {
+    /// Byte offset of the 8-byte aligned word holding `vip_index` (low 32
+    /// bits) and `state` (high 32 bits), little-endian.
+    pub const STATE_WORD_OFFSET: usize = 8;
+    /// Shift of `state` inside that word.
+    pub const STATE_WORD_SHIFT: u32 = 32;
+}
+
+/// Why a flow is an orphan.
+pub mod orphan_reason {
+    /// Its backend was removed.
+    pub const BACKEND_REMOVED: u32 = 1;
+    /// The daemon expired it after its idle timeout.
+    pub const EXPIRED: u32 = 2;
+}
+
+/// Value of the `ORPHANS` table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Orphan {
+    /// One of [`orphan_reason`].
+    pub reason: u32,
+    /// Padding, always 0.
+    pub _pad: u32,
+    /// When it was orphaned, CLOCK_MONOTONIC ns.
+    pub since_ns: u64,
+}
+
+/// Interfaces whose MAC the data path finds in an array indexed by ifindex
+/// (`map_names::LOCAL_MAC_SLOTS`); higher ifindexes are in a hash
+/// (`map_names::LOCAL_MACS`).
+pub const LOCAL_MAC_SLOTS: u32 = 1024;
+
+/// Value of the `LOCAL_MACS` and `LOCAL_MAC_SLOTS` tables: the MAC address
+/// of an interface the program is attached to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LocalMac {
+    /// The MAC address, as on the wire.
+    pub mac: [u8; 6],
+    /// 1 for an interface, 0 for an unused array entry.
+    pub in_use: u16,
+}
+
+/// Words of a [`HostVips`] bitmap: one bit per VIP index.
+pub const VIP_BITMAP_WORDS: usize = (MAX_VIPS as usize).div_ceil(64);
+
+/// Value of the `BACKEND_HOSTS` table: the VIPs (bit `i` of word `i / 64` for
+/// VIP index `i`) an address is a backend of, on any port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HostVips {
+    /// The bitmap.
+    pub vips: [u64; VIP_BITMAP_WORDS],
+}
+
+impl HostVips {
+    /// `true` when VIP index `vip_index` is set. (Two words, picked by
+    /// comparison rather than by index: the verifier follows that.)
+    #[inline(always)]
+    pub fn has(&self, vip_index: u32) -> bool {
+        let w = if vip_index < 64 {
+            self.vips[0]
+        } else if vip_index < 128 {
+            self.vips[1]
+        } else {
+            return false;
+        };
+        w & (1u64 << (vip_index & 63)) != 0
+    }
+
+    /// Sets VIP index `vip_index` (ignored when out of range).
+    pub fn set(&mut self, vip_index: u32) {
+        if let Some(w) = self.vips.get_mut((vip_index / 64) as usize) {
+            *w |= 1u64 << (vip_index % 64);
+        }
+    }
+}
+
+/// Value of `SERVER_FAILS`: a server's passive failure evidence, written by
+/// the data path with atomic operations (the streak by an add, the sources
+/// by an OR) and cleared by it when the server serves a flow, and by the
+/// daemon when an ejection ends.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ServerFails {
+    /// New flows failed in a row: refused (an RST answering the SYN, or a
+    /// proven handshake reset before data) or their SYN retransmitted
+    /// unanswered (once per flow).
+    pub streak: u64,
+    /// The client prefixes those failures came from: bit
+    /// [`source_bucket`] of each failing flow's client.
+    pub sources: u64,
+}
+
+impl ServerFails {
+    /// How many distinct client prefixes (buckets) the streak's failures
+    /// came from.
+    #[inline(always)]
+    pub const fn distinct_sources(&self) -> u32 {
+        popcount64(self.sources)
+    }
+
+    /// `true` when the evidence reaches a VIP's thresholds: a streak of
+    /// `eject_after` (0: never) from at least `min_sources` client
+    /// prefixes. One client, however many tuples it forges, is one prefix.
+    #[inline(always)]
+    pub const fn failing(&self, eject_after: u32, min_sources: u32) -> bool {
+        eject_after != 0
+            && self.streak >= eject_after as u64
+            && self.distinct_sources() >= min_sources
+    }
+}
+
+/// Ones in `x` (SWAR: the BPF instruction set has no population count).
+#[inline(always)]
+pub const fn popcount64(x: u64) -> u32 {
+    let x = x - ((x >> 1) & 0x5555_5555_5555_5555);
+    let x = (x & 0x3333_3333_3333_3333) + ((x >> 2) & 0x3333_3333_3333_3333);
+    let x = (x + (x >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    (x.wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32
+}
+
+/// Prefix length that makes one "source" of failure evidence for an IPv4
+/// client: a /24, the longest prefix routed between networks.
+pub const SOURCE_PREFIX_V4: u8 = 24;
+/// The same for IPv6: a /48, a site's usual assignment (RFC 6177).
+pub const SOURCE_PREFIX_V6: u8 = 48;
+
+/// The bit (0..64) of [`ServerFails::sources`] that client `addr`'s prefix
+/// ([`SOURCE_PREFIX_V4`], [`SOURCE_PREFIX_V6`]) sets: a multiplicative
+/// hash of the masked address (Knuth, TAOCP vol. 3, 6.4). Two prefixes may
+/// share a bit; the count of distinct sources is then one short.
+#[inline(always)]
+pub fn source_bucket(addr: &Addr) -> u32 {
+    // Scalars only: the data path calls this with little stack to spare.
+    let h = if addr.is_v4() {
+        // The first three wire bytes (SOURCE_PREFIX_V4).
+        let b = addr.0[3].to_ne_bytes();
+        u32::from_ne_bytes([b[0], b[1], b[2], 0])
+    } else {
+        // The first six wire bytes (SOURCE_PREFIX_V6).
+        let b = addr.0[1].to_ne_bytes();
+        addr.0[0] ^ u32::from_ne_bytes([b[0], b[1], 0, 0]).rotate_left(8)
+    };
+    h.wrapping_mul(0x9E37_79B1) >> 26
+}
+
+/// Data-path settings, index 0 of the `SETTINGS` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Settings {
+    /// When non-zero, the random draws use a deterministic generator seeded
+    /// with this value instead of `bpf_get_prandom_u32` (tests only; the
+    /// production daemon leaves it 0).
+    pub test_seed: u64,
+    /// `SETTINGS_F_*` flags.
+    pub flags: u64,
+}
+
+/// Do not record the choice telemetry (benchmarks measure its cost with
+/// and without).
+pub const SETTINGS_F_NO_CHOICE_TELEMETRY: u64 = 1;
+
+/// Write a [`FlowEvent`] to the `FLOW_EVENTS` ring buffer when a flow of a
+/// direct-return backend is placed, changes its synced state bits, is
+/// adopted or closes (set by the daemon when it syncs flows with peers).
+pub const SETTINGS_F_FLOW_EVENTS: u64 = 2;
+
+/// What happened to the flow of a [`FlowEvent`].
+pub mod flow_event {
+    /// A new flow was placed (the SYN's entry in the half-open table).
+    pub const PLACED: u32 = 1;
+    /// A flow's state bits among those a peer keeps changed (established,
+    /// a FIN, the server's sequence number known, data), or this balancer
+    /// adopted a peer's synced flow.
+    pub const CHANGED: u32 = 2;
+    /// The data path closed the flow (FIN both ways, or an RST in window)
+    /// and released its count.
+    pub const CLOSED: u32 = 3;
+}
+
+/// One record of the `FLOW_EVENTS` ring buffer (`map_names::FLOW_EVENTS`):
+/// the flow's key and its entry as the data path left it, 88 bytes. Only
+/// flows of direct-return backends, only with [`SETTINGS_F_FLOW_EVENTS`]:
+/// the cluster sync sends what changed from these, not from walks of the
+/// flow tables.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct FlowEvent {
+    /// The flow (`flow_kind::LIVE`).
+    pub key: FlowKey,
+    /// Its entry after the event.
+    pub entry: FlowEntry,
+    /// `flow_event::*`.
+    pub kind: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// Size of the `FLOW_EVENTS` ring buffer, bytes (a power of two times the
+/// page size, as the kernel requires): 4 MiB, about 43,000 events of 96
+/// bytes with the ring's header; the daemon drains it every 10 ms.
+pub const DEFAULT_FLOW_EVENT_RING: u32 = 4 << 20;
