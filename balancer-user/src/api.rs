@@ -12,6 +12,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::state::BackendState;
 use crate::state::{ForwardingMode, HealthCheck, NoHealthy, VipSettings};
 
 /// How many flows `Flows` returns at most, whatever the request asks.
@@ -347,7 +348,7 @@ pub enum Response {
         truncated: bool,
     },
     /// The cluster's state.
-    Cluster(Box<crate::cluster::ClusterView>),
+    Cluster(Box<ClusterView>),
     /// The program was detached (the daemon stops after answering).
     Detached {
         /// Interfaces it was detached from.
@@ -434,6 +435,109 @@ impl FlowFilter {
     }
 }
 
+/// What the sync did, for the stats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ClusterStats {
+    /// Flows sent (new and refreshed).
+    pub flows_sent: u64,
+    /// Closed flows sent.
+    pub closed_sent: u64,
+    /// Flows received and written as synced (new or refreshed).
+    pub flows_received: u64,
+    /// Flows received for a VIP or backend this balancer does not have.
+    pub flows_unknown: u64,
+    /// Own flows a peer saw more recently: count released, kept as synced.
+    pub flows_moved_away: u64,
+    /// Synced flows removed because their owner closed them.
+    pub synced_closed: u64,
+    /// Load reports received.
+    pub load_reports: u64,
+    /// Datagrams that did not decode (or carried bytes past the message).
+    pub bad_datagrams: u64,
+    /// Datagrams from an address and port that is no configured peer.
+    pub not_from_peer: u64,
+    /// Datagrams whose authentication tag did not match the cluster key.
+    pub bad_auth: u64,
+    /// Datagrams refused as replays (after authentication): a sequence
+    /// number seen before from that peer, below its window, or more than
+    /// [`crate::cluster::MAX_SEQUENCE_AGE`] from this host's clock.
+    #[serde(default)]
+    pub replayed: u64,
+    /// Datagrams that could not be sent.
+    pub send_errors: u64,
+    /// Datagrams sent (to each peer: counted once per peer).
+    #[serde(default)]
+    pub datagrams_sent: u64,
+    /// Bytes of those datagrams (UDP payload).
+    #[serde(default)]
+    pub bytes_sent: u64,
+    /// Sync ticks run (one per sync interval when each keeps its time).
+    #[serde(default)]
+    pub ticks: u64,
+    /// Time the last walk of the whole flow table took (for a peer's
+    /// hello, a start, or lost events), µs.
+    #[serde(default)]
+    pub last_walk_us: u64,
+    /// Flow events read from the data path.
+    #[serde(default)]
+    pub events: u64,
+    /// Flow events the data path could not write (its ring was full).
+    #[serde(default)]
+    pub events_lost: u64,
+    /// Whole tables sent because events or datagrams were lost (not
+    /// counting the ones a peer's hello asked for).
+    #[serde(default)]
+    pub repairs: u64,
+    /// Flows sent again by a refresh round (in use since the last).
+    #[serde(default)]
+    pub flows_refreshed: u64,
+    /// New, changed and closed flows' datagrams dropped because the send
+    /// queue was full ([`crate::cluster::MAX_URGENT_QUEUED`]); repaired like lost events.
+    #[serde(default)]
+    pub queue_dropped: u64,
+    /// Datagrams waiting for their turn under the pace.
+    #[serde(default)]
+    pub queued: u64,
+}
+
+/// The cluster as `balancer cluster status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ClusterView {
+    /// This start's node id (random, 16 hex digits; empty without sync).
+    pub node: String,
+    /// The sync address (none: no flow sync, BGP only).
+    #[schema(value_type = Option<String>)]
+    pub listen: Option<SocketAddr>,
+    /// Datagrams are authenticated with a cluster key.
+    pub authenticated: bool,
+    /// The peers.
+    pub peers: Vec<PeerView>,
+    /// Every peer answered, or the wait (two refresh intervals) is over:
+    /// VIPs may be announced.
+    pub ready: bool,
+    /// Drained: every VIP withdrawn, flows still forwarded.
+    pub drained: bool,
+    /// VIP addresses announced by BGP now (empty without `--bgp-dir`).
+    #[schema(value_type = Vec<String>)]
+    pub announced: Vec<IpAddr>,
+    /// The last announcement error, if the last attempt failed.
+    pub bgp_error: Option<String>,
+    /// Totals of the sync.
+    pub stats: ClusterStats,
+}
+
+/// One peer as `cluster status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PeerView {
+    /// Its sync address.
+    #[schema(value_type = String)]
+    pub address: SocketAddr,
+    /// It answered this start's hello with every flow it holds.
+    pub synced: bool,
+    /// Time since its last valid datagram, ms (none: never heard).
+    pub last_heard_ms: Option<u64>,
+}
+
 /// A backend's health, for `GET /v1/health`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct HealthEntry {
@@ -494,16 +598,6 @@ pub struct VipView {
     /// `true` when no backend is healthy and the VIP falls back to all of
     /// them (panic mode).
     pub fallback: bool,
-}
-
-/// Backend lifecycle state.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendState {
-    /// Receives new flows.
-    Active,
-    /// Receives no new flows; existing flows continue.
-    Draining,
 }
 
 /// Health of a backend as its active checks see it.

@@ -35,6 +35,7 @@ use crate::{
     links::{self, Attached, Held},
     maps::{check_pins, Count, Maps, Traffic, PINNED_MAPS},
     netdev,
+    persist::Persisted,
     retired::Retired,
     state::{
         check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
@@ -43,6 +44,8 @@ use crate::{
     },
     telemetry,
 };
+
+pub use crate::links::mode_name;
 
 /// The compiled XDP program, built by build.rs.
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-xdp"));
@@ -177,7 +180,7 @@ pub struct Balancer {
     /// Capacity of the flow table and of the half-open table, entries.
     table_sizes: (u32, u32),
     /// The cluster as its tasks last saw it (none: a balancer on its own).
-    cluster_view: Option<crate::cluster::ClusterView>,
+    cluster_view: Option<crate::api::ClusterView>,
     /// The addresses of the balancer's host ([`netdev::host_addresses`];
     /// tests give their own, [`Balancer::set_host_addresses`]).
     host_addresses: HostAddresses,
@@ -186,6 +189,8 @@ pub struct Balancer {
     /// VIPs with backends none of which takes new connections (warned
     /// of once).
     starved: BTreeSet<SocketAddr>,
+    /// The configuration file as last applied ([`Persisted::applied`]).
+    applied: Option<crate::config::Config>,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -572,6 +577,7 @@ impl Balancer {
             host_addresses: netdev::host_addresses,
             state_unsaved: None,
             starved: BTreeSet::new(),
+            applied: None,
         })
     }
 
@@ -794,21 +800,25 @@ impl Balancer {
         &self.state
     }
 
-    /// The state as the state file holds it: [`Balancer::state`] with what
-    /// is remembered of removed VIPs and backends ([`State::retired`]).
-    pub fn snapshot(&self) -> State {
-        let mut s = self.state.clone();
-        s.retired = self.retired.record(Instant::now(), SystemTime::now());
-        s
+    /// The state as the state file holds it: [`Balancer::state`], the
+    /// configuration file as last applied, and what is remembered of
+    /// removed VIPs and backends. [`Balancer::restore`] of it undoes every
+    /// change made since (a rollback).
+    pub fn snapshot(&self) -> Persisted {
+        Persisted {
+            state: self.state.clone(),
+            applied: self.applied.clone(),
+            retired: self.retired.record(Instant::now(), SystemTime::now()),
+        }
     }
 
     /// The cluster as its tasks last saw it (none: not in a cluster).
-    pub fn cluster_view(&self) -> Option<&crate::cluster::ClusterView> {
+    pub fn cluster_view(&self) -> Option<&crate::api::ClusterView> {
         self.cluster_view.as_ref()
     }
 
     /// Records the cluster's view (the cluster tasks).
-    pub fn set_cluster_view(&mut self, v: crate::cluster::ClusterView) {
+    pub fn set_cluster_view(&mut self, v: crate::api::ClusterView) {
         self.cluster_view = Some(v);
     }
 
@@ -909,7 +919,7 @@ impl Balancer {
             });
         }
         let current = self.export_config();
-        let merged = match &self.state.applied {
+        let merged = match &self.applied {
             Some(last) if !exact => crate::config::merge(last, desired, &current),
             _ => crate::config::Merged {
                 target: desired.clone(),
@@ -927,10 +937,10 @@ impl Balancer {
             return Ok(done);
         }
         if changes.is_empty() {
-            self.state.applied = Some(desired.clone());
+            self.applied = Some(desired.clone());
             return Ok(done);
         }
-        let state = self.state.clone();
+        let before = self.snapshot();
         for (k, c) in changes.iter().enumerate() {
             let r = match c {
                 Change::Timeouts(t) => {
@@ -957,7 +967,7 @@ impl Balancer {
                 Change::Drain(v, b, false) => self.undrain_backend(*v, *b),
             };
             if let Err(e) = r {
-                let undone = match self.restore(state) {
+                let undone = match self.restore(before) {
                     Ok(()) => "nothing was applied".to_string(),
                     Err(r) => format!(
                         "rolling back failed too ({r}); restart the daemon to return to the \
@@ -975,7 +985,7 @@ impl Balancer {
                 });
             }
         }
-        self.state.applied = Some(desired.clone());
+        self.applied = Some(desired.clone());
         Ok(done)
     }
 
@@ -1072,12 +1082,18 @@ impl Balancer {
         Ok(())
     }
 
-    /// Re-applies a persisted state to the maps (after a restart).
+    /// Re-applies a persisted state to the maps: after a restart, or to
+    /// roll back to a [`Balancer::snapshot`].
     ///
     /// # Errors
     /// When the state does not fit the tables or a map write fails; the maps
     /// may then hold part of it and the caller should not serve.
-    pub fn restore(&mut self, mut state: State) -> Result<()> {
+    pub fn restore(&mut self, persisted: Persisted) -> Result<()> {
+        let Persisted {
+            mut state,
+            applied,
+            retired,
+        } = persisted;
         // A state file written before server indexes existed gets them now.
         let addrs: Vec<SocketAddr> = state.backend_uses().into_keys().collect();
         for a in &addrs {
@@ -1102,12 +1118,11 @@ impl Balancer {
             }
             Err(e) => tracing::warn!("{e}"),
         }
-        let record = std::mem::take(&mut state.retired);
         self.state = state;
-        if !record.is_empty() {
-            // A restart: what was removed before it is remembered on.
-            self.retired = Retired::from_record(&record, Instant::now(), SystemTime::now());
-        }
+        self.applied = applied;
+        // What was removed before (a restart, or the change rolled back)
+        // is remembered on, for its orphan time.
+        self.retired = Retired::from_record(&retired, Instant::now(), SystemTime::now());
         self.retired.forget_present(&self.state);
         // Entries no state accounts for (a change the state file never
         // received) go first, so the maps hold the state file's content.
@@ -1919,19 +1934,31 @@ fn program_open_failed(source: aya::programs::ProgramError) -> BalancerError {
     }
 }
 
-/// Operator-facing name of an attach mode.
-pub fn mode_name(mode: XdpMode) -> &'static str {
-    match mode {
-        XdpMode::Driver => "native",
-        XdpMode::Skb => "generic",
-        XdpMode::Hardware => "offload",
-        XdpMode::Default => "default",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv4_mapped_addresses_in_a_file_are_refused() {
+        for (text, at) in [
+            (
+                "[[vip]]\naddress = \"[::ffff:10.0.0.10]:80\"\n",
+                "VIP [::ffff:10.0.0.10]:80",
+            ),
+            (
+                "[[vip]]\naddress = \"[2001:db8::10]:80\"\n[[vip.backend]]\naddress = \"[::ffff:10.1.0.11]:8080\"\n",
+                "backend [::ffff:10.1.0.11]:8080",
+            ),
+            (
+                "[[vip]]\naddress = \"[2001:db8::10]:80\"\nmode = \"ipip\"\nencap_source = \"::ffff:10.0.9.1\"\n",
+                "encap source",
+            ),
+        ] {
+            let c = crate::config::parse(text).unwrap();
+            let e = check_config(&c).unwrap_err().to_string();
+            assert!(e.contains("IPv4-mapped") && e.contains(at), "{e}");
+        }
+    }
 
     fn state(vips: &[(&str, &[&str])]) -> State {
         let mut s = State::default();

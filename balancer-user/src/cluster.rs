@@ -37,11 +37,14 @@ use balancer_common::{
 use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
 
+pub use crate::{
+    api::{ClusterStats, ClusterView, PeerView},
+    wire::{Refresh, SyncedSlots, WireFlow},
+};
 use crate::{
     error::Result,
     gc::datapath_now_ns,
     maps::{flow_endpoints, ip_be, Count, FlowTable},
-    state::State,
     Balancer,
 };
 
@@ -275,25 +278,6 @@ impl ClusterConfig {
     }
 }
 
-/// One flow as synced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireFlow {
-    /// The client's address and port.
-    pub client: SocketAddr,
-    /// The VIP.
-    pub vip: SocketAddr,
-    /// The backend's address and port.
-    pub backend: SocketAddr,
-    /// `flow::F_*` bits among [`SYNCED_BITS`].
-    pub state: u32,
-    /// `FlowEntry::client_next_seq` at the sender.
-    pub client_next_seq: u32,
-    /// `FlowEntry::server_next_seq` at the sender.
-    pub server_next_seq: u32,
-    /// Time since the sender last saw a segment of it, ms.
-    pub idle_ms: u32,
-}
-
 /// A datagram between peers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Message {
@@ -330,109 +314,6 @@ pub enum Message {
         /// Backend address and port, active connections.
         loads: Vec<(SocketAddr, u64)>,
     },
-}
-
-/// What the sync did, for the stats.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ClusterStats {
-    /// Flows sent (new and refreshed).
-    pub flows_sent: u64,
-    /// Closed flows sent.
-    pub closed_sent: u64,
-    /// Flows received and written as synced (new or refreshed).
-    pub flows_received: u64,
-    /// Flows received for a VIP or backend this balancer does not have.
-    pub flows_unknown: u64,
-    /// Own flows a peer saw more recently: count released, kept as synced.
-    pub flows_moved_away: u64,
-    /// Synced flows removed because their owner closed them.
-    pub synced_closed: u64,
-    /// Load reports received.
-    pub load_reports: u64,
-    /// Datagrams that did not decode (or carried bytes past the message).
-    pub bad_datagrams: u64,
-    /// Datagrams from an address and port that is no configured peer.
-    pub not_from_peer: u64,
-    /// Datagrams whose authentication tag did not match the cluster key.
-    pub bad_auth: u64,
-    /// Datagrams refused as replays (after authentication): a sequence
-    /// number seen before from that peer, below its window, or more than
-    /// [`MAX_SEQUENCE_AGE`] from this host's clock.
-    #[serde(default)]
-    pub replayed: u64,
-    /// Datagrams that could not be sent.
-    pub send_errors: u64,
-    /// Datagrams sent (to each peer: counted once per peer).
-    #[serde(default)]
-    pub datagrams_sent: u64,
-    /// Bytes of those datagrams (UDP payload).
-    #[serde(default)]
-    pub bytes_sent: u64,
-    /// Sync ticks run (one per sync interval when each keeps its time).
-    #[serde(default)]
-    pub ticks: u64,
-    /// Time the last walk of the whole flow table took (for a peer's
-    /// hello, a start, or lost events), µs.
-    #[serde(default)]
-    pub last_walk_us: u64,
-    /// Flow events read from the data path.
-    #[serde(default)]
-    pub events: u64,
-    /// Flow events the data path could not write (its ring was full).
-    #[serde(default)]
-    pub events_lost: u64,
-    /// Whole tables sent because events or datagrams were lost (not
-    /// counting the ones a peer's hello asked for).
-    #[serde(default)]
-    pub repairs: u64,
-    /// Flows sent again by a refresh round (in use since the last).
-    #[serde(default)]
-    pub flows_refreshed: u64,
-    /// New, changed and closed flows' datagrams dropped because the send
-    /// queue was full ([`MAX_URGENT_QUEUED`]); repaired like lost events.
-    #[serde(default)]
-    pub queue_dropped: u64,
-    /// Datagrams waiting for their turn under the pace.
-    #[serde(default)]
-    pub queued: u64,
-}
-
-/// The cluster as `balancer cluster status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ClusterView {
-    /// This start's node id (random, 16 hex digits; empty without sync).
-    pub node: String,
-    /// The sync address (none: no flow sync, BGP only).
-    #[schema(value_type = Option<String>)]
-    pub listen: Option<SocketAddr>,
-    /// Datagrams are authenticated with a cluster key.
-    pub authenticated: bool,
-    /// The peers.
-    pub peers: Vec<PeerView>,
-    /// Every peer answered, or the wait (two refresh intervals) is over:
-    /// VIPs may be announced.
-    pub ready: bool,
-    /// Drained: every VIP withdrawn, flows still forwarded.
-    pub drained: bool,
-    /// VIP addresses announced by BGP now (empty without `--bgp-dir`).
-    #[schema(value_type = Vec<String>)]
-    pub announced: Vec<std::net::IpAddr>,
-    /// The last announcement error, if the last attempt failed.
-    pub bgp_error: Option<String>,
-    /// Totals of the sync.
-    pub stats: ClusterStats,
-}
-
-/// One peer as `cluster status` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PeerView {
-    /// Its sync address.
-    #[schema(value_type = String)]
-    pub address: SocketAddr,
-    /// It answered this start's hello with every flow it holds.
-    pub synced: bool,
-    /// Time since its last valid datagram, ms (none: never heard).
-    pub last_heard_ms: Option<u64>,
 }
 
 /// A daemon's side of the sync.
@@ -500,79 +381,6 @@ impl Default for Sync {
     fn default() -> Self {
         Sync::new()
     }
-}
-
-/// Where own flows of direct-return VIPs go on the wire, by backend slot:
-/// the VIP, the backend's address and the slot's generation. What a flow
-/// event, a full walk or a refresh needs of the desired state.
-#[derive(Clone, Debug, Default)]
-pub struct SyncedSlots {
-    by_slot: Vec<Option<(SocketAddr, SocketAddr, u32)>>,
-}
-
-impl SyncedSlots {
-    /// The backends of the direct-return VIPs of `state`.
-    pub fn of(state: &State) -> SyncedSlots {
-        let mut by_slot = Vec::new();
-        for v in state.vips.values() {
-            if !v.settings.mode.direct_return() {
-                continue;
-            }
-            for b in &v.backends {
-                let i = b.slot as usize;
-                if by_slot.len() <= i {
-                    by_slot.resize(i + 1, None);
-                }
-                by_slot[i] = Some((v.addr, b.addr, b.generation));
-            }
-        }
-        SyncedSlots { by_slot }
-    }
-
-    /// `true` when no VIP is direct-return (nothing is synced).
-    pub fn is_empty(&self) -> bool {
-        self.by_slot.iter().all(Option::is_none)
-    }
-
-    /// The VIP and backend address of `e`'s slot, when it holds a
-    /// direct-return VIP's backend of `e`'s generation.
-    fn current(&self, e: &FlowEntry) -> Option<(SocketAddr, SocketAddr)> {
-        let (vip, backend, generation) = (*self.by_slot.get(e.backend_slot as usize)?)?;
-        (generation == e.backend_generation).then_some((vip, backend))
-    }
-
-    /// The wire form of flow `k` with entry `e` when it is this balancer's
-    /// to send: LIVE, counted here (placed or adopted), pinned to a current
-    /// backend of a direct-return VIP, and seen at or after `since_ns`
-    /// (data-path clock, as `now_ns`).
-    pub fn wire(&self, k: &FlowKey, e: &FlowEntry, now_ns: u64, since_ns: u64) -> Option<WireFlow> {
-        if k.kind != flow_kind::LIVE || !fl::counted(e.state) || e.last_seen_ns < since_ns {
-            return None;
-        }
-        let (vip, backend) = self.current(e)?;
-        Some(WireFlow {
-            client: flow_endpoints(k).0,
-            vip,
-            backend,
-            state: e.state & SYNCED_BITS,
-            client_next_seq: e.client_next_seq,
-            server_next_seq: e.server_next_seq,
-            idle_ms: (now_ns.saturating_sub(e.last_seen_ns) / 1_000_000).min(u32::MAX as u64)
-                as u32,
-        })
-    }
-}
-
-/// A flow-table entry as a sweep reads it, for a refresh
-/// ([`Sync::refresh_round`]): the own flows seen since `since_ns` are sent
-/// again.
-#[derive(Clone, Debug)]
-pub struct Refresh {
-    /// Where flows go on the wire.
-    pub slots: SyncedSlots,
-    /// Flows last seen before this (data-path clock, ns) are not sent:
-    /// idle since the last refresh, their peers' copies age as theirs do.
-    pub since_ns: u64,
 }
 
 /// Every own flow of `entries` (a walk of every table) as sent.
@@ -1214,7 +1022,7 @@ pub async fn run(
     let walker = {
         let (lb, sync, cfg) = (lb.clone(), sync.clone(), cfg.clone());
         tokio::spawn(async move {
-            let mut log = crate::control::RateLimitedLog::default();
+            let mut log = crate::logs::RateLimitedLog::default();
             loop {
                 tokio::time::sleep(cfg.sync_interval).await;
                 let (now_slots, lost) = {
@@ -1290,7 +1098,7 @@ pub async fn run(
     let mut report = tokio::time::interval(report_every);
     report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 65536];
-    let mut log = crate::control::RateLimitedLog::default();
+    let mut log = crate::logs::RateLimitedLog::default();
     loop {
         tokio::select! {
             _ = pace.tick() => {
@@ -1444,7 +1252,7 @@ pub async fn keep_announced(
 ) {
     let mut announced: Option<BTreeSet<std::net::IpAddr>> = None;
     let mut bgp_error: Option<String> = None;
-    let mut log = crate::control::RateLimitedLog::default();
+    let mut log = crate::logs::RateLimitedLog::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tick.tick().await;
@@ -1587,7 +1395,7 @@ mod tests {
         let f = flow(0, false);
         let mut by_slot = vec![None; 4];
         by_slot[3] = Some((f.vip, f.backend, 2));
-        SyncedSlots { by_slot }
+        SyncedSlots::with_slots(by_slot)
     }
 
     fn event(i: u16, kind: u32, state: u32, slot: u32, generation: u32) -> FlowEvent {

@@ -30,10 +30,8 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    api::BackendState,
     error::{BalancerError, Result},
-    gc::Timeouts,
-    state::{ForwardingMode, HealthCheck, NoHealthy, State, VipSettings},
+    state::{BackendState, ForwardingMode, HealthCheck, NoHealthy, State, Timeouts, VipSettings},
 };
 
 /// The whole configuration.
@@ -826,28 +824,6 @@ kind = { type = "http", path = "/health", status = 200 }
 [[vip.backend]]
 address = "[2001:db8:2::10]:443"
 "#;
-
-    #[test]
-    fn ipv4_mapped_addresses_in_a_file_are_refused() {
-        for (text, at) in [
-            (
-                "[[vip]]\naddress = \"[::ffff:10.0.0.10]:80\"\n",
-                "VIP [::ffff:10.0.0.10]:80",
-            ),
-            (
-                "[[vip]]\naddress = \"[2001:db8::10]:80\"\n[[vip.backend]]\naddress = \"[::ffff:10.1.0.11]:8080\"\n",
-                "backend [::ffff:10.1.0.11]:8080",
-            ),
-            (
-                "[[vip]]\naddress = \"[2001:db8::10]:80\"\nmode = \"ipip\"\nencap_source = \"::ffff:10.0.9.1\"\n",
-                "encap source",
-            ),
-        ] {
-            let c = parse(text).unwrap();
-            let e = crate::balancer::check_config(&c).unwrap_err().to_string();
-            assert!(e.contains("IPv4-mapped") && e.contains(at), "{e}");
-        }
-    }
 
     #[test]
     fn parses_defaults_and_round_trips() {

@@ -6,10 +6,7 @@
 //! answer within [`ANSWER_TIMEOUT`], accept errors (out of descriptors)
 //! back off instead of spinning, and their log lines are rate-limited.
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use tokio::sync::{Mutex, Notify};
 
@@ -19,6 +16,7 @@ use crate::{
     error::BalancerError,
     persist::StateFile,
 };
+pub use crate::{error::error_chain, logs::RateLimitedLog};
 
 /// Longest request line accepted, bytes (16,384 backends in one request
 /// take about 400 KB).
@@ -37,45 +35,6 @@ pub const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 pub const BUSY: &str = "busy: the daemon is serving its maximum of control connections";
 /// Longest pause after repeated accept errors.
 pub const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
-/// At most one log line per this period for a repeating condition.
-const LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// Logs the first occurrence of a repeating condition, then at most one
-/// line per [`LOG_EVERY`] with the number of occurrences left unlogged.
-#[derive(Debug, Default)]
-pub struct RateLimitedLog {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl RateLimitedLog {
-    /// Logs `msg` at warn level unless a line was logged less than
-    /// [`LOG_EVERY`] ago (then counts it). Returns whether it logged.
-    pub fn warn(&mut self, now: Instant, msg: impl FnOnce() -> String) -> bool {
-        match self.last {
-            Some(t) if now.duration_since(t) < LOG_EVERY => {
-                self.suppressed += 1;
-                false
-            }
-            _ => {
-                let m = msg();
-                if self.suppressed > 0 {
-                    tracing::warn!(
-                        "{m} ({} more like it in the last {} s)",
-                        self.suppressed,
-                        LOG_EVERY.as_secs()
-                    );
-                } else {
-                    tracing::warn!("{m}");
-                }
-                self.last = Some(now);
-                self.suppressed = 0;
-                true
-            }
-        }
-    }
-}
-
 tokio::task_local! {
     /// Who sent the request being served: `balancer[1234] uid 0` (the
     /// peer's credentials on the unix socket, its program name from
@@ -167,7 +126,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             | Request::ClusterStatus
             | Request::Apply { dry_run: true, .. }
     );
-    let before = changes.then(|| lb.state().clone());
+    let before = changes.then(|| lb.snapshot());
     let keep_unsaved = takes_out_of_service(&req);
     // Every change is logged with what it changes (as the request says it).
     let what = changes.then(|| describe(&req));
@@ -394,35 +353,5 @@ fn describe(r: &Request) -> String {
         }
         Request::ClusterDrain { drained: false } => "cluster undrain".into(),
         other => req_name(other),
-    }
-}
-
-/// An error with its sources, on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn repeated_warnings_are_rate_limited() {
-        let mut l = RateLimitedLog::default();
-        let t0 = Instant::now();
-        assert!(l.warn(t0, || "first".into()));
-        for i in 1..1000 {
-            assert!(!l.warn(t0 + Duration::from_millis(i), || "again".into()));
-        }
-        assert_eq!(l.suppressed, 999);
-        assert!(l.warn(t0 + LOG_EVERY, || "later".into()));
-        assert_eq!(l.suppressed, 0);
     }
 }

@@ -28,8 +28,8 @@ use crate::{
     links::{self, Attached},
     maps::{check_pins, present_pins},
     metrics::{DaemonMetrics, Source},
+    persist::read_state,
     preflight,
-    state::read_state,
 };
 
 pub use control::{error_chain, handle};
@@ -157,7 +157,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     preflight::check_privileges()?;
     let state = read_state(&cfg.state_file)?;
     if let Some(s) = &state {
-        s.validate().context("checking the state file")?;
+        s.state.validate().context("checking the state file")?;
     }
     preflight::check_state_file(&cfg.state_file)?;
     let desired = match &cfg.config_file {
@@ -243,7 +243,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                 cfg.load.affinity_table_size,
             )?;
         }
-        if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.vips.is_empty()) {
+        if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.state.vips.is_empty()) {
             tracing::warn!(
                 "state file {} found but no pinned maps in {} (bpffs remounted or pins \
                  removed): connections established before this start will miss and be passed",
@@ -738,7 +738,7 @@ async fn keep_state_file(
 /// Loads the program, restores the state and attaches.
 fn start_data_path(
     cfg: &DaemonConfig,
-    state: Option<crate::state::State>,
+    state: Option<crate::persist::Persisted>,
 ) -> anyhow::Result<Balancer> {
     let mut lb = Balancer::load(&cfg.load)?;
     if let Some(s) = state {

@@ -100,3 +100,15 @@ pub fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
     }
     found
 }
+
+/// An error with its sources, on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

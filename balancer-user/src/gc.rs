@@ -6,7 +6,6 @@ use std::{collections::BTreeMap, time::Duration};
 use balancer_common::{
     flow as fl, flow_kind, orphan_reason, Addr, AffinityKey, FlowEntry, FlowKey, BACKEND_SLOTS,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::{
     batch::Cursor,
@@ -15,79 +14,16 @@ use crate::{
     state::State,
 };
 
-/// Idle timeouts of the flow table, by flow state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Timeouts {
-    /// A SYN seen, the handshake not completed (default 30 s).
-    #[serde(with = "humantime_serde")]
-    pub half_open: Duration,
-    /// Handshake completed, no FIN (default 900 s).
-    #[serde(with = "humantime_serde")]
-    pub established: Duration,
-    /// One FIN seen, or closed and kept for late segments (default 30 s).
-    #[serde(with = "humantime_serde")]
-    pub closing: Duration,
-    /// How long a flow the daemon expired or removed is remembered, so
-    /// that its client's next segment gets a reset (default 120 s).
-    #[serde(default = "default_orphan", with = "humantime_serde")]
-    pub orphan: Duration,
-    /// A direct-return flow in the unproven table: its client ACKed, and
-    /// has sent nothing since its first second (default 300 s: longer than
-    /// the usual keep-alive idle times of HTTP servers and browsers, so a
-    /// real connection idle between requests keeps its backend; a forged
-    /// handshake's count is held at most this long).
-    #[serde(default = "default_unproven", with = "humantime_serde")]
-    pub unproven: Duration,
+pub use crate::state::{Timeouts, MAX_TIMEOUT};
+
+/// The timeout of a live entry `e` of `table` under `t`.
+trait ForLive {
+    fn for_live(&self, table: FlowTable, e: &FlowEntry) -> Duration;
 }
 
-fn default_orphan() -> Duration {
-    Duration::from_secs(120)
-}
-
-fn default_unproven() -> Duration {
-    Duration::from_secs(300)
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts {
-            half_open: Duration::from_secs(30),
-            established: Duration::from_secs(900),
-            closing: Duration::from_secs(30),
-            orphan: default_orphan(),
-            unproven: default_unproven(),
-        }
-    }
-}
-
-/// Longest idle timeout accepted: a week.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
-
-impl Timeouts {
-    /// Checks that every timeout is above zero and at most [`MAX_TIMEOUT`].
-    ///
-    /// # Errors
-    /// [`crate::BalancerError::Invalid`] naming the first one outside.
-    pub fn validate(&self) -> Result<()> {
-        for (what, d) in [
-            ("half-open timeout", self.half_open),
-            ("established timeout", self.established),
-            ("closing timeout", self.closing),
-            ("orphan timeout", self.orphan),
-            ("unproven timeout", self.unproven),
-        ] {
-            if d.is_zero() || d > MAX_TIMEOUT {
-                return Err(crate::BalancerError::Invalid {
-                    what,
-                    reason: format!("{} is outside 1ms..=7days", humantime::format_duration(d)),
-                });
-            }
-        }
-        Ok(())
-    }
-
+impl ForLive for Timeouts {
     /// The idle timeout of a live flow in its current state, in `table`.
-    pub fn for_live(&self, table: FlowTable, e: &FlowEntry) -> Duration {
+    fn for_live(&self, table: FlowTable, e: &FlowEntry) -> Duration {
         if e.state & (fl::F_CLIENT_FIN | fl::F_SERVER_FIN) != 0 {
             self.closing
         } else if table == FlowTable::Unproven {
@@ -344,9 +280,9 @@ pub struct Sweep {
     started: std::time::Instant,
     /// This round also refreshes the cluster's peers: the own flows in use
     /// since `Refresh::since_ns` are collected into `refreshed`.
-    refresh: Option<crate::cluster::Refresh>,
+    refresh: Option<crate::wire::Refresh>,
     /// Flows collected for the refresh, until [`Sweep::take_refreshed`].
-    refreshed: Vec<crate::cluster::WireFlow>,
+    refreshed: Vec<crate::wire::WireFlow>,
     /// Per stage: its last scan found no entry.
     found_none: [bool; STAGES],
     /// Entries this round's scan of the current stage found so far.
@@ -444,12 +380,12 @@ impl Sweep {
 
     /// Makes this round a refresh round of the cluster sync (`None`: not
     /// one). Set at the round's start ([`Sweep::at_round_start`]).
-    pub fn set_refresh(&mut self, refresh: Option<crate::cluster::Refresh>) {
+    pub fn set_refresh(&mut self, refresh: Option<crate::wire::Refresh>) {
         self.refresh = refresh;
     }
 
     /// The flows the refresh collected since the last call.
-    pub fn take_refreshed(&mut self) -> Vec<crate::cluster::WireFlow> {
+    pub fn take_refreshed(&mut self) -> Vec<crate::wire::WireFlow> {
         std::mem::take(&mut self.refreshed)
     }
 

@@ -26,6 +26,7 @@ pub mod gc;
 pub mod health;
 pub mod http;
 pub mod links;
+pub mod logs;
 pub mod maps;
 pub mod metrics;
 pub mod netdev;
@@ -34,6 +35,7 @@ pub mod preflight;
 pub mod retired;
 pub mod state;
 pub mod telemetry;
+pub mod wire;
 
 pub use balancer::{Balancer, LoadOptions, PROGRAM};
 
@@ -45,5 +47,5 @@ pub use balancer::{Balancer, LoadOptions, PROGRAM};
 pub static FAULTS_PROGRAM: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-faults"));
 pub use error::{BalancerError, Result};
-pub use gc::Timeouts;
 pub use state::State;
+pub use state::Timeouts;

@@ -250,7 +250,7 @@ pub fn explain_attach_error(
     mode: XdpMode,
     source: aya::programs::ProgramError,
 ) -> BalancerError {
-    let mode_name = crate::balancer::mode_name(mode);
+    let mode_name = mode_name(mode);
     let action = match os_error(&source) {
         Some(libc::EPERM) | Some(libc::EACCES) => format!(
             "attaching XDP to {interface}: permission denied; run as root or with \
@@ -338,5 +338,14 @@ fn link_err(pin: &Path, action: &str, e: impl std::fmt::Display) -> BalancerErro
     BalancerError::Invalid {
         what: "link pin",
         reason: format!("{action} {}: {e}", pin.display()),
+    }
+}
+/// Operator-facing name of an attach mode.
+pub fn mode_name(mode: XdpMode) -> &'static str {
+    match mode {
+        XdpMode::Driver => "native",
+        XdpMode::Skb => "generic",
+        XdpMode::Hardware => "offload",
+        XdpMode::Default => "default",
     }
 }

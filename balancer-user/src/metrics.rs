@@ -116,7 +116,7 @@ fn bucket_name(from: &[u64], k: usize) -> String {
 }
 
 /// The cluster's series (`cluster_*`) into `reg`.
-fn render_cluster(reg: &mut Registry, c: &crate::cluster::ClusterView) {
+fn render_cluster(reg: &mut Registry, c: &crate::api::ClusterView) {
     let flag = |b: bool| f64::from(u8::from(b));
     for (name, help, on) in [
         (
@@ -193,7 +193,7 @@ fn render_cluster(reg: &mut Registry, c: &crate::cluster::ClusterView) {
 /// in one) and the daemon's own measurements.
 pub fn render_all(
     stats: &StatsView,
-    cluster: Option<&crate::cluster::ClusterView>,
+    cluster: Option<&crate::api::ClusterView>,
     daemon: &DaemonMetrics,
 ) -> String {
     let mut reg = registry(stats, daemon);
@@ -569,11 +569,11 @@ mod tests {
         };
         let d = DaemonMetrics::default();
         d.gc_pass.observe(0.002);
-        let view = crate::cluster::ClusterView {
+        let view = crate::api::ClusterView {
             node: "00000000000000aa".into(),
             listen: Some("10.0.9.11:7946".parse().unwrap()),
             authenticated: true,
-            peers: vec![crate::cluster::PeerView {
+            peers: vec![crate::api::PeerView {
                 address: "10.0.9.12:7946".parse().unwrap(),
                 synced: true,
                 last_heard_ms: Some(1500),
@@ -582,7 +582,7 @@ mod tests {
             drained: false,
             announced: vec!["10.0.0.10".parse().unwrap()],
             bgp_error: None,
-            stats: crate::cluster::ClusterStats {
+            stats: crate::api::ClusterStats {
                 flows_sent: 11,
                 bad_auth: 2,
                 replayed: 3,

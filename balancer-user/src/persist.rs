@@ -14,11 +14,126 @@
 //!   take traffic away from a backend stay; others are rolled back).
 
 use std::{
+    io::Write as _,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
 
-use crate::{error::Result, state::State};
+use crate::{
+    config::Config,
+    error::{BalancerError, Result},
+    retired::RetiredRecord,
+    state::{dir_of, State},
+};
+
+/// What the state file holds: the [`State`] (its fields at the top level
+/// of the JSON object, as before the other two were added), the
+/// configuration file as last applied (key `applied`), and what is
+/// remembered of removed VIPs and backends (key `retired`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Persisted {
+    /// VIPs, backends, slots, servers, timeouts.
+    pub state: State,
+    /// The configuration file as it was last applied (`run --config`,
+    /// `apply`): the base of the next apply's three-way merge
+    /// ([`crate::config::merge`]), so that what the file does not change
+    /// keeps its running value. `None` until a file is first applied.
+    pub applied: Option<Config>,
+    /// What was removed and is still remembered for its flows (VIP
+    /// tombstones, backends that left a VIP), with when: kept across a
+    /// restart so the maps' entries for them are expected, and expire on
+    /// time ([`crate::retired::Retired`]).
+    pub retired: RetiredRecord,
+}
+
+/// The JSON keys of [`Persisted`] beside the state's own.
+const APPLIED: &str = "applied";
+const RETIRED: &str = "retired";
+
+impl Persisted {
+    /// The JSON object of the state file. (Not serde's `flatten`: through
+    /// it, maps keyed by numbers do not read back.)
+    fn to_json(&self) -> serde_json::Result<serde_json::Value> {
+        let mut v = serde_json::to_value(&self.state)?;
+        if let Some(o) = v.as_object_mut() {
+            if let Some(a) = &self.applied {
+                o.insert(APPLIED.into(), serde_json::to_value(a)?);
+            }
+            if !self.retired.is_empty() {
+                o.insert(RETIRED.into(), serde_json::to_value(&self.retired)?);
+            }
+        }
+        Ok(v)
+    }
+
+    fn from_json(mut v: serde_json::Value) -> serde_json::Result<Persisted> {
+        let (applied, retired) = match v.as_object_mut() {
+            Some(o) => (o.remove(APPLIED), o.remove(RETIRED)),
+            None => (None, None),
+        };
+        Ok(Persisted {
+            state: serde_json::from_value(v)?,
+            applied: applied.map(serde_json::from_value).transpose()?,
+            retired: retired
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
+        })
+    }
+}
+
+/// Reads a persisted state file; a missing file is an empty state.
+///
+/// # Errors
+/// Unreadable or unparsable file.
+pub fn read_state(path: &Path) -> Result<Option<Persisted>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .and_then(Persisted::from_json)
+            .map(Some)
+            .map_err(|e| BalancerError::Invalid {
+                what: "state file",
+                reason: format!("{}: {e}", path.display()),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(BalancerError::Io {
+            action: format!("reading {}", path.display()),
+            source,
+        }),
+    }
+}
+
+/// Writes the state file atomically and durably: a temporary file beside
+/// it, fsync, rename over the old one, fsync of the directory.
+///
+/// # Errors
+/// File system failure (the old file is then intact).
+pub fn write_state(path: &Path, state: &Persisted) -> Result<()> {
+    let json = state.to_json();
+    let bytes = json
+        .and_then(|j| serde_json::to_vec_pretty(&j))
+        .map_err(|e| BalancerError::Invalid {
+            what: "state",
+            reason: e.to_string(),
+        })?;
+    let io = |action: String| move |source| BalancerError::Io { action, source };
+    let dir = dir_of(path);
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io(format!(
+        "creating a temporary file in {}",
+        dir.display()
+    )))?;
+    tmp.write_all(&bytes)
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(io(format!("writing {}", tmp.path().display())))?;
+    tmp.persist(path).map_err(|e| BalancerError::Io {
+        action: format!("renaming to {}", path.display()),
+        source: e.error,
+    })?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(format!("syncing {}", dir.display())))
+}
 
 /// The state file of a running daemon.
 #[derive(Debug)]
@@ -64,20 +179,20 @@ impl StateFile {
         self.owed.as_deref()
     }
 
-    /// Writes `state` ([`crate::state::write_state`]: temporary file,
+    /// Writes `state` ([`write_state`]: temporary file,
     /// fsync, rename). A failure leaves the write owed.
     ///
     /// # Errors
     /// The file system's error (the old file is intact).
-    pub fn save(&mut self, state: &State) -> Result<()> {
-        match crate::state::write_state(&self.path, state) {
+    pub fn save(&mut self, state: &Persisted) -> Result<()> {
+        match write_state(&self.path, state) {
             Ok(()) => {
                 self.owed = None;
                 self.written = identity(&self.path);
                 Ok(())
             }
             Err(e) => {
-                self.owed = Some(crate::control::error_chain(&e));
+                self.owed = Some(crate::error::error_chain(&e));
                 Err(e)
             }
         }
@@ -85,7 +200,7 @@ impl StateFile {
 
     /// Retries an owed write; writes the file again when it was deleted
     /// or replaced since this daemon wrote it.
-    pub fn check(&mut self, state: &State) -> Checked {
+    pub fn check(&mut self, state: &Persisted) -> Checked {
         let was_owed = self.owed.is_some();
         let gone = match (self.written, identity(&self.path)) {
             (Some(w), Some(now)) if w == now => None,
@@ -101,7 +216,7 @@ impl StateFile {
                 Some(how) => Checked::Rewritten(how.to_string()),
                 None => Checked::Caught,
             },
-            Err(e) => Checked::StillOwed(crate::control::error_chain(&e)),
+            Err(e) => Checked::StillOwed(crate::error::error_chain(&e)),
         }
     }
 }
@@ -115,11 +230,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn state_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        assert_eq!(read_state(&path).unwrap(), None);
+        let s = Persisted {
+            state: State {
+                next_slot: 7,
+                slot_generations: [(0, 1), (3, 2)].into_iter().collect(),
+                ..Default::default()
+            },
+            applied: Some(Config::default()),
+            retired: RetiredRecord {
+                vips: vec![("10.0.0.1:80".parse().unwrap(), 3, 1_000)],
+                backends: Vec::new(),
+            },
+        };
+        write_state(&path, &s).unwrap();
+        assert_eq!(read_state(&path).unwrap(), Some(s));
+        // Only the state file is left: no temporary files beside it.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(read_state(&path).is_err());
+    }
+
+    #[test]
     fn a_deleted_file_is_written_again_and_a_failed_write_is_owed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
         let mut f = StateFile::new(path.clone());
-        let s = State::default();
+        let s = Persisted::default();
         f.save(&s).unwrap();
         assert_eq!(f.check(&s), Checked::Fine);
         std::fs::remove_file(&path).unwrap();

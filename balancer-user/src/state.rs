@@ -3,7 +3,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write as _,
     net::{IpAddr, SocketAddr},
     path::Path,
     time::Duration,
@@ -15,10 +14,7 @@ use balancer_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    api::BackendState,
-    error::{BalancerError, Result},
-};
+use crate::error::{BalancerError, Result};
 
 /// What an active health check does.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -589,26 +585,11 @@ pub struct State {
     /// The flow table's idle timeouts, once set by a configuration (`run
     /// --config`, `apply`); until then the daemon's command line's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeouts: Option<crate::gc::Timeouts>,
+    pub timeouts: Option<Timeouts>,
     /// Drained from the cluster (`balancer cluster drain`): no VIP is
     /// announced by BGP.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cluster_drained: bool,
-    /// The configuration file as it was last applied (`run --config`,
-    /// `apply`): the base of the next apply's three-way merge
-    /// ([`crate::config::merge`]), so that what the file does not change
-    /// keeps its running value. `None` until a file is first applied.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub applied: Option<crate::config::Config>,
-    /// What was removed and is still remembered for its flows (VIP
-    /// tombstones, backends that left a VIP), with when (ms since the Unix
-    /// epoch): kept across a restart so the maps' entries for them are
-    /// expected, and expire on time ([`crate::retired::Retired`]).
-    #[serde(
-        default,
-        skip_serializing_if = "crate::retired::RetiredRecord::is_empty"
-    )]
-    pub retired: crate::retired::RetiredRecord,
 }
 
 /// Where one backend address and port is used: what the data path's
@@ -1105,26 +1086,6 @@ pub fn check_vip_not_host(
     Ok(())
 }
 
-/// Reads a persisted state file; a missing file is an empty state.
-///
-/// # Errors
-/// Unreadable or unparsable file.
-pub fn read_state(path: &Path) -> Result<Option<State>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| BalancerError::Invalid {
-                what: "state file",
-                reason: format!("{}: {e}", path.display()),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(BalancerError::Io {
-            action: format!("reading {}", path.display()),
-            source,
-        }),
-    }
-}
-
 /// The directory of a file path (a relative name without a directory has
 /// "" as its parent: the current directory).
 pub fn dir_of(path: &Path) -> &Path {
@@ -1134,33 +1095,86 @@ pub fn dir_of(path: &Path) -> &Path {
     }
 }
 
-/// Writes the state file atomically and durably: a temporary file beside
-/// it, fsync, rename over the old one, fsync of the directory.
-///
-/// # Errors
-/// File system failure (the old file is then intact).
-pub fn write_state(path: &Path, state: &State) -> Result<()> {
-    let bytes = serde_json::to_vec_pretty(state).map_err(|e| BalancerError::Invalid {
-        what: "state",
-        reason: e.to_string(),
-    })?;
-    let io = |action: String| move |source| BalancerError::Io { action, source };
-    let dir = dir_of(path);
-    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io(format!(
-        "creating a temporary file in {}",
-        dir.display()
-    )))?;
-    tmp.write_all(&bytes)
-        .and_then(|_| tmp.as_file().sync_all())
-        .map_err(io(format!("writing {}", tmp.path().display())))?;
-    tmp.persist(path).map_err(|e| BalancerError::Io {
-        action: format!("renaming to {}", path.display()),
-        source: e.error,
-    })?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(format!("syncing {}", dir.display())))
+/// Idle timeouts of the flow table, by flow state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeouts {
+    /// A SYN seen, the handshake not completed (default 30 s).
+    #[serde(with = "humantime_serde")]
+    pub half_open: Duration,
+    /// Handshake completed, no FIN (default 900 s).
+    #[serde(with = "humantime_serde")]
+    pub established: Duration,
+    /// One FIN seen, or closed and kept for late segments (default 30 s).
+    #[serde(with = "humantime_serde")]
+    pub closing: Duration,
+    /// How long a flow the daemon expired or removed is remembered, so
+    /// that its client's next segment gets a reset (default 120 s).
+    #[serde(default = "default_orphan", with = "humantime_serde")]
+    pub orphan: Duration,
+    /// A direct-return flow in the unproven table: its client ACKed, and
+    /// has sent nothing since its first second (default 300 s: longer than
+    /// the usual keep-alive idle times of HTTP servers and browsers, so a
+    /// real connection idle between requests keeps its backend; a forged
+    /// handshake's count is held at most this long).
+    #[serde(default = "default_unproven", with = "humantime_serde")]
+    pub unproven: Duration,
+}
+
+fn default_orphan() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_unproven() -> Duration {
+    Duration::from_secs(300)
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            half_open: Duration::from_secs(30),
+            established: Duration::from_secs(900),
+            closing: Duration::from_secs(30),
+            orphan: default_orphan(),
+            unproven: default_unproven(),
+        }
+    }
+}
+
+/// Longest idle timeout accepted: a week.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl Timeouts {
+    /// Checks that every timeout is above zero and at most [`MAX_TIMEOUT`].
+    ///
+    /// # Errors
+    /// [`crate::BalancerError::Invalid`] naming the first one outside.
+    pub fn validate(&self) -> Result<()> {
+        for (what, d) in [
+            ("half-open timeout", self.half_open),
+            ("established timeout", self.established),
+            ("closing timeout", self.closing),
+            ("orphan timeout", self.orphan),
+            ("unproven timeout", self.unproven),
+        ] {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(BalancerError::Invalid {
+                    what,
+                    reason: format!("{} is outside 1ms..=7days", humantime::format_duration(d)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Backend lifecycle state.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendState {
+    /// Receives new flows.
+    Active,
+    /// Receives no new flows; existing flows continue.
+    Draining,
 }
 
 #[cfg(test)]
@@ -1245,23 +1259,6 @@ mod tests {
         assert_eq!(dir_of(Path::new("state.json")), Path::new("."));
         assert_eq!(dir_of(Path::new("a/state.json")), Path::new("a"));
         assert_eq!(dir_of(Path::new("/state.json")), Path::new("/"));
-    }
-
-    #[test]
-    fn state_round_trip() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.json");
-        assert_eq!(read_state(&path).unwrap(), None);
-        let s = State {
-            next_slot: 7,
-            ..Default::default()
-        };
-        write_state(&path, &s).unwrap();
-        assert_eq!(read_state(&path).unwrap(), Some(s));
-        // Only the state file is left: no temporary files beside it.
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-        std::fs::write(&path, b"{not json").unwrap();
-        assert!(read_state(&path).is_err());
     }
 
     fn vip(addr: &str, index: u32, backends: &[(&str, u32)]) -> VipConfig {

@@ -261,7 +261,9 @@ impl Daemon {
     /// and adds them to the counts. Returns the (slot, server) per backend
     /// index used.
     fn inject(&self, vip: SocketAddr, from: u64, n: u64, last_seen: u64) -> anyhow::Result<()> {
-        let st = balancer::state::read_state(&self.state)?.context("no state file")?;
+        let st = balancer::persist::read_state(&self.state)?
+            .context("no state file")?
+            .state;
         let v = st.vips.get(&vip).context("VIP not in the state file")?;
         let bs: Vec<(u32, u32, u32)> = v
             .backends
@@ -610,7 +612,9 @@ fn single_node(
 /// Flows per (slot, server) of `n` injected flows, as [`Daemon::inject`]
 /// spread them.
 fn per_slot_of(d: &Daemon, vip: SocketAddr, n: u64) -> anyhow::Result<BTreeMap<(u32, u32), u64>> {
-    let st = balancer::state::read_state(&d.state)?.context("no state file")?;
+    let st = balancer::persist::read_state(&d.state)?
+        .context("no state file")?
+        .state;
     let v = st.vips.get(&vip).context("VIP")?;
     let bs: Vec<(u32, u32)> = v
         .backends
