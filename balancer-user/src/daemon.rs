@@ -30,6 +30,7 @@ use crate::{
     metrics::{DaemonMetrics, Source},
     persist::read_state,
     preflight,
+    services::Services,
 };
 
 pub use control::{error_chain, handle};
@@ -154,58 +155,17 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     // --- Refusals, reading only.
-    preflight::check_privileges()?;
-    let state = read_state(&cfg.state_file)?;
-    if let Some(s) = &state {
-        s.state.validate().context("checking the state file")?;
-    }
-    preflight::check_state_file(&cfg.state_file)?;
-    let desired = match &cfg.config_file {
-        Some(f) => Some(read_config(f)?),
-        None => None,
-    };
-    let socket = preflight::check_socket(&cfg.socket)?;
-    let read_only = match &cfg.read_only_socket {
-        Some(p) if *p == cfg.socket => {
-            bail!("--read-only-socket is the control socket {}", p.display())
-        }
-        Some(p) => Some((p.clone(), preflight::check_socket(p)?)),
-        None => None,
-    };
-    let read_only_gid = match &cfg.read_only_group {
-        Some(g) if cfg.read_only_socket.is_none() => {
-            bail!("--read-only-group {g} given without --read-only-socket")
-        }
-        Some(g) => Some(group_id(g)?),
-        None => None,
-    };
-    // Bound now, before anything changes: an address in use refuses the
-    // start.
-    let metrics_listener = match cfg.metrics_address {
-        Some(a) => Some(
-            tokio::net::TcpListener::bind(a)
-                .await
-                .with_context(|| format!("binding the metrics address {a}"))?,
-        ),
-        None => None,
-    };
-    let cluster_socket = match &cfg.cluster {
-        Some(c) => Some(
-            tokio::net::UdpSocket::bind(c.listen)
-                .await
-                .with_context(|| format!("binding the cluster sync address {}", c.listen))?,
-        ),
-        None => None,
-    };
-    let pin_dir_plan = match &cfg.load.pin_dir {
-        Some(dir) => Some(preflight::check_pin_dir(dir)?),
-        None => None,
-    };
-    let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
-    for iface in &cfg.interfaces {
-        let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
-        tracing::debug!("{iface}: {plan:?}");
-    }
+    let Checked {
+        state,
+        desired,
+        socket,
+        read_only,
+        read_only_gid,
+        metrics_listener,
+        cluster_socket,
+        pin_dir_plan,
+        link_dir,
+    } = refusals(&cfg).await?;
 
     // --- Directories and locks (undone if anything below refuses).
     let mut undo = Undo::default();
@@ -346,197 +306,40 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     tracing::info!("control socket {}", cfg.socket.display());
     let mut lb = lb;
-    let datapath_log = lb.take_datapath_log().map(|logger| {
-        tokio::spawn(async move {
-            // SAFETY: the logger owns its ring buffer's descriptor for as
-            // long as it lives, and the AsyncFd owns the logger.
-            let registered = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(
-                    logger,
-                    tokio::io::Interest::READABLE,
-                )
-            };
-            let mut fd = match registered {
-                Ok(fd) => fd,
-                Err(e) => {
-                    tracing::warn!("the data-path log cannot be read: {}", e.into_parts().1);
-                    return;
-                }
-            };
-            loop {
-                let Ok(mut ready) = fd.readable_mut().await else {
-                    return;
-                };
-                ready.get_inner_mut().flush();
-                ready.clear_ready();
-            }
-        })
-    });
+    // Every long-running loop is a service of this set: one stop ends them
+    // all, and one that ends on its own stops the daemon (crate::services).
+    let mut services = Services::new();
+    if let Some(logger) = lb.take_datapath_log() {
+        services.start_optional("data-path log", datapath_log_service(logger));
+    }
     let lb = Arc::new(Mutex::new(lb));
 
     let daemon_metrics = Arc::new(DaemonMetrics::default());
-    // Housekeeping: an incremental sweep of the flow tables (a slice per
-    // tick, a round per gc::SWEEP_ROUND or longer, at most gc::SWEEP_CPU of
-    // a core) that reads and expires without the
-    // balancer's lock, which it takes only to read its inputs and to settle
-    // what it did (count releases; at a round's end, the reconciliation).
     // The cluster sync's state: shared with the sweep, whose rounds
-    // refresh the peers (cluster::Sync::refresh_round).
+    // refresh the peers.
     let sync = cfg
         .cluster
         .as_ref()
         .map(|_| Arc::new(Mutex::new(crate::cluster::Sync::new())));
-    let gc = {
-        let lb = lb.clone();
-        let every = cfg.gc_interval;
-        let sync = sync.clone();
+    {
         let refresh_every = cfg
             .cluster
             .as_ref()
             .map_or(Duration::from_secs(60), |c| c.refresh_interval);
-        let metrics = daemon_metrics.clone();
-        tokio::spawn(async move {
-            let mut failures = control::RateLimitedLog::default();
-            let mut sweep: Option<crate::gc::Sweep> = None;
-            loop {
-                tokio::time::sleep(every).await;
-                let (inputs, capacity, s) = {
-                    let lb = lb.lock().await;
-                    let mut s = match sweep.take() {
-                        Some(s) => Ok(s),
-                        None => lb.new_sweep(),
-                    };
-                    let inputs = lb.sweep_inputs();
-                    if let (Some(sync), Ok(s)) = (&sync, s.as_mut()) {
-                        if s.at_round_start() {
-                            let slots = crate::cluster::SyncedSlots::of(lb.state());
-                            s.set_refresh(sync.lock().await.refresh_round(
-                                inputs.now_ns,
-                                refresh_every,
-                                slots,
-                            ));
-                        }
-                    }
-                    (inputs, lb.table_capacity(), s)
-                };
-                let mut s = match s {
-                    Ok(s) => s,
-                    Err(e) => {
-                        failures.warn(std::time::Instant::now(), || {
-                            format!("opening the flow tables for expiry failed: {e:#}")
-                        });
-                        continue;
-                    }
-                };
-                let budget = s.budget(every, capacity);
-                s.time_cap = Some(every.mul_f64(crate::gc::SWEEP_CPU));
-                let started = std::time::Instant::now();
-                let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
-                    let r = s.slice(&inputs, budget);
-                    (s, r)
-                })
-                .await
-                {
-                    Ok(r) => r,
-                    Err(e) => {
-                        failures.warn(std::time::Instant::now(), || {
-                            format!("the expiry sweep failed: {e}")
-                        });
-                        continue;
-                    }
-                };
-                metrics.gc_pass.observe(started.elapsed().as_secs_f64());
-                if let Some(sync) = &sync {
-                    let flows = s.take_refreshed();
-                    if !flows.is_empty() {
-                        sync.lock().await.refreshed(&flows);
-                    }
-                }
-                s.account(s.last_slice(), started.elapsed());
-                if let Err(e) = sliced {
-                    failures.warn(std::time::Instant::now(), || {
-                        format!("expiry sweep failed: {e:#}")
-                    });
-                }
-                let mut lb = lb.lock().await;
-                match lb.settle_sweep(&mut s) {
-                    Ok(Some(r)) => tracing::debug!("gc round: {r:?}"),
-                    Ok(None) => {}
-                    Err(e) => {
-                        failures.warn(std::time::Instant::now(), || {
-                            format!("settling the expiry sweep failed: {e:#}")
-                        });
-                    }
-                }
-                sweep = Some(s);
-                match lb.refresh_interfaces() {
-                    Ok(changed) if !changed.is_empty() => {
-                        tracing::info!("interface MAC changed: {}", changed.join(", "))
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        failures.warn(std::time::Instant::now(), || {
-                            format!("refreshing interface MACs failed: {e:#}")
-                        });
-                    }
-                }
-                let probed = crate::netdev::resolve_neighbours(&lb.dsr_backend_addrs());
-                if !probed.is_empty() {
-                    tracing::debug!("resolving the MACs of DSR backends {probed:?}");
-                }
-            }
-        })
-    };
-    // Active health checks: one task per checked backend, kept in line with
-    // the configuration; their results change eligibility at once.
-    let health = {
-        let lb = lb.clone();
-        tokio::spawn(async move {
-            let mut failures = control::RateLimitedLog::default();
-            let (mut monitor, mut outcomes) = Monitor::new();
-            let mut resync = tokio::time::interval(Duration::from_millis(500));
-            loop {
-                tokio::select! {
-                    _ = resync.tick() => {
-                        let targets = lb.lock().await.health_targets();
-                        monitor.sync(targets);
-                    }
-                    Some(o) = outcomes.recv() => {
-                        let mut lb = lb.lock().await;
-                        match lb.record_check(&o) {
-                            Ok(msgs) => msgs.iter().for_each(Note::log),
-                            Err(e) => {
-                                failures.warn(std::time::Instant::now(), || {
-                                    format!("applying a health check result failed: {e:#}")
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-        })
-    };
-    // Passive detection and slow start: often, and cheap (one map read per
-    // server, one write per ramping backend).
-    let eligibility = {
-        let lb = lb.clone();
-        tokio::spawn(async move {
-            let mut failures = control::RateLimitedLog::default();
-            let mut tick = tokio::time::interval(ELIGIBILITY_INTERVAL);
-            loop {
-                tick.tick().await;
-                match lb.lock().await.poll_eligibility() {
-                    Ok(msgs) => msgs.iter().for_each(Note::log),
-                    Err(e) => {
-                        failures.warn(std::time::Instant::now(), || {
-                            format!("eligibility poll failed: {e:#}")
-                        });
-                    }
-                }
-            }
-        })
-    };
-    let stats = tokio::spawn(watch(lb.clone(), cfg.stats_interval));
+        services.start(
+            "expiry sweep",
+            sweep_service(
+                lb.clone(),
+                cfg.gc_interval,
+                sync.clone(),
+                refresh_every,
+                daemon_metrics.clone(),
+            ),
+        );
+    }
+    services.start("health checks", health_service(lb.clone()));
+    services.start("eligibility", eligibility_service(lb.clone()));
+    services.start("stats", watch(lb.clone(), cfg.stats_interval));
     let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
         tracing::info!(
             "cluster sync on {} with peers {:?} (flows every {:?}, all every {:?}, load every {:?})",
@@ -547,10 +350,11 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             c.load_report_interval
         );
         let sync = sync.clone().unwrap_or_default();
-        (
-            sync.clone(),
-            tokio::spawn(crate::cluster::run(lb.clone(), sync, c, sock)),
-        )
+        services.start(
+            "cluster sync",
+            crate::cluster::run(lb.clone(), sync.clone(), c, sock),
+        );
+        sync
     });
     if let Some(c) = &cfg.cluster {
         if c.key.is_none() {
@@ -567,7 +371,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         // cluster task takes them in).
         let mut l = lb.lock().await;
         let s = match &cluster {
-            Some((s, _)) => Some(s.lock().await),
+            Some(s) => Some(s.lock().await),
             None => None,
         };
         let drained = l.state().cluster_drained;
@@ -580,7 +384,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         );
         l.set_cluster_view(v);
     }
-    let announcer = (cluster.is_some() || cfg.bgp.is_some()).then(|| {
+    if cluster.is_some() || cfg.bgp.is_some() {
         if let Some(b) = &cfg.bgp {
             tracing::info!(
                 "bgp: announcing through BIRD at {} (routes in {})",
@@ -588,76 +392,72 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                 b.dir.display()
             );
         }
-        tokio::spawn(crate::cluster::keep_announced(
-            lb.clone(),
-            cluster.as_ref().map(|(s, _)| s.clone()),
-            cfg.cluster.clone(),
-            cfg.bgp.clone(),
-        ))
-    });
-
-    // The state file: written again when deleted or replaced, an owed
-    // write retried (crate::persist).
-    let keeper = {
-        let (lb, store) = (lb.clone(), store.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                keep_state_file(&lb, &store).await;
-            }
-        })
-    };
+        services.start(
+            "announcements",
+            crate::cluster::keep_announced(
+                lb.clone(),
+                cluster.clone(),
+                cfg.cluster.clone(),
+                cfg.bgp.clone(),
+            ),
+        );
+    }
+    services.start("state file", state_file_service(lb.clone(), store.clone()));
     let stop = Arc::new(Notify::new());
     let shared = Arc::new(control::Shared {
         lb: lb.clone(),
         store: store.clone(),
         stop: stop.clone(),
     });
-    let server = tokio::spawn(http::serve_forever(listener, shared.clone(), Access::Root));
-    let read_only_server = read_only_listener
-        .map(|l| tokio::spawn(http::serve_forever(l, shared.clone(), Access::ReadOnly)));
+    services.start(
+        "control API",
+        http::serve_forever(listener, shared.clone(), Access::Root),
+    );
+    if let Some(l) = read_only_listener {
+        services.start(
+            "read-only API",
+            http::serve_forever(l, shared.clone(), Access::ReadOnly),
+        );
+    }
     if let Some(p) = &cfg.read_only_socket {
         tracing::info!("read-only control socket {}", p.display());
     }
-    let metrics_server = metrics_listener.map(|l| {
+    if let Some(l) = metrics_listener {
         if let Ok(a) = l.local_addr() {
             tracing::info!("metrics on http://{a}/metrics");
         }
-        tokio::spawn(http::serve_metrics(
-            l,
-            Arc::new(Source {
-                lb: lb.clone(),
-                daemon: daemon_metrics.clone(),
-            }),
-        ))
-    });
+        services.start(
+            "metrics",
+            http::serve_metrics(
+                l,
+                Arc::new(Source {
+                    lb: lb.clone(),
+                    daemon: daemon_metrics.clone(),
+                }),
+            ),
+        );
+    }
     // systemd (Type=notify): serving from here on. Without NOTIFY_SOCKET
     // this does nothing.
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
         tracing::warn!("telling systemd the daemon is ready failed: {e}");
     }
+    tracing::debug!("services: {}", services.running().join(", "));
+    let mut fault = None;
     let detached = tokio::select! {
         _ = sigint.recv() => false,
         _ = sigterm.recv() => false,
         _ = stop.notified() => true,
+        f = services.fault() => {
+            tracing::error!("{f}: stopping (the data path keeps forwarding)");
+            fault = Some(f);
+            false
+        }
     };
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-    server.abort();
-    if let Some(t) = read_only_server {
-        t.abort();
-    }
-    if let Some(t) = metrics_server {
-        t.abort();
-    }
-    gc.abort();
-    stats.abort();
-    if let Some((_, t)) = cluster {
-        t.abort();
-    }
-    if let Some(t) = announcer {
-        t.abort();
-    }
+    // One stop for every service, the announcements' included, before the
+    // VIPs are withdrawn.
+    services.stop().await;
     if let Some(b) = &cfg.bgp {
         // Withdrawn before the daemon goes: the routers move the flows to
         // the other balancers (which hold them, synced) while this one
@@ -666,12 +466,6 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             Ok(()) => tracing::info!("bgp: every VIP withdrawn"),
             Err(e) => tracing::warn!("bgp: withdrawing at stop failed: {e:#}"),
         }
-    }
-    health.abort();
-    eligibility.abort();
-    keeper.abort();
-    if let Some(t) = datapath_log {
-        t.abort();
     }
     let lb = lb.lock().await;
     // Written once more at a clean stop, whatever happened to it.
@@ -708,7 +502,196 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     drop(socket_guard);
     drop(read_only_guard);
     drop(pin_lock);
-    Ok(())
+    match fault {
+        // A non-zero exit: the service manager restarts the daemon.
+        Some(f) => bail!("{f}"),
+        None => Ok(()),
+    }
+}
+
+/// Hands the data path's log records to the log as they come.
+async fn datapath_log_service(logger: crate::balancer::DatapathLog) {
+    // SAFETY: the logger owns its ring buffer's descriptor for as
+    // long as it lives, and the AsyncFd owns the logger.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+    };
+    let mut fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("the data-path log cannot be read: {}", e.into_parts().1);
+            return;
+        }
+    };
+    loop {
+        let Ok(mut ready) = fd.readable_mut().await else {
+            return;
+        };
+        ready.get_inner_mut().flush();
+        ready.clear_ready();
+    }
+}
+
+/// Housekeeping: an incremental sweep of the flow tables (a slice per
+/// tick, a round per gc::SWEEP_ROUND or longer, at most gc::SWEEP_CPU of a
+/// core) that reads and expires without the balancer's lock, which it takes
+/// only to read its inputs and to settle what it did (count releases; at a
+/// round's end, the reconciliation); its rounds refresh the cluster's
+/// peers (cluster::Sync::refresh_round).
+async fn sweep_service(
+    lb: Arc<Mutex<Balancer>>,
+    every: Duration,
+    sync: Option<Arc<Mutex<crate::cluster::Sync>>>,
+    refresh_every: Duration,
+    metrics: Arc<DaemonMetrics>,
+) {
+    let mut failures = control::RateLimitedLog::default();
+    let mut sweep: Option<crate::gc::Sweep> = None;
+    loop {
+        tokio::time::sleep(every).await;
+        let (inputs, capacity, s) = {
+            let lb = lb.lock().await;
+            let mut s = match sweep.take() {
+                Some(s) => Ok(s),
+                None => lb.new_sweep(),
+            };
+            let inputs = lb.sweep_inputs();
+            if let (Some(sync), Ok(s)) = (&sync, s.as_mut()) {
+                if s.at_round_start() {
+                    let slots = crate::cluster::SyncedSlots::of(lb.state());
+                    s.set_refresh(sync.lock().await.refresh_round(
+                        inputs.now_ns,
+                        refresh_every,
+                        slots,
+                    ));
+                }
+            }
+            (inputs, lb.table_capacity(), s)
+        };
+        let mut s = match s {
+            Ok(s) => s,
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("opening the flow tables for expiry failed: {e:#}")
+                });
+                continue;
+            }
+        };
+        let budget = s.budget(every, capacity);
+        s.time_cap = Some(every.mul_f64(crate::gc::SWEEP_CPU));
+        let started = std::time::Instant::now();
+        let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
+            let r = s.slice(&inputs, budget);
+            (s, r)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("the expiry sweep failed: {e}")
+                });
+                continue;
+            }
+        };
+        metrics.gc_pass.observe(started.elapsed().as_secs_f64());
+        if let Some(sync) = &sync {
+            let flows = s.take_refreshed();
+            if !flows.is_empty() {
+                sync.lock().await.refreshed(&flows);
+            }
+        }
+        s.account(s.last_slice(), started.elapsed());
+        if let Err(e) = sliced {
+            failures.warn(std::time::Instant::now(), || {
+                format!("expiry sweep failed: {e:#}")
+            });
+        }
+        let mut lb = lb.lock().await;
+        match lb.settle_sweep(&mut s) {
+            Ok(Some(r)) => tracing::debug!("gc round: {r:?}"),
+            Ok(None) => {}
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("settling the expiry sweep failed: {e:#}")
+                });
+            }
+        }
+        sweep = Some(s);
+        match lb.refresh_interfaces() {
+            Ok(changed) if !changed.is_empty() => {
+                tracing::info!("interface MAC changed: {}", changed.join(", "))
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("refreshing interface MACs failed: {e:#}")
+                });
+            }
+        }
+        let probed = crate::netdev::resolve_neighbours(&lb.dsr_backend_addrs());
+        if !probed.is_empty() {
+            tracing::debug!("resolving the MACs of DSR backends {probed:?}");
+        }
+    }
+}
+
+/// Active health checks: one task per checked backend, kept in line with
+/// the configuration; their results change eligibility at once.
+async fn health_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let (mut monitor, mut outcomes) = Monitor::new();
+    let mut resync = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = resync.tick() => {
+                let targets = lb.lock().await.health_targets();
+                monitor.sync(targets);
+            }
+            Some(o) = outcomes.recv() => {
+                let mut lb = lb.lock().await;
+                match lb.record_check(&o) {
+                    Ok(msgs) => msgs.iter().for_each(Note::log),
+                    Err(e) => {
+                        failures.warn(std::time::Instant::now(), || {
+                            format!("applying a health check result failed: {e:#}")
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Passive detection and slow start: often, and cheap (one map read per
+/// server, one write per ramping backend).
+async fn eligibility_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let mut tick = tokio::time::interval(ELIGIBILITY_INTERVAL);
+    loop {
+        tick.tick().await;
+        match lb.lock().await.poll_eligibility() {
+            Ok(msgs) => msgs.iter().for_each(Note::log),
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("eligibility poll failed: {e:#}")
+                });
+            }
+        }
+    }
+}
+
+/// The state file: written again when deleted or replaced, an owed write
+/// retried (crate::persist), every second.
+async fn state_file_service(
+    lb: Arc<Mutex<Balancer>>,
+    store: Arc<std::sync::Mutex<crate::persist::StateFile>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        keep_state_file(&lb, &store).await;
+    }
 }
 
 /// One check of the state file ([`crate::persist::StateFile::check`]),
@@ -733,6 +716,92 @@ async fn keep_state_file(
             "the state file {path} still cannot be written ({e}); retrying every second"
         ),
     }
+}
+
+/// What the start's refusals read and bound ([`refusals`]).
+struct Checked {
+    state: Option<crate::persist::Persisted>,
+    desired: Option<crate::config::Config>,
+    socket: preflight::SocketPath,
+    read_only: Option<(PathBuf, preflight::SocketPath)>,
+    read_only_gid: Option<u32>,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    cluster_socket: Option<tokio::net::UdpSocket>,
+    pin_dir_plan: Option<preflight::PinDir>,
+    link_dir: Option<PathBuf>,
+}
+
+/// Every refusal that needs no change: privileges, the state and
+/// configuration files, the sockets, the addresses to bind (bound now, so
+/// an address in use refuses the start), the pin directory and the
+/// interfaces.
+///
+/// # Errors
+/// The first refusal, with what to do about it.
+async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Checked> {
+    preflight::check_privileges()?;
+    let state = read_state(&cfg.state_file)?;
+    if let Some(s) = &state {
+        s.state.validate().context("checking the state file")?;
+    }
+    preflight::check_state_file(&cfg.state_file)?;
+    let desired = match &cfg.config_file {
+        Some(f) => Some(read_config(f)?),
+        None => None,
+    };
+    let socket = preflight::check_socket(&cfg.socket)?;
+    let read_only = match &cfg.read_only_socket {
+        Some(p) if *p == cfg.socket => {
+            bail!("--read-only-socket is the control socket {}", p.display())
+        }
+        Some(p) => Some((p.clone(), preflight::check_socket(p)?)),
+        None => None,
+    };
+    let read_only_gid = match &cfg.read_only_group {
+        Some(g) if cfg.read_only_socket.is_none() => {
+            bail!("--read-only-group {g} given without --read-only-socket")
+        }
+        Some(g) => Some(group_id(g)?),
+        None => None,
+    };
+    // Bound now, before anything changes: an address in use refuses the
+    // start.
+    let metrics_listener = match cfg.metrics_address {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding the metrics address {a}"))?,
+        ),
+        None => None,
+    };
+    let cluster_socket = match &cfg.cluster {
+        Some(c) => Some(
+            tokio::net::UdpSocket::bind(c.listen)
+                .await
+                .with_context(|| format!("binding the cluster sync address {}", c.listen))?,
+        ),
+        None => None,
+    };
+    let pin_dir_plan = match &cfg.load.pin_dir {
+        Some(dir) => Some(preflight::check_pin_dir(dir)?),
+        None => None,
+    };
+    let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
+    for iface in &cfg.interfaces {
+        let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
+        tracing::debug!("{iface}: {plan:?}");
+    }
+    Ok(Checked {
+        state,
+        desired,
+        socket,
+        read_only,
+        read_only_gid,
+        metrics_listener,
+        cluster_socket,
+        pin_dir_plan,
+        link_dir,
+    })
 }
 
 /// Loads the program, restores the state and attaches.

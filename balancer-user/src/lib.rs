@@ -33,6 +33,7 @@ pub mod netdev;
 pub mod persist;
 pub mod preflight;
 pub mod retired;
+pub mod services;
 pub mod state;
 pub mod telemetry;
 pub mod wire;
