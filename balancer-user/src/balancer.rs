@@ -19,8 +19,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use balancer_common::{
-    map_names, orphan_reason, programs, Settings, BACKEND_SLOTS, MAX_BACKENDS_PER_VIP, MAX_VIPS,
-    MAX_VIPS_PER_BACKEND, SETTINGS_F_NO_CHOICE_TELEMETRY,
+    map_names, orphan_reason, programs, Settings, BACKEND_SLOTS, MAX_VIPS,
+    SETTINGS_F_NO_CHOICE_TELEMETRY,
 };
 
 use crate::{
@@ -28,6 +28,7 @@ use crate::{
         AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
         VipView,
     },
+    command::{Command, Rules},
     eligibility::{Changes, Eligibility, Note},
     error::{BalancerError, Result},
     gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
@@ -39,7 +40,7 @@ use crate::{
     retired::Retired,
     state::{
         check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
-        check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, State, VipConfig,
+        check_vip_not_host, check_weight, BackendConfig, HealthCheck, State, VipConfig,
         VipSettings,
     },
     telemetry,
@@ -264,124 +265,6 @@ pub fn locate_config_error(c: &crate::config::Config) -> std::result::Result<(),
             check_backend_not_vip(v.address, b.address, c.vips.iter().map(|v| v.address))
                 .map_err(here)?;
         }
-    }
-    Ok(())
-}
-
-/// What [`Balancer::add_backends_weighted`] checks before it changes
-/// anything: the weight, each address for the VIP's family and mode, that
-/// none is the address of a VIP or of the balancer's host (`host`: a
-/// forwarding loop), duplicates, and room (VIPs per backend address,
-/// backends per VIP, backend slots).
-///
-/// # Errors
-/// As `add_backends_weighted`, but map failure.
-fn check_new_backends(
-    state: &State,
-    vip: SocketAddr,
-    addrs: &[SocketAddr],
-    weight: u32,
-    host: &BTreeSet<IpAddr>,
-) -> Result<()> {
-    check_weight(weight)?;
-    let v = state.vip(&vip)?;
-    let mut seen: BTreeSet<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
-    let mut listed = BTreeSet::new();
-    let mode = v.settings.mode;
-    for a in addrs {
-        check_backend_for(vip, &v.settings, *a)?;
-        check_backend_not_vip(vip, *a, state.vips.keys().copied())?;
-        check_backend_not_host(vip, *a, host)?;
-        if mode.direct_return() && a.port() != vip.port() {
-            return Err(BalancerError::Invalid {
-                what: "backend",
-                reason: format!(
-                    "{a}: in {} mode the packet reaches the backend unchanged, so it must \
-                     listen on the VIP's port {} (and hold the VIP on a loopback address)",
-                    mode.name(),
-                    vip.port()
-                ),
-            });
-        }
-        if !listed.insert(*a) {
-            return Err(BalancerError::Invalid {
-                what: "backend list",
-                reason: format!("{a} is listed twice"),
-            });
-        }
-        if !seen.insert(*a) {
-            return Err(BalancerError::DuplicateBackend { vip, backend: *a });
-        }
-    }
-    let uses = state.backend_uses();
-    for a in addrs {
-        if uses.get(a).map_or(0, |u| u.vips.len()) >= MAX_VIPS_PER_BACKEND as usize {
-            return Err(BalancerError::Full {
-                what: "list of VIPs one backend address serves",
-                capacity: MAX_VIPS_PER_BACKEND,
-            });
-        }
-    }
-    if v.backends.len() + addrs.len() > MAX_BACKENDS_PER_VIP as usize {
-        return Err(BalancerError::Full {
-            what: "backend list of the VIP",
-            capacity: MAX_BACKENDS_PER_VIP,
-        });
-    }
-    state.allocate_slots(addrs.len()).map(|_| ())
-}
-
-/// What [`Balancer::add_vip_with`] checks before it changes anything: the
-/// address, the settings, that the address is no backend's (a forwarding
-/// loop) and not the balancer's host's (`host`) unless the settings allow
-/// it, and that the VIP is new.
-///
-/// # Errors
-/// [`BalancerError::Invalid`], [`BalancerError::DuplicateVip`].
-fn check_new_vip(
-    state: &State,
-    addr: SocketAddr,
-    settings: &VipSettings,
-    host: &BTreeSet<IpAddr>,
-) -> Result<()> {
-    check_endpoint("VIP", addr)?;
-    settings.validate_for(addr)?;
-    check_vip_not_backend(
-        addr,
-        state
-            .vips
-            .values()
-            .flat_map(|v| v.backends.iter().map(move |b| (v.addr, b.addr))),
-    )?;
-    check_vip_not_host(addr, settings, host)?;
-    if state.vips.contains_key(&addr) {
-        return Err(BalancerError::DuplicateVip { vip: addr });
-    }
-    Ok(())
-}
-
-/// What [`Balancer::replace_vip_settings`] checks before it changes
-/// anything: the values, each backend against them, that a VIP on an
-/// address of the balancer's host (`host`) keeps `allow_host_address`, and
-/// that the mode of a VIP with backends stays.
-///
-/// # Errors
-/// [`BalancerError::Invalid`] naming the value.
-fn check_settings_change(v: &VipConfig, new: &VipSettings, host: &BTreeSet<IpAddr>) -> Result<()> {
-    new.validate_for(v.addr)?;
-    check_vip_not_host(v.addr, new, host)?;
-    for b in &v.backends {
-        check_backend_for(v.addr, new, b.addr)?;
-    }
-    if new.mode != v.settings.mode && !v.backends.is_empty() {
-        return Err(BalancerError::Invalid {
-            what: "mode",
-            reason: format!(
-                "VIP {} has backends: a mode change would break their open connections; \
-                 remove the backends first (or add a new VIP)",
-                v.addr
-            ),
-        });
     }
     Ok(())
 }
@@ -830,6 +713,10 @@ impl Balancer {
     /// [`BalancerError::Invalid`] when the daemon runs without
     /// `--cluster-listen` or `--bgp-dir`.
     pub fn set_cluster_drained(&mut self, drained: bool) -> Result<()> {
+        self.execute(&[Command::ClusterDrain(drained)])
+    }
+
+    fn write_cluster_drained(&mut self, drained: bool) -> Result<()> {
         if self.cluster_view.is_none() {
             return Err(BalancerError::Invalid {
                 what: "cluster",
@@ -900,7 +787,6 @@ impl Balancer {
         desired: &crate::config::Config,
         how: ApplyHow,
     ) -> Result<Applied> {
-        use crate::config::Change;
         let ApplyHow {
             dry_run,
             allow_empty,
@@ -927,8 +813,17 @@ impl Balancer {
             },
         };
         let changes = crate::config::plan(&current, &merged.target);
-        let lines: Vec<String> = changes.iter().map(Change::describe).collect();
-        self.check_plan(&changes, &lines)?;
+        let lines: Vec<String> = changes.iter().map(Command::describe).collect();
+        self.validate(&changes)
+            .map_err(|(k, e)| BalancerError::Invalid {
+                what: "configuration",
+                reason: format!(
+                    "change {} of {} ({}): {e}; nothing was applied",
+                    k + 1,
+                    changes.len(),
+                    lines[k]
+                ),
+            })?;
         let done = Applied {
             changes: lines.clone(),
             kept: merged.kept,
@@ -942,30 +837,7 @@ impl Balancer {
         }
         let before = self.snapshot();
         for (k, c) in changes.iter().enumerate() {
-            let r = match c {
-                Change::Timeouts(t) => {
-                    self.state.timeouts = Some(*t);
-                    Ok(())
-                }
-                Change::RemoveVip(v) => self.remove_vip(*v),
-                Change::AddVip(v, s) => self.add_vip_with(*v, s.clone()),
-                Change::SetVip(v, s) => self.replace_vip_settings(*v, s.clone()),
-                Change::RemoveBackend(v, b) => self.remove_backend(*v, *b),
-                Change::AddBackend(v, b, w) => self.add_backends_weighted(*v, &[*b], *w),
-                Change::SetBackend(v, b, w, h) => self.set_backend(
-                    *v,
-                    *b,
-                    &BackendPatch {
-                        weight: Some(*w),
-                        health: Some(match h {
-                            Some(h) => crate::api::HealthSetting::Check(h.clone()),
-                            None => crate::api::HealthSetting::Off,
-                        }),
-                    },
-                ),
-                Change::Drain(v, b, true) => self.drain_backend(*v, *b),
-                Change::Drain(v, b, false) => self.undrain_backend(*v, *b),
-            };
+            let r = self.write(c);
             if let Err(e) = r {
                 let undone = match self.restore(before) {
                     Ok(()) => "nothing was applied".to_string(),
@@ -989,97 +861,106 @@ impl Balancer {
         Ok(done)
     }
 
-    /// Checks each change of a plan as its API call would, against a copy
-    /// of the desired state with the changes before it made: unknown and
-    /// duplicate VIPs and backends, values, a mode change of a VIP that
-    /// keeps backends, and room (VIPs, backends per VIP, VIPs per backend
-    /// address, backend slots, server indexes). Nothing is changed.
+    /// Carries out `cmds`, all of them or none: each is checked by
+    /// [`State::apply`] on a copy of the desired state as the ones before it
+    /// leave it, before any map is touched; then each is written to the
+    /// maps ([`Balancer::write`]); a map failure half-way restores the
+    /// state before the first ([`Balancer::restore`] of a snapshot).
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the change and the reason.
-    fn check_plan(&self, changes: &[crate::config::Change], lines: &[String]) -> Result<()> {
-        use crate::config::Change;
-        let mut st = self.state.clone();
-        let host = (self.host_addresses)()?;
-        for (k, c) in changes.iter().enumerate() {
-            let r = (|| -> Result<()> {
-                match c {
-                    Change::Timeouts(t) => t.validate(),
-                    Change::RemoveVip(v) => {
-                        st.vip(v)?;
-                        st.vips.remove(v);
-                        st.release_servers();
-                        Ok(())
+    /// The first refusal (as the API answers it), or the map failure.
+    pub fn execute(&mut self, cmds: &[Command]) -> Result<()> {
+        self.validate(cmds).map_err(|(_, e)| e)?;
+        let before = (cmds.len() > 1).then(|| self.snapshot());
+        for c in cmds {
+            if let Err(e) = self.write(c) {
+                if let Some(b) = before {
+                    if let Err(r) = self.restore(b) {
+                        tracing::error!("rolling back after a failed change failed too: {r}");
                     }
-                    Change::AddVip(v, s) => {
-                        check_new_vip(&st, *v, s, &host)?;
-                        // Tombstones give way (Balancer::free_vip_index).
-                        let used: BTreeSet<u32> = st.vips.values().map(|v| v.index).collect();
-                        let index = (0..MAX_VIPS).find(|i| !used.contains(i)).ok_or(
-                            BalancerError::Full {
-                                what: "VIP table",
-                                capacity: MAX_VIPS,
-                            },
-                        )?;
-                        st.vips.insert(
-                            *v,
-                            VipConfig {
-                                addr: *v,
-                                index,
-                                list: 0,
-                                settings: s.clone(),
-                                backends: Vec::new(),
-                            },
-                        );
-                        Ok(())
-                    }
-                    Change::SetVip(v, s) => {
-                        check_settings_change(st.vip(v)?, s, &host)?;
-                        st.vip_mut(v)?.settings = s.clone();
-                        Ok(())
-                    }
-                    Change::RemoveBackend(v, b) => {
-                        st.backend_mut(v, b)?;
-                        st.vip_mut(v)?.backends.retain(|x| x.addr != *b);
-                        st.release_servers();
-                        Ok(())
-                    }
-                    Change::AddBackend(v, b, w) => {
-                        check_new_backends(&st, *v, &[*b], *w, &host)?;
-                        let slot = st.allocate_slots(1)?[0];
-                        st.server_for(*b)?;
-                        st.next_slot = (slot + 1) % BACKEND_SLOTS;
-                        st.vip_mut(v)?.backends.push(BackendConfig {
-                            addr: *b,
-                            state: BackendState::Active,
-                            slot,
-                            generation: 0,
-                            weight: *w,
-                            health: None,
-                        });
-                        Ok(())
-                    }
-                    Change::SetBackend(v, b, w, h) => {
-                        check_weight(*w)?;
-                        if let Some(h) = h {
-                            h.validate()?;
-                        }
-                        st.backend_mut(v, b).map(|_| ())
-                    }
-                    Change::Drain(v, b, _) => st.backend_mut(v, b).map(|_| ()),
                 }
-            })();
-            r.map_err(|e| BalancerError::Invalid {
-                what: "configuration",
-                reason: format!(
-                    "change {} of {} ({}): {e}; nothing was applied",
-                    k + 1,
-                    changes.len(),
-                    lines[k]
-                ),
-            })?;
+                return Err(e);
+            }
         }
         Ok(())
+    }
+
+    /// Checks `cmds` in order on a copy of the desired state
+    /// ([`State::apply`]); nothing is changed.
+    ///
+    /// # Errors
+    /// The index of the first command refused, and why.
+    fn validate(&self, cmds: &[Command]) -> std::result::Result<(), (usize, BalancerError)> {
+        let rules = Rules {
+            host: (self.host_addresses)().map_err(|e| (0, e))?,
+        };
+        let mut next = self.state.clone();
+        for (k, c) in cmds.iter().enumerate() {
+            next.apply(c, &rules).map_err(|e| (k, e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes one checked command to the maps and the state, in the order
+    /// that keeps every flow served (orphans before a slot is cleared, a
+    /// backend's slot before the VIP's list names it).
+    ///
+    /// # Errors
+    /// Map failure (what the command had written is undone).
+    fn write(&mut self, c: &Command) -> Result<()> {
+        match c {
+            Command::Timeouts(t) => {
+                self.state.timeouts = Some(*t);
+                Ok(())
+            }
+            Command::RemoveVip(v) => self.write_remove_vip(*v),
+            Command::AddVip(v, s) => self.write_add_vip(*v, s.clone()),
+            Command::SetVip(v, s) => self.write_vip_settings(*v, s.clone()),
+            Command::RemoveBackend(v, b) => self.write_remove_backend(*v, *b),
+            Command::AddBackends(v, bs, w) => self.write_add_backends(*v, bs, *w),
+            Command::SetBackend(v, b, w, h) => self.write_set_backend(*v, *b, *w, h.clone()),
+            Command::Drain(v, b, true) => self.set_backend_state(*v, *b, BackendState::Draining),
+            Command::Drain(v, b, false) => self.set_backend_state(*v, *b, BackendState::Active),
+            Command::ClusterDrain(d) => self.write_cluster_drained(*d),
+        }
+    }
+
+    /// The command an API request makes (`None` for one that changes
+    /// nothing, or that is not a change of the desired state: detach,
+    /// apply). Patches take the running values of the fields they leave
+    /// out.
+    ///
+    /// # Errors
+    /// An unknown VIP or backend named by a patch.
+    pub fn command_of(&self, req: &crate::api::Request) -> Option<Result<Command>> {
+        use crate::api::Request as R;
+        Some(match req {
+            R::AddVip { vip, settings } => Ok(Command::AddVip(*vip, settings.clone())),
+            R::SetVip { vip, patch } => self
+                .state
+                .vip(vip)
+                .map(|v| Command::SetVip(*vip, patch.apply(&v.settings))),
+            R::RemoveVip { vip } => Ok(Command::RemoveVip(*vip)),
+            R::AddBackends {
+                vip,
+                backends,
+                weight,
+            } => Ok(Command::AddBackends(
+                *vip,
+                backends.clone(),
+                weight.unwrap_or(1),
+            )),
+            R::SetBackend {
+                vip,
+                backend,
+                patch,
+            } => self.backend_command(*vip, *backend, patch),
+            R::DrainBackend { vip, backend } => Ok(Command::Drain(*vip, *backend, true)),
+            R::UndrainBackend { vip, backend } => Ok(Command::Drain(*vip, *backend, false)),
+            R::RemoveBackend { vip, backend } => Ok(Command::RemoveBackend(*vip, *backend)),
+            R::ClusterDrain { drained } => Ok(Command::ClusterDrain(*drained)),
+            _ => return None,
+        })
     }
 
     /// Re-applies a persisted state to the maps: after a restart, or to
@@ -1160,7 +1041,10 @@ impl Balancer {
     /// Invalid address or settings, duplicate VIP, full VIP table, map
     /// failure.
     pub fn add_vip_with(&mut self, addr: SocketAddr, settings: VipSettings) -> Result<()> {
-        check_new_vip(&self.state, addr, &settings, &(self.host_addresses)()?)?;
+        self.execute(&[Command::AddVip(addr, settings)])
+    }
+
+    fn write_add_vip(&mut self, addr: SocketAddr, settings: VipSettings) -> Result<()> {
         // A VIP added back at a removed address takes over its tombstone.
         self.retired.forget_vip(&addr);
         let index = self.free_vip_index()?;
@@ -1233,7 +1117,7 @@ impl Balancer {
     /// Unknown VIP, an invalid value, map failure.
     pub fn set_vip(&mut self, addr: SocketAddr, patch: &VipPatch) -> Result<()> {
         let new = patch.apply(&self.state.vip(&addr)?.settings);
-        self.replace_vip_settings(addr, new)
+        self.execute(&[Command::SetVip(addr, new)])
     }
 
     /// Replaces every setting of a VIP: all of them, or nothing.
@@ -1242,9 +1126,12 @@ impl Balancer {
     /// Unknown VIP, an invalid value (a mode change while it has backends
     /// among them), map failure.
     pub fn replace_vip_settings(&mut self, addr: SocketAddr, new: VipSettings) -> Result<()> {
+        self.execute(&[Command::SetVip(addr, new)])
+    }
+
+    fn write_vip_settings(&mut self, addr: SocketAddr, new: VipSettings) -> Result<()> {
         let v = self.state.vip(&addr)?;
         let old = v.settings.clone();
-        check_settings_change(v, &new, &(self.host_addresses)()?)?;
         let backends: Vec<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
         let encap_changed = (new.encap_source, new.gue_port) != (old.encap_source, old.gue_port);
         self.state.vip_mut(&addr)?.settings = new;
@@ -1285,6 +1172,10 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, map failure.
     pub fn remove_vip(&mut self, addr: SocketAddr) -> Result<()> {
+        self.execute(&[Command::RemoveVip(addr)])
+    }
+
+    fn write_remove_vip(&mut self, addr: SocketAddr) -> Result<()> {
         let v = self.state.vip(&addr)?.clone();
         let now = Instant::now();
         if v.settings.allow_host_address {
@@ -1363,7 +1254,15 @@ impl Balancer {
         addrs: &[SocketAddr],
         weight: u32,
     ) -> Result<()> {
-        check_new_backends(&self.state, vip, addrs, weight, &(self.host_addresses)()?)?;
+        self.execute(&[Command::AddBackends(vip, addrs.to_vec(), weight)])
+    }
+
+    fn write_add_backends(
+        &mut self,
+        vip: SocketAddr,
+        addrs: &[SocketAddr],
+        weight: u32,
+    ) -> Result<()> {
         let mode = self.state.vip(&vip)?.settings.mode;
         let slots = self.state.allocate_slots(addrs.len())?;
         let mut added = Vec::with_capacity(addrs.len());
@@ -1448,18 +1347,44 @@ impl Balancer {
         addr: SocketAddr,
         patch: &BackendPatch,
     ) -> Result<()> {
+        let c = self.backend_command(vip, addr, patch)?;
+        self.execute(&[c])
+    }
+
+    /// The [`Command::SetBackend`] of a patch: the fields it leaves out
+    /// keep their running values.
+    ///
+    /// # Errors
+    /// Unknown VIP or backend.
+    fn backend_command(
+        &self,
+        vip: SocketAddr,
+        addr: SocketAddr,
+        patch: &BackendPatch,
+    ) -> Result<Command> {
+        let b = self.state.backend(&vip, &addr)?;
+        Ok(Command::SetBackend(
+            vip,
+            addr,
+            patch.weight.unwrap_or(b.weight),
+            match &patch.health {
+                Some(h) => h.clone().into_option(),
+                None => b.health.clone(),
+            },
+        ))
+    }
+
+    fn write_set_backend(
+        &mut self,
+        vip: SocketAddr,
+        addr: SocketAddr,
+        weight: u32,
+        health: Option<HealthCheck>,
+    ) -> Result<()> {
         let old = self.state.backend_mut(&vip, &addr)?.clone();
         let mut new = old.clone();
-        if let Some(w) = patch.weight {
-            check_weight(w)?;
-            new.weight = w;
-        }
-        if let Some(h) = &patch.health {
-            new.health = h.clone().into_option();
-            if let Some(c) = &new.health {
-                c.validate()?;
-            }
-        }
+        new.weight = weight;
+        new.health = health;
         *self.state.backend_mut(&vip, &addr)? = new;
         self.eligibility.forget_gone(&self.state);
         let r = self
@@ -1478,7 +1403,7 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP or backend, map failure.
     pub fn drain_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
-        self.set_backend_state(vip, addr, BackendState::Draining)
+        self.execute(&[Command::Drain(vip, addr, true)])
     }
 
     /// Puts a drained backend back into service: it receives new flows again.
@@ -1486,7 +1411,7 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP or backend, map failure.
     pub fn undrain_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
-        self.set_backend_state(vip, addr, BackendState::Active)
+        self.execute(&[Command::Drain(vip, addr, false)])
     }
 
     fn set_backend_state(
@@ -1519,6 +1444,10 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP or backend, map failure.
     pub fn remove_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
+        self.execute(&[Command::RemoveBackend(vip, addr)])
+    }
+
+    fn write_remove_backend(&mut self, vip: SocketAddr, addr: SocketAddr) -> Result<()> {
         let b = self.state.backend_mut(&vip, &addr)?.clone();
         self.state
             .vip_mut(&vip)?
@@ -1937,6 +1866,7 @@ fn program_open_failed(source: aya::programs::ProgramError) -> BalancerError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::{check_new_backends, check_new_vip, check_settings_change};
 
     #[test]
     fn ipv4_mapped_addresses_in_a_file_are_refused() {

@@ -30,6 +30,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    command::Command,
     error::{BalancerError, Result},
     state::{BackendState, ForwardingMode, HealthCheck, NoHealthy, State, Timeouts, VipSettings},
 };
@@ -444,112 +445,35 @@ pub fn to_toml(c: &Config) -> Result<String> {
     })
 }
 
-/// One change that takes a running configuration to a desired one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    /// The flow table's timeouts.
-    Timeouts(Timeouts),
-    /// A VIP goes, with its backends.
-    RemoveVip(SocketAddr),
-    /// A VIP comes.
-    AddVip(SocketAddr, VipSettings),
-    /// A VIP's settings change.
-    SetVip(SocketAddr, VipSettings),
-    /// A backend goes.
-    RemoveBackend(SocketAddr, SocketAddr),
-    /// A backend comes, with its weight.
-    AddBackend(SocketAddr, SocketAddr, u32),
-    /// A backend's weight and own health check change.
-    SetBackend(SocketAddr, SocketAddr, u32, Option<HealthCheck>),
-    /// A backend is drained (`true`) or put back into service.
-    Drain(SocketAddr, SocketAddr, bool),
-}
-
-impl Change {
-    /// One line for the operator: `+` added, `-` removed, `~` changed.
-    pub fn describe(&self) -> String {
-        match self {
-            Change::Timeouts(t) => format!(
-                "~ timeouts half_open {} established {} closing {} orphan {} unproven {}",
-                humantime::format_duration(t.half_open),
-                humantime::format_duration(t.established),
-                humantime::format_duration(t.closing),
-                humantime::format_duration(t.orphan),
-                humantime::format_duration(t.unproven)
-            ),
-            Change::RemoveVip(v) => format!("- vip {v} (and its backends)"),
-            Change::AddVip(v, s) => format!("+ vip {v} {}", settings_words(s)),
-            Change::SetVip(v, s) => format!("~ vip {v} {}", settings_words(s)),
-            Change::RemoveBackend(v, b) => format!("- backend {b} of {v}"),
-            Change::AddBackend(v, b, w) => format!("+ backend {b} of {v} weight {w}"),
-            Change::SetBackend(v, b, w, h) => format!(
-                "~ backend {b} of {v} weight {w}{}",
-                if h.is_some() {
-                    ", own health check"
-                } else {
-                    ""
-                }
-            ),
-            Change::Drain(v, b, true) => format!("~ backend {b} of {v} drained"),
-            Change::Drain(v, b, false) => format!("~ backend {b} of {v} back in service"),
-        }
-    }
-}
-
-fn settings_words(s: &VipSettings) -> String {
-    let choices = if s.choices == balancer_common::CHOICES_FULL_SCAN {
-        "all".to_string()
-    } else {
-        s.choices.to_string()
-    };
-    format!(
-        "(mode {}, choices {choices}{}{})",
-        s.mode.name(),
-        if s.health.is_some() {
-            ", health check"
-        } else {
-            ""
-        },
-        if s.persistence.is_zero() {
-            String::new()
-        } else {
-            format!(
-                ", persistence {}",
-                humantime::format_duration(s.persistence)
-            )
-        }
-    )
-}
-
 /// The changes that take `current` to `desired`, in the order they are
 /// applied: timeouts; VIPs that go; changed VIPs (the backends that go,
 /// then the settings, so a VIP whose backends are all replaced may change
 /// its mode; then the backends that come, changed ones, drain states);
 /// VIPs that come with their backends. Nothing for two equal
 /// configurations.
-pub fn plan(current: &Config, desired: &Config) -> Vec<Change> {
+pub fn plan(current: &Config, desired: &Config) -> Vec<Command> {
     let mut out = Vec::new();
     if let Some(t) = desired.timeouts.filter(|t| Some(*t) != current.timeouts) {
-        out.push(Change::Timeouts(t.into()));
+        out.push(Command::Timeouts(t.into()));
     }
     let cur: BTreeMap<SocketAddr, &VipEntry> =
         current.vips.iter().map(|v| (v.address, v)).collect();
     let want: BTreeMap<SocketAddr, &VipEntry> =
         desired.vips.iter().map(|v| (v.address, v)).collect();
     for v in cur.keys().filter(|v| !want.contains_key(v)) {
-        out.push(Change::RemoveVip(*v));
+        out.push(Command::RemoveVip(*v));
     }
     for (addr, w) in &want {
         match cur.get(addr) {
             Some(c) => {
                 backend_removals(&mut out, *addr, &c.backends, &w.backends);
                 if c.settings() != w.settings() {
-                    out.push(Change::SetVip(*addr, w.settings()));
+                    out.push(Command::SetVip(*addr, w.settings()));
                 }
                 backend_changes(&mut out, *addr, &c.backends, &w.backends);
             }
             None => {
-                out.push(Change::AddVip(*addr, w.settings()));
+                out.push(Command::AddVip(*addr, w.settings()));
                 backend_changes(&mut out, *addr, &[], &w.backends);
             }
         }
@@ -558,21 +482,21 @@ pub fn plan(current: &Config, desired: &Config) -> Vec<Change> {
 }
 
 fn backend_removals(
-    out: &mut Vec<Change>,
+    out: &mut Vec<Command>,
     vip: SocketAddr,
     cur: &[BackendEntry],
     want: &[BackendEntry],
 ) {
     let w: BTreeSet<SocketAddr> = want.iter().map(|b| b.address).collect();
     for b in cur.iter().filter(|b| !w.contains(&b.address)) {
-        out.push(Change::RemoveBackend(vip, b.address));
+        out.push(Command::RemoveBackend(vip, b.address));
     }
 }
 
 /// The backends of `want` that come or change (those that go are
 /// [`backend_removals`]).
 fn backend_changes(
-    out: &mut Vec<Change>,
+    out: &mut Vec<Command>,
     vip: SocketAddr,
     cur: &[BackendEntry],
     want: &[BackendEntry],
@@ -582,9 +506,9 @@ fn backend_changes(
     for b in want {
         match c.get(&b.address) {
             None => {
-                out.push(Change::AddBackend(vip, b.address, b.weight));
+                out.push(Command::AddBackends(vip, vec![b.address], b.weight));
                 if b.health.is_some() {
-                    out.push(Change::SetBackend(
+                    out.push(Command::SetBackend(
                         vip,
                         b.address,
                         b.weight,
@@ -592,12 +516,12 @@ fn backend_changes(
                     ));
                 }
                 if b.drained {
-                    out.push(Change::Drain(vip, b.address, true));
+                    out.push(Command::Drain(vip, b.address, true));
                 }
             }
             Some(old) => {
                 if (old.weight, &old.health) != (b.weight, &b.health) {
-                    out.push(Change::SetBackend(
+                    out.push(Command::SetBackend(
                         vip,
                         b.address,
                         b.weight,
@@ -605,7 +529,7 @@ fn backend_changes(
                     ));
                 }
                 if old.drained != b.drained {
-                    out.push(Change::Drain(vip, b.address, b.drained));
+                    out.push(Command::Drain(vip, b.address, b.drained));
                 }
             }
         }
@@ -877,11 +801,11 @@ address = "[2001:db8:2::10]:443"
         }];
         let kinds: Vec<&str> = plan(&a, &b)
             .iter()
-            .filter(|c| !matches!(c, Change::Timeouts(_)))
+            .filter(|c| !matches!(c, Command::Timeouts(_)))
             .map(|c| match c {
-                Change::RemoveBackend(..) => "remove",
-                Change::SetVip(..) => "set",
-                Change::AddBackend(..) => "add",
+                Command::RemoveBackend(..) => "remove",
+                Command::SetVip(..) => "set",
+                Command::AddBackends(..) => "add",
                 _ => "other",
             })
             .collect();
@@ -980,7 +904,7 @@ address = "[2001:db8:2::10]:443"
             health: None,
         });
         b.vips.remove(1);
-        let lines: Vec<String> = plan(&a, &b).iter().map(Change::describe).collect();
+        let lines: Vec<String> = plan(&a, &b).iter().map(Command::describe).collect();
         assert_eq!(
             lines,
             [
@@ -1025,7 +949,7 @@ address = "[2001:db8:2::10]:443"
         let m = merge(&Config::default(), &file, &running);
         let lines: Vec<String> = plan(&running, &m.target)
             .iter()
-            .map(Change::describe)
+            .map(Command::describe)
             .collect();
         assert!(
             lines.contains(&"~ backend 10.0.2.10:8080 of 10.0.0.10:80 back in service".into()),
@@ -1039,7 +963,7 @@ address = "[2001:db8:2::10]:443"
         let m = merge(&file, &edited, &running);
         let lines: Vec<String> = plan(&running, &m.target)
             .iter()
-            .map(Change::describe)
+            .map(Command::describe)
             .collect();
         assert_eq!(lines, ["~ backend 10.0.2.10:8080 of 10.0.0.10:80 weight 4"]);
         // The file removes the runtime-weighted backend and a VIP: gone.
@@ -1049,7 +973,7 @@ address = "[2001:db8:2::10]:443"
         let m = merge(&file, &cut, &running);
         let lines: Vec<String> = plan(&running, &m.target)
             .iter()
-            .map(Change::describe)
+            .map(Command::describe)
             .collect();
         assert_eq!(
             lines,
@@ -1065,7 +989,7 @@ address = "[2001:db8:2::10]:443"
         let m = merge(&file, &back, &running);
         let lines: Vec<String> = plan(&running, &m.target)
             .iter()
-            .map(Change::describe)
+            .map(Command::describe)
             .collect();
         assert_eq!(
             lines,

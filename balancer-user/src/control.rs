@@ -130,46 +130,27 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
     let keep_unsaved = takes_out_of_service(&req);
     // Every change is logged with what it changes (as the request says it).
     let what = changes.then(|| describe(&req));
-    let result = match req {
-        Request::AddVip { vip, settings } => lb.add_vip_with(vip, settings).map(|_| Response::Ok),
-        Request::SetVip { vip, patch } => lb.set_vip(vip, &patch).map(|_| Response::Ok),
-        Request::RemoveVip { vip } => lb.remove_vip(vip).map(|_| Response::Ok),
-        Request::ListVips => Ok(Response::Vips {
+    // A change of the desired state is one command: checked on a copy,
+    // then written (Balancer::execute); the rest are reads and the daemon's
+    // own operations.
+    let command = lb.command_of(&req);
+    let result = match (command, req) {
+        (Some(cmd), _) => cmd.and_then(|c| lb.execute(&[c])).map(|()| Response::Ok),
+        (None, Request::ListVips) => Ok(Response::Vips {
             vips: lb.list_vips(),
         }),
-        Request::AddBackends {
-            vip,
-            backends,
-            weight,
-        } => lb
-            .add_backends_weighted(vip, &backends, weight.unwrap_or(1))
-            .map(|_| Response::Ok),
-        Request::SetBackend {
-            vip,
-            backend,
-            patch,
-        } => lb.set_backend(vip, backend, &patch).map(|_| Response::Ok),
-        Request::DrainBackend { vip, backend } => {
-            lb.drain_backend(vip, backend).map(|_| Response::Ok)
-        }
-        Request::UndrainBackend { vip, backend } => {
-            lb.undrain_backend(vip, backend).map(|_| Response::Ok)
-        }
-        Request::RemoveBackend { vip, backend } => {
-            lb.remove_backend(vip, backend).map(|_| Response::Ok)
-        }
-        Request::ListBackends { vip } => lb
+        (None, Request::ListBackends { vip }) => lb
             .list_backends(vip)
             .map(|backends| Response::Backends { backends }),
-        Request::Stats => lb.stats().map(|mut s| {
+        (None, Request::Stats) => lb.stats().map(|mut s| {
             s.state_file_unsaved = store.owed().map(str::to_string);
             Response::Stats(Box::new(s))
         }),
-        Request::Flows { limit, filter } => filter.validate().map(|_| {
+        (None, Request::Flows { limit, filter }) => filter.validate().map(|_| {
             let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED), &filter);
             Response::Flows { flows, truncated }
         }),
-        Request::Health => lb.list_backends(None).map(|bs| Response::Health {
+        (None, Request::Health) => lb.list_backends(None).map(|bs| Response::Health {
             backends: bs
                 .into_iter()
                 .map(|b| HealthEntry {
@@ -180,24 +161,26 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                 })
                 .collect(),
         }),
-        Request::Version => Ok(Response::Version(VersionView::this_build())),
-        Request::ClusterStatus => match lb.cluster_view() {
+        (None, Request::Version) => Ok(Response::Version(VersionView::this_build())),
+        (None, Request::ClusterStatus) => match lb.cluster_view() {
             Some(v) => Ok(Response::Cluster(Box::new(v.clone()))),
             None => Err(BalancerError::Invalid {
                 what: "cluster",
                 reason: "this daemon runs on its own (no --cluster-listen, no --bgp-dir)".into(),
             }),
         },
-        Request::ClusterDrain { drained } => lb.set_cluster_drained(drained).map(|_| Response::Ok),
-        Request::Export => Ok(Response::Config {
+        (None, Request::Export) => Ok(Response::Config {
             config: lb.export_config(),
         }),
-        Request::Apply {
-            config,
-            dry_run,
-            allow_empty,
-            exact,
-        } => lb
+        (
+            None,
+            Request::Apply {
+                config,
+                dry_run,
+                allow_empty,
+                exact,
+            },
+        ) => lb
             .apply_config(
                 &config,
                 crate::balancer::ApplyHow {
@@ -211,9 +194,12 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                 kept: a.kept,
                 dry_run,
             }),
-        Request::Detach {
-            pin_dir: Some(p), ..
-        } if lb.pin_dir() != Some(p.as_path()) => Err(BalancerError::Invalid {
+        (
+            None,
+            Request::Detach {
+                pin_dir: Some(p), ..
+            },
+        ) if lb.pin_dir() != Some(p.as_path()) => Err(BalancerError::Invalid {
             what: "pin directory",
             reason: format!(
                 "this daemon's pin directory is {}, not {}: nothing detached (check \
@@ -223,7 +209,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                 p.display()
             ),
         }),
-        Request::Detach { remove_maps, .. } => {
+        (None, Request::Detach { remove_maps, .. }) => {
             let interfaces = lb.interfaces();
             lb.detach_all().and_then(|_| {
                 let removed = if remove_maps {
@@ -237,6 +223,11 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                 })
             })
         }
+        // The changes of the desired state were commands above.
+        (None, other) => Err(BalancerError::Invalid {
+            what: "request",
+            reason: format!("{} changes nothing here", req_name(&other)),
+        }),
     };
     match result {
         Ok(r) => {

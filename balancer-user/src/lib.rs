@@ -16,6 +16,7 @@ pub mod batch;
 pub mod bgp;
 pub mod client;
 pub mod cluster;
+pub mod command;
 pub mod config;
 pub mod control;
 pub mod daemon;

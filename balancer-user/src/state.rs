@@ -745,6 +745,21 @@ impl State {
             .ok_or(BalancerError::UnknownVip { vip: *addr })
     }
 
+    /// Backend `b` of VIP `vip`.
+    ///
+    /// # Errors
+    /// [`BalancerError::UnknownVip`], [`BalancerError::UnknownBackend`].
+    pub fn backend(&self, vip: &SocketAddr, b: &SocketAddr) -> Result<&BackendConfig> {
+        self.vip(vip)?
+            .backends
+            .iter()
+            .find(|x| x.addr == *b)
+            .ok_or(BalancerError::UnknownBackend {
+                vip: *vip,
+                backend: *b,
+            })
+    }
+
     /// Backend `b` of VIP `vip`, mutable.
     ///
     /// # Errors

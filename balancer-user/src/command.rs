@@ -1,0 +1,408 @@
+//! One vocabulary for every change of the desired state: the API's
+//! requests, the configuration file's plan and the CLI (through the API)
+//! all become [`Command`]s; [`State::apply`] is the one place their rules
+//! are checked (pure: on a copy, before any map is touched), and
+//! `Balancer::execute` carries them out.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+};
+
+use balancer_common::{BACKEND_SLOTS, MAX_BACKENDS_PER_VIP, MAX_VIPS, MAX_VIPS_PER_BACKEND};
+
+use crate::{
+    error::{BalancerError, Result},
+    state::{
+        check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
+        check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, BackendState,
+        HealthCheck, State, Timeouts, VipConfig, VipSettings,
+    },
+};
+
+/// One change that takes a running configuration to a desired one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// The flow table's timeouts.
+    Timeouts(Timeouts),
+    /// A VIP goes, with its backends.
+    RemoveVip(SocketAddr),
+    /// A VIP comes.
+    AddVip(SocketAddr, VipSettings),
+    /// A VIP's settings change.
+    SetVip(SocketAddr, VipSettings),
+    /// A backend goes.
+    RemoveBackend(SocketAddr, SocketAddr),
+    /// Backends come, with one weight: all of them or none.
+    AddBackends(SocketAddr, Vec<SocketAddr>, u32),
+    /// A backend's weight and own health check change.
+    SetBackend(SocketAddr, SocketAddr, u32, Option<HealthCheck>),
+    /// A backend is drained (`true`) or put back into service.
+    Drain(SocketAddr, SocketAddr, bool),
+    /// This balancer is drained from the cluster (`true`: every VIP
+    /// withdrawn from BGP) or put back.
+    ClusterDrain(bool),
+}
+
+impl Command {
+    /// One line for the operator: `+` added, `-` removed, `~` changed.
+    pub fn describe(&self) -> String {
+        match self {
+            Command::Timeouts(t) => format!(
+                "~ timeouts half_open {} established {} closing {} orphan {} unproven {}",
+                humantime::format_duration(t.half_open),
+                humantime::format_duration(t.established),
+                humantime::format_duration(t.closing),
+                humantime::format_duration(t.orphan),
+                humantime::format_duration(t.unproven)
+            ),
+            Command::RemoveVip(v) => format!("- vip {v} (and its backends)"),
+            Command::AddVip(v, s) => format!("+ vip {v} {}", settings_words(s)),
+            Command::SetVip(v, s) => format!("~ vip {v} {}", settings_words(s)),
+            Command::RemoveBackend(v, b) => format!("- backend {b} of {v}"),
+            Command::AddBackends(v, bs, w) => format!(
+                "+ backend {} of {v} weight {w}",
+                bs.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            Command::SetBackend(v, b, w, h) => format!(
+                "~ backend {b} of {v} weight {w}{}",
+                if h.is_some() {
+                    ", own health check"
+                } else {
+                    ""
+                }
+            ),
+            Command::Drain(v, b, true) => format!("~ backend {b} of {v} drained"),
+            Command::Drain(v, b, false) => format!("~ backend {b} of {v} back in service"),
+            Command::ClusterDrain(true) => {
+                "~ cluster drained (every VIP withdrawn from BGP)".into()
+            }
+            Command::ClusterDrain(false) => "~ cluster back in service".into(),
+        }
+    }
+}
+
+fn settings_words(s: &VipSettings) -> String {
+    let choices = if s.choices == balancer_common::CHOICES_FULL_SCAN {
+        "all".to_string()
+    } else {
+        s.choices.to_string()
+    };
+    format!(
+        "(mode {}, choices {choices}{}{})",
+        s.mode.name(),
+        if s.health.is_some() {
+            ", health check"
+        } else {
+            ""
+        },
+        if s.persistence.is_zero() {
+            String::new()
+        } else {
+            format!(
+                ", persistence {}",
+                humantime::format_duration(s.persistence)
+            )
+        }
+    )
+}
+
+/// What [`State::apply`] needs besides the state: the addresses of the
+/// balancer's host (a VIP there needs `allow_host_address`; a backend
+/// there is a forwarding loop).
+#[derive(Clone, Debug, Default)]
+pub struct Rules {
+    /// The host's addresses.
+    pub host: BTreeSet<IpAddr>,
+}
+
+impl State {
+    /// Applies `c` to this desired state, checking every rule first: the
+    /// values, unknown and duplicate VIPs and backends, a mode change of a
+    /// VIP that keeps backends, room in every table (VIPs, backends per
+    /// VIP, VIPs per backend address, backend slots, server indexes).
+    /// Pure: callers apply to a copy and keep it only when every command
+    /// of a change passed (`Balancer::execute`); the slots and indexes it
+    /// allocates are the ones the balancer then takes.
+    ///
+    /// # Errors
+    /// The refusal, as the API answers it (`Invalid`, `UnknownVip`,
+    /// `UnknownBackend`, `DuplicateVip`, `DuplicateBackend`, `Full`); the
+    /// state is then unspecified (it was a copy).
+    pub fn apply(&mut self, c: &Command, rules: &Rules) -> Result<()> {
+        match c {
+            Command::Timeouts(t) => {
+                t.validate()?;
+                self.timeouts = Some(*t);
+                Ok(())
+            }
+            Command::RemoveVip(v) => {
+                self.vip(v)?;
+                self.vips.remove(v);
+                self.release_servers();
+                Ok(())
+            }
+            Command::AddVip(v, s) => {
+                check_new_vip(self, *v, s, &rules.host)?;
+                // Tombstones give way (Balancer::free_vip_index).
+                let used: BTreeSet<u32> = self.vips.values().map(|v| v.index).collect();
+                let index =
+                    (0..MAX_VIPS)
+                        .find(|i| !used.contains(i))
+                        .ok_or(BalancerError::Full {
+                            what: "VIP table",
+                            capacity: MAX_VIPS,
+                        })?;
+                self.vips.insert(
+                    *v,
+                    VipConfig {
+                        addr: *v,
+                        index,
+                        list: 0,
+                        settings: s.clone(),
+                        backends: Vec::new(),
+                    },
+                );
+                Ok(())
+            }
+            Command::SetVip(v, s) => {
+                check_settings_change(self.vip(v)?, s, &rules.host)?;
+                self.vip_mut(v)?.settings = s.clone();
+                Ok(())
+            }
+            Command::RemoveBackend(v, b) => {
+                self.backend_mut(v, b)?;
+                self.vip_mut(v)?.backends.retain(|x| x.addr != *b);
+                self.release_servers();
+                Ok(())
+            }
+            Command::AddBackends(v, bs, w) => {
+                check_new_backends(self, *v, bs, *w, &rules.host)?;
+                let slots = self.allocate_slots(bs.len())?;
+                for (b, slot) in bs.iter().zip(&slots) {
+                    self.server_for(*b)?;
+                    self.next_slot = (slot + 1) % BACKEND_SLOTS;
+                    self.vip_mut(v)?.backends.push(BackendConfig {
+                        addr: *b,
+                        state: BackendState::Active,
+                        slot: *slot,
+                        generation: 0,
+                        weight: *w,
+                        health: None,
+                    });
+                }
+                Ok(())
+            }
+            Command::SetBackend(v, b, w, h) => {
+                check_weight(*w)?;
+                if let Some(h) = h {
+                    h.validate()?;
+                }
+                let be = self.backend_mut(v, b)?;
+                be.weight = *w;
+                be.health = h.clone();
+                Ok(())
+            }
+            Command::Drain(v, b, drained) => {
+                self.backend_mut(v, b)?.state = if *drained {
+                    BackendState::Draining
+                } else {
+                    BackendState::Active
+                };
+                Ok(())
+            }
+            Command::ClusterDrain(d) => {
+                self.cluster_drained = *d;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What [`Balancer::add_backends_weighted`] checks before it changes
+/// anything: the weight, each address for the VIP's family and mode, that
+/// none is the address of a VIP or of the balancer's host (`host`: a
+/// forwarding loop), duplicates, and room (VIPs per backend address,
+/// backends per VIP, backend slots).
+///
+/// # Errors
+/// As `add_backends_weighted`, but map failure.
+pub(crate) fn check_new_backends(
+    state: &State,
+    vip: SocketAddr,
+    addrs: &[SocketAddr],
+    weight: u32,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    check_weight(weight)?;
+    let v = state.vip(&vip)?;
+    let mut seen: BTreeSet<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
+    let mut listed = BTreeSet::new();
+    let mode = v.settings.mode;
+    for a in addrs {
+        check_backend_for(vip, &v.settings, *a)?;
+        check_backend_not_vip(vip, *a, state.vips.keys().copied())?;
+        check_backend_not_host(vip, *a, host)?;
+        if mode.direct_return() && a.port() != vip.port() {
+            return Err(BalancerError::Invalid {
+                what: "backend",
+                reason: format!(
+                    "{a}: in {} mode the packet reaches the backend unchanged, so it must \
+                     listen on the VIP's port {} (and hold the VIP on a loopback address)",
+                    mode.name(),
+                    vip.port()
+                ),
+            });
+        }
+        if !listed.insert(*a) {
+            return Err(BalancerError::Invalid {
+                what: "backend list",
+                reason: format!("{a} is listed twice"),
+            });
+        }
+        if !seen.insert(*a) {
+            return Err(BalancerError::DuplicateBackend { vip, backend: *a });
+        }
+    }
+    let uses = state.backend_uses();
+    for a in addrs {
+        if uses.get(a).map_or(0, |u| u.vips.len()) >= MAX_VIPS_PER_BACKEND as usize {
+            return Err(BalancerError::Full {
+                what: "list of VIPs one backend address serves",
+                capacity: MAX_VIPS_PER_BACKEND,
+            });
+        }
+    }
+    if v.backends.len() + addrs.len() > MAX_BACKENDS_PER_VIP as usize {
+        return Err(BalancerError::Full {
+            what: "backend list of the VIP",
+            capacity: MAX_BACKENDS_PER_VIP,
+        });
+    }
+    state.allocate_slots(addrs.len()).map(|_| ())
+}
+
+/// What [`Balancer::add_vip_with`] checks before it changes anything: the
+/// address, the settings, that the address is no backend's (a forwarding
+/// loop) and not the balancer's host's (`host`) unless the settings allow
+/// it, and that the VIP is new.
+///
+/// # Errors
+/// [`BalancerError::Invalid`], [`BalancerError::DuplicateVip`].
+pub(crate) fn check_new_vip(
+    state: &State,
+    addr: SocketAddr,
+    settings: &VipSettings,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    check_endpoint("VIP", addr)?;
+    settings.validate_for(addr)?;
+    check_vip_not_backend(
+        addr,
+        state
+            .vips
+            .values()
+            .flat_map(|v| v.backends.iter().map(move |b| (v.addr, b.addr))),
+    )?;
+    check_vip_not_host(addr, settings, host)?;
+    if state.vips.contains_key(&addr) {
+        return Err(BalancerError::DuplicateVip { vip: addr });
+    }
+    Ok(())
+}
+
+/// What [`Balancer::replace_vip_settings`] checks before it changes
+/// anything: the values, each backend against them, that a VIP on an
+/// address of the balancer's host (`host`) keeps `allow_host_address`, and
+/// that the mode of a VIP with backends stays.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the value.
+pub(crate) fn check_settings_change(
+    v: &VipConfig,
+    new: &VipSettings,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    new.validate_for(v.addr)?;
+    check_vip_not_host(v.addr, new, host)?;
+    for b in &v.backends {
+        check_backend_for(v.addr, new, b.addr)?;
+    }
+    if new.mode != v.settings.mode && !v.backends.is_empty() {
+        return Err(BalancerError::Invalid {
+            what: "mode",
+            reason: format!(
+                "VIP {} has backends: a mode change would break their open connections; \
+                 remove the backends first (or add a new VIP)",
+                v.addr
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn apply_checks_on_a_copy_and_allocates_as_the_balancer_does() {
+        let rules = Rules::default();
+        let mut st = State::default();
+        let vip = a("10.0.0.10:80");
+        st.apply(&Command::AddVip(vip, VipSettings::default()), &rules)
+            .unwrap();
+        let bs = vec![a("10.0.2.1:8080"), a("10.0.2.2:8080")];
+        st.apply(&Command::AddBackends(vip, bs.clone(), 2), &rules)
+            .unwrap();
+        let v = st.vip(&vip).unwrap();
+        assert_eq!(v.index, 0);
+        assert_eq!(
+            v.backends.iter().map(|b| (b.addr, b.slot, b.weight)).collect::<Vec<_>>(),
+            [(bs[0], 0, 2), (bs[1], 1, 2)]
+        );
+        assert_eq!(st.next_slot, 2);
+        st.validate().unwrap();
+        // The refusals the API answers.
+        let mut copy = st.clone();
+        assert!(matches!(
+            copy.apply(&Command::AddBackends(vip, vec![bs[0]], 1), &rules),
+            Err(BalancerError::DuplicateBackend { .. })
+        ));
+        assert!(matches!(
+            copy.apply(&Command::AddVip(vip, VipSettings::default()), &rules),
+            Err(BalancerError::DuplicateVip { .. })
+        ));
+        assert!(matches!(
+            copy.apply(&Command::Drain(vip, a("10.0.2.9:8080"), true), &rules),
+            Err(BalancerError::UnknownBackend { .. })
+        ));
+        assert!(copy
+            .apply(&Command::SetBackend(vip, bs[0], 0, None), &rules)
+            .is_err());
+        // A backend on an address of the host is a loop.
+        let host = Rules {
+            host: [a("10.0.2.7:1").ip()].into_iter().collect(),
+        };
+        assert!(copy
+            .apply(&Command::AddBackends(vip, vec![a("10.0.2.7:8080")], 1), &host)
+            .is_err());
+        // Changes are made to the state itself.
+        st.apply(&Command::SetBackend(vip, bs[0], 5, None), &rules)
+            .unwrap();
+        st.apply(&Command::Drain(vip, bs[1], true), &rules).unwrap();
+        st.apply(&Command::RemoveBackend(vip, bs[0]), &rules)
+            .unwrap();
+        let v = st.vip(&vip).unwrap();
+        assert_eq!(v.backends.len(), 1);
+        assert_eq!(v.backends[0].state, BackendState::Draining);
+        st.validate().unwrap();
+    }
+}
