@@ -365,7 +365,10 @@ mod tests {
         let v = st.vip(&vip).unwrap();
         assert_eq!(v.index, 0);
         assert_eq!(
-            v.backends.iter().map(|b| (b.addr, b.slot, b.weight)).collect::<Vec<_>>(),
+            v.backends
+                .iter()
+                .map(|b| (b.addr, b.slot, b.weight))
+                .collect::<Vec<_>>(),
             [(bs[0], 0, 2), (bs[1], 1, 2)]
         );
         assert_eq!(st.next_slot, 2);
@@ -392,7 +395,10 @@ mod tests {
             host: [a("10.0.2.7:1").ip()].into_iter().collect(),
         };
         assert!(copy
-            .apply(&Command::AddBackends(vip, vec![a("10.0.2.7:8080")], 1), &host)
+            .apply(
+                &Command::AddBackends(vip, vec![a("10.0.2.7:8080")], 1),
+                &host
+            )
             .is_err());
         // Changes are made to the state itself.
         st.apply(&Command::SetBackend(vip, bs[0], 5, None), &rules)

@@ -32,7 +32,10 @@ use serde::{Deserialize, Serialize};
 use crate::{
     command::Command,
     error::{BalancerError, Result},
-    state::{BackendState, ForwardingMode, HealthCheck, NoHealthy, State, Timeouts, VipSettings},
+    state::{
+        check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendState,
+        ForwardingMode, HealthCheck, NoHealthy, State, Timeouts, VipSettings,
+    },
 };
 
 /// The whole configuration.
@@ -347,6 +350,77 @@ pub fn export(state: &State, timeouts: &Timeouts) -> Config {
             })
             .collect(),
     }
+}
+
+/// Checks a whole configuration as the API would check each VIP and
+/// backend, before anything is changed.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the first value the API would refuse,
+/// with the VIP and backend it belongs to ([`locate_config_error`] gives
+/// them apart).
+pub fn check_config(c: &Config) -> Result<()> {
+    locate_config_error(c).map_err(|f| BalancerError::Invalid {
+        what: "configuration",
+        reason: f.to_string(),
+    })
+}
+
+/// The first value of a configuration the API would refuse, and where it is.
+#[derive(Debug)]
+pub struct ConfigFault {
+    /// The `[[vip]]` it is in (none: `[timeouts]`, or the list as a whole).
+    pub vip: Option<SocketAddr>,
+    /// The `[[vip.backend]]` it is in.
+    pub backend: Option<SocketAddr>,
+    /// What is wrong.
+    pub error: BalancerError,
+}
+
+impl std::fmt::Display for ConfigFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.vip, self.backend) {
+            (None, _) => write!(f, "{}", self.error),
+            (Some(v), None) => write!(f, "VIP {v}: {}", self.error),
+            (Some(v), Some(b)) => write!(f, "VIP {v} backend {b}: {}", self.error),
+        }
+    }
+}
+
+/// [`check_config`], keeping the VIP and backend of the fault apart (the
+/// CLI finds their line in the file with them).
+///
+/// # Errors
+/// The first fault.
+pub fn locate_config_error(c: &Config) -> std::result::Result<(), Box<ConfigFault>> {
+    let at = |vip, backend| {
+        move |error| ConfigFault {
+            vip,
+            backend,
+            error,
+        }
+    };
+    check_unique(c).map_err(at(None, None))?;
+    if let Some(t) = c.timeouts {
+        Timeouts::from(t).validate().map_err(at(None, None))?;
+    }
+    for v in &c.vips {
+        let s = v.settings();
+        let here = at(Some(v.address), None);
+        check_endpoint("VIP", v.address).map_err(here)?;
+        s.validate_for(v.address).map_err(here)?;
+        for b in &v.backends {
+            let here = at(Some(v.address), Some(b.address));
+            check_backend_for(v.address, &s, b.address).map_err(here)?;
+            check_weight(b.weight).map_err(here)?;
+            if let Some(h) = &b.health {
+                h.validate().map_err(here)?;
+            }
+            check_backend_not_vip(v.address, b.address, c.vips.iter().map(|v| v.address))
+                .map_err(here)?;
+        }
+    }
+    Ok(())
 }
 
 /// Reads a TOML configuration.

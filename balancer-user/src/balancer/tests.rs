@@ -1,0 +1,199 @@
+use super::*;
+use crate::command::{check_new_backends, check_new_vip, check_settings_change};
+
+#[test]
+fn ipv4_mapped_addresses_in_a_file_are_refused() {
+    for (text, at) in [
+        (
+            "[[vip]]\naddress = \"[::ffff:10.0.0.10]:80\"\n",
+            "VIP [::ffff:10.0.0.10]:80",
+        ),
+        (
+            "[[vip]]\naddress = \"[2001:db8::10]:80\"\n[[vip.backend]]\naddress = \"[::ffff:10.1.0.11]:8080\"\n",
+            "backend [::ffff:10.1.0.11]:8080",
+        ),
+        (
+            "[[vip]]\naddress = \"[2001:db8::10]:80\"\nmode = \"ipip\"\nencap_source = \"::ffff:10.0.9.1\"\n",
+            "encap source",
+        ),
+    ] {
+        let c = crate::config::parse(text).unwrap();
+        let e = check_config(&c).unwrap_err().to_string();
+        assert!(e.contains("IPv4-mapped") && e.contains(at), "{e}");
+    }
+}
+
+fn state(vips: &[(&str, &[&str])]) -> State {
+    let mut s = State::default();
+    let mut slot = 0;
+    for (index, (v, backends)) in vips.iter().enumerate() {
+        let addr: SocketAddr = v.parse().unwrap();
+        let backends = backends
+            .iter()
+            .map(|b| {
+                slot += 1;
+                BackendConfig {
+                    addr: b.parse().unwrap(),
+                    state: BackendState::Active,
+                    slot,
+                    generation: 1,
+                    weight: 1,
+                    health: None,
+                }
+            })
+            .collect();
+        s.vips.insert(
+            addr,
+            VipConfig {
+                addr,
+                index: index as u32,
+                list: 0,
+                settings: VipSettings::default(),
+                backends,
+            },
+        );
+    }
+    for a in s.backend_uses().into_keys().collect::<Vec<_>>() {
+        s.server_for(a).unwrap();
+    }
+    s
+}
+
+fn host(addrs: &[&str]) -> BTreeSet<IpAddr> {
+    addrs.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+fn addr(a: &str) -> SocketAddr {
+    a.parse().unwrap()
+}
+
+/// The error's text, which must name every one of `names`.
+fn refused(r: Result<()>, names: &[&str]) {
+    let e = r.expect_err("accepted").to_string();
+    for n in names {
+        assert!(e.contains(n), "{n:?} not in {e:?}");
+    }
+}
+
+#[test]
+fn a_backend_on_a_vips_address_is_a_loop() {
+    let st = state(&[("10.0.0.10:80", &[]), ("10.0.0.20:80", &[])]);
+    let none = host(&[]);
+    // Another VIP's address, any port.
+    refused(
+        check_new_backends(&st, addr("10.0.0.20:80"), &[addr("10.0.0.10:80")], 1, &none),
+        &[
+            "backend 10.0.0.10:80 of VIP 10.0.0.20:80 is the address of VIP 10.0.0.10:80",
+            "forwarding loop",
+        ],
+    );
+    refused(
+        check_new_backends(
+            &st,
+            addr("10.0.0.20:80"),
+            &[addr("10.0.0.10:8080")],
+            1,
+            &none,
+        ),
+        &["10.0.0.10:8080", "VIP 10.0.0.10:80", "forwarding loop"],
+    );
+    // Its own VIP's address on another port.
+    refused(
+        check_new_backends(
+            &st,
+            addr("10.0.0.20:80"),
+            &[addr("10.0.0.20:8080")],
+            1,
+            &none,
+        ),
+        &["VIP 10.0.0.20:80", "forwarding loop"],
+    );
+    assert!(check_new_backends(
+        &st,
+        addr("10.0.0.20:80"),
+        &[addr("10.0.2.10:8080")],
+        1,
+        &none
+    )
+    .is_ok());
+}
+
+#[test]
+fn a_vip_on_a_backends_address_is_a_loop() {
+    let st = state(&[("10.0.0.20:80", &["10.0.2.10:8080"])]);
+    let s = VipSettings::default();
+    refused(
+        check_new_vip(&st, addr("10.0.2.10:80"), &s, &host(&[])),
+        &[
+            "VIP 10.0.2.10:80 is the address of backend 10.0.2.10:8080 of VIP 10.0.0.20:80",
+            "forwarding loop",
+        ],
+    );
+    assert!(check_new_vip(&st, addr("10.0.0.21:80"), &s, &host(&[])).is_ok());
+    // A state file holding a loop is refused at start.
+    let looped = state(&[
+        ("10.0.0.10:80", &["10.0.0.20:80"]),
+        ("10.0.0.20:80", &["10.0.0.10:80"]),
+    ]);
+    refused(looped.validate(), &["forwarding loop"]);
+    assert!(st.validate().is_ok());
+}
+
+#[test]
+fn the_hosts_addresses_need_saying_so() {
+    let st = state(&[("10.0.0.20:80", &[])]);
+    let h = host(&["10.0.1.1", "2001:db8:1::1"]);
+    // A backend on the host: a loop, whatever the settings.
+    refused(
+        check_new_backends(&st, addr("10.0.0.20:80"), &[addr("10.0.1.1:8080")], 1, &h),
+        &[
+            "backend 10.0.1.1:8080 of VIP 10.0.0.20:80",
+            "own host",
+            "forwarding loop",
+        ],
+    );
+    // A VIP on the host: only with allow_host_address.
+    let mut s = VipSettings::default();
+    refused(
+        check_new_vip(&st, addr("10.0.1.1:80"), &s, &h),
+        &["VIP 10.0.1.1:80", "own host", "--allow-host-address"],
+    );
+    refused(
+        check_new_vip(&st, addr("[2001:db8:1::1]:80"), &s, &h),
+        &["own host"],
+    );
+    s.allow_host_address = true;
+    assert!(check_new_vip(&st, addr("10.0.1.1:80"), &s, &h).is_ok());
+    // Taking the permission back from a VIP on the host is refused.
+    let mut on_host = state(&[("10.0.1.1:80", &[])]);
+    on_host.vip_mut(&addr("10.0.1.1:80")).unwrap().settings = s.clone();
+    let v = on_host.vip(&addr("10.0.1.1:80")).unwrap();
+    refused(
+        check_settings_change(v, &VipSettings::default(), &h),
+        &["--allow-host-address"],
+    );
+    assert!(check_settings_change(v, &s, &h).is_ok());
+}
+
+#[test]
+fn a_configuration_file_with_a_loop_is_refused() {
+    let c = crate::config::parse(
+        "[[vip]]\naddress = \"10.0.0.10:80\"\n[[vip.backend]]\naddress = \"10.0.0.20:80\"\n\
+         [[vip]]\naddress = \"10.0.0.20:80\"\n[[vip.backend]]\naddress = \"10.0.0.10:80\"\n",
+    )
+    .unwrap();
+    let f = locate_config_error(&c).unwrap_err();
+    assert_eq!(f.vip, Some(addr("10.0.0.10:80")));
+    assert_eq!(f.backend, Some(addr("10.0.0.20:80")));
+    refused(
+        check_config(&c),
+        &["is the address of VIP 10.0.0.20:80", "forwarding loop"],
+    );
+    // allow_host_address round-trips through the file.
+    let c = crate::config::parse("[[vip]]\naddress = \"10.0.1.1:80\"\nallow_host_address = true\n")
+        .unwrap();
+    assert!(c.vips[0].settings().allow_host_address);
+    assert!(crate::config::to_toml(&c)
+        .unwrap()
+        .contains("allow_host_address = true"));
+}
