@@ -273,6 +273,11 @@ pub enum Request {
         /// (`balancer::config::merge`).
         #[serde(default)]
         exact: bool,
+        /// Which file it is (the CLI sends its absolute path; `-` is
+        /// standard input): the base of the merge is that file as last
+        /// applied. Absent: `api`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
     },
     /// The cluster's state (`balancer cluster status`).
     ClusterStatus,
@@ -379,6 +384,10 @@ pub enum Response {
         kept: Vec<String>,
         /// `true` when nothing was applied.
         dry_run: bool,
+        /// Set when the changes (all of them taking traffic away) are
+        /// applied but the state file could not be written.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warning: Option<String>,
     },
     /// Done, but the state file could not be written: the change (one that
     /// takes traffic away) stays applied and the write is retried.

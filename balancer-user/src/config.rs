@@ -222,12 +222,14 @@ mod health_or_off {
         type Value = Option<HealthCheck>;
 
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a health check table or \"off\"")
+            f.write_str("a health check table, \"tcp\" or \"off\"")
         }
 
         fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
             match v {
                 "off" => Ok(None),
+                // As `--health tcp`: a TCP check with every default.
+                "tcp" => Ok(Some(HealthCheck::default())),
                 _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
             }
         }
@@ -423,6 +425,20 @@ pub fn locate_config_error(c: &Config) -> std::result::Result<(), Box<ConfigFaul
     Ok(())
 }
 
+/// The name a configuration file is known by in the state file (the base
+/// of its next merge): its absolute path, symbolic links resolved; `-`
+/// (standard input) as it is.
+pub fn source_name(path: &std::path::Path) -> String {
+    if path == std::path::Path::new("-") {
+        return "-".into();
+    }
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
 /// Reads a TOML configuration.
 ///
 /// # Errors
@@ -451,19 +467,25 @@ pub fn parse(text: &str) -> Result<Config> {
 /// second time is listed again: the second `address` line naming it (a
 /// backend's within its VIP's entries).
 fn second_listing(text: &str, c: &Config) -> Option<usize> {
-    let lines: Vec<&str> = text.lines().collect();
-    let names = |l: &str, a: SocketAddr| {
-        l.trim_start().starts_with("address")
-            && (l.contains(&format!("\"{a}\"")) || l.contains(&format!("'{a}'")))
-    };
+    // The address on each `address = ...` line, however it is spelt.
+    let addrs: Vec<(usize, SocketAddr)> = text
+        .lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (k, v) = l.split_once('=')?;
+            if k.trim().trim_matches(['"', '\'']) != "address" {
+                return None;
+            }
+            let v = v.split('#').next()?.trim().trim_matches(['"', '\'']);
+            Some((i, v.parse().ok()?))
+        })
+        .collect();
     let nth = |from: usize, a: SocketAddr, n: usize| {
-        lines
+        addrs
             .iter()
-            .enumerate()
-            .skip(from)
-            .filter(|(_, l)| names(l, a))
+            .filter(|(i, x)| *i >= from && *x == a)
             .nth(n)
-            .map(|(i, _)| i)
+            .map(|(i, _)| *i)
     };
     let mut vips = BTreeSet::new();
     for v in &c.vips {
@@ -678,17 +700,7 @@ pub fn merge(last: &Config, desired: &Config, current: &Config) -> Merged {
                 }
             }
             (lv, Some(dv), Some(cv)) => {
-                let settings = if lv.map(VipEntry::settings) != Some(dv.settings()) {
-                    dv.settings()
-                } else {
-                    if cv.settings() != dv.settings() {
-                        kept.push(format!(
-                            "= vip {a}: settings set at runtime, kept (the file did not change \
-                             them)"
-                        ));
-                    }
-                    cv.settings()
-                };
+                let settings = merge_settings(a, lv, dv, cv, &mut kept);
                 let backends = merge_backends(
                     a,
                     lv.map_or(&[][..], |v| &v.backends),
@@ -704,6 +716,63 @@ pub fn merge(last: &Config, desired: &Config, current: &Config) -> Merged {
         target: Config { timeouts, vips },
         kept,
     }
+}
+
+/// A VIP's settings merged field by field: each the file's if the file
+/// changed it since `last` (or has no base for the VIP), the running one
+/// otherwise (listed in `kept` when it differs from the file's).
+fn merge_settings(
+    vip: SocketAddr,
+    last: Option<&VipEntry>,
+    desired: &VipEntry,
+    current: &VipEntry,
+    kept: &mut Vec<String>,
+) -> VipSettings {
+    let fields = |v: &VipEntry| -> serde_json::Map<String, serde_json::Value> {
+        let mut e = v.clone();
+        e.backends.clear();
+        match serde_json::to_value(e) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        }
+    };
+    let (d, c) = (fields(desired), fields(current));
+    let l = last.map(fields);
+    let mut out = d.clone();
+    for (k, dv) in &d {
+        let file_changed = l.as_ref().is_none_or(|l| l.get(k) != Some(dv));
+        if file_changed {
+            continue;
+        }
+        if let Some(cv) = c.get(k) {
+            if cv != dv {
+                kept.push(format!(
+                    "= vip {vip}: {k} set at runtime, kept (the file's value is unchanged since \
+                     its last apply)"
+                ));
+            }
+            out.insert(k.clone(), cv.clone());
+        } else {
+            // Left out of the running form (a default): the running value
+            // is the default.
+            out.remove(k);
+        }
+    }
+    // Keys the running form has and the file's form leaves out (defaults
+    // on the file's side): the file did not change them if the base left
+    // them out too.
+    for (k, cv) in &c {
+        if !d.contains_key(k) && l.as_ref().is_some_and(|l| !l.contains_key(k)) {
+            kept.push(format!(
+                "= vip {vip}: {k} set at runtime, kept (the file's value is unchanged since its \
+                 last apply)"
+            ));
+            out.insert(k.clone(), cv.clone());
+        }
+    }
+    serde_json::from_value::<VipEntry>(serde_json::Value::Object(out))
+        .map(|e| e.settings())
+        .unwrap_or_else(|_| desired.settings())
 }
 
 fn merge_backends(
@@ -731,7 +800,13 @@ fn merge_backends(
                 let d_changed = lb.as_ref().map(|l| l.drained) != Some(db.drained);
                 let h_changed = lb.as_ref().map(|l| &l.health) != Some(&db.health);
                 let weight = if w_changed { db.weight } else { cb.weight };
-                let drained = if d_changed { db.drained } else { cb.drained };
+                // A drain made at runtime is undone only by a file that
+                // itself changed the backend from drained to in service.
+                let drained = match &lb {
+                    None => db.drained || cb.drained,
+                    Some(_) if d_changed => db.drained,
+                    Some(_) => cb.drained,
+                };
                 let health = if h_changed {
                     db.health.clone()
                 } else {
@@ -905,6 +980,14 @@ address = "[2001:db8:2::10]:443"
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("listed twice") && e.contains("line 5"), "{e}");
+        // However the second is spelt.
+        let e = parse(
+            "[[vip]]\naddress = \"[2001:db8::10]:80\"\n[[vip.backend]]\naddress = \"[2001:db8::5]:80\"\n\
+             [[vip.backend]]\n\"address\" = '[2001:db8:0::5]:80'\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("listed twice") && e.contains("line 6"), "{e}");
     }
 
     #[test]
@@ -991,6 +1074,80 @@ address = "[2001:db8:2::10]:443"
     }
 
     #[test]
+    fn merge_takes_a_vips_settings_field_by_field() {
+        let file = parse(SAMPLE).unwrap();
+        // At runtime: the first VIP's health check and slow start.
+        let mut running = file.clone();
+        running.vips[0].health = None;
+        running.vips[0].slow_start = Duration::from_secs(9);
+        // The file changes only its choices.
+        let mut edited = file.clone();
+        edited.vips[0].choices = 3;
+        let m = merge(&file, &edited, &running);
+        let t = &m.target.vips[0];
+        assert_eq!(
+            (t.choices, t.health.clone(), t.slow_start),
+            (3, None, Duration::from_secs(9)),
+            "{:?}",
+            m.kept
+        );
+        assert!(m.kept.iter().any(|k| k.contains("health")), "{:?}", m.kept);
+        assert!(
+            m.kept.iter().any(|k| k.contains("slow_start")),
+            "{:?}",
+            m.kept
+        );
+        // Control: the file changing the health check too takes it.
+        let http = HealthCheck {
+            kind: crate::state::CheckKind::Http {
+                path: "/h".into(),
+                status: 200,
+            },
+            ..HealthCheck::default()
+        };
+        edited.vips[0].health = Some(http.clone());
+        let m = merge(&file, &edited, &running);
+        assert_eq!(m.target.vips[0].health, Some(http));
+    }
+
+    #[test]
+    fn a_runtime_drain_survives_a_file_that_lists_its_backend_anew() {
+        let file = parse(SAMPLE).unwrap();
+        let mut running = file.clone();
+        let b = BackendEntry {
+            address: "10.0.2.99:8080".parse().unwrap(),
+            weight: 1,
+            drained: true,
+            health: None,
+        };
+        running.vips[0].backends.push(b.clone());
+        let mut listed = file.clone();
+        listed.vips[0].backends.push(BackendEntry {
+            drained: false,
+            ..b.clone()
+        });
+        let m = merge(&file, &listed, &running);
+        assert!(
+            plan(&running, &m.target).is_empty(),
+            "{:?}",
+            plan(&running, &m.target)
+        );
+        // Control: a file that had it in service and now drains it, then
+        // puts it back, is obeyed.
+        let mut drained = listed.clone();
+        drained.vips[0].backends.last_mut().unwrap().drained = true;
+        let m = merge(&drained, &listed, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Command::describe)
+            .collect();
+        assert_eq!(
+            lines,
+            ["~ backend 10.0.2.99:8080 of 10.0.0.10:80 back in service"]
+        );
+    }
+
+    #[test]
     fn merge_keeps_what_only_the_runtime_changed() {
         let file = parse(SAMPLE).unwrap();
         // The running state: the file applied, then at runtime a drain, a
@@ -1018,10 +1175,9 @@ address = "[2001:db8:2::10]:443"
             .kept
             .iter()
             .any(|k| k.contains("10.0.2.10:8080") && k.contains("drained")));
-        // Without a last applied file (the first apply), the file is the
-        // state: the runtime changes are undone.
-        let m = merge(&Config::default(), &file, &running);
-        let lines: Vec<String> = plan(&running, &m.target)
+        // Without a last applied file (the first apply) the file is taken
+        // whole (no merge): the runtime changes are undone.
+        let lines: Vec<String> = plan(&running, &file)
             .iter()
             .map(Command::describe)
             .collect();

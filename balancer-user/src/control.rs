@@ -128,6 +128,8 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
     );
     let before = changes.then(|| lb.snapshot());
     let keep_unsaved = takes_out_of_service(&req);
+    let owed_before = store.owed().is_some();
+    let mut apply_takes_away = false;
     // Every change is logged with what it changes (as the request says it).
     let what = changes.then(|| describe(&req));
     // A change of the desired state is one command: checked on a copy,
@@ -179,6 +181,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                 dry_run,
                 allow_empty,
                 exact,
+                source,
             },
         ) => lb
             .apply_config(
@@ -187,12 +190,17 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                     dry_run,
                     allow_empty,
                     exact,
+                    source: source.unwrap_or_else(|| "api".into()),
                 },
             )
-            .map(|a| Response::Applied {
-                changes: a.changes,
-                kept: a.kept,
-                dry_run,
+            .map(|a| {
+                apply_takes_away = a.takes_away_only;
+                Response::Applied {
+                    changes: a.changes,
+                    kept: a.kept,
+                    dry_run,
+                    warning: None,
+                }
             }),
         (
             None,
@@ -231,25 +239,11 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
     };
     match result {
         Ok(r) => {
-            if let Some(w) = &what {
-                match &r {
-                    Response::Applied { changes, .. } if changes.is_empty() => {
-                        tracing::info!("control: apply: nothing to change{}", caller())
-                    }
-                    Response::Applied { changes, .. } => {
-                        let by = caller();
-                        for c in changes {
-                            tracing::info!("control: apply: {c}{by}");
-                        }
-                    }
-                    _ => tracing::info!("control: {w}{}", caller()),
-                }
-            }
             if let Some(before) = before {
                 let saved = store.save(&lb.snapshot());
                 lb.set_state_unsaved(store.owed());
                 if let Err(e) = saved {
-                    if keep_unsaved {
+                    if keep_unsaved || apply_takes_away {
                         let warning = format!(
                             "applied, but the state file {} could not be written ({}): the \
                              daemon retries every second; a restart before it succeeds starts \
@@ -258,10 +252,38 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                             error_chain(&e)
                         );
                         tracing::error!("{warning}");
-                        return Response::Unsaved { warning };
+                        if let Response::Applied { changes, .. } = &r {
+                            let by = caller();
+                            for c in changes {
+                                tracing::info!("control: apply: {c}{by}");
+                            }
+                        } else if let Some(w) = &what {
+                            tracing::info!("control: {w}{}", caller());
+                        }
+                        return match r {
+                            Response::Applied {
+                                changes,
+                                kept,
+                                dry_run,
+                                ..
+                            } => Response::Applied {
+                                changes,
+                                kept,
+                                dry_run,
+                                warning: Some(warning),
+                            },
+                            _ => Response::Unsaved { warning },
+                        };
                     }
-                    let undone = match lb.restore(before) {
-                        Ok(()) => "the change was rolled back".to_string(),
+                    let undone = match lb.rollback(before) {
+                        Ok(()) => {
+                            // What is on disk is the state again.
+                            if !owed_before {
+                                store.forgive();
+                                lb.set_state_unsaved(None);
+                            }
+                            "the change was rolled back".to_string()
+                        }
                         Err(r) => format!(
                             "rolling the change back failed too ({}); restart the daemon to \
                              return to the state file",
@@ -276,6 +298,20 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                             error_chain(&e)
                         ),
                     );
+                }
+            }
+            if let Some(w) = &what {
+                match &r {
+                    Response::Applied { changes, .. } if changes.is_empty() => {
+                        tracing::info!("control: apply: nothing to change{}", caller())
+                    }
+                    Response::Applied { changes, .. } => {
+                        let by = caller();
+                        for c in changes {
+                            tracing::info!("control: apply: {c}{by}");
+                        }
+                    }
+                    _ => tracing::info!("control: {w}{}", caller()),
                 }
             }
             r

@@ -265,10 +265,24 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         // last applied is applied, and what was changed at runtime (a
         // drain, a weight) is kept unless the file changed it too.
         let how = crate::balancer::ApplyHow {
-            allow_empty: true,
+            source: crate::config::source_name(file),
             ..Default::default()
         };
-        match lb.apply_config(desired, how) {
+        let applied = if desired.vips.is_empty() && !lb.state().vips.is_empty() {
+            // An empty or truncated file never removes every VIP at a
+            // start: `apply --allow-empty` does, if that is what is meant.
+            tracing::warn!(
+                "config {}: it holds no VIP: not applied, the {} running VIPs are kept \
+                 (`balancer apply --allow-empty -f {}` removes them)",
+                file.display(),
+                lb.state().vips.len(),
+                file.display()
+            );
+            Ok(Default::default())
+        } else {
+            lb.apply_config(desired, how)
+        };
+        match applied {
             Ok(applied) => {
                 for c in &applied.changes {
                     tracing::info!("config {}: {c}", file.display());
@@ -688,9 +702,10 @@ async fn state_file_service(
     store: Arc<std::sync::Mutex<crate::persist::StateFile>>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut owed_log = control::RateLimitedLog::default();
     loop {
         tick.tick().await;
-        keep_state_file(&lb, &store).await;
+        keep_state_file(&lb, &store, &mut owed_log).await;
     }
 }
 
@@ -699,6 +714,7 @@ async fn state_file_service(
 async fn keep_state_file(
     lb: &Mutex<Balancer>,
     store: &std::sync::Mutex<crate::persist::StateFile>,
+    owed_log: &mut control::RateLimitedLog,
 ) {
     use crate::persist::Checked;
     let mut lb = lb.lock().await;
@@ -712,9 +728,14 @@ async fn keep_state_file(
             tracing::warn!("the state file {path} was {how} while the daemon ran: written again")
         }
         Checked::Caught => tracing::warn!("the state file {path} is written again: up to date"),
-        Checked::StillOwed(e) => tracing::error!(
-            "the state file {path} still cannot be written ({e}); retrying every second"
-        ),
+        Checked::StillOwed(e) => {
+            // Once per 10 s with a count, not every second.
+            owed_log.warn(std::time::Instant::now(), || {
+                format!(
+                    "the state file {path} still cannot be written ({e}); retrying every second"
+                )
+            });
+        }
     }
 }
 

@@ -107,10 +107,15 @@ pub struct ApplyBody {
     /// what the file changed since its last apply is merged in.
     #[serde(default)]
     pub exact: bool,
+    /// Which file it is (its absolute path): the base of the merge is that
+    /// file as last applied. Absent: `api`.
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 /// `GET /v1/flows` query.
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FlowsQuery {
     /// At most this many flows (at most 10,000; default 100).
     #[serde(default = "default_limit")]
@@ -207,11 +212,12 @@ pub fn route(req: &Request) -> (&'static str, String, Option<serde_json::Value>)
             dry_run,
             allow_empty,
             exact,
+            source,
         } => (
             "PUT",
             "/v1/config".into(),
             Some(
-                json!({"config": config, "dry_run": dry_run, "allow_empty": allow_empty, "exact": exact}),
+                json!({"config": config, "dry_run": dry_run, "allow_empty": allow_empty, "exact": exact, "source": source}),
             ),
         ),
         Request::ClusterStatus => ("GET", "/v1/cluster".into(), None),
@@ -572,6 +578,7 @@ async fn apply(State(st): State<St>, h: HeaderMap, b: Bytes) -> axum::response::
         dry_run: b.dry_run,
         allow_empty: b.allow_empty,
         exact: b.exact,
+        source: b.source,
     });
     run(&st, &h, req).await
 }

@@ -126,7 +126,7 @@ enum Cmd {
     )]
     Flows {
         /// At most this many (at most 10000).
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = parse_limit)]
         limit: usize,
         /// Only this VIP's flows (address and port).
         #[arg(long)]
@@ -191,6 +191,19 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `flows --limit`: 1..=10,000 ([`balancer::api::MAX_FLOWS_LISTED`]).
+fn parse_limit(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if (1..=balancer::api::MAX_FLOWS_LISTED).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{n} is not in 1..={}",
+            balancer::api::MAX_FLOWS_LISTED
+        ))
     }
 }
 

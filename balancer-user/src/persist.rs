@@ -14,6 +14,7 @@
 //!   take traffic away from a backend stay; others are rolled back).
 
 use std::{
+    collections::BTreeMap,
     io::Write as _,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
@@ -34,11 +35,11 @@ use crate::{
 pub struct Persisted {
     /// VIPs, backends, slots, servers, timeouts.
     pub state: State,
-    /// The configuration file as it was last applied (`run --config`,
-    /// `apply`): the base of the next apply's three-way merge
-    /// ([`crate::config::merge`]), so that what the file does not change
-    /// keeps its running value. `None` until a file is first applied.
-    pub applied: Option<Config>,
+    /// Each configuration file as it was last applied (`run --config`,
+    /// `apply`), by its absolute path (`-`: standard input): the base of
+    /// that file's next three-way merge ([`crate::config::merge`]), so
+    /// that what the file does not change keeps its running value.
+    pub applied: BTreeMap<String, Config>,
     /// What was removed and is still remembered for its flows (VIP
     /// tombstones, backends that left a VIP), with when: kept across a
     /// restart so the maps' entries for them are expected, and expire on
@@ -56,8 +57,8 @@ impl Persisted {
     fn to_json(&self) -> serde_json::Result<serde_json::Value> {
         let mut v = serde_json::to_value(&self.state)?;
         if let Some(o) = v.as_object_mut() {
-            if let Some(a) = &self.applied {
-                o.insert(APPLIED.into(), serde_json::to_value(a)?);
+            if !self.applied.is_empty() {
+                o.insert(APPLIED.into(), serde_json::to_value(&self.applied)?);
             }
             if !self.retired.is_empty() {
                 o.insert(RETIRED.into(), serde_json::to_value(&self.retired)?);
@@ -73,7 +74,10 @@ impl Persisted {
         };
         Ok(Persisted {
             state: serde_json::from_value(v)?,
-            applied: applied.map(serde_json::from_value).transpose()?,
+            applied: applied
+                .map(serde_json::from_value)
+                .transpose()?
+                .unwrap_or_default(),
             retired: retired
                 .map(serde_json::from_value)
                 .transpose()?
@@ -141,9 +145,11 @@ pub struct StateFile {
     path: PathBuf,
     /// Why the last write failed, while a write is owed.
     owed: Option<String>,
-    /// Device and inode of the file last written: another file there (or
-    /// none) means it was deleted or replaced.
-    written: Option<(u64, u64)>,
+    /// Device, inode, length and modification time (ns) of the file last
+    /// written: anything else there (another file, the same file written
+    /// over in place, none) means it was deleted or changed behind the
+    /// daemon's back.
+    written: Option<(u64, u64, u64, i128)>,
 }
 
 /// What [`StateFile::check`] found and did, for the log.
@@ -198,12 +204,19 @@ impl StateFile {
         }
     }
 
+    /// Forgets an owed write: what is on disk is the state again (a change
+    /// that could not be written was rolled back).
+    pub fn forgive(&mut self) {
+        self.owed = None;
+    }
+
     /// Retries an owed write; writes the file again when it was deleted
     /// or replaced since this daemon wrote it.
     pub fn check(&mut self, state: &Persisted) -> Checked {
         let was_owed = self.owed.is_some();
         let gone = match (self.written, identity(&self.path)) {
             (Some(w), Some(now)) if w == now => None,
+            (Some(w), Some(now)) if (w.0, w.1) == (now.0, now.1) => Some("written over"),
             (Some(_), Some(_)) => Some("replaced by another file"),
             (Some(_), None) => Some("deleted"),
             (None, _) => None,
@@ -221,8 +234,15 @@ impl StateFile {
     }
 }
 
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+fn identity(path: &Path) -> Option<(u64, u64, u64, i128)> {
+    std::fs::metadata(path).ok().map(|m| {
+        (
+            m.dev(),
+            m.ino(),
+            m.len(),
+            i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -240,7 +260,9 @@ mod tests {
                 slot_generations: [(0, 1), (3, 2)].into_iter().collect(),
                 ..Default::default()
             },
-            applied: Some(Config::default()),
+            applied: [("/etc/b.toml".to_string(), Config::default())]
+                .into_iter()
+                .collect(),
             retired: RetiredRecord {
                 vips: vec![("10.0.0.1:80".parse().unwrap(), 3, 1_000)],
                 backends: Vec::new(),

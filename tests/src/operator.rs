@@ -1053,9 +1053,13 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
     ensure!(e.contains("weight"), "weight 0: {e}");
     ensure!(export(tb)? == changed, "weight 0 changed something");
 
-    // `run --config`: a restart from the base file is the base state.
+    // `run --config` with a file never applied before: the start makes the
+    // running state the file (a file applied before and unchanged since
+    // would change nothing: `balancer-testbed truth`).
     tb.stop_daemon();
-    tb.daemon_args.extend(["--config".to_string(), f1s.clone()]);
+    let start = write(tb, "start.toml", &base)?;
+    tb.daemon_args
+        .extend(["--config".to_string(), start.display().to_string()]);
     tb.start_daemon()?;
     let after = export(tb)?;
     ensure!(

@@ -148,6 +148,25 @@ fn restart_keeps_runtime_changes(tb: &mut Testbed, file: &Path) -> anyhow::Resul
         backend(tb, b0)?,
         backend(tb, b1)?
     );
+    // Another file applied (the running state exported and applied
+    // back, which changes nothing) is that file's business: a crash and a
+    // restart with the configuration file still keep the drain.
+    let x = tb.dir().join("exported.toml");
+    tb.cli(&["export", "-o", &x.display().to_string()])?;
+    let out = tb.cli(&["apply", "-f", &x.display().to_string()])?;
+    ensure!(
+        out.contains("nothing to change"),
+        "apply of the export: {out}"
+    );
+    tb.kill_daemon();
+    tb.start_daemon()?;
+    ensure!(
+        backend(tb, b0)? == (1, true) && backend(tb, b1)? == (3, false),
+        "after an export applied back and a SIGKILL restart with --config: {b0} {:?}, {b1} \
+         {:?}",
+        backend(tb, b0)?,
+        backend(tb, b1)?
+    );
     // The file edited (another backend's weight): applied at the next
     // restart, the runtime changes still kept.
     let text = std::fs::read_to_string(file)?.replacen(
@@ -169,8 +188,8 @@ fn restart_keeps_runtime_changes(tb: &mut Testbed, file: &Path) -> anyhow::Resul
     );
     println!(
         "truth: a drain and a weight set at runtime survived a SIGKILL and a SIGTERM restart with \
-         --config (apply --exact --dry-run would undo both); an edit of the file was applied at \
-         the next restart"
+         --config (apply --exact --dry-run would undo both), also after another file was applied \
+         and the daemon killed; an edit of the file was applied at the next restart"
     );
     Ok(())
 }
@@ -200,6 +219,14 @@ fn deleted_state_file(tb: &mut Testbed) -> anyhow::Result<()> {
             .contains("was deleted while the daemon ran: written again"),
         "no warning for the deleted state file"
     );
+    // Written over in place (the same inode): garbage a crash would have
+    // to start from; written again too.
+    std::fs::write(&path, b"garbage")?;
+    ensure!(
+        wait_for(5, || balancer::persist::read_state(&path)
+            .is_ok_and(|s| s.is_some())),
+        "the state file written over with garbage was not written again within 5 s"
+    );
     // Deleted again just before a clean stop: written at stop, and the
     // next start (pins present) needs no --fresh.
     std::fs::remove_file(&path)?;
@@ -212,8 +239,8 @@ fn deleted_state_file(tb: &mut Testbed) -> anyhow::Result<()> {
         "the drain did not survive"
     );
     println!(
-        "truth: a state file deleted while running was written again within 5 s and at stop; \
-         the next start needed no --fresh"
+        "truth: a state file deleted, or written over with garbage, while running was written \
+         again within 5 s, and at stop; the next start needed no --fresh"
     );
     Ok(())
 }
@@ -250,6 +277,34 @@ fn full_disk(tb: &mut Testbed, disk: &Path) -> anyhow::Result<()> {
         out.status
     );
     ensure!(backend(tb, b3)? == (1, true), "the drain is not applied");
+    // So is a file whose only change is a drain (b2's).
+    let mut c = config::parse(&tb.cli(&["export"])?)?;
+    c.vips
+        .iter_mut()
+        .find(|v| v.address == VIP)
+        .context("the VIP")?
+        .backends
+        .iter_mut()
+        .find(|b| b.address == backend_addr(2))
+        .context("backend 2")?
+        .drained = true;
+    let f = tb.dir().join("drain2.toml");
+    std::fs::write(&f, config::to_toml(&c)?)?;
+    let out = std::process::Command::new(tb.balancer_bin())
+        .arg("--socket")
+        .arg(tb.socket())
+        .args(["apply", "-f", &f.display().to_string()])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.success() && err.contains("could not be written"),
+        "an apply that only drains, on a full disk: {} {err}",
+        out.status
+    );
+    ensure!(
+        backend(tb, backend_addr(2))?.1,
+        "the applied drain is not in force"
+    );
     let unsaved = match serde_json::from_str::<Response>(&tb.cli(&["stats", "--json"])?)? {
         Response::Stats(s) => s.state_file_unsaved,
         other => anyhow::bail!("unexpected answer {other:?}"),
@@ -263,7 +318,7 @@ fn full_disk(tb: &mut Testbed, disk: &Path) -> anyhow::Result<()> {
     std::fs::remove_file(&filler)?;
     ensure!(
         wait_for(5, || std::fs::read_to_string(&tb.state_file)
-            .is_ok_and(|t| count_draining(&t) == 2)),
+            .is_ok_and(|t| count_draining(&t) == 3)),
         "the owed write did not happen within 5 s of freeing the disk"
     );
     ensure!(
@@ -272,7 +327,8 @@ fn full_disk(tb: &mut Testbed, disk: &Path) -> anyhow::Result<()> {
     );
     println!(
         "truth: with the state file's disk full a weight change was refused and rolled back, a \
-         drain was applied and reported unsaved, and written within 5 s of freeing the disk"
+         drain (by the CLI, and by a file) was applied and reported unsaved, and written within \
+         5 s of freeing the disk"
     );
     Ok(())
 }
@@ -298,6 +354,22 @@ fn clean_restart_after_removals(tb: &mut Testbed) -> anyhow::Result<()> {
         !tb.cli(&["vip", "list"])?.contains(VIP2) && backend(tb, backend_addr(2)).is_err(),
         "the removals did not survive the restart"
     );
+    // An empty configuration file at a start removes nothing.
+    let empty = tb.dir().join("empty.toml");
+    std::fs::write(&empty, "")?;
+    let args = std::mem::replace(
+        &mut tb.daemon_args,
+        vec!["--config".into(), empty.display().to_string()],
+    );
+    tb.stop_daemon();
+    let before = tb.daemon_log().len();
+    tb.start_daemon()?;
+    let log = tb.daemon_log()[before..].to_string();
+    ensure!(
+        tb.cli(&["vip", "list"])?.contains(&VIP.to_string()) && log.contains("holds no VIP"),
+        "a start with an empty configuration file:\n{log}"
+    );
+    tb.daemon_args = args;
     // Control: an entry the state file really lacks (a backend removed
     // from the file behind the stopped daemon's back) is still warned of.
     tb.stop_daemon();
@@ -325,8 +397,9 @@ fn clean_restart_after_removals(tb: &mut Testbed) -> anyhow::Result<()> {
         "an entry the state file lacks was not warned of:\n{log}"
     );
     println!(
-        "truth: a clean restart after removing a backend and a VIP warned of nothing; a backend \
-         taken out of the state file behind the daemon's back was warned of"
+        "truth: a clean restart after removing a backend and a VIP warned of nothing; a start \
+         with an empty configuration file kept the VIPs; a backend taken out of the state file \
+         behind the daemon's back was warned of"
     );
     Ok(())
 }
@@ -471,6 +544,29 @@ fn everyday(tb: &mut Testbed) -> anyhow::Result<()> {
     ensure!(
         tb.cli(&["flows", "--state", "lively"]).is_err(),
         "an unknown flow state was accepted"
+    );
+    // The API refuses a query it does not know (the CLI's --state is the
+    // API's kind).
+    let code = |q: &str| -> anyhow::Result<String> {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--unix-socket",
+            ])
+            .arg(tb.socket())
+            .arg(format!("http://localhost/v1/flows?{q}"))
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    ensure!(
+        code("state=live")? == "400" && code("kind=live")? == "200",
+        "GET /v1/flows?state=live: {}, ?kind=live: {}",
+        code("state=live")?,
+        code("kind=live")?
     );
     for c in held {
         c.close();

@@ -193,8 +193,9 @@ pub struct Balancer {
     /// VIPs with backends none of which takes new connections (warned
     /// of once).
     starved: BTreeSet<SocketAddr>,
-    /// The configuration file as last applied ([`Persisted::applied`]).
-    applied: Option<crate::config::Config>,
+    /// Each configuration file as last applied, by source
+    /// ([`Persisted::applied`]).
+    applied: BTreeMap<String, crate::config::Config>,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -202,7 +203,7 @@ pub struct Balancer {
 pub type HostAddresses = fn() -> Result<BTreeSet<IpAddr>>;
 
 /// How [`Balancer::apply_config`] applies a configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApplyHow {
     /// Only compute the changes.
     pub dry_run: bool,
@@ -212,6 +213,11 @@ pub struct ApplyHow {
     /// changes the file did not make are undone. Otherwise (and always
     /// for the first file applied) the three-way [`crate::config::merge`].
     pub exact: bool,
+    /// Which file it is (its absolute path; `-` for standard input): the
+    /// base of the merge is that file as last applied, so a file applied
+    /// again unchanged changes nothing, whatever other files were applied
+    /// meanwhile.
+    pub source: String,
 }
 
 /// What [`Balancer::apply_config`] changed (or would change).
@@ -221,6 +227,9 @@ pub struct Applied {
     pub changes: Vec<String>,
     /// One line per runtime value kept against the file's, `=` first.
     pub kept: Vec<String>,
+    /// Every change takes traffic away (drains, removals): kept applied
+    /// when the state file cannot be written (`control::handle`).
+    pub takes_away_only: bool,
 }
 
 /// The reader of the data path's log records (aya-log's ring buffer): the
@@ -392,7 +401,7 @@ impl Balancer {
             host_addresses: netdev::host_addresses,
             state_unsaved: None,
             starved: BTreeSet::new(),
-            applied: None,
+            applied: BTreeMap::new(),
         })
     }
 
@@ -723,9 +732,20 @@ impl Balancer {
             dry_run,
             allow_empty,
             exact,
+            source,
         } = how;
         check_config(desired)?;
-        if desired.vips.is_empty() && !self.state.vips.is_empty() && !allow_empty {
+        let current = self.export_config();
+        let merged = match self.applied.get(&source) {
+            Some(last) if !exact => crate::config::merge(last, desired, &current),
+            _ => crate::config::Merged {
+                target: desired.clone(),
+                kept: Vec::new(),
+            },
+        };
+        let changes = crate::config::plan(&current, &merged.target);
+        let removes_vips = changes.iter().any(|c| matches!(c, Command::RemoveVip(_)));
+        if desired.vips.is_empty() && removes_vips && !allow_empty {
             return Err(BalancerError::Invalid {
                 what: "configuration",
                 reason: format!(
@@ -736,15 +756,6 @@ impl Balancer {
                 ),
             });
         }
-        let current = self.export_config();
-        let merged = match &self.applied {
-            Some(last) if !exact => crate::config::merge(last, desired, &current),
-            _ => crate::config::Merged {
-                target: desired.clone(),
-                kept: Vec::new(),
-            },
-        };
-        let changes = crate::config::plan(&current, &merged.target);
         let lines: Vec<String> = changes.iter().map(Command::describe).collect();
         self.validate(&changes)
             .map_err(|(k, e)| BalancerError::Invalid {
@@ -759,19 +770,25 @@ impl Balancer {
         let done = Applied {
             changes: lines.clone(),
             kept: merged.kept,
+            takes_away_only: changes.iter().all(|c| {
+                matches!(
+                    c,
+                    Command::RemoveVip(_) | Command::RemoveBackend(..) | Command::Drain(_, _, true)
+                )
+            }),
         };
         if dry_run {
             return Ok(done);
         }
         if changes.is_empty() {
-            self.applied = Some(desired.clone());
+            self.applied.insert(source, desired.clone());
             return Ok(done);
         }
         let before = self.snapshot();
         for (k, c) in changes.iter().enumerate() {
             let r = self.write(c);
             if let Err(e) = r {
-                let undone = match self.restore(before) {
+                let undone = match self.rollback(before) {
                     Ok(()) => "nothing was applied".to_string(),
                     Err(r) => format!(
                         "rolling back failed too ({r}); restart the daemon to return to the \
@@ -789,7 +806,7 @@ impl Balancer {
                 });
             }
         }
-        self.applied = Some(desired.clone());
+        self.applied.insert(source, desired.clone());
         Ok(done)
     }
 
@@ -807,7 +824,7 @@ impl Balancer {
         for c in cmds {
             if let Err(e) = self.write(c) {
                 if let Some(b) = before {
-                    if let Err(r) = self.restore(b) {
+                    if let Err(r) = self.rollback(b) {
                         tracing::error!("rolling back after a failed change failed too: {r}");
                     }
                 }
@@ -902,6 +919,20 @@ impl Balancer {
     /// When the state does not fit the tables or a map write fails; the maps
     /// may then hold part of it and the caller should not serve.
     pub fn restore(&mut self, persisted: Persisted) -> Result<()> {
+        self.restore_with(persisted, true)
+    }
+
+    /// [`Balancer::restore`] of a [`Balancer::snapshot`] taken before a
+    /// change that is undone: the entries the change wrote are removed
+    /// without the warning a start gives for entries the state file lacks.
+    ///
+    /// # Errors
+    /// As [`Balancer::restore`].
+    pub fn rollback(&mut self, before: Persisted) -> Result<()> {
+        self.restore_with(before, false)
+    }
+
+    fn restore_with(&mut self, persisted: Persisted, at_start: bool) -> Result<()> {
         let Persisted {
             mut state,
             applied,
@@ -940,8 +971,10 @@ impl Balancer {
         // Entries no state accounts for (a change the state file never
         // received) go first, so the maps hold the state file's content.
         let gone = self.maps.prune(&self.state, &self.retired)?;
-        if gone > 0 {
+        if gone > 0 && at_start {
             tracing::warn!("removed {gone} map entries the state file does not hold");
+        } else if gone > 0 {
+            tracing::debug!("rollback: removed {gone} map entries");
         }
         self.publish_backends(&addrs)?;
         let vips: Vec<SocketAddr> = self.state.vips.keys().copied().collect();

@@ -84,7 +84,17 @@ fn line_of(
 
 fn applied(r: Response) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     match r {
-        Response::Applied { changes, kept, .. } => Ok((changes, kept)),
+        Response::Applied {
+            changes,
+            kept,
+            warning,
+            ..
+        } => {
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
+            Ok((changes, kept))
+        }
         Response::Error { message, .. } => bail!("{message}"),
         other => bail!("unexpected answer {other:?}"),
     }
@@ -107,6 +117,7 @@ impl ApplyArgs {
                     dry_run: true,
                     allow_empty: self.allow_empty,
                     exact: self.exact,
+                    source: Some(config::source_name(&self.file)),
                 },
                 timeout,
             )
@@ -143,6 +154,7 @@ impl ApplyArgs {
                     dry_run: false,
                     allow_empty: self.allow_empty,
                     exact: self.exact,
+                    source: Some(config::source_name(&self.file)),
                 },
                 timeout,
             )
