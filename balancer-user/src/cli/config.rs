@@ -100,6 +100,15 @@ fn applied(r: Response) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     }
 }
 
+/// `1 change`, `2 changes`.
+fn changes_word(n: usize) -> String {
+    if n == 1 {
+        "1 change".into()
+    } else {
+        format!("{n} changes")
+    }
+}
+
 impl ApplyArgs {
     /// Shows the changes that make the daemon's state match the file, then
     /// (without `--dry-run`) makes them: all of them, or none.
@@ -143,7 +152,7 @@ impl ApplyArgs {
             println!("{line}");
         }
         if self.dry_run {
-            println!("{} changes (dry run: nothing applied)", plan.len());
+            println!("{} (dry run: nothing applied)", changes_word(plan.len()));
             return Ok(());
         }
         let done = applied(
@@ -183,7 +192,7 @@ impl ApplyArgs {
                 println!("{line}");
             }
         }
-        println!("applied {} changes", done.len());
+        println!("applied {}", changes_word(done.len()));
         Ok(())
     }
 }

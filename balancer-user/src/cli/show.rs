@@ -27,6 +27,12 @@ fn median_bucket(h: &LoadHistogram) -> String {
 
 /// Prints `stats`.
 pub fn print_stats(s: &StatsView) {
+    if let Some(why) = &s.state_file_unsaved {
+        println!(
+            "WARNING: the state file is not up to date ({why}); the daemon retries every second"
+        );
+        println!();
+    }
     if !s.attachments.is_empty() {
         println!("Attached");
         println!(

@@ -283,6 +283,10 @@ pub fn print(vips: &[VipView]) {
                      fallback)",
                     v.receiving
                 )
+            } else if v.eligible == 0 && v.backends > 0 {
+                "  (no backend takes new connections: all drained, unhealthy or ejected; new \
+                 connections are refused)"
+                    .to_string()
             } else {
                 String::new()
             }
