@@ -148,10 +148,17 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             s.state_file_unsaved = store.owed().map(str::to_string);
             Response::Stats(Box::new(s))
         }),
-        (None, Request::Flows { limit, filter }) => filter.validate().map(|_| {
-            let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED), &filter);
-            Response::Flows { flows, truncated }
-        }),
+        (None, Request::Flows { limit, filter }) => filter
+            .validate()
+            .and_then(|_| match filter.vip {
+                // A VIP that does not exist is an error, not an empty list.
+                Some(v) => lb.state().vip(&v).map(|_| ()),
+                None => Ok(()),
+            })
+            .map(|_| {
+                let (flows, truncated) = lb.flows(limit.min(MAX_FLOWS_LISTED), &filter);
+                Response::Flows { flows, truncated }
+            }),
         (None, Request::Health) => lb.list_backends(None).map(|bs| Response::Health {
             backends: bs
                 .into_iter()

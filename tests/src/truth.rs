@@ -545,6 +545,16 @@ fn everyday(tb: &mut Testbed) -> anyhow::Result<()> {
         tb.cli(&["flows", "--state", "lively"]).is_err(),
         "an unknown flow state was accepted"
     );
+    ensure!(
+        tb.cli(&["flows", "--vip", "10.0.0.99:80"])
+            .is_err_and(|e| e.to_string().contains("10.0.0.99:80")),
+        "flows of a VIP that does not exist"
+    );
+    ensure!(
+        tb.cli(&["backend", "set", &v, &backend_addr(0).to_string()])
+            .is_err(),
+        "backend set without a change was accepted"
+    );
     // The API refuses a query it does not know (the CLI's --state is the
     // API's kind).
     let code = |q: &str| -> anyhow::Result<String> {

@@ -38,8 +38,8 @@ pub enum BackendCmd {
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
         backend: SocketAddr,
-        /// Weight, 1..=1000.
-        #[arg(long)]
+        /// Weight, 1..=1000 (this, `--health`, or both).
+        #[arg(long, required_unless_present = "health")]
         weight: Option<u32>,
         #[command(flatten)]
         health: HealthArgs,
