@@ -5,7 +5,8 @@
 #   - Debian packages: ethtool (test bed offload settings), iproute2, util-linux
 #     (unshare, setpriv); tmux (the live view's test), jq (the README's
 #     examples), systemd (systemd-analyze
-#     verify of the unit; nothing is started);
+#     verify of the unit; nothing is started), binutils (strip, for
+#     contrib/install.sh and its test);
 #     the real clients and servers of the test bed: nginx, curl, wrk, ab
 #     (apache2-utils), iperf3; bird2 (the cluster test bed's BGP speakers and
 #     router); with --bench also haproxy, nginx's stream
@@ -28,6 +29,7 @@ command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+command -v strip >/dev/null 2>&1 || need_apt+=(binutils)
 command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
 # Real clients and servers (balancer-testbed realclients).
 [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)

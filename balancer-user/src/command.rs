@@ -45,6 +45,20 @@ pub enum Command {
 }
 
 impl Command {
+    /// It only takes traffic away (a drain, a removal, a cluster drain):
+    /// such a change stays applied when the state file cannot be written
+    /// (`control::handle`), since refusing it would keep traffic on what
+    /// the operator is taking out of service.
+    pub fn takes_traffic_away(&self) -> bool {
+        matches!(
+            self,
+            Command::RemoveVip(_)
+                | Command::RemoveBackend(..)
+                | Command::Drain(_, _, true)
+                | Command::ClusterDrain(true)
+        )
+    }
+
     /// One line for the operator: `+` added, `-` removed, `~` changed.
     pub fn describe(&self) -> String {
         match self {

@@ -91,25 +91,11 @@ pub fn req_name(r: &Request) -> String {
         .unwrap_or_default()
 }
 
-/// Whether a request only takes traffic away (a drain, a removal, a
-/// cluster drain): such a change is kept when the state file cannot be
-/// written, since refusing it would keep traffic on what the operator is
-/// taking out of service.
-fn takes_out_of_service(r: &Request) -> bool {
-    matches!(
-        r,
-        Request::DrainBackend { .. }
-            | Request::RemoveBackend { .. }
-            | Request::RemoveVip { .. }
-            | Request::ClusterDrain { drained: true }
-    )
-}
-
 /// Applies one request. A change is persisted to the state file. A change
 /// that cannot be persisted is rolled back (the maps return to the state
 /// before it) and reported as not applied, so the maps never hold what the
 /// state file does not, with one exception: a change that takes traffic
-/// away ([`takes_out_of_service`]) stays applied, the write stays owed and
+/// away ([`crate::command::Command::takes_traffic_away`]) stays applied, the write stays owed and
 /// is retried ([`StateFile::check`]), and the answer is
 /// [`Response::Unsaved`].
 pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Response {
@@ -127,7 +113,6 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             | Request::Apply { dry_run: true, .. }
     );
     let before = changes.then(|| lb.snapshot());
-    let keep_unsaved = takes_out_of_service(&req);
     let owed_before = store.owed().is_some();
     let mut apply_takes_away = false;
     // Every change is logged with what it changes (as the request says it).
@@ -136,6 +121,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
     // then written (Balancer::execute); the rest are reads and the daemon's
     // own operations.
     let command = lb.command_of(&req);
+    let keep_unsaved = matches!(&command, Some(Ok(c)) if c.takes_traffic_away());
     let result = match (command, req) {
         (Some(cmd), _) => cmd.and_then(|c| lb.execute(&[c])).map(|()| Response::Ok),
         (None, Request::ListVips) => Ok(Response::Vips {
@@ -259,14 +245,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                             error_chain(&e)
                         );
                         tracing::error!("{warning}");
-                        if let Response::Applied { changes, .. } = &r {
-                            let by = caller();
-                            for c in changes {
-                                tracing::info!("control: apply: {c}{by}");
-                            }
-                        } else if let Some(w) = &what {
-                            tracing::info!("control: {w}{}", caller());
-                        }
+                        log_done(&r, what.as_deref());
                         return match r {
                             Response::Applied {
                                 changes,
@@ -307,20 +286,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                     );
                 }
             }
-            if let Some(w) = &what {
-                match &r {
-                    Response::Applied { changes, .. } if changes.is_empty() => {
-                        tracing::info!("control: apply: nothing to change{}", caller())
-                    }
-                    Response::Applied { changes, .. } => {
-                        let by = caller();
-                        for c in changes {
-                            tracing::info!("control: apply: {c}{by}");
-                        }
-                    }
-                    _ => tracing::info!("control: {w}{}", caller()),
-                }
-            }
+            log_done(&r, what.as_deref());
             r
         }
         Err(e) => {
@@ -329,6 +295,26 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             }
             Response::error(status_of(&e), error_chain(&e))
         }
+    }
+}
+
+/// Logs a change that was made (`what`: the request's description; none
+/// for a read), an apply line by line.
+fn log_done(r: &Response, what: Option<&str>) {
+    let Some(w) = what else {
+        return;
+    };
+    match r {
+        Response::Applied { changes, .. } if changes.is_empty() => {
+            tracing::info!("control: apply: nothing to change{}", caller())
+        }
+        Response::Applied { changes, .. } => {
+            let by = caller();
+            for c in changes {
+                tracing::info!("control: apply: {c}{by}");
+            }
+        }
+        _ => tracing::info!("control: {w}{}", caller()),
     }
 }
 

@@ -155,7 +155,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     // --- Refusals, reading only.
-    let Checked {
+    let Prepared {
         state,
         desired,
         socket,
@@ -740,7 +740,7 @@ async fn keep_state_file(
 }
 
 /// What the start's refusals read and bound ([`refusals`]).
-struct Checked {
+struct Prepared {
     state: Option<crate::persist::Persisted>,
     desired: Option<crate::config::Config>,
     socket: preflight::SocketPath,
@@ -759,7 +759,7 @@ struct Checked {
 ///
 /// # Errors
 /// The first refusal, with what to do about it.
-async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Checked> {
+async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Prepared> {
     preflight::check_privileges()?;
     let state = read_state(&cfg.state_file)?;
     if let Some(s) = &state {
@@ -812,7 +812,7 @@ async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Checked> {
         let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
         tracing::debug!("{iface}: {plan:?}");
     }
-    Ok(Checked {
+    Ok(Prepared {
         state,
         desired,
         socket,

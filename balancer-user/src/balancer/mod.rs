@@ -770,12 +770,7 @@ impl Balancer {
         let done = Applied {
             changes: lines.clone(),
             kept: merged.kept,
-            takes_away_only: changes.iter().all(|c| {
-                matches!(
-                    c,
-                    Command::RemoveVip(_) | Command::RemoveBackend(..) | Command::Drain(_, _, true)
-                )
-            }),
+            takes_away_only: changes.iter().all(Command::takes_traffic_away),
         };
         if dry_run {
             return Ok(done);

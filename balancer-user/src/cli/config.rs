@@ -118,25 +118,19 @@ impl ApplyArgs {
     /// refuses (nothing is applied), no daemon.
     pub async fn run(self, socket: &Path, timeout: std::time::Duration) -> anyhow::Result<()> {
         let desired = read(&self.file)?;
-        let plan = applied(
-            client::call_with_timeout(
-                socket,
-                &Request::Apply {
-                    config: desired.clone(),
-                    dry_run: true,
-                    allow_empty: self.allow_empty,
-                    exact: self.exact,
-                    source: Some(config::source_name(&self.file)),
-                },
-                timeout,
-            )
-            .await?,
-        )?;
-        let (plan, kept) = plan;
+        let request = |dry_run| Request::Apply {
+            config: desired.clone(),
+            dry_run,
+            allow_empty: self.allow_empty,
+            exact: self.exact,
+            source: Some(config::source_name(&self.file)),
+        };
+        let (plan, kept) =
+            applied(client::call_with_timeout(socket, &request(true), timeout).await?)?;
         for line in &kept {
             println!("{line}");
         }
-        if plan.is_empty() && self.dry_run {
+        let nothing = || {
             println!(
                 "nothing to change: the running state matches {}{}",
                 self.file.display(),
@@ -145,7 +139,10 @@ impl ApplyArgs {
                 } else {
                     " but for the runtime values kept above (`--exact` undoes them)"
                 }
-            );
+            )
+        };
+        if plan.is_empty() && self.dry_run {
+            nothing();
             return Ok(());
         }
         for line in &plan {
@@ -155,33 +152,12 @@ impl ApplyArgs {
             println!("{} (dry run: nothing applied)", changes_word(plan.len()));
             return Ok(());
         }
-        let done = applied(
-            client::call_with_timeout(
-                socket,
-                &Request::Apply {
-                    config: desired,
-                    dry_run: false,
-                    allow_empty: self.allow_empty,
-                    exact: self.exact,
-                    source: Some(config::source_name(&self.file)),
-                },
-                timeout,
-            )
-            .await?,
-        )?;
-        let (done, _) = done;
+        let (done, _) =
+            applied(client::call_with_timeout(socket, &request(false), timeout).await?)?;
         if done.is_empty() {
             // Applied all the same: the file becomes the base of the next
             // apply's merge.
-            println!(
-                "nothing to change: the running state matches {}{}",
-                self.file.display(),
-                if kept.is_empty() {
-                    ""
-                } else {
-                    " but for the runtime values kept above (`--exact` undoes them)"
-                }
-            );
+            nothing();
             return Ok(());
         }
         if done != plan {
