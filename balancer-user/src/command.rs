@@ -124,13 +124,18 @@ fn settings_words(s: &VipSettings) -> String {
     )
 }
 
-/// What [`State::apply`] needs besides the state: the addresses of the
-/// balancer's host (a VIP there needs `allow_host_address`; a backend
-/// there is a forwarding loop).
+/// What [`State::apply`] needs besides the state.
 #[derive(Clone, Debug, Default)]
 pub struct Rules {
-    /// The host's addresses.
+    /// The host's addresses (a VIP there needs `allow_host_address`; a
+    /// backend there is a forwarding loop).
     pub host: BTreeSet<IpAddr>,
+    /// The VIP indexes tombstones of removed VIPs hold, oldest first
+    /// (`Retired::vip_indexes_oldest_first`): a new VIP takes one only
+    /// when no other index is free, the oldest first.
+    pub tombstones: Vec<u32>,
+    /// The daemon is part of a cluster (a cluster drain means something).
+    pub clustered: bool,
 }
 
 impl State {
@@ -161,21 +166,23 @@ impl State {
             }
             Command::AddVip(v, s) => {
                 check_new_vip(self, *v, s, &rules.host)?;
-                // Tombstones give way (Balancer::free_vip_index).
+                // An index no VIP and no tombstone holds; else the oldest
+                // tombstone's (that removed VIP's late segments then pass as
+                // plain misses instead of getting a reset: a VIP that is
+                // wanted weighs more than the courtesy to one that is gone).
                 let used: BTreeSet<u32> = self.vips.values().map(|v| v.index).collect();
-                let index =
-                    (0..MAX_VIPS)
-                        .find(|i| !used.contains(i))
-                        .ok_or(BalancerError::Full {
-                            what: "VIP table",
-                            capacity: MAX_VIPS,
-                        })?;
+                let index = (0..MAX_VIPS)
+                    .find(|i| !used.contains(i) && !rules.tombstones.contains(i))
+                    .or_else(|| rules.tombstones.iter().copied().find(|i| !used.contains(i)))
+                    .ok_or(BalancerError::Full {
+                        what: "VIP table",
+                        capacity: MAX_VIPS,
+                    })?;
                 self.vips.insert(
                     *v,
                     VipConfig {
                         addr: *v,
                         index,
-                        list: 0,
                         settings: s.clone(),
                         backends: Vec::new(),
                     },
@@ -199,11 +206,20 @@ impl State {
                 for (b, slot) in bs.iter().zip(&slots) {
                     self.server_for(*b)?;
                     self.next_slot = (slot + 1) % BACKEND_SLOTS;
+                    // Flows pinned to an earlier backend of the slot carry
+                    // its generation: they never reach this one.
+                    let generation = self
+                        .slot_generations
+                        .get(slot)
+                        .copied()
+                        .unwrap_or(0)
+                        .wrapping_add(1);
+                    self.slot_generations.insert(*slot, generation);
                     self.vip_mut(v)?.backends.push(BackendConfig {
                         addr: *b,
                         state: BackendState::Active,
                         slot: *slot,
-                        generation: 0,
+                        generation,
                         weight: *w,
                         health: None,
                     });
@@ -229,6 +245,14 @@ impl State {
                 Ok(())
             }
             Command::ClusterDrain(d) => {
+                if !rules.clustered {
+                    return Err(BalancerError::Invalid {
+                        what: "cluster",
+                        reason: "this daemon runs on its own (no --cluster-listen, no \
+                                 --bgp-dir): there is nothing to drain from"
+                            .into(),
+                    });
+                }
                 self.cluster_drained = *d;
                 Ok(())
             }
@@ -407,6 +431,7 @@ mod tests {
         // A backend on an address of the host is a loop.
         let host = Rules {
             host: [a("10.0.2.7:1").ip()].into_iter().collect(),
+            ..Rules::default()
         };
         assert!(copy
             .apply(

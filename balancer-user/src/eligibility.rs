@@ -503,7 +503,6 @@ mod tests {
             VipConfig {
                 addr: vip,
                 index: 0,
-                list: 0,
                 settings: VipSettings {
                     health: check.then(HealthCheck::default),
                     eject_after,

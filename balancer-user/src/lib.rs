@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod netdev;
 pub mod persist;
 pub mod preflight;
+pub mod project;
 pub mod retired;
 pub mod services;
 pub mod state;

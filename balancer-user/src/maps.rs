@@ -3,7 +3,7 @@
 //! ([`crate::state::State`]).
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
     os::fd::AsFd as _,
     path::Path,
@@ -20,17 +20,33 @@ use balancer_common::{
     choice_hist_index, eligible_list_base, flow_kind, hist, layout::LAYOUT_FINGERPRINT, map_names,
     Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts, ChoiceStats,
     FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
-    TrafficStats, VipAddr, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED,
-    BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_VIPS_PER_BACKEND,
-    PORT_BITMAP_WORDS, VIP_F_FALLBACK, VIP_F_REMOVED, VIP_F_TWO_SIDED,
+    TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_SLOTS,
+    COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_BACKENDS_PER_VIP,
 };
 
 use crate::{
     batch,
     error::{BalancerError, Result},
-    retired::Retired,
-    state::{BackendConfig, ForwardingMode, State, VipConfig, VipSettings},
+    project::{self, ConfigMaps, VipEntry},
 };
+
+/// The bitmaps of [`ConfigMaps::ports`] with their map names.
+const PORT_MAPS: [(usize, &str); 3] = [
+    (project::VIP_PORTS, map_names::VIP_PORTS),
+    (project::BACKEND_PORTS, map_names::BACKEND_PORTS),
+    (project::VIP_ADDRS, map_names::VIP_ADDRS),
+];
+
+/// What one [`Maps::sync`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Entries written (and martian entries removed).
+    pub writes: usize,
+    /// Entries removed from `VIPS`, `BACKENDS`, `BACKEND_VIPS` and
+    /// `BACKEND_HOSTS`: at a start, entries the state file does not hold
+    /// (a change it never received).
+    pub removed: usize,
+}
 
 /// Maps pinned under the pin directory: everything that must survive a
 /// daemon restart for established flows to keep their backend and count.
@@ -92,30 +108,6 @@ pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
         removed.push(name.to_string());
     }
     Ok(removed)
-}
-
-/// A persistence time as the data path holds it: whole seconds, rounded
-/// up (0: off).
-pub fn persistence_seconds(d: std::time::Duration) -> u32 {
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    s.min(u64::from(u32::MAX)) as u32
-}
-
-/// Removes the keys of `map` that `keep` refuses; returns how many went.
-fn remove_keys<K: aya::Pod, V: aya::Pod>(
-    map: &mut HashMap<MapData, K, V>,
-    keep: impl Fn(&K) -> bool,
-    name: &'static str,
-) -> Result<usize> {
-    let stale: Vec<K> = map
-        .keys()
-        .filter_map(|k| k.ok())
-        .filter(|k| !keep(k))
-        .collect();
-    for k in &stale {
-        ignore_missing(map.remove(k)).map_err(map_err(name, "remove"))?;
-    }
-    Ok(stale.len())
 }
 
 /// An address as the maps hold it ([`Addr`]: IPv4 in its IPv4-mapped
@@ -379,8 +371,9 @@ pub struct Maps {
     vip_ports: Array<MapData, u64>,
     backend_ports: Array<MapData, u64>,
     vip_addrs: Array<MapData, u64>,
-    /// What the bitmaps hold now (VIP ports, backend ports, VIP addresses).
-    port_words: [Vec<u64>; 3],
+    /// What the control plane's maps hold, as last written
+    /// ([`Maps::sync`]).
+    synced: ConfigMaps,
     stats: PerCpuArray<MapData, GlobalStats>,
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     vip_stats: PerCpuArray<MapData, TrafficStats>,
@@ -402,8 +395,7 @@ impl Maps {
                 m.try_into().map_err(map_err($name, "open"))?
             }};
         }
-        let words = PORT_BITMAP_WORDS as usize;
-        Ok(Maps {
+        let mut maps = Maps {
             vips: take!(map_names::VIPS),
             vip_backends: take!(map_names::VIP_BACKENDS),
             backends: take!(map_names::BACKENDS),
@@ -429,52 +421,14 @@ impl Maps {
             vip_ports: take!(map_names::VIP_PORTS),
             backend_ports: take!(map_names::BACKEND_PORTS),
             vip_addrs: take!(map_names::VIP_ADDRS),
-            port_words: [vec![0; words], vec![0; words], vec![0; words]],
+            synced: ConfigMaps::default(),
             stats: take!(map_names::STATS),
             backend_stats: take!(map_names::BACKEND_STATS),
             vip_stats: take!(map_names::VIP_STATS),
             settings: take!(map_names::SETTINGS),
-        })
-    }
-
-    /// Makes `MARTIAN_SOURCES` hold exactly `want` ((address, prefix
-    /// length of the 16-byte form) -> `martian_class`): the special-purpose
-    /// prefixes, the balancer host's addresses and the VIPs', from which no
-    /// SYN is placed. At most `MARTIAN_SOURCES_LEN` entries, in `want`'s
-    /// order. Returns how many entries changed.
-    ///
-    /// # Errors
-    /// Map failure.
-    pub fn sync_martian_sources(&mut self, want: &BTreeMap<(Addr, u32), u32>) -> Result<usize> {
-        let have: Vec<((Addr, u32), u32)> = self
-            .martian_sources
-            .iter()
-            .filter_map(|r| r.ok())
-            .map(|(k, v)| ((k.data(), k.prefix_len()), v))
-            .collect();
-        let mut changed = 0;
-        for (k, v) in &have {
-            if want.get(k) != Some(v) {
-                ignore_missing(self.martian_sources.remove(&Key::new(k.1, k.0)))
-                    .map_err(map_err(map_names::MARTIAN_SOURCES, "remove"))?;
-                changed += 1;
-            }
-        }
-        let mut n = have.iter().filter(|(k, v)| want.get(k) == Some(v)).count();
-        for (k, v) in want {
-            if have.iter().any(|(h, hv)| h == k && hv == v) {
-                continue;
-            }
-            if n >= balancer_common::MARTIAN_SOURCES_LEN as usize {
-                break;
-            }
-            self.martian_sources
-                .insert(&Key::new(k.1, k.0), v, 0)
-                .map_err(map_err(map_names::MARTIAN_SOURCES, "write"))?;
-            n += 1;
-            changed += 1;
-        }
-        Ok(changed)
+        };
+        maps.synced = maps.read_config()?;
+        Ok(maps)
     }
 
     /// Writes the data-path settings.
@@ -732,345 +686,286 @@ impl Maps {
             .map_err(map_err(map_names::BACKENDS, "read"))
     }
 
-    /// Writes a backend into its slot: its server index, whether its
-    /// address and port serves several VIPs, and its effective weight in
-    /// `WEIGHT_ONE` units. The slot's eligibility flag is kept while the
-    /// slot holds the same backend ([`Maps::set_eligible`] owns it).
-    ///
-    /// # Errors
-    /// Map write failure.
-    pub fn write_backend(
-        &mut self,
-        b: &BackendConfig,
-        server: u32,
-        shared: bool,
-        weight: u32,
-        vip: &VipSettings,
-    ) -> Result<()> {
-        let kept = match self.backends.get(&b.slot, 0) {
-            Ok(old) if old.generation == b.generation && old.flags & BACKEND_F_IN_USE != 0 => {
-                old.flags & BACKEND_F_ELIGIBLE
-            }
-            _ => 0,
-        };
-        let flags = BACKEND_F_IN_USE | if shared { BACKEND_F_SHARED } else { 0 } | kept;
-        self.backends
-            .set(
-                b.slot,
-                Backend {
-                    addr: ip_be(b.addr.ip()),
-                    port: b.addr.port().to_be(),
-                    _pad: 0,
-                    generation: b.generation,
-                    flags,
-                    server,
-                    weight: weight.max(1),
-                    encap_src: vip.encap_source.map_or(Addr::ZERO, ip_be),
-                    mode: vip.mode.code(),
-                    encap_port: vip.gue_port.to_be(),
-                },
-                0,
-            )
-            .map_err(map_err(map_names::BACKENDS, "write"))
-    }
+    // ---- the control plane's maps ----
 
-    /// Sets or clears a slot's `BACKEND_F_ELIGIBLE` flag (whether it is in
-    /// its VIP's active eligible list: an affinity to it holds only then);
-    /// writes only when it changes.
+    /// Reads what the control plane's maps hold (left by an earlier run
+    /// through their pins, or empty): at load, the cache [`Maps::sync`]
+    /// compares projections with; in tests, what the kernel holds to
+    /// compare with that cache. An entry that cannot be read is left out
+    /// (the next sync writes it again).
     ///
     /// # Errors
-    /// Map read or write failure.
-    pub fn set_eligible(&mut self, slot: u32, eligible: bool) -> Result<()> {
-        let mut b = self.backend(slot)?;
-        let flags = if eligible {
-            b.flags | BACKEND_F_ELIGIBLE
-        } else {
-            b.flags & !BACKEND_F_ELIGIBLE
-        };
-        if flags == b.flags || b.flags & BACKEND_F_IN_USE == 0 {
-            return Ok(());
+    /// A bitmap word cannot be read.
+    pub fn read_config(&self) -> Result<ConfigMaps> {
+        let mut out = ConfigMaps::default();
+        for (k, info) in self.vips.iter().filter_map(|r| r.ok()) {
+            let addr = SocketAddr::new(ip_from_be(k.addr), u16::from_be(k.port));
+            let base = eligible_list_base(info.index, info.list);
+            let list = (0..info.eligible.min(MAX_BACKENDS_PER_VIP))
+                .filter_map(|i| self.vip_backends.get(&(base + i), 0).ok())
+                .collect();
+            out.vips.insert(addr, VipEntry { info, list });
         }
-        b.flags = flags;
-        self.backends
-            .set(slot, b, 0)
-            .map_err(map_err(map_names::BACKENDS, "write"))
-    }
-
-    /// Changes only the effective weight of a slot (slow start).
-    ///
-    /// # Errors
-    /// Map read or write failure.
-    pub fn set_weight(&mut self, slot: u32, weight: u32) -> Result<()> {
-        let mut b = self.backend(slot)?;
-        b.weight = weight.max(1);
-        self.backends
-            .set(slot, b, 0)
-            .map_err(map_err(map_names::BACKENDS, "write"))
-    }
-
-    /// Marks a slot free.
-    ///
-    /// # Errors
-    /// Map write failure.
-    pub fn clear_backend(&mut self, slot: u32) -> Result<()> {
-        self.backends
-            .set(slot, Backend::default(), 0)
-            .map_err(map_err(map_names::BACKENDS, "write"))
-    }
-
-    /// Writes what the data path derives from the backends at `addrs` (each
-    /// as `state` now has it): their slots (server index, the
-    /// `BACKEND_F_SHARED` flag, the weight `weight` gives each slot),
-    /// `BACKEND_VIPS` (the VIPs a reply may belong to) and `BACKEND_HOSTS`
-    /// (the VIPs each host serves, for hairpin refusal). Entries of
-    /// addresses that serve no VIP any more are removed.
-    ///
-    /// # Errors
-    /// Map write failure.
-    pub fn publish_backend_index(
-        &mut self,
-        state: &State,
-        addrs: &[SocketAddr],
-        weight: impl Fn(&BackendConfig) -> u32,
-        retired: &Retired,
-    ) -> Result<()> {
-        let uses = state.backend_uses();
-        for a in addrs {
-            let Some(u) = uses.get(a) else {
-                // Gone: its entry stays while it has orphans to reset.
-                let left = retired.vips_of(a);
-                if left.is_empty() {
-                    ignore_missing(self.backend_vips.remove(&backend_key(a)))
-                        .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
-                } else {
-                    self.write_backend_vips(a, &left)?;
+        for slot in 0..BACKEND_SLOTS {
+            if let Ok(b) = self.backends.get(&slot, 0) {
+                if b.flags & BACKEND_F_IN_USE != 0 {
+                    out.slots.insert(slot, b);
                 }
+            }
+        }
+        for (k, v) in self.backend_vips.iter().filter_map(|r| r.ok()) {
+            let addr = SocketAddr::new(ip_from_be(k.addr), u16::from_be(k.port));
+            out.backend_vips.insert(addr, v);
+        }
+        for (k, v) in self.backend_hosts.iter().filter_map(|r| r.ok()) {
+            out.backend_hosts.insert(ip_from_be(k), v);
+        }
+        for (which, name) in PORT_MAPS {
+            let map = self.port_map(which);
+            for (i, w) in out.ports[which].iter_mut().enumerate() {
+                *w = map.get(&(i as u32), 0).map_err(map_err(name, "read"))?;
+            }
+        }
+        out.martians = self
+            .martian_sources
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(k, v)| ((k.data(), k.prefix_len()), v))
+            .collect();
+        Ok(out)
+    }
+
+    /// What the control plane's maps hold, as last written.
+    pub fn synced(&self) -> &ConfigMaps {
+        &self.synced
+    }
+
+    fn port_map(&self, which: usize) -> &Array<MapData, u64> {
+        match which {
+            project::VIP_PORTS => &self.vip_ports,
+            project::BACKEND_PORTS => &self.backend_ports,
+            _ => &self.vip_addrs,
+        }
+    }
+
+    /// Makes the control plane's maps hold `want` (a
+    /// [`crate::project::project`]ion), writing only what differs from
+    /// what they hold, in the one order that keeps every flow served:
+    ///
+    /// 1. the bitmaps gain the new bits (a new VIP's first SYN is looked
+    ///    up);
+    /// 2. slots are written (a new backend's slot is in place before a
+    ///    list names it; a slot keeps `BACKEND_F_ELIGIBLE` until step 6);
+    /// 3. `BACKEND_VIPS`, then 4. `BACKEND_HOSTS`, are written (replies of
+    ///    a new backend find their flow from its first connection);
+    /// 5. each changed eligible list goes into its VIP's inactive half,
+    ///    then the VIP's entry switches to it in one update (the data path
+    ///    never sees a half-written list); tombstones replace removed VIPs;
+    /// 6. what goes goes: VIP entries, slots' `BACKEND_F_ELIGIBLE` flags,
+    ///    slots (zeroed), reply and hairpin entries;
+    /// 7. the bitmaps lose their old bits; 8. `MARTIAN_SOURCES` (at most
+    ///    `MARTIAN_SOURCES_LEN` entries, in `want`'s order).
+    ///
+    /// Rolling back is a sync to the earlier projection. The cache is
+    /// updated write by write, so after a failure it still says what the
+    /// maps hold.
+    ///
+    /// # Errors
+    /// Map write failure (the writes before it stay).
+    pub fn sync(&mut self, want: &ConfigMaps) -> Result<SyncReport> {
+        let mut r = SyncReport::default();
+        // 1. Bitmaps: the union of what is and what will be.
+        self.write_ports(|have, i| have | want.ports_word(i), &mut r)?;
+        // 2. Slots, eligibility withdrawn only in step 6.
+        for (slot, w) in &want.slots {
+            let have = self.synced.slots.get(slot);
+            let mut first = *w;
+            if let Some(h) = have.filter(|h| h.generation == w.generation) {
+                first.flags |= h.flags & BACKEND_F_ELIGIBLE;
+            }
+            if have != Some(&first) {
+                self.write_slot(*slot, first)?;
+                r.writes += 1;
+            }
+        }
+        // 3, 4. Reply and hairpin tables.
+        for (a, w) in &want.backend_vips {
+            if self.synced.backend_vips.get(a) != Some(w) {
+                self.backend_vips
+                    .insert(backend_key(a), w, 0)
+                    .map_err(map_err(map_names::BACKEND_VIPS, "write"))?;
+                self.synced.backend_vips.insert(*a, *w);
+                r.writes += 1;
+            }
+        }
+        for (ip, w) in &want.backend_hosts {
+            if self.synced.backend_hosts.get(ip) != Some(w) {
+                self.backend_hosts
+                    .insert(ip_be(*ip), w, 0)
+                    .map_err(map_err(map_names::BACKEND_HOSTS, "write"))?;
+                self.synced.backend_hosts.insert(*ip, *w);
+                r.writes += 1;
+            }
+        }
+        // 5. Lists, then the entries that switch to them.
+        for (addr, w) in &want.vips {
+            let have = self.synced.vips.get(addr);
+            let same_list = have.is_some_and(|h| h.list == w.list && h.info.index == w.info.index);
+            if same_list && have.is_some_and(|h| h.same_settings(w)) {
                 continue;
+            }
+            let half = match have {
+                Some(h) if same_list => h.info.list,
+                Some(h) => h.info.list ^ 1,
+                None => 0,
             };
-            // Replies come back through the balancer from NAT VIPs only (and
-            // the VIPs it left keep its orphans' resets).
-            let nat = u.nat_vips();
-            let mut listed = nat.clone();
-            listed.extend(retired.vips_of(a).into_iter().filter(|v| !nat.contains(v)));
-            let shared = nat.len() > 1;
-            let server = state.server(a).ok_or_else(|| BalancerError::Invalid {
-                what: "state",
-                reason: format!("backend {a} has no server index"),
-            })?;
-            for (b, vs) in u.configs.iter().zip(&u.settings) {
-                let shared = shared && vs.mode == ForwardingMode::Nat;
-                self.write_backend(b, server, shared, weight(b), vs)?;
+            if !same_list {
+                let base = eligible_list_base(w.info.index, half);
+                for (i, slot) in w.list.iter().enumerate() {
+                    self.vip_backends
+                        .set(base + i as u32, *slot, 0)
+                        .map_err(map_err(map_names::VIP_BACKENDS, "write"))?;
+                }
+                r.writes += w.list.len();
             }
-            if listed.is_empty() {
-                ignore_missing(self.backend_vips.remove(&backend_key(a)))
-                    .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
+            let info = VipInfo {
+                list: half,
+                ..w.info
+            };
+            self.vips
+                .insert(vip_key(addr), info, 0)
+                .map_err(map_err(map_names::VIPS, "write"))?;
+            self.synced.vips.insert(
+                *addr,
+                VipEntry {
+                    info,
+                    list: w.list.clone(),
+                },
+            );
+            r.writes += 1;
+        }
+        // 6. What goes.
+        let gone: Vec<SocketAddr> = self
+            .synced
+            .vips
+            .keys()
+            .filter(|a| !want.vips.contains_key(a))
+            .copied()
+            .collect();
+        for a in gone {
+            ignore_missing(self.vips.remove(&vip_key(&a)))
+                .map_err(map_err(map_names::VIPS, "remove"))?;
+            self.synced.vips.remove(&a);
+            r.removed += 1;
+        }
+        for (slot, w) in &want.slots {
+            if self.synced.slots.get(slot) != Some(w) {
+                self.write_slot(*slot, *w)?;
+                r.writes += 1;
+            }
+        }
+        let gone: Vec<u32> = self
+            .synced
+            .slots
+            .keys()
+            .filter(|s| !want.slots.contains_key(s))
+            .copied()
+            .collect();
+        for slot in gone {
+            self.backends
+                .set(slot, Backend::default(), 0)
+                .map_err(map_err(map_names::BACKENDS, "write"))?;
+            self.synced.slots.remove(&slot);
+            r.removed += 1;
+        }
+        let gone: Vec<SocketAddr> = self
+            .synced
+            .backend_vips
+            .keys()
+            .filter(|a| !want.backend_vips.contains_key(a))
+            .copied()
+            .collect();
+        for a in gone {
+            ignore_missing(self.backend_vips.remove(&backend_key(&a)))
+                .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
+            self.synced.backend_vips.remove(&a);
+            r.removed += 1;
+        }
+        let gone: Vec<IpAddr> = self
+            .synced
+            .backend_hosts
+            .keys()
+            .filter(|a| !want.backend_hosts.contains_key(a))
+            .copied()
+            .collect();
+        for ip in gone {
+            ignore_missing(self.backend_hosts.remove(&ip_be(ip)))
+                .map_err(map_err(map_names::BACKEND_HOSTS, "remove"))?;
+            self.synced.backend_hosts.remove(&ip);
+            r.removed += 1;
+        }
+        // 7. Bitmaps: exactly what will be.
+        self.write_ports(|_, i| want.ports_word(i), &mut r)?;
+        // 8. Martian sources: the old out first, to make room.
+        let gone: Vec<((Addr, u32), u32)> = self
+            .synced
+            .martians
+            .iter()
+            .filter(|(k, v)| want.martians.get(k) != Some(v))
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (k, _) in gone {
+            ignore_missing(self.martian_sources.remove(&Key::new(k.1, k.0)))
+                .map_err(map_err(map_names::MARTIAN_SOURCES, "remove"))?;
+            self.synced.martians.remove(&k);
+            r.writes += 1;
+        }
+        for (k, v) in &want.martians {
+            if self.synced.martians.contains_key(k) {
                 continue;
             }
-            self.write_backend_vips(a, &listed)?;
-        }
-        let hosts = state.backend_hosts();
-        let ips: BTreeSet<IpAddr> = addrs.iter().map(|a| a.ip()).collect();
-        for ip in ips {
-            let key = ip_be(ip);
-            match hosts.get(&ip) {
-                Some(indexes) => {
-                    let mut h = HostVips::default();
-                    for i in indexes {
-                        h.set(*i);
-                    }
-                    self.backend_hosts
-                        .insert(key, h, 0)
-                        .map_err(map_err(map_names::BACKEND_HOSTS, "write"))?;
-                }
-                None => ignore_missing(self.backend_hosts.remove(&key))
-                    .map_err(map_err(map_names::BACKEND_HOSTS, "remove"))?,
+            if self.synced.martians.len() >= balancer_common::MARTIAN_SOURCES_LEN as usize {
+                break;
             }
+            self.martian_sources
+                .insert(&Key::new(k.1, k.0), v, 0)
+                .map_err(map_err(map_names::MARTIAN_SOURCES, "write"))?;
+            self.synced.martians.insert(*k, *v);
+            r.writes += 1;
         }
+        Ok(r)
+    }
+
+    fn write_slot(&mut self, slot: u32, b: Backend) -> Result<()> {
+        self.backends
+            .set(slot, b, 0)
+            .map_err(map_err(map_names::BACKENDS, "write"))?;
+        self.synced.slots.insert(slot, b);
         Ok(())
     }
 
-    /// Writes the reply-table entry of backend `a`: the VIPs (at most
-    /// `MAX_VIPS_PER_BACKEND`, the first ones) a segment from it may
-    /// belong to.
-    fn write_backend_vips(&mut self, a: &SocketAddr, vips: &[SocketAddr]) -> Result<()> {
-        let mut v = BackendVips {
-            count: vips.len().min(MAX_VIPS_PER_BACKEND as usize) as u32,
-            ..Default::default()
-        };
-        for (slot, vip) in v.vips.iter_mut().zip(vips) {
-            *slot = VipAddr {
-                addr: ip_be(vip.ip()),
-                port: vip.port().to_be(),
-                _pad: 0,
-            };
-        }
-        self.backend_vips
-            .insert(backend_key(a), v, 0)
-            .map_err(map_err(map_names::BACKEND_VIPS, "write"))
-    }
-
-    /// Replaces a VIP's entry by a tombstone (`VIP_F_REMOVED`): its
-    /// orphans get resets, new connections a refusal ([`crate::retired`]).
-    ///
-    /// # Errors
-    /// Map write failure.
-    pub fn publish_tombstone(&mut self, addr: &SocketAddr, index: u32) -> Result<()> {
-        self.vips
-            .insert(
-                vip_key(addr),
-                VipInfo {
-                    index,
-                    flags: VIP_F_REMOVED,
-                    ..VipInfo::default()
-                },
-                0,
-            )
-            .map_err(map_err(map_names::VIPS, "write"))
-    }
-
-    /// Removes every map entry `state` and `retired` do not account for:
-    /// VIPs, backend slots, reply-table and hairpin entries left by a
-    /// change that was not persisted (a crash between the two, a failed
-    /// state write), so the maps hold exactly the state file's content.
-    /// Returns how many entries went.
-    ///
-    /// # Errors
-    /// Map failure.
-    pub fn prune(&mut self, state: &State, retired: &Retired) -> Result<usize> {
-        let mut gone = 0;
-        let mut vips: Vec<VipKey> = state.vips.keys().map(vip_key).collect();
-        vips.extend(retired.vips().map(|(v, _)| vip_key(&v)));
-        gone += remove_keys(&mut self.vips, |k| vips.contains(k), map_names::VIPS)?;
-        let slots = state.slots();
-        for slot in 0..BACKEND_SLOTS {
-            let Ok(b) = self.backends.get(&slot, 0) else {
-                continue;
-            };
-            if b.flags & BACKEND_F_IN_USE != 0 && slots.get(&slot) != Some(&b.generation) {
-                self.clear_backend(slot)?;
-                gone += 1;
-            }
-        }
-        let uses = state.backend_uses();
-        let mut keep: Vec<BackendKey> = uses
-            .iter()
-            .filter(|(_, u)| !u.nat_vips().is_empty())
-            .map(|(a, _)| backend_key(a))
-            .collect();
-        keep.extend(retired.backends().map(|a| backend_key(&a)));
-        gone += remove_keys(
-            &mut self.backend_vips,
-            |k| keep.contains(k),
-            map_names::BACKEND_VIPS,
-        )?;
-        let hosts: BTreeSet<Addr> = state.backend_hosts().keys().map(|a| ip_be(*a)).collect();
-        gone += remove_keys(
-            &mut self.backend_hosts,
-            |k| hosts.contains(k),
-            map_names::BACKEND_HOSTS,
-        )?;
-        Ok(gone)
-    }
-
-    // ---- VIPs ----
-
-    /// Writes a VIP's eligible list (`eligible` slots) into its inactive
-    /// half, then switches the VIP entry to it in one map update; returns
-    /// the list now active. `fallback`: the list holds every backend that
-    /// is not drained because none is healthy (no passive skipping then).
-    ///
-    /// # Errors
-    /// Map write failure (the active list is then unchanged).
-    pub fn publish_vip(&mut self, v: &VipConfig, eligible: &[u32], fallback: bool) -> Result<u32> {
-        let next = v.list ^ 1;
-        let base = eligible_list_base(v.index, next);
-        for (i, slot) in eligible.iter().enumerate() {
-            self.vip_backends
-                .set(base + i as u32, *slot, 0)
-                .map_err(map_err(map_names::VIP_BACKENDS, "write"))?;
-        }
-        self.vips
-            .insert(
-                vip_key(&v.addr),
-                VipInfo {
-                    index: v.index,
-                    choices: v.settings.choices,
-                    eligible: eligible.len() as u32,
-                    list: next,
-                    flags: if fallback { VIP_F_FALLBACK } else { 0 }
-                        | if v.settings.mode == ForwardingMode::Nat {
-                            VIP_F_TWO_SIDED
-                        } else {
-                            0
-                        },
-                    eject_after: if fallback { 0 } else { v.settings.eject_after },
-                    eject_min_sources: v.settings.eject_min_sources,
-                    persistence_s: persistence_seconds(v.settings.persistence),
-                    persistence_mask: Addr::netmask(
-                        v.addr.is_ipv4(),
-                        v.settings.persistence_prefix(&v.addr),
-                    ),
-                },
-                0,
-            )
-            .map_err(map_err(map_names::VIPS, "write"))?;
-        Ok(next)
-    }
-
-    /// Removes a VIP's entry (new SYNs to it are no longer placed).
-    ///
-    /// # Errors
-    /// Map failure.
-    pub fn remove_vip(&mut self, addr: &SocketAddr) -> Result<()> {
-        ignore_missing(self.vips.remove(&vip_key(addr))).map_err(map_err(map_names::VIPS, "remove"))
-    }
-
-    /// Rewrites the words of the VIP-port, VIP-address and backend-port
-    /// bitmaps that differ from `state` (the data path skips every lookup
-    /// for frames whose ports are in neither).
-    ///
-    /// # Errors
-    /// Map write failure.
-    pub fn publish_ports(&mut self, state: &State, retired: &Retired) -> Result<()> {
-        let words = PORT_BITMAP_WORDS as usize;
-        let mut want = [vec![0u64; words], vec![0u64; words], vec![0u64; words]];
-        let mut set = |which: usize, key: u16| {
-            let k = key as usize;
-            want[which][k / 64] |= 1 << (k % 64);
-        };
-        for v in state.vips.values() {
-            set(0, v.addr.port());
-            set(2, u16::from_be(ip_be(v.addr.ip()).low16_be()));
-            // Replies are looked up for NAT backends only.
-            if v.settings.mode == ForwardingMode::Nat {
-                for b in &v.backends {
-                    set(1, b.addr.port());
+    /// Writes each bitmap word `word(held, (bitmap, index))` gives that
+    /// differs from what it holds.
+    fn write_ports(
+        &mut self,
+        word: impl Fn(u64, (usize, usize)) -> u64,
+        r: &mut SyncReport,
+    ) -> Result<()> {
+        for (which, name) in PORT_MAPS {
+            for i in 0..self.synced.ports[which].len() {
+                let have = self.synced.ports[which][i];
+                let w = word(have, (which, i));
+                if w == have {
+                    continue;
                 }
-            }
-        }
-        // What was removed stays visible for its orphans.
-        for (v, _) in retired.vips() {
-            set(0, v.port());
-            set(2, u16::from_be(ip_be(v.ip()).low16_be()));
-        }
-        for b in retired.backends() {
-            set(1, b.port());
-        }
-        for (which, name) in [
-            (0, map_names::VIP_PORTS),
-            (1, map_names::BACKEND_PORTS),
-            (2, map_names::VIP_ADDRS),
-        ] {
-            for (i, w) in want[which].iter().enumerate() {
-                if self.port_words[which][i] != *w {
-                    let map = match which {
-                        0 => &mut self.vip_ports,
-                        1 => &mut self.backend_ports,
-                        _ => &mut self.vip_addrs,
-                    };
-                    map.set(i as u32, *w, 0).map_err(map_err(name, "write"))?;
-                    self.port_words[which][i] = *w;
-                }
+                let map = match which {
+                    project::VIP_PORTS => &mut self.vip_ports,
+                    project::BACKEND_PORTS => &mut self.backend_ports,
+                    _ => &mut self.vip_addrs,
+                };
+                map.set(i as u32, w, 0).map_err(map_err(name, "write"))?;
+                self.synced.ports[which][i] = w;
+                r.writes += 1;
             }
         }
         Ok(())

@@ -63,6 +63,14 @@ impl Persisted {
             if !self.retired.is_empty() {
                 o.insert(RETIRED.into(), serde_json::to_value(&self.retired)?);
             }
+            // Daemons before the one transaction (b634ad5 and older) need
+            // each VIP's `list` (which eligible list was active); this one
+            // ignores it (the maps say), so a downgrade still starts.
+            if let Some(vips) = o.get_mut("vips").and_then(|v| v.as_object_mut()) {
+                for vip in vips.values_mut().filter_map(|v| v.as_object_mut()) {
+                    vip.entry("list").or_insert(serde_json::json!(0));
+                }
+            }
         }
         Ok(v)
     }
@@ -274,6 +282,26 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         std::fs::write(&path, b"{not json").unwrap();
         assert!(read_state(&path).is_err());
+    }
+
+    #[test]
+    fn each_vip_keeps_the_list_key_older_daemons_require() {
+        let mut state = State::default();
+        let vip: std::net::SocketAddr = "10.0.0.1:80".parse().unwrap();
+        state
+            .apply(
+                &crate::command::Command::AddVip(vip, crate::state::VipSettings::default()),
+                &crate::command::Rules::default(),
+            )
+            .unwrap();
+        let p = Persisted {
+            state,
+            ..Persisted::default()
+        };
+        let v = p.to_json().unwrap();
+        assert_eq!(v["vips"][vip.to_string()]["list"], serde_json::json!(0));
+        // And it reads back as it was.
+        assert_eq!(Persisted::from_json(v).unwrap(), p);
     }
 
     #[test]

@@ -124,17 +124,28 @@ impl Retired {
         self.backends.retain(|_, v| !v.is_empty());
     }
 
-    /// The tombstone removed longest ago: its VIP and index.
-    pub fn oldest_vip(&self) -> Option<(SocketAddr, u32)> {
-        self.vips
-            .iter()
-            .min_by_key(|(_, (_, t))| *t)
-            .map(|(v, (i, _))| (*v, *i))
+    /// The indexes tombstones hold, the one removed longest ago first
+    /// (`Rules::tombstones`).
+    pub fn vip_indexes_oldest_first(&self) -> Vec<u32> {
+        let mut v: Vec<(Instant, u32)> = self.vips.values().map(|(i, t)| (*t, *i)).collect();
+        v.sort();
+        v.into_iter().map(|(_, i)| i).collect()
     }
 
-    /// Indexes held by tombstones (not given to new VIPs meanwhile).
-    pub fn vip_indexes(&self) -> BTreeSet<u32> {
-        self.vips.values().map(|(i, _)| *i).collect()
+    /// Forgets the tombstones whose index a VIP of `state` took (the VIP
+    /// table was full); returns their VIPs.
+    pub fn forget_overtaken(&mut self, state: &State) -> Vec<SocketAddr> {
+        let used: BTreeSet<u32> = state.vips.values().map(|v| v.index).collect();
+        let gone: Vec<SocketAddr> = self
+            .vips
+            .iter()
+            .filter(|(v, (i, _))| used.contains(i) && !state.vips.contains_key(v))
+            .map(|(v, _)| *v)
+            .collect();
+        for v in &gone {
+            self.vips.remove(v);
+        }
+        gone
     }
 
     /// The tombstoned VIPs.
@@ -202,7 +213,7 @@ mod tests {
         assert_eq!(rec.backends, vec![(b, v, unix_ms(wall) - 30_000)]);
         // Read back 10 s of wall time later (a restart): 40 s old.
         let back = Retired::from_record(&rec, later, wall + Duration::from_secs(10));
-        assert_eq!(back.vip_indexes(), BTreeSet::from([3]));
+        assert_eq!(back.vip_indexes_oldest_first(), vec![3]);
         let (vips, _) = back.clone().expire(Duration::from_secs(45), later);
         assert!(vips.is_empty(), "40 s old is not past 45 s");
         let (vips, backends) = back.clone().expire(Duration::from_secs(35), later);
@@ -221,11 +232,11 @@ mod tests {
         r.add_vip(v1, 3, t0);
         r.add_backend(b, v1, t0);
         r.add_backend(b, v2, t0 + Duration::from_secs(10));
-        assert_eq!(r.vip_indexes(), BTreeSet::from([3]));
+        assert_eq!(r.vip_indexes_oldest_first(), vec![3]);
         let (vips, backends) = r.expire(Duration::from_secs(5), t0 + Duration::from_secs(6));
         assert_eq!(vips, vec![v1]);
         assert_eq!(backends, vec![b]);
         assert_eq!(r.vips_of(&b), vec![v2]);
-        assert!(r.vip_indexes().is_empty());
+        assert!(r.vip_indexes_oldest_first().is_empty());
     }
 }

@@ -552,8 +552,6 @@ pub struct VipConfig {
     pub addr: SocketAddr,
     /// Index in the per-VIP arrays.
     pub index: u32,
-    /// Which eligible list is active (0 or 1).
-    pub list: u32,
     /// Settings.
     #[serde(flatten)]
     pub settings: VipSettings,
@@ -1280,7 +1278,6 @@ mod tests {
         VipConfig {
             addr: addr.parse().unwrap(),
             index,
-            list: 0,
             settings: VipSettings::default(),
             backends: backends
                 .iter()

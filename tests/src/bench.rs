@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod change;
 mod health;
 mod modes;
 mod realclients;
@@ -1812,6 +1813,12 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
         println!("{}", rep.markdown());
         return Ok(());
     }
+    // BENCH_ONLY=change: section 9 alone, printed.
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "change") {
+        change::run(&mut rep)?;
+        println!("{}", rep.markdown());
+        return Ok(());
+    }
     // BENCH_ONLY=reference: the programs' table and the same-run reference.
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "reference") {
         let ours = verifier_table(&mut rep)?;
@@ -1860,6 +1867,8 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     realclients::run(&mut rep, sc)?;
     eprintln!("bench: control plane at scale");
     scale::run(&mut rep)?;
+    eprintln!("bench: the cost of a change");
+    change::run(&mut rep)?;
     let noise = rep.noise.map_or("section 1 did not run".into(), |n| {
         format!(
             "in section 1 the balancer's per-call time varied by a median of {:.0} % between rounds, (max - min) / median",

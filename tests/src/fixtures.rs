@@ -33,6 +33,7 @@ mod jumbo;
 mod modes;
 mod multi_vip;
 mod race;
+mod reconcile;
 mod router;
 
 /// The main VIP of the suite.
@@ -72,6 +73,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += race::run()?;
     n += cluster::run()?;
     n += hostile::run()?;
+    n += reconcile::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }

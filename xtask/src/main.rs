@@ -73,8 +73,10 @@ enum Cmd {
         /// `reference` (the programs' sizes and the same-run reference) or
         /// `scale` (section 8, the control plane at 100k-10M flows; sizes
         /// from BENCH_SCALE_SIZES and BENCH_SCALE_CLUSTER, the steady window
-        /// from BENCH_SCALE_STEADY_S); sets BENCH_ONLY.
-        #[arg(long, value_parser = ["rate", "reference", "scale"])]
+        /// from BENCH_SCALE_STEADY_S) or `change` (section 9, the cost of
+        /// one change at 5,000 backends, against the reference daemon);
+        /// sets BENCH_ONLY.
+        #[arg(long, value_parser = ["rate", "reference", "scale", "change"])]
         only: Option<String>,
     },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
@@ -124,8 +126,9 @@ fn reference() -> String {
 
 /// Creates (if absent) a git worktree of [`reference`] under
 /// target/bench-ref (target/bench-ref-COMMIT for a `BENCH_REF` other than
-/// [`REFERENCE`]), builds its test bed in release mode there (its own
-/// target directory) and returns the binary's path.
+/// [`REFERENCE`]), builds its test bed and its daemon in release mode
+/// there (its own target directory) and returns the test bed's path (the
+/// daemon, `balancer`, is next to it).
 fn build_reference() -> anyhow::Result<PathBuf> {
     let reference = reference();
     let reference = reference.as_str();
@@ -165,6 +168,10 @@ fn build_reference() -> anyhow::Result<PathBuf> {
                 "balancer-tests",
                 "--bin",
                 "balancer-testbed",
+                "-p",
+                "balancer-user",
+                "--bin",
+                "balancer",
             ]),
     )?;
     Ok(dir.join("target/release/balancer-testbed"))

@@ -19,8 +19,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use balancer_common::{
-    map_names, orphan_reason, programs, Settings, BACKEND_SLOTS, MAX_VIPS,
-    SETTINGS_F_NO_CHOICE_TELEMETRY,
+    map_names, orphan_reason, programs, Settings, BACKEND_SLOTS, SETTINGS_F_NO_CHOICE_TELEMETRY,
 };
 
 use crate::{
@@ -37,11 +36,9 @@ use crate::{
     maps::{check_pins, Count, Maps, Traffic, PINNED_MAPS},
     netdev,
     persist::Persisted,
+    project::{project, Inputs},
     retired::Retired,
-    state::{
-        check_backend_not_host, check_vip_not_host, BackendConfig, HealthCheck, State, VipConfig,
-        VipSettings,
-    },
+    state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
     telemetry,
 };
 
@@ -422,6 +419,20 @@ impl Balancer {
         &self.maps
     }
 
+    /// Write access to the maps, for tests that break them on purpose
+    /// (a sync that fails half-way); the balancer's own changes never
+    /// need it.
+    pub fn maps_mut(&mut self) -> &mut Maps {
+        &mut self.maps
+    }
+
+    /// The projection of the desired state now: what every control-plane
+    /// map must hold ([`crate::project::project`]; the maps' active list
+    /// halves are 0 in it).
+    pub fn projection(&self) -> crate::project::ConfigMaps {
+        project(&self.state, &self.retired, &self.inputs())
+    }
+
     /// Records interface `name`'s MAC address: the program acts only on
     /// frames addressed to the MAC of the interface they arrive on.
     /// [`Balancer::attach`] does this; call it directly when frames reach
@@ -657,22 +668,6 @@ impl Balancer {
         self.execute(&[Command::ClusterDrain(drained)])
     }
 
-    fn write_cluster_drained(&mut self, drained: bool) -> Result<()> {
-        if self.cluster_view.is_none() {
-            return Err(BalancerError::Invalid {
-                what: "cluster",
-                reason: "this daemon runs on its own (no --cluster-listen, no --bgp-dir): there \
-                         is nothing to drain from"
-                    .into(),
-            });
-        }
-        self.state.cluster_drained = drained;
-        if let Some(v) = &mut self.cluster_view {
-            v.drained = drained;
-        }
-        Ok(())
-    }
-
     /// The desired state and the maps, for the cluster sync
     /// ([`crate::cluster`]), which reads and writes flow entries and counts.
     pub(crate) fn cluster_parts(&mut self) -> (&State, &mut Maps) {
@@ -696,6 +691,8 @@ impl Balancer {
     /// set.
     pub fn set_host_addresses(&mut self, f: HostAddresses) {
         self.host_addresses = f;
+        // Read through it at the next sync.
+        self.host_addrs = None;
     }
 
     /// The running state in the declarative form (`balancer export`).
@@ -757,7 +754,8 @@ impl Balancer {
             });
         }
         let lines: Vec<String> = changes.iter().map(Command::describe).collect();
-        self.validate(&changes)
+        let next = self
+            .validate(&changes)
             .map_err(|(k, e)| BalancerError::Invalid {
                 what: "configuration",
                 reason: format!(
@@ -768,105 +766,24 @@ impl Balancer {
                 ),
             })?;
         let done = Applied {
-            changes: lines.clone(),
+            changes: lines,
             kept: merged.kept,
             takes_away_only: changes.iter().all(Command::takes_traffic_away),
         };
         if dry_run {
             return Ok(done);
         }
-        if changes.is_empty() {
-            self.applied.insert(source, desired.clone());
-            return Ok(done);
-        }
-        let before = self.snapshot();
-        for (k, c) in changes.iter().enumerate() {
-            let r = self.write(c);
-            if let Err(e) = r {
-                let undone = match self.rollback(before) {
-                    Ok(()) => "nothing was applied".to_string(),
-                    Err(r) => format!(
-                        "rolling back failed too ({r}); restart the daemon to return to the \
-                         state file"
-                    ),
-                };
-                return Err(BalancerError::Invalid {
-                    what: "configuration",
-                    reason: format!(
-                        "change {} of {} ({}): {e}; {undone}",
-                        k + 1,
-                        changes.len(),
-                        lines[k]
-                    ),
-                });
-            }
+        if !changes.is_empty() {
+            self.commit(next).map_err(|e| BalancerError::Invalid {
+                what: "configuration",
+                reason: format!(
+                    "writing its {} changes: {e}; nothing was applied",
+                    changes.len()
+                ),
+            })?;
         }
         self.applied.insert(source, desired.clone());
         Ok(done)
-    }
-
-    /// Carries out `cmds`, all of them or none: each is checked by
-    /// [`State::apply`] on a copy of the desired state as the ones before it
-    /// leave it, before any map is touched; then each is written to the
-    /// maps ([`Balancer::write`]); a map failure half-way restores the
-    /// state before the first ([`Balancer::restore`] of a snapshot).
-    ///
-    /// # Errors
-    /// The first refusal (as the API answers it), or the map failure.
-    pub fn execute(&mut self, cmds: &[Command]) -> Result<()> {
-        self.validate(cmds).map_err(|(_, e)| e)?;
-        let before = (cmds.len() > 1).then(|| self.snapshot());
-        for c in cmds {
-            if let Err(e) = self.write(c) {
-                if let Some(b) = before {
-                    if let Err(r) = self.rollback(b) {
-                        tracing::error!("rolling back after a failed change failed too: {r}");
-                    }
-                }
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks `cmds` in order on a copy of the desired state
-    /// ([`State::apply`]); nothing is changed.
-    ///
-    /// # Errors
-    /// The index of the first command refused, and why.
-    fn validate(&self, cmds: &[Command]) -> std::result::Result<(), (usize, BalancerError)> {
-        let rules = Rules {
-            host: (self.host_addresses)().map_err(|e| (0, e))?,
-        };
-        let mut next = self.state.clone();
-        for (k, c) in cmds.iter().enumerate() {
-            next.apply(c, &rules).map_err(|e| (k, e))?;
-        }
-        Ok(())
-    }
-
-    /// Writes one checked command to the maps and the state, in the order
-    /// that keeps every flow served (orphans before a slot is cleared, a
-    /// backend's slot before the VIP's list names it).
-    ///
-    /// # Errors
-    /// Map failure (what the command had written is undone).
-    fn write(&mut self, c: &Command) -> Result<()> {
-        match c {
-            Command::Timeouts(t) => {
-                self.state.timeouts = Some(*t);
-                Ok(())
-            }
-            Command::RemoveVip(v) => self.write_remove_vip(*v),
-            Command::AddVip(v, s) => self.write_add_vip(*v, s.clone()),
-            Command::SetVip(v, s) => self.write_vip_settings(*v, s.clone()),
-            Command::RemoveBackend(v, b) => self.write_remove_backend(*v, *b),
-            Command::AddBackends(v, bs, w) => self.write_add_backends(*v, bs, *w),
-            Command::SetBackend(v, b, w, h) => self.write_set_backend(*v, *b, *w, h.clone()),
-            Command::Drain(v, b, true) => self.set_backend_state(*v, *b, BackendState::Draining),
-            Command::Drain(v, b, false) => self.set_backend_state(*v, *b, BackendState::Active),
-            Command::ClusterDrain(d) => self.write_cluster_drained(*d),
-        }
     }
 
     /// The command an API request makes (`None` for one that changes
@@ -934,9 +851,8 @@ impl Balancer {
             retired,
         } = persisted;
         // A state file written before server indexes existed gets them now.
-        let addrs: Vec<SocketAddr> = state.backend_uses().into_keys().collect();
-        for a in &addrs {
-            state.server_for(*a)?;
+        for a in state.backend_uses().into_keys() {
+            state.server_for(a)?;
         }
         state.validate()?;
         // The host's addresses change outside the balancer's control: one
@@ -963,20 +879,17 @@ impl Balancer {
         // is remembered on, for its orphan time.
         self.retired = Retired::from_record(&retired, Instant::now(), SystemTime::now());
         self.retired.forget_present(&self.state);
-        // Entries no state accounts for (a change the state file never
-        // received) go first, so the maps hold the state file's content.
-        let gone = self.maps.prune(&self.state, &self.retired)?;
+        self.eligibility.forget_gone(&self.state);
+        // One sync to the state's projection: entries no state accounts
+        // for (a change the state file never received) go, so the maps
+        // hold the state file's content.
+        let gone = self.sync()?.removed;
         if gone > 0 && at_start {
             tracing::warn!("removed {gone} map entries the state file does not hold");
         } else if gone > 0 {
             tracing::debug!("rollback: removed {gone} map entries");
         }
-        self.publish_backends(&addrs)?;
-        let vips: Vec<SocketAddr> = self.state.vips.keys().copied().collect();
-        for v in &vips {
-            self.publish_vip(v)?;
-        }
-        self.maps.publish_ports(&self.state, &self.retired)
+        Ok(())
     }
 
     /// Backends with their counters (of one VIP, or all).
@@ -1100,7 +1013,7 @@ impl Balancer {
         let ch = self
             .eligibility
             .record_check(&self.state, outcome, Instant::now());
-        self.apply(ch)
+        self.apply(ch, false)
     }
 
     /// Passive detection and slow start, run often (every 100 ms by the
@@ -1122,10 +1035,13 @@ impl Balancer {
             .counter(balancer_common::Counter::ServerFailures)?;
         self.polls = self.polls.wrapping_add(1);
         let scan = failures != self.last_failures || self.polls.is_multiple_of(10);
+        let mut resync = false;
         if self.polls.is_multiple_of(10) {
             // Addresses come and go on the host: read them about once a
             // second.
-            self.sync_local_addrs(true)?;
+            let before = self.host_addrs.clone();
+            self.read_host_addrs();
+            resync = self.host_addrs != before;
         }
         self.last_failures = failures;
         let maps = &self.maps;
@@ -1140,30 +1056,20 @@ impl Balancer {
             },
             now,
         );
-        let msgs = self.apply(ch)?;
-        for (slot, w) in self.eligibility.ramp_weights(&self.state, now) {
-            self.maps.set_weight(slot, w)?;
-        }
-        Ok(msgs)
+        // Slow start moves weights (a ramp that ends leaves the set with
+        // its full weight in the projection).
+        let ramped = !self.eligibility.ramp_weights(&self.state, now).is_empty();
+        self.apply(ch, resync || ramped)
     }
 
-    fn apply(&mut self, ch: Changes) -> Result<Vec<Note>> {
+    /// Clears the failure streaks `ch` names and, when it changes a list
+    /// or `resync` asks, syncs the maps to the projection.
+    fn apply(&mut self, ch: Changes, resync: bool) -> Result<Vec<Note>> {
         for s in &ch.clear_fails {
             self.maps.clear_server_fails(*s)?;
         }
-        let ramped: Vec<SocketAddr> = self
-            .state
-            .vips
-            .values()
-            .flat_map(|v| v.backends.iter())
-            .filter(|b| self.eligibility.ramping(b.slot))
-            .map(|b| b.addr)
-            .collect();
-        self.publish_backends(&ramped)?;
-        for v in &ch.republish {
-            if self.state.vips.contains_key(v) {
-                self.publish_vip(v)?;
-            }
+        if resync || !ch.republish.is_empty() {
+            self.sync()?;
         }
         Ok(ch.messages)
     }
@@ -1223,14 +1129,8 @@ impl Balancer {
     /// the orphan timeout leave the maps.
     fn after_round(&mut self, timeouts: &Timeouts) -> Result<()> {
         let (vips, backends) = self.retired.expire(timeouts.orphan, Instant::now());
-        for v in &vips {
-            self.maps.remove_vip(v)?;
-        }
-        if !backends.is_empty() {
-            self.publish_backends(&backends)?;
-        }
         if !vips.is_empty() || !backends.is_empty() {
-            self.maps.publish_ports(&self.state, &self.retired)?;
+            self.sync()?;
         }
         Ok(())
     }

@@ -1,5 +1,8 @@
 use super::*;
-use crate::command::{check_new_backends, check_new_vip, check_settings_change};
+use crate::{
+    command::{check_new_backends, check_new_vip, check_settings_change},
+    state::{BackendConfig, VipConfig},
+};
 
 #[test]
 fn ipv4_mapped_addresses_in_a_file_are_refused() {
@@ -47,7 +50,6 @@ fn state(vips: &[(&str, &[&str])]) -> State {
             VipConfig {
                 addr,
                 index: index as u32,
-                list: 0,
                 settings: VipSettings::default(),
                 backends,
             },

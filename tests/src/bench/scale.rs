@@ -118,9 +118,9 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// One daemon of the bench.
-struct Daemon {
+pub(super) struct Daemon {
     child: KillOnDrop,
-    socket: PathBuf,
+    pub(super) socket: PathBuf,
     pins: PathBuf,
     state: PathBuf,
     bin: PathBuf,
@@ -134,7 +134,26 @@ impl Daemon {
         table: u32,
         extra: &[&str],
     ) -> anyhow::Result<Daemon> {
-        let bin = crate::testbed::balancer_bin()?;
+        Daemon::start_bin(
+            dir,
+            name,
+            &crate::testbed::balancer_bin()?,
+            iface,
+            table,
+            extra,
+        )
+    }
+
+    /// [`Daemon::start`] of the daemon binary `bin`.
+    pub(super) fn start_bin(
+        dir: &Path,
+        name: &str,
+        bin: &Path,
+        iface: &str,
+        table: u32,
+        extra: &[&str],
+    ) -> anyhow::Result<Daemon> {
+        let bin = bin.to_path_buf();
         let socket = dir.join(format!("{name}.sock"));
         // By interface: the XDP link pinned there by the last daemon on it
         // goes with the directory.
@@ -185,11 +204,11 @@ impl Daemon {
         Ok(d)
     }
 
-    fn pid(&self) -> u32 {
+    pub(super) fn pid(&self) -> u32 {
         self.child.0.id()
     }
 
-    fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+    pub(super) fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
         let out = Command::new(&self.bin)
             .arg("--socket")
             .arg(&self.socket)
@@ -223,7 +242,7 @@ impl Daemon {
         Ok(())
     }
 
-    fn request(&self, req: &Request) -> anyhow::Result<Response> {
+    pub(super) fn request(&self, req: &Request) -> anyhow::Result<Response> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -427,7 +446,7 @@ fn wait_for(
     }
 }
 
-fn veth(a: &str, b: &str) -> anyhow::Result<()> {
+pub(super) fn veth(a: &str, b: &str) -> anyhow::Result<()> {
     let _ = sh("ip", &["link", "del", a]);
     sh("ip", &["link", "add", a, "type", "veth", "peer", "name", b])?;
     sh("ip", &["link", "set", a, "up"])?;
