@@ -305,9 +305,16 @@ pub(crate) fn check_new_backends(
             return Err(BalancerError::DuplicateBackend { vip, backend: *a });
         }
     }
-    let uses = state.backend_uses();
+    // VIPs each new address serves already (one pass, nothing cloned).
+    let mut serves: std::collections::BTreeMap<SocketAddr, usize> =
+        addrs.iter().map(|a| (*a, 0)).collect();
+    for b in state.vips.values().flat_map(|v| v.backends.iter()) {
+        if let Some(n) = serves.get_mut(&b.addr) {
+            *n += 1;
+        }
+    }
     for a in addrs {
-        if uses.get(a).map_or(0, |u| u.vips.len()) >= MAX_VIPS_PER_BACKEND as usize {
+        if serves[a] >= MAX_VIPS_PER_BACKEND as usize {
             return Err(BalancerError::Full {
                 what: "list of VIPs one backend address serves",
                 capacity: MAX_VIPS_PER_BACKEND,

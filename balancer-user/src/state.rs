@@ -119,14 +119,15 @@ impl HealthCheck {
         };
         if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
             return Err(bad(format!(
-                "interval {:?} is outside 10ms..=1h",
-                self.interval
+                "interval {} is outside 10ms..=1h",
+                humantime::format_duration(self.interval)
             )));
         }
         if self.timeout.is_zero() || self.timeout > self.interval {
             return Err(bad(format!(
-                "timeout {:?} must be above 0 and at most the interval {:?}",
-                self.timeout, self.interval
+                "timeout {} must be above 0 and at most the interval {}",
+                humantime::format_duration(self.timeout),
+                humantime::format_duration(self.interval)
             )));
         }
         if !(1..=100).contains(&self.rise) || !(1..=100).contains(&self.fall) {
@@ -419,7 +420,10 @@ impl VipSettings {
         if self.slow_start > Duration::from_secs(3600) {
             return Err(BalancerError::Invalid {
                 what: "slow start",
-                reason: format!("{:?} is longer than an hour", self.slow_start),
+                reason: format!(
+                    "{} is longer than an hour",
+                    humantime::format_duration(self.slow_start)
+                ),
             });
         }
         if self.eject_after > 1000 {
@@ -448,13 +452,19 @@ impl VipSettings {
         {
             return Err(BalancerError::Invalid {
                 what: "ejection time",
-                reason: format!("{:?} is outside 1s..=1h", self.ejection_time),
+                reason: format!(
+                    "{} is outside 1s..=1h",
+                    humantime::format_duration(self.ejection_time)
+                ),
             });
         }
         if self.persistence > Duration::from_secs(24 * 3600) {
             return Err(BalancerError::Invalid {
                 what: "persistence",
-                reason: format!("{:?} is longer than a day", self.persistence),
+                reason: format!(
+                    "{} is longer than a day",
+                    humantime::format_duration(self.persistence)
+                ),
             });
         }
         if let Some(m) = self.persistence_netmask {
@@ -701,9 +711,14 @@ impl State {
         if let Some(s) = self.servers.get(&addr) {
             return Ok((*s, false));
         }
-        let used: BTreeSet<u32> = self.servers.values().copied().collect();
+        let mut used = vec![false; BACKEND_SLOTS as usize];
+        for s in self.servers.values() {
+            if let Some(u) = used.get_mut(*s as usize) {
+                *u = true;
+            }
+        }
         let free = (0..BACKEND_SLOTS)
-            .find(|i| !used.contains(i))
+            .find(|i| !used[*i as usize])
             .ok_or(BalancerError::Full {
                 what: "server table",
                 capacity: BACKEND_SLOTS,
@@ -818,10 +833,17 @@ impl State {
     /// # Errors
     /// [`BalancerError::Full`] when fewer than `n` are free.
     pub fn allocate_slots(&self, n: usize) -> Result<Vec<u32>> {
-        let used = self.slots();
+        // A flag per slot: one pass over the backends, no allocation per
+        // backend (a file of thousands of backends is thousands of calls).
+        let mut used = vec![false; BACKEND_SLOTS as usize];
+        for b in self.vips.values().flat_map(|v| v.backends.iter()) {
+            if let Some(u) = used.get_mut(b.slot as usize) {
+                *u = true;
+            }
+        }
         let free: Vec<u32> = (0..BACKEND_SLOTS)
             .map(|i| (self.next_slot + i) % BACKEND_SLOTS)
-            .filter(|s| !used.contains_key(s))
+            .filter(|s| !used[*s as usize])
             .take(n)
             .collect();
         if free.len() < n {

@@ -83,12 +83,12 @@ fn one_round(dir: &Path, bin: &Path) -> anyhow::Result<Round> {
     // default checks refuses the line and has none.
     let mut health = "health = \"off\"";
     std::fs::write(&file, config(false, health))?;
-    if d.cli(&["apply", "--dry-run", file_s]).is_err() {
+    if d.cli(&["apply", "--dry-run", "--file", file_s]).is_err() {
         health = "";
         std::fs::write(&file, config(false, health))?;
     }
     let t = Instant::now();
-    d.cli(&["apply", file_s])?;
+    d.cli(&["apply", "--file", file_s])?;
     let apply_ms = t.elapsed().as_secs_f64() * 1e3;
     let target = vip(0);
     let (mut add, mut remove) = (Vec::new(), Vec::new());
@@ -117,7 +117,7 @@ fn one_round(dir: &Path, bin: &Path) -> anyhow::Result<Round> {
     let cpu_ms = (proc_cpu_s(&[d.pid()]) - cpu0) * 1e3 / f64::from(2 * CHANGES);
     std::fs::write(&file, config(true, health))?;
     let t = Instant::now();
-    d.cli(&["apply", file_s])?;
+    d.cli(&["apply", "--file", file_s])?;
     let reapply_ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(Round {
         apply_ms,
