@@ -29,6 +29,7 @@ pub mod values;
 // The data path's pure functions, one module per stage or concern.
 pub mod addr;
 pub mod choice;
+pub mod consistent;
 pub mod csum;
 pub mod encap;
 pub mod flow;
@@ -111,6 +112,7 @@ mod pod {
         Addr,
         plan::ForwardPlan,
         plan::ResetPlan,
+        consistent::CandidateRow,
     );
 }
 

@@ -4,6 +4,13 @@
 pub const VIPS: &str = "VIPS";
 /// Eligible backend slots per VIP, double-buffered: `u32` slot numbers (array).
 pub const VIP_BACKENDS: &str = "VIP_BACKENDS";
+/// Consistent candidates: [`crate::consistent::CandidateRow`] by
+/// [`crate::consistent::candidate_index`] (array, not pinned: the daemon
+/// computes it at every start).
+pub const CANDIDATES: &str = "CANDIDATES";
+/// The seed of each VIP's candidate rows: `u64` by VIP index (array, not
+/// pinned).
+pub const VIP_SEEDS: &str = "VIP_SEEDS";
 /// Backend slots: [`crate::Backend`] by slot (array).
 pub const BACKENDS: &str = "BACKENDS";
 /// Active connections counted by the data path: `u64` by slot (array).

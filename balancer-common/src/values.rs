@@ -144,6 +144,11 @@ pub const VIP_F_REMOVED: u32 = 2;
 /// A VIP without the flag (a direct-return mode, a tombstone, an entry an
 /// older daemon wrote) is looked for there as before.
 pub const VIP_F_TWO_SIDED: u32 = 4;
+/// [`VipInfo::flags`]: new flows choose between the two candidates of the
+/// row their 5-tuple hashes to (`CANDIDATES`, seeded by `VIP_SEEDS`:
+/// [`crate::consistent`]) instead of two random eligible backends; a row
+/// never written falls back to the random draw.
+pub const VIP_F_CONSISTENT: u32 = 8;
 
 impl VipInfo {
     /// Index into `VIP_BACKENDS` of entry `i` of the active eligible list.

@@ -11,10 +11,12 @@ use aya_ebpf::{
 };
 use balancer_common::{
     choice::{self, Chooser},
-    choice_hist_index, flow, hist, load_bucket,
+    choice_hist_index,
+    consistent::{candidate_index, flow_hash, row_of, CandidateRow},
+    flow, hist, load_bucket,
     parse::Tcp,
     Backend, Counter, FlowEntry, FlowKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED,
-    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_FALLBACK,
+    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK,
 };
 
 use crate::{
@@ -24,8 +26,9 @@ use crate::{
     lookup::{backend_of, live_elsewhere},
     loops::bpf_loop,
     maps::{
-        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CHOICE_HIST, CHOICE_STATS, HALF_OPEN, PEER_CONNS,
-        RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS, VIP_BACKENDS,
+        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CANDIDATES, CHOICE_HIST, CHOICE_STATS, HALF_OPEN,
+        PEER_CONNS, RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS,
+        VIP_BACKENDS, VIP_SEEDS,
     },
     stats::count,
 };
@@ -93,18 +96,22 @@ struct ChooseCtx {
     telemetry: u32,
     /// `VipInfo::eject_min_sources`.
     min_sources: u32,
+    /// The flow's candidate row, when `consistent` is 1: step `i`
+    /// examines its candidate `i` instead of a random list entry.
+    row: CandidateRow,
+    /// 1 when the candidates are the row's (`VIP_F_CONSISTENT`).
+    consistent: u32,
 }
 
 /// Active connections (server-wide), weight and failing flag of the
-/// backend in `VIP_BACKENDS[list_index]`; `None` for the excluded slot. A
+/// backend in `slot`; `None` for the excluded slot. A
 /// server whose failure evidence reaches the VIP's thresholds
 /// (`ServerFails::failing`) is still a candidate, ranked below every one
 /// that is not (`Chooser::offer_ranked`): forged evidence against every
 /// backend then changes nothing, and a SYN is never dropped while the
 /// eligible list holds a backend.
 #[inline(always)]
-fn load_of(c: &mut ChooseCtx, list_index: u32) -> Option<(u64, u32, bool)> {
-    let slot = *VIP_BACKENDS.get(list_index)?;
+fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     if slot == c.exclude {
         return None;
     }
@@ -149,8 +156,13 @@ extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: this CPU's chooser, set up by `choose` for this choice.
     let chooser = unsafe { &mut *p };
     let mut rand = random;
-    let i = chooser.candidate(step as u32, &mut rand);
-    if let Some((l, w, failing)) = load_of(c, c.list_base + i) {
+    let (i, slot) = if c.consistent != 0 {
+        (step as u32, c.row.slot(step as u32))
+    } else {
+        let i = chooser.candidate(step as u32, &mut rand);
+        (i, VIP_BACKENDS.get(c.list_base + i).copied())
+    };
+    if let Some((l, w, failing)) = slot.and_then(|s| load_of(c, s)) {
         if c.telemetry != 0 {
             bump(c.vip_index, hist::CANDIDATE, l);
         }
@@ -189,14 +201,43 @@ fn record(vip: &VipInfo, chooser: &Chooser) {
     }
 }
 
-/// Chooses a backend slot of `vip` other than `exclude`.
+/// The candidate row of flow `key` of a `VIP_F_CONSISTENT` VIP; `None`
+/// for any other VIP, or when the row was never written (the random draw
+/// then).
 #[inline(always)]
-fn choose(vip: &VipInfo, exclude: u32) -> Option<(&'static Backend, u32)> {
+fn candidate_row(vip: &VipInfo, key: &FlowKey) -> Option<CandidateRow> {
+    if vip.flags & VIP_F_CONSISTENT == 0 {
+        return None;
+    }
+    let seed = *VIP_SEEDS.get(vip.index)?;
+    let h = flow_hash(
+        seed,
+        &key.src_addr,
+        &key.dst_addr,
+        key.src_port,
+        key.dst_port,
+        key.proto,
+    );
+    let row = *CANDIDATES.get(candidate_index(vip.index, row_of(h)))?;
+    (!row.is_empty()).then_some(row)
+}
+
+/// Chooses a backend slot of `vip` other than `exclude` for flow `key`:
+/// among its row's candidates for a `VIP_F_CONSISTENT` VIP, else among
+/// random entries of the eligible list.
+#[inline(always)]
+fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backend, u32)> {
     let telemetry = SETTINGS
         .get(0)
         .is_none_or(|s| s.flags & SETTINGS_F_NO_CHOICE_TELEMETRY == 0);
     let p = CHOOSER.get_ptr_mut(0)?;
-    let chooser = Chooser::new(vip.eligible, vip.choices);
+    let row = candidate_row(vip, key);
+    // A row of two with choices 2 or more is a scan of both; with choices
+    // 1, its first candidate alone.
+    let chooser = match row {
+        Some(r) => Chooser::new(r.len(), vip.choices),
+        None => Chooser::new(vip.eligible, vip.choices),
+    };
     let steps = chooser.steps() as u64;
     // SAFETY: this CPU's chooser; nothing else runs on this CPU meanwhile.
     unsafe { *p = chooser };
@@ -207,6 +248,8 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(&'static Backend, u32)> {
         vip_index: vip.index,
         telemetry: telemetry as u32,
         min_sources: vip.eject_min_sources,
+        row: row.unwrap_or_default(),
+        consistent: row.is_some() as u32,
     };
 
     // SAFETY: callback is a static function; the context pointer is a stack
@@ -227,7 +270,10 @@ fn choose(vip: &VipInfo, exclude: u32) -> Option<(&'static Backend, u32)> {
     if telemetry {
         record(vip, &chooser);
     }
-    let slot = *VIP_BACKENDS.get(vip.list_index(index))?;
+    let slot = match row {
+        Some(r) => r.slot(index)?,
+        None => *VIP_BACKENDS.get(vip.list_index(index))?,
+    };
     let b = BACKENDS.get(slot)?;
     if b.flags & BACKEND_F_IN_USE == 0 {
         return None;
@@ -265,14 +311,14 @@ pub fn place(
     let affinity = affinity::lookup(vip, &seg.src_addr, now);
     let found = match affinity {
         Affinity::Hit(b, slot) => Some((b, slot)),
-        Affinity::Off | Affinity::Choose => choose(vip, NO_SLOT),
+        Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
     };
     let Some((mut b, mut slot)) = found else {
         count(Counter::DropNoBackend, 1);
         return Err(Refusal::Drop);
     };
     if b.flags & BACKEND_F_SHARED != 0 && live_elsewhere(key, b) {
-        match choose(vip, slot) {
+        match choose(vip, key, slot) {
             Some((b2, s2)) if b2.flags & BACKEND_F_SHARED == 0 || !live_elsewhere(key, b2) => {
                 count(Counter::TupleInUseAvoided, 1);
                 (b, slot) = (b2, s2);

@@ -6,6 +6,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use balancer_common::{
+    consistent::{CandidateRow, CANDIDATES_LEN},
     plan::{ForwardPlan, ResetPlan},
     programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
     FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
@@ -43,6 +44,12 @@ pub static VIPS: HashMap<VipKey, VipInfo> = HashMap::with_max_entries(MAX_VIPS, 
 /// Eligible backend slots per VIP, double-buffered.
 #[map]
 pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);
+/// Consistent candidates: each VIP's rows (`balancer_common::consistent`).
+#[map]
+pub static CANDIDATES: Array<CandidateRow> = Array::with_max_entries(CANDIDATES_LEN, 0);
+/// The seed of each VIP's candidate rows, by VIP index.
+#[map]
+pub static VIP_SEEDS: Array<u64> = Array::with_max_entries(MAX_VIPS, 0);
 /// Backend slots.
 #[map]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(BACKEND_SLOTS, 0);

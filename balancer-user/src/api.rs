@@ -104,6 +104,9 @@ pub struct VipPatch {
     /// The VIP may be an address of the balancer's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_host_address: Option<bool>,
+    /// How new flows draw their candidates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<crate::state::Candidates>,
 }
 
 impl VipPatch {
@@ -151,6 +154,9 @@ impl VipPatch {
         }
         if let Some(a) = self.allow_host_address {
             s.allow_host_address = a;
+        }
+        if let Some(c) = self.candidates {
+            s.candidates = c;
         }
         s
     }

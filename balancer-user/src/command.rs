@@ -106,8 +106,13 @@ fn settings_words(s: &VipSettings) -> String {
         s.choices.to_string()
     };
     format!(
-        "(mode {}, choices {choices}{}{})",
+        "(mode {}, choices {choices}{}{}{})",
         s.mode.name(),
+        if s.candidates.is_random() {
+            ""
+        } else {
+            ", consistent candidates"
+        },
         if s.health.is_some() {
             ", health check"
         } else {

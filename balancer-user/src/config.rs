@@ -34,7 +34,7 @@ use crate::{
     error::{BalancerError, Result},
     state::{
         check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendState,
-        ForwardingMode, HealthCheck, NoHealthy, State, Timeouts, VipSettings,
+        Candidates, ForwardingMode, HealthCheck, NoHealthy, State, Timeouts, VipSettings,
     },
 };
 
@@ -194,6 +194,10 @@ pub struct VipEntry {
     /// --allow-host-address`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_host_address: bool,
+    /// How new flows draw their candidates (`"random"`, the default, or
+    /// `"consistent"` in the ipip and gue modes).
+    #[serde(default, skip_serializing_if = "Candidates::is_random")]
+    pub candidates: Candidates,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -282,6 +286,7 @@ impl VipEntry {
             encap_source: self.encap_source,
             gue_port: self.gue_port,
             allow_host_address: self.allow_host_address,
+            candidates: self.candidates,
         }
     }
 
@@ -302,6 +307,7 @@ impl VipEntry {
             persistence: s.persistence,
             persistence_netmask: s.persistence_netmask,
             allow_host_address: s.allow_host_address,
+            candidates: s.candidates,
             backends,
         }
     }

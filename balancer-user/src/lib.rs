@@ -14,6 +14,7 @@ pub mod api;
 pub mod balancer;
 pub mod batch;
 pub mod bgp;
+pub mod candidates;
 pub mod client;
 pub mod cluster;
 pub mod command;

@@ -7,6 +7,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     os::fd::AsFd as _,
     path::Path,
+    sync::Arc,
 };
 
 use aya::{
@@ -17,10 +18,13 @@ use aya::{
     Ebpf,
 };
 use balancer_common::{
-    choice_hist_index, eligible_list_base, flow_kind, hist, layout::LAYOUT_FINGERPRINT, map_names,
-    Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts, ChoiceStats,
-    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
-    TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_SLOTS,
+    choice_hist_index,
+    consistent::{candidate_index, CandidateRow, CANDIDATE_ROWS},
+    eligible_list_base, flow_kind, hist,
+    layout::LAYOUT_FINGERPRINT,
+    map_names, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
+    ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails,
+    Settings, TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_SLOTS,
     COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_BACKENDS_PER_VIP,
 };
 
@@ -348,6 +352,8 @@ pub enum Traffic {
 pub struct Maps {
     vips: HashMap<MapData, VipKey, VipInfo>,
     vip_backends: Array<MapData, u32>,
+    candidates: Array<MapData, CandidateRow>,
+    vip_seeds: Array<MapData, u64>,
     backends: Array<MapData, Backend>,
     conns: Array<MapData, u64>,
     adjust: Array<MapData, u64>,
@@ -398,6 +404,8 @@ impl Maps {
         let mut maps = Maps {
             vips: take!(map_names::VIPS),
             vip_backends: take!(map_names::VIP_BACKENDS),
+            candidates: take!(map_names::CANDIDATES),
+            vip_seeds: take!(map_names::VIP_SEEDS),
             backends: take!(map_names::BACKENDS),
             conns: take!(map_names::BACKEND_CONNS),
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
@@ -807,7 +815,53 @@ impl Maps {
                 r.writes += 1;
             }
         }
-        // 5. Lists, then the entries that switch to them.
+        // 5. Candidate rows and seeds before the entries that flag their
+        // VIPs consistent.
+        for (index, (seed, rows)) in &want.candidates {
+            let have = self.synced.candidates.get(index);
+            if have.is_some_and(|h| h.0 == *seed && (Arc::ptr_eq(&h.1, rows) || h.1 == *rows)) {
+                continue;
+            }
+            if have.map(|h| h.0) != Some(*seed) {
+                self.vip_seeds
+                    .set(*index, *seed, 0)
+                    .map_err(map_err(map_names::VIP_SEEDS, "write"))?;
+                r.writes += 1;
+            }
+            // What the rows hold, row by row as they are written.
+            let mut held: Vec<CandidateRow> = match have {
+                Some(h) => h.1.to_vec(),
+                None => vec![CandidateRow::default(); CANDIDATE_ROWS as usize],
+            };
+            let mut failed = None;
+            for (row, c) in rows.iter().enumerate() {
+                if held[row] == *c {
+                    continue;
+                }
+                match self
+                    .candidates
+                    .set(candidate_index(*index, row as u32), *c, 0)
+                {
+                    Ok(()) => {
+                        held[row] = *c;
+                        r.writes += 1;
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            let done = failed.is_none();
+            self.synced.candidates.insert(
+                *index,
+                (*seed, if done { rows.clone() } else { Arc::new(held) }),
+            );
+            if let Some(e) = failed {
+                return Err(map_err(map_names::CANDIDATES, "write")(e));
+            }
+        }
+        // Lists, then the entries that switch to them.
         for (addr, w) in &want.vips {
             let have = self.synced.vips.get(addr);
             let same_list = have.is_some_and(|h| h.list == w.list && h.info.index == w.info.index);
@@ -890,6 +944,33 @@ impl Maps {
                 .map_err(map_err(map_names::BACKEND_VIPS, "remove"))?;
             self.synced.backend_vips.remove(&a);
             r.removed += 1;
+        }
+        // Rows of VIPs that no longer draw consistently (their entries no
+        // longer say so): zeroed, so a VIP that takes the index later
+        // starts from empty rows.
+        let gone: Vec<u32> = self
+            .synced
+            .candidates
+            .keys()
+            .filter(|i| !want.candidates.contains_key(i))
+            .copied()
+            .collect();
+        for index in gone {
+            if let Some((_, rows)) = self.synced.candidates.get(&index).cloned() {
+                for (row, c) in rows.iter().enumerate() {
+                    if !c.is_empty() {
+                        self.candidates
+                            .set(
+                                candidate_index(index, row as u32),
+                                CandidateRow::default(),
+                                0,
+                            )
+                            .map_err(map_err(map_names::CANDIDATES, "write"))?;
+                        r.writes += 1;
+                    }
+                }
+            }
+            self.synced.candidates.remove(&index);
         }
         let gone: Vec<IpAddr> = self
             .synced

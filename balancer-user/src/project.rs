@@ -17,13 +17,15 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
+    sync::Arc,
     time::Duration,
 };
 
 use balancer_common::{
-    martian_class, Addr, Backend, BackendVips, HostVips, VipAddr, VipInfo, BACKEND_F_ELIGIBLE,
-    BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
-    VIP_F_FALLBACK, VIP_F_REMOVED, VIP_F_TWO_SIDED,
+    consistent::CandidateRow, martian_class, Addr, Backend, BackendVips, HostVips, VipAddr,
+    VipInfo, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES,
+    MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_REMOVED,
+    VIP_F_TWO_SIDED,
 };
 
 use crate::{
@@ -86,6 +88,9 @@ pub struct ConfigMaps {
     /// `MARTIAN_SOURCES`: (address, prefix length of the 16-byte form) ->
     /// `martian_class`.
     pub martians: BTreeMap<(Addr, u32), u32>,
+    /// `VIP_SEEDS` and `CANDIDATES`: by VIP index, the seed and the
+    /// `CANDIDATE_ROWS` rows of each VIP with consistent candidates.
+    pub candidates: BTreeMap<u32, (u64, Arc<Vec<CandidateRow>>)>,
 }
 
 impl ConfigMaps {
@@ -115,6 +120,7 @@ impl Default for ConfigMaps {
             backend_hosts: BTreeMap::new(),
             ports: [vec![0; words], vec![0; words], vec![0; words]],
             martians: BTreeMap::new(),
+            candidates: BTreeMap::new(),
         }
     }
 }
@@ -134,6 +140,10 @@ pub struct Inputs {
     /// The balancer host's addresses (loopback ones are covered by their
     /// prefix).
     pub host_addrs: BTreeSet<IpAddr>,
+    /// Each VIP with consistent candidates: its seed and rows
+    /// (`crate::candidates`, in slots). A VIP missing here draws at
+    /// random.
+    pub candidates: BTreeMap<SocketAddr, (u64, Arc<Vec<CandidateRow>>)>,
 }
 
 /// A persistence time as the data path holds it: whole seconds, rounded
@@ -208,7 +218,12 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
     let empty = (Vec::new(), false);
     for v in state.vips.values() {
         let (list, fallback) = inputs.lists.get(&v.addr).unwrap_or(&empty);
-        out.vips.insert(v.addr, vip_entry(v, list, *fallback));
+        let mut e = vip_entry(v, list, *fallback);
+        if let Some(c) = inputs.candidates.get(&v.addr) {
+            e.info.flags |= VIP_F_CONSISTENT;
+            out.candidates.insert(v.index, c.clone());
+        }
+        out.vips.insert(v.addr, e);
     }
     for (addr, index) in retired.vips() {
         out.vips.entry(addr).or_insert(VipEntry {

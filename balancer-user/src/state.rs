@@ -316,6 +316,41 @@ pub struct VipSettings {
     /// port back at once.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_host_address: bool,
+    /// How a new flow's candidates are drawn: at random from the eligible
+    /// list (default), or from the row its 5-tuple hashes to
+    /// (`consistent`, the tunnel modes only: any balancer with the same
+    /// eligible set draws the same candidates; `crate::candidates`).
+    #[serde(default, skip_serializing_if = "Candidates::is_random")]
+    pub candidates: Candidates,
+}
+
+/// How a VIP's new flows draw their candidates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Candidates {
+    /// Uniformly at random from the eligible list (the power of d
+    /// choices as the seeds describe it).
+    #[default]
+    Random,
+    /// The top two of the VIP's eligible set by weighted rendezvous
+    /// hashing for the row the flow's 5-tuple hashes to: the same on every
+    /// balancer with the same eligible set (the ipip and gue modes).
+    Consistent,
+}
+
+impl Candidates {
+    /// The default.
+    pub fn is_random(&self) -> bool {
+        *self == Candidates::Random
+    }
+
+    /// Its name on the command line and in files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Candidates::Random => "random",
+            Candidates::Consistent => "consistent",
+        }
+    }
 }
 
 fn default_gue_port() -> u16 {
@@ -368,6 +403,11 @@ impl ForwardingMode {
     pub fn direct_return(self) -> bool {
         self != ForwardingMode::Nat
     }
+
+    /// `true` for the modes that encapsulate (ipip, gue).
+    pub fn encapsulates(self) -> bool {
+        matches!(self, ForwardingMode::Ipip | ForwardingMode::Gue)
+    }
 }
 
 fn default_eject_after() -> u32 {
@@ -403,6 +443,7 @@ impl Default for VipSettings {
             encap_source: None,
             gue_port: default_gue_port(),
             allow_host_address: false,
+            candidates: Candidates::Random,
         }
     }
 }
@@ -897,6 +938,16 @@ impl VipSettings {
     /// [`BalancerError::Invalid`] naming the setting.
     pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
         self.validate()?;
+        if self.candidates == Candidates::Consistent && !self.mode.encapsulates() {
+            return Err(BalancerError::Invalid {
+                what: "candidates",
+                reason: format!(
+                    "consistent candidates need an encapsulating mode (ipip or gue), not {}: \
+                     only there does the backends' side (the decapsulation program) take part",
+                    self.mode.name()
+                ),
+            });
+        }
         if let Some(m) = self.persistence_netmask {
             let max = if vip.is_ipv4() { 32 } else { 128 };
             if m > max {

@@ -23,6 +23,7 @@ use crate::{
 
 mod affinity;
 mod cluster;
+mod consistent;
 mod eligibility;
 mod hairpin;
 mod half_open;
@@ -74,6 +75,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += cluster::run()?;
     n += hostile::run()?;
     n += reconcile::run()?;
+    n += consistent::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }

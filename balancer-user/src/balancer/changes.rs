@@ -4,7 +4,28 @@
 //! map publication they share (slots and reply tables before the VIP's
 //! list names them; orphans before a slot is cleared).
 
+use std::sync::Arc;
+
+use balancer_common::{
+    consistent::{vip_seed, CandidateRow, CANDIDATE_ROWS},
+    Addr,
+};
+
 use super::*;
+use crate::candidates::{CandidateTable, Member};
+
+/// A VIP's candidate table as last computed, with the rows in slots.
+#[derive(Debug)]
+pub(super) struct VipTable {
+    table: CandidateTable,
+    /// The members it was computed for (sorted).
+    members: Vec<Member>,
+    /// The slot of each backend of the VIP.
+    slots: BTreeMap<SocketAddr, u32>,
+    seed: u64,
+    /// The rows in slots; `None` when they must be computed again.
+    rows: Option<Arc<Vec<CandidateRow>>>,
+}
 
 impl Balancer {
     // ---- VIPs ----
@@ -398,14 +419,92 @@ impl Balancer {
         Ok(())
     }
 
+    /// Brings the candidate table of each VIP with consistent candidates
+    /// up to its eligible set (members: the eligible backends with their
+    /// configured weights, not slow start's, which moves every 100 ms and
+    /// differs between balancers): incrementally when the set changed
+    /// ([`CandidateTable::update`]), its rows in slots when either changed.
+    fn refresh_tables(&mut self) {
+        let secret = self.candidate_secret;
+        self.tables.retain(|a, _| {
+            self.state
+                .vips
+                .get(a)
+                .is_some_and(|v| !v.settings.candidates.is_random())
+        });
+        for v in self.state.vips.values() {
+            if v.settings.candidates.is_random() {
+                continue;
+            }
+            let (list, _) = self.eligibility.list(&self.state, v);
+            let mut members: Vec<Member> = v
+                .backends
+                .iter()
+                .filter(|b| list.contains(&b.slot))
+                .map(|b| Member {
+                    addr: b.addr,
+                    weight: b.weight,
+                })
+                .collect();
+            members.sort();
+            let slots: BTreeMap<SocketAddr, u32> =
+                v.backends.iter().map(|b| (b.addr, b.slot)).collect();
+            let seed = vip_seed(secret, &Addr::from(v.addr.ip()), v.addr.port());
+            let t = match self.tables.remove(&v.addr) {
+                Some(mut t) if t.seed == seed => {
+                    if t.members != members {
+                        t.table.update(&members);
+                        t.members = members;
+                        t.rows = None;
+                    }
+                    if t.slots != slots {
+                        t.slots = slots;
+                        t.rows = None;
+                    }
+                    t
+                }
+                _ => VipTable {
+                    table: CandidateTable::new(seed, &members),
+                    members,
+                    slots,
+                    seed,
+                    rows: None,
+                },
+            };
+            self.tables.insert(v.addr, t);
+        }
+        for t in self.tables.values_mut() {
+            if t.rows.is_none() {
+                let rows = (0..CANDIDATE_ROWS)
+                    .map(|r| {
+                        let row = t.table.row(r);
+                        match (row.first().and_then(|a| t.slots.get(a)), row.get(1)) {
+                            (Some(s0), second) => {
+                                CandidateRow::new(*s0, second.and_then(|a| t.slots.get(a)).copied())
+                            }
+                            (None, _) => CandidateRow::default(),
+                        }
+                    })
+                    .collect();
+                t.rows = Some(Arc::new(rows));
+            }
+        }
+    }
+
     /// The inputs of the projection now: each VIP's eligible list, each
-    /// slot's weight (slow start), the host's addresses as last read.
+    /// slot's weight (slow start), the host's addresses as last read, the
+    /// candidate rows.
     pub(super) fn inputs(&self) -> Inputs {
         let now = Instant::now();
         let mut inputs = Inputs {
             host_addrs: self.host_addrs.iter().flatten().copied().collect(),
             ..Inputs::default()
         };
+        for (a, t) in &self.tables {
+            if let Some(rows) = &t.rows {
+                inputs.candidates.insert(*a, (t.seed, rows.clone()));
+            }
+        }
         for v in self.state.vips.values() {
             inputs
                 .lists
@@ -429,6 +528,7 @@ impl Balancer {
         if self.host_addrs.is_none() {
             self.read_host_addrs();
         }
+        self.refresh_tables();
         let inputs = self.inputs();
         self.warn_starved(&inputs);
         let want = project(&self.state, &self.retired, &inputs);

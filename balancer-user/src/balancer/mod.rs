@@ -193,6 +193,11 @@ pub struct Balancer {
     /// Each configuration file as last applied, by source
     /// ([`Persisted::applied`]).
     applied: BTreeMap<String, crate::config::Config>,
+    /// The candidate table of each VIP with consistent candidates.
+    tables: BTreeMap<SocketAddr, changes::VipTable>,
+    /// The cluster-wide secret of the candidate tables' seeds
+    /// ([`balancer_common::consistent::vip_seed`]).
+    candidate_secret: u64,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -399,6 +404,8 @@ impl Balancer {
             state_unsaved: None,
             starved: BTreeSet::new(),
             applied: BTreeMap::new(),
+            tables: BTreeMap::new(),
+            candidate_secret: 0,
         })
     }
 
@@ -431,6 +438,14 @@ impl Balancer {
     /// halves are 0 in it).
     pub fn projection(&self) -> crate::project::ConfigMaps {
         project(&self.state, &self.retired, &self.inputs())
+    }
+
+    /// Sets the cluster-wide secret the candidate tables' seeds derive
+    /// from (every balancer of a VIP must have the same one to draw the
+    /// same candidates); the tables are computed again at the next sync.
+    pub fn set_candidate_secret(&mut self, secret: u64) {
+        self.candidate_secret = secret;
+        self.tables.clear();
     }
 
     /// Records interface `name`'s MAC address: the program acts only on

@@ -199,3 +199,43 @@ fn a_configuration_file_with_a_loop_is_refused() {
         .unwrap()
         .contains("allow_host_address = true"));
 }
+
+#[test]
+fn consistent_candidates_only_in_the_tunnel_modes_and_through_the_file() {
+    use crate::state::{Candidates, ForwardingMode};
+    let consistent = |mode| VipSettings {
+        mode,
+        encap_source: Some("10.0.2.1".parse().unwrap()),
+        candidates: Candidates::Consistent,
+        ..VipSettings::default()
+    };
+    for mode in [ForwardingMode::Ipip, ForwardingMode::Gue] {
+        consistent(mode).validate_for(addr("10.0.0.10:80")).unwrap();
+    }
+    for mode in [ForwardingMode::Nat, ForwardingMode::Dsr] {
+        let s = VipSettings {
+            encap_source: None,
+            ..consistent(mode)
+        };
+        refused(
+            s.validate_for(addr("10.0.0.10:80")),
+            &["consistent candidates need an encapsulating mode"],
+        );
+    }
+    // Control: random candidates are fine in every mode.
+    VipSettings::default()
+        .validate_for(addr("10.0.0.10:80"))
+        .unwrap();
+    let c = crate::config::parse(
+        "[[vip]]\naddress = \"10.0.0.10:80\"\nmode = \"ipip\"\nencap_source = \"10.0.2.1\"\ncandidates = \"consistent\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.vips[0].settings().candidates, Candidates::Consistent);
+    let text = crate::config::to_toml(&c).unwrap();
+    assert!(text.contains("candidates = \"consistent\""), "{text}");
+    // The default is not written out.
+    let plain = crate::config::parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
+    assert!(!crate::config::to_toml(&plain)
+        .unwrap()
+        .contains("candidates"));
+}

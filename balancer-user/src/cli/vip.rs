@@ -94,6 +94,30 @@ pub struct VipArgs {
     /// (`--allow-host-address false` takes it back).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     allow_host_address: Option<bool>,
+    /// How new flows draw their candidates: `random` from the eligible
+    /// backends (default), or `consistent` (ipip, gue): from the row the
+    /// flow's 5-tuple hashes to, the same on every balancer with the same
+    /// backends.
+    #[arg(long, value_enum)]
+    candidates: Option<CandidatesArg>,
+}
+
+/// How new flows draw their candidates, on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum CandidatesArg {
+    /// At random from the eligible backends.
+    Random,
+    /// From the flow's row of the VIP's candidate table.
+    Consistent,
+}
+
+impl From<CandidatesArg> for balancer::state::Candidates {
+    fn from(c: CandidatesArg) -> Self {
+        match c {
+            CandidatesArg::Random => balancer::state::Candidates::Random,
+            CandidatesArg::Consistent => balancer::state::Candidates::Consistent,
+        }
+    }
 }
 
 /// Forwarding mode on the command line.
@@ -140,6 +164,7 @@ impl VipArgs {
             encap_source: self.encap_source,
             gue_port: self.gue_port,
             allow_host_address: self.allow_host_address,
+            candidates: self.candidates.map(Into::into),
         }
     }
 }

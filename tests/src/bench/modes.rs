@@ -33,6 +33,9 @@ struct Case {
     /// The data path writes flow events (as when the daemon syncs flows
     /// with peers: `SETTINGS_F_FLOW_EVENTS`).
     events: bool,
+    /// Consistent candidates (`candidates = consistent`): the SYN's
+    /// candidates come from its row instead of two random draws.
+    consistent: bool,
 }
 
 impl Case {
@@ -44,6 +47,9 @@ impl Case {
                 format!("dsr, {family}, flow events on (cluster sync)")
             }
             ForwardingMode::Dsr => format!("dsr, {family}"),
+            ForwardingMode::Ipip if self.consistent => {
+                format!("ipip, {family} in {family}, consistent candidates")
+            }
             ForwardingMode::Ipip => format!("ipip, {family} in {family}"),
             ForwardingMode::Gue => format!("gue, {family} in UDP in {family}"),
         }
@@ -58,56 +64,82 @@ impl Case {
             } else {
                 IpAddr::V4(encap_v4)
             }),
+            candidates: if self.consistent {
+                balancer::state::Candidates::Consistent
+            } else {
+                balancer::state::Candidates::Random
+            },
             ..VipSettings::default()
         }
     }
 }
 
-const CASES: [Case; 9] = [
+const CASES: [Case; 11] = [
     Case {
         mode: ForwardingMode::Nat,
         v6: false,
         events: false,
+        consistent: false,
     },
     Case {
         mode: ForwardingMode::Nat,
         v6: true,
         events: false,
+        consistent: false,
     },
     Case {
         mode: ForwardingMode::Dsr,
         v6: false,
         events: false,
+        consistent: false,
     },
     Case {
         mode: ForwardingMode::Dsr,
         v6: true,
         events: false,
+        consistent: false,
     },
     Case {
         mode: ForwardingMode::Dsr,
         v6: false,
         events: true,
+        consistent: false,
     },
     Case {
         mode: ForwardingMode::Ipip,
         v6: false,
         events: false,
+        consistent: false,
     },
     Case {
         mode: ForwardingMode::Ipip,
         v6: true,
         events: false,
+        consistent: false,
+    },
+    Case {
+        mode: ForwardingMode::Ipip,
+        v6: false,
+        events: false,
+        consistent: true,
+    },
+    Case {
+        mode: ForwardingMode::Ipip,
+        v6: true,
+        events: false,
+        consistent: true,
     },
     Case {
         mode: ForwardingMode::Gue,
         v6: false,
         events: false,
+        consistent: false,
     },
     Case {
         mode: ForwardingMode::Gue,
         v6: true,
         events: false,
+        consistent: false,
     },
 ];
 
