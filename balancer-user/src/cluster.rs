@@ -115,6 +115,24 @@ pub const MIN_KEY_LEN: usize = 16;
 
 type Hmac = hmac::Hmac<sha2::Sha256>;
 
+/// The secret of the consistent-candidate seeds derived from the cluster
+/// key: the first 8 bytes of HMAC-SHA256(HMAC-SHA256(key, "balancer
+/// candidate seed"), "1"), an HKDF-style expansion (RFC 5869) whose
+/// inner key no sync datagram's tag reveals, so every balancer with the
+/// key draws the same candidates and clients cannot compute the rows.
+pub fn candidate_secret(key: &[u8]) -> u64 {
+    use hmac::Mac;
+    let mut mac = <Hmac as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(b"balancer candidate seed");
+    let prk = mac.finalize().into_bytes();
+    let mut mac = <Hmac as Mac>::new_from_slice(&prk).expect("HMAC takes keys of any length");
+    mac.update(b"1");
+    let tag = mac.finalize().into_bytes();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&tag[..8]);
+    u64::from_be_bytes(b)
+}
+
 /// `payload` with its tag under `key`.
 pub fn seal(key: &[u8], payload: &[u8]) -> Vec<u8> {
     use hmac::Mac;
@@ -1359,6 +1377,22 @@ mod tests {
             }
             assert_eq!(back, flows);
         }
+    }
+
+    #[test]
+    fn the_candidate_secret_is_the_keys_and_only_its() {
+        let (k1, k2) = (
+            b"0123456789abcdef".as_slice(),
+            b"0123456789abcdeg".as_slice(),
+        );
+        assert_eq!(candidate_secret(k1), candidate_secret(k1));
+        assert_ne!(candidate_secret(k1), candidate_secret(k2));
+        // Not the sync's tag of the same bytes.
+        assert_ne!(
+            candidate_secret(k1).to_be_bytes().to_vec(),
+            seal(k1, b"balancer candidate seed")[23..31].to_vec()
+        );
+        assert_ne!(candidate_secret(k1), 0);
     }
 
     #[test]

@@ -831,6 +831,12 @@ fn start_data_path(
     state: Option<crate::persist::Persisted>,
 ) -> anyhow::Result<Balancer> {
     let mut lb = Balancer::load(&cfg.load)?;
+    // The candidate tables' seeds: secret when the cluster has a key (the
+    // same on every balancer of the cluster), else derived from the VIPs'
+    // addresses alone.
+    if let Some(key) = cfg.cluster.as_ref().and_then(|c| c.key.as_deref()) {
+        lb.set_candidate_secret(crate::cluster::candidate_secret(key));
+    }
     if let Some(s) = state {
         lb.restore(s).context("restoring the state file")?;
         tracing::info!(

@@ -73,10 +73,10 @@ enum Cmd {
         /// `reference` (the programs' sizes and the same-run reference) or
         /// `scale` (section 8, the control plane at 100k-10M flows; sizes
         /// from BENCH_SCALE_SIZES and BENCH_SCALE_CLUSTER, the steady window
-        /// from BENCH_SCALE_STEADY_S) or `change` (section 9, the cost of
-        /// one change at 5,000 backends, against the reference daemon);
-        /// sets BENCH_ONLY.
-        #[arg(long, value_parser = ["rate", "reference", "scale", "change"])]
+        /// from BENCH_SCALE_STEADY_S), `change` (section 9, the cost of
+        /// one change at 5,000 backends, against the reference daemon) or
+        /// `quality` (section 3, balance quality); sets BENCH_ONLY.
+        #[arg(long, value_parser = ["rate", "reference", "scale", "change", "quality"])]
         only: Option<String>,
     },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
@@ -226,7 +226,7 @@ fn main() -> anyhow::Result<()> {
             let selection = std::env::var_os("BENCH_ONLY_DATAPATH").is_some();
             let skip = if quick {
                 Some("a quick pass".to_string())
-            } else if matches!(only.as_deref(), Some("rate" | "scale")) || selection {
+            } else if matches!(only.as_deref(), Some("rate" | "scale" | "quality")) || selection {
                 Some("a partial run".to_string())
             } else if std::env::var_os("BENCH_NO_REF").is_some() {
                 Some("BENCH_NO_REF was set".to_string())
