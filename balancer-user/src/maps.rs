@@ -756,6 +756,14 @@ impl Maps {
         }
     }
 
+    fn port_map_mut(&mut self, which: usize) -> &mut Array<MapData, u64> {
+        match which {
+            project::VIP_PORTS => &mut self.vip_ports,
+            project::BACKEND_PORTS => &mut self.backend_ports,
+            _ => &mut self.vip_addrs,
+        }
+    }
+
     /// Makes the control plane's maps hold `want` (a
     /// [`crate::project::project`]ion), writing only what differs from
     /// what they hold, in the one order that keeps every flow served:
@@ -1039,12 +1047,9 @@ impl Maps {
                 if w == have {
                     continue;
                 }
-                let map = match which {
-                    project::VIP_PORTS => &mut self.vip_ports,
-                    project::BACKEND_PORTS => &mut self.backend_ports,
-                    _ => &mut self.vip_addrs,
-                };
-                map.set(i as u32, w, 0).map_err(map_err(name, "write"))?;
+                self.port_map_mut(which)
+                    .set(i as u32, w, 0)
+                    .map_err(map_err(name, "write"))?;
                 self.synced.ports[which][i] = w;
                 r.writes += 1;
             }

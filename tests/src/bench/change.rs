@@ -16,10 +16,10 @@ use serde_json::json;
 use super::{
     proc_cpu_s,
     reference::{REF_BIN_ENV, REF_COMMIT_ENV, REF_SKIPPED_ENV},
-    scale::{veth, Daemon},
+    scale::{with_bpffs_and_veths, Daemon},
     Report,
 };
-use crate::{netns::sh, rig::many_backend};
+use crate::rig::many_backend;
 
 /// The report's section number.
 const SECTION: u8 = 9;
@@ -134,23 +134,7 @@ fn one_round(dir: &Path, bin: &Path) -> anyhow::Result<Round> {
 /// The veth or the bpffs cannot be made; a daemon does not start or
 /// refuses a change.
 pub(super) fn run(rep: &mut Report) -> anyhow::Result<()> {
-    let dir = std::env::temp_dir().join(format!("balancer-bench-change-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("bpffs"))?;
-    sh(
-        "mount",
-        &[
-            "-t",
-            "bpf",
-            "bpf",
-            dir.join("bpffs").to_str().context("path")?,
-        ],
-    )?;
-    veth("ch0", "ch1")?;
-    let r = run_in(rep, &dir);
-    let _ = sh("umount", &[dir.join("bpffs").to_str().unwrap_or_default()]);
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = sh("ip", &["link", "del", "ch0"]);
-    r
+    with_bpffs_and_veths("change", &[("ch0", "ch1")], |dir| run_in(rep, dir))
 }
 
 fn run_in(rep: &mut Report, dir: &Path) -> anyhow::Result<()> {

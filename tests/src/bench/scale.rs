@@ -446,7 +446,7 @@ fn wait_for(
     }
 }
 
-pub(super) fn veth(a: &str, b: &str) -> anyhow::Result<()> {
+fn veth(a: &str, b: &str) -> anyhow::Result<()> {
     let _ = sh("ip", &["link", "del", a]);
     sh("ip", &["link", "add", a, "type", "veth", "peer", "name", b])?;
     sh("ip", &["link", "set", a, "up"])?;
@@ -459,9 +459,25 @@ pub(super) fn veth(a: &str, b: &str) -> anyhow::Result<()> {
 /// # Errors
 /// A daemon that does not start, a map that cannot be read or written.
 pub(super) fn run(rep: &mut Report) -> anyhow::Result<()> {
-    let dir = std::env::temp_dir().join(format!("balancer-bench-scale-{}", std::process::id()));
+    with_bpffs_and_veths("scale", &[("sc0", "sc1"), ("sd0", "sd1")], |dir| {
+        run_in(rep, dir)
+    })
+}
+
+/// Runs `f` with a directory of its own (`balancer-bench-NAME-PID` under
+/// the temporary directory) holding a bpffs mount (`bpffs/`, so the pins
+/// vanish with it) and with the veth pairs `veths`; all of them are
+/// removed afterwards, whatever `f` returned.
+///
+/// # Errors
+/// The directory, the mount or a veth cannot be made; `f`'s error.
+pub(super) fn with_bpffs_and_veths(
+    name: &str,
+    veths: &[(&str, &str)],
+    f: impl FnOnce(&Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("balancer-bench-{name}-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("bpffs"))?;
-    // A bpffs of this mount namespace's own: the pins vanish with it.
     sh(
         "mount",
         &[
@@ -471,13 +487,20 @@ pub(super) fn run(rep: &mut Report) -> anyhow::Result<()> {
             dir.join("bpffs").to_str().context("path")?,
         ],
     )?;
-    veth("sc0", "sc1")?;
-    veth("sd0", "sd1")?;
-    let r = run_in(rep, &dir);
+    let mut r = Ok(());
+    for (a, b) in veths {
+        if r.is_ok() {
+            r = veth(a, b);
+        }
+    }
+    if r.is_ok() {
+        r = f(&dir);
+    }
     let _ = sh("umount", &[dir.join("bpffs").to_str().unwrap_or_default()]);
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = sh("ip", &["link", "del", "sc0"]);
-    let _ = sh("ip", &["link", "del", "sd0"]);
+    for (a, _) in veths {
+        let _ = sh("ip", &["link", "del", a]);
+    }
     r
 }
 
