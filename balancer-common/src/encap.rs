@@ -35,6 +35,13 @@ pub mod mode {
     /// it across queues by the outer source port).
     pub const GUE: u16 = 3;
 
+    /// Never a VIP's mode: the encapsulation of a segment of a
+    /// consistent-candidates VIP that matches no flow entry (GUE variant 0
+    /// whose private data carries the flow's other candidate for the
+    /// backends' second chance, [`super::chance_header`]), whatever the
+    /// VIP's tunnel mode.
+    pub const GUE_CHANCE: u16 = 4;
+
     /// `true` for the modes whose replies bypass the balancer (it sees only
     /// the client's side of each connection).
     #[inline(always)]
@@ -68,6 +75,15 @@ pub const IPIP6_OVERHEAD: usize = 40;
 /// Bytes GUE adds with an outer IPv6 header.
 pub const GUE6_OVERHEAD: usize = 48;
 
+/// Bytes of the GUE header with the second-chance private data
+/// ([`chance_header`]): the 4-byte variant-0 header and 20 bytes of
+/// private data.
+pub const CHANCE_HLEN: usize = 24;
+/// Bytes [`mode::GUE_CHANCE`] adds with an outer IPv4 header.
+pub const GUE_CHANCE_OVERHEAD: usize = GUE_OVERHEAD + CHANCE_HLEN;
+/// Bytes [`mode::GUE_CHANCE`] adds with an outer IPv6 header.
+pub const GUE6_CHANCE_OVERHEAD: usize = GUE6_OVERHEAD + CHANCE_HLEN;
+
 /// Bytes mode `m` adds in front of the inner packet, with an outer header
 /// of family `outer_v6`.
 #[inline(always)]
@@ -75,11 +91,48 @@ pub const fn overhead(m: u16, outer_v6: bool) -> usize {
     match (m, outer_v6) {
         (mode::IPIP, false) => IPIP_OVERHEAD,
         (mode::GUE, false) => GUE_OVERHEAD,
+        (mode::GUE_CHANCE, false) => GUE_CHANCE_OVERHEAD,
         (mode::IPIP, true) => IPIP6_OVERHEAD,
         (mode::GUE, true) => GUE6_OVERHEAD,
+        (mode::GUE_CHANCE, true) => GUE6_CHANCE_OVERHEAD,
         _ => 0,
     }
 }
+
+/// The first three bytes of the second-chance private data: `P2C`.
+pub const CHANCE_TAG: [u8; 3] = *b"P2C";
+
+/// The GUE header (variant 0 of draft-ietf-intarea-gue, section 3.1) of a
+/// segment the balancer has no flow entry for, sent to the flow's first
+/// candidate ([`mode::GUE_CHANCE`]; GitHub GLB's "second chance" is the
+/// model):
+///
+/// ```text
+/// byte 0      version 0, C 0, Hlen 5 (20 bytes of private data follow)
+/// byte 1      Proto: 4 (inner IPv4) or 41 (inner IPv6)
+/// bytes 2-3   Flags: 0 (no optional fields: all of Hlen is private data)
+/// bytes 4-6   "P2C" (CHANCE_TAG)
+/// byte 7      hops left: 1 from the balancer, 0 once a backend forwarded it
+/// bytes 8-23  the next candidate: 16 bytes, an IPv6 address, or an IPv4
+///             one in its IPv4-mapped form (::ffff:a.b.c.d)
+/// ```
+///
+/// A backend whose kernel has no socket for the inner segment forwards it
+/// to the next candidate with the hops left at 0; one with hops left 0
+/// (or no next candidate) decapsulates it whatever it holds.
+#[inline(always)]
+pub fn chance_header(inner_v6: bool, next: &Addr, hops: u8) -> [u8; CHANCE_HLEN] {
+    let mut h = [0u8; CHANCE_HLEN];
+    h[0] = 5;
+    h[1] = inner_proto(inner_v6);
+    h[4..7].copy_from_slice(&CHANCE_TAG);
+    h[7] = hops;
+    h[8..].copy_from_slice(&next.v6_bytes());
+    h
+}
+
+/// Offset, in the GUE header, of the hops-left byte ([`chance_header`]).
+pub const CHANCE_HOPS_OFF: usize = 7;
 
 /// The protocol number announcing an inner packet of family `inner_v6`.
 #[inline(always)]
@@ -210,6 +263,19 @@ pub fn entropy_port(client_addr: &Addr, client_port: u16) -> u16 {
     (0xC000 | (h >> 18) as u16 & 0x3FFF).to_be()
 }
 
+/// The second chance a segment carries ([`chance_header`]): where it
+/// goes when this backend has no socket for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chance {
+    /// The next candidate (the outer destination it is forwarded to).
+    pub next: Addr,
+    /// Hops left (0: decapsulate here whatever the kernel holds).
+    pub hops: u8,
+    /// Offset of the GUE header in the frame, bytes (the hops byte is at
+    /// `+ CHANCE_HOPS_OFF`).
+    pub gue_off: usize,
+}
+
 /// What a backend's decapsulation found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decap {
@@ -229,6 +295,9 @@ pub enum Decap {
         /// forged it), for the caller's check against its accepted
         /// sources ([`SOURCE_LOOKUP_BITS`]).
         src: Addr,
+        /// The second chance the GUE header carries, if any (with hops
+        /// left or not).
+        chance: Option<Chance>,
     },
 }
 
@@ -255,9 +324,12 @@ pub const fn source_prefix(addr: &Addr, v4: bool, len: u8) -> Option<(u32, Addr)
 /// packet without options, not a fragment, or an IPv6 packet without
 /// extension headers (untagged Ethernet both), carrying IP-in-IP (either
 /// inner family), or UDP to `gue_port` (network byte order) whose payload
-/// starts with an IP header. `local` ([`Addr::ZERO`]: any) must be the
-/// outer destination. The caller strips only if the outer source it
-/// returns is one it accepts (and drops the tunnel otherwise).
+/// is an IP header (GUE variant 1) or a GUE variant-0 header without
+/// control bit or flags, its protocol the inner packet's (its private
+/// data, skipped, may be a second chance: [`chance_header`]). `local`
+/// ([`Addr::ZERO`]: any) must be the outer destination. The caller strips
+/// only if the outer source it returns is one it accepts (and drops the
+/// tunnel otherwise).
 pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
     let Some(eth) = f.read::<14>(0) else {
         return Decap::NotOurs;
@@ -308,6 +380,7 @@ pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
             }
             match inner_version(hlen + 8) {
                 Some(v @ (4 | 6)) => (hlen + 8, v),
+                Some(0) => return gue0(f, ETH_HLEN + hlen + 8, hlen + 8, src),
                 _ => return Decap::NotOurs,
             }
         }
@@ -320,7 +393,113 @@ pub fn decap<F: Frame + ?Sized>(f: &F, gue_port: u16, local: &Addr) -> Decap {
         len,
         inner_v6: expect == 6,
         src,
+        chance: None,
     }
+}
+
+/// A GUE variant-0 header at `gue_off` in the frame, `before` bytes of
+/// outer headers after the Ethernet header: stripped with them when its
+/// control bit and flags are clear and its protocol announces the inner
+/// packet's family; a second chance when its private data is one.
+#[inline(always)]
+fn gue0<F: Frame + ?Sized>(f: &F, gue_off: usize, before: usize, src: Addr) -> Decap {
+    let Some(g) = f.read::<4>(gue_off) else {
+        return Decap::NotOurs;
+    };
+    // Version 0, C 0 (data, not control), no flags.
+    if g[0] & 0xe0 != 0 || g[2] != 0 || g[3] != 0 {
+        return Decap::NotOurs;
+    }
+    let glen = 4 + 4 * (g[0] & 0x1f) as usize;
+    let expect = match g[1] {
+        IPPROTO_IPIP => 4,
+        IPPROTO_IPV6 => 6,
+        _ => return Decap::NotOurs,
+    };
+    if f.read::<1>(gue_off + glen).map(|b| b[0] >> 4) != Some(expect) {
+        return Decap::NotOurs;
+    }
+    let chance = if glen == CHANCE_HLEN {
+        match (f.read::<4>(gue_off + 4), f.read_addr6(gue_off + 8)) {
+            (Some(t), Some(next)) if t[..3] == CHANCE_TAG => Some(Chance {
+                next,
+                hops: t[3],
+                gue_off,
+            }),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    Decap::Strip {
+        len: before + glen,
+        inner_v6: expect == 6,
+        src,
+        chance,
+    }
+}
+
+/// The TCP segment inside a tunnel, as a backend's second chance needs it:
+/// the inner packet's 5-tuple (for the kernel's socket lookup), its flags,
+/// and where its headers are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InnerTcp {
+    /// Offset of the inner IP header in the frame, bytes.
+    pub l3_off: usize,
+    /// Length of the inner IP header, bytes (20 to 60, or 40).
+    pub ip_hlen: usize,
+    /// `true` for an inner IPv6 packet.
+    pub v6: bool,
+    /// Client address.
+    pub src: Addr,
+    /// VIP address.
+    pub dst: Addr,
+    /// Client port, network byte order.
+    pub sport: u16,
+    /// VIP port, network byte order.
+    pub dport: u16,
+    /// TCP flags byte.
+    pub flags: u8,
+}
+
+/// The inner TCP segment of a tunnel whose inner IP header is at `l3_off`
+/// of family `v6`: an IPv4 packet that is not a fragment, or an IPv6 one
+/// whose next header is TCP (no extension headers). `None` otherwise.
+#[inline(always)]
+pub fn inner_tcp<F: Frame + ?Sized>(f: &F, l3_off: usize, v6: bool) -> Option<InnerTcp> {
+    let (ip_hlen, src, dst) = if v6 {
+        let ip = f.read::<8>(l3_off)?;
+        if ip[0] >> 4 != 6 || ip[6] != crate::IPPROTO_TCP {
+            return None;
+        }
+        (
+            IPV6_HLEN,
+            f.read_addr6(l3_off + 8)?,
+            f.read_addr6(l3_off + 24)?,
+        )
+    } else {
+        let ip = f.read::<10>(l3_off)?;
+        let ihl = 4 * (ip[0] & 0x0f) as usize;
+        if ip[0] >> 4 != 4
+            || ihl < 20
+            || ip[9] != crate::IPPROTO_TCP
+            || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
+        {
+            return None;
+        }
+        (ihl, f.read_addr4(l3_off + 12)?, f.read_addr4(l3_off + 16)?)
+    };
+    let th = f.read::<14>(l3_off + ip_hlen)?;
+    Some(InnerTcp {
+        l3_off,
+        ip_hlen,
+        v6,
+        src,
+        dst,
+        sport: u16::from_ne_bytes([th[0], th[1]]),
+        dport: u16::from_ne_bytes([th[2], th[3]]),
+        flags: th[13],
+    })
 }
 
 #[cfg(test)]
@@ -436,6 +615,7 @@ mod tests {
             len: GUE_OVERHEAD,
             inner_v6: false,
             src: Addr::v4(addr([10, 0, 2, 1])),
+            chance: None,
         };
         assert_eq!(decap(&frame[..], port, &Addr::ZERO), strip);
         assert_eq!(
@@ -501,6 +681,7 @@ mod tests {
                             } else {
                                 Addr::v4(1)
                             },
+                            chance: None,
                         },
                         "inner v6 {inner_v6} outer v6 {outer_v6} mode {m}"
                     );
@@ -530,6 +711,7 @@ mod tests {
                 len: IPIP_OVERHEAD,
                 inner_v6: false,
                 src: Addr::v4(1),
+                chance: None,
             }
         );
         // The inner packet itself is not encapsulated.
@@ -599,6 +781,146 @@ mod tests {
             Decap::Strip { src, .. } => assert_eq!(src, Addr::v4(addr([192, 0, 2, 66]))),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A second-chance frame: Ethernet, outer IPv4 or IPv6 (10.0.2.1 or
+    /// SIX_A to 10.0.2.10 or SIX_B), UDP to 6080, the GUE header of
+    /// [`chance_header`] carrying `next`, then `inner`.
+    fn chance_frame(inner: &[u8], inner_v6: bool, outer_v6: bool, next: &Addr) -> Vec<u8> {
+        let n = inner.len() as u16;
+        let extra = (8 + CHANCE_HLEN) as u16;
+        let mut frame = [2u8, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2].to_vec();
+        if outer_v6 {
+            frame.extend_from_slice(&ETH_P_IPV6.to_be_bytes());
+            frame.extend_from_slice(&outer_ipv6(
+                n,
+                extra,
+                0,
+                IPPROTO_UDP,
+                &Addr::from_v6_bytes(&SIX_A),
+                &Addr::from_v6_bytes(&SIX_B),
+            ));
+        } else {
+            frame.extend_from_slice(&ETH_P_IPV4.to_be_bytes());
+            frame.extend_from_slice(&outer_ipv4(
+                n,
+                extra,
+                0,
+                true,
+                IPPROTO_UDP,
+                addr([10, 0, 2, 1]),
+                addr([10, 0, 2, 10]),
+            ));
+        }
+        frame.extend_from_slice(&gue_udp(
+            0xc001u16.to_be(),
+            DEFAULT_GUE_PORT.to_be(),
+            n + CHANCE_HLEN as u16,
+        ));
+        frame.extend_from_slice(&chance_header(inner_v6, next, 1));
+        frame.extend_from_slice(inner);
+        frame
+    }
+
+    /// The second-chance header reads back as etherparse sees the UDP
+    /// datagram (its length covers the GUE header), and decapsulation
+    /// strips it with the outer headers and reports the next candidate, in
+    /// every family combination.
+    #[test]
+    fn chance_header_round_trips() {
+        for inner_v6 in [false, true] {
+            for outer_v6 in [false, true] {
+                let inner = if inner_v6 { inner6() } else { inner() };
+                let next = if outer_v6 {
+                    Addr::from_v6_bytes(&SIX_A)
+                } else {
+                    Addr::v4(addr([10, 0, 2, 11]))
+                };
+                let frame = chance_frame(&inner, inner_v6, outer_v6, &next);
+                let over = overhead(mode::GUE_CHANCE, outer_v6);
+                assert_eq!(frame.len(), 14 + over + inner.len());
+                let p = SlicedPacket::from_ethernet(&frame).unwrap();
+                match p.transport {
+                    Some(etherparse::TransportSlice::Udp(u)) => {
+                        assert_eq!(u.destination_port(), DEFAULT_GUE_PORT);
+                        assert_eq!(u.length() as usize, 8 + CHANCE_HLEN + inner.len());
+                        let payload = u.payload();
+                        assert_eq!(payload[0], 5, "version 0, C 0, Hlen 5");
+                        assert_eq!(&payload[CHANCE_HLEN..], &inner[..]);
+                    }
+                    other => panic!("{other:?}"),
+                }
+                let gue_off = 14 + over - CHANCE_HLEN;
+                assert_eq!(
+                    decap(&frame[..], DEFAULT_GUE_PORT.to_be(), &Addr::ZERO),
+                    Decap::Strip {
+                        len: over,
+                        inner_v6,
+                        src: if outer_v6 {
+                            Addr::from_v6_bytes(&SIX_A)
+                        } else {
+                            Addr::v4(addr([10, 0, 2, 1]))
+                        },
+                        chance: Some(Chance {
+                            next,
+                            hops: 1,
+                            gue_off
+                        }),
+                    },
+                    "inner v6 {inner_v6} outer v6 {outer_v6}"
+                );
+                let t = inner_tcp(&frame[..], 14 + over, inner_v6).unwrap();
+                assert_eq!((t.v6, t.flags), (inner_v6, 0x02));
+                assert_eq!(u16::from_be(t.sport), 40000);
+                assert_eq!(u16::from_be(t.dport), 80);
+                assert_eq!(t.ip_hlen, if inner_v6 { 40 } else { 20 });
+            }
+        }
+    }
+
+    /// GUE variant 0 that is not ours to strip: a control message, flags
+    /// set, a protocol other than the inner packet's; other private data is
+    /// stripped without a second chance.
+    #[test]
+    fn gue_variant0_checks() {
+        let inner = inner();
+        let next = Addr::v4(addr([10, 0, 2, 11]));
+        let frame = chance_frame(&inner, false, false, &next);
+        let g = 14 + GUE_OVERHEAD;
+        let port = DEFAULT_GUE_PORT.to_be();
+        let mut control = frame.clone();
+        control[g] |= 0x20;
+        assert_eq!(decap(&control[..], port, &Addr::ZERO), Decap::NotOurs);
+        let mut flags = frame.clone();
+        flags[g + 2] = 0x80;
+        assert_eq!(decap(&flags[..], port, &Addr::ZERO), Decap::NotOurs);
+        let mut lie = frame.clone();
+        lie[g + 1] = IPPROTO_IPV6;
+        assert_eq!(decap(&lie[..], port, &Addr::ZERO), Decap::NotOurs);
+        let mut other = frame.clone();
+        other[g + 4] = b'X';
+        assert!(matches!(
+            decap(&other[..], port, &Addr::ZERO),
+            Decap::Strip { chance: None, len, .. } if len == GUE_CHANCE_OVERHEAD
+        ));
+        // Truncated before the next candidate's address ends: not ours.
+        assert_eq!(decap(&frame[..g + 12], port, &Addr::ZERO), Decap::NotOurs);
+    }
+
+    #[test]
+    fn inner_tcp_refuses_fragments_and_other_protocols() {
+        let mut v4 = inner();
+        assert!(inner_tcp(&v4[..], 0, false).is_some());
+        assert!(inner_tcp(&v4[..], 0, true).is_none());
+        v4[6] |= 0x20;
+        assert!(inner_tcp(&v4[..], 0, false).is_none());
+        let mut udp = Vec::new();
+        PacketBuilder::ipv6(SIX_A, SIX_B, 63)
+            .udp(1, 2)
+            .write(&mut udp, &[])
+            .unwrap();
+        assert!(inner_tcp(&udp[..], 0, true).is_none());
+        assert!(inner_tcp(&inner6()[..30], 0, true).is_none());
     }
 
     #[test]

@@ -285,7 +285,8 @@ const fn fingerprint() -> u64 {
             dport: u16,
             _pad: u16,
             src: Addr,
-            dst: Addr
+            dst: Addr,
+            next: Addr
         }
     );
     h = layout!(

@@ -70,6 +70,9 @@ pub struct Encap {
     pub src: Addr,
     /// Outer destination address (the backend).
     pub dst: Addr,
+    /// The flow's next candidate, carried for the backends' second chance
+    /// (`mode::GUE_CHANCE` only; [`Addr::ZERO`] otherwise).
+    pub next: Addr,
 }
 
 impl Encap {
@@ -265,10 +268,10 @@ pub struct ResetPlan {
 
 const _: () = {
     assert!(size_of::<Nat>() == 24);
-    assert!(size_of::<Encap>() == 40);
-    assert!(size_of::<Rewrite>() == 68);
+    assert!(size_of::<Encap>() == 56);
+    assert!(size_of::<Rewrite>() == 84);
     assert!(size_of::<Dest>() == 56);
     assert!(size_of::<SegInfo>() == 16);
-    assert!(size_of::<ForwardPlan>() == 144);
+    assert!(size_of::<ForwardPlan>() == 160);
     assert!(size_of::<ResetPlan>() == 24);
 };

@@ -183,11 +183,17 @@ pub enum Counter {
     /// the `FLOW_EVENTS` ring buffer was full (the daemon fell behind):
     /// the cluster sync then sends its whole table again.
     FlowEventsLost,
+    /// Segments (not SYNs) of a consistent-candidates VIP that matched no
+    /// flow entry (a flushed or evicted table, a restart with `--fresh`, a
+    /// balancer new behind ECMP): recomputed from their 5-tuple and sent to
+    /// their row's first candidate in GUE carrying the second, for the
+    /// backends' second chance (`encap::chance_header`); no state kept.
+    RecomputedSegments,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::FlowEventsLost;
+    pub const LAST: Counter = Counter::RecomputedSegments;
 }
 
 /// Number of entries of the `STATS` array.
@@ -254,6 +260,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "ack_unproven",
     "too_big_df_clear",
     "flow_events_lost",
+    "recomputed_segments",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

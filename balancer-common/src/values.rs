@@ -76,8 +76,26 @@ pub const DECAP_STAT_PASSED: u32 = 1;
 /// the local address) from an outer source not in `DECAP_SOURCES`,
 /// dropped.
 pub const DECAP_STAT_REFUSED_SOURCE: u32 = 2;
+/// `DECAP_STATS` index: second-chance tunnels (`encap::chance_header`)
+/// whose inner segment has a socket here: decapsulated.
+pub const DECAP_STAT_CHANCE_LOCAL: u32 = 3;
+/// `DECAP_STATS` index: second-chance tunnels with no socket here, sent
+/// on to their next candidate by XDP_TX or XDP_REDIRECT.
+pub const DECAP_STAT_CHANCE_SENT: u32 = 4;
+/// `DECAP_STATS` index: second-chance tunnels with no socket here, sent on
+/// through this host's kernel (no neighbour entry for the next hop yet;
+/// forwarded only when the host forwards).
+pub const DECAP_STAT_CHANCE_KERNEL: u32 = 5;
+/// `DECAP_STATS` index: second-chance tunnels with no hops left (or no
+/// next candidate of the outer family, or no TCP segment inside):
+/// decapsulated here whatever the kernel holds.
+pub const DECAP_STAT_CHANCE_LAST: u32 = 6;
+/// `DECAP_STATS` index: second-chance tunnels with no socket here and no
+/// route to the next candidate (or an outer TTL run out): decapsulated
+/// here.
+pub const DECAP_STAT_CHANCE_NO_ROUTE: u32 = 7;
 /// Number of `DECAP_STATS` counters.
-pub const DECAP_STATS_LEN: u32 = 3;
+pub const DECAP_STATS_LEN: u32 = 8;
 /// Most entries of `DECAP_SOURCES`.
 pub const MAX_DECAP_SOURCES: u32 = 256;
 

@@ -205,7 +205,7 @@ fn record(vip: &VipInfo, chooser: &Chooser) {
 /// for any other VIP, or when the row was never written (the random draw
 /// then).
 #[inline(always)]
-fn candidate_row(vip: &VipInfo, key: &FlowKey) -> Option<CandidateRow> {
+pub fn candidate_row(vip: &VipInfo, key: &FlowKey) -> Option<CandidateRow> {
     if vip.flags & VIP_F_CONSISTENT == 0 {
         return None;
     }

@@ -6,8 +6,8 @@ use balancer_common::{
     flow::{self, Direction},
     flow_kind, martian_class,
     parse::{self, Frame, Parsed, Tcp, TCP_RST},
-    programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
-    VIP_F_REMOVED, VIP_F_TWO_SIDED,
+    programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, BACKEND_F_IN_USE,
+    IPPROTO_TCP, VIP_F_CONSISTENT, VIP_F_REMOVED, VIP_F_TWO_SIDED,
 };
 
 use crate::{
@@ -17,8 +17,8 @@ use crate::{
     frame::{now_ns, XdpFrame},
     lookup::{backend_of, Table},
     maps::{
-        BACKEND_CONNS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS, SERVER_CONNS, STAGES,
-        UNPROVEN, VIPS, VIP_STATS,
+        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS,
+        SERVER_CONNS, STAGES, UNPROVEN, VIPS, VIP_STATS,
     },
     rewrite::{encap::Encap, nat::Nat, Rewrite},
     stats::{count, traffic, Failure},
@@ -64,7 +64,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
                     (*e).server_next_seq = v;
                 }
             }
-            return to_backend(frame, seg, b, slot, vip_index, false, now);
+            return to_backend(frame, seg, b, slot, vip_index, false, now, None);
         }
     }
     if flow::syn_retransmit(entry, seg, now) {
@@ -86,7 +86,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         )
     };
     event.log(key);
-    to_backend(frame, seg, &b, slot, vip_index, false, now)
+    to_backend(frame, seg, &b, slot, vip_index, false, now, None)
 }
 
 /// The client retransmitted the SYN of the flow at `e` (client `client`,
@@ -175,16 +175,75 @@ pub fn unpinned(
             return Next::Reset;
         };
         count(Counter::ClosedFlowPackets, 1);
-        return to_backend(frame, seg, &b, e.backend_slot, vip.index, false, now);
+        return to_backend(frame, seg, &b, e.backend_slot, vip.index, false, now, None);
     }
     // SAFETY: only the presence is read.
     if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
         count(Counter::ResetOrphaned, 1);
         return Next::Reset;
     }
+    if vip.flags & VIP_F_CONSISTENT != 0 {
+        // Recomputed from its 5-tuple in the new-flow stage (`recompute`),
+        // which has the stack for it.
+        // SAFETY: the program array holds XDP programs of this object.
+        unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
+        count(Counter::DropNoStage, 1);
+        return Next::Action(xdp_action::XDP_PASS);
+    }
+    missed(vip)
+}
+
+/// A segment of no flow that is passed to the host, counted.
+#[inline(always)]
+fn missed(vip: &VipInfo) -> Next {
     count(Counter::FlowMisses, 1);
     traffic(&VIP_STATS, vip.index, 0, false, true);
     Next::Action(xdp_action::XDP_PASS)
+}
+
+/// A segment (not a SYN) of a consistent-candidates VIP that matches no
+/// flow entry, no closed flow and no orphan (the entry program checked):
+/// its candidates are recomputed from its 5-tuple (the row its SYN was
+/// placed from, while the eligible set is unchanged) and it goes to the
+/// first, encapsulated with the second carried (`encap::chance_header`):
+/// that backend's decapsulation program keeps it if the kernel has a
+/// socket for it and forwards it to the second otherwise. Nothing is
+/// pinned (a flow learnt from one segment would be on the wrong candidate
+/// half the time) and no count moves: a forged segment costs a lookup and
+/// at most two tunnelled copies, which the backends' kernels answer as
+/// they answer any stray segment. From a martian source (as for SYNs), or
+/// from a backend host of this VIP, or with no row: passed and counted
+/// (`flow_misses`), as before consistent candidates.
+#[inline(always)]
+fn recompute(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64) -> Next {
+    if martian(&seg.src_addr) {
+        return Next::Action(xdp_action::XDP_DROP);
+    }
+    // SAFETY: the value is only read.
+    let hairpin = unsafe { BACKEND_HOSTS.get(&seg.src_addr) }.is_some_and(|h| h.has(vip.index));
+    let Some(row) = choose::candidate_row(vip, key).filter(|_| !hairpin) else {
+        return missed(vip);
+    };
+    let live = |i: u32| {
+        let slot = row.slot(i)?;
+        let b = BACKENDS.get(slot)?;
+        (b.flags & BACKEND_F_IN_USE != 0).then_some((b, slot))
+    };
+    let (first, second) = (live(0), live(1));
+    let Some((b, slot)) = first.or(second) else {
+        return missed(vip);
+    };
+    // The second candidate, when there is one apart from the first and
+    // of the same family (the backend rewrites the outer destination in
+    // place).
+    let next = match (first, second) {
+        (Some(_), Some((n, _))) if n.addr != b.addr && n.addr.is_v4() == b.addr.is_v4() => {
+            Some(n.addr)
+        }
+        _ => None,
+    };
+    count(Counter::RecomputedSegments, 1);
+    to_backend(frame, seg, b, slot, vip.index, false, now, next)
 }
 
 /// The new-flow stage, tail-called by the entry program for a SYN to a VIP
@@ -211,8 +270,11 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
         return xdp_action::XDP_PASS;
     };
     let now = now_ns();
+    if !seg.is_syn() {
+        return recompute(&frame, &seg, &key, &vip, now).code();
+    }
     match choose::place(&key, &seg, &vip, now) {
-        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now).code(),
+        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now, None).code(),
         Err(Refusal::Drop) => xdp_action::XDP_DROP,
         Err(Refusal::Reset) => Next::Reset.code(),
     }
@@ -244,7 +306,9 @@ pub fn martian(src: &Addr) -> bool {
 
 /// Counts and forwards a client segment to its backend, by the backend's
 /// (its VIP's) mode: destination NAT, L2 direct server return (MACs only),
-/// or IP-in-IP / GUE encapsulation.
+/// or IP-in-IP / GUE encapsulation; with `next`, a segment of no flow
+/// recomputed ([`recompute`]), in GUE with the second chance whatever the
+/// tunnel mode (`mode::GUE_CHANCE`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn to_backend(
@@ -255,6 +319,7 @@ fn to_backend(
     vip_index: u32,
     new_flow: bool,
     now: u64,
+    next: Option<Addr>,
 ) -> Next {
     let bytes = seg.wire_len(frame.len()) as u64;
     traffic(&VIP_STATS, vip_index, bytes, new_flow, false);
@@ -279,12 +344,13 @@ fn to_backend(
         }
         m => {
             o.rw = Rewrite::encap(Encap {
-                mode: m,
+                mode: if next.is_some() { mode::GUE_CHANCE } else { m },
                 sport: entropy_port(&seg.src_addr, seg.src_port),
                 dport: backend.encap_port,
                 _pad: 0,
                 src: backend.encap_src,
                 dst: backend.addr,
+                next: next.unwrap_or(Addr::ZERO),
             });
             backend.encap_src
         }

@@ -21,7 +21,7 @@ use balancer_common::{
         self, Parsed, Tcp, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, IPV4_TTL_OFF, IPV6_DST_OFF,
         IPV6_HLEN, IPV6_SRC_OFF,
     },
-    Backend, Counter,
+    Addr, Backend, Counter,
 };
 
 use crate::{
@@ -117,6 +117,7 @@ pub fn to_backend(ctx: XdpContext) -> u32 {
                 _pad: 0,
                 src: b.encap_src,
                 dst: b.addr,
+                next: Addr::ZERO,
             });
             b.encap_src
         }

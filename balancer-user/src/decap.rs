@@ -19,7 +19,9 @@ use aya::{
 };
 use balancer_common::{
     encap::source_prefix, map_names, programs, Addr, DecapConfig, DECAP_STATS_LEN,
-    DECAP_STAT_PASSED, DECAP_STAT_REFUSED_SOURCE, DECAP_STAT_STRIPPED, MAX_DECAP_SOURCES,
+    DECAP_STAT_CHANCE_KERNEL, DECAP_STAT_CHANCE_LAST, DECAP_STAT_CHANCE_LOCAL,
+    DECAP_STAT_CHANCE_NO_ROUTE, DECAP_STAT_CHANCE_SENT, DECAP_STAT_PASSED,
+    DECAP_STAT_REFUSED_SOURCE, DECAP_STAT_STRIPPED, MAX_DECAP_SOURCES,
 };
 
 use crate::{
@@ -308,6 +310,18 @@ pub struct DecapStats {
     pub passed: u64,
     /// Tunnels for us from an outer source not accepted, dropped.
     pub refused_source: u64,
+    /// Second-chance tunnels whose segment has a socket here: kept.
+    pub chance_local: u64,
+    /// Second-chance tunnels sent on to their next candidate by XDP.
+    pub chance_sent: u64,
+    /// Second-chance tunnels sent on through this host's kernel (no
+    /// neighbour entry for the next hop yet).
+    pub chance_kernel: u64,
+    /// Second-chance tunnels with no hops left: kept whatever the kernel
+    /// holds.
+    pub chance_last: u64,
+    /// Second-chance tunnels with no route to their next candidate: kept.
+    pub chance_no_route: u64,
     /// The accepted outer sources.
     pub sources: Vec<SourcePrefix>,
 }
@@ -359,6 +373,11 @@ pub fn stats(pin_dir: &Path) -> Result<DecapStats> {
         stripped: sum(DECAP_STAT_STRIPPED)?,
         passed: sum(DECAP_STAT_PASSED)?,
         refused_source: sum(DECAP_STAT_REFUSED_SOURCE)?,
+        chance_local: sum(DECAP_STAT_CHANCE_LOCAL)?,
+        chance_sent: sum(DECAP_STAT_CHANCE_SENT)?,
+        chance_kernel: sum(DECAP_STAT_CHANCE_KERNEL)?,
+        chance_last: sum(DECAP_STAT_CHANCE_LAST)?,
+        chance_no_route: sum(DECAP_STAT_CHANCE_NO_ROUTE)?,
         sources,
     })
 }

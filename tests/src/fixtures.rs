@@ -36,6 +36,7 @@ mod multi_vip;
 mod race;
 mod reconcile;
 mod router;
+mod second_chance;
 
 /// The main VIP of the suite.
 pub const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80);
@@ -76,6 +77,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += hostile::run()?;
     n += reconcile::run()?;
     n += consistent::run()?;
+    n += second_chance::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }

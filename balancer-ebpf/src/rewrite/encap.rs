@@ -4,8 +4,11 @@
 
 use aya_ebpf::{helpers::generated::bpf_xdp_adjust_head, programs::XdpContext};
 use balancer_common::{
-    encap::{gue_udp, inner_proto, mode, outer_ipv4, outer_ipv6_fixed, tos_of, IPPROTO_UDP},
-    parse::{Frame, Tcp, ETH_HLEN, ETH_P_IPV4, ETH_P_IPV6},
+    encap::{
+        chance_header, gue_udp, inner_proto, mode, outer_ipv4, outer_ipv6_fixed, tos_of,
+        CHANCE_HLEN, IPPROTO_UDP,
+    },
+    parse::{Frame, Tcp, ETH_HLEN, ETH_P_IPV4, ETH_P_IPV6, IPV6_HLEN},
 };
 
 use crate::frame::XdpFrame;
@@ -36,13 +39,23 @@ pub fn encapsulate(
     if unsafe { bpf_xdp_adjust_head(ctx.ctx as *mut _, -grow) } != 0 {
         return None;
     }
-    let gue = e.mode == mode::GUE;
+    let chance = e.mode == mode::GUE_CHANCE;
+    let gue = e.mode == mode::GUE || chance;
     let proto = if gue {
         IPPROTO_UDP
     } else {
         inner_proto(seg.v6)
     };
-    let extra = if gue { 8 } else { 0 };
+    // Bytes between the outer IP header and the inner packet, and where
+    // they start (constants: the verifier checks each write's offset).
+    let extra = if chance {
+        8 + CHANCE_HLEN as u16
+    } else if gue {
+        8
+    } else {
+        0
+    };
+    let l4 = ETH_HLEN + if outer_v6 { IPV6_HLEN } else { 20 };
     let inner_len = seg.ip_total_len as u16;
     frame.write(0, macs)?;
     if outer_v6 {
@@ -65,8 +78,14 @@ pub fn encapsulate(
             ),
         )?;
     }
-    if gue {
-        frame.write(ETH_HLEN + over - 8, gue_udp(e.sport, e.dport, inner_len))?;
+    if chance {
+        frame.write(
+            l4,
+            gue_udp(e.sport, e.dport, inner_len + CHANCE_HLEN as u16),
+        )?;
+        frame.write(l4 + 8, chance_header(seg.v6, &e.next, 1))?;
+    } else if gue {
+        frame.write(l4, gue_udp(e.sport, e.dport, inner_len))?;
     }
     Some(())
 }

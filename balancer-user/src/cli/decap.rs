@@ -63,8 +63,10 @@ pub enum DecapCmd {
         #[arg(long, default_value = DEFAULT_DECAP_PIN_DIR)]
         pin_dir: PathBuf,
     },
-    /// Packets decapsulated, frames passed untouched and tunnels refused
-    /// for their outer source, on every interface it is attached to, and
+    /// Packets decapsulated, frames passed untouched, tunnels refused for
+    /// their outer source, and second-chance tunnels by outcome (kept for
+    /// a local socket, sent on by XDP or through the kernel, kept with no
+    /// hops left or no route), on every interface it is attached to, and
     /// the accepted sources.
     #[command(after_help = "Example:\n  balancer decap stats")]
     Stats {
@@ -125,8 +127,16 @@ impl DecapCmd {
             DecapCmd::Stats { pin_dir } => {
                 let st = decap::stats(&pin_dir)?;
                 println!(
-                    "decapsulated {}\npassed {}\nrefused_source {}",
-                    st.stripped, st.passed, st.refused_source
+                    "decapsulated {}\npassed {}\nrefused_source {}\nchance_local {}\n\
+                     chance_sent {}\nchance_kernel {}\nchance_last {}\nchance_no_route {}",
+                    st.stripped,
+                    st.passed,
+                    st.refused_source,
+                    st.chance_local,
+                    st.chance_sent,
+                    st.chance_kernel,
+                    st.chance_last,
+                    st.chance_no_route
                 );
                 let list: Vec<String> = st.sources.iter().map(|p| p.to_string()).collect();
                 println!("sources {}", list.join(" "));
