@@ -390,8 +390,11 @@ fn send(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, hop: &NextHop, ingress: u32) 
 /// encapsulated frame goes to the kernel, which resolves it and routes the
 /// frame on (decrementing a NATed frame's TTL itself; an encapsulated frame
 /// keeps the Ethernet addresses it came with, so the kernel takes it as its
-/// own); an L2 DSR frame cannot be routed by the kernel (its destination is
-/// the VIP) and is dropped.
+/// own, and forwards it unless its outer source is one of this host's own
+/// addresses, which the kernel drops as a martian: the daemon therefore
+/// resolves the next hops of tunnel backends ahead, as of L2 DSR ones); an
+/// L2 DSR frame cannot be routed by the kernel (its destination is the
+/// VIP) and is dropped.
 #[inline(always)]
 fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp, rw: &Rewrite) -> u32 {
     match rw.kind {

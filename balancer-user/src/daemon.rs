@@ -643,9 +643,9 @@ async fn sweep_service(
                 });
             }
         }
-        let probed = crate::netdev::resolve_neighbours(&lb.dsr_backend_addrs());
+        let probed = crate::netdev::resolve_neighbours(&lb.direct_return_backend_addrs());
         if !probed.is_empty() {
-            tracing::debug!("resolving the MACs of DSR backends {probed:?}");
+            tracing::debug!("resolving the next hops of direct-return backends {probed:?}");
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod abuse;
 pub mod bench;
+pub mod chance;
 pub mod cluster;
 pub mod collisions;
 pub mod faults;

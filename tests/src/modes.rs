@@ -37,7 +37,8 @@ const PORT: u16 = 80;
 const NAT_PORT: u16 = 8080;
 const BACKENDS: usize = 3;
 
-fn backend_ip(k: usize) -> Ipv4Addr {
+/// Backend `k`'s IPv4 address (10.0.2.(10 + k)).
+pub fn backend_ip(k: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, 2, 10 + k as u8)
 }
 
@@ -186,17 +187,50 @@ pub fn keep_vip_off_the_segment(ns: &crate::netns::Netns) -> anyhow::Result<()> 
 /// interface whose route to it is the default). Then a server on every
 /// address, and the decapsulation program.
 fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
+    let on_lo: Vec<SocketAddr> = vips()
+        .iter()
+        .filter(|v| v.direct_return())
+        .map(|v| v.addr)
+        .collect();
+    direct_return_backends(tb, BACKENDS, &on_lo)?;
     for k in 0..BACKENDS {
+        tb.start_server_as(
+            k,
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, NAT_PORT)),
+            SocketAddr::new(backend_ip6(k), NAT_PORT),
+        )?;
+    }
+    tb.start_daemon()?;
+    for v in vips() {
+        let mut a = vec!["vip", "add", "--health", "off"];
+        let vs = v.addr.to_string();
+        a.push(&vs);
+        a.extend_from_slice(v.args);
+        tb.cli(&a)?;
+        for k in 0..BACKENDS {
+            tb.cli(&["backend", "add", &vs, &backend_for(&v, k).to_string()])?;
+        }
+    }
+    Ok(())
+}
+
+/// Backends `0..n` of `tb` as direct-return backends of the VIPs `vips`
+/// (every address on loopback, [`keep_vip_off_the_segment`]), each with a
+/// server on port 80 of both families and the decapsulation program
+/// attached to eth0, accepting the balancer's outer sources.
+///
+/// # Errors
+/// A command fails.
+pub fn direct_return_backends(
+    tb: &mut Testbed,
+    n: usize,
+    vips: &[SocketAddr],
+) -> anyhow::Result<()> {
+    for k in 0..n {
         let ns = &tb.backends[k];
-        for v in vips().iter().filter(|v| v.direct_return()) {
-            let prefix = if v.addr.is_ipv4() { 32 } else { 128 };
-            ns.ip(&[
-                "addr",
-                "add",
-                &format!("{}/{prefix}", v.addr.ip()),
-                "dev",
-                "lo",
-            ])?;
+        for v in vips {
+            let prefix = if v.is_ipv4() { 32 } else { 128 };
+            ns.ip(&["addr", "add", &format!("{}/{prefix}", v.ip()), "dev", "lo"])?;
         }
         keep_vip_off_the_segment(ns)?;
         tb.start_server_as(
@@ -208,11 +242,6 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
             k,
             SocketAddr::from((Ipv6Addr::UNSPECIFIED, PORT)),
             backend_of(k, true),
-        )?;
-        tb.start_server_as(
-            k,
-            SocketAddr::from((Ipv6Addr::UNSPECIFIED, NAT_PORT)),
-            SocketAddr::new(backend_ip6(k), NAT_PORT),
         )?;
         let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
         let out = Command::new("ip")
@@ -230,22 +259,11 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    tb.start_daemon()?;
-    for v in vips() {
-        let mut a = vec!["vip", "add", "--health", "off"];
-        let vs = v.addr.to_string();
-        a.push(&vs);
-        a.extend_from_slice(v.args);
-        tb.cli(&a)?;
-        for k in 0..BACKENDS {
-            tb.cli(&["backend", "add", &vs, &backend_for(&v, k).to_string()])?;
-        }
-    }
     Ok(())
 }
 
 /// Counter `what` of `balancer decap stats` on backend `k`.
-fn decap_stat(tb: &Testbed, k: usize, what: &str) -> anyhow::Result<u64> {
+pub fn decap_stat(tb: &Testbed, k: usize, what: &str) -> anyhow::Result<u64> {
     let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
     let out = Command::new("ip")
         .args(["netns", "exec", tb.backends[k].name()])
@@ -270,8 +288,9 @@ fn decapsulated(tb: &Testbed) -> anyhow::Result<u64> {
 
 /// The balancer's outer sources in this scenario (its addresses on the
 /// backends' segment, the VIPs' `--encap-source`).
-const BALANCER_SRC4: &str = "10.0.2.1";
-const BALANCER_SRC6: &str = "2001:db8:2::1";
+pub const BALANCER_SRC4: &str = "10.0.2.1";
+/// The balancer's IPv6 outer source in this scenario.
+pub const BALANCER_SRC6: &str = "2001:db8:2::1";
 
 /// An IP-in-IP packet (outer IPv4 `outer_src` to `dst`) whose inner packet
 /// is a UDP datagram from a forged client address to `dst`:`port`.

@@ -85,16 +85,20 @@ impl Balancer {
         self.execute(&[Command::SetVip(addr, new)])
     }
 
-    /// Addresses of the backends of L2 direct-server-return VIPs: the
-    /// kernel must know their MAC addresses before the data path can send
-    /// to them ([`crate::netdev::resolve_neighbours`]; the other modes hand
-    /// a frame to the kernel, which resolves the next hop itself).
-    pub fn dsr_backend_addrs(&self) -> Vec<IpAddr> {
+    /// Addresses of the backends of direct-return VIPs (L2 DSR, IP-in-IP,
+    /// GUE): the kernel must know the next hop's MAC address towards each
+    /// before the data path can send to it
+    /// ([`crate::netdev::resolve_neighbours`]). A NATed frame with no
+    /// neighbour entry yet is handed to the kernel, which forwards it and
+    /// resolves the next hop itself; an L2 DSR frame cannot be (its
+    /// destination is the VIP), nor can a tunnel (its outer source is this
+    /// host's own address, which the kernel drops as a martian on input).
+    pub fn direct_return_backend_addrs(&self) -> Vec<IpAddr> {
         let set: BTreeSet<IpAddr> = self
             .state
             .vips
             .values()
-            .filter(|v| v.settings.mode == crate::state::ForwardingMode::Dsr)
+            .filter(|v| v.settings.mode.direct_return())
             .flat_map(|v| v.backends.iter().map(|b| b.addr.ip()))
             .collect();
         set.into_iter().collect()
@@ -363,7 +367,7 @@ impl Balancer {
                     self.maps.set_count(Count::Slot(b.slot), 0)?;
                     self.maps.reset_traffic(Traffic::Backend, b.slot)?;
                     joining.push(b.addr);
-                    if v.settings.mode == crate::state::ForwardingMode::Dsr {
+                    if v.settings.mode.direct_return() {
                         dsr.push(b.addr.ip());
                     }
                 } else if b.state == BackendState::Active

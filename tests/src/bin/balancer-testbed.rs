@@ -14,6 +14,7 @@
 //! * `balancer-testbed realclients`
 //! * `balancer-testbed faults [--long]`
 //! * `balancer-testbed modes`
+//! * `balancer-testbed chance`
 //! * `balancer-testbed mistakes`
 //! * `balancer-testbed cluster [--long]`
 //! * `balancer-testbed sync`
@@ -23,9 +24,9 @@
 use std::process::ExitCode;
 
 use balancer_tests::{
-    abuse, bench, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile, jumbo,
-    mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario, sync,
-    truth,
+    abuse, bench, chance, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile,
+    jumbo, mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario,
+    sync, truth,
 };
 use clap::{Parser, Subcommand};
 
@@ -97,6 +98,10 @@ enum Cmd {
     /// Every forwarding mode and family (L2 DSR, IP-in-IP, GUE, NAT; IPv4,
     /// IPv6 and tunnels of one inside the other) with real TCP.
     Modes,
+    /// The second chance: 1,000 connections held through a consistent
+    /// IP-in-IP VIP survive an emptied flow table and a restart with
+    /// --fresh (the control: a random-candidates VIP's do not).
+    Chance,
     /// Jumbo frames (MTU 9000, native mode) with real TCP, both families.
     Jumbo,
     /// Operator mistakes and crashes: unsaved changes, dotted interface
@@ -207,6 +212,7 @@ fn main() -> ExitCode {
         Cmd::Realclients => realclients::run(),
         Cmd::Faults { long } => faults::run(long),
         Cmd::Modes => modes::run(),
+        Cmd::Chance => chance::run(),
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
         Cmd::Operator => operator::run(),
