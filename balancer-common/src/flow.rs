@@ -68,6 +68,13 @@ pub const F_SERVED: u32 = 128;
 /// A retransmission of this flow's SYN was counted against its server
 /// (once per flow: [`syn_retransmit`]).
 pub const F_SYN_RETRANSMIT: u32 = 256;
+/// Placed from a consistent-candidates row (`VIP_F_CONSISTENT`): its
+/// segments can be recomputed, so one far from the flow's sequence numbers
+/// ([`stale`]) is taken for another connection on the same 5-tuple whose
+/// SYN another balancer placed (this entry outlived its own connection
+/// here, the flow having moved away), and is recomputed rather than sent
+/// to this entry's backend.
+pub const F_CONSISTENT: u32 = 512;
 
 /// State bits a synced flow carries to the peers (docs/cluster.md); the
 /// rest are each balancer's own. A change of one of them is a flow event
@@ -154,6 +161,22 @@ pub fn start(entry: &mut FlowEntry, syn: &Tcp, now_ns: u64) {
 #[inline(always)]
 fn in_window(seq: u32, expected: u32) -> bool {
     seq.wrapping_sub(expected) < RST_WINDOW
+}
+
+/// `true` for a client segment (not a SYN) of a [`F_CONSISTENT`] flow whose
+/// sequence number is more than [`RST_WINDOW`] from the next one the flow
+/// expects, in either direction: not this connection's (a retransmission
+/// lies behind, new data ahead, both within the window; another
+/// connection's random initial number lands inside the 2^24-wide band once
+/// in 256). The segment changes nothing here: it is recomputed.
+#[inline(always)]
+pub fn stale(entry: &FlowEntry, seg: &Tcp) -> bool {
+    entry.state & F_CONSISTENT != 0
+        && seg
+            .seq
+            .wrapping_sub(entry.client_next_seq)
+            .wrapping_add(RST_WINDOW)
+            >= 2 * RST_WINDOW
 }
 
 /// `true` when the TCP flags `flags` are a combination a segment travelling
@@ -959,6 +982,38 @@ mod tests {
             ),
             Verdict::ClosedByFin
         );
+    }
+
+    #[test]
+    fn stale_only_far_from_the_flow_and_only_consistent() {
+        let mut e = FlowEntry {
+            client_next_seq: 1000,
+            state: F_CONSISTENT | F_ESTABLISHED,
+            ..FlowEntry::default()
+        };
+        let at = |seq: u32| Tcp {
+            seq,
+            flags: TCP_ACK,
+            ..Tcp::default()
+        };
+        for seq in [
+            1000,
+            999,
+            1000u32.wrapping_sub(40_000),
+            1000 + RST_WINDOW - 1,
+            1000u32.wrapping_sub(RST_WINDOW),
+        ] {
+            assert!(!stale(&e, &at(seq)), "{seq}");
+        }
+        for seq in [
+            1000 + RST_WINDOW,
+            1000u32.wrapping_sub(RST_WINDOW + 1),
+            0x8000_0000,
+        ] {
+            assert!(stale(&e, &at(seq)), "{seq}");
+        }
+        e.state = F_ESTABLISHED;
+        assert!(!stale(&e, &at(0x8000_0000)), "only consistent flows");
     }
 
     #[test]

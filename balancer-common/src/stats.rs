@@ -189,11 +189,17 @@ pub enum Counter {
     /// their row's first candidate in GUE carrying the second, for the
     /// backends' second chance (`encap::chance_header`); no state kept.
     RecomputedSegments,
+    /// Segments of a consistent flow (live or closed) far from its
+    /// sequence numbers (`flow::stale`): another connection on the same
+    /// 5-tuple, placed by another balancer after this one's entry outlived
+    /// its own connection here; recomputed (and counted in
+    /// `recomputed_segments` too), the entry untouched.
+    StaleRecomputed,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::RecomputedSegments;
+    pub const LAST: Counter = Counter::StaleRecomputed;
 }
 
 /// Number of entries of the `STATS` array.
@@ -261,6 +267,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "too_big_df_clear",
     "flow_events_lost",
     "recomputed_segments",
+    "stale_recomputed",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

@@ -336,6 +336,9 @@ pub fn place(
         ..FlowEntry::default()
     };
     flow::start(&mut entry, seg, now);
+    if vip.flags & VIP_F_CONSISTENT != 0 {
+        entry.state = flow::F_CONSISTENT;
+    }
     // Full resolution: of several closed flows of one backend tuple, the
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();

@@ -169,6 +169,13 @@ pub fn unpinned(
             unsafe { UNPROVEN.get(&closed) }
         }
     });
+    let found = found.filter(|e| {
+        let stale = flow::stale(e, seg);
+        if stale {
+            count(Counter::StaleRecomputed, 1);
+        }
+        !stale
+    });
     if let Some(e) = found {
         let Some(b) = backend_of(e) else {
             count(Counter::ResetBackendGone, 1);
@@ -191,6 +198,19 @@ pub fn unpinned(
         return Next::Action(xdp_action::XDP_PASS);
     }
     missed(vip)
+}
+
+/// A segment of a consistent flow that is not its connection's
+/// (`flow::stale`): recomputed in the new-flow stage like a segment of no
+/// flow; the entry is left as it is (a segment that does not fit a flow
+/// may not change it).
+#[inline(always)]
+pub fn recompute_stale(ctx: &XdpContext) -> Next {
+    count(Counter::StaleRecomputed, 1);
+    // SAFETY: the program array holds XDP programs of this object.
+    unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
+    count(Counter::DropNoStage, 1);
+    Next::Action(xdp_action::XDP_PASS)
 }
 
 /// A segment of no flow that is passed to the host, counted.

@@ -319,6 +319,12 @@ mod entry {
             {
                 client::supersede_synced(ctx, &key, table)
             }
+            // Another connection on the 5-tuple of a consistent flow this
+            // balancer no longer carries: recomputed.
+            // SAFETY: as above.
+            Target::Pinned(_, e, _) if !seg.is_syn() && flow::stale(unsafe { &*e }, seg) => {
+                client::recompute_stale(ctx)
+            }
             Target::Pinned(key, e, table) => client::pinned(frame, seg, &key, e, table),
             // SAFETY: a pointer from a successful lookup, valid for the
             // rest of this run.

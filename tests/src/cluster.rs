@@ -38,8 +38,12 @@ use crate::{
     testbed::{balancer_bin, dies_with_us, start_server_as, Conn, Server},
 };
 
-/// The VIP (L2 DSR: the backends listen on its port).
+/// The VIP (L2 DSR, or IP-in-IP in the tunnel form: the backends listen
+/// on its port).
 const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80);
+/// The tunnel form's control VIP: IP-in-IP drawing its candidates at
+/// random (the same address: one route).
+const CONTROL_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 81);
 /// Backend hosts.
 const BACKENDS: usize = 8;
 /// The router's LAN address (the BGP peer of every balancer).
@@ -93,12 +97,19 @@ struct Cluster {
     lbs: Vec<Lb>,
     backends: Vec<Netns>,
     servers: Vec<Server>,
+    /// The servers of the tunnel form's control VIP.
+    control_servers: Vec<Server>,
+    /// An XDP_PASS program on the switch's ports (the tunnel form).
+    peer_programs: Option<crate::testbed::PeerPrograms>,
     stop: Arc<AtomicBool>,
     router_bird: Option<Proc>,
     bin: PathBuf,
     /// The balancers every daemon names as peers (all of them, present or
     /// not yet).
     members: Vec<usize>,
+    /// The tunnel form ([`run_tunnel`]): IP-in-IP VIPs, the backends
+    /// running the decapsulation program, no sync between the balancers.
+    tunnel: bool,
 }
 
 impl Drop for Cluster {
@@ -115,7 +126,7 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
-    fn build(lbs: &[usize]) -> anyhow::Result<Cluster> {
+    fn build(lbs: &[usize], tunnel: bool) -> anyhow::Result<Cluster> {
         let tag = std::process::id();
         let dir = std::env::temp_dir().join(format!("balancer-cluster-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -131,10 +142,13 @@ impl Cluster {
             lbs: Vec::new(),
             backends: Vec::new(),
             servers: Vec::new(),
+            control_servers: Vec::new(),
+            peer_programs: None,
             stop: Arc::new(AtomicBool::new(false)),
             router_bird: None,
             bin: balancer_bin()?,
             members: lbs.to_vec(),
+            tunnel,
             dir,
         };
         for &n in lbs {
@@ -161,8 +175,63 @@ impl Cluster {
             )?;
             c.servers.push(s);
         }
+        if tunnel {
+            c.tunnel_backends()?;
+        }
+        // veth hands a frame sent with XDP_TX (by a balancer, or by a
+        // backend's second chance) to a peer with only GRO on at its next
+        // poll: without other traffic, hundreds of ms later. An XDP_PASS
+        // program on every switch port delivers it at once (as the test
+        // bed's PeerPrograms do for the single balancer).
+        let mut ports: Vec<String> = (0..BACKENDS).map(|k| format!("sw-b{k}")).collect();
+        ports.extend(lbs.iter().map(|n| format!("sw-lb{n}")));
+        let list: Vec<(&Netns, &str)> = ports.iter().map(|p| (&c.sw, p.as_str())).collect();
+        c.peer_programs = Some(crate::testbed::PeerPrograms::attach(&list)?);
         c.start_router_bird()?;
         Ok(c)
+    }
+
+    /// The backends of the tunnel form: a server on the control VIP's port
+    /// too, the decapsulation program accepting the balancers' LAN
+    /// (second chances included), and what it needs of the host: GRO on
+    /// their switch ports (veth delivers a frame a program sends back out
+    /// only to a peer with GRO on) and forwarding (the first segment sent
+    /// on to a peer with no neighbour entry goes through the kernel).
+    fn tunnel_backends(&mut self) -> anyhow::Result<()> {
+        for k in 0..BACKENDS {
+            let b = &self.backends[k];
+            let s = start_server_as(
+                b,
+                SocketAddr::from((Ipv4Addr::UNSPECIFIED, CONTROL_VIP.port())),
+                SocketAddr::new(backend(k).ip(), CONTROL_VIP.port()),
+                self.stop.clone(),
+            )?;
+            self.control_servers.push(s);
+            ethtool(&self.sw, &["-K", &format!("sw-b{k}"), "gro", "on"])?;
+            b.sysctl("net.ipv4.ip_forward", "1")?;
+            b.sysctl("net.ipv4.conf.all.send_redirects", "0")?;
+            b.sysctl("net.ipv4.conf.eth0.send_redirects", "0")?;
+            let out = Command::new("ip")
+                .args(["netns", "exec", b.name()])
+                .arg(&self.bin)
+                .args([
+                    "decap",
+                    "attach",
+                    "--iface",
+                    "eth0",
+                    "--source",
+                    "10.0.9.0/24",
+                ])
+                .arg("--pin-dir")
+                .arg(self.dir.join("bpffs").join(format!("decap-b{k}")))
+                .output()?;
+            ensure!(
+                out.status.success(),
+                "decap attach on b{k}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
     }
 
     /// A veth from `ns` (named `name`) into the LAN bridge.
@@ -385,12 +454,6 @@ impl Cluster {
                 .to_string(),
             "--stats-interval".into(),
             "0s".into(),
-            "--cluster-listen".into(),
-            format!("{}:{SYNC_PORT}", lb_ip(n)),
-            "--sync-interval".into(),
-            SYNC_INTERVAL.into(),
-            "--sync-refresh".into(),
-            SYNC_REFRESH.into(),
             "--bgp-dir".into(),
             self.bgp_dir(n).display().to_string(),
             "--birdc-socket".into(),
@@ -398,14 +461,26 @@ impl Cluster {
                 .join(format!("bird-lb{n}.ctl"))
                 .display()
                 .to_string(),
-            "--cluster-key-file".into(),
-            self.dir.join("cluster.key").display().to_string(),
             "--metrics-address".into(),
             "127.0.0.1:9464".into(),
         ];
-        for m in self.members.iter().filter(|m| **m != n) {
-            args.push("--peer".into());
-            args.push(format!("{}:{SYNC_PORT}", lb_ip(*m)));
+        // The tunnel form runs without sync: each balancer knows only the
+        // flows it placed.
+        if !self.tunnel {
+            args.extend([
+                "--cluster-listen".into(),
+                format!("{}:{SYNC_PORT}", lb_ip(n)),
+                "--sync-interval".into(),
+                SYNC_INTERVAL.into(),
+                "--sync-refresh".into(),
+                SYNC_REFRESH.into(),
+                "--cluster-key-file".into(),
+                self.dir.join("cluster.key").display().to_string(),
+            ]);
+            for m in self.members.iter().filter(|m| **m != n) {
+                args.push("--peer".into());
+                args.push(format!("{}:{SYNC_PORT}", lb_ip(*m)));
+            }
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.dir.join(format!("daemon-lb{n}.log"));
@@ -455,27 +530,35 @@ impl Cluster {
         Ok(serde_json::from_str(&self.cli(n, args)?)?)
     }
 
-    /// The VIP and its backends on balancer `n`, with `choices`.
+    /// The VIP and its backends on balancer `n`, with `choices`: L2 DSR;
+    /// in the tunnel form IP-in-IP from the balancer's own address with
+    /// consistent candidates, and the control VIP (another port of the
+    /// same address) drawing its candidates at random.
     fn configure(&self, n: usize, choices: &str) -> anyhow::Result<()> {
-        let vip = VIP.to_string();
-        self.cli(
-            n,
-            &[
-                "vip",
-                "add",
-                "--health",
-                "off",
-                &vip,
-                "--mode",
-                "dsr",
-                "--choices",
-                choices,
-            ],
-        )?;
-        let bs: Vec<String> = (0..BACKENDS).map(|k| backend(k).to_string()).collect();
-        let mut args = vec!["backend", "add", vip.as_str()];
-        args.extend(bs.iter().map(String::as_str));
-        self.cli(n, &args)?;
+        let src = lb_ip(n).to_string();
+        let vips: Vec<(SocketAddr, Vec<&str>)> = if self.tunnel {
+            let tunnel = vec!["--mode", "ipip", "--encap-source", &src, "--candidates"];
+            let with = |c| {
+                let mut a = tunnel.clone();
+                a.push(c);
+                a
+            };
+            vec![(VIP, with("consistent")), (CONTROL_VIP, with("random"))]
+        } else {
+            vec![(VIP, vec!["--mode", "dsr"])]
+        };
+        for (vip, mode) in vips {
+            let vs = vip.to_string();
+            let mut args = vec!["vip", "add", "--health", "off", &vs, "--choices", choices];
+            args.extend(mode);
+            self.cli(n, &args)?;
+            let bs: Vec<String> = (0..BACKENDS)
+                .map(|k| SocketAddr::new(backend(k).ip(), vip.port()).to_string())
+                .collect();
+            let mut args = vec!["backend", "add", vs.as_str()];
+            args.extend(bs.iter().map(String::as_str));
+            self.cli(n, &args)?;
+        }
         Ok(())
     }
 
@@ -550,6 +633,17 @@ impl Cluster {
 /// Opens `n` connections from the client host (in `threads` threads at
 /// once), each after one request; returns them.
 fn open_held(c: &Cluster, n: u64, threads: u64, id_base: u64) -> anyhow::Result<Vec<Conn>> {
+    open_held_to(c, VIP, n, threads, id_base)
+}
+
+/// [`open_held`] to `vip`.
+fn open_held_to(
+    c: &Cluster,
+    vip: SocketAddr,
+    n: u64,
+    threads: u64,
+    id_base: u64,
+) -> anyhow::Result<Vec<Conn>> {
     let ns = c.client.path();
     let per = n / threads;
     let handles: Vec<_> = (0..threads)
@@ -561,8 +655,8 @@ fn open_held(c: &Cluster, n: u64, threads: u64, id_base: u64) -> anyhow::Result<
                 for i in 0..per {
                     let id = id_base + t * per + i;
                     out.push(
-                        Conn::open_to(None, VIP, id, 64)
-                            .with_context(|| format!("held connection {id}"))?,
+                        Conn::open_to(None, vip, id, 64)
+                            .with_context(|| format!("held connection {id} to {vip}"))?,
                     );
                 }
                 Ok(out)
@@ -734,10 +828,18 @@ fn report(what: &str, o: &Outcome) {
 ///
 /// # Errors
 /// Any check that fails, with the daemons' logs.
-pub fn run(long: bool) -> anyhow::Result<()> {
-    let members: &[usize] = if long { &[1, 2, 3, 4] } else { &[1, 2, 3] };
-    let mut c = Cluster::build(members)?;
-    let r = run_on(&mut c, long);
+pub fn run(long: bool, tunnel: bool) -> anyhow::Result<()> {
+    let members: &[usize] = if long || tunnel {
+        &[1, 2, 3, 4]
+    } else {
+        &[1, 2, 3]
+    };
+    let mut c = Cluster::build(members, tunnel)?;
+    let r = if tunnel {
+        run_tunnel(&mut c)
+    } else {
+        run_on(&mut c, long)
+    };
     if r.is_err() {
         for lb in &c.lbs {
             eprintln!("--- daemon lb{} ---\n{}", lb.n, c.log(lb.n));
@@ -893,6 +995,132 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     })?;
     report("lb4 added", &o);
     herd(c)
+}
+
+/// The sum of counter `name` over the balancers `lbs` that run.
+fn sum_counter(c: &Cluster, lbs: &[usize], name: &str) -> anyhow::Result<u64> {
+    let mut sum = 0;
+    for n in lbs {
+        if c.lb(*n)?.daemon.is_some() {
+            sum += c.counter(*n, name)?;
+        }
+    }
+    Ok(sum)
+}
+
+/// The tunnel form (issue 22), without any sync between the balancers:
+/// IP-in-IP with consistent candidates; lb2 drained, put back, lb3's host
+/// cut off, lb4 added, each under 1,000 held connections and steady new
+/// ones. A flow that ECMP moves reaches a balancer that never saw it; its
+/// segments are recomputed and the backends' second chance finds its
+/// socket: nothing may break. The control, on the drain: connections held
+/// through a VIP of random candidates, of which the moved ones break.
+fn run_tunnel(c: &mut Cluster) -> anyhow::Result<()> {
+    let first = [1, 2, 3];
+    for n in first {
+        c.start_bird(n)?;
+        c.start_daemon(n, &[])?;
+        c.configure(n, "2")?;
+    }
+    let t = c.await_hops(&first, Duration::from_secs(30))?;
+    println!(
+        "cluster: tunnel: the router learned the VIP from lb1, lb2 and lb3 by BGP ({} ms after the last configuration); no flow sync between them",
+        t.as_millis()
+    );
+    let held = 1000;
+    let all = [1, 2, 3, 4];
+    let events: [(
+        &str,
+        u64,
+        Box<dyn FnOnce(&mut Cluster) -> anyhow::Result<Duration>>,
+    ); 4] = [
+        (
+            "lb2 drained",
+            1 << 32,
+            Box::new(|c: &mut Cluster| {
+                c.cli(2, &["cluster", "drain"])?;
+                c.await_hops(&[1, 3], Duration::from_secs(10))
+            }),
+        ),
+        (
+            "lb2 back in service",
+            2 << 32,
+            Box::new(|c: &mut Cluster| {
+                c.cli(2, &["cluster", "undrain"])?;
+                c.await_hops(&[1, 2, 3], Duration::from_secs(10))
+            }),
+        ),
+        (
+            "lb3's host cut off",
+            3 << 32,
+            Box::new(|c: &mut Cluster| {
+                c.cut(3)?;
+                c.await_hops(&[1, 2], Duration::from_secs(15))
+            }),
+        ),
+        (
+            "lb4 added",
+            4 << 32,
+            Box::new(|c: &mut Cluster| {
+                let t0 = Instant::now();
+                c.start_bird(4)?;
+                c.start_daemon(4, &[])?;
+                c.configure(4, "2")?;
+                c.await_hops(&[1, 2, 4], Duration::from_secs(30))?;
+                Ok(t0.elapsed())
+            }),
+        ),
+    ];
+    for (i, (what, id_base, event)) in events.into_iter().enumerate() {
+        let mut control = if i == 0 {
+            let v = open_held_to(c, CONTROL_VIP, 160, 8, id_base + (1 << 28))?;
+            for conn in &v {
+                conn.set_read_timeout(Duration::from_secs(2))?;
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        let recomputed0 = sum_counter(c, &all, "recomputed_segments")?;
+        let stale0 = sum_counter(c, &all, "stale_recomputed")?;
+        let o = measure(c, held, id_base, &all, event)?;
+        let recomputed = sum_counter(c, &all, "recomputed_segments")?.saturating_sub(recomputed0);
+        let stale = sum_counter(c, &all, "stale_recomputed")?.saturating_sub(stale0);
+        println!(
+            "cluster: tunnel: {what}: {} of {} held connections broken, {} of {} new connections failed; the router's route had its new next hops after {} ms; {recomputed} segments recomputed by the balancers that never saw their flow ({stale} \
+             of them past a stale entry of an earlier connection on the 5-tuple)",
+            o.broken,
+            o.held,
+            o.new_failed,
+            o.new,
+            o.converged.as_millis()
+        );
+        if i == 0 {
+            let n = control.len() as u64;
+            let control_broken = broken(&mut control, id_base + (1 << 29));
+            println!(
+                "cluster: tunnel: control: {what}: {control_broken} of {n} connections held through a VIP of random candidates broken"
+            );
+            ensure!(
+                control_broken > 0,
+                "control: no connection of the random-candidates VIP broke when {what} (the                  event moved no flow: the test cannot tell)"
+            );
+            for conn in control {
+                conn.close();
+            }
+        }
+        ensure!(
+            o.broken == 0 && o.new_failed == 0,
+            "{what} broke {} held and {} new connections without sync",
+            o.broken,
+            o.new_failed
+        );
+        ensure!(
+            recomputed > 0,
+            "{what}: no segment was recomputed (no flow moved between balancers)"
+        );
+    }
+    Ok(())
 }
 
 /// The herd table: three balancers (lb1, lb2, lb4), 8 backends; bursts of

@@ -26,3 +26,22 @@ fn balancers_behind_ecmp_share_flows() {
     }
     balancer_tests::harness::scenario(env!("CARGO_BIN_EXE_balancer-testbed"), &args, &markers);
 }
+
+/// The tunnel form (`balancer-testbed cluster --tunnel`): IP-in-IP with
+/// consistent candidates and no flow sync; a balancer drained, put back,
+/// cut off and added under 1,000 held connections breaks none (the
+/// control, a random-candidates VIP, loses some on the drain).
+#[test]
+fn balancers_without_sync_keep_consistent_flows() {
+    balancer_tests::harness::scenario(
+        env!("CARGO_BIN_EXE_balancer-testbed"),
+        &["cluster", "--tunnel"],
+        &[
+            "cluster: tunnel: lb2 drained: 0 of 1000 held connections broken, 0 of",
+            "cluster: tunnel: control: lb2 drained:",
+            "cluster: tunnel: lb2 back in service: 0 of 1000 held connections broken, 0 of",
+            "cluster: tunnel: lb3's host cut off: 0 of 1000 held connections broken, 0 of",
+            "cluster: tunnel: lb4 added: 0 of 1000 held connections broken, 0 of",
+        ],
+    );
+}

@@ -16,7 +16,7 @@
 //! * `balancer-testbed modes`
 //! * `balancer-testbed chance`
 //! * `balancer-testbed mistakes`
-//! * `balancer-testbed cluster [--long]`
+//! * `balancer-testbed cluster [--long | --tunnel]`
 //! * `balancer-testbed sync`
 //! * `balancer-testbed fixtures`
 //! * `balancer-testbed fuzz [--frames N] [--seed S]`
@@ -144,6 +144,11 @@ enum Cmd {
         /// herd table.
         #[arg(long)]
         long: bool,
+        /// The tunnel form instead: IP-in-IP with consistent candidates
+        /// and no sync; drain, put back, cut off and add under held
+        /// connections.
+        #[arg(long, conflicts_with = "long")]
+        tunnel: bool,
     },
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
@@ -217,7 +222,7 @@ fn main() -> ExitCode {
         Cmd::Mistakes => mistakes::run(),
         Cmd::Operator => operator::run(),
         Cmd::Truth => truth::run(),
-        Cmd::Cluster { long } => cluster::run(long),
+        Cmd::Cluster { long, tunnel } => cluster::run(long, tunnel),
         Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {
