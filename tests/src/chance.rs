@@ -162,7 +162,7 @@ fn flush_flows(tb: &Testbed) -> anyhow::Result<usize> {
         let data = MapData::from_pin(tb.pin_dir().join(name))
             .with_context(|| format!("opening the pinned {name}"))?;
         let mut m: HashMap<MapData, FlowKey, FlowEntry> =
-            HashMap::try_from(Map::LruHashMap(data)).with_context(|| format!("{name}"))?;
+            HashMap::try_from(Map::LruHashMap(data)).with_context(|| format!("opening {name}"))?;
         let keys: Vec<FlowKey> = m.keys().filter_map(Result::ok).collect();
         for k in keys {
             if m.remove(&k).is_ok() {

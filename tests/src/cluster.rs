@@ -997,6 +997,10 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     herd(c)
 }
 
+/// A change made to the cluster under held connections; returns how long
+/// the router took to follow it.
+type Event = Box<dyn FnOnce(&mut Cluster) -> anyhow::Result<Duration>>;
+
 /// The sum of counter `name` over the balancers `lbs` that run.
 fn sum_counter(c: &Cluster, lbs: &[usize], name: &str) -> anyhow::Result<u64> {
     let mut sum = 0;
@@ -1029,11 +1033,7 @@ fn run_tunnel(c: &mut Cluster) -> anyhow::Result<()> {
     );
     let held = 1000;
     let all = [1, 2, 3, 4];
-    let events: [(
-        &str,
-        u64,
-        Box<dyn FnOnce(&mut Cluster) -> anyhow::Result<Duration>>,
-    ); 4] = [
+    let events: [(&str, u64, Event); 4] = [
         (
             "lb2 drained",
             1 << 32,
