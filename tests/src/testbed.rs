@@ -335,6 +335,15 @@ impl Conn {
         self.read_answer(id, len)
     }
 
+    /// The client's address and port of the connection (unspecified if
+    /// the socket cannot tell).
+    pub fn local(&self) -> SocketAddr {
+        self.stream
+            .get_ref()
+            .local_addr()
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
     /// The first half of [`Conn::request`]: sends `GET id len`.
     ///
     /// # Errors
