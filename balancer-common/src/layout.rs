@@ -179,10 +179,13 @@ const fn fingerprint() -> u64 {
         h,
         ChoiceCounts {
             decisions: u64,
-            ties: u64
+            ties: u64,
+            regret_samples: u64,
+            regret_sum: u64
         }
     );
     h = mix_usize(h, crate::LOAD_BUCKETS);
+    h = mix_usize(h, crate::hist::COUNT as usize);
     h = layout!(
         h,
         AffinityKey {

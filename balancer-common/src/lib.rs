@@ -61,9 +61,9 @@ const _: () = {
     assert!(size_of::<BackendKey>() == 20);
     assert!(size_of::<BackendVips>() == 4 + 20 * MAX_VIPS_PER_BACKEND as usize);
     assert!(size_of::<TrafficStats>() == 48);
-    assert!(size_of::<ChoiceStats>() == 8 * (2 + 3 * LOAD_BUCKETS));
-    assert!(size_of::<ChoiceCounts>() == 16);
-    assert!(size_of::<Settings>() == 16);
+    assert!(size_of::<ChoiceStats>() == 8 * (4 + 4 * LOAD_BUCKETS));
+    assert!(size_of::<ChoiceCounts>() == 32);
+    assert!(size_of::<Settings>() == 24);
     assert!(size_of::<FlowEvent>() == 88);
     assert!(size_of::<LocalMac>() == 8);
     assert!(size_of::<Orphan>() == 16);

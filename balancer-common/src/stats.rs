@@ -329,6 +329,12 @@ pub struct ChoiceCounts {
     /// Choices whose best rejected candidate compared equal to the chosen
     /// one (broken at random).
     pub ties: u64,
+    /// Choices sampled for their regret (one in
+    /// `Settings::regret_sample` of `decisions`, counted per CPU).
+    pub regret_samples: u64,
+    /// Sum of the sampled choices' regrets (`choice::regret`: active
+    /// connections per unit of weight).
+    pub regret_sum: u64,
 }
 
 /// Which load histogram of `CHOICE_HIST`.
@@ -339,10 +345,15 @@ pub mod hist {
     pub const CHOSEN: u32 = 1;
     /// Load of the best candidate not chosen.
     pub const REJECTED: u32 = 2;
+    /// Regret of a sampled choice against a full scan (`choice::regret`).
+    pub const REGRET: u32 = 3;
+    /// Histograms per VIP.
+    pub const COUNT: u32 = 4;
 }
 
-/// Entries of `CHOICE_HIST`: three histograms of [`LOAD_BUCKETS`] per VIP.
-pub const CHOICE_HIST_LEN: u32 = MAX_VIPS * 3 * LOAD_BUCKETS as u32;
+/// Entries of `CHOICE_HIST`: [`hist::COUNT`] histograms of
+/// [`LOAD_BUCKETS`] per VIP.
+pub const CHOICE_HIST_LEN: u32 = MAX_VIPS * hist::COUNT * LOAD_BUCKETS as u32;
 
 /// Index in `CHOICE_HIST` of bucket `bucket` of histogram `which`
 /// ([`hist`]) of VIP `vip_index`. A flat array indexed through a map key:
@@ -350,7 +361,7 @@ pub const CHOICE_HIST_LEN: u32 = MAX_VIPS * 3 * LOAD_BUCKETS as u32;
 /// load values exactly, which a choice's loop cannot afford.
 #[inline(always)]
 pub const fn choice_hist_index(vip_index: u32, which: u32, bucket: usize) -> u32 {
-    (vip_index * 3 + which) * LOAD_BUCKETS as u32 + bucket as u32
+    (vip_index * hist::COUNT + which) * LOAD_BUCKETS as u32 + bucket as u32
 }
 
 /// A VIP's choice telemetry summed over CPUs, as userspace assembles it
@@ -372,4 +383,10 @@ pub struct ChoiceStats {
     /// Load of the best candidate not chosen (the other one, for two
     /// choices).
     pub rejected: [u64; LOAD_BUCKETS],
+    /// Choices sampled for their regret against a full scan.
+    pub regret_samples: u64,
+    /// Sum of their regrets (active connections per unit of weight).
+    pub regret_sum: u64,
+    /// Their regrets.
+    pub regret: [u64; LOAD_BUCKETS],
 }

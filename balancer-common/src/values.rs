@@ -539,7 +539,19 @@ pub struct Settings {
     pub test_seed: u64,
     /// `SETTINGS_F_*` flags.
     pub flags: u64,
+    /// One choice in this many (per VIP and CPU) is also compared with a
+    /// scan of the VIP's whole eligible list, for the regret telemetry
+    /// (`ChoiceCounts::regret_samples`); 0: never. The daemon's default is
+    /// [`DEFAULT_REGRET_SAMPLE`].
+    pub regret_sample: u32,
+    /// Zero.
+    pub _pad: u32,
 }
+
+/// The daemon's default [`Settings::regret_sample`]: one choice in 64
+/// pays for a scan of the eligible list (`bpf_loop`, one step per
+/// backend), so the SYN path's mean cost grows by about a 64th of a scan.
+pub const DEFAULT_REGRET_SAMPLE: u32 = 64;
 
 /// Do not record the choice telemetry (benchmarks measure its cost with
 /// and without).

@@ -101,6 +101,10 @@ struct ChooseCtx {
     row: CandidateRow,
     /// 1 when the candidates are the row's (`VIP_F_CONSISTENT`).
     consistent: u32,
+    /// 1 during the regret scan ([`scan_step`]): nothing is counted.
+    scanning: u32,
+    /// The lowest ranked key the regret scan found (`u64::MAX`: none yet).
+    scan_best: u64,
 }
 
 /// Active connections (server-wide), weight and failing flag of the
@@ -118,7 +122,7 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     let b = BACKENDS.get(slot)?;
     let (server, weight) = (b.server, b.weight);
     let failing = server_failing(server, c.eject_after, c.min_sources);
-    if failing {
+    if failing && c.scanning == 0 {
         count(Counter::SkippedFailing, 1);
     }
     let conns = *SERVER_CONNS.get(server)?;
@@ -171,6 +175,55 @@ extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// One step of the regret scan, called by `bpf_loop` over the VIP's whole
+/// eligible list: keeps the lowest ranked key (`choice::ranked_key`) of the
+/// candidates the choice rule could have compared.
+#[inline(never)]
+extern "C" fn scan_step(step: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the ChooseCtx passed to bpf_loop.
+    let c = unsafe { &mut *(ctx as *mut ChooseCtx) };
+    let Some(slot) = VIP_BACKENDS.get(c.list_base + step as u32).copied() else {
+        return 1;
+    };
+    if let Some((l, w, failing)) = load_of(c, slot) {
+        let k = choice::ranked_key(l, w, failing);
+        if k < c.scan_best {
+            c.scan_best = k;
+        }
+    }
+    0
+}
+
+/// Samples a choice's regret (one in `regret_sample` of the VIP's
+/// decisions on this CPU, counted by [`record`]): scans the eligible list
+/// for the lowest key and records how much heavier the chosen candidate
+/// was (`choice::regret`). Not inlined: its own stack frame.
+#[inline(never)]
+fn sample_regret(vip: &VipInfo, c: &mut ChooseCtx, chosen_key: u64) {
+    c.scanning = 1;
+    c.scan_best = u64::MAX;
+    // SAFETY: as in `choose`.
+    let done = unsafe {
+        bpf_loop(
+            vip.eligible as u64,
+            scan_step as *mut c_void,
+            c as *mut ChooseCtx as *mut c_void,
+        )
+    };
+    if done < 0 || c.scan_best == u64::MAX {
+        return;
+    }
+    let r = choice::regret(chosen_key, c.scan_best);
+    if let Some(p) = CHOICE_STATS.get_ptr_mut(vip.index) {
+        // SAFETY: per-CPU value, no concurrent writer.
+        unsafe {
+            (*p).regret_samples += 1;
+            (*p).regret_sum += r;
+        }
+    }
+    bump(vip.index, hist::REGRET, r);
+}
+
 /// Adds one to the bucket of `load` in histogram `which` of a VIP (a map
 /// key, not an offset into a value: the verifier then need not track the
 /// load exactly).
@@ -183,13 +236,16 @@ fn bump(vip_index: u32, which: u32, load: u64) {
     }
 }
 
-/// Adds one choice to the VIP's telemetry.
+/// Adds one choice to the VIP's telemetry; returns the VIP's decisions on
+/// this CPU so far (0 when its counter could not be read).
 #[inline(always)]
-fn record(vip: &VipInfo, chooser: &Chooser) {
+fn record(vip: &VipInfo, chooser: &Chooser) -> u64 {
+    let mut decisions = 0;
     if let Some(p) = CHOICE_STATS.get_ptr_mut(vip.index) {
         // SAFETY: per-CPU value, no concurrent writer.
         unsafe {
             (*p).decisions += 1;
+            decisions = (*p).decisions;
             if chooser.tied() {
                 (*p).ties += 1;
             }
@@ -199,6 +255,7 @@ fn record(vip: &VipInfo, chooser: &Chooser) {
     if let Some(r) = chooser.rejected_load() {
         bump(vip.index, hist::REJECTED, r);
     }
+    decisions
 }
 
 /// The candidate row of flow `key` of a `VIP_F_CONSISTENT` VIP; `None`
@@ -227,9 +284,13 @@ pub fn candidate_row(vip: &VipInfo, key: &FlowKey) -> Option<CandidateRow> {
 /// random entries of the eligible list.
 #[inline(always)]
 fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backend, u32)> {
-    let telemetry = SETTINGS
-        .get(0)
-        .is_none_or(|s| s.flags & SETTINGS_F_NO_CHOICE_TELEMETRY == 0);
+    let (telemetry, regret_sample) = match SETTINGS.get(0) {
+        Some(s) => (
+            s.flags & SETTINGS_F_NO_CHOICE_TELEMETRY == 0,
+            s.regret_sample as u64,
+        ),
+        None => (true, 0),
+    };
     let p = CHOOSER.get_ptr_mut(0)?;
     let row = candidate_row(vip, key);
     // A row of two with choices 2 or more is a scan of both; with choices
@@ -250,6 +311,8 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
         min_sources: vip.eject_min_sources,
         row: row.unwrap_or_default(),
         consistent: row.is_some() as u32,
+        scanning: 0,
+        scan_best: 0,
     };
 
     // SAFETY: callback is a static function; the context pointer is a stack
@@ -268,7 +331,10 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     let chooser = unsafe { *p };
     let index = chooser.result()?;
     if telemetry {
-        record(vip, &chooser);
+        let decisions = record(vip, &chooser);
+        if regret_sample != 0 && decisions % regret_sample == 0 {
+            sample_regret(vip, &mut lctx, chooser.chosen_key());
+        }
     }
     let slot = match row {
         Some(r) => r.slot(index)?,

@@ -714,8 +714,27 @@ pub struct LoadHistogram {
     pub counts: Vec<u64>,
 }
 
+/// The regret of a VIP's sampled choices against a full scan: how much
+/// more loaded the chosen backend was than the least loaded eligible one
+/// at that instant, in active connections per unit of weight (with equal
+/// weights, connections). One choice in the daemon's `--regret-sample` is
+/// sampled (per CPU).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+pub struct RegretView {
+    /// Choices sampled.
+    pub samples: u64,
+    /// Sum of their regrets.
+    pub sum: u64,
+    /// Mean regret of the samples.
+    pub mean: f64,
+    /// Samples whose choice was as good as the full scan's (regret 0).
+    pub zero: u64,
+    /// Regrets of the samples.
+    pub histogram: LoadHistogram,
+}
+
 /// A VIP's choice telemetry.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ChoiceView {
     /// Choices made.
     pub decisions: u64,
@@ -727,10 +746,29 @@ pub struct ChoiceView {
     pub chosen: LoadHistogram,
     /// Loads of the best candidates rejected.
     pub rejected: LoadHistogram,
+    /// Regret against a full scan, sampled.
+    #[serde(default = "RegretView::none")]
+    pub regret: RegretView,
+}
+
+impl RegretView {
+    /// No sample (a daemon older than the regret telemetry).
+    pub fn none() -> RegretView {
+        RegretView {
+            samples: 0,
+            sum: 0,
+            mean: 0.0,
+            zero: 0,
+            histogram: LoadHistogram {
+                from: Vec::new(),
+                counts: Vec::new(),
+            },
+        }
+    }
 }
 
 /// Per-VIP counters.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct VipStatsView {
     /// Address and port.
     #[schema(value_type = String)]

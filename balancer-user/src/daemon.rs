@@ -58,6 +58,9 @@ pub struct DaemonConfig {
     pub stats_interval: Duration,
     /// Deterministic random seed for tests (0: kernel random).
     pub test_seed: u64,
+    /// One choice in this many is compared with a full scan
+    /// (`Settings::regret_sample`; 0: never).
+    pub regret_sample: u32,
     /// Remove maps pinned by an earlier run and start empty.
     pub fresh: bool,
     /// A declarative configuration to apply at start (after the state
@@ -848,6 +851,7 @@ fn start_data_path(
     if cfg.test_seed != 0 {
         lb.set_test_seed(cfg.test_seed)?;
     }
+    lb.set_regret_sample(cfg.regret_sample)?;
     for iface in &cfg.interfaces {
         match lb.attach(iface, cfg.mode) {
             Ok(Attached::New { link_id }) => tracing::info!(

@@ -633,12 +633,15 @@ impl Maps {
         for c in v.iter() {
             acc.decisions += c.decisions;
             acc.ties += c.ties;
+            acc.regret_samples += c.regret_samples;
+            acc.regret_sum += c.regret_sum;
         }
         for k in 0..LOAD_BUCKETS {
             for (which, into) in [
                 (hist::CANDIDATE, &mut acc.candidates),
                 (hist::CHOSEN, &mut acc.chosen),
                 (hist::REJECTED, &mut acc.rejected),
+                (hist::REGRET, &mut acc.regret),
             ] {
                 let i = choice_hist_index(vip_index, which, k);
                 let per_cpu = self
@@ -659,7 +662,7 @@ impl Maps {
         self.choice_stats
             .set(vip_index, zeroed_per_cpu()?, 0)
             .map_err(map_err(map_names::CHOICE_STATS, "write"))?;
-        for which in [hist::CANDIDATE, hist::CHOSEN, hist::REJECTED] {
+        for which in 0..hist::COUNT {
             for k in 0..LOAD_BUCKETS {
                 self.choice_hist
                     .set(choice_hist_index(vip_index, which, k), zeroed_per_cpu()?, 0)

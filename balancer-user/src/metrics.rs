@@ -24,6 +24,8 @@
 //! | `vip_choices` (`all` is 0) | gauge | vip |
 //! | `vip_choice_decisions_total`, `vip_choice_ties_total` | counter | vip |
 //! | `vip_choice_load_total` (candidates by load bucket) | counter | vip, role (`candidate`, `chosen`, `rejected`), load (`0`, `1`, `2-3`, …, `512+`) |
+//! | `vip_choice_regret_samples_total`, `vip_choice_regret_sum_total` (connections) | counter | vip |
+//! | `vip_choice_regret_total` (sampled choices by their regret against a full scan) | counter | vip, regret (`0`, `1`, `2-3`, …) |
 //! | `dropped_packets_total` | counter | reason (the `drop_*` counters) |
 //! | `passed_packets_total` | counter | reason (the `pass_*` counters) |
 //! | every other data-path counter of `/v1/stats` (`rx_packets_total`, `new_flows_total`, …) | counter | |
@@ -320,7 +322,7 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
     }
 
     type OfVip<T> = fn(&VipStatsView) -> T;
-    let vip_counters: [(&str, &str, OfVip<u64>); 6] = [
+    let vip_counters: [(&str, &str, OfVip<u64>); 8] = [
         ("vip_connections", "Connections placed", |v| v.new_flows),
         ("vip_packets", "Frames forwarded (both directions)", |v| {
             v.packets
@@ -340,6 +342,16 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             "vip_choice_ties",
             "Choices whose best rejected candidate had the chosen one's load",
             |v| v.choice.ties,
+        ),
+        (
+            "vip_choice_regret_samples",
+            "Choices sampled for their regret against a full scan",
+            |v| v.choice.regret.samples,
+        ),
+        (
+            "vip_choice_regret_sum",
+            "Sum of the sampled choices' regrets (active connections per unit of weight)",
+            |v| v.choice.regret.sum,
         ),
     ];
     let vip_gauges: [(&str, &str, OfVip<f64>); 2] = [
@@ -389,6 +401,19 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
                 ls.push(("load", bucket_name(&h.from, k)));
                 v_load.set(ls, *n);
             }
+        }
+    }
+    let v_regret = Counters::new(
+        &mut reg,
+        "vip_choice_regret",
+        "Sampled choices by their regret: active connections (per unit of weight) above the least loaded eligible backend",
+    );
+    for x in &stats.vips {
+        let h = &x.choice.regret.histogram;
+        for (k, n) in h.counts.iter().enumerate() {
+            let mut ls = v(&x.vip);
+            ls.push(("regret", bucket_name(&h.from, k)));
+            v_regret.set(ls, *n);
         }
     }
 
@@ -552,7 +577,14 @@ mod tests {
                     ties: 2,
                     candidates: h.clone(),
                     chosen: h.clone(),
-                    rejected: h,
+                    rejected: h.clone(),
+                    regret: crate::api::RegretView {
+                        samples: 3,
+                        sum: 4,
+                        mean: 4.0 / 3.0,
+                        zero: 1,
+                        histogram: h,
+                    },
                 },
             }],
             backends: Vec::new(),

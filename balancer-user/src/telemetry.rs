@@ -8,8 +8,8 @@ use balancer_common::{
 
 use crate::{
     api::{
-        BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, StatsView, VipStatsView,
-        FLOW_KINDS,
+        BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, RegretView, StatsView,
+        VipStatsView, FLOW_KINDS,
     },
     eligibility::Eligibility,
     error::Result,
@@ -137,6 +137,17 @@ pub fn choice_view(c: &ChoiceStats) -> ChoiceView {
         candidates: histogram(&c.candidates),
         chosen: histogram(&c.chosen),
         rejected: histogram(&c.rejected),
+        regret: RegretView {
+            samples: c.regret_samples,
+            sum: c.regret_sum,
+            mean: if c.regret_samples == 0 {
+                0.0
+            } else {
+                c.regret_sum as f64 / c.regret_samples as f64
+            },
+            zero: c.regret[0],
+            histogram: histogram(&c.regret),
+        },
     }
 }
 

@@ -379,7 +379,11 @@ impl Balancer {
                 source,
             })?;
         let mut maps = Maps::take(&mut ebpf)?;
-        maps.set_settings(Settings::default())?;
+        let settings = Settings {
+            regret_sample: balancer_common::DEFAULT_REGRET_SAMPLE,
+            ..Settings::default()
+        };
+        maps.set_settings(settings)?;
         maps.write_layout()?;
         Ok(Balancer {
             ebpf,
@@ -388,7 +392,7 @@ impl Balancer {
             state: State::default(),
             gc: Reconciler::default(),
             eligibility: Eligibility::default(),
-            settings: Settings::default(),
+            settings,
             attached: Vec::new(),
             pin_dir: opts.pin_dir.clone(),
             retired: Retired::default(),
@@ -628,6 +632,16 @@ impl Balancer {
     /// Map write failure.
     pub fn set_test_seed(&mut self, seed: u64) -> Result<()> {
         self.settings.test_seed = seed;
+        self.maps.set_settings(self.settings)
+    }
+
+    /// Samples one choice in `every` (per VIP and CPU) for its regret
+    /// against a full scan (`Settings::regret_sample`; 0: never).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn set_regret_sample(&mut self, every: u32) -> Result<()> {
+        self.settings.regret_sample = every;
         self.maps.set_settings(self.settings)
     }
 

@@ -116,6 +116,12 @@ pub struct RunArgs {
     /// Period of the stats log line (0s: never).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     stats_interval: Duration,
+    /// Compare one new-flow choice in N (per VIP and CPU) with a scan of
+    /// the VIP's whole eligible list, for the regret telemetry (`balancer
+    /// stats`: `choice.regret`); 0: never. Each sampled SYN costs one more
+    /// pass over the eligible list.
+    #[arg(long, value_name = "N", default_value_t = balancer_common::DEFAULT_REGRET_SAMPLE)]
+    regret_sample: u32,
     /// Deterministic random draws with this seed (tests only; 0 = kernel random).
     #[arg(long, default_value_t = 0, hide = true)]
     test_seed: u64,
@@ -254,6 +260,7 @@ impl RunArgs {
             gc_interval: self.gc_interval.max(Duration::from_millis(10)),
             stats_interval: self.stats_interval,
             test_seed: self.test_seed,
+            regret_sample: self.regret_sample,
             fresh: self.fresh,
             config_file: self.config,
             read_only_socket: self.read_only_socket,

@@ -67,22 +67,40 @@ pub fn print_stats(s: &StatsView) {
         );
     }
     println!(
-        "\nChoices (loads are the servers' active connections at decision time; median bucket)"
+        "\nChoices (loads are the servers' active connections at decision time; median bucket; \
+         regret: connections above the least loaded eligible backend, sampled)"
     );
     println!(
-        "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11}",
-        "VIP", "DECISIONS", "TIES", "CANDIDATE", "CHOSEN", "REJECTED"
+        "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11} {:>8} {:>11} {:>10}",
+        "VIP",
+        "DECISIONS",
+        "TIES",
+        "CANDIDATE",
+        "CHOSEN",
+        "REJECTED",
+        "SAMPLED",
+        "MEAN-REGRET",
+        "NO-REGRET"
     );
     for v in &s.vips {
         let c = &v.choice;
+        let r = &c.regret;
+        let none = if r.samples == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.0}%", 100.0 * r.zero as f64 / r.samples as f64)
+        };
         println!(
-            "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11}",
+            "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11} {:>8} {:>11.2} {:>10}",
             v.vip.to_string(),
             c.decisions,
             c.ties,
             median_bucket(&c.candidates),
             median_bucket(&c.chosen),
-            median_bucket(&c.rejected)
+            median_bucket(&c.rejected),
+            r.samples,
+            r.mean,
+            none
         );
     }
     println!("\nBackends");
