@@ -515,8 +515,28 @@ pub struct ClusterStats {
     pub queued: u64,
 }
 
+/// The herd index of a cluster's placements, as one balancer measures it
+/// from its own and its peers' load reports (`crate::cluster::Herd`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct HerdView {
+    /// Report intervals compared (one per peer's report received during
+    /// one of this balancer's report intervals).
+    pub intervals: u64,
+    /// Pairs of new connections, one placed here and one by the peer,
+    /// within those intervals.
+    pub pairs: u64,
+    /// Of those pairs, the ones placed on the same server.
+    pub same: u64,
+    /// `same` over what independent uniform placements over the servers
+    /// would give (`pairs / servers`): about 1 when balancers place
+    /// independently, below 1 when they avoid each other's picks, up to
+    /// the number of servers when every balancer sends its connections to
+    /// one server (a herd). None before any pair.
+    pub index: Option<f64>,
+}
+
 /// The cluster as `balancer cluster status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterView {
     /// This start's node id (random, 16 hex digits; empty without sync).
     pub node: String,
@@ -539,6 +559,10 @@ pub struct ClusterView {
     pub bgp_error: Option<String>,
     /// Totals of the sync.
     pub stats: ClusterStats,
+    /// How often this balancer and its peers placed new connections on the
+    /// same server within one report interval.
+    #[serde(default)]
+    pub herd: HerdView,
 }
 
 /// One peer as `cluster status` shows it.

@@ -38,13 +38,13 @@ use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
 
 pub use crate::{
-    api::{ClusterStats, ClusterView, PeerView},
+    api::{ClusterStats, ClusterView, HerdView, PeerView},
     wire::{Refresh, SyncedSlots, WireFlow},
 };
 use crate::{
     error::Result,
     gc::datapath_now_ns,
-    maps::{flow_endpoints, ip_be, Count, FlowTable},
+    maps::{flow_endpoints, ip_be, Count, FlowTable, Traffic},
     Balancer,
 };
 
@@ -56,8 +56,9 @@ pub const MAX_DATAGRAM: usize = 1400;
 /// The first byte of every datagram: the format's version. The first
 /// format had no header (its first byte was the message's variant index,
 /// 0..=4); this one, with the sequence number, sets the high bit so that
-/// neither reads as the other.
-pub const WIRE_VERSION: u8 = 0x82;
+/// neither reads as the other. 0x83: load reports carry each backend's
+/// placements of the interval (0x82 did not).
+pub const WIRE_VERSION: u8 = 0x83;
 
 /// Bytes before the message: [`WIRE_VERSION`] and the sender's sequence
 /// number (64 bits, big-endian). The tag covers them.
@@ -325,12 +326,15 @@ pub enum Message {
         /// The sender's node id.
         node: u64,
     },
-    /// The sender's active connections per backend address.
+    /// The sender's active connections per backend address, and the new
+    /// connections it placed on each during its last report interval (for
+    /// the herd index, [`Herd`]).
     Load {
         /// The sender's node id.
         node: u64,
-        /// Backend address and port, active connections.
-        loads: Vec<(SocketAddr, u64)>,
+        /// Backend address and port, active connections, connections
+        /// placed in the last interval.
+        loads: Vec<(SocketAddr, u64, u64)>,
     },
 }
 
@@ -360,6 +364,18 @@ pub struct Sync {
     /// Each peer's last reported load per backend (a report may span
     /// several datagrams: merged per backend), by node id.
     peer_loads: HashMap<u64, BTreeMap<SocketAddr, (u64, Instant)>>,
+    /// Each peer's placements per backend reported since this balancer's
+    /// last report, and when the report came, by node id (taken at the
+    /// next report for the herd index).
+    peer_placed: HashMap<u64, (BTreeMap<SocketAddr, u64>, Instant)>,
+    /// This balancer's placements per backend address in its last report
+    /// interval, and when that interval ended.
+    prev_placed: (BTreeMap<SocketAddr, u64>, Option<Instant>),
+    /// The data path's new connections per backend slot at the last
+    /// report (cumulative `new_flows`), with the slot's address.
+    placed_seen: BTreeMap<u32, (SocketAddr, u64)>,
+    /// The herd index's accumulators.
+    pub herd: Herd,
     /// When each peer was last heard from.
     last_heard: BTreeMap<SocketAddr, Instant>,
     /// Each peer's anti-replay window.
@@ -387,6 +403,10 @@ impl Sync {
             refresh_round: None,
             outbox: Outgoing::default(),
             peer_loads: HashMap::new(),
+            peer_placed: HashMap::new(),
+            prev_placed: (BTreeMap::new(), None),
+            placed_seen: BTreeMap::new(),
+            herd: Herd::default(),
             last_heard: BTreeMap::new(),
             replay: BTreeMap::new(),
             use_peer_loads: true,
@@ -655,16 +675,53 @@ impl Sync {
         Ok(out.urgent.into_iter().chain(out.bulk).collect())
     }
 
-    /// The load report datagrams: active connections per backend address.
+    /// The load report datagrams: active connections per backend address,
+    /// and the connections placed on each since the last report. The
+    /// placements are also compared with those the peers reported since
+    /// then, for the herd index ([`Herd`]).
     ///
     /// # Errors
     /// Map read failure.
     pub fn load_report(&mut self, lb: &mut Balancer) -> Result<Vec<Vec<u8>>> {
         let (state, maps) = lb.cluster_parts();
+        // Connections placed per server address since the last report,
+        // from each slot's cumulative count (a slot reused by another
+        // backend, or a count restarted, counts from zero).
+        let mut placed: BTreeMap<SocketAddr, u64> = BTreeMap::new();
+        let mut seen = BTreeMap::new();
+        for v in state.vips.values() {
+            for b in &v.backends {
+                let now = maps.traffic(Traffic::Backend, b.slot)?.new_flows;
+                let before = match self.placed_seen.get(&b.slot) {
+                    Some((a, n)) if *a == b.addr && *n <= now => *n,
+                    _ => now,
+                };
+                *placed.entry(b.addr).or_default() += now - before;
+                seen.insert(b.slot, (b.addr, now));
+            }
+        }
+        self.placed_seen = seen;
+        // A peer's report covers the interval before it came: it is paired
+        // with whichever of this balancer's last two intervals overlaps
+        // that more (it came in the first half of the one just ended: the
+        // one before).
+        let now = Instant::now();
+        let (prev, ended) = &self.prev_placed;
+        let half = ended.map(|t| t + now.duration_since(t) / 2);
+        for (theirs, came) in std::mem::take(&mut self.peer_placed).values() {
+            let mine = if half.is_some_and(|h| *came < h) {
+                prev
+            } else {
+                &placed
+            };
+            self.herd.add(mine, theirs, state.servers.len());
+        }
         let mut loads = Vec::new();
         for (addr, server) in &state.servers {
-            loads.push((*addr, maps.count(Count::Server(*server))?));
+            let n = maps.count(Count::Server(*server))?;
+            loads.push((*addr, n, placed.get(addr).copied().unwrap_or(0)));
         }
+        self.prev_placed = (placed, Some(now));
         let node = self.node;
         Ok(encode(&loads, |loads| Message::Load { node, loads }))
     }
@@ -707,8 +764,14 @@ impl Sync {
                 self.stats.load_reports += 1;
                 let now = Instant::now();
                 let mine = self.peer_loads.entry(node).or_default();
-                for (addr, n) in loads {
+                let (placed, _) = self
+                    .peer_placed
+                    .entry(node)
+                    .or_insert_with(|| (BTreeMap::new(), now));
+                for (addr, n, p) in loads {
                     mine.insert(addr, (n, now));
+                    let e = placed.entry(addr).or_default();
+                    *e = e.saturating_add(p);
                 }
                 self.publish_peer_loads(lb, stale_after)?;
             }
@@ -822,6 +885,69 @@ impl Sync {
             }
         }
         Ok(())
+    }
+}
+
+/// The herd index: how often two balancers placed new connections on the
+/// same server within one report interval, against chance. Mitzenmacher
+/// ("How useful is old information?", IEEE TPDS 11(1), 2000) shows
+/// balancers that act on the same stale loads herd onto the server that
+/// looked lightest; this measures it live from the load reports.
+///
+/// At each of its report ticks a balancer pairs each peer's report received
+/// since its last tick (the peer's placements per server in the peer's
+/// last interval) with its own placements in whichever of its last two
+/// intervals overlaps the peer's more: the intervals are offset by at most
+/// half an interval. For one such pair of intervals with placements `m(s)` here
+/// and `t(s)` there, over `S` servers:
+/// `same = Σ m(s)·t(s)`, `pairs = Σm · Σt`, and independent uniform
+/// placement would make `same` about `pairs / S`. The index is
+/// `Σ same / Σ (pairs / S)` over every pair of intervals.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Herd {
+    /// Pairs of intervals compared.
+    pub intervals: u64,
+    /// Σ pairs.
+    pub pairs: u64,
+    /// Σ same.
+    pub same: u64,
+    /// Σ pairs / S.
+    expected: f64,
+}
+
+impl Herd {
+    /// Adds one pair of intervals: placements per server here (`mine`)
+    /// and at a peer (`theirs`), over `servers` servers. A pair where
+    /// either side placed nothing adds nothing.
+    pub fn add(
+        &mut self,
+        mine: &BTreeMap<SocketAddr, u64>,
+        theirs: &BTreeMap<SocketAddr, u64>,
+        servers: usize,
+    ) {
+        let (m, t): (u64, u64) = (mine.values().sum(), theirs.values().sum());
+        if m == 0 || t == 0 || servers == 0 {
+            return;
+        }
+        let same: u64 = mine
+            .iter()
+            .map(|(a, n)| n.saturating_mul(theirs.get(a).copied().unwrap_or(0)))
+            .fold(0, u64::saturating_add);
+        let pairs = m.saturating_mul(t);
+        self.intervals += 1;
+        self.pairs = self.pairs.saturating_add(pairs);
+        self.same = self.same.saturating_add(same);
+        self.expected += pairs as f64 / servers as f64;
+    }
+
+    /// The operator's view.
+    pub fn view(&self) -> HerdView {
+        HerdView {
+            intervals: self.intervals,
+            pairs: self.pairs,
+            same: self.same,
+            index: (self.expected > 0.0).then(|| self.same as f64 / self.expected),
+        }
     }
 }
 
@@ -1254,6 +1380,7 @@ pub fn view(
         announced: announced.iter().copied().collect(),
         bgp_error,
         stats: sync.map(|s| s.stats).unwrap_or_default(),
+        herd: sync.map(|s| s.herd.view()).unwrap_or_default(),
     }
 }
 
@@ -1331,6 +1458,57 @@ pub async fn keep_announced(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn servers(n: usize) -> Vec<SocketAddr> {
+        (0..n)
+            .map(|i| SocketAddr::from(([10, 0, 2, i as u8], 80)))
+            .collect()
+    }
+
+    #[test]
+    fn herd_index_is_the_number_of_servers_for_a_herd_zero_apart_and_about_one_at_random() {
+        let s = servers(8);
+        let on = |pairs: &[(usize, u64)]| -> BTreeMap<SocketAddr, u64> {
+            pairs.iter().map(|(i, n)| (s[*i], *n)).collect()
+        };
+        // A herd: both balancers send everything to one server.
+        let mut h = Herd::default();
+        h.add(&on(&[(3, 10)]), &on(&[(3, 30)]), 8);
+        let v = h.view();
+        assert_eq!(
+            (v.intervals, v.pairs, v.same, v.index),
+            (1, 300, 300, Some(8.0))
+        );
+        // Apart: never the same server.
+        let mut h = Herd::default();
+        h.add(&on(&[(0, 5), (1, 5)]), &on(&[(2, 5), (3, 5)]), 8);
+        assert_eq!(h.view().index, Some(0.0));
+        // An interval where one side placed nothing adds nothing.
+        h.add(&on(&[]), &on(&[(2, 5)]), 8);
+        h.add(&on(&[(2, 0)]), &on(&[(2, 5)]), 8);
+        assert_eq!((h.view().intervals, h.view().pairs), (1, 100));
+        assert_eq!(Herd::default().view().index, None);
+        // Independent uniform placement: about 1.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 8) as usize
+        };
+        let mut h = Herd::default();
+        for _ in 0..2000 {
+            let mut a = BTreeMap::new();
+            let mut b = BTreeMap::new();
+            for _ in 0..10 {
+                *a.entry(s[next()]).or_default() += 1;
+                *b.entry(s[next()]).or_default() += 1;
+            }
+            h.add(&a, &b, 8);
+        }
+        let i = h.view().index.unwrap();
+        assert!((0.9..1.1).contains(&i), "{i}");
+    }
 
     fn flow(i: u16, v6: bool) -> WireFlow {
         let (c, v, b): (SocketAddr, SocketAddr, SocketAddr) = if v6 {

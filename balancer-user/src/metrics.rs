@@ -37,6 +37,7 @@
 //! | `cluster_ready`, `cluster_drained` (0 or 1) | gauge | |
 //! | `cluster_announced` (1 per VIP address announced by BGP), `cluster_bgp_error` (0 or 1) | gauge | vip / |
 //! | `cluster_peer_synced` (0 or 1), `cluster_peer_last_heard_seconds` | gauge | peer |
+//! | `cluster_herd_pairs_total`, `cluster_herd_same_total`, `cluster_herd_index` (see `cluster::Herd`) | counter, gauge | |
 //! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`, `events`, `events_lost`, `repairs`, `flows_refreshed`, `queue_dropped`) |
 //!
 //! The `cluster_*` series exist only on a daemon run with `--cluster-listen`
@@ -188,6 +189,32 @@ fn render_cluster(reg: &mut Registry, c: &crate::api::ClusterView) {
         ("queue_dropped", s.queue_dropped),
     ] {
         totals.set(vec![("what", what.to_string())], v);
+    }
+    let h = &c.herd;
+    for (name, help, value) in [
+        (
+            "cluster_herd_pairs",
+            "Pairs of new connections placed here and at a peer within one report interval",
+            h.pairs,
+        ),
+        (
+            "cluster_herd_same",
+            "Of those pairs, the ones placed on the same server",
+            h.same,
+        ),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(value);
+        reg.register(name, help, c);
+    }
+    if let Some(x) = h.index {
+        let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        g.set(x);
+        reg.register(
+            "cluster_herd_index",
+            "Same-server pairs over what independent uniform placement would give (1: no herd)",
+            g,
+        );
     }
 }
 
@@ -620,6 +647,12 @@ mod tests {
                 replayed: 3,
                 ..Default::default()
             },
+            herd: crate::api::HerdView {
+                intervals: 2,
+                pairs: 100,
+                same: 25,
+                index: Some(2.0),
+            },
         };
         let with = render_all(&stats, Some(&view), &d);
         for line in [
@@ -629,6 +662,8 @@ mod tests {
             "p2c_balancer_cluster_sync_total{what=\"flows_sent\"} 11",
             "p2c_balancer_cluster_sync_total{what=\"bad_auth\"} 2",
             "p2c_balancer_cluster_sync_total{what=\"replayed\"} 3",
+            "p2c_balancer_cluster_herd_same_total 25",
+            "p2c_balancer_cluster_herd_index 2.0",
         ] {
             assert!(with.lines().any(|l| l == line), "no {line:?} in\n{with}");
         }

@@ -467,6 +467,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
         "reply (backend to client, NAT)",
         "new-flow SYN",
         "new-flow SYN, choice telemetry off",
+        "new-flow SYN, regret sampled on every choice",
     ];
     let mut cells: BTreeMap<(usize, &str), String> = BTreeMap::new();
     let mut live_full = 0usize;
@@ -518,9 +519,19 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
                 syn_frames(base + (r * sc.calls) as u32, sc.calls)
             })?;
             rig.lb.set_choice_telemetry(true)?;
-            for (p, c) in paths
-                .iter()
-                .zip([c_nonvip, c_ack, c_reply, c_syn, c_syn_quiet])
+            // The regret's scan on every choice (the default samples one in
+            // `DEFAULT_REGRET_SAMPLE`, the "new-flow SYN" row).
+            rig.lb.set_regret_sample(1)?;
+            let base = base + (sc.rounds * sc.calls) as u32;
+            let c_syn_regret = time_path(&rig, aux, Side::Client, sc.rounds, |r| {
+                syn_frames(base + (r * sc.calls) as u32, sc.calls)
+            })?;
+            rig.lb
+                .set_regret_sample(balancer_common::DEFAULT_REGRET_SAMPLE)?;
+            for (p, c) in
+                paths
+                    .iter()
+                    .zip([c_nonvip, c_ack, c_reply, c_syn, c_syn_quiet, c_syn_regret])
             {
                 figures.insert(format!("{p} | {state} | {n}"), c);
                 cells.insert((ci, p), String::new());

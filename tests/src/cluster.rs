@@ -1129,9 +1129,9 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
     let lbs = [1, 2, 4];
     println!("cluster: herd: 600 connections opened by 12 clients at once through 3 balancers onto 8 backends, held");
     println!(
-        "cluster: herd: | choices | load reports | opened per s | busiest | least | max - min | busiest / mean |"
+        "cluster: herd: | choices | load reports | opened per s | busiest | least | max - min | busiest / mean | herd index (lb1) |"
     );
-    println!("cluster: herd: |---|---|---|---|---|---|---|");
+    println!("cluster: herd: |---|---|---|---|---|---|---|---|");
     let mut id = 5u64 << 32;
     for (choices, choices_word) in [("2", "2"), ("all", "all (least connections)")] {
         for (interval, label) in [
@@ -1154,12 +1154,28 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             id += 1 << 20;
             let now = c.held_per_backend();
             // The reports were (or were not) flowing while they opened.
-            let reports = c.json(1, &["cluster", "status", "--json"])?["stats"]["load_reports"]
-                .as_u64()
-                .unwrap_or(0);
+            // Two report intervals more: the peers' reports of these
+            // placements came, and lb1 paired them with its own.
+            let wait = match interval {
+                "100ms" => 300,
+                "1s" => 2300,
+                _ => 0,
+            };
+            thread::sleep(Duration::from_millis(wait));
+            let status = c.json(1, &["cluster", "status", "--json"])?;
+            let reports = status["stats"]["load_reports"].as_u64().unwrap_or(0);
             ensure!(
                 (interval == "0s") == (reports == 0),
                 "lb1 received {reports} load reports with --load-report-interval {interval}"
+            );
+            // The herd index needs the peers' placements: with reports, it
+            // compared pairs; without, it has none.
+            let herd = &status["herd"];
+            let index = herd["index"].as_f64();
+            ensure!(
+                (interval == "0s") == index.is_none()
+                    && (interval == "0s" || herd["pairs"].as_u64().unwrap_or(0) > 0),
+                "lb1's herd index with --load-report-interval {interval}: {herd}"
             );
             let held: Vec<u64> = now
                 .iter()
@@ -1170,9 +1186,10 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             let min = *held.iter().min().unwrap_or(&0);
             let mean = held.iter().sum::<u64>() as f64 / held.len() as f64;
             println!(
-                "cluster: herd: | {choices_word} | {label} | {rate:.0} | {max} | {min} | {} | {:.2} |",
+                "cluster: herd: | {choices_word} | {label} | {rate:.0} | {max} | {min} | {} | {:.2} | {} |",
                 max - min,
-                max as f64 / mean
+                max as f64 / mean,
+                index.map_or("-".into(), |x| format!("{x:.2}"))
             );
             for conn in conns {
                 conn.close();

@@ -134,6 +134,14 @@ pub fn print(v: &ClusterView) {
     if let Some(e) = &v.bgp_error {
         println!("bgp error  {e}");
     }
+    let h = &v.herd;
+    println!(
+        "herd       index {}  (same server {} of {} pairs of placements here and at a peer, over {} report intervals)",
+        h.index.map_or("-".into(), |x| format!("{x:.2}")),
+        h.same,
+        h.pairs,
+        h.intervals
+    );
     let s = &v.stats;
     println!(
         "flows      sent {} closed {} received {} unknown {} moved away {} synced closed {}",
