@@ -20,6 +20,7 @@
 
 // Names and shapes shared with the kernel: the program and map names, the
 // tables' sizes, the maps' keys and values, the counters.
+pub mod kernel;
 pub mod limits;
 pub mod map_names;
 pub mod programs;

@@ -124,11 +124,10 @@ mod prog {
     const CURRENT_NETNS: u64 = u64::MAX;
     /// `TCP_LISTEN` of `struct bpf_sock`'s `state`.
     const TCP_LISTEN: u32 = 10;
-    const AF_INET: u8 = 2;
-    const AF_INET6: u8 = 10;
     const IPPROTO_UDP: u8 = 17;
-    const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
-    const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
+    use balancer_common::kernel::{
+        AF_INET, AF_INET6, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+    };
 
     /// A tunnel carrying a second chance (`c`), its inner packet at
     /// `inner_off`: `None` when it is decapsulated here (hops left 0, a

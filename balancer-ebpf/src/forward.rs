@@ -188,11 +188,10 @@ fn fast(ctx: &XdpContext) -> u32 {
 /// neighbour's new MAC or a route change takes effect within this time.
 const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
 
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
-const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
-const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
-const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
+use balancer_common::kernel::{
+    AF_INET, AF_INET6, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH,
+    BPF_FIB_LKUP_RET_SUCCESS,
+};
 
 /// Finds the next hop towards `dst` (from `cache`, or `bpf_fib_lookup` when
 /// the cached one is missing, older than [`NEXT_HOP_TTL_NS`] or checked only

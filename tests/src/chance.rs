@@ -11,12 +11,7 @@
 //! loss breaks (their segments match nothing and are passed to the
 //! balancer's host).
 
-use std::{
-    net::SocketAddr,
-    sync::atomic::{AtomicU64, Ordering},
-    thread,
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::{ensure, Context as _};
 use aya::maps::{HashMap, Map, MapData};
@@ -24,9 +19,8 @@ use balancer_common::{map_names, FlowEntry, FlowKey};
 
 use crate::{
     modes::{self, decap_stat},
-    netns::enter_ns,
     scenario::wait_until,
-    testbed::{Conn, PeerPrograms, Testbed},
+    testbed::{broken, open_held, PeerPrograms, Testbed},
 };
 
 const BACKENDS: usize = 3;
@@ -119,72 +113,6 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<PeerPrograms> {
     Ok(peers)
 }
 
-/// Opens `n` connections to `vip` from the client host, 8 threads at once,
-/// each after one request.
-fn open_held(tb: &Testbed, vip: SocketAddr, n: u64, id_base: u64) -> anyhow::Result<Vec<Conn>> {
-    let threads = 8;
-    let per = n.div_ceil(threads);
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let ns = tb.client_ns_path();
-            thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
-                enter_ns(&ns)?;
-                let mut out = Vec::new();
-                for i in (t * per..((t + 1) * per).min(n)).map(|i| id_base + i) {
-                    out.push(
-                        Conn::open_to(None, vip, i, 64)
-                            .with_context(|| format!("held connection {i} to {vip}"))?,
-                    );
-                }
-                Ok(out)
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for h in handles {
-        all.extend(
-            h.join()
-                .map_err(|_| anyhow::anyhow!("client thread panicked"))??,
-        );
-    }
-    Ok(all)
-}
-
-/// One request on every connection, 16 at a time: how many failed (reset,
-/// no answer within the connection's read timeout, or an answer from
-/// another backend than the one the connection started on).
-fn broken(conns: &mut [Conn], id_base: u64) -> u64 {
-    let failed = AtomicU64::new(0);
-    let chunk = conns.len().div_ceil(16).max(1);
-    let first = std::sync::Mutex::new(Vec::new());
-    thread::scope(|s| {
-        for (j, part) in conns.chunks_mut(chunk).enumerate() {
-            let (failed, first) = (&failed, &first);
-            s.spawn(move || {
-                for (i, c) in part.iter_mut().enumerate() {
-                    let id = id_base + (j * chunk + i) as u64;
-                    let was = c.backend;
-                    let why = match c.request(id, 64) {
-                        Ok(b) if b == was => continue,
-                        Ok(b) => format!("answered by {b}, not {was}"),
-                        Err(e) => format!("{e:#} (on {was})"),
-                    };
-                    failed.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut f) = first.lock() {
-                        if f.len() < 3 {
-                            f.push(format!("request {id} from {}: {why}", c.local()));
-                        }
-                    }
-                }
-            });
-        }
-    });
-    for why in first.into_inner().unwrap_or_default() {
-        eprintln!("chance: broken: {why}");
-    }
-    failed.load(Ordering::Relaxed)
-}
-
 /// Empties the balancer's flow tables (established, half-open, unproven)
 /// through their pins: every flow entry is gone, as after a flood that
 /// evicted them. Returns how many entries were removed.
@@ -217,8 +145,8 @@ fn chances(tb: &Testbed) -> anyhow::Result<(u64, u64)> {
 }
 
 fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
-    let mut held = open_held(tb, consistent_vip(), HELD, 0)?;
-    let mut control = open_held(tb, random_vip(), CONTROL, 1 << 32)?;
+    let mut held = open_held(&tb.client_ns_path(), consistent_vip(), HELD, 8, 0)?;
+    let mut control = open_held(&tb.client_ns_path(), random_vip(), CONTROL, 8, 1 << 32)?;
     for c in &control {
         c.set_read_timeout(Duration::from_secs(2))?;
     }
@@ -232,7 +160,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         spread.iter().all(|&n| n > 0),
         "the {HELD} held connections did not reach every backend: {spread:?}"
     );
-    let before = broken(&mut held, 2 << 32);
+    let before = broken(&mut held, 2 << 32, "chance");
     ensure!(
         before == 0,
         "{before} of {HELD} held connections broke before any flow entry was lost"
@@ -247,8 +175,8 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         "only {removed} flow entries removed for {} connections",
         HELD + CONTROL
     );
-    let flushed = broken(&mut held, 3 << 32);
-    let control_broken = broken(&mut control, 4 << 32);
+    let flushed = broken(&mut held, 3 << 32, "chance");
+    let control_broken = broken(&mut control, 4 << 32, "chance");
     let recomputed = tb.stats()?.counter("recomputed_segments") - recomputed0;
     let (local, sent) = chances(tb)?;
     let (local, sent) = (local - local0, sent - sent0);
@@ -281,7 +209,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let started = tb.start_daemon();
     tb.daemon_args.retain(|a| a != "--fresh");
     started?;
-    let fresh = broken(&mut held, 5 << 32);
+    let fresh = broken(&mut held, 5 << 32, "chance");
     let recomputed = tb.stats()?.counter("recomputed_segments");
     ensure!(
         fresh == 0,

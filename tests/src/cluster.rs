@@ -23,7 +23,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
     thread,
@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use crate::{
     netns::{enter_ns, sh, Netns},
-    testbed::{balancer_bin, dies_with_us, start_server_as, Conn, Server},
+    testbed::{self, balancer_bin, dies_with_us, start_server_as, Conn, Server},
 };
 
 /// The VIP (L2 DSR, or IP-in-IP in the tunnel form: the backends listen
@@ -100,7 +100,7 @@ struct Cluster {
     /// The servers of the tunnel form's control VIP.
     control_servers: Vec<Server>,
     /// An XDP_PASS program on the switch's ports (the tunnel form).
-    peer_programs: Option<crate::testbed::PeerPrograms>,
+    peer_programs: Option<testbed::PeerPrograms>,
     stop: Arc<AtomicBool>,
     router_bird: Option<Proc>,
     bin: PathBuf,
@@ -186,7 +186,7 @@ impl Cluster {
         let mut ports: Vec<String> = (0..BACKENDS).map(|k| format!("sw-b{k}")).collect();
         ports.extend(lbs.iter().map(|n| format!("sw-lb{n}")));
         let list: Vec<(&Netns, &str)> = ports.iter().map(|p| (&c.sw, p.as_str())).collect();
-        c.peer_programs = Some(crate::testbed::PeerPrograms::attach(&list)?);
+        c.peer_programs = Some(testbed::PeerPrograms::attach(&list)?);
         c.start_router_bird()?;
         Ok(c)
     }
@@ -633,64 +633,7 @@ impl Cluster {
 /// Opens `n` connections from the client host (in `threads` threads at
 /// once), each after one request; returns them.
 fn open_held(c: &Cluster, n: u64, threads: u64, id_base: u64) -> anyhow::Result<Vec<Conn>> {
-    open_held_to(c, VIP, n, threads, id_base)
-}
-
-/// [`open_held`] to `vip`.
-fn open_held_to(
-    c: &Cluster,
-    vip: SocketAddr,
-    n: u64,
-    threads: u64,
-    id_base: u64,
-) -> anyhow::Result<Vec<Conn>> {
-    let ns = c.client.path();
-    let per = n / threads;
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let ns = ns.clone();
-            thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
-                enter_ns(&ns)?;
-                let mut out = Vec::new();
-                for i in 0..per {
-                    let id = id_base + t * per + i;
-                    out.push(
-                        Conn::open_to(None, vip, id, 64)
-                            .with_context(|| format!("held connection {id} to {vip}"))?,
-                    );
-                }
-                Ok(out)
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for h in handles {
-        all.extend(
-            h.join()
-                .map_err(|_| anyhow::anyhow!("client thread panicked"))??,
-        );
-    }
-    Ok(all)
-}
-
-/// One request on every held connection, 16 at a time; returns how many
-/// failed (reset, or no answer within the connection's 10 s).
-fn broken(conns: &mut [Conn], id_base: u64) -> u64 {
-    let failed = AtomicU64::new(0);
-    let chunk = conns.len().div_ceil(16).max(1);
-    thread::scope(|s| {
-        for (j, part) in conns.chunks_mut(chunk).enumerate() {
-            let failed = &failed;
-            s.spawn(move || {
-                for (i, c) in part.iter_mut().enumerate() {
-                    if c.request(id_base + (j * chunk + i) as u64, 64).is_err() {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-    });
-    failed.load(Ordering::Relaxed)
+    testbed::open_held(&c.client.path(), VIP, n, threads, id_base)
 }
 
 /// New connections opened at a steady rate until stopped, by 8 clients
@@ -796,7 +739,7 @@ fn measure(
     let converged = event(c)?;
     thread::sleep(Duration::from_millis(1500));
     let (new, new_failed) = steady.finish()?;
-    let broken = broken(&mut conns, id_base + (1 << 25));
+    let broken = testbed::broken(&mut conns, id_base + (1 << 25), "cluster");
     let after = adopted(c, survivors)?;
     for conn in conns {
         conn.close();
@@ -1073,7 +1016,7 @@ fn run_tunnel(c: &mut Cluster) -> anyhow::Result<()> {
     ];
     for (i, (what, id_base, event)) in events.into_iter().enumerate() {
         let mut control = if i == 0 {
-            let v = open_held_to(c, CONTROL_VIP, 160, 8, id_base + (1 << 28))?;
+            let v = testbed::open_held(&c.client.path(), CONTROL_VIP, 160, 8, id_base + (1 << 28))?;
             for conn in &v {
                 conn.set_read_timeout(Duration::from_secs(2))?;
             }
@@ -1097,7 +1040,8 @@ fn run_tunnel(c: &mut Cluster) -> anyhow::Result<()> {
         );
         if i == 0 {
             let n = control.len() as u64;
-            let control_broken = broken(&mut control, id_base + (1 << 29));
+            let control_broken =
+                testbed::broken(&mut control, id_base + (1 << 29), "cluster: control");
             println!(
                 "cluster: tunnel: control: {what}: {control_broken} of {n} connections held through a VIP of random candidates broken"
             );

@@ -14,6 +14,7 @@
 //! the balancer's address is delivered (the control).
 
 use std::{
+    collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     process::Command,
@@ -264,6 +265,14 @@ pub fn direct_return_backends(
 
 /// Counter `what` of `balancer decap stats` on backend `k`.
 pub fn decap_stat(tb: &Testbed, k: usize, what: &str) -> anyhow::Result<u64> {
+    decap_stats(tb, k)?
+        .get(what)
+        .copied()
+        .with_context(|| format!("decap stats on backend {k}: no {what}"))
+}
+
+/// Every counter of `balancer decap stats` on backend `k`, by name.
+pub fn decap_stats(tb: &Testbed, k: usize) -> anyhow::Result<BTreeMap<String, u64>> {
     let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
     let out = Command::new("ip")
         .args(["netns", "exec", tb.backends[k].name()])
@@ -272,10 +281,18 @@ pub fn decap_stat(tb: &Testbed, k: usize, what: &str) -> anyhow::Result<u64> {
         .arg(&pins)
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix(what)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .with_context(|| format!("decap stats on backend {k}: no {what} in {text:?}"))
+    let counters: BTreeMap<String, u64> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, v) = l.split_once(' ')?;
+            Some((name.to_string(), v.trim().parse::<u64>().ok()?))
+        })
+        .collect();
+    ensure!(
+        !counters.is_empty(),
+        "decap stats on backend {k}: no counters in {text:?}"
+    );
+    Ok(counters)
 }
 
 fn decapsulated(tb: &Testbed) -> anyhow::Result<u64> {

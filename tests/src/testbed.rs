@@ -1138,3 +1138,75 @@ impl Drop for Testbed {
         // Netns fields drop after this and delete the namespaces.
     }
 }
+
+/// Opens `n` connections to `vip` from the network namespace at `ns`,
+/// `threads` at once, each after one request (ids `id_base ..`).
+pub fn open_held(
+    ns: &Path,
+    vip: SocketAddr,
+    n: u64,
+    threads: u64,
+    id_base: u64,
+) -> anyhow::Result<Vec<Conn>> {
+    let per = n.div_ceil(threads.max(1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let ns = ns.to_path_buf();
+            thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
+                enter_ns(&ns)?;
+                let mut out = Vec::new();
+                for id in (t * per..((t + 1) * per).min(n)).map(|i| id_base + i) {
+                    out.push(
+                        Conn::open_to(None, vip, id, 64)
+                            .with_context(|| format!("held connection {id} to {vip}"))?,
+                    );
+                }
+                Ok(out)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("client thread panicked"))??,
+        );
+    }
+    Ok(all)
+}
+
+/// One request on every connection, 16 at a time: how many failed (reset,
+/// no answer within the connection's read timeout, or an answer from
+/// another backend than the one the connection started on). The first
+/// three failures are printed on stderr after `who`.
+pub fn broken(conns: &mut [Conn], id_base: u64, who: &str) -> u64 {
+    let failed = AtomicU64::new(0);
+    let chunk = conns.len().div_ceil(16).max(1);
+    let first = std::sync::Mutex::new(Vec::new());
+    thread::scope(|s| {
+        for (j, part) in conns.chunks_mut(chunk).enumerate() {
+            let (failed, first) = (&failed, &first);
+            s.spawn(move || {
+                for (i, c) in part.iter_mut().enumerate() {
+                    let id = id_base + (j * chunk + i) as u64;
+                    let was = c.backend;
+                    let why = match c.request(id, 64) {
+                        Ok(b) if b == was => continue,
+                        Ok(b) => format!("answered by {b}, not {was}"),
+                        Err(e) => format!("{e:#} (on {was})"),
+                    };
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut f) = first.lock() {
+                        if f.len() < 3 {
+                            f.push(format!("request {id} from {}: {why}", c.local()));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    for why in first.into_inner().unwrap_or_default() {
+        eprintln!("{who}: broken: {why}");
+    }
+    failed.load(Ordering::Relaxed)
+}
