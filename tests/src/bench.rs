@@ -468,6 +468,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
         "new-flow SYN",
         "new-flow SYN, choice telemetry off",
         "new-flow SYN, regret sampled on every choice",
+        "new-flow SYN, regret never sampled",
     ];
     let mut cells: BTreeMap<(usize, &str), String> = BTreeMap::new();
     let mut live_full = 0usize;
@@ -526,13 +527,23 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             let c_syn_regret = time_path(&rig, aux, Side::Client, sc.rounds, |r| {
                 syn_frames(base + (r * sc.calls) as u32, sc.calls)
             })?;
+            // And never: against "new-flow SYN", the default's share.
+            rig.lb.set_regret_sample(0)?;
+            let base = base + (sc.rounds * sc.calls) as u32;
+            let c_syn_no_regret = time_path(&rig, aux, Side::Client, sc.rounds, |r| {
+                syn_frames(base + (r * sc.calls) as u32, sc.calls)
+            })?;
             rig.lb
                 .set_regret_sample(balancer_common::DEFAULT_REGRET_SAMPLE)?;
-            for (p, c) in
-                paths
-                    .iter()
-                    .zip([c_nonvip, c_ack, c_reply, c_syn, c_syn_quiet, c_syn_regret])
-            {
+            for (p, c) in paths.iter().zip([
+                c_nonvip,
+                c_ack,
+                c_reply,
+                c_syn,
+                c_syn_quiet,
+                c_syn_regret,
+                c_syn_no_regret,
+            ]) {
                 figures.insert(format!("{p} | {state} | {n}"), c);
                 cells.insert((ci, p), String::new());
                 let key = format!("{p}, table {state}");

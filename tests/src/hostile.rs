@@ -16,7 +16,12 @@
 //! * e. IPv6 frames with IPv4-mapped addresses to the IPv4 VIP and on the
 //!   held connections' tuples (with their true sequence numbers);
 //! * f. SYNs from martian sources;
-//! * g. IP-in-IP with a forged outer source sent at the backends.
+//! * g. IP-in-IP with a forged outer source sent at the backends;
+//! * h. segments of no flow (ACK, FIN, RST) from random sources to the
+//!   IP-in-IP VIP of consistent candidates: each is recomputed and sent to
+//!   its first candidate with the second carried, and must create no state
+//!   (no flow, no count) and break nothing; the backends' second chance
+//!   sends some on (at most one more frame each).
 //!
 //! After each class every held connection must answer a request, no
 //! backend may have been ejected, and the class's own counter must have
@@ -45,10 +50,10 @@ use etherparse::{IpNumber, Ipv4Header, PacketBuilder};
 
 use crate::{
     flood::mac_in,
-    modes::keep_vip_off_the_segment,
+    modes::{decap_stats, keep_vip_off_the_segment},
     netns::enter_ns,
     scenario::wait_until,
-    testbed::{Conn, Testbed},
+    testbed::{Conn, PeerPrograms, Testbed},
 };
 
 const BACKENDS: usize = 4;
@@ -87,7 +92,7 @@ struct Vip {
     args: &'static [&'static str],
 }
 
-static VIPS: [Vip; 3] = [
+static VIPS: [Vip; 4] = [
     Vip {
         name: "nat",
         addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80),
@@ -105,6 +110,19 @@ static VIPS: [Vip; 3] = [
         addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 21)), 81),
         port: 81,
         args: &["--mode", "ipip", "--encap-source", BALANCER_SRC4],
+    },
+    Vip {
+        name: "consistent",
+        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 22)), 82),
+        port: 82,
+        args: &[
+            "--mode",
+            "ipip",
+            "--encap-source",
+            BALANCER_SRC4,
+            "--candidates",
+            "consistent",
+        ],
     },
 ];
 
@@ -282,7 +300,9 @@ pub fn run(long: bool) -> anyhow::Result<()> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let r = setup(&mut tb).and_then(|_| run_on(&mut tb, long));
+    // The backends' second chances leave by XDP_TX: the switch's ports
+    // need a program for veth to take them (kept until the end).
+    let r = setup(&mut tb).and_then(|_peers| run_on(&mut tb, long));
     if r.is_err() {
         let log = tb.daemon_log();
         let tail: Vec<&str> = log.lines().rev().take(60).collect();
@@ -298,7 +318,11 @@ pub fn run(long: bool) -> anyhow::Result<()> {
     r
 }
 
-fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
+fn setup(tb: &mut Testbed) -> anyhow::Result<PeerPrograms> {
+    let ports: Vec<String> = (0..BACKENDS).map(|k| format!("sw-b{k}")).collect();
+    let list: Vec<(&crate::netns::Netns, &str)> =
+        ports.iter().map(|p| (&tb.switch, p.as_str())).collect();
+    let peers = PeerPrograms::attach(&list)?;
     // The client's other /24s, routed back to it by the balancer's host.
     for c in &CLIENTS[1..] {
         tb.client
@@ -324,6 +348,11 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
             ns.ip(&["addr", "add", &format!("{}/32", v.addr.ip()), "dev", "lo"])?;
         }
         keep_vip_off_the_segment(ns)?;
+        // A second chance sent on before the next backend's neighbour entry
+        // exists goes through the kernel (docs/forwarding.md).
+        ns.sysctl("net.ipv4.ip_forward", "1")?;
+        ns.sysctl("net.ipv4.conf.all.send_redirects", "0")?;
+        ns.sysctl("net.ipv4.conf.eth0.send_redirects", "0")?;
         for v in &VIPS[1..] {
             tb.start_server_as(
                 k,
@@ -362,7 +391,7 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<()> {
             tb.cli(&["backend", "add", &vs, &backend_of(&v, k).to_string()])?;
         }
     }
-    Ok(())
+    Ok(peers)
 }
 
 /// The held connections still answering, the lost ones, and the client's
@@ -770,26 +799,17 @@ fn spoofed(j: u64) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, (j % 250) as u8, (j / 250 % 250) as u8 + 1)
 }
 
-/// Counter `what` of `balancer decap stats` on backend `k`.
-fn decap_stat(tb: &Testbed, k: usize, what: &str) -> anyhow::Result<u64> {
-    let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
-    let out = Command::new("ip")
-        .args(["netns", "exec", tb.backends[k].name()])
-        .arg(tb.balancer_bin())
-        .args(["decap", "stats", "--pin-dir"])
-        .arg(&pins)
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix(what)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .with_context(|| format!("decap stats on backend {k}: no {what} in {text:?}"))
-}
-
-fn refused_source(tb: &Testbed) -> anyhow::Result<u64> {
-    let mut t = 0;
+/// The backends' decapsulation counters summed: tunnels refused for
+/// their source, second chances sent on (by XDP or the kernel), and
+/// second chances kept with no hops left.
+fn decap_totals(tb: &Testbed) -> anyhow::Result<(u64, u64, u64)> {
+    let mut t = (0, 0, 0);
     for k in 0..BACKENDS {
-        t += decap_stat(tb, k, "refused_source")?;
+        let s = decap_stats(tb, k)?;
+        let c = |n: &str| s.get(n).copied().unwrap_or(0);
+        t.0 += c("refused_source");
+        t.1 += c("chance_sent") + c("chance_kernel");
+        t.2 += c("chance_last");
     }
     Ok(t)
 }
@@ -799,15 +819,22 @@ struct Snapshot {
     counters: std::collections::BTreeMap<String, u64>,
     views: Vec<BackendView>,
     refused_source: u64,
+    /// Second chances sent on by the backends.
+    chance_on: u64,
+    /// Second chances kept with no hops left.
+    chance_last: u64,
     eject_lines: usize,
 }
 
 impl Snapshot {
     fn take(tb: &Testbed) -> anyhow::Result<Snapshot> {
+        let (refused_source, chance_on, chance_last) = decap_totals(tb)?;
         Ok(Snapshot {
             counters: tb.stats()?.counters.into_iter().collect(),
             views: tb.backends()?,
-            refused_source: refused_source(tb)?,
+            refused_source,
+            chance_on,
+            chance_last,
             eject_lines: eject_lines(tb),
         })
     }
@@ -953,11 +980,12 @@ fn ejected_within(
 
 /// The classes in the order they run: first those that leave the tables
 /// alone, then those that press on them.
-const CLASSES: [(char, &str); 8] = [
+const CLASSES: [(char, &str); 9] = [
     ('d', "d. blind FIN/RST, SYN|FIN on held"),
     ('e', "e. IPv4-mapped IPv6"),
     ('f', "f. martian sources"),
     ('g', "g. IP-in-IP, forged outer source"),
+    ('h', "h. segments of no flow, consistent VIP"),
     ('b', "b. 50,000 SYNs from one address"),
     // Class a against the NAT VIP alone first: where the balancer sees
     // both directions, no forged ACK promotes a flow.
@@ -998,7 +1026,7 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
                 let v = if key == 'n' {
                     VIPS[0]
                 } else {
-                    VIPS[(j % 3) as usize]
+                    VIPS[(j % VIPS.len() as u64) as usize]
                 };
                 let src = (spoofed(j), 1024 + (j % 60_000) as u16);
                 let isn = hash32(j);
@@ -1037,7 +1065,7 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
                         cur = (
                             src,
                             1024 + (r >> 24) as u16 % 60_000,
-                            VIPS[(r % 3) as usize],
+                            VIPS[(r % VIPS.len() as u64) as usize],
                             (r >> 32) as u32,
                         );
                         tcp4(link, (cur.0, cur.1), cur.2.addr, cur.3, SYN, out)
@@ -1124,9 +1152,32 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
                     ip4(VIPS[0].addr),
                     Ipv4Addr::new(10, 0, 1, 1),
                 ];
-                let v = VIPS[(i / 6 % 3) as usize];
+                let v = VIPS[(i / 6 % VIPS.len() as u64) as usize];
                 let src = (martians[(i % 6) as usize], 1024 + (i % 60_000) as u16);
                 tcp4(link, src, v.addr, hash32(i), SYN, out)
+            }),
+            u64::MAX,
+            false,
+        ),
+        'h' => (
+            Box::new(move |i: u64, out: &mut Vec<u8>| {
+                let src = (spoofed(i), 1024 + (i % 60_000) as u16);
+                let f = match i % 3 {
+                    0 => ack(hash32(i + 1)),
+                    1 => Flags {
+                        syn: false,
+                        ack: Some(hash32(i + 1)),
+                        fin: true,
+                        rst: false,
+                    },
+                    _ => Flags {
+                        syn: false,
+                        ack: None,
+                        fin: false,
+                        rst: true,
+                    },
+                };
+                tcp4(link, src, VIPS[3].addr, hash32(i), f, out)
             }),
             u64::MAX,
             false,
@@ -1235,11 +1286,16 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     held = h;
     numbers = n;
     println!(
-        "hostile: {HELD} connections held ({} nat, {} dsr, {} ipip) from {} client /24s in {:.1} s; \
+        "hostile: {HELD} connections held ({}) from {} client /24s in {:.1} s; \
          tables: flows {FLOW_TABLE}, half-open {HALF_OPEN_TABLE}, closing timeout {CLOSING_TIMEOUT}; no_healthy drop; {} s per class",
-        held.iter().filter(|h| h.vip.name == "nat").count(),
-        held.iter().filter(|h| h.vip.name == "dsr").count(),
-        held.iter().filter(|h| h.vip.name == "ipip").count(),
+        VIPS.iter()
+            .map(|v| format!(
+                "{} {}",
+                held.iter().filter(|h| h.vip.name == v.name).count(),
+                v.name
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
         CLIENTS.len(),
         t_open.elapsed().as_secs_f64(),
         per_class.as_secs()
@@ -1312,11 +1368,35 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 d("drop_martian_vip"),
                 d("drop_martian_local")
             ),
+            'h' => format!(
+                "recomputed_segments +{}, second chances sent on +{} and kept last +{} (backends), new_flows +{}",
+                d("recomputed_segments"),
+                after.chance_on - before.chance_on,
+                after.chance_last - before.chance_last,
+                d("new_flows")
+            ),
             _ => format!(
                 "refused_source +{} (decap, backends)",
                 after.refused_source - before.refused_source
             ),
         };
+        // Class h must have left no state: no flow of a forged source.
+        if key == 'h' {
+            let out = tb.cli(&["flows", "--limit", "10000", "--json"])?;
+            let flows = match serde_json::from_str::<balancer::api::Response>(&out)? {
+                balancer::api::Response::Flows { flows, .. } => flows,
+                other => bail!("unexpected answer {other:?}"),
+            };
+            let forged = flows
+                .iter()
+                .filter(|f| matches!(f.client.ip(), IpAddr::V4(a) if a.octets()[..2] == [10, 200]))
+                .count();
+            if forged > 0 {
+                failures.push(format!(
+                    "{class}: {forged} flows of forged sources in the table"
+                ));
+            }
+        }
         // Each class's own counter must have moved.
         let own_ok = match key {
             'a' | 'c' | 'n' => d("ack_unproven") > 0,
@@ -1338,6 +1418,14 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             // a VIP's), which may drop a few under a flood: 331 of 110,924
             // went missing once. At least 99 % must reach a backend and be
             // refused there.
+            // Every forged segment recomputed (a few of the real clients'
+            // may be too); the backends sent some on, each at most once.
+            'h' => {
+                d("recomputed_segments") * 100 >= sent * 99
+                    && after.chance_on > before.chance_on
+                    && after.chance_on - before.chance_on <= d("recomputed_segments")
+                    && after.chance_last > before.chance_last
+            }
             _ => (after.refused_source - before.refused_source) * 100 >= sent * 99,
         };
         if !own_ok {
