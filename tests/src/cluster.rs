@@ -808,18 +808,25 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
          configuration) and installed a route with 3 next hops",
         t.as_millis()
     );
-    let status = c.json(1, &["cluster", "status", "--json"])?;
-    ensure!(
-        status["announced"][0] == VIP.ip().to_string()
-            && status["ready"] == true
-            && status["authenticated"] == true
-            && status["peers"].as_array().is_some_and(|p| p
-                .iter()
-                .filter(|p| p["synced"] == true)
-                .count()
-                == 2),
-        "lb1's cluster status: {status}"
-    );
+    // The router learns lb3 once lb3 has its peers' flows; lb1 marks lb3
+    // synced when lb3's own batch arrives, which a loaded machine may
+    // deliver a little later (a CI run saw it after the route).
+    crate::scenario::wait_until(Duration::from_secs(10), || {
+        let status = c.json(1, &["cluster", "status", "--json"])?;
+        Ok(
+            if status["announced"][0] == VIP.ip().to_string()
+                && status["ready"] == true
+                && status["authenticated"] == true
+                && status["peers"]
+                    .as_array()
+                    .is_some_and(|p| p.iter().filter(|p| p["synced"] == true).count() == 2)
+            {
+                Ok(())
+            } else {
+                Err(format!("lb1's cluster status: {status}"))
+            },
+        )
+    })?;
     // Datagrams from a stranger's address and from a peer's host on another
     // port write nothing (and a peer's port without the key's tag is
     // refused by the tag check, tested on its own).
