@@ -40,6 +40,10 @@ command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
 # The cluster test bed: BIRD 2 as the balancers' BGP speaker and the router.
 [ -x /usr/sbin/bird ] && [ -x /usr/sbin/birdc ] || need_apt+=(bird2)
 command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
+# UDP VIPs (balancer-testbed udp): dnsmasq's binary as the DNS backends
+# (no service), dig as the client.
+[ -x /usr/sbin/dnsmasq ] || need_apt+=(dnsmasq-base)
+command -v dig >/dev/null 2>&1 || need_apt+=(bind9-dnsutils)
 if [ "${1:-}" = "--bench" ]; then
   # The peers the benchmark compares against, and a font for its plot.
   [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)

@@ -1,8 +1,12 @@
 //! Path MTU discovery through the balancer: an ICMP "fragmentation needed"
 //! (IPv4 type 3 code 4, RFC 1191) or ICMPv6 "packet too big" (type 2,
 //! RFC 8201) addressed to a VIP carries the header of the packet that was
-//! too big, from the VIP to a client: it names a pinned flow, and goes to
-//! that flow's backend, whose TCP lowers its segment size.
+//! too big, from the VIP to a client: it names a pinned flow (TCP or UDP),
+//! and goes to that flow's backend, whose TCP lowers its segment size.
+//! A "port unreachable" (IPv4 type 3 code 3, ICMPv6 type 1 code 4) quoting
+//! a UDP datagram goes the same way: the client's socket is gone, and the
+//! backend's UDP socket learns it (a connected socket's next call fails
+//! with ECONNREFUSED).
 //! In NAT mode the backend knows the flow by its own address and port, so
 //! the outer destination, the embedded source address and port are
 //! rewritten to the backend's and every checksum they touch is updated
@@ -15,7 +19,7 @@ use crate::{
         Frame, IPPROTO_ICMPV6, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, IPV4_TTL_OFF,
         IPV6_DST_OFF, IPV6_HLEN, IPV6_SRC_OFF,
     },
-    Addr, IPPROTO_TCP,
+    Addr, IPPROTO_TCP, IPPROTO_UDP,
 };
 
 pub use crate::parse::IPPROTO_ICMP;
@@ -23,6 +27,13 @@ pub use crate::parse::IPPROTO_ICMP;
 pub const ICMP_DEST_UNREACH: u8 = 3;
 /// Its code "fragmentation needed and DF set".
 pub const ICMP_FRAG_NEEDED: u8 = 4;
+/// Its code "port unreachable" (RFC 792): relayed for a UDP flow only (a
+/// TCP endpoint answers with a reset instead).
+pub const ICMP_PORT_UNREACH: u8 = 3;
+/// ICMPv6 type "destination unreachable" (RFC 4443 3.1).
+pub const ICMPV6_DEST_UNREACH: u8 = 1;
+/// Its code "port unreachable".
+pub const ICMPV6_PORT_UNREACH: u8 = 4;
 /// Offset of the ICMP checksum in the ICMP header.
 pub const ICMP_CSUM_OFF: usize = 2;
 /// Length of the ICMP header before the embedded packet.
@@ -50,6 +61,8 @@ pub struct TooBig {
     pub ttl: u8,
     /// `true` for ICMPv6.
     pub v6: bool,
+    /// `true` when the quoted packet is a UDP datagram (of a UDP flow).
+    pub udp: bool,
     /// Outer source (the router that sent it).
     pub src_addr: Addr,
     /// Outer destination (the VIP).
@@ -93,13 +106,19 @@ pub fn parse_too_big<F: Frame + ?Sized>(f: &F, l3_off: usize) -> Option<TooBig> 
     let total_len = u16::from_be_bytes([ip[2], ip[3]]);
     let icmp_off = l3_off + ihl;
     let icmp = f.read::<ICMP_HLEN>(icmp_off)?;
-    if icmp[0] != ICMP_DEST_UNREACH || icmp[1] != ICMP_FRAG_NEEDED {
+    if icmp[0] != ICMP_DEST_UNREACH || (icmp[1] != ICMP_FRAG_NEEDED && icmp[1] != ICMP_PORT_UNREACH)
+    {
         return None;
     }
     let inner_off = icmp_off + ICMP_HLEN;
     let inner = f.read::<20>(inner_off)?;
     let inner_ihl = (inner[0] & 0x0f) as usize * 4;
-    if inner[0] >> 4 != 4 || inner_ihl < 20 || inner[9] != IPPROTO_TCP {
+    let udp = inner[9] == IPPROTO_UDP;
+    if inner[0] >> 4 != 4 || inner_ihl < 20 || !(udp || inner[9] == IPPROTO_TCP) {
+        return None;
+    }
+    // Port unreachable names a UDP flow only.
+    if icmp[1] == ICMP_PORT_UNREACH && !udp {
         return None;
     }
     let inner_l4_off = inner_off + inner_ihl;
@@ -113,6 +132,7 @@ pub fn parse_too_big<F: Frame + ?Sized>(f: &F, l3_off: usize) -> Option<TooBig> 
         total_len: total_len as u32,
         ttl: ip[8],
         v6: false,
+        udp,
         src_addr: f.read_addr4(l3_off + IPV4_SRC_OFF)?,
         dst_addr: f.read_addr4(l3_off + IPV4_DST_OFF)?,
         vip_addr: f.read_addr4(inner_off + IPV4_SRC_OFF)?,
@@ -136,12 +156,15 @@ pub fn parse_too_big6<F: Frame + ?Sized>(f: &F, l3_off: usize, icmp_off: usize) 
     let ip = f.read::<8>(l3_off)?;
     let total_len = IPV6_HLEN as u32 + u16::from_be_bytes([ip[4], ip[5]]) as u32;
     let icmp = f.read::<ICMP_HLEN>(icmp_off)?;
-    if icmp[0] != ICMPV6_PACKET_TOO_BIG || icmp[1] != 0 {
+    let unreach = icmp[0] == ICMPV6_DEST_UNREACH && icmp[1] == ICMPV6_PORT_UNREACH;
+    let too_big = icmp[0] == ICMPV6_PACKET_TOO_BIG && icmp[1] == 0;
+    if !(too_big || unreach) {
         return None;
     }
     let inner_off = icmp_off + ICMP_HLEN;
     let inner = f.read::<8>(inner_off)?;
-    if inner[0] >> 4 != 6 || inner[6] != IPPROTO_TCP {
+    let udp = inner[6] == IPPROTO_UDP;
+    if inner[0] >> 4 != 6 || !(udp || inner[6] == IPPROTO_TCP) || (unreach && !udp) {
         return None;
     }
     let inner_l4_off = inner_off + IPV6_HLEN;
@@ -162,6 +185,7 @@ pub fn parse_too_big6<F: Frame + ?Sized>(f: &F, l3_off: usize, icmp_off: usize) 
         total_len,
         ttl: ip[7],
         v6: true,
+        udp,
         src_addr,
         dst_addr,
         vip_addr,

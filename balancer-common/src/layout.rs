@@ -324,8 +324,10 @@ const fn fingerprint() -> u64 {
             l3_off: u16,
             l4_off: u16,
             ip_total_len: u32,
-            v6: u32,
-            _pad: u32
+            v6: u8,
+            udp: u8,
+            _pad: u16,
+            _pad2: u32
         }
     );
     h = layout!(

@@ -32,3 +32,5 @@ pub const PORT_BITMAP_WORDS: u32 = 65536 / 64;
 
 /// IP protocol number of TCP (RFC 9293).
 pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP (RFC 768).
+pub const IPPROTO_UDP: u8 = 17;

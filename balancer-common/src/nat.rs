@@ -21,7 +21,7 @@ pub struct Fields {
     pub ttl_word: u16,
     /// IPv4 header checksum (unused for IPv6).
     pub ip_csum: u16,
-    /// TCP checksum.
+    /// TCP checksum, or UDP's (then finished by [`udp_csum`]).
     pub tcp_csum: u16,
 }
 
@@ -88,12 +88,29 @@ pub fn forward(old: &Fields, new_addr: &Addr, new_port: u16, ttl: Ttl, v6: bool)
     }
 }
 
+/// The UDP checksum after a rewrite: `updated` is [`forward`]'s
+/// incremental result from the datagram's checksum `old`. An IPv4
+/// datagram sent without a checksum (`old` 0, RFC 768) stays without one;
+/// a computed checksum of 0 is sent as 0xffff (RFC 768, and for IPv6,
+/// where a zero checksum is not allowed, RFC 8200 section 8.1).
+#[inline(always)]
+pub const fn udp_csum(old: u16, updated: u16, v6: bool) -> u16 {
+    if old == 0 && !v6 {
+        0
+    } else if updated == 0 {
+        0xffff
+    } else {
+        updated
+    }
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
     use super::*;
     use crate::parse::{
         parse, Parsed, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_TTL_OFF, IPV6_DST_OFF, TCP_CSUM_OFF,
+        UDP_CSUM_OFF,
     };
     use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
     use proptest::prelude::*;
@@ -175,6 +192,85 @@ mod tests {
             let th = tcp.to_header();
             prop_assert_eq!(th.calc_checksum_ipv6(&h, tcp.payload()).unwrap(), th.checksum);
         }
+    }
+
+    proptest! {
+        /// UDP destination NAT, both families: the incremental checksum
+        /// equals etherparse's recomputation; an IPv4 datagram without a
+        /// checksum stays without one.
+        #[test]
+        fn udp_matches_full_recomputation(v6 in any::<bool>(), zero in any::<bool>(),
+                                          src in any::<[u8; 16]>(), dst in any::<[u8; 16]>(),
+                                          new in any::<[u8; 16]>(), new_port in 1u16..,
+                                          sport in 1u16.., payload in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let b = PacketBuilder::ethernet2([1; 6], [2; 6]);
+            let mut f = Vec::new();
+            if v6 {
+                b.ipv6(src, dst, 9).udp(sport, 53).write(&mut f, &payload).unwrap();
+            } else {
+                let s4: [u8; 4] = src[..4].try_into().unwrap();
+                let d4: [u8; 4] = dst[..4].try_into().unwrap();
+                b.ipv4(s4, d4, 9).udp(sport, 53).write(&mut f, &payload).unwrap();
+            }
+            let Parsed::Udp(at) = parse(&f[..]) else { panic!("not udp") };
+            let t = crate::parse::udp_datagram(&f[..], &at).unwrap();
+            prop_assert!(t.udp);
+            let (l3, l4) = (t.l3_off, t.l4_off);
+            let zero = zero && !v6;
+            if zero {
+                f[l4 + UDP_CSUM_OFF..l4 + UDP_CSUM_OFF + 2].copy_from_slice(&[0, 0]);
+            }
+            let new_addr = if v6 { Addr::from_v6_bytes(&new) } else { Addr::v4(u32::from_ne_bytes(new[..4].try_into().unwrap())) };
+            let tw = ttl_word_off(v6);
+            let old = Fields {
+                addr: t.dst_addr,
+                port: w16(&f, l4 + 2),
+                ttl_word: w16(&f, l3 + tw),
+                ip_csum: if v6 { 0 } else { w16(&f, l3 + IPV4_CSUM_OFF) },
+                tcp_csum: w16(&f, l4 + UDP_CSUM_OFF),
+            };
+            let n = forward(&old, &new_addr, new_port.to_be(), Ttl::Decrement, v6);
+            let c = udp_csum(old.tcp_csum, n.tcp_csum, v6);
+            if v6 {
+                f[l3 + IPV6_DST_OFF..l3 + IPV6_DST_OFF + 16].copy_from_slice(&n.addr.v6_bytes());
+            } else {
+                f[l3 + IPV4_DST_OFF..l3 + IPV4_DST_OFF + 4].copy_from_slice(&n.addr.v4_be().to_ne_bytes());
+                f[l3 + IPV4_CSUM_OFF..l3 + IPV4_CSUM_OFF + 2].copy_from_slice(&n.ip_csum.to_ne_bytes());
+            }
+            f[l4 + 2..l4 + 4].copy_from_slice(&n.port.to_ne_bytes());
+            f[l3 + tw..l3 + tw + 2].copy_from_slice(&n.ttl_word.to_ne_bytes());
+            f[l4 + UDP_CSUM_OFF..l4 + UDP_CSUM_OFF + 2].copy_from_slice(&c.to_ne_bytes());
+            let p = SlicedPacket::from_ethernet(&f).unwrap();
+            let Some(TransportSlice::Udp(udp)) = &p.transport else { panic!("not udp") };
+            prop_assert_eq!(udp.destination_port(), new_port);
+            let uh = udp.to_header();
+            if zero {
+                prop_assert_eq!(uh.checksum, 0);
+            } else {
+                prop_assert_ne!(uh.checksum, 0);
+                let want = match &p.net {
+                    Some(etherparse::NetSlice::Ipv4(ip)) => {
+                        let h = ip.header().to_header();
+                        prop_assert_eq!(h.calc_header_checksum(), h.header_checksum);
+                        uh.calc_checksum_ipv4(&h, udp.payload()).unwrap()
+                    }
+                    Some(etherparse::NetSlice::Ipv6(ip)) => uh.calc_checksum_ipv6(&ip.header().to_header(), udp.payload()).unwrap(),
+                    _ => panic!("not ip"),
+                };
+                prop_assert_eq!(want, uh.checksum);
+            }
+        }
+    }
+
+    #[test]
+    fn udp_checksum_rules() {
+        // IPv4 without a checksum stays without one; a computed zero is
+        // sent as all ones in both families.
+        assert_eq!(udp_csum(0, 0x1234, false), 0);
+        assert_eq!(udp_csum(0x5555, 0, false), 0xffff);
+        assert_eq!(udp_csum(0x5555, 0, true), 0xffff);
+        assert_eq!(udp_csum(0, 0x1234, true), 0x1234);
+        assert_eq!(udp_csum(0x5555, 0x1234, false), 0x1234);
     }
 
     #[test]

@@ -156,10 +156,29 @@ pub const IPV4_SRC_OFF: usize = 12;
 pub const IPV4_DST_OFF: usize = 16;
 /// Byte offset of the checksum inside the TCP header.
 pub const TCP_CSUM_OFF: usize = 16;
+/// Byte offset of the checksum inside the UDP header (RFC 768).
+pub const UDP_CSUM_OFF: usize = 6;
+/// Length of the UDP header, bytes.
+pub const UDP_HLEN: usize = 8;
+
+/// Offset of the checksum in the transport header of a segment (`udp`:
+/// a UDP datagram).
+#[inline(always)]
+pub const fn l4_csum_off(udp: bool) -> usize {
+    if udp {
+        UDP_CSUM_OFF
+    } else {
+        TCP_CSUM_OFF
+    }
+}
 
 /// A TCP segment in an IPv4 or IPv6 packet, with the offsets needed to
 /// rewrite it. Ports are in network byte order (the wire bytes read as a
 /// native-endian integer); sequence numbers are in host byte order.
+///
+/// A UDP datagram ([`Parsed::Udp`]) has the same form with `udp` set: its
+/// flags, sequence and acknowledgment numbers 0, and `tcp_hlen` the UDP
+/// header's 8 bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tcp {
     /// Offset of the IP header in the frame, bytes (14, 18 or 22).
@@ -190,6 +209,8 @@ pub struct Tcp {
     pub tcp_hlen: u8,
     /// `true` for IPv6.
     pub v6: bool,
+    /// `true` for a UDP datagram ([`Parsed::Udp`]).
+    pub udp: bool,
 }
 
 impl Tcp {
@@ -201,8 +222,10 @@ impl Tcp {
             l3_off: self.l3_off as u16,
             l4_off: self.l4_off as u16,
             ip_total_len: self.ip_total_len,
-            v6: self.v6 as u32,
+            v6: self.v6 as u8,
+            udp: self.udp as u8,
             _pad: 0,
+            _pad2: 0,
         }
     }
 
@@ -215,6 +238,7 @@ impl Tcp {
             l4_off: (s.l4_off & crate::plan::SegInfo::L4_MASK) as usize,
             ip_total_len: s.ip_total_len,
             v6: s.v6 != 0,
+            udp: s.udp != 0,
             ..Tcp::default()
         }
     }
@@ -265,16 +289,76 @@ impl Tcp {
     }
 }
 
+/// Where a UDP datagram's headers are ([`Parsed::Udp`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpAt {
+    /// Offset of the IP header, bytes.
+    pub l3_off: u16,
+    /// Offset of the UDP header, bytes.
+    pub l4_off: u16,
+    /// Length of the IP packet, bytes (as [`Tcp::ip_total_len`]).
+    pub total_len: u32,
+    /// IPv4 time to live, or IPv6 hop limit.
+    pub ttl: u8,
+    /// `true` for IPv6.
+    pub v6: bool,
+}
+
+/// The datagram at `at` as a [`Tcp`] with `udp` set (flags, sequence
+/// and acknowledgment numbers 0, `tcp_hlen` 8): its addresses and ports
+/// read from the frame. `None` when they are past its end (never, for an
+/// `at` that [`parse`] returned for this frame).
+#[inline(always)]
+pub fn udp_datagram<F: Frame + ?Sized>(frame: &F, at: &UdpAt) -> Option<Tcp> {
+    let l3_off = at.l3_off as usize;
+    let l4_off = at.l4_off as usize;
+    let (src_addr, dst_addr) = if at.v6 {
+        (
+            frame.read_addr6(l3_off + IPV6_SRC_OFF)?,
+            frame.read_addr6(l3_off + IPV6_DST_OFF)?,
+        )
+    } else {
+        (
+            frame.read_addr4(l3_off + IPV4_SRC_OFF)?,
+            frame.read_addr4(l3_off + IPV4_DST_OFF)?,
+        )
+    };
+    let ports = frame.read::<4>(l4_off)?;
+    Some(Tcp {
+        l3_off,
+        l4_off,
+        src_addr,
+        dst_addr,
+        src_port: u16::from_ne_bytes([ports[0], ports[1]]),
+        dst_port: u16::from_ne_bytes([ports[2], ports[3]]),
+        flags: 0,
+        seq: 0,
+        ack: 0,
+        ip_total_len: at.total_len,
+        ttl: at.ttl,
+        tcp_hlen: UDP_HLEN as u8,
+        v6: at.v6,
+        udp: true,
+    })
+}
+
 /// What a frame is, as far as the balancer cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parsed {
     /// An unfragmented TCP segment.
     Tcp(Tcp),
-    /// IPv4 or IPv6, not TCP or ICMP (or TCP in a fragment: see
-    /// [`Parsed::Fragment`]).
+    /// An unfragmented UDP datagram, its UDP length at least the header's
+    /// 8 bytes and inside the IP packet: where its headers are
+    /// ([`udp_datagram`] reads the rest). Not a [`Tcp`] of its own: a
+    /// second variant of that size would make every `Parsed` 8 bytes
+    /// larger, which the entry program's stack does not have.
+    Udp(UdpAt),
+    /// IPv4 or IPv6, not TCP, UDP or ICMP (or TCP or UDP in a fragment:
+    /// see [`Parsed::Fragment`]).
     OtherIp,
-    /// A fragment carrying TCP (IPv4: MF set or offset non-zero; IPv6: a
-    /// fragment header). Never treated as a TCP segment: the first
+    /// A fragment carrying TCP or UDP (IPv4: MF set or offset non-zero;
+    /// IPv6: a fragment header; any other protocol is
+    /// [`Parsed::OtherIp`] for IPv4). Never treated as a TCP segment: the first
     /// fragment's ports would be found, but the later fragments of the same
     /// datagram carry none.
     Fragment {
@@ -383,7 +467,7 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
             v6: false,
         };
     }
-    if proto != crate::IPPROTO_TCP {
+    if proto != crate::IPPROTO_TCP && proto != crate::IPPROTO_UDP {
         return Parsed::OtherIp;
     }
     if more_fragments || frag_offset != 0 {
@@ -392,6 +476,9 @@ pub fn parse<F: Frame + ?Sized>(frame: &F) -> Parsed {
     let Some(src_addr) = frame.read_addr4(l3_off + IPV4_SRC_OFF) else {
         return Parsed::Malformed;
     };
+    if proto == crate::IPPROTO_UDP {
+        return udp(frame, l3_off, l4_off, total_len as u32, ip[8], false);
+    }
     tcp(
         frame,
         l3_off,
@@ -437,6 +524,9 @@ fn parse_ipv6<F: Frame + ?Sized>(frame: &F, l3_off: usize) -> Parsed {
                 return tcp(
                     frame, l3_off, off, src_addr, dst_addr, total_len, ip[7], true,
                 );
+            }
+            crate::IPPROTO_UDP => {
+                return udp(frame, l3_off, off, total_len, ip[7], true);
             }
             IPPROTO_ICMPV6 => {
                 return Parsed::Icmp {
@@ -513,6 +603,36 @@ fn tcp<F: Frame + ?Sized>(
         ip_total_len: total_len,
         ttl,
         tcp_hlen: (doff * 4) as u8,
+        v6,
+        udp: false,
+    })
+}
+
+/// The UDP header at `l4_off` of an IP packet of `total_len` bytes at
+/// `l3_off`: its length field must cover the header and fit inside the IP
+/// packet (RFC 768; a larger one, or IPv6's jumbogram length 0, is
+/// malformed).
+#[inline(always)]
+fn udp<F: Frame + ?Sized>(
+    frame: &F,
+    l3_off: usize,
+    l4_off: usize,
+    total_len: u32,
+    ttl: u8,
+    v6: bool,
+) -> Parsed {
+    let Some(h) = frame.read::<UDP_HLEN>(l4_off) else {
+        return Parsed::Malformed;
+    };
+    let ulen = be16([h[4], h[5]]) as usize;
+    if ulen < UDP_HLEN || (l4_off - l3_off) + ulen > total_len as usize {
+        return Parsed::Malformed;
+    }
+    Parsed::Udp(UdpAt {
+        l3_off: l3_off as u16,
+        l4_off: l4_off as u16,
+        total_len,
+        ttl,
         v6,
     })
 }
@@ -635,6 +755,60 @@ mod tests {
         assert!(matches!(parse(&f[..]), Parsed::Fragment { .. }));
     }
 
+    /// A UDP datagram from 10.0.0.1:5353 to 10.0.0.10:53 (or the IPv6
+    /// test addresses) with `payload`.
+    fn udp_frame(v6: bool, payload: &[u8]) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]);
+        let mut f = Vec::new();
+        if v6 {
+            b.ipv6(SRC6, DST6, 64)
+                .udp(5353, 53)
+                .write(&mut f, payload)
+                .unwrap();
+        } else {
+            b.ipv4([10, 0, 0, 1], [10, 0, 0, 10], 64)
+                .udp(5353, 53)
+                .write(&mut f, payload)
+                .unwrap();
+        }
+        f
+    }
+
+    #[test]
+    fn udp_datagrams() {
+        for v6 in [false, true] {
+            let f = udp_frame(v6, b"query");
+            let Parsed::Udp(at) = parse(&f[..]) else {
+                panic!("not udp: {:?}", parse(&f[..]));
+            };
+            let u = udp_datagram(&f[..], &at).unwrap();
+            assert!(u.udp && u.v6 == v6);
+            assert_eq!(u16::from_be(u.src_port), 5353);
+            assert_eq!(u16::from_be(u.dst_port), 53);
+            assert_eq!((u.flags, u.seq, u.ack, u.tcp_hlen), (0, 0, 0, 8));
+            assert_eq!(u.payload_len(), 5);
+            assert_eq!(u.l4_off, if v6 { 54 } else { 34 });
+            // Cut anywhere: malformed, never read past the end.
+            for cut in 0..f.len() {
+                assert_eq!(parse(&f[..cut]), Parsed::Malformed, "cut at {cut}");
+            }
+            // A UDP length below the header's, or past the IP packet's end.
+            let mut g = f.clone();
+            let len_off = u.l4_off + 4;
+            g[len_off..len_off + 2].copy_from_slice(&7u16.to_be_bytes());
+            assert_eq!(parse(&g[..]), Parsed::Malformed);
+            g[len_off..len_off + 2].copy_from_slice(&14u16.to_be_bytes());
+            assert_eq!(parse(&g[..]), Parsed::Malformed);
+            // Shorter than the IP packet (padding after it): still UDP.
+            g[len_off..len_off + 2].copy_from_slice(&8u16.to_be_bytes());
+            assert!(matches!(parse(&g[..]), Parsed::Udp(_)));
+        }
+        // An IPv4 fragment carrying UDP is a fragment, not a datagram.
+        let mut f = udp_frame(false, b"query");
+        f[20] = 0x20;
+        assert!(matches!(parse(&f[..]), Parsed::Fragment { .. }));
+    }
+
     #[test]
     fn truncations() {
         let f = syn_frame(&[], &[]);
@@ -659,6 +833,16 @@ mod tests {
                     if let Some(TransportSlice::Tcp(tcp)) = s.transport {
                         prop_assert_eq!(tcp.source_port(), u16::from_be(t.src_port));
                         prop_assert_eq!(tcp.destination_port(), u16::from_be(t.dst_port));
+                    }
+                }
+            }
+            // And for a UDP datagram.
+            if let Parsed::Udp(at) = parse(&bytes[..]) {
+                let t = udp_datagram(&bytes[..], &at).unwrap();
+                if let Ok(s) = SlicedPacket::from_ethernet(&bytes) {
+                    if let Some(TransportSlice::Udp(udp)) = s.transport {
+                        prop_assert_eq!(udp.source_port(), u16::from_be(t.src_port));
+                        prop_assert_eq!(udp.destination_port(), u16::from_be(t.dst_port));
                     }
                 }
             }

@@ -211,9 +211,14 @@ pub struct SegInfo {
     /// Length of the IP packet, bytes.
     pub ip_total_len: u32,
     /// 1 for IPv6.
-    pub v6: u32,
+    pub v6: u8,
+    /// 1 for a UDP datagram (the checksum at `UDP_CSUM_OFF`, where an IPv4
+    /// zero stays zero).
+    pub udp: u8,
     /// Padding, always 0.
-    pub _pad: u32,
+    pub _pad: u16,
+    /// Padding, always 0.
+    pub _pad2: u32,
 }
 
 impl SegInfo {

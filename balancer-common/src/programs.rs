@@ -34,7 +34,13 @@ pub const FORWARD_STAGE: u32 = 4;
 pub const RESET: &str = "balancer_reset";
 /// Index of [`RESET`] in the `STAGES` program array.
 pub const RESET_STAGE: u32 = 5;
+/// The UDP stage: a datagram to a UDP VIP (its flow pinned, or placed by
+/// the choice rule) or from a NAT backend (rewritten back to its VIP),
+/// reached by a tail call from the entry.
+pub const UDP: &str = "balancer_udp";
+/// Index of [`UDP`] in the `STAGES` program array.
+pub const UDP_STAGE: u32 = 6;
 /// Entries of the `STAGES` program array.
-pub const STAGE_COUNT: u32 = 6;
+pub const STAGE_COUNT: u32 = 7;
 /// The backends' decapsulation program (object `balancer-decap`).
 pub const DECAP: &str = "balancer_decap";

@@ -195,11 +195,31 @@ pub enum Counter {
     /// its own connection here; recomputed (and counted in
     /// `recomputed_segments` too), the entry untouched.
     StaleRecomputed,
+    /// UDP datagrams to a UDP VIP, forwarded to their flow's backend
+    /// (a new flow's first included).
+    UdpDatagrams,
+    /// UDP flows placed (counted in `new_flows` too).
+    UdpNewFlows,
+    /// A NAT backend's UDP datagrams rewritten back to their client.
+    UdpReplies,
+    /// UDP flows that moved from the half-open table to the established
+    /// one: with both directions in view, the client sent again after its
+    /// backend answered; in a direct-return mode, the client sent again
+    /// after `flow::PROOF_AGE_NS`.
+    UdpPromoted,
+    /// UDP datagrams to a VIP removed within the orphan time, or whose
+    /// flow's backend is gone (the flow is forgotten: its next datagram is
+    /// placed again), dropped.
+    DropUdpNoFlow,
+    /// UDP datagrams dropped because their new flow was refused (no
+    /// eligible backend, a martian source, a hairpin, a tuple in use; each
+    /// also counted under its own reason).
+    DropUdpRefused,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::StaleRecomputed;
+    pub const LAST: Counter = Counter::DropUdpRefused;
 }
 
 /// Number of entries of the `STATS` array.
@@ -268,6 +288,12 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "flow_events_lost",
     "recomputed_segments",
     "stale_recomputed",
+    "udp_datagrams",
+    "udp_new_flows",
+    "udp_replies",
+    "udp_promoted",
+    "drop_udp_no_flow",
+    "drop_udp_refused",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

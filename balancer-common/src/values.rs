@@ -167,6 +167,31 @@ pub const VIP_F_TWO_SIDED: u32 = 4;
 /// [`crate::consistent`]) instead of two random eligible backends; a row
 /// never written falls back to the random draw.
 pub const VIP_F_CONSISTENT: u32 = 8;
+/// [`VipInfo::flags`]: the VIP takes UDP: the daemon writes its entry
+/// under protocol 17 ([`crate::IPPROTO_UDP`]) too. The data path reads
+/// the protocol from the key, not from this flag.
+pub const VIP_F_UDP: u32 = 16;
+/// [`VipInfo::flags`]: the VIP takes no TCP (a UDP-only VIP): the daemon
+/// writes no entry under protocol 6.
+pub const VIP_F_NO_TCP: u32 = 32;
+
+impl VipKey {
+    /// The keys of the VIP at `addr`:`port` (network byte order) whose
+    /// [`VipInfo::flags`] are `flags`, each with whether the VIP takes
+    /// that protocol: TCP, then UDP.
+    pub fn both(addr: Addr, port: u16, flags: u32) -> [(VipKey, bool); 2] {
+        let key = |proto| VipKey {
+            addr,
+            port,
+            proto,
+            _pad: 0,
+        };
+        [
+            (key(IPPROTO_TCP), flags & VIP_F_NO_TCP == 0),
+            (key(IPPROTO_UDP), flags & VIP_F_UDP != 0),
+        ]
+    }
+}
 
 impl VipInfo {
     /// Index into `VIP_BACKENDS` of entry `i` of the active eligible list.

@@ -7,7 +7,7 @@ use balancer_common::{
     flow_kind, martian_class,
     parse::{self, Frame, Parsed, Tcp, TCP_RST},
     programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, BACKEND_F_IN_USE,
-    IPPROTO_TCP, VIP_F_CONSISTENT, VIP_F_REMOVED, VIP_F_TWO_SIDED,
+    IPPROTO_TCP, IPPROTO_UDP, VIP_F_CONSISTENT, VIP_F_REMOVED, VIP_F_TWO_SIDED,
 };
 
 use crate::{
@@ -275,14 +275,25 @@ fn recompute(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64
 pub fn new_flow(ctx: XdpContext) -> u32 {
     let ctx = &ctx;
     let frame = XdpFrame(ctx);
-    let Parsed::Tcp(seg) = parse::parse(&frame) else {
-        return xdp_action::XDP_PASS;
+    let seg = match parse::parse(&frame) {
+        Parsed::Tcp(seg) => seg,
+        // A datagram to a UDP VIP that matches no flow (the UDP stage
+        // checked).
+        Parsed::Udp(at) => match parse::udp_datagram(&frame, &at) {
+            Some(seg) => seg,
+            None => return xdp_action::XDP_PASS,
+        },
+        _ => return xdp_action::XDP_PASS,
     };
-    let key = crate::lookup::client_key(&seg);
+    let proto = if seg.udp { IPPROTO_UDP } else { IPPROTO_TCP };
+    let key = FlowKey {
+        proto,
+        ..crate::lookup::client_key(&seg)
+    };
     let vip_key = VipKey {
         addr: seg.dst_addr,
         port: seg.dst_port,
-        proto: IPPROTO_TCP,
+        proto,
         _pad: 0,
     };
     // SAFETY: copied out at once.
@@ -290,13 +301,32 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
         return xdp_action::XDP_PASS;
     };
     let now = now_ns();
-    if !seg.is_syn() {
+    if seg.udp {
+        // A UDP VIP removed within the orphan time takes no new flow.
+        if vip.flags & VIP_F_REMOVED != 0 {
+            count(Counter::DropUdpNoFlow, 1);
+            return xdp_action::XDP_DROP;
+        }
+    } else if !seg.is_syn() {
         return recompute(&frame, &seg, &key, &vip, now).code();
     }
+    // A UDP datagram is placed as a SYN is, its refusals (each counted
+    // under its reason) dropped: UDP has no reset.
     match choose::place(&key, &seg, &vip, now) {
-        Ok((b, slot)) => to_backend(&frame, &seg, &b, slot, vip.index, true, now, None).code(),
-        Err(Refusal::Drop) => xdp_action::XDP_DROP,
-        Err(Refusal::Reset) => Next::Reset.code(),
+        Ok((b, slot)) => {
+            if seg.udp {
+                count(Counter::UdpNewFlows, 1);
+                count(Counter::UdpDatagrams, 1);
+            }
+            to_backend(&frame, &seg, &b, slot, vip.index, true, now, None).code()
+        }
+        Err(Refusal::Reset) if !seg.udp => Next::Reset.code(),
+        Err(_) => {
+            if seg.udp {
+                count(Counter::DropUdpRefused, 1);
+            }
+            xdp_action::XDP_DROP
+        }
     }
 }
 
@@ -331,7 +361,7 @@ pub fn martian(src: &Addr) -> bool {
 /// tunnel mode (`mode::GUE_CHANCE`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn to_backend(
+pub fn to_backend(
     frame: &XdpFrame,
     seg: &Tcp,
     backend: &Backend,

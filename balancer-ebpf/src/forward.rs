@@ -99,6 +99,11 @@ impl Next {
 pub const CODE_FORWARD: u32 = 0xffff_0010;
 /// [`Next::code`] of a reset, its plan written.
 pub const CODE_RESET: u32 = 0xffff_0011;
+/// The code of a UDP datagram the UDP stage (`programs::UDP_STAGE`)
+/// takes: the entry's deciding function returns it, its main function
+/// makes the tail call (the deciding function's frame is too large for a
+/// tail call of its own).
+pub const CODE_UDP: u32 = 0xffff_0012;
 
 /// Carries out a [`Next::code`] in a program's main function: the action
 /// itself, the forward ([`fast`], or the forward stage when the next hop
@@ -132,6 +137,13 @@ pub fn finish(ctx: &XdpContext, code: u32) -> u32 {
             // SAFETY: the program array holds XDP programs of this object.
             unsafe { STAGES.tail_call(ctx, programs::RESET_STAGE) };
             counted_pass(Counter::DropNoStage)
+        }
+        CODE_UDP => {
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(ctx, programs::UDP_STAGE) };
+            // Without the stage the datagram is the host's (a third
+            // ending, so that no two tail calls are merged).
+            counted_pass(Counter::PassNotVip)
         }
         action => action,
     }

@@ -21,7 +21,7 @@ use balancer_common::{
         self, Parsed, Tcp, IPV4_CSUM_OFF, IPV4_DST_OFF, IPV4_SRC_OFF, IPV4_TTL_OFF, IPV6_DST_OFF,
         IPV6_HLEN, IPV6_SRC_OFF,
     },
-    Addr, Backend, Counter,
+    Addr, Backend, Counter, FlowKey, IPPROTO_TCP, IPPROTO_UDP,
 };
 
 use crate::{
@@ -61,7 +61,10 @@ pub fn to_backend(ctx: XdpContext) -> u32 {
         count(Counter::PassNotVip, 1);
         return xdp_action::XDP_PASS;
     }
-    let key = key_for(t.client_addr, t.client_port, t.vip_addr, t.vip_port);
+    let key = FlowKey {
+        proto: if t.udp { IPPROTO_UDP } else { IPPROTO_TCP },
+        ..key_for(t.client_addr, t.client_port, t.vip_addr, t.vip_port)
+    };
     let Some((e, _)) = live(&key) else {
         count(Counter::IcmpNoFlow, 1);
         return xdp_action::XDP_PASS;
@@ -170,7 +173,12 @@ fn nat6(frame: &XdpFrame, t: &TooBig, b: &Backend) -> Option<()> {
 #[inline(always)]
 pub fn too_big(ctx: &XdpContext) -> u32 {
     let frame = XdpFrame(ctx);
-    let Parsed::Tcp(seg) = parse::parse(&frame) else {
+    let seg = match parse::parse(&frame) {
+        Parsed::Tcp(seg) => Some(seg),
+        Parsed::Udp(at) => parse::udp_datagram(&frame, &at),
+        _ => None,
+    };
+    let Some(seg) = seg else {
         count(Counter::DropMtu, 1);
         return xdp_action::XDP_DROP;
     };

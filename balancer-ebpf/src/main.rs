@@ -70,6 +70,8 @@ mod scratch;
 mod stats;
 #[cfg(target_arch = "bpf")]
 mod track;
+#[cfg(target_arch = "bpf")]
+mod udp;
 
 #[cfg(target_arch = "bpf")]
 mod entry {
@@ -89,6 +91,7 @@ mod entry {
         maps::{BACKEND_PORTS, REPLY_SCRATCH, STAGES, UNPROVEN, VIPS, VIP_ADDRS, VIP_PORTS},
         reply, rewrite,
         stats::{count, count_rx},
+        udp,
     };
 
     /// The entry point (`programs::ENTRY`): decides, then carries the
@@ -113,18 +116,23 @@ mod entry {
         let parsed = parse::parse(&frame);
         // A multi-buffer frame's bytes past its first buffer are counted
         // from the IP header (not from a helper call on every frame).
-        count_rx(match &parsed {
-            Parsed::Tcp(seg) => seg.wire_len(frame.len()),
-            _ => frame.len(),
-        } as u64);
-        match parsed {
-            Parsed::Tcp(seg) => tcp(ctx, &frame, &seg),
+        if let Parsed::Tcp(seg) = &parsed {
+            count_rx(seg.wire_len(frame.len()) as u64);
+            return tcp(ctx, &frame, seg);
+        }
+        count_rx(frame.len() as u64);
+        match &parsed {
+            Parsed::Tcp(_) => pass(Counter::PassNotVip),
+            // The UDP stage (a program of its own, tail-called by the
+            // main function: this one's frame is too large for a tail call)
+            // sorts VIPs' and backends' datagrams from the host's.
+            Parsed::Udp(_) => forward::CODE_UDP,
             Parsed::Fragment { .. } => pass(Counter::PassFragment),
             Parsed::Malformed => pass(Counter::PassMalformed),
             Parsed::Icmp {
                 dst_addr, v6: true, ..
             } if dst_addr.is_v4() => drop(Counter::DropMappedV6),
-            Parsed::Icmp { dst_addr, .. } => icmp_stage(ctx, dst_addr),
+            Parsed::Icmp { dst_addr, .. } => icmp_stage(ctx, *dst_addr),
             Parsed::Ipv6Ext => pass(Counter::PassIpv6Ext),
             Parsed::OtherIp | Parsed::OtherL2 => pass(Counter::PassNotVip),
         }
@@ -162,6 +170,13 @@ mod entry {
     #[xdp(frags)]
     pub fn balancer_reset(ctx: XdpContext) -> u32 {
         rewrite::reset::stage(&ctx)
+    }
+
+    /// The UDP stage (`programs::UDP`), tail-called by the entry.
+    #[xdp(frags)]
+    pub fn balancer_udp(ctx: XdpContext) -> u32 {
+        let code = udp::decide(XdpContext { ctx: ctx.ctx });
+        forward::finish(&ctx, code)
     }
 
     /// The reply stage (`programs::REPLY`), tail-called by the entry.

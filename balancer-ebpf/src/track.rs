@@ -170,7 +170,7 @@ impl Event {
 /// under `c`: exactly one caller's insert succeeds (the handshake
 /// completes, or the flow graduates, once). Its count moves with it.
 #[inline(always)]
-fn move_to(
+pub fn move_to(
     key: &FlowKey,
     e: *mut FlowEntry,
     from: &LruHashMap<FlowKey, FlowEntry>,
@@ -187,7 +187,7 @@ fn move_to(
 
 /// The server of `b` served a flow: its failure streak ends.
 #[inline(always)]
-fn served(b: &Backend) {
+pub fn served(b: &Backend) {
     if let Some(p) = SERVER_FAILS.get_ptr_mut(b.server) {
         // SAFETY: a map value; plain stores (a concurrent failure counted
         // meanwhile is lost, which only delays an ejection by one).

@@ -107,6 +107,17 @@ pub struct VipPatch {
     /// How new flows draw their candidates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidates: Option<crate::state::Candidates>,
+    /// The transport protocols (`"tcp"`, `"udp"` or `"both"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<crate::state::Protocol>,
+    /// Idle timeout of an established UDP flow.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub udp_timeout: Option<Duration>,
 }
 
 impl VipPatch {
@@ -157,6 +168,12 @@ impl VipPatch {
         }
         if let Some(c) = self.candidates {
             s.candidates = c;
+        }
+        if let Some(p) = self.protocol {
+            s.protocol = p;
+        }
+        if let Some(t) = self.udp_timeout {
+            s.udp_timeout = t;
         }
         s
     }

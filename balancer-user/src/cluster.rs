@@ -521,7 +521,8 @@ impl Sync {
         let mut order: Vec<(Option<WireFlow>, (SocketAddr, SocketAddr))> = Vec::new();
         for ev in events {
             let k = ev.key;
-            if k.kind != flow_kind::LIVE {
+            // UDP flows are not synced (the wire names no protocol).
+            if k.kind != flow_kind::LIVE || k.proto != IPPROTO_TCP {
                 continue;
             }
             let Some((vip, _)) = slots.current(&ev.entry) else {

@@ -106,8 +106,17 @@ fn settings_words(s: &VipSettings) -> String {
         s.choices.to_string()
     };
     format!(
-        "(mode {}, choices {choices}{}{}{})",
+        "(mode {}, choices {choices}{}{}{}{})",
         s.mode.name(),
+        if s.protocol.is_tcp() {
+            String::new()
+        } else {
+            format!(
+                ", {}, udp timeout {}",
+                s.protocol.name(),
+                humantime::format_duration(s.udp_timeout)
+            )
+        },
         if s.candidates.is_random() {
             ""
         } else {

@@ -34,7 +34,7 @@ use crate::{
     error::{BalancerError, Result},
     state::{
         check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendState,
-        Candidates, ForwardingMode, HealthCheck, NoHealthy, State, Timeouts, VipSettings,
+        Candidates, ForwardingMode, HealthCheck, NoHealthy, Protocol, State, Timeouts, VipSettings,
     },
 };
 
@@ -198,6 +198,17 @@ pub struct VipEntry {
     /// `"consistent"` in the ipip and gue modes).
     #[serde(default, skip_serializing_if = "Candidates::is_random")]
     pub candidates: Candidates,
+    /// The transport protocols: `"tcp"` (default), `"udp"` or `"both"`.
+    #[serde(default, skip_serializing_if = "Protocol::is_tcp")]
+    pub protocol: Protocol,
+    /// Idle timeout of an established UDP flow (default 60 s).
+    #[serde(
+        default = "d_udp_timeout",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_udp_timeout"
+    )]
+    #[schema(value_type = String)]
+    pub udp_timeout: Duration,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -267,6 +278,12 @@ fn d_max_ejection_percent() -> u32 {
 fn d_ejection_time() -> Duration {
     d_settings().ejection_time
 }
+fn d_udp_timeout() -> Duration {
+    d_settings().udp_timeout
+}
+fn is_default_udp_timeout(d: &Duration) -> bool {
+    *d == d_udp_timeout()
+}
 
 impl VipEntry {
     /// The VIP's settings.
@@ -287,6 +304,8 @@ impl VipEntry {
             gue_port: self.gue_port,
             allow_host_address: self.allow_host_address,
             candidates: self.candidates,
+            protocol: self.protocol,
+            udp_timeout: self.udp_timeout,
         }
     }
 
@@ -308,6 +327,8 @@ impl VipEntry {
             persistence_netmask: s.persistence_netmask,
             allow_host_address: s.allow_host_address,
             candidates: s.candidates,
+            protocol: s.protocol,
+            udp_timeout: s.udp_timeout,
             backends,
         }
     }

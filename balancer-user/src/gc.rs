@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use balancer_common::{
     flow as fl, flow_kind, orphan_reason, Addr, AffinityKey, FlowEntry, FlowKey, BACKEND_SLOTS,
+    IPPROTO_UDP,
 };
 
 use crate::{
@@ -183,7 +184,30 @@ pub struct SweepInputs {
     /// A direct-return VIP exists (only their flows enter the unproven
     /// table).
     pub direct_return: bool,
+    /// VIP index -> UDP idle timeout of an established UDP flow
+    /// (`VipSettings::udp_timeout`), for the VIPs that take UDP.
+    pub udp_timeouts: BTreeMap<u32, Duration>,
 }
+
+/// The idle timeout of a live UDP flow of a VIP whose UDP timeout is
+/// `udp_timeout`, in `table`: the VIP's timeout once established (answered
+/// and used again, see docs/udp.md), at most [`UDP_HALF_OPEN_TIMEOUT`]
+/// before (one exchange, such as a DNS query and its answer, or datagrams
+/// no backend answered).
+pub fn udp_timeout(table: FlowTable, udp_timeout: Duration) -> Duration {
+    if table == FlowTable::Established {
+        udp_timeout
+    } else {
+        udp_timeout.min(UDP_HALF_OPEN_TIMEOUT)
+    }
+}
+
+/// The longest a UDP flow in the half-open table lives without a datagram
+/// from its client: 5 s, several times a DNS resolver's retry interval
+/// (RFC 1536 section 1 recommends at least 2-5 s between retries), so a
+/// resolver's retry follows its first query, while the count of a finished
+/// exchange is released within seconds.
+pub const UDP_HALF_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A slot's generation plus one, by slot (0: not in use): the per-entry
 /// test of a sweep is one index, not a tree walk.
@@ -229,6 +253,12 @@ impl SweepInputs {
             server_of,
             persistent,
             direct_return: state.vips.values().any(|v| v.settings.mode.direct_return()),
+            udp_timeouts: state
+                .vips
+                .values()
+                .filter(|v| v.settings.protocol.udp())
+                .map(|v| (v.index, v.settings.udp_timeout))
+                .collect(),
         }
     }
 
@@ -528,7 +558,18 @@ impl Sweep {
             }
             return;
         }
-        if idle > inp.timeouts.for_live(table, e) {
+        let timeout = if k.proto == IPPROTO_UDP {
+            // A VIP no longer taking UDP: its flows get the default.
+            let t = inp
+                .udp_timeouts
+                .get(&e.vip_index)
+                .copied()
+                .unwrap_or(crate::state::DEFAULT_UDP_TIMEOUT);
+            udp_timeout(table, t)
+        } else {
+            inp.timeouts.for_live(table, e)
+        };
+        if idle > timeout {
             doomed.push((*k, *e));
             return;
         }
@@ -576,7 +617,9 @@ impl Sweep {
         let orphans: Vec<FlowKey> = doomed
             .iter()
             .filter(|(k, e)| {
+                // UDP has no reset to send: no orphan.
                 k.kind == flow_kind::LIVE
+                    && k.proto != IPPROTO_UDP
                     && e.state & fl::F_ESTABLISHED != 0
                     && fl::counted(e.state)
             })
@@ -597,7 +640,9 @@ impl Sweep {
             }
             report.expired += 1;
             let current = inp.current(e.backend_slot, e.backend_generation);
-            if e.state & fl::F_ESTABLISHED == 0 {
+            // A UDP flow's expiry is its normal end, not a handshake
+            // that timed out.
+            if e.state & fl::F_ESTABLISHED == 0 && k.proto != IPPROTO_UDP {
                 report.half_open_expired += 1;
                 if current {
                     *self

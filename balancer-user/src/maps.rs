@@ -897,9 +897,17 @@ impl Maps {
                 list: half,
                 ..w.info
             };
-            self.vips
-                .insert(vip_key(addr), info, 0)
-                .map_err(map_err(map_names::VIPS, "write"))?;
+            let (a, p) = (ip_be(addr.ip()), addr.port().to_be());
+            for (key, wanted) in VipKey::both(a, p, info.flags) {
+                if wanted {
+                    self.vips
+                        .insert(key, info, 0)
+                        .map_err(map_err(map_names::VIPS, "write"))?;
+                } else {
+                    ignore_missing(self.vips.remove(&key))
+                        .map_err(map_err(map_names::VIPS, "remove"))?;
+                }
+            }
             self.synced.vips.insert(
                 *addr,
                 VipEntry {
@@ -918,8 +926,10 @@ impl Maps {
             .copied()
             .collect();
         for a in gone {
-            ignore_missing(self.vips.remove(&vip_key(&a)))
-                .map_err(map_err(map_names::VIPS, "remove"))?;
+            for (key, _) in VipKey::both(ip_be(a.ip()), a.port().to_be(), 0) {
+                ignore_missing(self.vips.remove(&key))
+                    .map_err(map_err(map_names::VIPS, "remove"))?;
+            }
             self.synced.vips.remove(&a);
             r.removed += 1;
         }

@@ -24,8 +24,8 @@ use std::{
 use balancer_common::{
     consistent::CandidateRow, martian_class, Addr, Backend, BackendVips, HostVips, VipAddr,
     VipInfo, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES,
-    MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_REMOVED,
-    VIP_F_TWO_SIDED,
+    MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_NO_TCP,
+    VIP_F_REMOVED, VIP_F_TWO_SIDED, VIP_F_UDP,
 };
 
 use crate::{
@@ -163,6 +163,8 @@ fn vip_entry(v: &VipConfig, list: &[u32], fallback: bool) -> VipEntry {
             eligible: list.len() as u32,
             list: 0,
             flags: if fallback { VIP_F_FALLBACK } else { 0 }
+                | if s.protocol.udp() { VIP_F_UDP } else { 0 }
+                | if s.protocol.tcp() { 0 } else { VIP_F_NO_TCP }
                 | if s.mode == ForwardingMode::Nat {
                     VIP_F_TWO_SIDED
                 } else {

@@ -322,6 +322,71 @@ pub struct VipSettings {
     /// eligible set draws the same candidates; `crate::candidates`).
     #[serde(default, skip_serializing_if = "Candidates::is_random")]
     pub candidates: Candidates,
+    /// The transport protocols the VIP takes: `tcp` (default), `udp`, or
+    /// `both` (one VIP, one backend list, the same port in both
+    /// protocols, as DNS serves). UDP flows are placed by the same rule on
+    /// the same per-server counts as TCP's (docs/udp.md).
+    #[serde(default, skip_serializing_if = "Protocol::is_tcp")]
+    pub protocol: Protocol,
+    /// Idle timeout of an established UDP flow (one its backend answered
+    /// and its client used again; default 60 s, as Cilium's for non-TCP
+    /// services). A flow of one exchange (a DNS query and its answer) or
+    /// that no backend answered expires after at most
+    /// `gc::UDP_HALF_OPEN_TIMEOUT` (5 s). 1 s..=7 days.
+    #[serde(
+        default = "default_udp_timeout",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_udp_timeout"
+    )]
+    #[schema(value_type = String)]
+    pub udp_timeout: Duration,
+}
+
+/// [`VipSettings::udp_timeout`]'s default: 60 s.
+pub const DEFAULT_UDP_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn default_udp_timeout() -> Duration {
+    DEFAULT_UDP_TIMEOUT
+}
+
+fn is_default_udp_timeout(d: &Duration) -> bool {
+    *d == DEFAULT_UDP_TIMEOUT
+}
+
+/// The transport protocols a VIP takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP only.
+    #[default]
+    Tcp,
+    /// UDP only.
+    Udp,
+    /// TCP and UDP on the same port.
+    Both,
+}
+
+impl Protocol {
+    /// The default.
+    pub fn is_tcp(&self) -> bool {
+        *self == Protocol::Tcp
+    }
+    /// Takes UDP.
+    pub fn udp(&self) -> bool {
+        *self != Protocol::Tcp
+    }
+    /// Takes TCP.
+    pub fn tcp(&self) -> bool {
+        *self != Protocol::Udp
+    }
+    /// Its name on the command line and in files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Both => "both",
+        }
+    }
 }
 
 /// How a VIP's new flows draw their candidates.
@@ -444,6 +509,8 @@ impl Default for VipSettings {
             gue_port: default_gue_port(),
             allow_host_address: false,
             candidates: Candidates::Random,
+            protocol: Protocol::Tcp,
+            udp_timeout: DEFAULT_UDP_TIMEOUT,
         }
     }
 }
@@ -498,6 +565,27 @@ impl VipSettings {
                     humantime::format_duration(self.ejection_time)
                 ),
             });
+        }
+        if self.udp_timeout < Duration::from_secs(1) || self.udp_timeout > MAX_TIMEOUT {
+            return Err(BalancerError::Invalid {
+                what: "udp timeout",
+                reason: format!(
+                    "{} is outside 1s..=7days",
+                    humantime::format_duration(self.udp_timeout)
+                ),
+            });
+        }
+        if self.protocol == Protocol::Udp {
+            if let Some(h) = &self.health {
+                if h.port.is_none() {
+                    return Err(BalancerError::Invalid {
+                        what: "health check",
+                        reason: "a UDP-only VIP's backends take no TCP on their port: \
+                                 give the check a TCP port of theirs (--health-port)"
+                            .into(),
+                    });
+                }
+            }
         }
         if self.persistence > Duration::from_secs(24 * 3600) {
             return Err(BalancerError::Invalid {

@@ -79,7 +79,12 @@ impl SyncedSlots {
     /// backend of a direct-return VIP, and seen at or after `since_ns`
     /// (data-path clock, as `now_ns`).
     pub fn wire(&self, k: &FlowKey, e: &FlowEntry, now_ns: u64, since_ns: u64) -> Option<WireFlow> {
-        if k.kind != flow_kind::LIVE || !fl::counted(e.state) || e.last_seen_ns < since_ns {
+        // UDP flows are not synced (the wire names no protocol; docs/udp.md).
+        if k.kind != flow_kind::LIVE
+            || k.proto != balancer_common::IPPROTO_TCP
+            || !fl::counted(e.state)
+            || e.last_seen_ns < since_ns
+        {
             return None;
         }
         let (vip, backend) = self.current(e)?;

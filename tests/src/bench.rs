@@ -393,6 +393,7 @@ pub fn program_sizes() -> anyhow::Result<Vec<ProgramSize>> {
         balancer_common::programs::REPLY,
         balancer_common::programs::FORWARD,
         balancer_common::programs::RESET,
+        balancer_common::programs::UDP,
     ] {
         let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
         p.load()?;

@@ -37,6 +37,7 @@ mod race;
 mod reconcile;
 mod router;
 mod second_chance;
+mod udp;
 
 /// The main VIP of the suite.
 pub const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80);
@@ -78,6 +79,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += reconcile::run()?;
     n += consistent::run()?;
     n += second_chance::run()?;
+    n += udp::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }

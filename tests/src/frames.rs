@@ -529,6 +529,66 @@ pub fn frag_needed(
     out
 }
 
+/// An ICMP "destination unreachable" with `code` (3: port unreachable, 4:
+/// fragmentation needed with next-hop MTU 1400) from `from` to `to`,
+/// quoting a UDP datagram `quoted_src` -> `quoted_dst` (its IPv4 header,
+/// identification 0, TTL 63, and its 8-byte UDP header: length 108,
+/// checksum 0x1234), on Ethernet `smac` -> `dmac`, outer TTL `ttl`.
+#[allow(clippy::too_many_arguments)]
+pub fn unreach_udp(
+    smac: [u8; 6],
+    dmac: [u8; 6],
+    from: Ipv4Addr,
+    to: IpAddr,
+    ttl: u8,
+    quoted_src: SocketAddr,
+    quoted_dst: SocketAddr,
+    code: u8,
+) -> Vec<u8> {
+    use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Header, Icmpv4Type};
+    let mut inner = Ipv4Header::new(
+        108,
+        63,
+        IpNumber::UDP,
+        v4(quoted_src.ip()).octets(),
+        v4(quoted_dst.ip()).octets(),
+    )
+    .expect("ipv4");
+    inner.header_checksum = inner.calc_header_checksum();
+    let mut quote = Vec::new();
+    inner.write(&mut quote).expect("inner");
+    quote.extend_from_slice(&quoted_src.port().to_be_bytes());
+    quote.extend_from_slice(&quoted_dst.port().to_be_bytes());
+    quote.extend_from_slice(&[0, 108, 0x12, 0x34]);
+    let unreach = match code {
+        3 => DestUnreachableHeader::Port,
+        _ => DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1400 },
+    };
+    let icmp = Icmpv4Header::with_checksum(Icmpv4Type::DestinationUnreachable(unreach), &quote);
+    let mut ip = Ipv4Header::new(
+        (icmp.header_len() + quote.len()) as u16,
+        ttl,
+        IpNumber::ICMP,
+        from.octets(),
+        v4(to).octets(),
+    )
+    .expect("ipv4");
+    ip.identification = 99;
+    ip.header_checksum = ip.calc_header_checksum();
+    let mut out = Vec::new();
+    Ethernet2Header {
+        source: smac,
+        destination: dmac,
+        ether_type: EtherType::IPV4,
+    }
+    .write(&mut out)
+    .expect("eth");
+    ip.write(&mut out).expect("ip");
+    icmp.write(&mut out).expect("icmp");
+    out.extend_from_slice(&quote);
+    out
+}
+
 /// The ICMP "fragmentation needed" the balancer answers client segment
 /// `seg` (built as `frame`) with when it does not fit the way to its
 /// backend: MACs swapped, IPv4 from the segment's destination (the VIP) to

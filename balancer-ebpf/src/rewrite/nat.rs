@@ -3,7 +3,7 @@
 
 use balancer_common::{
     nat::{self, ttl_word_off, Fields, Ttl},
-    parse::{dst_addr_off, src_addr_off, Frame, Tcp, IPV4_CSUM_OFF, TCP_CSUM_OFF},
+    parse::{dst_addr_off, l4_csum_off, src_addr_off, Frame, Tcp, IPV4_CSUM_OFF},
 };
 
 use crate::frame::XdpFrame;
@@ -24,6 +24,7 @@ pub fn rewrite(frame: &XdpFrame, seg: &Tcp, nat: &Nat, ttl: Ttl) -> Option<()> {
         (src_addr_off(seg.v6), 0)
     };
     let tw_off = ttl_word_off(seg.v6);
+    let csum_off = l4_csum_off(seg.udp);
     let old_addr = if seg.v6 {
         frame.read_addr6(l3 + addr_off)?
     } else {
@@ -38,9 +39,14 @@ pub fn rewrite(frame: &XdpFrame, seg: &Tcp, nat: &Nat, ttl: Ttl) -> Option<()> {
         } else {
             u16::from_ne_bytes(frame.read::<2>(l3 + IPV4_CSUM_OFF)?)
         },
-        tcp_csum: u16::from_ne_bytes(frame.read::<2>(l4 + TCP_CSUM_OFF)?),
+        tcp_csum: u16::from_ne_bytes(frame.read::<2>(l4 + csum_off)?),
     };
     let new = nat::forward(&old, &nat.addr, nat.port, ttl, seg.v6);
+    let l4_csum = if seg.udp {
+        nat::udp_csum(old.tcp_csum, new.tcp_csum, seg.v6)
+    } else {
+        new.tcp_csum
+    };
     if seg.v6 {
         frame.write_addr6(l3 + addr_off, &new.addr)?;
     } else {
@@ -49,6 +55,6 @@ pub fn rewrite(frame: &XdpFrame, seg: &Tcp, nat: &Nat, ttl: Ttl) -> Option<()> {
     }
     frame.write(l4 + port_off, new.port.to_ne_bytes())?;
     frame.write(l3 + tw_off, new.ttl_word.to_ne_bytes())?;
-    frame.write(l4 + TCP_CSUM_OFF, new.tcp_csum.to_ne_bytes())?;
+    frame.write(l4 + csum_off, l4_csum.to_ne_bytes())?;
     Some(())
 }

@@ -324,6 +324,7 @@ impl Balancer {
             programs::REPLY,
             programs::FORWARD,
             programs::RESET,
+            programs::UDP,
         ] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
@@ -354,6 +355,7 @@ impl Balancer {
             (programs::REPLY, programs::REPLY_STAGE),
             (programs::FORWARD, programs::FORWARD_STAGE),
             (programs::RESET, programs::RESET_STAGE),
+            (programs::UDP, programs::UDP_STAGE),
         ] {
             let stage: &Xdp = ebpf
                 .program(name)

@@ -239,3 +239,78 @@ fn consistent_candidates_only_in_the_tunnel_modes_and_through_the_file() {
         .unwrap()
         .contains("candidates"));
 }
+
+#[test]
+fn udp_vips_through_the_file_and_their_refusals() {
+    use crate::state::{HealthCheck, Protocol, DEFAULT_UDP_TIMEOUT};
+    use std::time::Duration;
+    let c = crate::config::parse(
+        "[[vip]]\naddress = \"10.0.0.10:53\"\nprotocol = \"both\"\nudp_timeout = \"2m\"\n",
+    )
+    .unwrap();
+    let s = c.vips[0].settings();
+    assert_eq!(s.protocol, Protocol::Both);
+    assert_eq!(s.udp_timeout, Duration::from_secs(120));
+    let text = crate::config::to_toml(&c).unwrap();
+    assert!(
+        text.contains("protocol = \"both\"") && text.contains("udp_timeout = \"2m\""),
+        "{text}"
+    );
+    // The defaults are not written out.
+    let plain = crate::config::parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
+    assert_eq!(plain.vips[0].settings().udp_timeout, DEFAULT_UDP_TIMEOUT);
+    let text = crate::config::to_toml(&plain).unwrap();
+    assert!(
+        !text.contains("protocol") && !text.contains("udp_timeout"),
+        "{text}"
+    );
+    // An unknown protocol is refused by the file's parser.
+    assert!(
+        crate::config::parse("[[vip]]\naddress = \"10.0.0.10:53\"\nprotocol = \"sctp\"\n").is_err()
+    );
+    // A UDP timeout out of range, and a UDP-only VIP's TCP check on the
+    // backends' own port, are refused; with a port of their own, accepted.
+    let udp = |udp_timeout, health| VipSettings {
+        protocol: Protocol::Udp,
+        udp_timeout,
+        health,
+        ..VipSettings::default()
+    };
+    refused(
+        udp(Duration::from_millis(500), None).validate_for(addr("10.0.0.10:53")),
+        &["udp timeout"],
+    );
+    refused(
+        udp(DEFAULT_UDP_TIMEOUT, Some(HealthCheck::default())).validate_for(addr("10.0.0.10:53")),
+        &["--health-port"],
+    );
+    udp(
+        DEFAULT_UDP_TIMEOUT,
+        Some(HealthCheck {
+            port: Some(8053),
+            ..HealthCheck::default()
+        }),
+    )
+    .validate_for(addr("10.0.0.10:53"))
+    .unwrap();
+    // Control: a TCP VIP's check on the backends' port is fine.
+    VipSettings {
+        health: Some(HealthCheck::default()),
+        ..VipSettings::default()
+    }
+    .validate_for(addr("10.0.0.10:53"))
+    .unwrap();
+}
+
+#[test]
+fn udp_flow_timeouts_by_table() {
+    use crate::{gc::udp_timeout, maps::FlowTable};
+    use std::time::Duration;
+    let t = Duration::from_secs(60);
+    assert_eq!(udp_timeout(FlowTable::Established, t), t);
+    assert_eq!(udp_timeout(FlowTable::HalfOpen, t), Duration::from_secs(5));
+    // A VIP's timeout below the half-open one bounds both.
+    let short = Duration::from_secs(2);
+    assert_eq!(udp_timeout(FlowTable::HalfOpen, short), short);
+    assert_eq!(udp_timeout(FlowTable::Established, short), short);
+}

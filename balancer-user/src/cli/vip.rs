@@ -100,6 +100,37 @@ pub struct VipArgs {
     /// backends.
     #[arg(long, value_enum)]
     candidates: Option<CandidatesArg>,
+    /// The transport protocols the VIP takes: tcp (default), udp, or both
+    /// (the same port in both, as DNS serves). A UDP-only VIP's health
+    /// check is TCP on another port of the backends (--health-port).
+    #[arg(long, value_enum)]
+    protocol: Option<ProtocolArg>,
+    /// Idle timeout of an established UDP flow (one its backend answered
+    /// and its client used again; default 60s). A flow of one exchange
+    /// (a DNS query and its answer) expires after at most 5s.
+    #[arg(long, value_parser = parse_duration)]
+    udp_timeout: Option<Duration>,
+}
+
+/// The transport protocols of a VIP, on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ProtocolArg {
+    /// TCP only.
+    Tcp,
+    /// UDP only.
+    Udp,
+    /// TCP and UDP on the same port.
+    Both,
+}
+
+impl From<ProtocolArg> for balancer::state::Protocol {
+    fn from(p: ProtocolArg) -> Self {
+        match p {
+            ProtocolArg::Tcp => balancer::state::Protocol::Tcp,
+            ProtocolArg::Udp => balancer::state::Protocol::Udp,
+            ProtocolArg::Both => balancer::state::Protocol::Both,
+        }
+    }
 }
 
 /// How new flows draw their candidates, on the command line.
@@ -165,6 +196,8 @@ impl VipArgs {
             gue_port: self.gue_port,
             allow_host_address: self.allow_host_address,
             candidates: self.candidates.map(Into::into),
+            protocol: self.protocol.map(Into::into),
+            udp_timeout: self.udp_timeout,
         }
     }
 }
@@ -267,8 +300,9 @@ pub fn print(vips: &[VipView]) {
         .unwrap_or(0)
         .max(21);
     println!(
-        "{:<w$} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
+        "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
         "VIP",
+        "PROTO",
         "MODE",
         "CHOICES",
         "BACKENDS",
@@ -291,8 +325,9 @@ pub fn print(vips: &[VipView]) {
             )
         };
         println!(
-            "{:<w$} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
+            "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
             v.vip.to_string(),
+            s.protocol.name(),
             s.mode.name(),
             choices_name(s.choices),
             v.backends,

@@ -1,0 +1,235 @@
+//! UDP VIPs: a datagram to a UDP VIP belongs to a flow (its 5-tuple,
+//! protocol 17), pinned like a TCP flow and placed by the same choice rule
+//! on the same per-server active counts; a NAT backend's datagram is
+//! rewritten back to its VIP. UDP has no handshake and no close: a flow
+//! holds its active connection until the daemon expires it after its VIP's
+//! UDP idle timeout (docs/udp.md).
+//!
+//! A new flow starts in the half-open table, as a SYN's does, so that a
+//! flood of new tuples (each one datagram from a forged source) evicts
+//! only its own kind. It moves to the established table only on evidence
+//! a forger lacks or pays for: with both directions in view (NAT), a
+//! client datagram after the backend answered; in a direct-return mode,
+//! a client datagram at least `flow::PROOF_AGE_NS` after the first (the
+//! rule of direct-return TCP flows).
+//!
+//! The stage is a program of its own (`programs::UDP`), tail-called by the
+//! entry for a datagram that the port and address bitmaps say may be a
+//! VIP's or a backend's: its own stack and verification budget.
+
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use balancer_common::{
+    encap::mode,
+    flow, flow_kind,
+    parse::{self, Frame, Parsed, Tcp},
+    programs, BackendVips, Counter, FlowEntry, FlowKey, VipKey, IPPROTO_UDP, MAX_VIPS_PER_BACKEND,
+};
+
+use crate::{
+    atomic, client,
+    forward::{Dest, HopCache, Next},
+    frame::{now_ns, XdpFrame},
+    guard,
+    lookup::{self, backend_of, pinned_to, Table},
+    maps::{
+        BACKEND_PORTS, BACKEND_STATS, FLOWS, HALF_OPEN, STAGES, VIPS, VIP_ADDRS, VIP_PORTS,
+        VIP_STATS,
+    },
+    rewrite::{nat::Nat, Rewrite},
+    stats::{count, traffic},
+    track,
+};
+
+/// The UDP stage's decision, as a `Next::code` (a BPF function of its own,
+/// as the entry's `decide`).
+#[inline(never)]
+pub fn decide(ctx: XdpContext) -> u32 {
+    let ctx = &ctx;
+    let frame = XdpFrame(ctx);
+    let Some(seg) = (match parse::parse(&frame) {
+        Parsed::Udp(at) => parse::udp_datagram(&frame, &at),
+        _ => None,
+    }) else {
+        count(Counter::DropNoStage, 1);
+        return xdp_action::XDP_PASS;
+    };
+    if parse::mapped_on_the_wire(seg.v6, &seg.src_addr, &seg.dst_addr) {
+        count(Counter::DropMappedV6, 1);
+        return xdp_action::XDP_DROP;
+    }
+    // Bitmaps of VIP ports, VIP address low bits and backend ports let
+    // the host's own datagrams go without a hash lookup.
+    let to_vip =
+        port_listed(&VIP_PORTS, seg.dst_port) && port_listed(&VIP_ADDRS, seg.dst_addr.low16_be());
+    if !to_vip && !port_listed(&BACKEND_PORTS, seg.src_port) {
+        count(Counter::PassNotVip, 1);
+        return xdp_action::XDP_PASS;
+    }
+    if let Err(action) = guard::admit(ctx, &frame, &seg) {
+        return action;
+    }
+    let key = flow_key(&seg);
+    if to_vip {
+        if let Some((e, table)) = lookup::proven(&key) {
+            return pinned(&frame, &seg, &key, e, table);
+        }
+    }
+    let vip_key = VipKey {
+        addr: seg.dst_addr,
+        port: seg.dst_port,
+        proto: IPPROTO_UDP,
+        _pad: 0,
+    };
+    // SAFETY: only the presence is read.
+    if to_vip && unsafe { VIPS.get(&vip_key) }.is_some() {
+        // Placed in the new-flow stage (a program of its own: this
+        // stage's stack does not hold the choice as well).
+        // SAFETY: the program array holds XDP programs of this object.
+        unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
+        count(Counter::DropNoStage, 1);
+        return xdp_action::XDP_DROP;
+    }
+    if let Some(bv) = lookup::vips_of(seg.src_addr, seg.src_port) {
+        return reply(&frame, &seg, bv);
+    }
+    count(Counter::PassNotVip, 1);
+    xdp_action::XDP_PASS
+}
+
+/// `true` when `port` (network byte order) is set in a port bitmap.
+#[inline(always)]
+fn port_listed(map: &aya_ebpf::maps::Array<u64>, port: u16) -> bool {
+    let p = u16::from_be(port) as u32;
+    match map.get(p >> 6) {
+        Some(w) => *w & (1u64 << (p & 63)) != 0,
+        None => false,
+    }
+}
+
+/// The LIVE key of a client datagram (client -> VIP).
+#[inline(always)]
+fn flow_key(seg: &Tcp) -> FlowKey {
+    FlowKey {
+        proto: IPPROTO_UDP,
+        ..lookup::client_key(seg)
+    }
+}
+
+/// A datagram of a pinned flow, client to VIP: stamped, promoted when it
+/// proves the flow (see the module's text), forwarded. A flow whose
+/// backend is gone is forgotten and the datagram dropped, counted: the
+/// next one is placed again.
+#[inline(never)]
+fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: Table) -> u32 {
+    let now = now_ns();
+    // SAFETY: pointer from a successful lookup.
+    let entry = unsafe { &*e };
+    let Some(b) = backend_of(entry) else {
+        let _ = table.map().remove(key);
+        count(Counter::DropUdpNoFlow, 1);
+        return xdp_action::XDP_DROP;
+    };
+    let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
+    if table == Table::HalfOpen {
+        let proven = if mode::one_sided(b.mode) {
+            flow::graduates(entry.created_ns, now)
+        } else {
+            entry.state & flow::F_SERVED != 0
+        };
+        if proven {
+            // SAFETY: `e` points to the half-open value of `key`.
+            unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED) };
+            track::move_to(key, e, &HALF_OPEN, &FLOWS, Counter::UdpPromoted);
+            // `e` is freed by the move: nothing of it is read below.
+        }
+    }
+    // The established entry (or the half-open one, still there when the
+    // move did not happen) is stamped by key: `e` may be gone.
+    stamp(key, now);
+    count(Counter::UdpDatagrams, 1);
+    client::to_backend(frame, seg, b, slot, vip_index, false, now, None).code()
+}
+
+/// Stamps the live flow of `key` as seen at `now`.
+#[inline(always)]
+fn stamp(key: &FlowKey, now: u64) {
+    if let Some((e, _)) = lookup::proven(key) {
+        // SAFETY: a flow-table value; a plain store of a whole word.
+        unsafe { (*e).last_seen_ns = now };
+    }
+}
+
+/// A datagram from a backend address and port: the live UDP flow of its
+/// client (the datagram's destination) through one of the backend's VIPs,
+/// pinned to this backend, marks the flow answered and is rewritten back
+/// to the VIP. Anything else passes untouched.
+#[inline(never)]
+fn reply(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> u32 {
+    let mut i = 0;
+    // At most MAX_VIPS_PER_BACKEND (4) lookups, unrolled.
+    while i < MAX_VIPS_PER_BACKEND as usize {
+        if i as u32 >= bv.count {
+            break;
+        }
+        let v = &bv.vips[i];
+        i += 1;
+        let key = FlowKey {
+            src_addr: seg.dst_addr,
+            dst_addr: v.addr,
+            src_port: seg.dst_port,
+            dst_port: v.port,
+            proto: IPPROTO_UDP,
+            kind: flow_kind::LIVE,
+            _pad: 0,
+        };
+        let Some((e, table)) = lookup::proven(&key) else {
+            continue;
+        };
+        // SAFETY: pointer from a successful lookup.
+        let entry = unsafe { &*e };
+        let Some(b) = pinned_to(entry, &seg.src_addr, seg.src_port) else {
+            continue;
+        };
+        if mode::one_sided(b.mode) {
+            break;
+        }
+        let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
+        let now = now_ns();
+        if entry.state & flow::F_SERVED == 0 {
+            // SAFETY: `e` points to the flow-table value of `key`.
+            let old = unsafe { atomic::fetch_or_state(e, flow::F_SERVED | flow::F_DATA) };
+            if old & flow::F_SERVED == 0 {
+                track::served(b);
+            }
+        }
+        if table == Table::Established {
+            // SAFETY: as above; a plain store of a whole word. A half-open
+            // flow's idle time runs from its client's datagrams only.
+            unsafe { (*e).last_seen_ns = now };
+        }
+        let bytes = seg.wire_len(frame.len()) as u64;
+        traffic(&VIP_STATS, vip_index, bytes, false, false);
+        traffic(&BACKEND_STATS, slot, bytes, false, false);
+        count(Counter::UdpReplies, 1);
+        let o = match Next::plan() {
+            Ok(o) => o,
+            Err(n) => return n.code(),
+        };
+        o.rw = Rewrite::nat(Nat {
+            dst: 0,
+            addr: v.addr,
+            port: v.port,
+            _pad: 0,
+        });
+        o.seg = seg.info();
+        o.to = Dest {
+            src: v.addr,
+            dst: seg.dst_addr,
+            now,
+            cache: HopCache::DST,
+        };
+        return Next::Forward.code();
+    }
+    count(Counter::PassNotVip, 1);
+    xdp_action::XDP_PASS
+}
