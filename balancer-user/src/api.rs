@@ -912,6 +912,14 @@ pub struct FlowView {
     pub kind: String,
     /// Idle time, ms.
     pub idle_ms: u64,
-    /// FINs seen: `client`, `server`, `both` or `none`.
+    /// FINs seen: `client`, `server`, `both` or `none` (always `none`
+    /// for UDP).
     pub fins: String,
+    /// `tcp` or `udp`.
+    #[serde(default = "tcp_name")]
+    pub protocol: String,
+}
+
+fn tcp_name() -> String {
+    "tcp".into()
 }

@@ -334,7 +334,8 @@ pub fn status_of(e: &BalancerError) -> u16 {
 fn describe(r: &Request) -> String {
     match r {
         Request::AddVip { vip, settings } => format!(
-            "vip add {vip} (mode {}, choices {})",
+            "vip add {vip} ({}, mode {}, choices {})",
+            settings.protocol.name(),
             settings.mode.name(),
             crate::state::choices_word(settings.choices)
         ),

@@ -187,6 +187,12 @@ pub fn flows(maps: &Maps, limit: usize, filter: &FlowFilter) -> (Vec<FlowView>, 
                 kind: kind.into(),
                 idle_ms: now.saturating_sub(e.last_seen_ns) / 1_000_000,
                 fins: fins.into(),
+                protocol: if k.proto == balancer_common::IPPROTO_UDP {
+                    "udp"
+                } else {
+                    "tcp"
+                }
+                .into(),
             })
         })
         .filter(|f| filter.matches(f))

@@ -30,3 +30,4 @@ pub mod sync;
 pub mod testbed;
 pub mod traffic;
 pub mod truth;
+pub mod udp;

@@ -1170,7 +1170,7 @@ fn logs(tb: &Testbed) -> anyhow::Result<()> {
     let log = tb.daemon_log();
     for line in [
         "attached to lb0",
-        "control: vip add 10.0.0.10:81 (mode nat, choices all) (by curl[",
+        "control: vip add 10.0.0.10:81 (tcp, mode nat, choices all) (by curl[",
         "uid 0)",
         "(by balancer[",
         "control: backend set",

@@ -156,7 +156,7 @@ fn start_servers(tb: &Testbed, www: &Path) -> anyhow::Result<Vec<Proc>> {
     Ok(procs)
 }
 
-fn spawn_in(ns: &Netns, program: &str, args: &[&str]) -> anyhow::Result<Proc> {
+pub(crate) fn spawn_in(ns: &Netns, program: &str, args: &[&str]) -> anyhow::Result<Proc> {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns.name(), program])
         .args(args)
@@ -462,6 +462,12 @@ pub fn run() -> anyhow::Result<()> {
 /// the test started, master and workers, found by their network namespace
 /// (a worker's command line does not name its configuration).
 fn nginx_in(tb: &Testbed) -> anyhow::Result<Vec<u32>> {
+    processes_in(tb, "nginx")
+}
+
+/// The processes named `comm` in the test bed's backend namespaces (found
+/// by their network namespace).
+pub(crate) fn processes_in(tb: &Testbed, comm_name: &str) -> anyhow::Result<Vec<u32>> {
     use std::os::unix::fs::MetadataExt as _;
     let mut ours = Vec::new();
     for ns in &tb.backends {
@@ -473,7 +479,7 @@ fn nginx_in(tb: &Testbed) -> anyhow::Result<Vec<u32>> {
             continue;
         };
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() != "nginx" {
+        if comm.trim() != comm_name {
             continue;
         }
         if let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) {

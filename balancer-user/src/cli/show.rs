@@ -130,12 +130,13 @@ pub fn print_flows(flows: &[FlowView], truncated: bool) {
         super::addr_width(flows.iter().filter_map(|f| f.backend)),
     );
     println!(
-        "{:<wc$} {:<wv$} {:<wb$} {:<7} {:<7} {:>9}",
-        "CLIENT", "VIP", "BACKEND", "KIND", "FINS", "IDLE_MS"
+        "{:<5} {:<wc$} {:<wv$} {:<wb$} {:<7} {:<7} {:>9}",
+        "PROTO", "CLIENT", "VIP", "BACKEND", "KIND", "FINS", "IDLE_MS"
     );
     for f in flows {
         println!(
-            "{:<wc$} {:<wv$} {:<wb$} {:<7} {:<7} {:>9}",
+            "{:<5} {:<wc$} {:<wv$} {:<wb$} {:<7} {:<7} {:>9}",
+            f.protocol,
             f.client.to_string(),
             f.vip.to_string(),
             f.backend.map_or("(removed)".into(), |b| b.to_string()),

@@ -12,6 +12,7 @@
 //! * `balancer-testbed hostile [--long]`
 //! * `balancer-testbed orphans`
 //! * `balancer-testbed realclients`
+//! * `balancer-testbed udp`
 //! * `balancer-testbed faults [--long]`
 //! * `balancer-testbed modes`
 //! * `balancer-testbed chance`
@@ -26,7 +27,7 @@ use std::process::ExitCode;
 use balancer_tests::{
     abuse, bench, chance, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile,
     jumbo, mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario,
-    sync, truth,
+    sync, truth, udp,
 };
 use clap::{Parser, Subcommand};
 
@@ -110,6 +111,10 @@ enum Cmd {
     /// Debian's nginx behind the balancer; curl, wrk, ab and iperf3 (through
     /// a VIP with session affinity) as clients.
     Realclients,
+    /// UDP: Debian's dnsmasq on four backends behind a VIP taking TCP and
+    /// UDP, dig as the client (1,000 queries, the counts back to 0 after
+    /// the timeout, the controls).
+    Udp,
     /// The real-client scenario with loss, duplication and reordering on
     /// the client's and the backends' links (a tc program of our own; the
     /// kernel has no netem).
@@ -215,6 +220,7 @@ fn main() -> ExitCode {
         Cmd::Hostile { long } => hostile::run(long),
         Cmd::Orphans => orphans::run(),
         Cmd::Realclients => realclients::run(),
+        Cmd::Udp => udp::run(),
         Cmd::Faults { long } => faults::run(long),
         Cmd::Modes => modes::run(),
         Cmd::Chance => chance::run(),
