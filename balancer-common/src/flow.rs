@@ -75,6 +75,14 @@ pub const F_SYN_RETRANSMIT: u32 = 256;
 /// here, the flow having moved away), and is recomputed rather than sent
 /// to this entry's backend.
 pub const F_CONSISTENT: u32 = 512;
+/// A UDP flow placed on the backend its QUIC connection ID names
+/// (`crate::quic`), not by the choice rule: a connection that migrated to
+/// this 5-tuple, or that another balancer placed. It holds no active
+/// connection until it is promoted (its backend answered and its client
+/// sent again, or a direct-return flow's client came back after
+/// [`PROOF_AGE_NS`]); then [`F_ADOPTED`] is set with an atomic OR and it
+/// is counted once.
+pub const F_CID_ROUTED: u32 = 1024;
 
 /// State bits a synced flow carries to the peers (docs/cluster.md); the
 /// rest are each balancer's own. A change of one of them is a flow event
@@ -83,9 +91,10 @@ pub const SYNCED_BITS: u32 =
     F_CLIENT_FIN | F_SERVER_FIN | F_SERVER_SEQ_KNOWN | F_ESTABLISHED | F_DATA;
 
 /// `true` when a flow entry holds an active connection on this balancer:
-/// every flow it placed, and synced flows once adopted.
+/// every flow it placed, and synced flows and flows routed by their QUIC
+/// connection ID once adopted.
 pub fn counted(state: u32) -> bool {
-    state & F_SYNCED == 0 || state & F_ADOPTED != 0
+    state & (F_SYNCED | F_CID_ROUTED) == 0 || state & F_ADOPTED != 0
 }
 
 /// Width of the window, in bytes past the next expected sequence number, in

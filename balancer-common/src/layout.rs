@@ -230,6 +230,9 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, crate::MAX_VIPS as usize);
     h = mix_usize(h, crate::BACKEND_SLOTS as usize);
     h = map!(h, map_names::VIPS, VipKey, VipInfo);
+    // VIPS holds an entry per VIP and protocol.
+    h = mix_usize(h, 2 * crate::MAX_VIPS as usize);
+    h = map!(h, map_names::QUIC_SERVERS, crate::QuicServerKey, u32);
     h = map!(h, map_names::BACKEND_VIPS, BackendKey, BackendVips);
     h = map!(h, map_names::VIP_BACKENDS, u32, u32);
     h = map!(h, map_names::BACKENDS, u32, Backend);

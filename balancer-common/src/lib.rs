@@ -39,6 +39,7 @@ pub mod layout;
 pub mod nat;
 pub mod parse;
 pub mod plan;
+pub mod quic;
 pub mod reset;
 
 pub use addr::Addr;
@@ -92,6 +93,7 @@ mod pod {
     aya_pod!(
         VipKey,
         VipInfo,
+        QuicServerKey,
         Backend,
         FlowKey,
         FlowEntry,

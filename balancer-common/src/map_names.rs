@@ -11,6 +11,10 @@ pub const CANDIDATES: &str = "CANDIDATES";
 /// The seed of each VIP's candidate rows: `u64` by VIP index (array, not
 /// pinned).
 pub const VIP_SEEDS: &str = "VIP_SEEDS";
+/// QUIC-LB server IDs: [`crate::QuicServerKey`] -> backend slot `u32`
+/// (hash, not pinned: the daemon writes it from its state at every
+/// start).
+pub const QUIC_SERVERS: &str = "QUIC_SERVERS";
 /// Backend slots: [`crate::Backend`] by slot (array).
 pub const BACKENDS: &str = "BACKENDS";
 /// Active connections counted by the data path: `u64` by slot (array).

@@ -215,11 +215,14 @@ pub enum Counter {
     /// eligible backend, a martian source, a hairpin, a tuple in use; each
     /// also counted under its own reason).
     DropUdpRefused,
+    /// UDP datagrams of no flow at a QUIC VIP whose connection ID names a
+    /// backend (`quic::server_id`): pinned to it, uncounted until promoted.
+    QuicCidRouted,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::DropUdpRefused;
+    pub const LAST: Counter = Counter::QuicCidRouted;
 }
 
 /// Number of entries of the `STATS` array.
@@ -294,6 +297,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "udp_promoted",
     "drop_udp_no_flow",
     "drop_udp_refused",
+    "quic_cid_routed",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

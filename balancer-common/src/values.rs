@@ -174,6 +174,31 @@ pub const VIP_F_UDP: u32 = 16;
 /// [`VipInfo::flags`]: the VIP takes no TCP (a UDP-only VIP): the daemon
 /// writes no entry under protocol 6.
 pub const VIP_F_NO_TCP: u32 = 32;
+/// [`VipInfo::flags`] bits 8..=10: the length of the QUIC-LB server ID
+/// its UDP datagrams' connection IDs carry, octets (0: the VIP does not
+/// route QUIC by connection ID; `crate::quic`).
+pub const VIP_QUIC_SID_SHIFT: u32 = 8;
+/// Mask of [`VIP_QUIC_SID_SHIFT`]'s bits, after the shift.
+pub const VIP_QUIC_SID_MASK: u32 = 0x7;
+
+impl VipInfo {
+    /// The VIP's QUIC-LB server ID length, octets (0: none).
+    #[inline(always)]
+    pub const fn quic_sid_len(&self) -> u32 {
+        (self.flags >> VIP_QUIC_SID_SHIFT) & VIP_QUIC_SID_MASK
+    }
+}
+
+/// Key of the `QUIC_SERVERS` table: which backend a QUIC connection ID's
+/// server ID names at a VIP (`crate::quic`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Pod, Zeroable)]
+pub struct QuicServerKey {
+    /// The VIP's index.
+    pub vip_index: u32,
+    /// The server ID, its octets as a big-endian number.
+    pub server_id: u32,
+}
 
 impl VipKey {
     /// The keys of the VIP at `addr`:`port` (network byte order) whose

@@ -363,6 +363,7 @@ pub fn place(
     seg: &Tcp,
     vip: &VipInfo,
     now: u64,
+    routed: Option<(&'static Backend, u32)>,
 ) -> Result<(&'static Backend, u32), Refusal> {
     if crate::client::martian(&seg.src_addr) {
         return Err(Refusal::Drop);
@@ -374,16 +375,19 @@ pub fn place(
             return Err(Refusal::Reset);
         }
     }
-    let affinity = affinity::lookup(vip, &seg.src_addr, now);
-    let found = match affinity {
-        Affinity::Hit(b, slot) => Some((b, slot)),
-        Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
+    let found = match routed {
+        // A QUIC datagram whose connection ID names its backend.
+        Some(r) => Some(r),
+        None => match affinity::lookup(vip, &seg.src_addr, now) {
+            Affinity::Hit(b, slot) => Some((b, slot)),
+            Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
+        },
     };
     let Some((mut b, mut slot)) = found else {
         count(Counter::DropNoBackend, 1);
         return Err(Refusal::Drop);
     };
-    if b.flags & BACKEND_F_SHARED != 0 && live_elsewhere(key, b) {
+    if routed.is_none() && b.flags & BACKEND_F_SHARED != 0 && live_elsewhere(key, b) {
         match choose(vip, key, slot) {
             Some((b2, s2)) if b2.flags & BACKEND_F_SHARED == 0 || !live_elsewhere(key, b2) => {
                 count(Counter::TupleInUseAvoided, 1);
@@ -405,6 +409,9 @@ pub fn place(
     if vip.flags & VIP_F_CONSISTENT != 0 {
         entry.state = flow::F_CONSISTENT;
     }
+    if routed.is_some() {
+        entry.state |= flow::F_CID_ROUTED;
+    }
     // Full resolution: of several closed flows of one backend tuple, the
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();
@@ -418,6 +425,12 @@ pub fn place(
         }
         count(Counter::DropFlowInsert, 1);
         return Err(Refusal::Drop);
+    }
+    if routed.is_some() {
+        // Counted when the flow is promoted (`udp`): a forged datagram
+        // naming a server moves no count.
+        count(Counter::QuicCidRouted, 1);
+        return Ok((b, slot));
     }
     atomic::add(&BACKEND_CONNS, slot, 1);
     atomic::add(&SERVER_CONNS, b.server, 1);

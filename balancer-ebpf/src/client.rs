@@ -312,11 +312,20 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
     }
     // A UDP datagram is placed as a SYN is, its refusals (each counted
     // under its reason) dropped: UDP has no reset.
-    match choose::place(&key, &seg, &vip, now) {
+    // A QUIC VIP's datagram whose connection ID names a backend goes to
+    // it; any other is placed by the choice rule.
+    let routed = if seg.udp {
+        crate::udp::quic_backend(&frame, &seg, &vip)
+    } else {
+        None
+    };
+    match choose::place(&key, &seg, &vip, now, routed) {
         Ok((b, slot)) => {
             if seg.udp {
-                count(Counter::UdpNewFlows, 1);
                 count(Counter::UdpDatagrams, 1);
+                if routed.is_none() {
+                    count(Counter::UdpNewFlows, 1);
+                }
             }
             to_backend(&frame, &seg, &b, slot, vip.index, true, now, None).code()
         }

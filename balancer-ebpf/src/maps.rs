@@ -38,9 +38,14 @@ pub static RESET_PLAN: PerCpuArray<ResetPlan> = PerCpuArray::with_max_entries(1,
 #[map]
 pub static STAGES: ProgramArray = ProgramArray::with_max_entries(programs::STAGE_COUNT, 0);
 
-/// VIP table.
+/// VIP table: a VIP taking TCP and UDP has an entry under each protocol.
 #[map]
-pub static VIPS: HashMap<VipKey, VipInfo> = HashMap::with_max_entries(MAX_VIPS, 0);
+pub static VIPS: HashMap<VipKey, VipInfo> = HashMap::with_max_entries(2 * MAX_VIPS, 0);
+/// QUIC-LB server IDs: the backend slot a connection ID's server ID names
+/// at a VIP (`balancer_common::quic`).
+#[map]
+pub static QUIC_SERVERS: HashMap<balancer_common::QuicServerKey, u32> =
+    HashMap::with_max_entries(BACKEND_SLOTS, 0);
 /// Eligible backend slots per VIP, double-buffered.
 #[map]
 pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);

@@ -21,8 +21,9 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use balancer_common::{
     encap::mode,
     flow, flow_kind,
-    parse::{self, Frame, Parsed, Tcp},
-    programs, BackendVips, Counter, FlowEntry, FlowKey, VipKey, IPPROTO_UDP, MAX_VIPS_PER_BACKEND,
+    parse::{self, Frame, Parsed, Tcp, UDP_HLEN},
+    programs, quic, Backend, BackendVips, Counter, FlowEntry, FlowKey, QuicServerKey, VipInfo,
+    VipKey, BACKEND_F_IN_USE, IPPROTO_UDP, MAX_VIPS_PER_BACKEND,
 };
 
 use crate::{
@@ -32,8 +33,8 @@ use crate::{
     guard,
     lookup::{self, backend_of, pinned_to, Table},
     maps::{
-        BACKEND_PORTS, BACKEND_STATS, FLOWS, HALF_OPEN, STAGES, VIPS, VIP_ADDRS, VIP_PORTS,
-        VIP_STATS,
+        BACKENDS, BACKEND_CONNS, BACKEND_PORTS, BACKEND_STATS, FLOWS, HALF_OPEN, QUIC_SERVERS,
+        SERVER_CONNS, STAGES, VIPS, VIP_ADDRS, VIP_PORTS, VIP_STATS,
     },
     rewrite::{nat::Nat, Rewrite},
     stats::{count, traffic},
@@ -138,7 +139,13 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
         };
         if proven {
             // SAFETY: `e` points to the half-open value of `key`.
-            unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED) };
+            let old = unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED | adopt(entry)) };
+            if old & flow::F_CID_ROUTED != 0 && old & flow::F_ADOPTED == 0 {
+                // A flow routed by its QUIC connection ID is counted once
+                // it is proven, by the CPU whose OR set the bit.
+                atomic::add(&BACKEND_CONNS, slot, 1);
+                atomic::add(&SERVER_CONNS, b.server, 1);
+            }
             track::move_to(key, e, &HALF_OPEN, &FLOWS, Counter::UdpPromoted);
             // `e` is freed by the move: nothing of it is read below.
         }
@@ -148,6 +155,41 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
     stamp(key, now);
     count(Counter::UdpDatagrams, 1);
     client::to_backend(frame, seg, b, slot, vip_index, false, now, None).code()
+}
+
+/// The backend a QUIC VIP's datagram of no flow goes to by its
+/// connection ID (`balancer_common::quic::server_id`, its server ID looked
+/// up in `QUIC_SERVERS`), when the ID names one in use; `None` for any
+/// other VIP or datagram (placed by the choice rule).
+#[inline(always)]
+pub fn quic_backend(frame: &XdpFrame, seg: &Tcp, vip: &VipInfo) -> Option<(&'static Backend, u32)> {
+    let sid_len = vip.quic_sid_len();
+    if sid_len == 0 {
+        return None;
+    }
+    let sid = quic::server_id(frame, seg.l4_off + UDP_HLEN, sid_len)?;
+    let key = QuicServerKey {
+        vip_index: vip.index,
+        server_id: sid,
+    };
+    // SAFETY: copied out at once.
+    let slot = *unsafe { QUIC_SERVERS.get(&key) }?;
+    let b = BACKENDS.get(slot)?;
+    if b.flags & BACKEND_F_IN_USE == 0 {
+        return None;
+    }
+    Some((b, slot))
+}
+
+/// [`flow::F_ADOPTED`] for a flow routed by its QUIC connection ID (0 for
+/// any other): set on its promotion, when it starts to count.
+#[inline(always)]
+fn adopt(e: &FlowEntry) -> u32 {
+    if e.state & flow::F_CID_ROUTED != 0 {
+        flow::F_ADOPTED
+    } else {
+        0
+    }
 }
 
 /// Stamps the live flow of `key` as seen at `now`.

@@ -118,6 +118,9 @@ pub struct VipPatch {
     )]
     #[schema(value_type = Option<String>)]
     pub udp_timeout: Option<Duration>,
+    /// QUIC-LB server ID length, octets (0: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic_server_id_len: Option<u8>,
 }
 
 impl VipPatch {
@@ -174,6 +177,9 @@ impl VipPatch {
         }
         if let Some(t) = self.udp_timeout {
             s.udp_timeout = t;
+        }
+        if let Some(l) = self.quic_server_id_len {
+            s.quic_server_id_len = l;
         }
         s
     }

@@ -319,6 +319,13 @@ pub(crate) fn check_new_backends(
             return Err(BalancerError::DuplicateBackend { vip, backend: *a });
         }
     }
+    check_quic_server_ids(
+        &v.settings,
+        v.backends
+            .iter()
+            .map(|b| b.addr)
+            .chain(addrs.iter().copied()),
+    )?;
     // VIPs each new address serves already (one pass, nothing cloned).
     let mut serves: std::collections::BTreeMap<SocketAddr, usize> =
         addrs.iter().map(|a| (*a, 0)).collect();
@@ -380,6 +387,35 @@ pub(crate) fn check_new_vip(
 ///
 /// # Errors
 /// [`BalancerError::Invalid`] naming the value.
+/// The QUIC-LB server IDs of a VIP's backends `addrs` (each the last
+/// `quic_server_id_len` octets of its address,
+/// `balancer_common::quic::server_id_of`) are distinct.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the two backends.
+fn check_quic_server_ids(s: &VipSettings, addrs: impl Iterator<Item = SocketAddr>) -> Result<()> {
+    let len = u32::from(s.quic_server_id_len);
+    if len == 0 {
+        return Ok(());
+    }
+    let mut seen: std::collections::BTreeMap<u32, SocketAddr> = Default::default();
+    for a in addrs {
+        let sid = balancer_common::quic::server_id_of(&crate::maps::ip_be(a.ip()), len);
+        if let Some(other) = seen.insert(sid, a) {
+            if other != a {
+                return Err(BalancerError::Invalid {
+                    what: "backend",
+                    reason: format!(
+                        "{a} and {other} have the same QUIC server ID {sid:#x} (the last {len} \
+                         octets of their addresses): raise --quic-server-id-len"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_settings_change(
     v: &VipConfig,
     new: &VipSettings,
@@ -390,6 +426,7 @@ pub(crate) fn check_settings_change(
     for b in &v.backends {
         check_backend_for(v.addr, new, b.addr)?;
     }
+    check_quic_server_ids(new, v.backends.iter().map(|b| b.addr))?;
     if new.mode != v.settings.mode && !v.backends.is_empty() {
         return Err(BalancerError::Invalid {
             what: "mode",

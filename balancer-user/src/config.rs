@@ -209,6 +209,9 @@ pub struct VipEntry {
     )]
     #[schema(value_type = String)]
     pub udp_timeout: Duration,
+    /// QUIC-LB server ID length, octets (0: off).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub quic_server_id_len: u8,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -281,6 +284,9 @@ fn d_ejection_time() -> Duration {
 fn d_udp_timeout() -> Duration {
     d_settings().udp_timeout
 }
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
+}
 fn is_default_udp_timeout(d: &Duration) -> bool {
     *d == d_udp_timeout()
 }
@@ -306,6 +312,7 @@ impl VipEntry {
             candidates: self.candidates,
             protocol: self.protocol,
             udp_timeout: self.udp_timeout,
+            quic_server_id_len: self.quic_server_id_len,
         }
     }
 
@@ -329,6 +336,7 @@ impl VipEntry {
             candidates: s.candidates,
             protocol: s.protocol,
             udp_timeout: s.udp_timeout,
+            quic_server_id_len: s.quic_server_id_len,
             backends,
         }
     }

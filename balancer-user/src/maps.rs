@@ -23,9 +23,9 @@ use balancer_common::{
     eligible_list_base, flow_kind, hist,
     layout::LAYOUT_FINGERPRINT,
     map_names, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails,
-    Settings, TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_SLOTS,
-    COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_BACKENDS_PER_VIP,
+    ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, QuicServerKey,
+    ServerFails, Settings, TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE,
+    BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_BACKENDS_PER_VIP,
 };
 
 use crate::{
@@ -354,6 +354,7 @@ pub struct Maps {
     vip_backends: Array<MapData, u32>,
     candidates: Array<MapData, CandidateRow>,
     vip_seeds: Array<MapData, u64>,
+    quic_servers: HashMap<MapData, QuicServerKey, u32>,
     backends: Array<MapData, Backend>,
     conns: Array<MapData, u64>,
     adjust: Array<MapData, u64>,
@@ -406,6 +407,7 @@ impl Maps {
             vip_backends: take!(map_names::VIP_BACKENDS),
             candidates: take!(map_names::CANDIDATES),
             vip_seeds: take!(map_names::VIP_SEEDS),
+            quic_servers: take!(map_names::QUIC_SERVERS),
             backends: take!(map_names::BACKENDS),
             conns: take!(map_names::BACKEND_CONNS),
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
@@ -737,6 +739,7 @@ impl Maps {
                 *w = map.get(&(i as u32), 0).map_err(map_err(name, "read"))?;
             }
         }
+        out.quic_servers = self.quic_servers.iter().filter_map(|r| r.ok()).collect();
         out.martians = self
             .martian_sources
             .iter()
@@ -871,6 +874,29 @@ impl Maps {
             if let Some(e) = failed {
                 return Err(map_err(map_names::CANDIDATES, "write")(e));
             }
+        }
+        // QUIC server IDs before the entries that flag their VIPs.
+        for (k, slot) in &want.quic_servers {
+            if self.synced.quic_servers.get(k) != Some(slot) {
+                self.quic_servers
+                    .insert(k, slot, 0)
+                    .map_err(map_err(map_names::QUIC_SERVERS, "write"))?;
+                self.synced.quic_servers.insert(*k, *slot);
+                r.writes += 1;
+            }
+        }
+        let gone: Vec<QuicServerKey> = self
+            .synced
+            .quic_servers
+            .keys()
+            .filter(|k| !want.quic_servers.contains_key(k))
+            .copied()
+            .collect();
+        for k in gone {
+            ignore_missing(self.quic_servers.remove(&k))
+                .map_err(map_err(map_names::QUIC_SERVERS, "remove"))?;
+            self.synced.quic_servers.remove(&k);
+            r.removed += 1;
         }
         // Lists, then the entries that switch to them.
         for (addr, w) in &want.vips {

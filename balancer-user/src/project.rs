@@ -22,10 +22,10 @@ use std::{
 };
 
 use balancer_common::{
-    consistent::CandidateRow, martian_class, Addr, Backend, BackendVips, HostVips, VipAddr,
-    VipInfo, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES,
+    consistent::CandidateRow, martian_class, Addr, Backend, BackendVips, HostVips, QuicServerKey,
+    VipAddr, VipInfo, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES,
     MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_NO_TCP,
-    VIP_F_REMOVED, VIP_F_TWO_SIDED, VIP_F_UDP,
+    VIP_F_REMOVED, VIP_F_TWO_SIDED, VIP_F_UDP, VIP_QUIC_SID_SHIFT,
 };
 
 use crate::{
@@ -91,6 +91,10 @@ pub struct ConfigMaps {
     /// `VIP_SEEDS` and `CANDIDATES`: by VIP index, the seed and the
     /// `CANDIDATE_ROWS` rows of each VIP with consistent candidates.
     pub candidates: BTreeMap<u32, (u64, Arc<Vec<CandidateRow>>)>,
+    /// `QUIC_SERVERS`: the backend slot of each server ID of each VIP that
+    /// routes QUIC by connection ID (every backend of the VIP, drained
+    /// ones included: their connections go on).
+    pub quic_servers: BTreeMap<QuicServerKey, u32>,
 }
 
 impl ConfigMaps {
@@ -121,6 +125,7 @@ impl Default for ConfigMaps {
             ports: [vec![0; words], vec![0; words], vec![0; words]],
             martians: BTreeMap::new(),
             candidates: BTreeMap::new(),
+            quic_servers: BTreeMap::new(),
         }
     }
 }
@@ -165,6 +170,7 @@ fn vip_entry(v: &VipConfig, list: &[u32], fallback: bool) -> VipEntry {
             flags: if fallback { VIP_F_FALLBACK } else { 0 }
                 | if s.protocol.udp() { VIP_F_UDP } else { 0 }
                 | if s.protocol.tcp() { 0 } else { VIP_F_NO_TCP }
+                | u32::from(s.quic_server_id_len) << VIP_QUIC_SID_SHIFT
                 | if s.mode == ForwardingMode::Nat {
                     VIP_F_TWO_SIDED
                 } else {
@@ -226,6 +232,19 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
             out.candidates.insert(v.index, c.clone());
         }
         out.vips.insert(v.addr, e);
+        let sid_len = u32::from(v.settings.quic_server_id_len);
+        if sid_len != 0 {
+            for b in &v.backends {
+                let key = QuicServerKey {
+                    vip_index: v.index,
+                    server_id: balancer_common::quic::server_id_of(
+                        &Addr::from(b.addr.ip()),
+                        sid_len,
+                    ),
+                };
+                out.quic_servers.insert(key, b.slot);
+            }
+        }
     }
     for (addr, index) in retired.vips() {
         out.vips.entry(addr).or_insert(VipEntry {

@@ -340,6 +340,19 @@ pub struct VipSettings {
     )]
     #[schema(value_type = String)]
     pub udp_timeout: Duration,
+    /// QUIC-LB (draft-ietf-quic-load-balancers, the plaintext algorithm):
+    /// the length, in octets, of the server ID the backends encode in
+    /// their QUIC connection IDs after its first octet (1..=4; 0, the
+    /// default: off). A backend's server ID is the last this many octets
+    /// of its address. A UDP datagram of no flow whose connection ID names
+    /// a backend goes to it (a client that migrated, or a connection
+    /// another balancer placed). Needs UDP (`protocol`).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub quic_server_id_len: u8,
+}
+
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
 }
 
 /// [`VipSettings::udp_timeout`]'s default: 60 s.
@@ -511,6 +524,7 @@ impl Default for VipSettings {
             candidates: Candidates::Random,
             protocol: Protocol::Tcp,
             udp_timeout: DEFAULT_UDP_TIMEOUT,
+            quic_server_id_len: 0,
         }
     }
 }
@@ -573,6 +587,22 @@ impl VipSettings {
                     "{} is outside 1s..=7days",
                     humantime::format_duration(self.udp_timeout)
                 ),
+            });
+        }
+        if u32::from(self.quic_server_id_len) > balancer_common::quic::MAX_SERVER_ID_LEN {
+            return Err(BalancerError::Invalid {
+                what: "quic server id length",
+                reason: format!(
+                    "{} octets: at most {}",
+                    self.quic_server_id_len,
+                    balancer_common::quic::MAX_SERVER_ID_LEN
+                ),
+            });
+        }
+        if self.quic_server_id_len != 0 && !self.protocol.udp() {
+            return Err(BalancerError::Invalid {
+                what: "quic server id length",
+                reason: "QUIC runs over UDP: give the VIP --protocol udp or both".into(),
             });
         }
         if self.protocol == Protocol::Udp {

@@ -110,6 +110,13 @@ pub struct VipArgs {
     /// (a DNS query and its answer) expires after at most 5s.
     #[arg(long, value_parser = parse_duration)]
     udp_timeout: Option<Duration>,
+    /// QUIC-LB: the backends encode a server ID of this many octets (the
+    /// last octets of their own address) after the first octet of their
+    /// QUIC connection IDs; a datagram of no flow whose connection ID
+    /// names a backend goes to it (a migrated client, a connection
+    /// another balancer placed). 1..=4; 0 turns it off (default).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=4))]
+    quic_server_id_len: Option<u8>,
 }
 
 /// The transport protocols of a VIP, on the command line.
@@ -198,6 +205,7 @@ impl VipArgs {
             candidates: self.candidates.map(Into::into),
             protocol: self.protocol.map(Into::into),
             udp_timeout: self.udp_timeout,
+            quic_server_id_len: self.quic_server_id_len,
         }
     }
 }
