@@ -9,7 +9,9 @@
 #     contrib/install.sh and its test);
 #     the real clients and servers of the test bed: nginx, curl, wrk, ab
 #     (apache2-utils), iperf3; bird2 (the cluster test bed's BGP speakers and
-#     router); with --bench also haproxy, nginx's stream
+#     router); dnsmasq-base and bind9-dnsutils (dig), ngtcp2-server and
+#     ngtcp2-client, openssl (the UDP and QUIC scenarios); with --bench also
+#     haproxy, nginx's stream
 #     module, a font
 #   - the nightly toolchain's rust-src (for -Z build-std=core on bpfel-unknown-none)
 #   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
@@ -44,6 +46,11 @@ command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 # (no service), dig as the client.
 [ -x /usr/sbin/dnsmasq ] || need_apt+=(dnsmasq-base)
 command -v dig >/dev/null 2>&1 || need_apt+=(bind9-dnsutils)
+# QUIC (balancer-testbed quic): ngtcp2's example HTTP/3 server and client,
+# openssl to convert the test certificate for them.
+[ -x /usr/sbin/gtlsserver ] || need_apt+=(ngtcp2-server)
+command -v gtlsclient >/dev/null 2>&1 || need_apt+=(ngtcp2-client)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 if [ "${1:-}" = "--bench" ]; then
   # The peers the benchmark compares against, and a font for its plot.
   [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)

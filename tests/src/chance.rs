@@ -116,7 +116,7 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<PeerPrograms> {
 /// Empties the balancer's flow tables (established, half-open, unproven)
 /// through their pins: every flow entry is gone, as after a flood that
 /// evicted them. Returns how many entries were removed.
-fn flush_flows(tb: &Testbed) -> anyhow::Result<usize> {
+pub(crate) fn flush_flows(tb: &Testbed) -> anyhow::Result<usize> {
     let mut removed = 0;
     for name in [map_names::FLOWS, map_names::HALF_OPEN, map_names::UNPROVEN] {
         let data = MapData::from_pin(tb.pin_dir().join(name))

@@ -21,6 +21,7 @@ pub mod modes;
 pub mod netns;
 pub mod operator;
 pub mod orphans;
+pub mod quic;
 pub mod realclients;
 pub mod refusals;
 pub mod restart;

@@ -19,3 +19,21 @@ fn dns_over_udp_through_the_balancer() {
         ],
     );
 }
+
+/// QUIC (`balancer-testbed quic`): Debian's ngtcp2 (HTTP/3 downloads
+/// placed by 5-tuple) and quinn servers issuing QUIC-LB connection IDs,
+/// whose connections survive a source-port change and an emptied flow
+/// table; the control without QUIC-LB breaks some.
+#[test]
+fn quic_through_the_balancer() {
+    balancer_tests::harness::scenario(
+        env!("CARGO_BIN_EXE_balancer-testbed"),
+        &["quic"],
+        &[
+            "quic: ngtcp2: 30 of 30 HTTP/3 downloads complete, byte for byte",
+            "quic: quinn: 6 of 6 connections kept their backend",
+            "quic: control: without QUIC-LB",
+            "quic: no QUIC server left",
+        ],
+    );
+}

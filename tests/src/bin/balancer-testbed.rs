@@ -13,6 +13,7 @@
 //! * `balancer-testbed orphans`
 //! * `balancer-testbed realclients`
 //! * `balancer-testbed udp`
+//! * `balancer-testbed quic`
 //! * `balancer-testbed faults [--long]`
 //! * `balancer-testbed modes`
 //! * `balancer-testbed chance`
@@ -26,8 +27,8 @@ use std::process::ExitCode;
 
 use balancer_tests::{
     abuse, bench, chance, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile,
-    jumbo, mistakes, modes, netns, operator, orphans, realclients, refusals, restart, scenario,
-    sync, truth, udp,
+    jumbo, mistakes, modes, netns, operator, orphans, quic, realclients, refusals, restart,
+    scenario, sync, truth, udp,
 };
 use clap::{Parser, Subcommand};
 
@@ -142,6 +143,38 @@ enum Cmd {
         #[arg(long)]
         count: usize,
     },
+    /// Helper of the quic scenario: a quinn server on LISTEN whose
+    /// connection IDs carry a QUIC-LB server ID of SID_LEN octets.
+    #[command(hide = true)]
+    QuicServe {
+        /// Address and port.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Server ID length, octets (0: random IDs).
+        #[arg(long)]
+        sid_len: usize,
+        /// Where the certificate and key are.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
+    /// Helper of the quic scenario: quinn connections to VIP that change
+    /// their source port and outlive the balancer's flow table.
+    #[command(hide = true)]
+    QuicProbe {
+        /// The VIP.
+        #[arg(long)]
+        vip: std::net::SocketAddr,
+        /// Connections.
+        #[arg(long)]
+        connections: usize,
+        /// Where the certificate is.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
+    /// QUIC: Debian's ngtcp2 (HTTP/3 downloads placed by 5-tuple) and
+    /// quinn with QUIC-LB connection IDs (a source-port change and an
+    /// emptied flow table survived; the control without QUIC-LB).
+    Quic,
     /// Several balancers behind a BGP/ECMP router (BIRD 2), syncing flows
     /// and load: one drained and put back under 1,000 held connections.
     Cluster {
@@ -185,7 +218,29 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // A helper process of a running scenario: already isolated.
+    // Helper processes of a running scenario: already isolated.
+    let helper = match &cli.cmd {
+        Cmd::QuicServe {
+            listen,
+            sid_len,
+            dir,
+        } => Some(quic::serve(*listen, *sid_len, dir)),
+        Cmd::QuicProbe {
+            vip,
+            connections,
+            dir,
+        } => Some(quic::probe(*vip, *connections, dir)),
+        _ => None,
+    };
+    if let Some(r) = helper {
+        return match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Cmd::HoldUnix { socket, count } = &cli.cmd {
         return match abuse::hold(socket, *count) {
             Ok(()) => ExitCode::SUCCESS,
@@ -229,7 +284,10 @@ fn main() -> ExitCode {
         Cmd::Operator => operator::run(),
         Cmd::Truth => truth::run(),
         Cmd::Cluster { long, tunnel } => cluster::run(long, tunnel),
-        Cmd::HoldUnix { .. } => unreachable!("handled before isolation"),
+        Cmd::HoldUnix { .. } | Cmd::QuicServe { .. } | Cmd::QuicProbe { .. } => {
+            unreachable!("handled before isolation")
+        }
+        Cmd::Quic => quic::run(),
         Cmd::Fixtures => fixtures::run_suite(),
         Cmd::VerifierStats => bench::verifier_stats().map(|v| {
             for (name, n) in v {
