@@ -328,7 +328,7 @@ fn kept(p: &Probed) -> usize {
 /// # Errors
 /// A check that fails.
 pub fn run() -> anyhow::Result<()> {
-    use crate::realclients::{client, spawn_in};
+    use crate::realclients::spawn_in;
     let mut tb = crate::testbed::Testbed::start(BACKENDS, "2")?;
     let dir = tb.dir().to_path_buf();
     make_certificate(&dir)?;
@@ -399,7 +399,7 @@ pub fn run() -> anyhow::Result<()> {
             }
         }
     }
-    let r = run_on(&mut tb, &dir, &blob, &client);
+    let r = run_on(&mut tb, &dir, &blob);
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
@@ -427,17 +427,8 @@ pub fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_on(
-    tb: &mut crate::testbed::Testbed,
-    dir: &Path,
-    blob: &[u8],
-    client: &dyn Fn(
-        &crate::testbed::Testbed,
-        Duration,
-        &str,
-        &[&str],
-    ) -> anyhow::Result<std::process::Output>,
-) -> anyhow::Result<()> {
+fn run_on(tb: &mut crate::testbed::Testbed, dir: &Path, blob: &[u8]) -> anyhow::Result<()> {
+    use crate::realclients::client;
     let (nv, qv) = (NGTCP2_VIP.to_string(), QUINN_VIP.to_string());
     tb.cli(&["vip", "add", &nv, "--protocol", "udp", "--health", "off"])?;
     tb.cli(&[
