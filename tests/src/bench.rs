@@ -470,6 +470,10 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
         "new-flow SYN, choice telemetry off",
         "new-flow SYN, regret sampled on every choice",
         "new-flow SYN, regret never sampled",
+        "UDP datagram of a pinned flow",
+        "UDP reply (backend to client, NAT)",
+        "new UDP flow (first datagram)",
+        "QUIC short header of no flow, routed by its CID",
     ];
     let mut cells: BTreeMap<(usize, &str), String> = BTreeMap::new();
     let mut live_full = 0usize;
@@ -536,6 +540,9 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             })?;
             rig.lb
                 .set_regret_sample(balancer_common::DEFAULT_REGRET_SAMPLE)?;
+            // UDP and QUIC on the same VIP and backends (the TCP rows above
+            // were timed before it took UDP).
+            let udp = udp_paths(&mut rig, aux, sc, n, base + (sc.rounds * sc.calls) as u32)?;
             for (p, c) in paths.iter().zip([
                 c_nonvip,
                 c_ack,
@@ -544,6 +551,10 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
                 c_syn_quiet,
                 c_syn_regret,
                 c_syn_no_regret,
+                udp[0],
+                udp[1],
+                udp[2],
+                udp[3],
             ]) {
                 figures.insert(format!("{p} | {state} | {n}"), c);
                 cells.insert((ci, p), String::new());
@@ -624,6 +635,60 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
     rep.noise = Some(noise);
     rep.json.insert("datapath".into(), json!({"figures": j, "repeat_pass_ns": {"empty": r1(re), "baseline": r1(rb), "balancer": r1(rl)}, "near_full_live_flows": live_full, "floor_ns": {"min": r1(fmin), "max": r1(fmax)}, "round_spread": r2(noise)}));
     Ok(figures)
+}
+
+/// The UDP and QUIC rows of section 1 on `rig`'s VIP (made to take TCP and
+/// UDP, with QUIC-LB server IDs of 2 octets) over its `n` backends: a
+/// pinned flow's datagram, its backend's reply, a new flow's first
+/// datagram, and a QUIC short-header packet of no flow whose connection ID
+/// names a backend. Clients from `first` on.
+fn udp_paths(rig: &mut Rig, aux: &Aux, sc: Scale, n: u32, first: u32) -> anyhow::Result<[Cost; 4]> {
+    use crate::fixtures::udp::{cid, dst_of, quic_short, Dgram};
+    rig.lb.set_vip(
+        VIP,
+        &balancer::api::VipPatch {
+            protocol: Some(balancer::state::Protocol::Both),
+            quic_server_id_len: Some(2),
+            ..Default::default()
+        },
+    )?;
+    let client_of = |k: u32| many_client(300 + k / 60000, 1024 + (k % 60000) as u16);
+    let mut pinned = Vec::with_capacity(sc.calls);
+    for i in 0..sc.calls as u32 {
+        let c = client_of(first + i);
+        let (a, f) = rig.run(&Dgram::new(c, VIP, b"query").build(), Side::Client)?;
+        if a == XDP_REDIRECT || a == XDP_TX {
+            pinned.push((c, dst_of(&f)?.0));
+        }
+    }
+    let datagrams: Vec<Vec<u8>> = pinned
+        .iter()
+        .map(|(c, _)| Dgram::new(*c, VIP, b"query").build())
+        .collect();
+    let replies: Vec<Vec<u8>> = pinned
+        .iter()
+        .map(|(c, b)| Dgram::reply(*b, *c, b"answer").build())
+        .collect();
+    let c_pinned = time_path(rig, aux, Side::Client, sc.rounds, |_| datagrams.clone())?;
+    let c_reply = time_path(rig, aux, Side::Backend, sc.rounds, |_| replies.clone())?;
+    let base = first + sc.calls as u32;
+    let c_new = time_path(rig, aux, Side::Client, sc.rounds, |r| {
+        (0..sc.calls as u32)
+            .map(|i| Dgram::new(client_of(base + (r * sc.calls) as u32 + i), VIP, b"q").build())
+            .collect()
+    })?;
+    let base = base + (sc.rounds * sc.calls) as u32;
+    let c_quic = time_path(rig, aux, Side::Client, sc.rounds, |r| {
+        (0..sc.calls as u32)
+            .map(|i| {
+                let k = base + (r * sc.calls) as u32 + i;
+                // Server ID: the last two octets of backend `k % n`.
+                let sid = (k % n) as u16;
+                Dgram::new(client_of(k), VIP, &quic_short(&cid(sid))).build()
+            })
+            .collect()
+    })?;
+    Ok([c_pinned, c_reply, c_new, c_quic])
 }
 
 /// Places `flows` new flows on `n` backends with `choices` and returns the

@@ -37,7 +37,7 @@ mod race;
 mod reconcile;
 mod router;
 mod second_chance;
-mod udp;
+pub(crate) mod udp;
 
 /// The main VIP of the suite.
 pub const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 80);
