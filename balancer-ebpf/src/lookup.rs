@@ -36,6 +36,17 @@ impl Table {
     }
 }
 
+/// `true` when `port` (network byte order) is set in a port bitmap
+/// (`VIP_PORTS`, `VIP_ADDRS` with an address's low 16 bits, `BACKEND_PORTS`).
+#[inline(always)]
+pub fn port_listed(map: &aya_ebpf::maps::Array<u64>, port: u16) -> bool {
+    let p = u16::from_be(port) as u32;
+    match map.get(p >> 6) {
+        Some(w) => *w & (1u64 << (p & 63)) != 0,
+        None => false,
+    }
+}
+
 /// The live flow of `key`: established, half-open or unproven (in that
 /// order: an established flow costs one lookup).
 #[inline(always)]

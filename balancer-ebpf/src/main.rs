@@ -87,7 +87,8 @@ mod entry {
         client,
         forward::{self, Next},
         frame::XdpFrame,
-        guard, icmp, lookup,
+        guard, icmp,
+        lookup::{self, port_listed},
         maps::{BACKEND_PORTS, REPLY_SCRATCH, STAGES, UNPROVEN, VIPS, VIP_ADDRS, VIP_PORTS},
         reply, rewrite,
         stats::{count, count_rx},
@@ -295,16 +296,6 @@ mod entry {
             }
         }
         Target::NotOurs
-    }
-
-    /// `true` when `port` (network byte order) is set in a port bitmap.
-    #[inline(always)]
-    fn port_listed(map: &aya_ebpf::maps::Array<u64>, port: u16) -> bool {
-        let p = u16::from_be(port) as u32;
-        match map.get(p >> 6) {
-            Some(w) => *w & (1u64 << (p & 63)) != 0,
-            None => false,
-        }
     }
 
     #[inline(always)]

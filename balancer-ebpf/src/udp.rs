@@ -31,7 +31,7 @@ use crate::{
     forward::{Dest, HopCache, Next},
     frame::{now_ns, XdpFrame},
     guard,
-    lookup::{self, backend_of, pinned_to, Table},
+    lookup::{self, backend_of, pinned_to, port_listed, Table},
     maps::{
         BACKENDS, BACKEND_CONNS, BACKEND_PORTS, BACKEND_STATS, FLOWS, HALF_OPEN, QUIC_SERVERS,
         SERVER_CONNS, STAGES, VIPS, VIP_ADDRS, VIP_PORTS, VIP_STATS,
@@ -95,16 +95,6 @@ pub fn decide(ctx: XdpContext) -> u32 {
     }
     count(Counter::PassNotVip, 1);
     xdp_action::XDP_PASS
-}
-
-/// `true` when `port` (network byte order) is set in a port bitmap.
-#[inline(always)]
-fn port_listed(map: &aya_ebpf::maps::Array<u64>, port: u16) -> bool {
-    let p = u16::from_be(port) as u32;
-    match map.get(p >> 6) {
-        Some(w) => *w & (1u64 << (p & 63)) != 0,
-        None => false,
-    }
 }
 
 /// The LIVE key of a client datagram (client -> VIP).
