@@ -44,6 +44,11 @@ const VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)),
 /// The tunnel form's control VIP: IP-in-IP drawing its candidates at
 /// random (the same address: one route).
 const CONTROL_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 81);
+/// The QUIC VIP: UDP port 443 of the VIP's address, L2 DSR, QUIC-LB
+/// server IDs of one octet (the last octet of each backend's address).
+const QUIC_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 443);
+/// quinn connections of the QUIC phase.
+const QUIC_CONNECTIONS: usize = 8;
 /// Backend hosts.
 const BACKENDS: usize = 8;
 /// The router's LAN address (the BGP peer of every balancer).
@@ -924,6 +929,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         o.broken,
         o.new_failed
     );
+    quic(c)?;
     if !long {
         return Ok(());
     }
@@ -945,6 +951,178 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     })?;
     report("lb4 added", &o);
     herd(c)
+}
+
+/// Flows of [`QUIC_VIP`] in balancer `n`'s tables.
+fn quic_flows(c: &Cluster, n: usize) -> anyhow::Result<usize> {
+    let v = c.json(
+        n,
+        &[
+            "flows",
+            "--vip",
+            &QUIC_VIP.to_string(),
+            "--limit",
+            "10000",
+            "--json",
+        ],
+    )?;
+    Ok(v["flows"].as_array().map_or(0, Vec::len))
+}
+
+/// Drains `out` and puts `back` in service; waits for the router's route
+/// to have exactly the next hops `then`.
+fn shift(c: &Cluster, back: &[usize], out: &[usize], then: &[usize]) -> anyhow::Result<()> {
+    for n in back {
+        c.cli(*n, &["cluster", "undrain"])?;
+    }
+    for n in out {
+        c.cli(*n, &["cluster", "drain"])?;
+    }
+    c.await_hops(then, Duration::from_secs(15)).map(|_| ())
+}
+
+/// One run of the quinn probe across balancers: its connections open
+/// and change their source port through lb1 alone, then lb1 is drained
+/// and lb2 and lb3 (which hold no flow of the VIP: UDP flows are not
+/// synced) carry their next requests. Returns what the probe saw.
+fn quic_probe(c: &Cluster) -> anyhow::Result<crate::quic::Probed> {
+    // An earlier run's flows expire by the VIP's UDP timeout (5 s).
+    crate::scenario::wait_until(Duration::from_secs(15), || {
+        let left = quic_flows(c, 2)? + quic_flows(c, 3)?;
+        Ok(if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("lb2 and lb3 hold {left} flows of the QUIC VIP"))
+        })
+    })?;
+    shift(c, &[], &[2, 3], &[1])?;
+    crate::quic::run_probe(&c.client, QUIC_VIP, QUIC_CONNECTIONS, &c.dir, || {
+        let strangers = quic_flows(c, 2)? + quic_flows(c, 3)?;
+        ensure!(
+            strangers == 0,
+            "lb2 and lb3 hold {strangers} flows of the QUIC VIP they never carried"
+        );
+        shift(c, &[2, 3], &[1], &[2, 3])?;
+        println!(
+            "cluster: quic: lb1 ({} flows of the QUIC VIP) drained; lb2 and lb3 (none) carry \
+             the connections now",
+            quic_flows(c, 1)?
+        );
+        Ok(())
+    })
+}
+
+/// QUIC across balancers (issue 23): quinn servers on the L2 DSR
+/// backends issue QUIC-LB connection IDs; connections opened through lb1
+/// keep their backend when their source port changes and when the router
+/// moves them to balancers that never saw them. The control: the same
+/// without QUIC-LB on the VIP breaks connections.
+fn quic(c: &mut Cluster) -> anyhow::Result<()> {
+    use crate::realclients::{await_listeners, processes_in, spawn_in};
+    crate::quic::make_certificate(&c.dir)?;
+    let exe = std::env::current_exe()?.to_string_lossy().into_owned();
+    let (vip, dir) = (QUIC_VIP.to_string(), c.dir.to_string_lossy().into_owned());
+    let mut servers = Vec::new();
+    for k in 0..BACKENDS {
+        let me = backend(k).ip().to_string();
+        servers.push(spawn_in(
+            &c.backends[k],
+            &exe,
+            &[
+                "quic-serve",
+                "--listen",
+                &vip,
+                "--sid-len",
+                "1",
+                "--server-address",
+                &me,
+                "--dir",
+                &dir,
+            ],
+        )?);
+    }
+    await_listeners(&c.backends, true, &[QUIC_VIP.port()])?;
+    let lbs = [1, 2, 3];
+    for n in lbs {
+        c.cli(
+            n,
+            &[
+                "vip",
+                "add",
+                &vip,
+                "--protocol",
+                "udp",
+                "--mode",
+                "dsr",
+                "--health",
+                "off",
+                "--udp-timeout",
+                "5s",
+                "--quic-server-id-len",
+                "1",
+            ],
+        )?;
+        let bs: Vec<String> = (0..BACKENDS)
+            .map(|k| SocketAddr::new(backend(k).ip(), QUIC_VIP.port()).to_string())
+            .collect();
+        let mut args = vec!["backend", "add", vip.as_str()];
+        args.extend(bs.iter().map(String::as_str));
+        c.cli(n, &args)?;
+    }
+    let routed = |c: &Cluster| -> anyhow::Result<Vec<u64>> {
+        lbs.iter()
+            .map(|n| c.counter(*n, "quic_cid_routed"))
+            .collect()
+    };
+    let before = routed(c)?;
+    let seen = quic_probe(c)?;
+    let after = routed(c)?;
+    let by: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let k = crate::quic::kept(&seen);
+    println!(
+        "cluster: quic: {k} of {QUIC_CONNECTIONS} connections kept their backend across a \
+         source-port change (through lb1) and a move to balancers that never saw them \
+         (quic_cid_routed by lb1, lb2, lb3: {by:?})"
+    );
+    ensure!(
+        k == QUIC_CONNECTIONS && by[0] > 0 && by[1] + by[2] >= QUIC_CONNECTIONS as u64,
+        "QUIC-LB across balancers kept {k} of {QUIC_CONNECTIONS} connections \
+         (quic_cid_routed by lb1, lb2, lb3: {by:?})"
+    );
+    // Control: the same without QUIC-LB.
+    shift(c, &[1], &[], &lbs)?;
+    for n in lbs {
+        c.cli(n, &["vip", "set", &vip, "--quic-server-id-len", "0"])?;
+    }
+    let seen = quic_probe(c)?;
+    let k0 = crate::quic::kept(&seen);
+    println!(
+        "cluster: quic: control: without QUIC-LB, {k0} of {QUIC_CONNECTIONS} connections kept \
+         their backend"
+    );
+    ensure!(
+        k0 < QUIC_CONNECTIONS,
+        "control: without QUIC-LB every connection kept its backend: the test cannot fail"
+    );
+    shift(c, &[1], &[], &lbs)?;
+    for n in lbs {
+        c.cli(n, &["vip", "remove", &vip])?;
+    }
+    // No server left.
+    ensure!(
+        processes_in(&c.backends, "balancer-testbe")?.len() == BACKENDS,
+        "control: the quinn servers are not seen while they run"
+    );
+    drop(servers);
+    crate::scenario::wait_until(Duration::from_secs(5), || {
+        let left = processes_in(&c.backends, "balancer-testbe")?;
+        Ok(if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("quinn servers left: {left:?}"))
+        })
+    })?;
+    Ok(())
 }
 
 /// A change made to the cluster under held connections; returns how long

@@ -82,11 +82,20 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Serves QUIC on `listen` until killed, issuing connection IDs with a
-/// server ID of `sid_len` octets (0: quinn's random IDs).
+/// server ID of `sid_len` octets (0: quinn's random IDs) taken from
+/// `server_address` (the backend's own address, which it names in its
+/// answers; `listen`'s address when `None`: a direct-return backend
+/// listens on the VIP).
 ///
 /// # Errors
 /// Set-up failure.
-pub fn serve(listen: SocketAddr, sid_len: usize, dir: &Path) -> anyhow::Result<()> {
+pub fn serve(
+    listen: SocketAddr,
+    sid_len: usize,
+    server_address: Option<IpAddr>,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let me = server_address.unwrap_or(listen.ip());
     let cert = CertificateDer::from(std::fs::read(dir.join("quic-cert.der"))?);
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(std::fs::read(
         dir.join("quic-key.der"),
@@ -94,7 +103,7 @@ pub fn serve(listen: SocketAddr, sid_len: usize, dir: &Path) -> anyhow::Result<(
     let server = quinn::ServerConfig::with_single_cert(vec![cert], key)?;
     let mut config = quinn::EndpointConfig::default();
     if sid_len > 0 {
-        let sid = server_id_bytes(listen.ip(), sid_len);
+        let sid = server_id_bytes(me, sid_len);
         config.cid_generator(move || {
             Box::new(QuicLbCids {
                 server_id: sid.clone(),
@@ -106,7 +115,6 @@ pub fn serve(listen: SocketAddr, sid_len: usize, dir: &Path) -> anyhow::Result<(
         let socket = std::net::UdpSocket::bind(listen)?;
         let endpoint =
             quinn::Endpoint::new(config, Some(server), socket, Arc::new(quinn::TokioRuntime))?;
-        let me = listen.ip();
         while let Some(incoming) = endpoint.accept().await {
             tokio::spawn(async move {
                 let Ok(conn) = incoming.await else {
@@ -240,25 +248,35 @@ fn backend_ip(k: usize) -> IpAddr {
 
 /// What one probe printed: by phase, each connection's server (`None`:
 /// failed).
-type Probed = std::collections::BTreeMap<String, Vec<Option<IpAddr>>>;
+pub(crate) type Probed = std::collections::BTreeMap<String, Vec<Option<IpAddr>>>;
 
-/// Runs the quinn probe in the client namespace, emptying the balancer's
-/// flow tables when it waits; returns what it saw and the entries removed.
-fn run_probe(tb: &crate::testbed::Testbed) -> anyhow::Result<(Probed, usize)> {
+/// Runs the quinn probe (`n` connections to `vip`) in namespace `ns`,
+/// calling `on_wait` when it waits between its second and third phase;
+/// returns what it saw.
+///
+/// # Errors
+/// The probe fails to start or exits with an error, or `on_wait` fails.
+pub(crate) fn run_probe(
+    ns: &crate::netns::Netns,
+    vip: SocketAddr,
+    n: usize,
+    dir: &Path,
+    mut on_wait: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Probed> {
     use std::io::Write as _;
     use std::process::{Command, Stdio};
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new("timeout");
-    cmd.args(["60", "ip", "netns", "exec", tb.client.name()])
+    cmd.args(["90", "ip", "netns", "exec", ns.name()])
         .arg(&exe)
         .args([
             "quic-probe",
             "--vip",
-            &QUINN_VIP.to_string(),
+            &vip.to_string(),
             "--connections",
-            &PROBED.to_string(),
+            &n.to_string(),
             "--dir",
-            &tb.dir().to_string_lossy(),
+            &dir.to_string_lossy(),
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -268,13 +286,11 @@ fn run_probe(tb: &crate::testbed::Testbed) -> anyhow::Result<(Probed, usize)> {
     let stdout = child.stdout.take().context("probe stdout")?;
     let mut stdin = child.stdin.take().context("probe stdin")?;
     let mut seen = Probed::new();
-    let mut removed = 0;
     for line in std::io::BufReader::new(stdout).lines() {
         let line = line?;
         println!("{line}");
         if line == "quic-probe: waiting" {
-            removed = crate::chance::flush_flows(tb)?;
-            println!("quic: balancer flow tables emptied ({removed} entries)");
+            on_wait()?;
             writeln!(stdin)?;
             continue;
         }
@@ -292,7 +308,7 @@ fn run_probe(tb: &crate::testbed::Testbed) -> anyhow::Result<(Probed, usize)> {
         let server = what.split_whitespace().next().and_then(|s| s.parse().ok());
         let v = seen
             .entry(phase.to_string())
-            .or_insert_with(|| vec![None; PROBED]);
+            .or_insert_with(|| vec![None; n]);
         if let Some(slot) = v.get_mut(i) {
             *slot = server;
         }
@@ -301,14 +317,14 @@ fn run_probe(tb: &crate::testbed::Testbed) -> anyhow::Result<(Probed, usize)> {
     if !status.success() {
         bail!("the quinn probe exited with {status}");
     }
-    Ok((seen, removed))
+    Ok(seen)
 }
 
 /// Connections that answered in every phase from the server of their
 /// first answer.
-fn kept(p: &Probed) -> usize {
+pub(crate) fn kept(p: &Probed) -> usize {
     let first = p.get("opened").cloned().unwrap_or_default();
-    (0..PROBED)
+    (0..first.len())
         .filter(|i| {
             let Some(Some(s)) = first.get(*i) else {
                 return false;
@@ -384,37 +400,26 @@ pub fn run() -> anyhow::Result<()> {
             ],
         )?);
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    for (k, ns) in tb.backends.iter().enumerate() {
-        for port in [NGTCP2_PORT, QUINN_PORT] {
-            while ns
-                .exec("ss", &["-Huln", &format!("sport = :{port}")])?
-                .stdout
-                .is_empty()
-            {
-                if std::time::Instant::now() > deadline {
-                    bail!("backend {k}: nothing listens on UDP port {port}");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
+    crate::realclients::await_listeners(&tb.backends, true, &[NGTCP2_PORT, QUINN_PORT])?;
     let r = run_on(&mut tb, &dir, &blob);
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
     r?;
     // The servers go with their handles: none is left.
-    let running = crate::realclients::processes_in(&tb, "gtlsserver")?.len();
+    let running = crate::realclients::processes_in(&tb.backends, "gtlsserver")?.len();
     if running != BACKENDS {
         bail!("control: {running} gtlsserver processes seen while {BACKENDS} run");
     }
     drop(procs);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let mut left = crate::realclients::processes_in(&tb, "gtlsserver")?;
+        let mut left = crate::realclients::processes_in(&tb.backends, "gtlsserver")?;
         // The quinn servers: this program's name, as the kernel cuts it.
-        left.extend(crate::realclients::processes_in(&tb, "balancer-testbe")?);
+        left.extend(crate::realclients::processes_in(
+            &tb.backends,
+            "balancer-testbe",
+        )?);
         if left.is_empty() {
             break;
         }
@@ -506,7 +511,12 @@ fn run_on(tb: &mut crate::testbed::Testbed, dir: &Path, blob: &[u8]) -> anyhow::
 
     // 2. quinn with QUIC-LB connection IDs.
     let before = tb.stats()?.counter("quic_cid_routed");
-    let (seen, removed) = run_probe(tb)?;
+    let mut removed = 0;
+    let seen = run_probe(&tb.client, QUINN_VIP, PROBED, dir, || {
+        removed = crate::chance::flush_flows(tb)?;
+        println!("quic: balancer flow tables emptied ({removed} entries)");
+        Ok(())
+    })?;
     let routed = tb.stats()?.counter("quic_cid_routed") - before;
     let k = kept(&seen);
     println!(
@@ -519,7 +529,9 @@ fn run_on(tb: &mut crate::testbed::Testbed, dir: &Path, blob: &[u8]) -> anyhow::
 
     // 3. Control: the same without QUIC-LB on the VIP.
     tb.cli(&["vip", "set", &qv, "--quic-server-id-len", "0"])?;
-    let (seen, _) = run_probe(tb)?;
+    let seen = run_probe(&tb.client, QUINN_VIP, PROBED, dir, || {
+        crate::chance::flush_flows(tb).map(|_| ())
+    })?;
     let k0 = kept(&seen);
     println!(
         "quic: control: without QUIC-LB, {k0} of {PROBED} connections kept their backend \

@@ -137,23 +137,34 @@ fn start_servers(tb: &Testbed, www: &Path) -> anyhow::Result<Vec<Proc>> {
             ],
         )?);
     }
-    // Wait until every server listens.
+    await_listeners(&tb.backends, false, &[HTTP_PORT, IPERF_PORT])?;
+    Ok(procs)
+}
+
+/// Waits (20 s at most in all) until something listens on each of `ports`
+/// (UDP when `udp`, else TCP) in every namespace of `backends`.
+///
+/// # Errors
+/// A port nobody listens on by then, named with its backend.
+pub(crate) fn await_listeners(backends: &[Netns], udp: bool, ports: &[u16]) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
-    for (k, ns) in tb.backends.iter().enumerate() {
-        for port in [HTTP_PORT, IPERF_PORT] {
-            loop {
-                let out = ns.exec("ss", &["-Htln", &format!("sport = :{port}")])?;
-                if !out.stdout.is_empty() {
-                    break;
-                }
+    let flags = if udp { "-Huln" } else { "-Htln" };
+    for (k, ns) in backends.iter().enumerate() {
+        for port in ports {
+            while ns
+                .exec("ss", &[flags, &format!("sport = :{port}")])?
+                .stdout
+                .is_empty()
+            {
                 if Instant::now() > deadline {
-                    bail!("backend {k}: nothing listens on port {port}");
+                    let proto = if udp { "UDP" } else { "TCP" };
+                    bail!("backend {k}: nothing listens on {proto} port {port}");
                 }
                 thread::sleep(Duration::from_millis(50));
             }
         }
     }
-    Ok(procs)
+    Ok(())
 }
 
 pub(crate) fn spawn_in(ns: &Netns, program: &str, args: &[&str]) -> anyhow::Result<Proc> {
@@ -462,15 +473,16 @@ pub fn run() -> anyhow::Result<()> {
 /// the test started, master and workers, found by their network namespace
 /// (a worker's command line does not name its configuration).
 fn nginx_in(tb: &Testbed) -> anyhow::Result<Vec<u32>> {
-    processes_in(tb, "nginx")
+    processes_in(&tb.backends, "nginx")
 }
 
-/// The processes named `comm` in the test bed's backend namespaces (found
-/// by their network namespace).
-pub(crate) fn processes_in(tb: &Testbed, comm_name: &str) -> anyhow::Result<Vec<u32>> {
+/// The processes named `comm_name` (as /proc/PID/comm has it: the first
+/// 15 bytes) in the namespaces `within` (found by their network
+/// namespace).
+pub(crate) fn processes_in(within: &[Netns], comm_name: &str) -> anyhow::Result<Vec<u32>> {
     use std::os::unix::fs::MetadataExt as _;
     let mut ours = Vec::new();
-    for ns in &tb.backends {
+    for ns in within {
         ours.push(std::fs::metadata(ns.path())?.ino());
     }
     let mut pids = Vec::new();

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{ensure, Context as _};
 
 use crate::{
     realclients::{client, open_flows, processes_in, spawn_in, Proc},
@@ -70,19 +70,7 @@ fn start_dnsmasq(tb: &Testbed) -> anyhow::Result<Vec<Proc>> {
             ],
         )?);
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for (k, ns) in tb.backends.iter().enumerate() {
-        loop {
-            let out = ns.exec("ss", &["-Huln", "sport = :53"])?;
-            if !out.stdout.is_empty() {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("backend {k}: dnsmasq does not listen on port 53");
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
+    crate::realclients::await_listeners(&tb.backends, true, &[53])?;
     Ok(procs)
 }
 
@@ -156,7 +144,7 @@ pub fn run() -> anyhow::Result<()> {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
     r?;
-    let running = processes_in(&tb, "dnsmasq")?.len();
+    let running = processes_in(&tb.backends, "dnsmasq")?.len();
     ensure!(
         running == BACKENDS,
         "control: {running} dnsmasq processes seen while {BACKENDS} run"
@@ -164,7 +152,7 @@ pub fn run() -> anyhow::Result<()> {
     drop(procs);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let left = processes_in(&tb, "dnsmasq")?;
+        let left = processes_in(&tb.backends, "dnsmasq")?;
         if left.is_empty() {
             break;
         }

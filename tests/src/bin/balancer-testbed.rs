@@ -153,6 +153,10 @@ enum Cmd {
         /// Server ID length, octets (0: random IDs).
         #[arg(long)]
         sid_len: usize,
+        /// The backend's own address: its server ID's source and its name
+        /// in answers (LISTEN's address when absent).
+        #[arg(long)]
+        server_address: Option<std::net::IpAddr>,
         /// Where the certificate and key are.
         #[arg(long)]
         dir: std::path::PathBuf,
@@ -223,8 +227,9 @@ fn main() -> ExitCode {
         Cmd::QuicServe {
             listen,
             sid_len,
+            server_address,
             dir,
-        } => Some(quic::serve(*listen, *sid_len, dir)),
+        } => Some(quic::serve(*listen, *sid_len, *server_address, dir)),
         Cmd::QuicProbe {
             vip,
             connections,
