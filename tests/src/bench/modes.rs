@@ -1,8 +1,9 @@
 //! Sections 1 and 2 for every forwarding mode and family: the data-path
 //! cost of a pinned flow's ACK, a new-flow SYN and (NAT) a reply through
 //! `BPF_PROG_TEST_RUN`, and the live-frame packet rate of the ACK path
-//! next to a plain XDP_TX program, each figure measured in this run by the
-//! method of the IPv4 NAT figures above it.
+//! next to a plain XDP_TX program (and a UDP NAT flow's datagram's), each
+//! figure measured in this run by the method of the IPv4 NAT figures above
+//! it.
 
 use std::{
     fmt::Write as _,
@@ -330,7 +331,7 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     let mut md = String::new();
     let mut js = Vec::new();
     writeln!(md, "### Every forwarding mode and family\n")?;
-    writeln!(md, "As above, {} frames per run, median of {} runs; each mode's ACK (64 bytes for IPv4, 84 for IPv6) next to the plain XDP_TX program forwarding the same frame and a plain XDP_REDIRECT program sending it, unchanged, the balancer's way (lbin -> lbout -> sink), interleaved.\n", sc.rate_frames, sc.rounds.min(3))?;
+    writeln!(md, "As above, {} frames per run, median of {} runs; each mode's ACK (64 bytes for IPv4, 84 for IPv6) next to the plain XDP_TX program forwarding the same frame and a plain XDP_REDIRECT program sending it, unchanged, the balancer's way (lbin -> lbout -> sink), interleaved; then a UDP NAT flow's datagram of the same sizes (the flow promoted to the established table by its backend's answer and the client's next datagram).\n", sc.rate_frames, sc.rounds.min(3))?;
     writeln!(
         md,
         "| mode, family | balancer Mpps | XDP_TX Mpps | share of XDP_TX | XDP_REDIRECT Mpps | share of XDP_REDIRECT |\n|---|---|---|---|---|---|"
@@ -379,40 +380,15 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
         }
         let mut ack = hs;
         ack.payload = vec![0x42; 10];
-        let frame = ack.build();
-        aux.set_template(&frame, &frame)?;
-        let (mut ours, mut ceiling, mut redirect) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..sc.rounds.min(3) {
-            lb.attach("lbin", XdpMode::Driver)?;
-            let sink_link = aux
-                .prog_mut("bench_count")?
-                .attach("sink", XdpMode::Driver)?;
-            // The sink counts every frame reaching it: lbout's own stack's
-            // (taken off and named) as well as the generator's flow.
-            let (n, secs, strays) = generate_to_sink(aux, &frame, gen, sc.rate_frames)?;
-            let flow = n.saturating_sub(strays.len() as u64);
-            if !strays.is_empty() || flow != u64::from(sc.rate_frames) {
-                notes.push(format!(
-                    "{}: {}",
-                    case.label(),
-                    arrivals(n, sc.rate_frames, &strays)
-                ));
-            }
-            ours.push(flow as f64 / secs / 1e6);
-            aux.prog_mut("bench_count")?.detach(sink_link)?;
-            lb.detach_all()?;
-            let tx = aux.prog_mut("bench_tx")?.attach("lbin", XdpMode::Driver)?;
-            let back = aux
-                .prog_mut("bench_count")?
-                .attach("gen0", XdpMode::Driver)?;
-            let (n2, secs2) = generate(aux, &frame, gen, sc.rate_frames)?;
-            ceiling.push(n2 as f64 / secs2 / 1e6);
-            aux.prog_mut("bench_count")?.detach(back)?;
-            aux.prog_mut("bench_tx")?.detach(tx)?;
-            let (n3, secs3, strays3) = super::redirect_ceiling(aux, &frame, gen, sc.rate_frames)?;
-            redirect.push(n3.saturating_sub(strays3.len() as u64) as f64 / secs3 / 1e6);
-        }
-        let (m, c, r) = (median(ours), median(ceiling), median(redirect));
+        let (m, c, r) = rate_row(
+            aux,
+            &mut lb,
+            &ack.build(),
+            gen,
+            sc,
+            &case.label(),
+            &mut notes,
+        )?;
         writeln!(
             md,
             "| {} | {m:.2} | {c:.2} | {:.0} % | {r:.2} | {:.0} % |",
@@ -421,6 +397,63 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
             100.0 * m / r
         )?;
         js.push(json!({"mode": case.mode.name(), "ipv6": case.v6, "mpps": r2(m), "xdp_tx_mpps": r2(c), "share": r1(100.0 * m / c), "xdp_redirect_mpps": r2(r), "share_redirect": r1(100.0 * m / r)}));
+    }
+    // UDP (issue 23): a NAT flow's datagram of the same size as the ACK
+    // above (22 bytes of payload: 64-byte frames for IPv4, 84 for IPv6),
+    // the flow promoted to the established table first (its backend
+    // answered, then the client sent again).
+    for v6 in [false, true] {
+        use crate::fixtures::udp::Dgram;
+        let label = format!(
+            "udp, nat, {}: a pinned flow's datagram",
+            if v6 { "IPv6" } else { "IPv4" }
+        );
+        let (vip, backend, client) = if v6 {
+            (
+                "[2001:db8:9::10]:8053",
+                "[2001:db8:9:2::10]:8053",
+                "[2001:db8:9:1::2]:40000",
+            )
+        } else {
+            ("10.9.0.10:8053", "10.9.2.10:8053", "10.9.1.2:40000")
+        };
+        let (vip, backend, client): (SocketAddr, SocketAddr, SocketAddr) =
+            (vip.parse()?, backend.parse()?, client.parse()?);
+        let mut lb = balancer::Balancer::load(&balancer::LoadOptions::default())?;
+        lb.add_vip_with(
+            vip,
+            VipSettings {
+                protocol: balancer::state::Protocol::Udp,
+                ..VipSettings::default()
+            },
+        )?;
+        lb.add_backend(vip, backend)?;
+        lb.register_interface("lbin")?;
+        let mut d = Dgram::new(client, vip, &[0x42; 22]);
+        d.dmac = lbin_mac;
+        let mut answer = Dgram::reply(backend, client, b"answer");
+        answer.dmac = lbin_mac;
+        for f in [&d, &answer, &d] {
+            let (a, _, _) = test_run(lb.program()?, &f.build(), ifindex("lbin")?)?;
+            // The answer goes back out of lbin, where the client is.
+            ensure!(
+                a == XDP_REDIRECT || a == XDP_TX,
+                "{label}: set-up frame not forwarded ({a})"
+            );
+        }
+        let st = lb.stats()?;
+        ensure!(
+            st.counters.get("udp_promoted").copied() == Some(1),
+            "{label}: the flow was not promoted"
+        );
+        let (m, c, r) = rate_row(aux, &mut lb, &d.build(), gen, sc, &label, &mut notes)?;
+        writeln!(
+            md,
+            "| {label} | {m:.2} | {c:.2} | {:.0} % | {r:.2} | {:.0} % |",
+            100.0 * m / c,
+            100.0 * m / r
+        )?;
+        js.push(json!({"mode": "nat", "protocol": "udp", "ipv6": v6, "mpps": r2(m), "xdp_tx_mpps": r2(c), "share": r1(100.0 * m / c), "xdp_redirect_mpps": r2(r), "share_redirect": r1(100.0 * m / r)}));
     }
     if notes.is_empty() {
         writeln!(md, "\nEvery run's sink counted exactly the frames sent.")?;
@@ -437,4 +470,50 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     rep.json
         .insert("packet_rate_modes_strays".into(), json!(notes));
     Ok(())
+}
+
+/// Section 2's rate of `frame` (a flow `lb` has pinned) through `lb` on
+/// lbin, next to the plain XDP_TX program forwarding it and a plain
+/// XDP_REDIRECT program sending it the balancer's way, interleaved,
+/// `sc.rounds.min(3)` runs: the medians (balancer, XDP_TX, XDP_REDIRECT),
+/// Mpps. A run whose sink did not count exactly the frames sent is noted
+/// in `notes` under `label`.
+fn rate_row(
+    aux: &mut Aux,
+    lb: &mut balancer::Balancer,
+    frame: &[u8],
+    gen: u32,
+    sc: Scale,
+    label: &str,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<(f64, f64, f64)> {
+    aux.set_template(frame, frame)?;
+    let (mut ours, mut ceiling, mut redirect) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..sc.rounds.min(3) {
+        lb.attach("lbin", XdpMode::Driver)?;
+        let sink_link = aux
+            .prog_mut("bench_count")?
+            .attach("sink", XdpMode::Driver)?;
+        // The sink counts every frame reaching it: lbout's own stack's
+        // (taken off and named) as well as the generator's flow.
+        let (n, secs, strays) = generate_to_sink(aux, frame, gen, sc.rate_frames)?;
+        let flow = n.saturating_sub(strays.len() as u64);
+        if !strays.is_empty() || flow != u64::from(sc.rate_frames) {
+            notes.push(format!("{label}: {}", arrivals(n, sc.rate_frames, &strays)));
+        }
+        ours.push(flow as f64 / secs / 1e6);
+        aux.prog_mut("bench_count")?.detach(sink_link)?;
+        lb.detach_all()?;
+        let tx = aux.prog_mut("bench_tx")?.attach("lbin", XdpMode::Driver)?;
+        let back = aux
+            .prog_mut("bench_count")?
+            .attach("gen0", XdpMode::Driver)?;
+        let (n2, secs2) = generate(aux, frame, gen, sc.rate_frames)?;
+        ceiling.push(n2 as f64 / secs2 / 1e6);
+        aux.prog_mut("bench_count")?.detach(back)?;
+        aux.prog_mut("bench_tx")?.detach(tx)?;
+        let (n3, secs3, strays3) = super::redirect_ceiling(aux, frame, gen, sc.rate_frames)?;
+        redirect.push(n3.saturating_sub(strays3.len() as u64) as f64 / secs3 / 1e6);
+    }
+    Ok((median(ours), median(ceiling), median(redirect)))
 }
