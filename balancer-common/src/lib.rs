@@ -32,6 +32,7 @@ pub mod addr;
 pub mod choice;
 pub mod consistent;
 pub mod csum;
+pub mod echo;
 pub mod encap;
 pub mod flow;
 pub mod icmp;

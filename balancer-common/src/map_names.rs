@@ -15,6 +15,11 @@ pub const VIP_SEEDS: &str = "VIP_SEEDS";
 /// (hash, not pinned: the daemon writes it from its state at every
 /// start).
 pub const QUIC_SERVERS: &str = "QUIC_SERVERS";
+/// The VIPs' addresses: [`crate::Addr`] -> how many VIPs hold it, `u32`
+/// (hash, not pinned: the daemon writes it from its state at every
+/// start); the ICMP stage answers echo requests to them
+/// ([`crate::echo`]).
+pub const VIP_ADDRESSES: &str = "VIP_ADDRESSES";
 /// Backend slots: [`crate::Backend`] by slot (array).
 pub const BACKENDS: &str = "BACKENDS";
 /// Active connections counted by the data path: `u64` by slot (array).

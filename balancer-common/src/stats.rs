@@ -218,11 +218,14 @@ pub enum Counter {
     /// UDP datagrams of no flow at a QUIC VIP whose connection ID names a
     /// backend (`quic::server_id`): pinned to it, uncounted until promoted.
     QuicCidRouted,
+    /// ICMP echo requests to a VIP's address answered by the data path
+    /// (`echo`).
+    IcmpEchoReplies,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::QuicCidRouted;
+    pub const LAST: Counter = Counter::IcmpEchoReplies;
 }
 
 /// Number of entries of the `STATS` array.
@@ -298,6 +301,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "drop_udp_no_flow",
     "drop_udp_refused",
     "quic_cid_routed",
+    "icmp_echo_replies",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

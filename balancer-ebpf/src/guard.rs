@@ -23,6 +23,20 @@ use crate::{
 ///   `pass_ttl_expired`.
 #[inline(always)]
 pub fn admit(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> Result<(), u32> {
+    addressed_here(ctx, frame)?;
+    if !nat::forwardable_ttl(seg.ttl) {
+        count(Counter::PassTtlExpired, 1);
+        return Err(xdp_action::XDP_PASS);
+    }
+    Ok(())
+}
+
+/// The L2 half of [`admit`]: `Ok` when the destination MAC is the
+/// receiving interface's, else XDP_PASS, counted `pass_other_host` (for a
+/// frame the balancer answers itself rather than forwards: its TTL does
+/// not matter).
+#[inline(always)]
+pub fn addressed_here(ctx: &XdpContext, frame: &XdpFrame) -> Result<(), u32> {
     let ifindex = ctx.ingress_ifindex() as u32;
     // An array entry (inlined by the JIT) for the usual small ifindex.
     let local = if ifindex < LOCAL_MAC_SLOTS {
@@ -43,10 +57,6 @@ pub fn admit(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> Result<(), u32> {
     };
     if !ours {
         count(Counter::PassOtherHost, 1);
-        return Err(xdp_action::XDP_PASS);
-    }
-    if !nat::forwardable_ttl(seg.ttl) {
-        count(Counter::PassTtlExpired, 1);
         return Err(xdp_action::XDP_PASS);
     }
     Ok(())

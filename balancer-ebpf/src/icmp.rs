@@ -2,13 +2,15 @@
 //! a VIP address): a "fragmentation needed" quoting a packet of a pinned
 //! flow goes to that flow's backend (`balancer_common::icmp`), rewritten in
 //! NAT mode, as it came in L2 DSR mode, encapsulated in the IP-in-IP and
-//! GUE modes; anything else is passed to the host.
+//! GUE modes; an echo request to a VIP's address is answered
+//! (`balancer_common::echo`); anything else is passed to the host.
 
 use aya_ebpf::{
     bindings::xdp_action, helpers::generated::bpf_xdp_adjust_tail, programs::XdpContext,
 };
 use balancer_common::{
     csum,
+    echo::{parse_echo, reply_head, reply_ip4, Echo, ECHO_REPLY_TTL, IPV6_HOP_LIMIT_OFF},
     encap::{entropy_port, mode},
     icmp::{
         nat_to_backend, nat_to_backend6, parse_too_big, parse_too_big6, too_big6_fixed,
@@ -29,7 +31,7 @@ use crate::{
     frame::{now_ns, XdpFrame},
     guard,
     lookup::{backend_of, key_for, live},
-    maps::TOO_BIG_MTU,
+    maps::{TOO_BIG_MTU, VIP_ADDRESSES},
     rewrite::{encap::Encap, Rewrite},
     stats::count,
 };
@@ -47,6 +49,9 @@ pub fn to_backend(ctx: XdpContext) -> u32 {
     else {
         return xdp_action::XDP_PASS;
     };
+    if parse_echo(&frame, l3_off, l4_off, v6).is_some() {
+        return CODE_ECHO;
+    }
     let parsed = if v6 {
         parse_too_big6(&frame, l3_off, l4_off)
     } else {
@@ -134,6 +139,72 @@ pub fn to_backend(ctx: XdpContext) -> u32 {
     };
     count(Counter::IcmpToBackend, 1);
     Next::Forward.code()
+}
+
+/// What [`to_backend`] returns, in place of an XDP action, for an echo
+/// request: the stage's main function calls [`echo`] (apart, so that the
+/// two functions' stack frames are never on the stack together).
+pub const CODE_ECHO: u32 = 0xffff_0020;
+
+/// Answers an echo request when it pings a VIP's address
+/// (`VIP_ADDRESSES`) and this interface's MAC: turned around in place
+/// (`balancer_common::echo`) and sent back out of the interface it came
+/// in on, counted `icmp_echo_replies`. From a martian source (a VIP's, the
+/// host's, broadcast...) it is dropped, counted by class; to any other
+/// address or MAC it is the host's.
+#[inline(never)]
+pub fn echo(ctx: XdpContext) -> u32 {
+    let ctx = &ctx;
+    let frame = XdpFrame(ctx);
+    let Parsed::Icmp {
+        l3_off, l4_off, v6, ..
+    } = parse::parse(&frame)
+    else {
+        return xdp_action::XDP_PASS;
+    };
+    let Some(e) = parse_echo(&frame, l3_off, l4_off, v6) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: a lookup, only read.
+    if unsafe { VIP_ADDRESSES.get(&e.dst_addr) }.is_none() {
+        count(Counter::PassNotVip, 1);
+        return xdp_action::XDP_PASS;
+    }
+    if let Err(action) = guard::addressed_here(ctx, &frame) {
+        return action;
+    }
+    if crate::client::martian(&e.src_addr) {
+        return xdp_action::XDP_DROP;
+    }
+    if turn_around(&frame, &e).is_none() {
+        count(Counter::PassMalformed, 1);
+        return xdp_action::XDP_PASS;
+    }
+    count(Counter::IcmpEchoReplies, 1);
+    xdp_action::XDP_TX
+}
+
+/// Writes the reply to `e` over it; `None` when a read falls outside the
+/// frame (reads come first: nothing is written then).
+#[inline(always)]
+fn turn_around(frame: &XdpFrame, e: &Echo) -> Option<()> {
+    let macs = frame.read::<12>(0)?;
+    let head = frame.read::<4>(e.l4_off)?;
+    let l3 = e.l3_off;
+    if e.v6 {
+        frame.read::<1>(l3 + IPV6_HOP_LIMIT_OFF)?;
+        frame.write_addr6(l3 + IPV6_SRC_OFF, &e.dst_addr)?;
+        frame.write_addr6(l3 + IPV6_DST_OFF, &e.src_addr)?;
+        frame.write(l3 + IPV6_HOP_LIMIT_OFF, [ECHO_REPLY_TTL])?;
+    } else {
+        let ip = frame.read::<20>(l3)?;
+        frame.write(l3, reply_ip4(&ip))?;
+    }
+    frame.write(e.l4_off, reply_head(head, e.v6))?;
+    let mut swapped = [0u8; 12];
+    swapped[..6].copy_from_slice(&macs[6..]);
+    swapped[6..].copy_from_slice(&macs[..6]);
+    frame.write(0, swapped)
 }
 
 /// Rewrites an ICMP "fragmentation needed" to the NAT backend `b` (an

@@ -150,6 +150,9 @@ mod entry {
     #[xdp(frags)]
     pub fn balancer_icmp(ctx: XdpContext) -> u32 {
         let code = icmp::to_backend(XdpContext { ctx: ctx.ctx });
+        if code == icmp::CODE_ECHO {
+            return icmp::echo(XdpContext { ctx: ctx.ctx });
+        }
         forward::finish(&ctx, code)
     }
 

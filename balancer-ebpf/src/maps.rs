@@ -46,6 +46,10 @@ pub static VIPS: HashMap<VipKey, VipInfo> = HashMap::with_max_entries(2 * MAX_VI
 #[map]
 pub static QUIC_SERVERS: HashMap<balancer_common::QuicServerKey, u32> =
     HashMap::with_max_entries(BACKEND_SLOTS, 0);
+/// The addresses of the VIPs (value: how many VIPs each holds), for the
+/// ICMP stage's echo replies.
+#[map]
+pub static VIP_ADDRESSES: HashMap<Addr, u32> = HashMap::with_max_entries(MAX_VIPS, 0);
 /// Eligible backend slots per VIP, double-buffered.
 #[map]
 pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);

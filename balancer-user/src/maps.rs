@@ -3,7 +3,7 @@
 //! ([`crate::state::State`]).
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     os::fd::AsFd as _,
     path::Path,
@@ -355,6 +355,7 @@ pub struct Maps {
     candidates: Array<MapData, CandidateRow>,
     vip_seeds: Array<MapData, u64>,
     quic_servers: HashMap<MapData, QuicServerKey, u32>,
+    vip_addresses: HashMap<MapData, Addr, u32>,
     backends: Array<MapData, Backend>,
     conns: Array<MapData, u64>,
     adjust: Array<MapData, u64>,
@@ -387,6 +388,40 @@ pub struct Maps {
     settings: Array<MapData, Settings>,
 }
 
+/// Makes the hash map `map` (named `name`) hold `want`, given that it
+/// holds `have`: writes the entries that differ, then removes the keys
+/// `want` lacks, `have` following each change (a failure leaves it
+/// true). Returns (entries written, entries removed).
+fn sync_hash<K, V>(
+    map: &mut HashMap<MapData, K, V>,
+    name: &'static str,
+    have: &mut BTreeMap<K, V>,
+    want: &BTreeMap<K, V>,
+) -> Result<(usize, usize)>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
+    let mut writes = 0;
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            map.insert(k, v, 0).map_err(map_err(name, "write"))?;
+            have.insert(*k, *v);
+            writes += 1;
+        }
+    }
+    let gone: Vec<K> = have
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    for k in &gone {
+        ignore_missing(map.remove(k)).map_err(map_err(name, "remove"))?;
+        have.remove(k);
+    }
+    Ok((writes, gone.len()))
+}
+
 impl Maps {
     /// Takes the maps out of a loaded object.
     ///
@@ -408,6 +443,7 @@ impl Maps {
             candidates: take!(map_names::CANDIDATES),
             vip_seeds: take!(map_names::VIP_SEEDS),
             quic_servers: take!(map_names::QUIC_SERVERS),
+            vip_addresses: take!(map_names::VIP_ADDRESSES),
             backends: take!(map_names::BACKENDS),
             conns: take!(map_names::BACKEND_CONNS),
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
@@ -740,6 +776,7 @@ impl Maps {
             }
         }
         out.quic_servers = self.quic_servers.iter().filter_map(|r| r.ok()).collect();
+        out.vip_addresses = self.vip_addresses.iter().filter_map(|r| r.ok()).collect();
         out.martians = self
             .martian_sources
             .iter()
@@ -876,28 +913,22 @@ impl Maps {
             }
         }
         // QUIC server IDs before the entries that flag their VIPs.
-        for (k, slot) in &want.quic_servers {
-            if self.synced.quic_servers.get(k) != Some(slot) {
-                self.quic_servers
-                    .insert(k, slot, 0)
-                    .map_err(map_err(map_names::QUIC_SERVERS, "write"))?;
-                self.synced.quic_servers.insert(*k, *slot);
-                r.writes += 1;
-            }
-        }
-        let gone: Vec<QuicServerKey> = self
-            .synced
-            .quic_servers
-            .keys()
-            .filter(|k| !want.quic_servers.contains_key(k))
-            .copied()
-            .collect();
-        for k in gone {
-            ignore_missing(self.quic_servers.remove(&k))
-                .map_err(map_err(map_names::QUIC_SERVERS, "remove"))?;
-            self.synced.quic_servers.remove(&k);
-            r.removed += 1;
-        }
+        let (w, gone) = sync_hash(
+            &mut self.quic_servers,
+            map_names::QUIC_SERVERS,
+            &mut self.synced.quic_servers,
+            &want.quic_servers,
+        )?;
+        r.writes += w;
+        r.removed += gone;
+        let (w, gone) = sync_hash(
+            &mut self.vip_addresses,
+            map_names::VIP_ADDRESSES,
+            &mut self.synced.vip_addresses,
+            &want.vip_addresses,
+        )?;
+        r.writes += w;
+        r.removed += gone;
         // Lists, then the entries that switch to them.
         for (addr, w) in &want.vips {
             let have = self.synced.vips.get(addr);

@@ -95,6 +95,9 @@ pub struct ConfigMaps {
     /// routes QUIC by connection ID (every backend of the VIP, drained
     /// ones included: their connections go on).
     pub quic_servers: BTreeMap<QuicServerKey, u32>,
+    /// `VIP_ADDRESSES`: each live VIP's address and how many live VIPs
+    /// hold it (echo requests to them are answered).
+    pub vip_addresses: BTreeMap<Addr, u32>,
 }
 
 impl ConfigMaps {
@@ -126,6 +129,7 @@ impl Default for ConfigMaps {
             martians: BTreeMap::new(),
             candidates: BTreeMap::new(),
             quic_servers: BTreeMap::new(),
+            vip_addresses: BTreeMap::new(),
         }
     }
 }
@@ -232,6 +236,9 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
             out.candidates.insert(v.index, c.clone());
         }
         out.vips.insert(v.addr, e);
+        *out.vip_addresses
+            .entry(Addr::from(v.addr.ip()))
+            .or_insert(0) += 1;
         let sid_len = u32::from(v.settings.quic_server_id_len);
         if sid_len != 0 {
             for b in &v.backends {

@@ -24,6 +24,7 @@ use crate::{
 mod affinity;
 mod cluster;
 mod consistent;
+mod echo;
 mod eligibility;
 mod hairpin;
 mod half_open;
@@ -71,6 +72,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += affinity::run()?;
     n += modes::run()?;
     n += icmp::run()?;
+    n += echo::run()?;
     n += ipv6::run()?;
     n += jumbo::run()?;
     n += race::run()?;

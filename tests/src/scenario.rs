@@ -165,6 +165,25 @@ pub fn counts_match_servers(tb: &Testbed) -> anyhow::Result<Result<(), String>> 
     })
 }
 
+/// Sends 3 pings to the VIP from the client: each must be answered, and
+/// `icmp_echo_replies` move by 3.
+///
+/// # Errors
+/// A ping unanswered, or the counter moving otherwise.
+fn pings_answered(tb: &Testbed, when: &str) -> anyhow::Result<()> {
+    let before = tb.stats()?.counter("icmp_echo_replies");
+    let vip = VIP.ip().to_string();
+    tb.client
+        .exec("ping", &["-n", "-c", "3", "-i", "0.2", "-W", "2", &vip])
+        .with_context(|| format!("pings to the VIP{when}"))?;
+    let replies = tb.stats()?.counter("icmp_echo_replies") - before;
+    ensure!(
+        replies == 3,
+        "icmp_echo_replies moved by {replies} for 3 pings{when}"
+    );
+    Ok(())
+}
+
 /// The end-to-end test: real TCP through the XDP program.
 ///
 /// # Errors
@@ -226,6 +245,19 @@ fn e2e_on(tb: &mut Testbed) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
     );
 
+    // Pings to the VIP are answered by the data path (the balancer's host
+    // does not hold the address); to an address no VIP holds, not.
+    pings_answered(tb, "")?;
+    ensure!(
+        tb.client
+            .exec("ping", &["-n", "-c", "1", "-W", "1", "10.0.0.99"])
+            .is_err(),
+        "control: a ping to 10.0.0.99, which no VIP holds, was answered"
+    );
+    println!(
+        "e2e: 3 pings to the VIP answered by the data path; one to 10.0.0.99 (no VIP) unanswered"
+    );
+
     // Drain backend 0: no new connections; its held ones go on.
     let drained = backend_addr(0);
     tb.cli(&["backend", "drain", &VIP.to_string(), &drained.to_string()])?;
@@ -267,8 +299,9 @@ fn e2e_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let (held, _) = request_on_held(tb, held, 700_000, 100)?;
     wait_until(Duration::from_secs(15), || counts_match_servers(tb))
         .context("active counts after restart")?;
+    pings_answered(tb, " after the restart")?;
     println!(
-        "e2e: daemon killed and restarted: {HELD} held connections still served, counts unchanged"
+        "e2e: daemon killed and restarted: {HELD} held connections still served, counts unchanged, pings answered"
     );
 
     // Close everything: every count returns to 0.
