@@ -10,7 +10,9 @@
 #     the real clients and servers of the test bed: nginx, curl, wrk, ab
 #     (apache2-utils), iperf3; bird2 (the cluster test bed's BGP speakers and
 #     router); dnsmasq-base and bind9-dnsutils (dig), ngtcp2-server and
-#     ngtcp2-client, openssl (the UDP and QUIC scenarios); with --bench also
+#     ngtcp2-client, openssl (the UDP and QUIC scenarios); iputils-ping (pings
+#     to VIPs); prometheus, without its recommends, for promtool (the alerting
+#     rules' tests; the server is not started); with --bench also
 #     haproxy, nginx's stream
 #     module, a font
 #   - the nightly toolchain's rust-src (for -Z build-std=core on bpfel-unknown-none)
@@ -51,6 +53,13 @@ command -v dig >/dev/null 2>&1 || need_apt+=(bind9-dnsutils)
 [ -x /usr/sbin/gtlsserver ] || need_apt+=(ngtcp2-server)
 command -v gtlsclient >/dev/null 2>&1 || need_apt+=(ngtcp2-client)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# Pings to VIPs (answered by the data path).
+command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
+# promtool checks and unit-tests contrib/prometheus/alerts.yml
+# (tests/tests/alerts.rs); installed below without the package's
+# recommends (a node exporter).
+need_promtool=0
+command -v promtool >/dev/null 2>&1 || need_promtool=1
 if [ "${1:-}" = "--bench" ]; then
   # The peers the benchmark compares against, and a font for its plot.
   [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
@@ -58,8 +67,8 @@ if [ "${1:-}" = "--bench" ]; then
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
   command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
 fi
-if [ "${#need_apt[@]}" -gt 0 ]; then
-  log "installing Debian packages: ${need_apt[*]}"
+if [ "${#need_apt[@]}" -gt 0 ] || [ "$need_promtool" = 1 ]; then
+  log "installing Debian packages: ${need_apt[*]}$([ "$need_promtool" = 1 ] && echo ' prometheus')"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   # No services started by package scripts (haproxy, nginx, iperf3): the
@@ -70,7 +79,12 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     chmod +x /usr/sbin/policy-rc.d
     own_policy=1
   fi
-  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  if [ "${#need_apt[@]}" -gt 0 ]; then
+    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  fi
+  if [ "$need_promtool" = 1 ]; then
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
   [ "$own_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
 fi
 

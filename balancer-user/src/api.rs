@@ -837,6 +837,14 @@ pub struct VipStatsView {
     pub misses: u64,
     /// Sum of the backends' active connections.
     pub active_connections: u64,
+    /// Backends eligible for new flows now (as [`VipView::eligible`]: 0
+    /// in fallback).
+    #[serde(default)]
+    pub eligible: usize,
+    /// `true` while no backend is eligible and new flows go to every
+    /// backend not drained (as [`VipView::fallback`]).
+    #[serde(default)]
+    pub fallback: bool,
     /// The choice telemetry.
     pub choice: ChoiceView,
 }

@@ -381,7 +381,17 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             |v| v.choice.regret.sum,
         ),
     ];
-    let vip_gauges: [(&str, &str, OfVip<f64>); 2] = [
+    let vip_gauges: [(&str, &str, OfVip<f64>); 4] = [
+        (
+            "vip_eligible_backends",
+            "Backends eligible for new flows (healthy, not ejected, in service; 0 in fallback)",
+            |v| v.eligible as f64,
+        ),
+        (
+            "vip_fallback",
+            "1 while no backend is eligible and new flows go to every backend not drained",
+            |v| f64::from(u8::from(v.fallback)),
+        ),
         (
             "vip_active_connections",
             "Sum of the VIP's backends' active connections",
@@ -598,6 +608,8 @@ mod tests {
                 bytes: 6000,
                 new_flows: 10,
                 misses: 1,
+                eligible: 0,
+                fallback: false,
                 active_connections: 4,
                 choice: ChoiceView {
                     decisions: 10,
@@ -666,6 +678,22 @@ mod tests {
             "p2c_balancer_cluster_herd_index 2.0",
         ] {
             assert!(with.lines().any(|l| l == line), "no {line:?} in\n{with}");
+        }
+        // Every series the shipped alerting rules name is exported: a
+        // renamed metric would silently disarm its alert.
+        let rules = include_str!("../../contrib/prometheus/alerts.yml");
+        let named: std::collections::BTreeSet<&str> = rules
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("p2c_balancer_"))
+            .collect();
+        assert!(named.len() >= 5, "the rules name {named:?}");
+        for n in named {
+            assert!(
+                with.lines().any(|l| l
+                    .strip_prefix(n)
+                    .is_some_and(|rest| rest.starts_with([' ', '{']))),
+                "the alerting rules name {n}, which the daemon does not export"
+            );
         }
         let text = render(&stats, &d);
         assert!(

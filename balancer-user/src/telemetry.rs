@@ -86,6 +86,7 @@ impl View<'_> {
         let mut vips = Vec::new();
         for v in self.state.vips.values() {
             let t = self.maps.traffic(Traffic::Vip, v.index)?;
+            let (list, fallback) = self.eligibility.list(self.state, v);
             vips.push(VipStatsView {
                 vip: v.addr,
                 mode: v.settings.mode,
@@ -99,6 +100,8 @@ impl View<'_> {
                     .filter(|b| b.vip == v.addr)
                     .map(|b| b.active_connections)
                     .sum(),
+                eligible: if fallback { 0 } else { list.len() },
+                fallback,
                 choice: choice_view(&self.maps.choice_stats(v.index)?),
             });
         }
