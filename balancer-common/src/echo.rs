@@ -14,8 +14,8 @@
 //!
 //! Answered only when it is whole and plain: IPv4 without options and not
 //! a fragment, IPv6 without extension headers (a fragment header among
-//! them), code 0, the 8-byte echo header present. Anything else is left to
-//! the host.
+//! them), code 0, the 8-byte echo header inside both the frame and the IP
+//! packet's own length. Anything else is left to the host.
 
 use crate::{
     csum,
@@ -69,7 +69,13 @@ pub fn parse_echo<F: Frame + ?Sized>(
 ) -> Option<Echo> {
     let head = f.read::<ECHO_HLEN>(l4_off)?;
     if v6 {
-        if l4_off != l3_off + IPV6_HLEN || head[0] != ICMPV6_ECHO_REQUEST || head[1] != 0 {
+        // The payload length must hold the echo header (not only the frame).
+        let plen = f.read::<2>(l3_off + 4)?;
+        if l4_off != l3_off + IPV6_HLEN
+            || (u16::from_be_bytes(plen) as usize) < ECHO_HLEN
+            || head[0] != ICMPV6_ECHO_REQUEST
+            || head[1] != 0
+        {
             return None;
         }
         return Some(Echo {
@@ -82,8 +88,10 @@ pub fn parse_echo<F: Frame + ?Sized>(
     }
     let ip = f.read::<20>(l3_off)?;
     let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
+    let total_len = u16::from_be_bytes([ip[2], ip[3]]) as usize;
     if ip[0] != 0x45
         || fragment
+        || total_len < 20 + ECHO_HLEN
         || l4_off != l3_off + 20
         || head[0] != ICMP_ECHO_REQUEST
         || head[1] != 0
@@ -210,8 +218,16 @@ mod tests {
         g[L3] = 0x46;
         assert_eq!(parse_echo(&g[..], L3, L3 + 24, false), None);
         assert_eq!(parse_echo(&f[..L3 + 27], L3, L3 + 20, false), None);
+        // A total length that ends inside the echo header (the frame is
+        // longer: a fuzzer found it answered).
+        let mut g = f.clone();
+        g[L3 + 2..L3 + 4].copy_from_slice(&24u16.to_be_bytes());
+        assert_eq!(parse_echo(&g[..], L3, L3 + 20, false), None);
         let f6 = request6(1, 2, b"ping");
         assert!(parse_echo(&f6[..], L3, L3 + 40, true).is_some());
+        let mut g6 = f6.clone();
+        g6[L3 + 4..L3 + 6].copy_from_slice(&4u16.to_be_bytes());
+        assert_eq!(parse_echo(&g6[..], L3, L3 + 40, true), None);
         // Behind an extension header: not answered.
         assert_eq!(parse_echo(&f6[..], L3, L3 + 48, true), None);
     }
