@@ -24,7 +24,7 @@ use crate::{
 mod affinity;
 mod cluster;
 mod consistent;
-mod echo;
+pub(crate) mod echo;
 mod eligibility;
 mod hairpin;
 mod half_open;

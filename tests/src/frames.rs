@@ -484,7 +484,7 @@ pub fn frag_needed(
     seq: u32,
     mtu: u16,
 ) -> Vec<u8> {
-    use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Header, Icmpv4Type};
+    use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Type};
     let mut inner = Ipv4Header::new(
         1480,
         63,
@@ -504,67 +504,21 @@ pub fn frag_needed(
         Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::FragmentationNeeded {
             next_hop_mtu: mtu,
         });
-    let icmp = Icmpv4Header::with_checksum(icmp_type, &quote);
-    let mut ip = Ipv4Header::new(
-        (icmp.header_len() + quote.len()) as u16,
-        ttl,
-        IpNumber::ICMP,
-        router.octets(),
-        v4(to).octets(),
-    )
-    .expect("ipv4");
-    ip.identification = 99;
-    ip.header_checksum = ip.calc_header_checksum();
-    let mut out = Vec::new();
-    Ethernet2Header {
-        source: smac,
-        destination: dmac,
-        ether_type: EtherType::IPV4,
-    }
-    .write(&mut out)
-    .expect("eth");
-    ip.write(&mut out).expect("ip");
-    icmp.write(&mut out).expect("icmp");
-    out.extend_from_slice(&quote);
-    out
+    icmp4_message(smac, dmac, router, to, ttl, icmp_type, &quote)
 }
 
-/// An ICMP "destination unreachable" with `code` (3: port unreachable, 4:
-/// fragmentation needed with next-hop MTU 1400) from `from` to `to`,
-/// quoting a UDP datagram `quoted_src` -> `quoted_dst` (its IPv4 header,
-/// identification 0, TTL 63, and its 8-byte UDP header: length 108,
-/// checksum 0x1234), on Ethernet `smac` -> `dmac`, outer TTL `ttl`.
-#[allow(clippy::too_many_arguments)]
-pub fn unreach_udp(
+/// An ICMP message of `icmp_type` quoting `quote`, from `from` to `to`
+/// (identification 99, TTL `ttl`), on Ethernet `smac` -> `dmac`.
+fn icmp4_message(
     smac: [u8; 6],
     dmac: [u8; 6],
     from: Ipv4Addr,
     to: IpAddr,
     ttl: u8,
-    quoted_src: SocketAddr,
-    quoted_dst: SocketAddr,
-    code: u8,
+    icmp_type: etherparse::Icmpv4Type,
+    quote: &[u8],
 ) -> Vec<u8> {
-    use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Header, Icmpv4Type};
-    let mut inner = Ipv4Header::new(
-        108,
-        63,
-        IpNumber::UDP,
-        v4(quoted_src.ip()).octets(),
-        v4(quoted_dst.ip()).octets(),
-    )
-    .expect("ipv4");
-    inner.header_checksum = inner.calc_header_checksum();
-    let mut quote = Vec::new();
-    inner.write(&mut quote).expect("inner");
-    quote.extend_from_slice(&quoted_src.port().to_be_bytes());
-    quote.extend_from_slice(&quoted_dst.port().to_be_bytes());
-    quote.extend_from_slice(&[0, 108, 0x12, 0x34]);
-    let unreach = match code {
-        3 => DestUnreachableHeader::Port,
-        _ => DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1400 },
-    };
-    let icmp = Icmpv4Header::with_checksum(Icmpv4Type::DestinationUnreachable(unreach), &quote);
+    let icmp = etherparse::Icmpv4Header::with_checksum(icmp_type, quote);
     let mut ip = Ipv4Header::new(
         (icmp.header_len() + quote.len()) as u16,
         ttl,
@@ -585,8 +539,54 @@ pub fn unreach_udp(
     .expect("eth");
     ip.write(&mut out).expect("ip");
     icmp.write(&mut out).expect("icmp");
-    out.extend_from_slice(&quote);
+    out.extend_from_slice(quote);
     out
+}
+
+/// An ICMP "destination unreachable" with `code` (3: port unreachable, 4:
+/// fragmentation needed with next-hop MTU 1400) from `from` to `to`,
+/// quoting a UDP datagram `quoted_src` -> `quoted_dst` (its IPv4 header,
+/// identification 0, TTL 63, and its 8-byte UDP header: length 108,
+/// checksum 0x1234), on Ethernet `smac` -> `dmac`, outer TTL `ttl`.
+#[allow(clippy::too_many_arguments)]
+pub fn unreach_udp(
+    smac: [u8; 6],
+    dmac: [u8; 6],
+    from: Ipv4Addr,
+    to: IpAddr,
+    ttl: u8,
+    quoted_src: SocketAddr,
+    quoted_dst: SocketAddr,
+    code: u8,
+) -> Vec<u8> {
+    use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Type};
+    let mut inner = Ipv4Header::new(
+        108,
+        63,
+        IpNumber::UDP,
+        v4(quoted_src.ip()).octets(),
+        v4(quoted_dst.ip()).octets(),
+    )
+    .expect("ipv4");
+    inner.header_checksum = inner.calc_header_checksum();
+    let mut quote = Vec::new();
+    inner.write(&mut quote).expect("inner");
+    quote.extend_from_slice(&quoted_src.port().to_be_bytes());
+    quote.extend_from_slice(&quoted_dst.port().to_be_bytes());
+    quote.extend_from_slice(&[0, 108, 0x12, 0x34]);
+    let unreach = match code {
+        3 => DestUnreachableHeader::Port,
+        _ => DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1400 },
+    };
+    icmp4_message(
+        smac,
+        dmac,
+        from,
+        to,
+        ttl,
+        Icmpv4Type::DestinationUnreachable(unreach),
+        &quote,
+    )
 }
 
 /// The ICMP "fragmentation needed" the balancer answers client segment

@@ -26,6 +26,10 @@
 //!   MTU, and the answer (from the VIP, for that MTU, quoting its IP header
 //!   and 8 TCP bytes, L2 tags kept) is byte for byte the one etherparse
 //!   builds;
+//! * an echo request answered (XDP_TX) or dropped is one to a VIP's
+//!   address, and the answer is the echo reply etherparse builds (its
+//!   checksum right when the request's was), bytes past the IP packet
+//!   untouched;
 //! * no backend's active-connection count ever goes below zero;
 //! * a frame changes no flow the fuzzer created (a placed SYN of its pool)
 //!   whose 5-tuple it does not carry (etherparse's reading: client to VIP,
@@ -179,7 +183,22 @@ pub fn run(frames: u64, seed: u64) -> anyhow::Result<Report> {
     let t0 = Instant::now();
     for i in 0..frames {
         let (seg, side) = base_frame(&mut rng, &pool, &layout);
-        let mut frame = seg.build();
+        // One frame in 50 an echo request of the same addresses (pings to
+        // a VIP are answered).
+        let mut frame = if rng.gen_bool(0.02) {
+            crate::fixtures::echo::request_like(
+                seg.smac,
+                seg.dmac,
+                seg.src.ip(),
+                seg.dst.ip(),
+                seg.ttl,
+                rng.gen(),
+                rng.gen(),
+                &seg.payload,
+            )
+        } else {
+            seg.build()
+        };
         let mutated = rng.gen_bool(0.7);
         if mutated {
             mutate(&mut rng, &mut frame);
@@ -609,6 +628,42 @@ fn check(
             diff(input, out)
         );
         return Ok(());
+    }
+    // An echo request to a VIP's address (the data path answers pings):
+    // answered with the reply etherparse builds (its ICMP checksum as right
+    // as the request's), dropped (a martian source), or passed untouched.
+    if let Some(w) = crate::fixtures::echo::reply_of(input) {
+        let to_vip = layout.vips.iter().any(|(v, _)| v.ip() == w.pinged);
+        if action == XDP_TX || action == XDP_DROP {
+            ensure!(
+                to_vip,
+                "{} an echo request to {}, which no VIP holds",
+                action_name(action),
+                w.pinged
+            );
+        }
+        if action == XDP_DROP {
+            return Ok(());
+        }
+        if action == XDP_TX {
+            // Bytes past the IP packet (Ethernet padding) stay as they
+            // came: the request is turned around in place.
+            let n = w.frame.len();
+            let same_but_csum = out.len() == input.len()
+                && out.len() >= n
+                && out[n..] == input[n..]
+                && out[..n]
+                    .iter()
+                    .zip(&w.frame)
+                    .enumerate()
+                    .all(|(i, (a, b))| a == b || (w.csum_off..w.csum_off + 2).contains(&i));
+            ensure!(
+                same_but_csum && (!w.request_valid || out[..n] == w.frame[..]),
+                "echo reply differs from etherparse's: {}",
+                diff(&w.frame, &out[..n.min(out.len())])
+            );
+            return Ok(());
+        }
     }
     let forwarded = action == XDP_TX || action == XDP_REDIRECT;
     // A rewritten frame handed to the host (no neighbour entry yet): the
