@@ -40,7 +40,7 @@ install -s -m 0755 "$bin" "$bindir/balancer"
 "$bin" man --out-dir "$mandir"
 "$bin" completions bash > "$bashdir/balancer"
 "$bin" completions zsh > "$zshdir/_balancer"
-sed "s#/usr/local/bin/balancer#$prefix/bin/balancer#g" "$root/contrib/p2c-balancer.service" \
+sed "s#/usr/bin/balancer#$prefix/bin/balancer#g" "$root/contrib/p2c-balancer.service" \
     > "$unitdir/p2c-balancer.service"
 chmod 0644 "$unitdir/p2c-balancer.service"
 # An operator's files are never overwritten.
@@ -48,6 +48,6 @@ if [ ! -e "$confdir/balancer.toml" ]; then
     install -m 0644 "$root/contrib/balancer.toml" "$confdir/balancer.toml"
 fi
 if [ ! -e "$destdir/etc/default/p2c-balancer" ]; then
-    printf 'BALANCER_ARGS=--iface eth0\n' > "$destdir/etc/default/p2c-balancer"
+    install -m 0644 "$root/contrib/default/p2c-balancer" "$destdir/etc/default/p2c-balancer"
 fi
 echo "installed $prefix/bin/balancer, its man pages and completions, the unit p2c-balancer.service${destdir:+ under $destdir}"

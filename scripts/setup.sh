@@ -19,6 +19,7 @@
 #   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
 #     toolchain ships (Debian has only LLVM 14, and bpf-linker's default
 #     feature wants a system LLVM of its own version)
+#   - cargo-deb 3.8.0 (the Debian package)
 #   - a bpffs mount at /sys/fs/bpf
 # Each step checks first and is quick when already done.
 set -euo pipefail
@@ -116,6 +117,13 @@ if ! command -v bpf-linker >/dev/null 2>&1 && [ ! -x "$CARGO_HOME_DIR/bin/bpf-li
   log "building bpf-linker against $(basename "$llvm_so") (about 90 s)"
   LLVM_PREFIX="$prefix" cargo install bpf-linker --version 0.13.0 --locked \
     --no-default-features --features llvm-22
+fi
+
+# cargo-deb builds the Debian package (`cargo xtask deb`, and the package's
+# test in tests/tests/package.rs).
+if ! "$CARGO_HOME_DIR/bin/cargo-deb" --version 2>/dev/null | grep -q ' 3\.8\.0'; then
+  log "installing cargo-deb 3.8.0 (about 60 s)"
+  cargo install cargo-deb --version 3.8.0 --locked
 fi
 
 if ! mount | grep -q ' /sys/fs/bpf type bpf'; then

@@ -81,6 +81,12 @@ enum Cmd {
     },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
     Lint,
+    /// Build the Debian package with cargo-deb: a stripped release build of
+    /// `balancer` (daemon, CLI and the backends' `decap`), its man pages and
+    /// completions, the systemd unit (installed, not enabled), the default
+    /// configuration, /etc/default/p2c-balancer and the alerting rules.
+    /// Prints the package's path (target/debian/p2c-balancer_*.deb).
+    Deb,
 }
 
 fn root() -> PathBuf {
@@ -103,6 +109,65 @@ fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
     c
+}
+
+/// The workspace's target directory (`CARGO_TARGET_DIR` when set).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+/// Writes what the package holds besides the binary and the files of
+/// contrib/: the man pages and completions the release binary generates,
+/// under target/release/deb-assets (where balancer-user's
+/// `[package.metadata.deb]` assets name them), then runs `cargo deb`.
+fn deb() -> anyhow::Result<()> {
+    setup()?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "balancer-user",
+        "--bin",
+        "balancer",
+    ]))?;
+    let release = target_dir().join("release");
+    let bin = release.join("balancer");
+    let assets = release.join("deb-assets");
+    if assets.exists() {
+        std::fs::remove_dir_all(&assets)?;
+    }
+    std::fs::create_dir_all(assets.join("completions"))?;
+    run(Command::new(&bin)
+        .args(["man", "--out-dir"])
+        .arg(assets.join("man")))?;
+    for (shell, file) in [
+        ("bash", "balancer"),
+        ("zsh", "_balancer"),
+        ("fish", "balancer.fish"),
+    ] {
+        let out = Command::new(&bin)
+            .args(["completions", shell])
+            .output()
+            .context("balancer completions")?;
+        if !out.status.success() {
+            bail!("balancer completions {shell} failed: {}", out.status);
+        }
+        std::fs::write(assets.join("completions").join(file), out.stdout)?;
+    }
+    // `--strip`: the release profile keeps line tables for the bench's
+    // profiles (93 MB); the package's binary is stripped (14 MB).
+    run(cargo()
+        .args([
+            "deb",
+            "-p",
+            "balancer-user",
+            "--no-build",
+            "--strip",
+            "--output",
+        ])
+        .arg(target_dir().join("debian")))
 }
 
 fn setup() -> anyhow::Result<()> {
@@ -263,6 +328,7 @@ fn main() -> anyhow::Result<()> {
             }
             run(&mut c)
         }
+        Cmd::Deb => deb(),
         Cmd::Lint => {
             setup()?;
             run(cargo().args(["fmt", "--all", "--", "--check"]))?;

@@ -1,0 +1,110 @@
+#!/bin/sh
+# The Debian package on a fresh machine: installs DEB into an overlay of
+# this machine's root (its changes land in a tmpfs, never on the machine),
+# runs the daemon under the unit's own command line on a veth pair, drives
+# it with the installed CLI, reinstalls it over the running daemon (an
+# upgrade keeps the program attached), then purges it (the program is
+# detached, every file and the state are gone).
+#
+# Run by tests/tests/package.rs as
+#   unshare --mount --net --pid --fork --kill-child --propagation private \
+#       sh package.sh DEB WORK
+# (WORK: an empty directory, the overlay's tmpfs is mounted on it)
+# so that the mounts, the interfaces and every process it starts (the
+# daemon included) end with it, whatever happens. Prints "ok: STEP" for
+# each step that held; exits non-zero at the first that did not.
+set -eu
+deb=$1
+work=$2
+mount -t tmpfs tmpfs "$work"
+mkdir "$work/upper" "$work/work" "$work/root"
+r=$work/root
+mount -t overlay overlay -o "lowerdir=/,upperdir=$work/upper,workdir=$work/work" "$r"
+mount -t proc proc "$r/proc"
+mount --rbind /dev "$r/dev"
+mount -t sysfs sysfs "$r/sys"
+mount -t bpf bpf "$r/sys/fs/bpf"
+mount -t tmpfs tmpfs "$r/run"
+mount -t tmpfs tmpfs "$r/tmp"
+cp "$deb" "$r/tmp/p2c-balancer.deb"
+ip link set lo up
+ip link add veth0 type veth peer name veth1
+ip link set veth0 up
+ip link set veth1 up
+ip addr add 10.9.0.1/24 dev veth0
+
+exec chroot "$r" /bin/sh -eu -c '
+step() { echo "ok: $*"; }
+xdp_attached() { ip -d link show veth0 | grep -q "prog/xdp"; }
+# Control: nothing of the package is there before it is installed.
+if command -v balancer >/dev/null 2>&1 || [ -e /usr/lib/systemd/system/p2c-balancer.service ]; then
+    echo "the root already has the balancer installed" >&2; exit 1
+fi
+step "not installed before"
+dpkg -i /tmp/p2c-balancer.deb >/tmp/dpkg-i.log 2>&1 || { cat /tmp/dpkg-i.log >&2; exit 1; }
+dpkg -s p2c-balancer | grep -q "^Status: install ok installed"
+step "dpkg -i"
+test -x /usr/bin/balancer
+test -s /usr/share/man/man1/balancer.1
+test -s /usr/share/man/man1/balancer-decap-attach.1
+test -s /usr/share/bash-completion/completions/balancer
+test -s /usr/share/p2c-balancer/prometheus/alerts.yml
+grep -q "^/etc/p2c-balancer/balancer.toml$" /var/lib/dpkg/info/p2c-balancer.conffiles
+step "files installed"
+# The unit is installed, not enabled: the interfaces are the operator s.
+test ! -e /etc/systemd/system/multi-user.target.wants/p2c-balancer.service
+unit=/usr/lib/systemd/system/p2c-balancer.service
+systemd-analyze verify --man=no "$unit"
+step "unit verified, not enabled"
+# The daemon under the unit s own command line: ExecStart with
+# BALANCER_ARGS from /etc/default/p2c-balancer, in the directories systemd
+# would create (RuntimeDirectory, StateDirectory).
+sed -i "s/^BALANCER_ARGS=.*/BALANCER_ARGS=--iface veth0 --mode generic/" /etc/default/p2c-balancer
+# (systemd reads the file, not a shell: the value is the rest of the line.)
+args=$(sed -n "s/^BALANCER_ARGS=//p" /etc/default/p2c-balancer)
+cmd=$(sed -n "s/^ExecStart=//p" "$unit")
+cmd=$(printf "%s" "$cmd" | sed "s#\$BALANCER_ARGS#$args#")
+case $cmd in /usr/bin/balancer\ run\ *) ;; *) echo "ExecStart is $cmd" >&2; exit 1 ;; esac
+mkdir -p /run/p2c-balancer /var/lib/p2c-balancer
+$cmd >/tmp/daemon.log 2>&1 &
+daemon=$!
+i=0
+until balancer vip list >/dev/null 2>&1; do
+    i=$((i + 1))
+    if [ $i -gt 300 ] || ! kill -0 $daemon 2>/dev/null; then
+        echo "the daemon did not answer:" >&2; cat /tmp/daemon.log >&2; exit 1
+    fi
+    sleep 0.1
+done
+step "daemon started by the unit s command line"
+balancer vip add 10.9.0.100:80 --health off >/dev/null
+balancer backend add 10.9.0.100:80 10.9.0.2:80 >/dev/null
+balancer vip list | grep -q "10.9.0.100:80"
+xdp_attached
+step "balancer vip list"
+# An upgrade (the same package again) keeps the program attached and the
+# daemon running; a unit would be restarted by postinst, which keeps
+# connections.
+dpkg -i /tmp/p2c-balancer.deb >/tmp/dpkg-u.log 2>&1 || { cat /tmp/dpkg-u.log >&2; exit 1; }
+xdp_attached
+kill -0 $daemon
+balancer vip list | grep -q "10.9.0.100:80"
+step "reinstalled over the running daemon"
+test -s /var/lib/p2c-balancer/state.json
+dpkg --purge p2c-balancer >/tmp/dpkg-p.log 2>&1 || { cat /tmp/dpkg-p.log >&2; exit 1; }
+i=0
+while kill -0 $daemon 2>/dev/null; do
+    i=$((i + 1))
+    if [ $i -gt 100 ]; then echo "the daemon outlived the purge" >&2; exit 1; fi
+    sleep 0.1
+done
+if xdp_attached; then echo "the program is still attached after the purge" >&2; exit 1; fi
+step "purge detached the program and stopped the daemon"
+for f in /usr/bin/balancer /etc/p2c-balancer /etc/default/p2c-balancer \
+         /var/lib/p2c-balancer /sys/fs/bpf/p2c-balancer "$unit" \
+         /usr/share/man/man1/balancer.1; do
+    if [ -e "$f" ]; then echo "$f is left after the purge" >&2; exit 1; fi
+done
+if dpkg -s p2c-balancer >/dev/null 2>&1; then echo "dpkg still knows the package" >&2; exit 1; fi
+step "purged"
+'
