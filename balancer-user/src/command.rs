@@ -244,6 +244,7 @@ impl State {
                 check_weight(*w)?;
                 if let Some(h) = h {
                     h.validate()?;
+                    crate::state::check_path_mode(h, self.vip(v)?.settings.mode)?;
                 }
                 let be = self.backend_mut(v, b)?;
                 be.weight = *w;

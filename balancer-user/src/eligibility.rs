@@ -15,7 +15,8 @@ use balancer_common::{ServerFails, WEIGHT_ONE};
 use crate::{
     api::{BackendState, HealthStatus, HealthView},
     health::{BackendHealth, Outcome, Target},
-    state::{BackendConfig, NoHealthy, State, VipConfig},
+    probe::PathProbe,
+    state::{BackendConfig, CheckKind, NoHealthy, State, VipConfig},
 };
 
 /// Smallest share of its weight a backend starts slow start with.
@@ -217,6 +218,12 @@ impl Eligibility {
                         vip: v.addr,
                         backend: b.addr,
                         check: c.clone(),
+                        path: (c.kind == (CheckKind::Path {})).then(|| PathProbe {
+                            mode: v.settings.mode,
+                            vip: SocketAddr::new(v.addr.ip(), c.port.unwrap_or(v.addr.port())),
+                            encap_source: v.settings.encap_source,
+                            gue_port: v.settings.gue_port,
+                        }),
                     })
                 })
             })
@@ -522,6 +529,7 @@ mod tests {
                 vip: v.addr,
                 backend: v.backends[k].addr,
                 check: v.settings.health.clone().unwrap(),
+                path: None,
             },
             result: if ok { Ok(()) } else { Err("refused".into()) },
         }

@@ -13,6 +13,7 @@ use tokio::{net::TcpStream, sync::mpsc, task::JoinHandle};
 
 use crate::{
     api::HealthStatus,
+    probe::PathProbe,
     state::{CheckKind, HealthCheck},
 };
 
@@ -119,6 +120,9 @@ async fn run(addr: SocketAddr, kind: &CheckKind) -> Result<(), String> {
         .map_err(|e| format!("connecting to {addr}: {e}"))?;
     match kind {
         CheckKind::Tcp {} => Ok(()),
+        // Run by check_target; as a plain check, a connect to the VIP's
+        // port on the backend's own address.
+        CheckKind::Path {} => Ok(()),
         CheckKind::Http { path, status } => {
             let io = hyper_util::rt::TokioIo::new(stream);
             let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
@@ -157,6 +161,35 @@ pub struct Target {
     pub backend: SocketAddr,
     /// Its check.
     pub check: HealthCheck,
+    /// For a path check ([`CheckKind::Path`]): how the VIP reaches the
+    /// backend.
+    pub path: Option<PathProbe>,
+}
+
+/// Runs `t`'s check once, within its timeout: [`check_once`], or for a path
+/// check [`crate::probe::path_check`].
+///
+/// # Errors
+/// What failed, for a person.
+pub async fn check_target(t: &Target) -> Result<(), String> {
+    match (&t.check.kind, &t.path) {
+        (CheckKind::Path {}, Some(p)) => {
+            match tokio::time::timeout(t.check.timeout, crate::probe::path_check(t.backend.ip(), p))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(format!(
+                    "no SYN-ACK from {} through {}'s {} path within {:?}",
+                    p.vip,
+                    t.backend.ip(),
+                    p.mode.name(),
+                    t.check.timeout
+                )),
+            }
+        }
+        (CheckKind::Path {}, None) => Err("a path check without its VIP's path".into()),
+        _ => check_once(t.backend, &t.check).await,
+    }
 }
 
 /// One check's result.
@@ -214,7 +247,7 @@ impl Monitor {
             let check = t.check.clone();
             let handle = tokio::spawn(async move {
                 loop {
-                    let result = check_once(t.backend, &t.check).await;
+                    let result = check_target(&t).await;
                     if tx
                         .send(Outcome {
                             target: t.clone(),

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod netdev;
 pub mod persist;
 pub mod preflight;
+pub mod probe;
 pub mod project;
 pub mod retired;
 pub mod services;

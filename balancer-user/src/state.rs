@@ -22,6 +22,16 @@ use crate::error::{BalancerError, Result};
 pub enum CheckKind {
     /// A TCP connection is accepted within the timeout.
     Tcp {},
+    /// The path the VIP's traffic takes (`--health path`): a TCP SYN to
+    /// the VIP's own address and port (or the check's port) sent to the
+    /// backend the way the VIP forwards (ipip and gue: encapsulated from
+    /// the VIP's `encap_source`; dsr: to the backend's MAC), passing when
+    /// the backend's SYN-ACK from the VIP's address comes back to this
+    /// host within the timeout. A backend whose tunnel is dropped, or
+    /// whose VIP address is missing, fails it while a plain TCP check to
+    /// its own address passes. Only for dsr, ipip and gue VIPs
+    /// ([`crate::probe`]).
+    Path {},
     /// `GET path HTTP/1.1` is answered with `status` within the timeout.
     Http {
         /// Request path, starting with `/` (default `/`).
@@ -1048,6 +1058,27 @@ pub fn family(a: &IpAddr) -> &'static str {
     }
 }
 
+/// A path check ([`CheckKind::Path`]) needs an encapsulating mode (ipip,
+/// gue): a NAT backend does not hold the VIP, and L2 DSR probes are not
+/// built yet.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] for a path check on a NAT or dsr VIP.
+pub fn check_path_mode(h: &HealthCheck, mode: ForwardingMode) -> Result<()> {
+    if h.kind == (CheckKind::Path {}) && !mode.encapsulates() {
+        return Err(BalancerError::Invalid {
+            what: "health check",
+            reason: format!(
+                "a path check needs an ipip or gue VIP, not {}: a NAT backend does not \
+                 answer for the VIP's address, and L2 DSR probes are not built yet \
+                 (use tcp or http)",
+                mode.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl VipSettings {
     /// [`VipSettings::validate`], and what depends on the VIP's family: the
     /// persistence netmask fits it (/1../32 for IPv4, /1../128 for IPv6).
@@ -1056,6 +1087,9 @@ impl VipSettings {
     /// [`BalancerError::Invalid`] naming the setting.
     pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
         self.validate()?;
+        if let Some(h) = &self.health {
+            check_path_mode(h, self.mode)?;
+        }
         if self.candidates == Candidates::Consistent && !self.mode.encapsulates() {
             return Err(BalancerError::Invalid {
                 what: "candidates",

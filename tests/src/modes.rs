@@ -11,7 +11,9 @@
 //! side). Then one IP-in-IP packet with a forged outer source reaches a
 //! backend: its decapsulation program drops and counts it, and the
 //! backend's stack never sees the inner packet, while the same packet from
-//! the balancer's address is delivered (the control).
+//! the balancer's address is delivered (the control). Last, path checks
+//! ([`path_checks`]): a backend whose tunnel is dropped leaves the tunnel
+//! VIPs while a plain TCP check passes it.
 
 use std::{
     collections::BTreeMap,
@@ -151,7 +153,8 @@ pub fn run() -> anyhow::Result<()> {
     let mut tb = Testbed::build_with(BACKENDS, |_| false)?;
     let r = setup(&mut tb)
         .and_then(|_| run_on(&tb))
-        .and_then(|_| forged_tunnel(&tb));
+        .and_then(|_| forged_tunnel(&tb))
+        .and_then(|_| path_checks(&tb));
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
@@ -244,22 +247,133 @@ pub fn direct_return_backends(
             SocketAddr::from((Ipv6Addr::UNSPECIFIED, PORT)),
             backend_of(k, true),
         )?;
-        let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
-        let out = Command::new("ip")
-            .args(["netns", "exec", tb.backends[k].name()])
-            .arg(tb.balancer_bin())
-            .args(["decap", "attach", "--iface", "eth0"])
-            // The balancer's outer sources (the VIPs' --encap-source).
-            .args(["--source", BALANCER_SRC4, "--source", BALANCER_SRC6])
-            .arg("--pin-dir")
-            .arg(&pins)
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "decap attach on backend {k}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        decap(tb, k, true)?;
     }
+    Ok(())
+}
+
+/// Attaches (`attach`) or detaches the decapsulation program of backend
+/// `k`'s eth0, accepting the balancer's outer sources (the VIPs'
+/// `--encap-source`).
+///
+/// # Errors
+/// The command fails.
+fn decap(tb: &Testbed, k: usize, attach: bool) -> anyhow::Result<()> {
+    let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", tb.backends[k].name()])
+        .arg(tb.balancer_bin());
+    if attach {
+        c.args(["decap", "attach", "--iface", "eth0"]).args([
+            "--source",
+            BALANCER_SRC4,
+            "--source",
+            BALANCER_SRC6,
+        ]);
+    } else {
+        c.args(["decap", "detach", "--iface", "eth0"]);
+    }
+    let out = c.arg("--pin-dir").arg(&pins).output()?;
+    ensure!(
+        out.status.success(),
+        "decap {} on backend {k}: {}",
+        if attach { "attach" } else { "detach" },
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Path checks (`--health path`): the ipip, gue and IPv6 ipip VIPs'
+/// backends are probed through their tunnels (a SYN to the VIP, answered
+/// by the backend's stack directly to the balancer), and the dsr VIP's
+/// same backends by a plain TCP check (the control). All pass. Then backend
+/// 0's decapsulation program is detached, so its tunnels end in a kernel
+/// without a tunnel device: its path checks fail and it leaves the three
+/// tunnel VIPs, while the plain check keeps passing it. Attached again, it
+/// returns. A path check on the NAT VIP is refused.
+fn path_checks(tb: &Testbed) -> anyhow::Result<()> {
+    let name = "modes: path checks";
+    let opts = [
+        "--health-interval",
+        "300ms",
+        "--health-timeout",
+        "250ms",
+        "--health-rise",
+        "1",
+        "--health-fall",
+        "2",
+    ];
+    let probed = ["10.0.0.21:80", "10.0.0.22:80", "[2001:db8::21]:80"];
+    let plain = "10.0.0.20:80";
+    for (vip, kind) in probed.iter().map(|v| (*v, "path")).chain([(plain, "tcp")]) {
+        let mut a = vec!["vip", "set", vip, "--health", kind];
+        a.extend_from_slice(&opts);
+        tb.cli(&a)?;
+    }
+    // Refused where the backends do not hold the VIP.
+    let mut a = vec!["vip", "set", "[2001:db8::23]:80", "--health", "path"];
+    a.extend_from_slice(&opts);
+    ensure!(
+        tb.cli(&a).is_err(),
+        "{name}: a path check on the NAT VIP was accepted"
+    );
+    let status = |vip: &str, k: usize| -> anyhow::Result<(String, Option<String>)> {
+        let vip: SocketAddr = vip.parse()?;
+        let want = backend_for(
+            vips()
+                .iter()
+                .find(|v| v.addr == vip)
+                .context("a VIP of the scenario")?,
+            k,
+        );
+        let b = tb
+            .backends()?
+            .into_iter()
+            .find(|b| b.vip == vip && b.backend == want)
+            .with_context(|| format!("backend {want} of {vip}"))?;
+        Ok((format!("{:?}", b.health.status), b.health.last_error))
+    };
+    let all_up = || -> anyhow::Result<Result<(), String>> {
+        for vip in probed.iter().chain([&plain]) {
+            for k in 0..BACKENDS {
+                let (s, e) = status(vip, k)?;
+                if s != "Healthy" {
+                    return Ok(Err(format!("backend {k} of {vip} is {s} ({e:?})")));
+                }
+            }
+        }
+        Ok(Ok(()))
+    };
+    wait_until(Duration::from_secs(10), all_up)
+        .with_context(|| format!("{name}: every path check passing"))?;
+    decap(tb, 0, false)?;
+    let r = wait_until(Duration::from_secs(10), || {
+        for vip in probed {
+            let (s, e) = status(vip, 0)?;
+            if s != "Unhealthy" {
+                return Ok(Err(format!("backend 0 of {vip} is {s} ({e:?})")));
+            }
+        }
+        Ok(Ok(()))
+    })
+    .with_context(|| format!("{name}: backend 0 with its tunnel dropped"));
+    let plain_then = status(plain, 0);
+    let why = status(probed[0], 0);
+    decap(tb, 0, true)?;
+    r?;
+    let (s, e) = plain_then?;
+    ensure!(
+        s == "Healthy",
+        "{name}: the plain TCP check of backend 0 failed too ({s}, {e:?}): the control shows nothing"
+    );
+    wait_until(Duration::from_secs(10), all_up)
+        .with_context(|| format!("{name}: backend 0 back once its tunnel works"))?;
+    println!(
+        "{name}: backend 0 with its decapsulation detached left the ipip, gue and IPv6 ipip VIPs \
+         ({:?}) while the plain TCP check of the same backend kept passing; attached again it \
+         returned; a path check on the NAT VIP was refused",
+        why?.1.unwrap_or_default()
+    );
     Ok(())
 }
 

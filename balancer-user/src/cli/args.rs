@@ -30,7 +30,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{s}` is not a duration (like 2s, 500ms): {e}"))
 }
 
-/// The kind of a health check: `tcp`, `http:/PATH` (expects 200) or
+/// The kind of a health check: `tcp`, `path` (a SYN to the VIP through
+/// its forwarding path), `http:/PATH` (expects 200) or
 /// `http:/PATH=STATUS`, or `off`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HealthSpec {
@@ -47,6 +48,9 @@ pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
     }
     if s == "tcp" {
         return Ok(HealthSpec::Kind(CheckKind::Tcp {}));
+    }
+    if s == "path" {
+        return Ok(HealthSpec::Kind(CheckKind::Path {}));
     }
     if let Some(rest) = s.strip_prefix("http:") {
         let (path, status) = match rest.rsplit_once('=') {
@@ -68,14 +72,16 @@ pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
         return Ok(HealthSpec::Kind(check.kind));
     }
     Err(format!(
-        "`{s}` is not a health check: tcp, http:/PATH, http:/PATH=STATUS or off"
+        "`{s}` is not a health check: tcp, path, http:/PATH, http:/PATH=STATUS or off"
     ))
 }
 
 /// The health-check options of `vip add`, `vip set` and `backend set`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct HealthArgs {
-    /// Active health check: `tcp`, `http:/PATH` (expects 200),
+    /// Active health check: `tcp`, `path` (dsr, ipip and gue VIPs: a SYN
+    /// to the VIP's address sent through the VIP's own forwarding, answered
+    /// by the backend's real path), `http:/PATH` (expects 200),
     /// `http:/PATH=STATUS`, or `off`.
     #[arg(long, value_parser = parse_health)]
     pub health: Option<HealthSpec>,
@@ -132,6 +138,7 @@ pub fn health_name(h: &Option<HealthCheck>) -> String {
         Some(h) => {
             let kind = match &h.kind {
                 CheckKind::Tcp {} => "tcp".to_string(),
+                CheckKind::Path {} => "path".to_string(),
                 CheckKind::Http { path, status } => format!("http:{path}={status}"),
             };
             format!(

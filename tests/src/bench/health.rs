@@ -117,6 +117,7 @@ pub fn run(rep: &mut Report, sc: Scale) -> anyhow::Result<()> {
                 vip,
                 backend: *a,
                 check: check.clone(),
+                path: None,
             })
             .collect();
         let cpu0 = threads_cpu_s("bench-check");
