@@ -240,6 +240,116 @@ pub fn xdp_attached(ifindex: u32) -> Result<Option<XdpAttached>> {
     Ok(mode.map(|mode| XdpAttached { program_id, mode }))
 }
 
+/// The neighbour-table entry of `addr` (ARP for IPv4, neighbour discovery
+/// for IPv6) in this network namespace: its interface's index and its MAC,
+/// when the kernel holds a usable one (reachable, stale, delay, probe,
+/// permanent). One `RTM_GETNEIGH` dump of `addr`'s family.
+///
+/// # Errors
+/// Netlink failure.
+pub fn neighbour(addr: std::net::IpAddr) -> Result<Option<(u32, [u8; 6])>> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+    use netlink_packet_route::{
+        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
+        AddressFamily, RouteNetlinkMessage,
+    };
+    use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+    /// NLM_F_ROOT | NLM_F_MATCH.
+    const NLM_F_DUMP: u16 = 0x300;
+
+    let io = |source| BalancerError::Io {
+        action: format!("reading the neighbour entry of {addr}"),
+        source,
+    };
+    let bad = |what: String| io(std::io::Error::new(std::io::ErrorKind::InvalidData, what));
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
+    socket.bind_auto().map_err(io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = if addr.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let mut packet = NetlinkMessage::new(
+        NetlinkHeader::default(),
+        NetlinkPayload::from(RouteNetlinkMessage::GetNeighbour(msg)),
+    );
+    packet.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    packet.header.sequence_number = 1;
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    socket.send(&buf, 0).map_err(io)?;
+    let mut found = None;
+    loop {
+        let mut rx = Vec::with_capacity(64 * 1024);
+        let n = socket.recv(&mut rx, 0).map_err(io)?;
+        let mut at = 0;
+        while at < n {
+            let m: NetlinkMessage<RouteNetlinkMessage> =
+                NetlinkMessage::deserialize(&rx[at..n]).map_err(|e| bad(e.to_string()))?;
+            let len = m.header.length as usize;
+            match m.payload {
+                NetlinkPayload::Done(_) => return Ok(found),
+                NetlinkPayload::Error(e) => {
+                    let code = e.code.map_or(0, |c| -c.get());
+                    return Err(io(std::io::Error::from_raw_os_error(code)));
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(nb)) => {
+                    let usable = matches!(
+                        nb.header.state,
+                        NeighbourState::Reachable
+                            | NeighbourState::Stale
+                            | NeighbourState::Delay
+                            | NeighbourState::Probe
+                            | NeighbourState::Permanent
+                    );
+                    let mut dst = None;
+                    let mut mac = None;
+                    for a in &nb.attributes {
+                        match a {
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet(v)) => {
+                                dst = Some(std::net::IpAddr::V4(*v))
+                            }
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v)) => {
+                                dst = Some(std::net::IpAddr::V6(*v))
+                            }
+                            NeighbourAttribute::LinkLayerAddress(l) => {
+                                mac = <[u8; 6]>::try_from(l.as_slice()).ok()
+                            }
+                            _ => {}
+                        }
+                    }
+                    if usable && dst == Some(addr) {
+                        if let Some(mac) = mac {
+                            found = Some((nb.header.ifindex, mac));
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            at += len;
+        }
+    }
+}
+
+/// The name of interface `ifindex` in this network namespace.
+pub fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` holds IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name into `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// The name of loaded BPF program `id`, when the kernel still has it.
 pub fn program_name(id: u32) -> Option<String> {
     aya::programs::loaded_programs()

@@ -13,6 +13,10 @@
 //! gue:  [outer IP, encap source -> backend][UDP -> GUE port][inner]            (variant 1: no GUE header)
 //! ```
 //!
+//! ```text
+//! dsr:  [Ethernet, this host's MAC -> the backend's][inner]                   (an AF_PACKET socket)
+//! ```
+//!
 //! The kernel writes the outer headers (a raw socket of protocol 4 or 41, or
 //! a UDP socket, bound to the VIP's `encap_source`, which the backends'
 //! decapsulation program accepts). The backend, holding the VIP, answers
@@ -26,9 +30,10 @@
 //! the SYN-ACK with a reset toward the VIP's address as well.
 //!
 //! The probe source is the VIP's `encap_source` when it is of the VIP's
-//! family, else the address this host would send from toward the VIP.
-//! L2 DSR VIPs are refused a path check for now: the probe would be an
-//! Ethernet frame to the backend's MAC, from the neighbour table.
+//! family, else the address this host would send from toward the VIP; for
+//! dsr, the address this host would send from toward the backend. A dsr
+//! probe goes to the MAC of the backend's neighbour entry (resolved first
+//! when the kernel has none), on that entry's interface.
 
 use std::{
     io,
@@ -46,7 +51,7 @@ use crate::state::ForwardingMode;
 /// settings by `Eligibility::targets`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PathProbe {
-    /// The VIP's forwarding mode (ipip or gue).
+    /// The VIP's forwarding mode (dsr, ipip or gue).
     pub mode: ForwardingMode,
     /// The VIP's address, and the port probed (the check's or the VIP's).
     pub vip: SocketAddr,
@@ -58,27 +63,41 @@ pub struct PathProbe {
 
 /// Runs one probe of `backend` (its address; the port is not used: the
 /// probe goes to the VIP's port). No timeout of its own: the caller bounds
-/// it ([`crate::health::check_once`]).
+/// it ([`crate::health::check_target`]).
 ///
 /// # Errors
-/// What failed, for a person: a socket the host refused (not root), a
-/// reset from the VIP's port.
+/// What failed, for a person: a socket the host refused (not root), no
+/// neighbour entry for a dsr backend, a reset from the VIP's port.
 pub async fn path_check(backend: IpAddr, p: &PathProbe) -> Result<(), String> {
-    let encap_source = p
-        .encap_source
-        .ok_or_else(|| format!("{} VIP {} has no encap source", p.mode.name(), p.vip))?;
-    let source = probe_source(p.vip.ip(), encap_source)
-        .map_err(|e| format!("no source address toward {}: {e}", p.vip.ip()))?;
+    let (hop, source) = match p.mode {
+        ForwardingMode::Dsr => {
+            let source = source_toward(backend)
+                .map_err(|e| format!("no source address toward {backend}: {e}"))?;
+            (l2_hop(backend).await?, source)
+        }
+        ForwardingMode::Ipip | ForwardingMode::Gue => {
+            let encap_source = p
+                .encap_source
+                .ok_or_else(|| format!("{} VIP {} has no encap source", p.mode.name(), p.vip))?;
+            let source = if p.vip.is_ipv4() == encap_source.is_ipv4() {
+                encap_source
+            } else {
+                source_toward(p.vip.ip())
+                    .map_err(|e| format!("no source address toward {}: {e}", p.vip.ip()))?
+            };
+            (Hop::Tunnel { encap_source }, source)
+        }
+        ForwardingMode::Nat => return Err("no path check for a NAT VIP".into()),
+    };
     let sport: u16 = rand::random::<u16>() | 0xc000;
     let isn: u32 = rand::random();
     let rx = listener(source).map_err(|e| format!("raw TCP socket on {source}: {e}"))?;
     let syn = segment(source, p.vip, sport, isn, Flag::Syn);
-    send(backend, encap_source, p, &syn)
-        .map_err(|e| format!("sending the probe to {backend}: {e}"))?;
+    send(backend, &hop, p, &syn).map_err(|e| format!("sending the probe to {backend}: {e}"))?;
     let answer = wait_answer(&rx, p.vip, sport, isn).await;
     // The backend's half-open connection, answered or not.
     let rst = segment(source, p.vip, sport, isn.wrapping_add(1), Flag::Rst);
-    let _ = send(backend, encap_source, p, &rst);
+    let _ = send(backend, &hop, p, &rst);
     match answer {
         Ok(Answer::SynAck) => Ok(()),
         Ok(Answer::Reset) => Err(format!(
@@ -90,20 +109,55 @@ pub async fn path_check(backend: IpAddr, p: &PathProbe) -> Result<(), String> {
     }
 }
 
-/// The address the probe comes from: `encap_source` when it is of the
-/// VIP's family, else the one this host would send from toward the VIP.
-fn probe_source(vip: IpAddr, encap_source: IpAddr) -> io::Result<IpAddr> {
-    if vip.is_ipv4() == encap_source.is_ipv4() {
-        return Ok(encap_source);
-    }
-    let any: SocketAddr = if vip.is_ipv4() {
+/// How the probe leaves this host.
+#[derive(Clone, Copy)]
+enum Hop {
+    /// ipip or gue, the outer header from `encap_source`.
+    Tunnel { encap_source: IpAddr },
+    /// An Ethernet frame on interface `ifindex` from `src` to `dst`.
+    L2 {
+        ifindex: u32,
+        src: [u8; 6],
+        dst: [u8; 6],
+    },
+}
+
+/// The address this host would send from toward `to` (a UDP socket's
+/// route lookup; nothing is sent).
+fn source_toward(to: IpAddr) -> io::Result<IpAddr> {
+    let any: SocketAddr = if to.is_ipv4() {
         "0.0.0.0:0".parse().expect("an address")
     } else {
         "[::]:0".parse().expect("an address")
     };
     let s = UdpSocket::bind(any)?;
-    s.connect((vip, 9))?;
+    s.connect((to, 9))?;
     Ok(s.local_addr()?.ip())
+}
+
+/// The interface and MACs of a frame to dsr backend `backend`: its
+/// neighbour entry, asked for ([`crate::netdev::resolve_neighbours`]) and
+/// waited for (every 20 ms, within the caller's timeout) when missing.
+async fn l2_hop(backend: IpAddr) -> Result<Hop, String> {
+    let mut asked = false;
+    loop {
+        match crate::netdev::neighbour(backend) {
+            Ok(Some((ifindex, dst))) => {
+                let name = crate::netdev::ifname(ifindex).ok_or_else(|| {
+                    format!("no interface {ifindex} (of {backend}'s neighbour entry)")
+                })?;
+                let src = crate::netdev::mac(&name).map_err(|e| e.to_string())?;
+                return Ok(Hop::L2 { ifindex, src, dst });
+            }
+            Ok(None) if !asked => {
+                crate::netdev::resolve_neighbours(&[backend]);
+                asked = true;
+            }
+            Ok(None) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// The flag of a probe segment.
@@ -119,7 +173,7 @@ fn segment(source: IpAddr, vip: SocketAddr, sport: u16, seq: u32, flag: Flag) ->
     let b = match (source, vip.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => PacketBuilder::ipv4(s.octets(), d.octets(), 64),
         (IpAddr::V6(s), IpAddr::V6(d)) => PacketBuilder::ipv6(s.octets(), d.octets(), 64),
-        _ => unreachable!("probe_source keeps the VIP's family"),
+        _ => unreachable!("the probe's source is of the VIP's family"),
     };
     let tcp = b.tcp(sport, vip.port(), seq, 64240);
     let tcp = match flag {
@@ -132,14 +186,14 @@ fn segment(source: IpAddr, vip: SocketAddr, sport: u16, seq: u32, flag: Flag) ->
 }
 
 /// Sends `inner` to `backend` the way the VIP forwards.
-fn send(backend: IpAddr, encap_source: IpAddr, p: &PathProbe, inner: &[u8]) -> io::Result<()> {
+fn send(backend: IpAddr, hop: &Hop, p: &PathProbe, inner: &[u8]) -> io::Result<()> {
     let domain = if backend.is_ipv4() {
         Domain::IPV4
     } else {
         Domain::IPV6
     };
-    match p.mode {
-        ForwardingMode::Ipip => {
+    match (*hop, p.mode) {
+        (Hop::Tunnel { encap_source }, ForwardingMode::Ipip) => {
             let proto = if p.vip.is_ipv4() {
                 balancer_common::encap::IPPROTO_IPIP
             } else {
@@ -149,16 +203,59 @@ fn send(backend: IpAddr, encap_source: IpAddr, p: &PathProbe, inner: &[u8]) -> i
             s.bind(&SocketAddr::new(encap_source, 0).into())?;
             s.send_to(inner, &SocketAddr::new(backend, 0).into())?;
         }
-        ForwardingMode::Gue => {
+        (Hop::Tunnel { encap_source }, _) => {
             let s = UdpSocket::bind(SocketAddr::new(encap_source, 0))?;
             s.send_to(inner, SocketAddr::new(backend, p.gue_port))?;
         }
-        ForwardingMode::Nat | ForwardingMode::Dsr => {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("no path probe for a {} VIP", p.mode.name()),
-            ))
+        (Hop::L2 { ifindex, src, dst }, _) => {
+            let ether_type = if p.vip.is_ipv4() {
+                etherparse::EtherType::IPV4
+            } else {
+                etherparse::EtherType::IPV6
+            };
+            let mut frame = Vec::with_capacity(14 + inner.len());
+            etherparse::Ethernet2Header {
+                source: src,
+                destination: dst,
+                ether_type,
+            }
+            .write(&mut frame)?;
+            frame.extend_from_slice(inner);
+            send_frame(ifindex, dst, &frame)?;
         }
+    }
+    Ok(())
+}
+
+/// Sends Ethernet frame `frame` (its header included) on interface
+/// `ifindex` through an AF_PACKET socket.
+fn send_frame(ifindex: u32, dst: [u8; 6], frame: &[u8]) -> io::Result<()> {
+    // SAFETY: plain socket call; the descriptor is owned right after.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let _owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain data; all zeroes is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = ifindex as i32;
+    sll.sll_halen = 6;
+    sll.sll_addr[..6].copy_from_slice(&dst);
+    // SAFETY: `frame` and `sll` are valid for the lengths given.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            std::ptr::addr_of!(sll).cast(),
+            size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

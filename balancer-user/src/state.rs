@@ -25,7 +25,7 @@ pub enum CheckKind {
     /// The path the VIP's traffic takes (`--health path`): a TCP SYN to
     /// the VIP's own address and port (or the check's port) sent to the
     /// backend the way the VIP forwards (ipip and gue: encapsulated from
-    /// the VIP's `encap_source`; dsr: to the backend's MAC), passing when
+    /// the VIP's `encap_source`; dsr: a frame to the backend's MAC), passing when
     /// the backend's SYN-ACK from the VIP's address comes back to this
     /// host within the timeout. A backend whose tunnel is dropped, or
     /// whose VIP address is missing, fails it while a plain TCP check to
@@ -1058,22 +1058,19 @@ pub fn family(a: &IpAddr) -> &'static str {
     }
 }
 
-/// A path check ([`CheckKind::Path`]) needs an encapsulating mode (ipip,
-/// gue): a NAT backend does not hold the VIP, and L2 DSR probes are not
-/// built yet.
+/// A path check ([`CheckKind::Path`]) needs a mode whose backends answer
+/// for the VIP themselves (dsr, ipip, gue): a NAT backend does not hold
+/// the VIP.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] for a path check on a NAT or dsr VIP.
+/// [`BalancerError::Invalid`] for a path check on a NAT VIP.
 pub fn check_path_mode(h: &HealthCheck, mode: ForwardingMode) -> Result<()> {
-    if h.kind == (CheckKind::Path {}) && !mode.encapsulates() {
+    if h.kind == (CheckKind::Path {}) && mode == ForwardingMode::Nat {
         return Err(BalancerError::Invalid {
             what: "health check",
-            reason: format!(
-                "a path check needs an ipip or gue VIP, not {}: a NAT backend does not \
-                 answer for the VIP's address, and L2 DSR probes are not built yet \
-                 (use tcp or http)",
-                mode.name()
-            ),
+            reason: "a path check needs a dsr, ipip or gue VIP: a NAT backend does not \
+                     answer for the VIP's address (use tcp or http)"
+                .into(),
         });
     }
     Ok(())

@@ -13,7 +13,8 @@
 //! backend's stack never sees the inner packet, while the same packet from
 //! the balancer's address is delivered (the control). Last, path checks
 //! ([`path_checks`]): a backend whose tunnel is dropped leaves the tunnel
-//! VIPs while a plain TCP check passes it.
+//! VIPs, and one without the dsr VIP on its loopback the dsr VIP, while a
+//! plain TCP check passes it.
 
 use std::{
     collections::BTreeMap,
@@ -283,14 +284,19 @@ fn decap(tb: &Testbed, k: usize, attach: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Path checks (`--health path`): the ipip, gue and IPv6 ipip VIPs'
-/// backends are probed through their tunnels (a SYN to the VIP, answered
-/// by the backend's stack directly to the balancer), and the dsr VIP's
-/// same backends by a plain TCP check (the control). All pass. Then backend
-/// 0's decapsulation program is detached, so its tunnels end in a kernel
-/// without a tunnel device: its path checks fail and it leaves the three
-/// tunnel VIPs, while the plain check keeps passing it. Attached again, it
-/// returns. A path check on the NAT VIP is refused.
+/// Path checks (`--health path`): the backends of the dsr, IPv6 dsr, ipip,
+/// gue and IPv6 ipip VIPs are probed through each VIP's own forwarding (a
+/// SYN to the VIP, answered by the backend's stack directly to the
+/// balancer), and the same IPv4 backends, of the IPv6-in-IPv4 VIP, by a
+/// plain TCP check (the control). All pass. Then:
+/// - backend 0's decapsulation program is detached, so its tunnels end in a
+///   kernel without a tunnel device: it turns unhealthy on the three tunnel
+///   VIPs, while its dsr checks and the plain check keep passing;
+/// - attached again, and backend 0's loopback loses the dsr VIP's address:
+///   it turns unhealthy on the dsr VIP only (the IPv6 dsr VIP and the plain
+///   check keep passing).
+///
+/// Restored, it returns. A path check on the NAT VIP is refused.
 fn path_checks(tb: &Testbed) -> anyhow::Result<()> {
     let name = "modes: path checks";
     let opts = [
@@ -303,8 +309,11 @@ fn path_checks(tb: &Testbed) -> anyhow::Result<()> {
         "--health-fall",
         "2",
     ];
-    let probed = ["10.0.0.21:80", "10.0.0.22:80", "[2001:db8::21]:80"];
-    let plain = "10.0.0.20:80";
+    let dsr = "10.0.0.20:80";
+    let dsr6 = "[2001:db8::20]:80";
+    let tunnels = ["10.0.0.21:80", "10.0.0.22:80", "[2001:db8::21]:80"];
+    let plain = "[2001:db8::24]:80";
+    let probed: Vec<&str> = tunnels.iter().copied().chain([dsr, dsr6]).collect();
     for (vip, kind) in probed.iter().map(|v| (*v, "path")).chain([(plain, "tcp")]) {
         let mut a = vec!["vip", "set", vip, "--health", kind];
         a.extend_from_slice(&opts);
@@ -333,46 +342,50 @@ fn path_checks(tb: &Testbed) -> anyhow::Result<()> {
             .with_context(|| format!("backend {want} of {vip}"))?;
         Ok((format!("{:?}", b.health.status), b.health.last_error))
     };
-    let all_up = || -> anyhow::Result<Result<(), String>> {
+    // Backend 0 of `down` unhealthy and every other pair healthy.
+    let only_down = |down: &[&str]| -> anyhow::Result<Result<(), String>> {
         for vip in probed.iter().chain([&plain]) {
             for k in 0..BACKENDS {
                 let (s, e) = status(vip, k)?;
-                if s != "Healthy" {
-                    return Ok(Err(format!("backend {k} of {vip} is {s} ({e:?})")));
+                let want = if k == 0 && down.contains(vip) {
+                    "Unhealthy"
+                } else {
+                    "Healthy"
+                };
+                if s != want {
+                    return Ok(Err(format!(
+                        "backend {k} of {vip} is {s}, not {want} ({e:?})"
+                    )));
                 }
             }
         }
         Ok(Ok(()))
     };
-    wait_until(Duration::from_secs(10), all_up)
-        .with_context(|| format!("{name}: every path check passing"))?;
+    let wait = |down: &[&str], what: &str| {
+        wait_until(Duration::from_secs(10), || only_down(down))
+            .with_context(|| format!("{name}: {what}"))
+    };
+    wait(&[], "every check passing")?;
     decap(tb, 0, false)?;
-    let r = wait_until(Duration::from_secs(10), || {
-        for vip in probed {
-            let (s, e) = status(vip, 0)?;
-            if s != "Unhealthy" {
-                return Ok(Err(format!("backend 0 of {vip} is {s} ({e:?})")));
-            }
-        }
-        Ok(Ok(()))
-    })
-    .with_context(|| format!("{name}: backend 0 with its tunnel dropped"));
-    let plain_then = status(plain, 0);
-    let why = status(probed[0], 0);
+    let r = wait(&tunnels, "backend 0 with its tunnels dropped");
+    let tunnel_error = status(tunnels[0], 0);
     decap(tb, 0, true)?;
     r?;
-    let (s, e) = plain_then?;
-    ensure!(
-        s == "Healthy",
-        "{name}: the plain TCP check of backend 0 failed too ({s}, {e:?}): the control shows nothing"
-    );
-    wait_until(Duration::from_secs(10), all_up)
-        .with_context(|| format!("{name}: backend 0 back once its tunnel works"))?;
+    wait(&[], "backend 0 back once its tunnels work")?;
+    let lo = |op: &str| tb.backends[0].ip(&["addr", op, "10.0.0.20/32", "dev", "lo"]);
+    lo("del")?;
+    let r = wait(&[dsr], "backend 0 without the dsr VIP on its loopback");
+    let dsr_error = status(dsr, 0);
+    lo("add")?;
+    r?;
+    wait(&[], "backend 0 back once it holds the dsr VIP again")?;
     println!(
         "{name}: backend 0 with its decapsulation detached left the ipip, gue and IPv6 ipip VIPs \
-         ({:?}) while the plain TCP check of the same backend kept passing; attached again it \
-         returned; a path check on the NAT VIP was refused",
-        why?.1.unwrap_or_default()
+         ({:?}) and without the dsr VIP on its loopback left the dsr VIP ({:?}), while the plain \
+         TCP check of the same backend, and its checks of the other paths, kept passing; restored \
+         it returned; a path check on the NAT VIP was refused",
+        tunnel_error?.1.unwrap_or_default(),
+        dsr_error?.1.unwrap_or_default()
     );
     Ok(())
 }
