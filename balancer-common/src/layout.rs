@@ -234,6 +234,8 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, 2 * crate::MAX_VIPS as usize);
     h = map!(h, map_names::QUIC_SERVERS, crate::QuicServerKey, u32);
     h = map!(h, map_names::VIP_ADDRESSES, Addr, u32);
+    h = map!(h, map_names::VIP_SOURCES, crate::SourceKey, u32);
+    h = map!(h, map_names::VIP_REFUSALS, u32, u64);
     h = map!(h, map_names::BACKEND_VIPS, BackendKey, BackendVips);
     h = map!(h, map_names::VIP_BACKENDS, u32, u32);
     h = map!(h, map_names::BACKENDS, u32, Backend);

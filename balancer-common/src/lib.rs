@@ -95,6 +95,7 @@ mod pod {
         VipKey,
         VipInfo,
         QuicServerKey,
+        SourceKey,
         Backend,
         FlowKey,
         FlowEntry,

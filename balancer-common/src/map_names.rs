@@ -138,6 +138,14 @@ pub const AFFINITY: &str = "AFFINITY";
 /// form and the address -> `u32` class), written by the daemon. A SYN
 /// from one is dropped and counted under its class.
 pub const MARTIAN_SOURCES: &str = "MARTIAN_SOURCES";
+/// Every VIP's source allow and deny prefixes: LPM trie of
+/// [`crate::SourceKey`] -> `u32` [`crate::source_action`] (not pinned: the
+/// daemon writes it from its state at every start).
+pub const VIP_SOURCES: &str = "VIP_SOURCES";
+/// New flows each VIP refused, by reason: `u64` per CPU at
+/// `vip_index * refusal::REASONS + reason` ([`crate::refusal`]; per-CPU
+/// array, not pinned: the counts restart with the daemon).
+pub const VIP_REFUSALS: &str = "VIP_REFUSALS";
 /// The decapsulation program's settings: one [`crate::DecapConfig`]
 /// (array of one).
 pub const DECAP_CONFIG: &str = "DECAP_CONFIG";

@@ -24,6 +24,9 @@ pub mod martian_class {
 
 /// Entries of `MARTIAN_SOURCES`.
 pub const MARTIAN_SOURCES_LEN: u32 = 1024;
+/// Entries of `VIP_SOURCES`: the source prefixes of every VIP's allow and
+/// deny lists together.
+pub const VIP_SOURCES_LEN: u32 = 16384;
 
 /// The special-purpose source prefixes (RFC 6890; RFC 1122 section
 /// 3.2.1.3) the daemon writes into `MARTIAN_SOURCES`: (base address,
@@ -174,6 +177,12 @@ pub const VIP_F_UDP: u32 = 16;
 /// [`VipInfo::flags`]: the VIP takes no TCP (a UDP-only VIP): the daemon
 /// writes no entry under protocol 6.
 pub const VIP_F_NO_TCP: u32 = 32;
+/// [`VipInfo::flags`]: the VIP has source prefixes (`VIP_SOURCES`): a new
+/// flow's source is looked up there ([`source_action`]).
+pub const VIP_F_SOURCES: u32 = 64;
+/// [`VipInfo::flags`]: the VIP has an allow list: a new flow whose source
+/// matches no prefix of the VIP is refused (`refusal::SOURCE_NOT_ALLOWED`).
+pub const VIP_F_ALLOW_LIST: u32 = 128;
 /// [`VipInfo::flags`] bits 8..=10: the length of the QUIC-LB server ID
 /// its UDP datagrams' connection IDs carry, octets (0: the VIP does not
 /// route QUIC by connection ID; `crate::quic`).
@@ -186,6 +195,61 @@ impl VipInfo {
     #[inline(always)]
     pub const fn quic_sid_len(&self) -> u32 {
         (self.flags >> VIP_QUIC_SID_SHIFT) & VIP_QUIC_SID_MASK
+    }
+}
+
+/// Key of the `VIP_SOURCES` LPM trie: a VIP's index and a source address.
+/// An entry's prefix length counts both: 32 bits of the index (always all
+/// of them) and the prefix's bits of the 16-byte [`Addr`] (96 + LEN for an
+/// IPv4 prefix, LEN for an IPv6 one).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Pod, Zeroable)]
+pub struct SourceKey {
+    /// The VIP's index, big-endian (the trie matches bytes in order).
+    pub vip_index_be: u32,
+    /// The source address.
+    pub addr: Addr,
+}
+
+/// Bits of a [`SourceKey`] a prefix of `addr_bits` bits of the address
+/// covers (the index's 32 first).
+pub const fn source_key_bits(addr_bits: u32) -> u32 {
+    32 + addr_bits
+}
+
+/// What a `VIP_SOURCES` entry says of the sources it covers.
+pub mod source_action {
+    /// New flows from these sources are accepted (an allow list's entry,
+    /// or an exception inside a denied prefix).
+    pub const ALLOW: u32 = 1;
+    /// New flows from these sources are refused (`refusal::SOURCE_DENIED`).
+    pub const DENY: u32 = 2;
+}
+
+/// Why a VIP refused a new flow: the index of its counter in
+/// `VIP_REFUSALS` is `vip_index * REASONS + reason`.
+pub mod refusal {
+    /// The source matched a deny prefix of the VIP (the longest match).
+    pub const SOURCE_DENIED: u32 = 0;
+    /// The VIP has an allow list and the source matched no prefix of it.
+    pub const SOURCE_NOT_ALLOWED: u32 = 1;
+    /// Reasons counted per VIP.
+    pub const REASONS: u32 = 2;
+    /// The reasons' names, as metrics and `vip list` show them.
+    pub const NAMES: [&str; REASONS as usize] = ["source_denied", "source_not_allowed"];
+}
+
+/// The refusal a VIP whose flags are `flags` gives a new flow whose source
+/// found `found` in `VIP_SOURCES` (the longest matching prefix's
+/// [`source_action`]): a deny prefix refuses, an allow prefix accepts, and
+/// no match refuses only where the VIP has an allow list. `None`: accepted.
+#[inline(always)]
+pub fn source_refusal(flags: u32, found: Option<u32>) -> Option<u32> {
+    match found {
+        Some(source_action::DENY) => Some(refusal::SOURCE_DENIED),
+        Some(_) => None,
+        None if flags & VIP_F_ALLOW_LIST != 0 => Some(refusal::SOURCE_NOT_ALLOWED),
+        None => None,
     }
 }
 

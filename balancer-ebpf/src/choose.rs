@@ -7,7 +7,10 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST, helpers::generated::bpf_get_prandom_u32, macros::map, maps::PerCpuArray,
+    bindings::BPF_NOEXIST,
+    helpers::generated::bpf_get_prandom_u32,
+    macros::map,
+    maps::{lpm_trie::Key, PerCpuArray},
 };
 use balancer_common::{
     choice::{self, Chooser},
@@ -15,8 +18,9 @@ use balancer_common::{
     consistent::{candidate_index, flow_hash, row_of, CandidateRow},
     flow, hist, load_bucket,
     parse::Tcp,
-    Backend, Counter, FlowEntry, FlowKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED,
-    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK,
+    refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
+    SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, SETTINGS_F_NO_CHOICE_TELEMETRY,
+    VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_SOURCES,
 };
 
 use crate::{
@@ -28,7 +32,7 @@ use crate::{
     maps::{
         BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CANDIDATES, CHOICE_HIST, CHOICE_STATS, HALF_OPEN,
         PEER_CONNS, RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS,
-        VIP_BACKENDS, VIP_SEEDS,
+        VIP_BACKENDS, VIP_REFUSALS, VIP_SEEDS, VIP_SOURCES,
     },
     stats::count,
 };
@@ -347,8 +351,33 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     Some((b, slot))
 }
 
+/// `true` when `vip`'s source lists refuse a new flow from `src` (the
+/// longest matching prefix of `VIP_SOURCES`, [`source_refusal`]), counted
+/// in `VIP_REFUSALS` under its reason. Dropped, not reset: an answer would
+/// go to a source the operator does not want answered.
+#[inline(always)]
+fn source_refused(vip: &VipInfo, src: &Addr) -> bool {
+    let key = SourceKey {
+        vip_index_be: vip.index.to_be(),
+        addr: *src,
+    };
+    let found = VIP_SOURCES
+        .get(Key::new(source_key_bits(128), key))
+        .copied();
+    let Some(reason) = source_refusal(vip.flags, found) else {
+        return false;
+    };
+    if let Some(c) = VIP_REFUSALS.get_ptr_mut(vip.index * refusal::REASONS + reason) {
+        // SAFETY: this CPU's counter.
+        unsafe { *c += 1 };
+    }
+    true
+}
+
 /// Places a new flow: choose, pin, count. Returns the backend and its slot.
 ///
+/// * A new flow from a source the VIP's lists refuse is dropped
+///   (`VIP_REFUSALS`).
 /// * A SYN from a backend host of this very VIP (hairpin) is refused: in
 ///   NAT mode its replies would not come back through the balancer.
 /// * Candidates are compared by their server's active connections (across
@@ -366,6 +395,9 @@ pub fn place(
     routed: Option<(&'static Backend, u32)>,
 ) -> Result<(&'static Backend, u32), Refusal> {
     if crate::client::martian(&seg.src_addr) {
+        return Err(Refusal::Drop);
+    }
+    if vip.flags & VIP_F_SOURCES != 0 && source_refused(vip, &seg.src_addr) {
         return Err(Refusal::Drop);
     }
     // SAFETY: the value is only read.

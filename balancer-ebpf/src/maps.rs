@@ -8,11 +8,12 @@ use aya_ebpf::{
 use balancer_common::{
     consistent::{CandidateRow, CANDIDATES_LEN},
     plan::{ForwardPlan, ResetPlan},
-    programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails, Settings,
-    TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN, DEFAULT_AFFINITY_TABLE_SIZE,
-    DEFAULT_FLOW_EVENT_RING, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_HALF_OPEN_TABLE_SIZE,
-    MARTIAN_SOURCES_LEN, MAX_VIPS, ORPHAN_TABLE_SIZE, PORT_BITMAP_WORDS, VIP_BACKENDS_LEN,
+    programs, refusal, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips,
+    ChoiceCounts, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, ServerFails,
+    Settings, SourceKey, TrafficStats, VipInfo, VipKey, BACKEND_SLOTS, CHOICE_HIST_LEN,
+    DEFAULT_AFFINITY_TABLE_SIZE, DEFAULT_FLOW_EVENT_RING, DEFAULT_FLOW_TABLE_SIZE,
+    DEFAULT_HALF_OPEN_TABLE_SIZE, MARTIAN_SOURCES_LEN, MAX_VIPS, ORPHAN_TABLE_SIZE,
+    PORT_BITMAP_WORDS, VIP_BACKENDS_LEN, VIP_SOURCES_LEN,
 };
 
 /// What the entry hands the reply stage (per CPU: the tail call runs on
@@ -50,6 +51,15 @@ pub static QUIC_SERVERS: HashMap<balancer_common::QuicServerKey, u32> =
 /// ICMP stage's echo replies.
 #[map]
 pub static VIP_ADDRESSES: HashMap<Addr, u32> = HashMap::with_max_entries(MAX_VIPS, 0);
+/// Every VIP's source allow and deny prefixes (`SourceKey` ->
+/// `source_action`); looked up for a new flow of a VIP with
+/// `VIP_F_SOURCES`.
+#[map]
+pub static VIP_SOURCES: LpmTrie<SourceKey, u32> = LpmTrie::with_max_entries(VIP_SOURCES_LEN, 0);
+/// New flows each VIP refused, by reason (`refusal`), per CPU.
+#[map]
+pub static VIP_REFUSALS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(MAX_VIPS * refusal::REASONS, 0);
 /// Eligible backend slots per VIP, double-buffered.
 #[map]
 pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);

@@ -121,6 +121,14 @@ pub struct VipPatch {
     /// QUIC-LB server ID length, octets (0: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic_server_id_len: Option<u8>,
+    /// The allowed client sources, replacing the list (empty: every source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<String>>)]
+    pub allow_sources: Option<Vec<crate::prefix::SourcePrefix>>,
+    /// The denied client sources, replacing the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<String>>)]
+    pub deny_sources: Option<Vec<crate::prefix::SourcePrefix>>,
 }
 
 impl VipPatch {
@@ -180,6 +188,12 @@ impl VipPatch {
         }
         if let Some(l) = self.quic_server_id_len {
             s.quic_server_id_len = l;
+        }
+        if let Some(a) = &self.allow_sources {
+            s.allow_sources = a.clone();
+        }
+        if let Some(d) = &self.deny_sources {
+            s.deny_sources = d.clone();
         }
         s
     }
@@ -847,6 +861,10 @@ pub struct VipStatsView {
     pub fallback: bool,
     /// The choice telemetry.
     pub choice: ChoiceView,
+    /// New flows refused by the VIP's source lists, by reason
+    /// (`source_denied`, `source_not_allowed`).
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
 }
 
 /// All counters.

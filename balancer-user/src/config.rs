@@ -212,6 +212,15 @@ pub struct VipEntry {
     /// QUIC-LB server ID length, octets (0: off).
     #[serde(default, skip_serializing_if = "is_zero_u8")]
     pub quic_server_id_len: u8,
+    /// Client sources whose new flows are accepted (`"ADDR[/LEN]"`; empty:
+    /// every source).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub allow_sources: Vec<crate::prefix::SourcePrefix>,
+    /// Client sources whose new flows are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub deny_sources: Vec<crate::prefix::SourcePrefix>,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -313,6 +322,8 @@ impl VipEntry {
             protocol: self.protocol,
             udp_timeout: self.udp_timeout,
             quic_server_id_len: self.quic_server_id_len,
+            allow_sources: self.allow_sources.clone(),
+            deny_sources: self.deny_sources.clone(),
         }
     }
 
@@ -337,6 +348,8 @@ impl VipEntry {
             protocol: s.protocol,
             udp_timeout: s.udp_timeout,
             quic_server_id_len: s.quic_server_id_len,
+            allow_sources: s.allow_sources.clone(),
+            deny_sources: s.deny_sources.clone(),
             backends,
         }
     }

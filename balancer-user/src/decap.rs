@@ -10,7 +10,7 @@
 //! would hand the backend's stack a packet with a source of the sender's
 //! choosing. Those are dropped and counted.
 
-use std::{collections::BTreeSet, fmt, net::IpAddr, path::Path, str::FromStr};
+use std::{collections::BTreeSet, net::IpAddr, path::Path};
 
 use aya::{
     maps::{lpm_trie::Key, Array, LpmTrie, MapData, PerCpuArray},
@@ -18,10 +18,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use balancer_common::{
-    encap::source_prefix, map_names, programs, Addr, DecapConfig, DECAP_STATS_LEN,
-    DECAP_STAT_CHANCE_KERNEL, DECAP_STAT_CHANCE_LAST, DECAP_STAT_CHANCE_LOCAL,
-    DECAP_STAT_CHANCE_NO_ROUTE, DECAP_STAT_CHANCE_SENT, DECAP_STAT_PASSED,
-    DECAP_STAT_REFUSED_SOURCE, DECAP_STAT_STRIPPED, MAX_DECAP_SOURCES,
+    map_names, programs, Addr, DecapConfig, DECAP_STATS_LEN, DECAP_STAT_CHANCE_KERNEL,
+    DECAP_STAT_CHANCE_LAST, DECAP_STAT_CHANCE_LOCAL, DECAP_STAT_CHANCE_NO_ROUTE,
+    DECAP_STAT_CHANCE_SENT, DECAP_STAT_PASSED, DECAP_STAT_REFUSED_SOURCE, DECAP_STAT_STRIPPED,
+    MAX_DECAP_SOURCES,
 };
 
 use crate::{
@@ -40,85 +40,7 @@ pub const NO_SOURCE: &str = "at least one --source ADDR[/LEN] is required (the b
      outer source addresses, the VIPs' --encap-source): a decapsulator open to every source \
      lets anyone inject packets with forged inner sources into this backend";
 
-/// An outer source address, or prefix, tunnels are accepted from
-/// (`ADDR[/LEN]`, either family).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct SourcePrefix {
-    /// The address, its bits past `len` zero.
-    pub addr: IpAddr,
-    /// Prefix length in the family's bits (32 or 128 for one address).
-    pub len: u8,
-}
-
-impl SourcePrefix {
-    /// The `DECAP_SOURCES` key: the prefix length over the 16-byte
-    /// [`Addr`] (96 + `len` for IPv4) and the address, bits past it
-    /// cleared (a length past the family's width: the whole address).
-    pub fn key(&self) -> Key<Addr> {
-        let addr = Addr::from(self.addr);
-        match source_prefix(&addr, self.addr.is_ipv4(), self.len) {
-            Some((bits, masked)) => Key::new(bits, masked),
-            None => Key::new(128, addr),
-        }
-    }
-
-    /// The prefix of a `DECAP_SOURCES` key (`None` for one no
-    /// [`SourcePrefix::key`] makes).
-    pub fn from_key(k: &Key<Addr>) -> Option<SourcePrefix> {
-        let (bits, addr) = (k.prefix_len(), k.data());
-        if addr.is_v4() && bits >= 96 {
-            Some(SourcePrefix {
-                addr: IpAddr::from(addr),
-                len: (bits - 96) as u8,
-            })
-        } else if !addr.is_v4() && bits <= 128 {
-            Some(SourcePrefix {
-                addr: IpAddr::from(addr),
-                len: bits as u8,
-            })
-        } else {
-            None
-        }
-    }
-}
-
-impl FromStr for SourcePrefix {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (a, len) = match s.split_once('/') {
-            Some((a, l)) => (a, Some(l)),
-            None => (s, None),
-        };
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{a:?} is not an IPv4 or IPv6 address"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let len = match len {
-            None => max,
-            Some(l) => l
-                .parse::<u8>()
-                .ok()
-                .filter(|&l| l <= max)
-                .ok_or_else(|| format!("prefix length {l:?} is not 0..={max}"))?,
-        };
-        let p = SourcePrefix { addr, len };
-        let k = p.key();
-        let masked = IpAddr::from(k.data());
-        if masked != addr {
-            return Err(format!(
-                "{s} has bits set past its prefix length (the prefix is {masked}/{len})"
-            ));
-        }
-        Ok(p)
-    }
-}
-
-impl fmt::Display for SourcePrefix {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
+pub use crate::prefix::SourcePrefix;
 
 /// What the decapsulation program accepts.
 #[derive(Clone, Debug)]

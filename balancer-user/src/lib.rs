@@ -33,6 +33,7 @@ pub mod maps;
 pub mod metrics;
 pub mod netdev;
 pub mod persist;
+pub mod prefix;
 pub mod preflight;
 pub mod probe;
 pub mod project;

@@ -22,10 +22,11 @@ use balancer_common::{
     consistent::{candidate_index, CandidateRow, CANDIDATE_ROWS},
     eligible_list_base, flow_kind, hist,
     layout::LAYOUT_FINGERPRINT,
-    map_names, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
+    map_names, refusal, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
     ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, QuicServerKey,
-    ServerFails, Settings, TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE,
-    BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS, MAX_BACKENDS_PER_VIP,
+    ServerFails, Settings, SourceKey, TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE,
+    BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS,
+    MAX_BACKENDS_PER_VIP,
 };
 
 use crate::{
@@ -356,6 +357,8 @@ pub struct Maps {
     vip_seeds: Array<MapData, u64>,
     quic_servers: HashMap<MapData, QuicServerKey, u32>,
     vip_addresses: HashMap<MapData, Addr, u32>,
+    vip_sources: LpmTrie<MapData, SourceKey, u32>,
+    vip_refusals: PerCpuArray<MapData, u64>,
     backends: Array<MapData, Backend>,
     conns: Array<MapData, u64>,
     adjust: Array<MapData, u64>,
@@ -444,6 +447,8 @@ impl Maps {
             vip_seeds: take!(map_names::VIP_SEEDS),
             quic_servers: take!(map_names::QUIC_SERVERS),
             vip_addresses: take!(map_names::VIP_ADDRESSES),
+            vip_sources: take!(map_names::VIP_SOURCES),
+            vip_refusals: take!(map_names::VIP_REFUSALS),
             backends: take!(map_names::BACKENDS),
             conns: take!(map_names::BACKEND_CONNS),
             adjust: take!(map_names::BACKEND_CONN_ADJUST),
@@ -692,11 +697,33 @@ impl Maps {
         Ok(acc)
     }
 
+    /// The new flows a VIP refused, by reason (`refusal::NAMES`' order),
+    /// summed over CPUs.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn vip_refusals(&self, vip_index: u32) -> Result<[u64; refusal::REASONS as usize]> {
+        let mut out = [0; refusal::REASONS as usize];
+        for (reason, n) in out.iter_mut().enumerate() {
+            let v = self
+                .vip_refusals
+                .get(&(vip_index * refusal::REASONS + reason as u32), 0)
+                .map_err(map_err(map_names::VIP_REFUSALS, "read"))?;
+            *n = v.iter().sum();
+        }
+        Ok(out)
+    }
+
     /// Zeroes a VIP's choice telemetry (a fresh VIP index).
     ///
     /// # Errors
     /// Map write failure.
     pub fn reset_choice_stats(&mut self, vip_index: u32) -> Result<()> {
+        for reason in 0..refusal::REASONS {
+            self.vip_refusals
+                .set(vip_index * refusal::REASONS + reason, zeroed_per_cpu()?, 0)
+                .map_err(map_err(map_names::VIP_REFUSALS, "write"))?;
+        }
         self.choice_stats
             .set(vip_index, zeroed_per_cpu()?, 0)
             .map_err(map_err(map_names::CHOICE_STATS, "write"))?;
@@ -777,6 +804,12 @@ impl Maps {
         }
         out.quic_servers = self.quic_servers.iter().filter_map(|r| r.ok()).collect();
         out.vip_addresses = self.vip_addresses.iter().filter_map(|r| r.ok()).collect();
+        out.vip_sources = self
+            .vip_sources
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(k, v)| ((k.prefix_len(), k.data()), v))
+            .collect();
         out.martians = self
             .martian_sources
             .iter()
@@ -911,6 +944,18 @@ impl Maps {
             if let Some(e) = failed {
                 return Err(map_err(map_names::CANDIDATES, "write")(e));
             }
+        }
+        // Source prefixes in before the entries that flag their VIPs (out
+        // at the end, after them): a VIP never has its flag without them.
+        for (k, v) in &want.vip_sources {
+            if self.synced.vip_sources.get(k) == Some(v) {
+                continue;
+            }
+            self.vip_sources
+                .insert(&Key::new(k.0, k.1), v, 0)
+                .map_err(map_err(map_names::VIP_SOURCES, "write"))?;
+            self.synced.vip_sources.insert(*k, *v);
+            r.writes += 1;
         }
         // QUIC server IDs before the entries that flag their VIPs.
         let (w, gone) = sync_hash(
@@ -1091,6 +1136,20 @@ impl Maps {
                 .map_err(map_err(map_names::MARTIAN_SOURCES, "write"))?;
             self.synced.martians.insert(*k, *v);
             r.writes += 1;
+        }
+        // 9. Source prefixes no VIP holds any more.
+        let gone: Vec<(u32, SourceKey)> = self
+            .synced
+            .vip_sources
+            .keys()
+            .filter(|k| !want.vip_sources.contains_key(k))
+            .copied()
+            .collect();
+        for k in gone {
+            ignore_missing(self.vip_sources.remove(&Key::new(k.0, k.1)))
+                .map_err(map_err(map_names::VIP_SOURCES, "remove"))?;
+            self.synced.vip_sources.remove(&k);
+            r.removed += 1;
         }
         Ok(r)
     }

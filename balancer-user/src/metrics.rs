@@ -421,6 +421,18 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             f.set(v(&x.vip), value(x));
         }
     }
+    let v_refused = Counters::new(
+        &mut reg,
+        "vip_refused_flows",
+        "New flows the VIP refused, by reason (its source allow and deny lists)",
+    );
+    for x in &stats.vips {
+        for (reason, n) in &x.refused {
+            let mut ls = v(&x.vip);
+            ls.push(("reason", reason.clone()));
+            v_refused.set(ls, *n);
+        }
+    }
     let v_load = Counters::new(
         &mut reg,
         "vip_choice_load",
@@ -625,6 +637,7 @@ mod tests {
                         histogram: h,
                     },
                 },
+                refused: [("source_denied".to_string(), 6)].into_iter().collect(),
             }],
             backends: Vec::new(),
             flow_table_entries: 12,
@@ -676,6 +689,7 @@ mod tests {
             "p2c_balancer_cluster_sync_total{what=\"replayed\"} 3",
             "p2c_balancer_cluster_herd_same_total 25",
             "p2c_balancer_cluster_herd_index 2.0",
+            "p2c_balancer_vip_refused_flows_total{vip=\"10.0.0.10:80\",reason=\"source_denied\"} 6",
         ] {
             assert!(with.lines().any(|l| l == line), "no {line:?} in\n{with}");
         }

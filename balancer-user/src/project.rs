@@ -22,13 +22,15 @@ use std::{
 };
 
 use balancer_common::{
-    consistent::CandidateRow, martian_class, Addr, Backend, BackendVips, HostVips, QuicServerKey,
-    VipAddr, VipInfo, BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES,
-    MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_NO_TCP,
-    VIP_F_REMOVED, VIP_F_TWO_SIDED, VIP_F_UDP, VIP_QUIC_SID_SHIFT,
+    consistent::CandidateRow, martian_class, source_action, source_key_bits, Addr, Backend,
+    BackendVips, HostVips, QuicServerKey, SourceKey, VipAddr, VipInfo, BACKEND_F_ELIGIBLE,
+    BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
+    VIP_F_ALLOW_LIST, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_NO_TCP, VIP_F_REMOVED, VIP_F_SOURCES,
+    VIP_F_TWO_SIDED, VIP_F_UDP, VIP_QUIC_SID_SHIFT,
 };
 
 use crate::{
+    prefix::SourcePrefix,
     retired::Retired,
     state::{ForwardingMode, State, VipConfig},
 };
@@ -98,6 +100,9 @@ pub struct ConfigMaps {
     /// `VIP_ADDRESSES`: each live VIP's address and how many live VIPs
     /// hold it (echo requests to them are answered).
     pub vip_addresses: BTreeMap<Addr, u32>,
+    /// `VIP_SOURCES`: (prefix length in bits of the key, key) -> the
+    /// prefix's `source_action`, of every live VIP's source lists.
+    pub vip_sources: BTreeMap<(u32, SourceKey), u32>,
 }
 
 impl ConfigMaps {
@@ -130,6 +135,7 @@ impl Default for ConfigMaps {
             candidates: BTreeMap::new(),
             quic_servers: BTreeMap::new(),
             vip_addresses: BTreeMap::new(),
+            vip_sources: BTreeMap::new(),
         }
     }
 }
@@ -162,6 +168,18 @@ pub fn persistence_seconds(d: Duration) -> u32 {
     s.min(u64::from(u32::MAX)) as u32
 }
 
+/// The `VIP_SOURCES` key of prefix `p` of the VIP at `index`: (bits, key).
+pub fn source_entry(index: u32, p: &SourcePrefix) -> (u32, SourceKey) {
+    let k = p.key();
+    (
+        source_key_bits(k.prefix_len()),
+        SourceKey {
+            vip_index_be: index.to_be(),
+            addr: k.data(),
+        },
+    )
+}
+
 /// The `VIPS` entry of a live VIP whose list is `list`.
 fn vip_entry(v: &VipConfig, list: &[u32], fallback: bool) -> VipEntry {
     let s = &v.settings;
@@ -175,6 +193,16 @@ fn vip_entry(v: &VipConfig, list: &[u32], fallback: bool) -> VipEntry {
                 | if s.protocol.udp() { VIP_F_UDP } else { 0 }
                 | if s.protocol.tcp() { 0 } else { VIP_F_NO_TCP }
                 | u32::from(s.quic_server_id_len) << VIP_QUIC_SID_SHIFT
+                | if s.allow_sources.is_empty() && s.deny_sources.is_empty() {
+                    0
+                } else {
+                    VIP_F_SOURCES
+                }
+                | if s.allow_sources.is_empty() {
+                    0
+                } else {
+                    VIP_F_ALLOW_LIST
+                }
                 | if s.mode == ForwardingMode::Nat {
                     VIP_F_TWO_SIDED
                 } else {
@@ -239,6 +267,14 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
         *out.vip_addresses
             .entry(Addr::from(v.addr.ip()))
             .or_insert(0) += 1;
+        for (list, action) in [
+            (&v.settings.allow_sources, source_action::ALLOW),
+            (&v.settings.deny_sources, source_action::DENY),
+        ] {
+            for p in list {
+                out.vip_sources.insert(source_entry(v.index, p), action);
+            }
+        }
         let sid_len = u32::from(v.settings.quic_server_id_len);
         if sid_len != 0 {
             for b in &v.backends {

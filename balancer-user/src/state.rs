@@ -14,7 +14,10 @@ use balancer_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::error::{BalancerError, Result};
+use crate::{
+    error::{BalancerError, Result},
+    prefix::SourcePrefix,
+};
 
 /// What an active health check does.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -359,7 +362,25 @@ pub struct VipSettings {
     /// another balancer placed). Needs UDP (`protocol`).
     #[serde(default, skip_serializing_if = "is_zero_u8")]
     pub quic_server_id_len: u8,
+    /// Client sources (addresses or prefixes of the VIP's family) whose
+    /// new flows the VIP accepts. With any entry, a new flow from a source
+    /// that matches none of the VIP's prefixes is refused (dropped, counted
+    /// `source_not_allowed`); empty, every source is. Cilium's
+    /// `loadBalancerSourceRanges`. Flows already placed are not affected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub allow_sources: Vec<SourcePrefix>,
+    /// Client sources whose new flows the VIP refuses (dropped, counted
+    /// `source_denied`). Where an allow prefix and a deny prefix both match
+    /// a source, the longer one decides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub deny_sources: Vec<SourcePrefix>,
 }
+
+/// Source prefixes one VIP may hold, its allow and deny lists together
+/// (every VIP at its most fills `VIP_SOURCES`).
+pub const MAX_SOURCES_PER_VIP: usize = (balancer_common::VIP_SOURCES_LEN / MAX_VIPS) as usize;
 
 fn is_zero_u8(v: &u8) -> bool {
     *v == 0
@@ -535,6 +556,8 @@ impl Default for VipSettings {
             protocol: Protocol::Tcp,
             udp_timeout: DEFAULT_UDP_TIMEOUT,
             quic_server_id_len: 0,
+            allow_sources: Vec::new(),
+            deny_sources: Vec::new(),
         }
     }
 }
@@ -1058,6 +1081,43 @@ pub fn family(a: &IpAddr) -> &'static str {
     }
 }
 
+impl VipSettings {
+    /// The source lists: prefixes of the VIP's family, none twice, none in
+    /// both lists, at most [`MAX_SOURCES_PER_VIP`] together.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the prefix.
+    pub fn validate_sources(&self, vip: SocketAddr) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "source list",
+            reason,
+        };
+        let n = self.allow_sources.len() + self.deny_sources.len();
+        if n > MAX_SOURCES_PER_VIP {
+            return Err(bad(format!(
+                "{n} prefixes: a VIP holds at most {MAX_SOURCES_PER_VIP}"
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for p in self.allow_sources.iter().chain(&self.deny_sources) {
+            if p.addr.is_ipv4() != vip.is_ipv4() {
+                return Err(bad(format!(
+                    "{p} is not of the VIP {vip}'s family: a VIP's clients come from its own"
+                )));
+            }
+            if !seen.insert(*p) {
+                let both = self.allow_sources.contains(p) && self.deny_sources.contains(p);
+                return Err(bad(if both {
+                    format!("{p} is both allowed and denied")
+                } else {
+                    format!("{p} is listed twice")
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A path check ([`CheckKind::Path`]) needs a mode whose backends answer
 /// for the VIP themselves (dsr, ipip, gue): a NAT backend does not hold
 /// the VIP.
@@ -1084,6 +1144,7 @@ impl VipSettings {
     /// [`BalancerError::Invalid`] naming the setting.
     pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
         self.validate()?;
+        self.validate_sources(vip)?;
         if let Some(h) = &self.health {
             check_path_mode(h, self.mode)?;
         }

@@ -103,6 +103,11 @@ impl View<'_> {
                 eligible: if fallback { 0 } else { list.len() },
                 fallback,
                 choice: choice_view(&self.maps.choice_stats(v.index)?),
+                refused: balancer_common::refusal::NAMES
+                    .iter()
+                    .map(|n| n.to_string())
+                    .zip(self.maps.vip_refusals(v.index)?)
+                    .collect(),
             });
         }
         Ok(StatsView {

@@ -38,6 +38,7 @@ mod race;
 mod reconcile;
 mod router;
 mod second_chance;
+mod sources;
 pub(crate) mod udp;
 
 /// The main VIP of the suite.
@@ -66,6 +67,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += multi_vip::run()?;
     n += router::run()?;
     n += hairpin::run()?;
+    n += sources::run()?;
     n += eligibility::run()?;
     n += table_pressure()?;
     n += half_open::run()?;

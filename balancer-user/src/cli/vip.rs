@@ -4,6 +4,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use balancer::{
     api::{HealthSetting, Request, VipPatch, VipView},
+    prefix::SourcePrefix,
     state::{ForwardingMode, NoHealthy, VipSettings},
 };
 use clap::{Subcommand, ValueEnum};
@@ -117,6 +118,21 @@ pub struct VipArgs {
     /// another balancer placed). 1..=4; 0 turns it off (default).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=4))]
     quic_server_id_len: Option<u8>,
+    /// A client source (ADDR or ADDR/LEN, the VIP's family) whose new
+    /// flows the VIP accepts; repeat for more. With any, a new flow from
+    /// a source none matches is dropped (counted source_not_allowed).
+    /// Given to `vip set`, replaces the list.
+    #[arg(long = "allow-source", value_name = "PREFIX")]
+    allow_sources: Vec<SourcePrefix>,
+    /// A client source whose new flows the VIP drops (counted
+    /// source_denied); repeat for more. Where an allowed and a denied
+    /// prefix both match, the longer decides. Given to `vip set`, replaces
+    /// the list.
+    #[arg(long = "deny-source", value_name = "PREFIX")]
+    deny_sources: Vec<SourcePrefix>,
+    /// Empty both source lists (every source accepted again).
+    #[arg(long, conflicts_with_all = ["allow_sources", "deny_sources"])]
+    clear_sources: bool,
 }
 
 /// The transport protocols of a VIP, on the command line.
@@ -206,6 +222,16 @@ impl VipArgs {
             protocol: self.protocol.map(Into::into),
             udp_timeout: self.udp_timeout,
             quic_server_id_len: self.quic_server_id_len,
+            allow_sources: if self.clear_sources {
+                Some(Vec::new())
+            } else {
+                (!self.allow_sources.is_empty()).then(|| self.allow_sources.clone())
+            },
+            deny_sources: if self.clear_sources {
+                Some(Vec::new())
+            } else {
+                (!self.deny_sources.is_empty()).then(|| self.deny_sources.clone())
+            },
         }
     }
 }
