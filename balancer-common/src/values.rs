@@ -711,3 +711,33 @@ pub struct FlowEvent {
 /// page size, as the kernel requires): 4 MiB, about 43,000 events of 96
 /// bytes with the ring's header; the daemon drains it every 10 ms.
 pub const DEFAULT_FLOW_EVENT_RING: u32 = 4 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_match_decides_and_no_match_refuses_only_with_an_allow_list() {
+        let allow_list = VIP_F_SOURCES | VIP_F_ALLOW_LIST;
+        let deny_only = VIP_F_SOURCES;
+        assert_eq!(source_refusal(allow_list, Some(source_action::ALLOW)), None);
+        assert_eq!(
+            source_refusal(allow_list, Some(source_action::DENY)),
+            Some(refusal::SOURCE_DENIED)
+        );
+        assert_eq!(
+            source_refusal(allow_list, None),
+            Some(refusal::SOURCE_NOT_ALLOWED)
+        );
+        assert_eq!(source_refusal(deny_only, None), None);
+        assert_eq!(
+            source_refusal(deny_only, Some(source_action::DENY)),
+            Some(refusal::SOURCE_DENIED)
+        );
+        assert_eq!(refusal::NAMES.len(), refusal::REASONS as usize);
+        // A key covers the whole index before any address bit.
+        assert_eq!(source_key_bits(0), 32);
+        assert_eq!(source_key_bits(128), 160);
+        assert_eq!(core::mem::size_of::<SourceKey>(), 20);
+    }
+}

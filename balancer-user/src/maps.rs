@@ -22,10 +22,10 @@ use balancer_common::{
     consistent::{candidate_index, CandidateRow, CANDIDATE_ROWS},
     eligible_list_base, flow_kind, hist,
     layout::LAYOUT_FINGERPRINT,
-    map_names, refusal, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan, QuicServerKey,
-    ServerFails, Settings, SourceKey, TrafficStats, VipInfo, VipKey, BACKEND_F_ELIGIBLE,
-    BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS,
+    map_names, refusal, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips,
+    ChoiceCounts, ChoiceStats, FlowEntry, FlowKey, GlobalStats, HostVips, LocalMac, Orphan,
+    QuicServerKey, ServerFails, Settings, SourceKey, TrafficStats, VipInfo, VipKey,
+    BACKEND_F_ELIGIBLE, BACKEND_F_IN_USE, BACKEND_SLOTS, COUNTER_NAMES, IPPROTO_TCP, LOAD_BUCKETS,
     MAX_BACKENDS_PER_VIP,
 };
 

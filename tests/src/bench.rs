@@ -470,6 +470,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
         "new-flow SYN, choice telemetry off",
         "new-flow SYN, regret sampled on every choice",
         "new-flow SYN, regret never sampled",
+        "new-flow SYN, VIP with source lists (64 prefixes)",
         "UDP datagram of a pinned flow",
         "UDP reply (backend to client, NAT)",
         "new UDP flow (first datagram)",
@@ -540,6 +541,28 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             })?;
             rig.lb
                 .set_regret_sample(balancer_common::DEFAULT_REGRET_SAMPLE)?;
+            // The VIP's source lists: an allow prefix holding every timed
+            // client and 63 denied prefixes elsewhere, against "new-flow
+            // SYN" (a VIP without lists never looks them up).
+            let prefix = |s: String| {
+                s.parse::<balancer::prefix::SourcePrefix>()
+                    .map_err(anyhow::Error::msg)
+            };
+            let deny = (0..63u32)
+                .map(|k| prefix(format!("10.2.{k}.0/24")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let lists = |allow: Vec<_>, deny: Vec<_>| balancer::api::VipPatch {
+                allow_sources: Some(allow),
+                deny_sources: Some(deny),
+                ..Default::default()
+            };
+            rig.lb
+                .set_vip(VIP, &lists(vec![prefix("10.1.0.0/16".into())?], deny))?;
+            let base = base + (sc.rounds * sc.calls) as u32;
+            let c_syn_sources = time_path(&rig, aux, Side::Client, sc.rounds, |r| {
+                syn_frames(base + (r * sc.calls) as u32, sc.calls)
+            })?;
+            rig.lb.set_vip(VIP, &lists(Vec::new(), Vec::new()))?;
             // UDP and QUIC on the same VIP and backends (the TCP rows above
             // were timed before it took UDP).
             let udp = udp_paths(&mut rig, aux, sc, n, base + (sc.rounds * sc.calls) as u32)?;
@@ -551,6 +574,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
                 c_syn_quiet,
                 c_syn_regret,
                 c_syn_no_regret,
+                c_syn_sources,
                 udp[0],
                 udp[1],
                 udp[2],
