@@ -738,6 +738,6 @@ mod tests {
         // A key covers the whole index before any address bit.
         assert_eq!(source_key_bits(0), 32);
         assert_eq!(source_key_bits(128), 160);
-        assert_eq!(core::mem::size_of::<SourceKey>(), 20);
+        assert_eq!(size_of::<SourceKey>(), 20);
     }
 }
