@@ -24,9 +24,13 @@ pub mod martian_class {
 
 /// Entries of `MARTIAN_SOURCES`.
 pub const MARTIAN_SOURCES_LEN: u32 = 1024;
-/// Entries of `VIP_SOURCES`: the source prefixes of every VIP's allow and
-/// deny lists together.
-pub const VIP_SOURCES_LEN: u32 = 16384;
+/// Entries of `VIP_SOURCES`: twice the source prefixes every VIP's allow
+/// and deny lists may hold together, because a change writes a list's new
+/// entries before it removes the old ones (so that a VIP never has its
+/// flag without its entries), and with every list full both must fit. An
+/// LPM trie allocates entries as they are written: the room costs nothing
+/// until used.
+pub const VIP_SOURCES_LEN: u32 = 32768;
 
 /// The special-purpose source prefixes (RFC 6890; RFC 1122 section
 /// 3.2.1.3) the daemon writes into `MARTIAN_SOURCES`: (base address,

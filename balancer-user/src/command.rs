@@ -106,7 +106,7 @@ fn settings_words(s: &VipSettings) -> String {
         s.choices.to_string()
     };
     format!(
-        "(mode {}, choices {choices}{}{}{}{})",
+        "(mode {}, choices {choices}{}{}{}{}{})",
         s.mode.name(),
         if s.protocol.is_tcp() {
             String::new()
@@ -134,6 +134,10 @@ fn settings_words(s: &VipSettings) -> String {
                 ", persistence {}",
                 humantime::format_duration(s.persistence)
             )
+        },
+        match (s.allow_sources.len(), s.deny_sources.len()) {
+            (0, 0) => String::new(),
+            (a, d) => format!(", sources: {a} allowed, {d} denied"),
         }
     )
 }

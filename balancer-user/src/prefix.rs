@@ -64,12 +64,23 @@ impl FromStr for SourcePrefix {
         let addr: IpAddr = a
             .parse()
             .map_err(|_| format!("{a:?} is not an IPv4 or IPv6 address"))?;
+        if let IpAddr::V6(v6) = addr {
+            if v6.to_ipv4_mapped().is_some() {
+                return Err(format!(
+                    "{s}: IPv4-mapped addresses (::ffff:a.b.c.d) are not accepted: \
+                     write the IPv4 address or prefix"
+                ));
+            }
+        }
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let len = match len {
             None => max,
-            Some(l) => l
-                .parse::<u8>()
-                .ok()
+            // Plain decimal: no sign, no leading zero.
+            Some(l) => Some(l)
+                .filter(|l| {
+                    l.bytes().all(|b| b.is_ascii_digit()) && (l.len() == 1 || !l.starts_with('0'))
+                })
+                .and_then(|l| l.parse::<u8>().ok())
                 .filter(|&l| l <= max)
                 .ok_or_else(|| format!("prefix length {l:?} is not 0..={max}"))?,
         };
@@ -101,5 +112,42 @@ impl<'de> Deserialize<'de> for SourcePrefix {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_parse_strictly() {
+        for ok in [
+            "10.0.0.0/8",
+            "10.0.0.1",
+            "0.0.0.0/0",
+            "2001:db8::/32",
+            "::/0",
+        ] {
+            assert!(ok.parse::<SourcePrefix>().is_ok(), "{ok}");
+        }
+        for bad in [
+            "10.0.0.1/8",
+            "10.0.0.0/33",
+            "10.0.0.0/08",
+            "10.0.0.0/+8",
+            "10.0.0.0/",
+            "/8",
+            "",
+            "::ffff:10.0.0.0/104",
+            "::ffff:10.0.0.1",
+            "fe80::1%eth0",
+        ] {
+            assert!(bad.parse::<SourcePrefix>().is_err(), "{bad}");
+        }
+        let e = "::ffff:10.0.0.1".parse::<SourcePrefix>().unwrap_err();
+        assert!(e.contains("IPv4-mapped"), "{e}");
+        // The string form round-trips.
+        let p: SourcePrefix = "2001:db8:1::/48".parse().unwrap();
+        assert_eq!(p.to_string().parse::<SourcePrefix>().unwrap(), p);
     }
 }

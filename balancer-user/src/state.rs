@@ -378,9 +378,15 @@ pub struct VipSettings {
     pub deny_sources: Vec<SourcePrefix>,
 }
 
-/// Source prefixes one VIP may hold, its allow and deny lists together
-/// (every VIP at its most fills `VIP_SOURCES`).
-pub const MAX_SOURCES_PER_VIP: usize = (balancer_common::VIP_SOURCES_LEN / MAX_VIPS) as usize;
+/// Source prefixes one VIP may hold, its allow and deny lists together:
+/// every VIP at its most fills half of `VIP_SOURCES`, whose other half
+/// takes the new entries of a change before the old ones leave.
+pub const MAX_SOURCES_PER_VIP: usize = (balancer_common::VIP_SOURCES_LEN / 2 / MAX_VIPS) as usize;
+
+const _: () = assert!(
+    MAX_SOURCES_PER_VIP == 128
+        && 2 * MAX_SOURCES_PER_VIP * MAX_VIPS as usize <= balancer_common::VIP_SOURCES_LEN as usize
+);
 
 fn is_zero_u8(v: &u8) -> bool {
     *v == 0
@@ -859,6 +865,10 @@ impl State {
             }
             let mut seen = BTreeSet::new();
             for b in &v.backends {
+                if let Some(h) = &b.health {
+                    check_path_mode(h, v.settings.mode)
+                        .map_err(|e| bad(format!("VIP {addr}, backend {}: {e}", b.addr)))?;
+                }
                 check_backend_for(v.addr, &v.settings, b.addr).map_err(|e| bad(e.to_string()))?;
                 check_backend_not_vip(v.addr, b.addr, self.vips.keys().copied())
                     .map_err(|e| bad(e.to_string()))?;
