@@ -1132,7 +1132,7 @@ fn readiness_and_unit(tb: &mut Testbed) -> anyhow::Result<()> {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../contrib/p2c-balancer.service"),
     )?;
     let unit = unit.replace(
-        "/usr/local/bin/balancer",
+        "/usr/bin/balancer",
         &tb.balancer_bin().display().to_string(),
     );
     let verify = |text: &str| -> anyhow::Result<(bool, String)> {
