@@ -160,12 +160,21 @@ pub struct Chooser {
     ties: u32,
     /// 1 when a runner-up exists.
     has_second: u32,
-    _pad: u32,
+    /// The VIP's connection cap in bits 0..=30 (0: none;
+    /// [`Chooser::at_cap`]), and bit 31 set when a candidate was passed
+    /// over for it ([`Chooser::pass_over`]): one word, so that the chooser
+    /// keeps its size (the new-flow stage builds it on its stack).
+    cap_word: u32,
     best_key: u64,
     best_load: u64,
     second_key: u64,
     second_load: u64,
 }
+
+/// Largest connection cap a [`Chooser`] holds (2^31 - 1).
+pub const MAX_CAP: u32 = (1 << 31) - 1;
+/// [`Chooser`]'s `cap_word` bit: a candidate was passed over.
+const PASSED_OVER: u32 = 1 << 31;
 
 impl Chooser {
     /// A chooser over `eligible` backends (clamped to
@@ -195,7 +204,7 @@ impl Chooser {
             best_index: 0,
             ties: 0,
             has_second: 0,
-            _pad: 0,
+            cap_word: 0,
             best_key: 0,
             best_load: 0,
             second_key: 0,
@@ -288,6 +297,39 @@ impl Chooser {
         self.has_second = 1;
         self.second_key = key;
         self.second_load = load;
+    }
+
+    /// The chooser with the VIP's connection cap, `max_conns` active
+    /// connections (0: none), up to [`MAX_CAP`].
+    #[inline(always)]
+    pub fn with_cap(mut self, max_conns: u32) -> Self {
+        self.cap_word = if max_conns > MAX_CAP {
+            MAX_CAP
+        } else {
+            max_conns
+        };
+        self
+    }
+
+    /// `true` when a candidate whose server's load is `load` is at the
+    /// cap: it is then passed over, not offered.
+    #[inline(always)]
+    pub fn at_cap(&self, load: u64) -> bool {
+        let cap = (self.cap_word & MAX_CAP) as u64;
+        cap != 0 && load >= cap
+    }
+
+    /// A candidate was not offered: its backend was at the VIP's
+    /// connection cap (`crate::rate::VipLimits::backend_max_conns`).
+    #[inline(always)]
+    pub fn pass_over(&mut self) {
+        self.cap_word |= PASSED_OVER;
+    }
+
+    /// `true` when a candidate was passed over for its cap.
+    #[inline(always)]
+    pub fn passed_over(&self) -> bool {
+        self.cap_word & PASSED_OVER != 0
     }
 
     /// The chosen eligible index, `None` when no candidate was offered.

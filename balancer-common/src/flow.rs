@@ -83,6 +83,10 @@ pub const F_CONSISTENT: u32 = 512;
 /// [`PROOF_AGE_NS`]); then [`F_ADOPTED`] is set with an atomic OR and it
 /// is counted once.
 pub const F_CID_ROUTED: u32 = 1024;
+/// Its VIP limits new flows per source (`crate::rate`): the flow spends a
+/// token of its source's bucket once proven (promoted with both
+/// directions in view, graduated with one).
+pub const F_RATE_LIMITED: u32 = 2048;
 
 /// State bits a synced flow carries to the peers (docs/cluster.md); the
 /// rest are each balancer's own. A change of one of them is a flow event

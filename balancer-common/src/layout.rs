@@ -236,6 +236,13 @@ const fn fingerprint() -> u64 {
     h = map!(h, map_names::VIP_ADDRESSES, Addr, u32);
     h = map!(h, map_names::VIP_SOURCES, crate::SourceKey, u32);
     h = map!(h, map_names::VIP_REFUSALS, u32, u64);
+    h = map!(h, map_names::VIP_LIMITS, u32, crate::rate::VipLimits);
+    h = map!(
+        h,
+        map_names::SOURCE_RATES,
+        crate::rate::RateKey,
+        crate::rate::RateBucket
+    );
     h = map!(h, map_names::BACKEND_VIPS, BackendKey, BackendVips);
     h = map!(h, map_names::VIP_BACKENDS, u32, u32);
     h = map!(h, map_names::BACKENDS, u32, Backend);

@@ -41,6 +41,7 @@ pub mod nat;
 pub mod parse;
 pub mod plan;
 pub mod quic;
+pub mod rate;
 pub mod reset;
 
 pub use addr::Addr;
@@ -96,6 +97,9 @@ mod pod {
         VipInfo,
         QuicServerKey,
         SourceKey,
+        rate::VipLimits,
+        rate::RateKey,
+        rate::RateBucket,
         Backend,
         FlowKey,
         FlowEntry,

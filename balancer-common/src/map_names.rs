@@ -146,6 +146,13 @@ pub const VIP_SOURCES: &str = "VIP_SOURCES";
 /// `vip_index * refusal::REASONS + reason` ([`crate::refusal`]; per-CPU
 /// array, not pinned: the counts restart with the daemon).
 pub const VIP_REFUSALS: &str = "VIP_REFUSALS";
+/// Each VIP's limits: [`crate::rate::VipLimits`] by VIP index (array,
+/// not pinned: the daemon writes it from its state at every start).
+pub const VIP_LIMITS: &str = "VIP_LIMITS";
+/// The token buckets of the per-source new-flow rates: LRU hash of
+/// [`crate::rate::RateKey`] -> [`crate::rate::RateBucket`] (not pinned: a
+/// restart gives every source a full bucket).
+pub const SOURCE_RATES: &str = "SOURCE_RATES";
 /// The decapsulation program's settings: one [`crate::DecapConfig`]
 /// (array of one).
 pub const DECAP_CONFIG: &str = "DECAP_CONFIG";

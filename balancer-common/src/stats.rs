@@ -221,11 +221,14 @@ pub enum Counter {
     /// ICMP echo requests to a VIP's address answered by the data path
     /// (`echo`).
     IcmpEchoReplies,
+    /// Proven flows that spent a token of their source's new-flow budget
+    /// (`rate`; `VipLimits::source_rate`).
+    RateCharged,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::IcmpEchoReplies;
+    pub const LAST: Counter = Counter::RateCharged;
 }
 
 /// Number of entries of the `STATS` array.
@@ -302,6 +305,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "drop_udp_refused",
     "quic_cid_routed",
     "icmp_echo_replies",
+    "rate_charged",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

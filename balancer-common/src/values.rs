@@ -187,6 +187,10 @@ pub const VIP_F_SOURCES: u32 = 64;
 /// [`VipInfo::flags`]: the VIP has an allow list: a new flow whose source
 /// matches no prefix of the VIP is refused (`refusal::SOURCE_NOT_ALLOWED`).
 pub const VIP_F_ALLOW_LIST: u32 = 128;
+/// [`VipInfo::flags`]: the VIP has limits (`VIP_LIMITS`,
+/// [`crate::rate::VipLimits`]): a connection cap per backend, a new-flow
+/// rate per source.
+pub const VIP_F_LIMITS: u32 = 1 << 11;
 /// [`VipInfo::flags`] bits 8..=10: the length of the QUIC-LB server ID
 /// its UDP datagrams' connection IDs carry, octets (0: the VIP does not
 /// route QUIC by connection ID; `crate::quic`).
@@ -237,10 +241,21 @@ pub mod refusal {
     pub const SOURCE_DENIED: u32 = 0;
     /// The VIP has an allow list and the source matched no prefix of it.
     pub const SOURCE_NOT_ALLOWED: u32 = 1;
+    /// The source had spent its new-flow budget at the VIP
+    /// (`crate::rate`, `VipLimits::source_rate`).
+    pub const RATE_LIMITED: u32 = 2;
+    /// Every backend of the VIP held its connection cap
+    /// (`VipLimits::backend_max_conns`).
+    pub const BACKEND_FULL: u32 = 3;
     /// Reasons counted per VIP.
-    pub const REASONS: u32 = 2;
+    pub const REASONS: u32 = 4;
     /// The reasons' names, as metrics and `vip list` show them.
-    pub const NAMES: [&str; REASONS as usize] = ["source_denied", "source_not_allowed"];
+    pub const NAMES: [&str; REASONS as usize] = [
+        "source_denied",
+        "source_not_allowed",
+        "rate_limited",
+        "backend_full",
+    ];
 }
 
 /// The refusal a VIP whose flags are `flags` gives a new flow whose source

@@ -18,9 +18,10 @@ use balancer_common::{
     consistent::{candidate_index, flow_hash, row_of, CandidateRow},
     flow, hist, load_bucket,
     parse::Tcp,
+    rate::{self, RateKey},
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
     SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, SETTINGS_F_NO_CHOICE_TELEMETRY,
-    VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_SOURCES,
+    VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LIMITS, VIP_F_SOURCES,
 };
 
 use crate::{
@@ -32,7 +33,7 @@ use crate::{
     maps::{
         BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CANDIDATES, CHOICE_HIST, CHOICE_STATS, HALF_OPEN,
         PEER_CONNS, RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS,
-        VIP_BACKENDS, VIP_REFUSALS, VIP_SEEDS, VIP_SOURCES,
+        SOURCE_RATES, VIP_BACKENDS, VIP_LIMITS, VIP_REFUSALS, VIP_SEEDS, VIP_SOURCES,
     },
     stats::count,
 };
@@ -134,11 +135,18 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     // The peer balancers' last report (0 without peers): own placements
     // count at once, theirs as of their report (docs/cluster.md).
     let peers = *PEER_CONNS.get(server)?;
-    Some((
-        choice::active_connections(conns, adjust).saturating_add(peers),
-        weight,
-        failing,
-    ))
+    let load = choice::active_connections(conns, adjust).saturating_add(peers);
+    Some((load, weight, failing))
+}
+
+/// `VipLimits::backend_max_conns` of `vip` (0: none, or no limits). Not
+/// inlined: a value, not a branch of the new-flow stage.
+#[inline(never)]
+fn vip_cap(vip: &VipInfo) -> u32 {
+    if vip.flags & VIP_F_LIMITS == 0 {
+        return 0;
+    }
+    VIP_LIMITS.get(vip.index).map_or(0, |l| l.backend_max_conns)
 }
 
 /// `true` when `server`'s failure evidence reaches a VIP's thresholds
@@ -171,10 +179,38 @@ extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
         (i, VIP_BACKENDS.get(c.list_base + i).copied())
     };
     if let Some((l, w, failing)) = slot.and_then(|s| load_of(c, s)) {
+        if chooser.at_cap(l) {
+            chooser.pass_over();
+            return 0;
+        }
         if c.telemetry != 0 {
             bump(c.vip_index, hist::CANDIDATE, l);
         }
         chooser.offer_ranked(i, l, w, failing, &mut rand);
+    }
+    0
+}
+
+/// One step of the scan for a backend below its cap, when each candidate
+/// the rule drew was at it (called by `bpf_loop` over the VIP's whole
+/// eligible list): offers every entry below the cap.
+#[inline(never)]
+extern "C" fn below_cap_step(step: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the ChooseCtx passed to bpf_loop.
+    let c = unsafe { &mut *(ctx as *mut ChooseCtx) };
+    let Some(p) = CHOOSER.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's chooser, set up by `choose` for this choice.
+    let chooser = unsafe { &mut *p };
+    let i = step as u32;
+    let Some(slot) = VIP_BACKENDS.get(c.list_base + i).copied() else {
+        return 1;
+    };
+    if let Some((l, w, failing)) = load_of(c, slot) {
+        if !chooser.at_cap(l) {
+            chooser.offer_ranked(i, l, w, failing, &mut random);
+        }
     }
     0
 }
@@ -190,6 +226,10 @@ extern "C" fn scan_step(step: u64, ctx: *mut c_void) -> i64 {
         return 1;
     };
     if let Some((l, w, failing)) = load_of(c, slot) {
+        // SAFETY: this CPU's chooser, read only.
+        if CHOOSER.get(0).is_some_and(|ch| ch.at_cap(l)) {
+            return 0;
+        }
         let k = choice::ranked_key(l, w, failing);
         if k < c.scan_best {
             c.scan_best = k;
@@ -302,7 +342,10 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     let chooser = match row {
         Some(r) => Chooser::new(r.len(), vip.choices),
         None => Chooser::new(vip.eligible, vip.choices),
-    };
+    }
+    // The cap compares the load the choice does: every VIP's connections
+    // on the server and the peers' as last reported (a cluster-wide cap).
+    .with_cap(vip_cap(vip));
     let steps = chooser.steps() as u64;
     // SAFETY: this CPU's chooser; nothing else runs on this CPU meanwhile.
     unsafe { *p = chooser };
@@ -332,10 +375,29 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
         return None;
     }
     // SAFETY: as above.
-    let chooser = unsafe { *p };
+    // SAFETY: as above.
+    if row.is_none() && unsafe { (*p).result().is_none() && (*p).passed_over() } {
+        // Each candidate drawn was at its cap: every backend of the list
+        // below it is one (a flow is refused only when all are full; a
+        // consistent VIP keeps to its row's two).
+        // SAFETY: as above.
+        let done = unsafe {
+            bpf_loop(
+                vip.eligible as u64,
+                below_cap_step as *mut c_void,
+                &mut lctx as *mut ChooseCtx as *mut c_void,
+            )
+        };
+        if done < 0 {
+            return None;
+        }
+    }
+    // (By reference: a copy would take stack the new-flow stage lacks.)
+    // SAFETY: as above.
+    let chooser = unsafe { &*p };
     let index = chooser.result()?;
     if telemetry {
-        let decisions = record(vip, &chooser);
+        let decisions = record(vip, chooser);
         if regret_sample != 0 && decisions % regret_sample == 0 {
             sample_regret(vip, &mut lctx, chooser.chosen_key());
         }
@@ -367,10 +429,62 @@ fn source_refused(vip: &VipInfo, src: &Addr) -> bool {
     let Some(reason) = source_refusal(vip.flags, found) else {
         return false;
     };
+    refused(vip, reason);
+    true
+}
+
+/// [`flow::F_RATE_LIMITED`] when `vip` has a source rate, else 0 (a value,
+/// not a branch of the new-flow stage).
+#[inline(never)]
+fn rate_flag(vip: &VipInfo) -> u32 {
+    if vip.flags & VIP_F_LIMITS == 0 {
+        return 0;
+    }
+    match VIP_LIMITS.get(vip.index) {
+        Some(l) if l.source_rate != 0 => flow::F_RATE_LIMITED,
+        _ => 0,
+    }
+}
+
+/// Counts a new flow `vip` refused for `reason` (`VIP_REFUSALS`).
+#[inline(always)]
+fn refused(vip: &VipInfo, reason: u32) {
     if let Some(c) = VIP_REFUSALS.get_ptr_mut(vip.index * refusal::REASONS + reason) {
         // SAFETY: this CPU's counter.
         unsafe { *c += 1 };
     }
+}
+
+/// `true` when the new flow's source has spent its budget at `vip`, a VIP
+/// with a source rate (`rate::admits` on its `SOURCE_RATES` bucket;
+/// counted `refusal::RATE_LIMITED`). Reads the bucket only: a SYN spends
+/// nothing (`track::charge_source` does, for a proven flow). Not inlined,
+/// and the limits read here: the new-flow stage then continues on one path
+/// whatever the VIP's limits (the verifier walks the rest once).
+#[inline(always)]
+fn rate_refused(vip: &VipInfo, src: &Addr, now: u64) -> bool {
+    if vip.flags & VIP_F_LIMITS == 0 {
+        return false;
+    }
+    let Some(limits) = VIP_LIMITS.get(vip.index) else {
+        return false;
+    };
+    if limits.source_rate == 0 {
+        return false;
+    }
+    let Some(r) = crate::scratch::rate() else {
+        return false;
+    };
+    r.key = RateKey {
+        vip_index: vip.index,
+        addr: *src,
+    };
+    // SAFETY: the value is only read.
+    let b = unsafe { SOURCE_RATES.get(&r.key) };
+    if rate::admits(b, now, limits.source_rate, limits.source_burst) {
+        return false;
+    }
+    refused(vip, refusal::RATE_LIMITED);
     true
 }
 
@@ -400,6 +514,9 @@ pub fn place(
     if vip.flags & VIP_F_SOURCES != 0 && source_refused(vip, &seg.src_addr) {
         return Err(Refusal::Drop);
     }
+    if rate_refused(vip, &seg.src_addr, now) {
+        return Err(Refusal::Drop);
+    }
     // SAFETY: the value is only read.
     if let Some(h) = unsafe { BACKEND_HOSTS.get(&seg.src_addr) } {
         if h.has(vip.index) {
@@ -416,7 +533,12 @@ pub fn place(
         },
     };
     let Some((mut b, mut slot)) = found else {
-        count(Counter::DropNoBackend, 1);
+        if CHOOSER.get(0).is_some_and(|c| c.passed_over()) {
+            // Every candidate at its cap.
+            refused(vip, refusal::BACKEND_FULL);
+        } else {
+            count(Counter::DropNoBackend, 1);
+        }
         return Err(Refusal::Drop);
     };
     if routed.is_none() && b.flags & BACKEND_F_SHARED != 0 && live_elsewhere(key, b) {
@@ -444,6 +566,7 @@ pub fn place(
     if routed.is_some() {
         entry.state |= flow::F_CID_ROUTED;
     }
+    entry.state |= rate_flag(vip);
     // Full resolution: of several closed flows of one backend tuple, the
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();

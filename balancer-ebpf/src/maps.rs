@@ -60,6 +60,18 @@ pub static VIP_SOURCES: LpmTrie<SourceKey, u32> = LpmTrie::with_max_entries(VIP_
 #[map]
 pub static VIP_REFUSALS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(MAX_VIPS * refusal::REASONS, 0);
+/// Each VIP's limits, by VIP index; read for a new flow of a VIP with
+/// `VIP_F_LIMITS`.
+#[map]
+pub static VIP_LIMITS: Array<balancer_common::rate::VipLimits> =
+    Array::with_max_entries(MAX_VIPS, 0);
+/// Per-source token buckets of the VIPs with a new-flow rate (`rate`):
+/// read by a new flow, charged by a proven one.
+#[map]
+pub static SOURCE_RATES: LruHashMap<
+    balancer_common::rate::RateKey,
+    balancer_common::rate::RateBucket,
+> = LruHashMap::with_max_entries(balancer_common::rate::SOURCE_RATES_LEN, 0);
 /// Eligible backend slots per VIP, double-buffered.
 #[map]
 pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);

@@ -5,7 +5,10 @@
 //! carry nothing from one run to the next (not pinned).
 
 use aya_ebpf::{macros::map, maps::PerCpuArray};
-use balancer_common::FlowKey;
+use balancer_common::{
+    rate::{RateBucket, RateKey},
+    FlowKey,
+};
 
 /// The flow key the run looks up and tracks (the reply stage's live key).
 pub const LIVE: u32 = 0;
@@ -28,4 +31,26 @@ pub fn key(i: u32, key: FlowKey) -> Option<&'static FlowKey> {
         *p = key;
         Some(&*p)
     }
+}
+
+/// A source's token bucket being charged, and its key (`track::charge_source`).
+#[repr(C)]
+pub struct Rate {
+    /// The `SOURCE_RATES` key.
+    pub key: RateKey,
+    /// The bucket after the charge.
+    pub bucket: RateBucket,
+}
+
+/// The [`Rate`] a charge builds its key and bucket in (the entry
+/// program's call chain has no stack left for them).
+#[map]
+static RATE: PerCpuArray<Rate> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's [`Rate`] scratch value.
+#[inline(always)]
+pub fn rate() -> Option<&'static mut Rate> {
+    let p = RATE.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value, used by this program run alone, once.
+    unsafe { Some(&mut *p) }
 }

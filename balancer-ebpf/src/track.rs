@@ -8,6 +8,7 @@ use balancer_common::{
     flow::{self, Direction, Verdict},
     flow_event, flow_kind,
     parse::Tcp,
+    rate::{self, RateKey},
     source_bucket, Addr, Backend, Counter, FlowEntry, FlowKey,
 };
 
@@ -16,7 +17,10 @@ use aya_ebpf::{bindings::BPF_NOEXIST, maps::LruHashMap};
 use crate::{
     atomic,
     lookup::Table,
-    maps::{BACKEND_CONNS, FLOWS, HALF_OPEN, SERVER_CONNS, SERVER_FAILS, UNPROVEN},
+    maps::{
+        BACKEND_CONNS, FLOWS, HALF_OPEN, SERVER_CONNS, SERVER_FAILS, SOURCE_RATES, UNPROVEN,
+        VIP_LIMITS,
+    },
     scratch,
     stats::{backend_failure, count, Failure},
 };
@@ -119,19 +123,26 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
             // The backend's SYN-ACK is not in view: nothing proves the
             // client saw it. The flow waits in a table of its own.
             move_to(key, e, &HALF_OPEN, &UNPROVEN, Counter::UnprovenFlows);
-        } else {
-            move_to(key, e, &HALF_OPEN, &FLOWS, Counter::Promoted);
+        } else if move_to(key, e, &HALF_OPEN, &FLOWS, Counter::Promoted)
+            && snapshot.state & flow::F_RATE_LIMITED != 0
+        {
+            return Event::charge(snapshot.vip_index);
         }
-    } else if table == Table::Unproven && flow::graduates(snapshot.created_ns, now) {
-        move_to(key, e, &UNPROVEN, &FLOWS, Counter::Graduated);
+    } else if table == Table::Unproven
+        && flow::graduates(snapshot.created_ns, now)
+        && move_to(key, e, &UNPROVEN, &FLOWS, Counter::Graduated)
+        && snapshot.state & flow::F_RATE_LIMITED != 0
+    {
+        return Event::charge(snapshot.vip_index);
     }
     Event::NONE
 }
 
-/// A rare event [`track`] saw, for the data-path log ([`Event::log`]):
-/// one word, so that it comes back in a register. Logged by the caller,
-/// not by `track` itself: the entry program and the reply stage spend all
-/// but nothing of their 512 stack bytes with `track`'s frame on top.
+/// A rare event [`track`] saw, for the data-path log or a source's rate
+/// ([`Event::log`]): one word, so that it comes back in a register.
+/// Handled by the caller, not by `track` itself: the entry program and the
+/// reply stage spend all but nothing of their 512 stack bytes with
+/// `track`'s frame on top.
 #[derive(Clone, Copy)]
 pub struct Event(u64);
 
@@ -139,6 +150,9 @@ pub struct Event(u64);
 const EV_RST_OUT_OF_WINDOW: u64 = 1 << 40;
 /// Set in an [`Event`] word when the client sent it.
 const EV_FROM_CLIENT: u64 = 1 << 32;
+/// Set in an [`Event`] word when the flow was proven and spends a token of
+/// its source's rate at the VIP whose index is the low 32 bits.
+const EV_CHARGE_RATE: u64 = 1 << 41;
 
 impl Event {
     /// Nothing to log.
@@ -152,9 +166,20 @@ impl Event {
         )
     }
 
-    /// Logs the event for the flow `key` (nothing for [`Event::NONE`]).
+    /// The flow was proven: its source spends a token at VIP `vip_index`.
     #[inline(always)]
-    pub fn log(self, key: &FlowKey) {
+    fn charge(vip_index: u32) -> Event {
+        Event(EV_CHARGE_RATE | u64::from(vip_index))
+    }
+
+    /// Logs the event for the flow `key` at `now` (ns), or charges its
+    /// source's rate (nothing for [`Event::NONE`]).
+    #[inline(always)]
+    pub fn log(self, key: &FlowKey, now: u64) {
+        if self.0 & EV_CHARGE_RATE != 0 {
+            charge_source(key, self.0 as u32, now);
+            return;
+        }
         if self.0 & EV_RST_OUT_OF_WINDOW != 0 {
             rst_out_of_window(
                 &key.src_addr,
@@ -168,7 +193,8 @@ impl Event {
 
 /// Moves the flow `key`, whose entry `e` is in `from`, to `to`, counted
 /// under `c`: exactly one caller's insert succeeds (the handshake
-/// completes, or the flow graduates, once). Its count moves with it.
+/// completes, or the flow graduates, once), and only it gets `true`. Its
+/// count moves with it.
 #[inline(always)]
 pub fn move_to(
     key: &FlowKey,
@@ -176,13 +202,45 @@ pub fn move_to(
     from: &LruHashMap<FlowKey, FlowEntry>,
     to: &LruHashMap<FlowKey, FlowEntry>,
     c: Counter,
-) {
+) -> bool {
     // SAFETY: a flow-table value, copied by the insert (not to the stack:
     // 40 bytes of it).
     if to.insert(key, unsafe { &*e }, BPF_NOEXIST as u64).is_ok() {
         let _ = from.remove(key);
         count(c, 1);
+        return true;
     }
+    false
+}
+
+/// A proven flow of a VIP with a source rate (`flow::F_RATE_LIMITED`)
+/// spends a token of its source's bucket (`rate::charged`). Called once
+/// per flow, where it is promoted or graduates. Not inlined: its own
+/// stack frame, off the entry program's.
+#[inline(never)]
+pub fn charge_source(key: &FlowKey, vip_index: u32, now: u64) {
+    let Some(l) = VIP_LIMITS.get(vip_index) else {
+        return;
+    };
+    if l.source_rate == 0 {
+        return;
+    }
+    let Some(r) = scratch::rate() else {
+        return;
+    };
+    r.key = RateKey {
+        vip_index,
+        addr: key.src_addr,
+    };
+    // SAFETY: the value is only read before the update.
+    r.bucket = rate::charged(
+        unsafe { SOURCE_RATES.get(&r.key) },
+        now,
+        l.source_rate,
+        l.source_burst,
+    );
+    let _ = SOURCE_RATES.insert(&r.key, &r.bucket, 0);
+    count(Counter::RateCharged, 1);
 }
 
 /// The server of `b` served a flow: its failure streak ends.

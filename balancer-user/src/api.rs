@@ -129,6 +129,15 @@ pub struct VipPatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<String>>)]
     pub deny_sources: Option<Vec<crate::prefix::SourcePrefix>>,
+    /// The connection cap per backend (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_max_conns: Option<u32>,
+    /// New flows per second per client source (0: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_rate: Option<u32>,
+    /// The per-source burst (0: one second of the rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_burst: Option<u32>,
 }
 
 impl VipPatch {
@@ -194,6 +203,15 @@ impl VipPatch {
         }
         if let Some(d) = &self.deny_sources {
             s.deny_sources = d.clone();
+        }
+        if let Some(v) = self.backend_max_conns {
+            s.backend_max_conns = v;
+        }
+        if let Some(v) = self.source_rate {
+            s.source_rate = v;
+        }
+        if let Some(v) = self.source_burst {
+            s.source_burst = v;
         }
         s
     }
@@ -861,8 +879,8 @@ pub struct VipStatsView {
     pub fallback: bool,
     /// The choice telemetry.
     pub choice: ChoiceView,
-    /// New flows refused by the VIP's source lists, by reason
-    /// (`source_denied`, `source_not_allowed`).
+    /// New flows the VIP refused, by reason (`source_denied`,
+    /// `source_not_allowed`, `rate_limited`, `backend_full`).
     #[serde(default)]
     pub refused: BTreeMap<String, u64>,
 }

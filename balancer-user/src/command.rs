@@ -106,7 +106,7 @@ fn settings_words(s: &VipSettings) -> String {
         s.choices.to_string()
     };
     format!(
-        "(mode {}, choices {choices}{}{}{}{}{})",
+        "(mode {}, choices {choices}{}{}{}{}{}{})",
         s.mode.name(),
         if s.protocol.is_tcp() {
             String::new()
@@ -138,6 +138,13 @@ fn settings_words(s: &VipSettings) -> String {
         match (s.allow_sources.len(), s.deny_sources.len()) {
             (0, 0) => String::new(),
             (a, d) => format!(", sources: {a} allowed, {d} denied"),
+        },
+        match s.limits() {
+            None => String::new(),
+            Some(l) => format!(
+                ", limits: {} conns per backend, {} new flows/s per source (burst {})",
+                l.backend_max_conns, l.source_rate, l.source_burst
+            ),
         }
     )
 }

@@ -221,6 +221,15 @@ pub struct VipEntry {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<String>)]
     pub deny_sources: Vec<crate::prefix::SourcePrefix>,
+    /// The connection cap per backend (0: none).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub backend_max_conns: u32,
+    /// New flows per second per client source (0: no limit).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_rate: u32,
+    /// The per-source burst (0: one second of the rate).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_burst: u32,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -293,6 +302,10 @@ fn d_ejection_time() -> Duration {
 fn d_udp_timeout() -> Duration {
     d_settings().udp_timeout
 }
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
 fn is_zero_u8(v: &u8) -> bool {
     *v == 0
 }
@@ -324,6 +337,9 @@ impl VipEntry {
             quic_server_id_len: self.quic_server_id_len,
             allow_sources: self.allow_sources.clone(),
             deny_sources: self.deny_sources.clone(),
+            backend_max_conns: self.backend_max_conns,
+            source_rate: self.source_rate,
+            source_burst: self.source_burst,
         }
     }
 
@@ -350,6 +366,9 @@ impl VipEntry {
             quic_server_id_len: s.quic_server_id_len,
             allow_sources: s.allow_sources.clone(),
             deny_sources: s.deny_sources.clone(),
+            backend_max_conns: s.backend_max_conns,
+            source_rate: s.source_rate,
+            source_burst: s.source_burst,
             backends,
         }
     }

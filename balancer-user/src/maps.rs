@@ -358,6 +358,7 @@ pub struct Maps {
     quic_servers: HashMap<MapData, QuicServerKey, u32>,
     vip_addresses: HashMap<MapData, Addr, u32>,
     vip_sources: LpmTrie<MapData, SourceKey, u32>,
+    vip_limits: Array<MapData, balancer_common::rate::VipLimits>,
     vip_refusals: PerCpuArray<MapData, u64>,
     backends: Array<MapData, Backend>,
     conns: Array<MapData, u64>,
@@ -448,6 +449,7 @@ impl Maps {
             quic_servers: take!(map_names::QUIC_SERVERS),
             vip_addresses: take!(map_names::VIP_ADDRESSES),
             vip_sources: take!(map_names::VIP_SOURCES),
+            vip_limits: take!(map_names::VIP_LIMITS),
             vip_refusals: take!(map_names::VIP_REFUSALS),
             backends: take!(map_names::BACKENDS),
             conns: take!(map_names::BACKEND_CONNS),
@@ -810,6 +812,15 @@ impl Maps {
             .filter_map(|r| r.ok())
             .map(|(k, v)| ((k.prefix_len(), k.data()), v))
             .collect();
+        for i in 0..balancer_common::MAX_VIPS {
+            let l = self
+                .vip_limits
+                .get(&i, 0)
+                .map_err(map_err(map_names::VIP_LIMITS, "read"))?;
+            if l != balancer_common::rate::VipLimits::default() {
+                out.vip_limits.insert(i, l);
+            }
+        }
         out.martians = self
             .martian_sources
             .iter()
@@ -947,6 +958,18 @@ impl Maps {
         }
         // Source prefixes in before the entries that flag their VIPs (out
         // at the end, after them): a VIP never has its flag without them.
+        // Limits in before the entries that flag their VIPs (zeroed at the
+        // end, after them).
+        for (k, v) in &want.vip_limits {
+            if self.synced.vip_limits.get(k) == Some(v) {
+                continue;
+            }
+            self.vip_limits
+                .set(*k, *v, 0)
+                .map_err(map_err(map_names::VIP_LIMITS, "write"))?;
+            self.synced.vip_limits.insert(*k, *v);
+            r.writes += 1;
+        }
         for (k, v) in &want.vip_sources {
             if self.synced.vip_sources.get(k) == Some(v) {
                 continue;
@@ -1149,6 +1172,21 @@ impl Maps {
             ignore_missing(self.vip_sources.remove(&Key::new(k.0, k.1)))
                 .map_err(map_err(map_names::VIP_SOURCES, "remove"))?;
             self.synced.vip_sources.remove(&k);
+            r.removed += 1;
+        }
+        // 10. Limits no VIP holds any more.
+        let gone: Vec<u32> = self
+            .synced
+            .vip_limits
+            .keys()
+            .filter(|k| !want.vip_limits.contains_key(k))
+            .copied()
+            .collect();
+        for k in gone {
+            self.vip_limits
+                .set(k, balancer_common::rate::VipLimits::default(), 0)
+                .map_err(map_err(map_names::VIP_LIMITS, "write"))?;
+            self.synced.vip_limits.remove(&k);
             r.removed += 1;
         }
         Ok(r)

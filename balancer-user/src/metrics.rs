@@ -424,7 +424,7 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
     let v_refused = Counters::new(
         &mut reg,
         "vip_refused_flows",
-        "New flows the VIP refused, by reason (its source allow and deny lists)",
+        "New flows the VIP refused, by reason (its source lists, the per-source rate, every backend at its cap)",
     );
     for x in &stats.vips {
         for (reason, n) in &x.refused {

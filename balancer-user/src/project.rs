@@ -103,6 +103,9 @@ pub struct ConfigMaps {
     /// `VIP_SOURCES`: (prefix length in bits of the key, key) -> the
     /// prefix's `source_action`, of every live VIP's source lists.
     pub vip_sources: BTreeMap<(u32, SourceKey), u32>,
+    /// `VIP_LIMITS`: by VIP index, the limits of every live VIP that has
+    /// any.
+    pub vip_limits: BTreeMap<u32, balancer_common::rate::VipLimits>,
 }
 
 impl ConfigMaps {
@@ -136,6 +139,7 @@ impl Default for ConfigMaps {
             quic_servers: BTreeMap::new(),
             vip_addresses: BTreeMap::new(),
             vip_sources: BTreeMap::new(),
+            vip_limits: BTreeMap::new(),
         }
     }
 }
@@ -203,6 +207,11 @@ fn vip_entry(v: &VipConfig, list: &[u32], fallback: bool) -> VipEntry {
                 } else {
                     VIP_F_ALLOW_LIST
                 }
+                | if s.limits().is_some() {
+                    balancer_common::VIP_F_LIMITS
+                } else {
+                    0
+                }
                 | if s.mode == ForwardingMode::Nat {
                     VIP_F_TWO_SIDED
                 } else {
@@ -267,6 +276,9 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
         *out.vip_addresses
             .entry(Addr::from(v.addr.ip()))
             .or_insert(0) += 1;
+        if let Some(l) = v.settings.limits() {
+            out.vip_limits.insert(v.index, l);
+        }
         for (list, action) in [
             (&v.settings.allow_sources, source_action::ALLOW),
             (&v.settings.deny_sources, source_action::DENY),

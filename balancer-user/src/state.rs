@@ -376,6 +376,82 @@ pub struct VipSettings {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<String>)]
     pub deny_sources: Vec<SourcePrefix>,
+    /// A connection cap per backend (IPVS's `-x`): a backend whose server
+    /// holds this many active connections (every VIP's on this balancer,
+    /// plus the cluster peers' as last reported: a cap on the cluster's
+    /// sum) is not a candidate for the VIP's new flows; when every
+    /// candidate is, the new flow is dropped and counted `backend_full`.
+    /// 0 (the default): none.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub backend_max_conns: u32,
+    /// New flows per second each client address may open at the VIP
+    /// (a token bucket, `balancer_common::rate`); past it, a new flow is
+    /// dropped and counted `rate_limited`. Only a proven flow (handshake
+    /// completed in NAT mode; graduated in the direct-return modes) spends
+    /// a token, so forged SYNs cannot spend a source's budget. 0 (the
+    /// default): no limit.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_rate: u32,
+    /// The flows a source may open at once above the rate (its bucket's
+    /// depth). 0: as many as one second of the rate.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_burst: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+impl VipSettings {
+    /// The limits: a rate and burst of at most `rate::MAX_RATE`, a burst
+    /// only with a rate, a cap of at most `choice::MAX_CAP`.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the setting.
+    pub fn validate_limits(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "limits",
+            reason,
+        };
+        let max = balancer_common::rate::MAX_RATE;
+        if self.source_rate > max || self.source_burst > max {
+            return Err(bad(format!(
+                "source rate {} and burst {} must be at most {max}",
+                self.source_rate, self.source_burst
+            )));
+        }
+        if self.source_burst != 0 && self.source_rate == 0 {
+            return Err(bad(format!(
+                "a source burst ({}) needs a source rate",
+                self.source_burst
+            )));
+        }
+        if self.backend_max_conns > balancer_common::choice::MAX_CAP {
+            return Err(bad(format!(
+                "backend max conns {} is above {}",
+                self.backend_max_conns,
+                balancer_common::choice::MAX_CAP
+            )));
+        }
+        Ok(())
+    }
+
+    /// The `VIP_LIMITS` entry of these settings; `None` without limits.
+    pub fn limits(&self) -> Option<balancer_common::rate::VipLimits> {
+        if self.backend_max_conns == 0 && self.source_rate == 0 {
+            return None;
+        }
+        Some(balancer_common::rate::VipLimits {
+            backend_max_conns: self.backend_max_conns,
+            source_rate: self.source_rate,
+            source_burst: match (self.source_rate, self.source_burst) {
+                (0, _) => 0,
+                (r, 0) => r,
+                (_, b) => b,
+            },
+            _pad: 0,
+        })
+    }
 }
 
 /// Source prefixes one VIP may hold, its allow and deny lists together:
@@ -564,6 +640,9 @@ impl Default for VipSettings {
             quic_server_id_len: 0,
             allow_sources: Vec::new(),
             deny_sources: Vec::new(),
+            backend_max_conns: 0,
+            source_rate: 0,
+            source_burst: 0,
         }
     }
 }
@@ -1155,6 +1234,7 @@ impl VipSettings {
     pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
         self.validate()?;
         self.validate_sources(vip)?;
+        self.validate_limits()?;
         if let Some(h) = &self.health {
             check_path_mode(h, self.mode)?;
         }

@@ -32,6 +32,7 @@ mod hostile;
 mod icmp;
 mod ipv6;
 mod jumbo;
+mod limits;
 mod modes;
 mod multi_vip;
 mod race;
@@ -68,6 +69,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += router::run()?;
     n += hairpin::run()?;
     n += sources::run()?;
+    n += limits::run()?;
     n += eligibility::run()?;
     n += table_pressure()?;
     n += half_open::run()?;

@@ -133,6 +133,21 @@ pub struct VipArgs {
     /// Empty both source lists (every source accepted again).
     #[arg(long, conflicts_with_all = ["allow_sources", "deny_sources"])]
     clear_sources: bool,
+    /// A connection cap per backend: a backend whose server holds this
+    /// many active connections (all VIPs, and the cluster peers' as last
+    /// reported) gets none of the VIP's new flows; with every backend
+    /// full, a new flow is dropped (counted backend_full). 0: none.
+    #[arg(long, value_name = "CONNS")]
+    backend_max_conns: Option<u32>,
+    /// New flows per second each client address may open (handshakes
+    /// completed; past it a new flow is dropped, counted rate_limited).
+    /// 0: no limit.
+    #[arg(long, value_name = "PER_SECOND")]
+    source_rate: Option<u32>,
+    /// New flows a client address may open at once above the rate (0: one
+    /// second of it).
+    #[arg(long, value_name = "FLOWS")]
+    source_burst: Option<u32>,
 }
 
 /// The transport protocols of a VIP, on the command line.
@@ -232,6 +247,9 @@ impl VipArgs {
             } else {
                 (!self.deny_sources.is_empty()).then(|| self.deny_sources.clone())
             },
+            backend_max_conns: self.backend_max_conns,
+            source_rate: self.source_rate,
+            source_burst: self.source_burst,
         }
     }
 }

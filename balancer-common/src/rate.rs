@@ -1,0 +1,174 @@
+//! Per-VIP limits of the choice: a connection cap per backend and a
+//! new-flow rate per client source (`VIP_LIMITS`, `SOURCE_RATES`).
+//!
+//! The rate is a token bucket (Turner, "New directions in
+//! communications", 1986; the shaping of RFC 2697's single-rate meter
+//! without its colours): a source holds up to `burst` tokens, refilled at
+//! `rate` per second, and a new flow of the VIP is accepted while its
+//! source holds one. A token is spent only by a flow that proved its
+//! source (the handshake seen completing, or, in the direct-return modes,
+//! the flow graduating), never by a SYN: a forged SYN reads a bucket and
+//! cannot empty one, so nobody can spend another source's budget by
+//! writing its address on SYNs.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::Addr;
+
+/// One token in [`RateBucket::tokens`] units: tokens are kept in
+/// token-nanoseconds so that a refill of `elapsed_ns * rate` needs no
+/// division.
+pub const TOKEN: u64 = 1_000_000_000;
+/// Largest `source_rate` and `source_burst` (flows per second, flows):
+/// keeps `MAX_REFILL_NS * rate` and `burst * TOKEN` inside a `u64`.
+pub const MAX_RATE: u32 = 1_000_000;
+/// A refill counts at most this much idle time, ns (10 s): enough to fill
+/// any bucket whose rate is at least its burst / 10 s, and the bound that
+/// keeps the arithmetic in range.
+pub const MAX_REFILL_NS: u64 = 10_000_000_000;
+/// Entries of `SOURCE_RATES` (an LRU: the least recently charged sources
+/// give way, and a source that lost its bucket starts full again).
+pub const SOURCE_RATES_LEN: u32 = 1 << 16;
+
+/// Value of `VIP_LIMITS` (an array indexed by VIP index), read for a new
+/// flow of a VIP with `VIP_F_LIMITS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct VipLimits {
+    /// A backend whose server holds this many active connections or more
+    /// (its count on this balancer, over every VIP, plus the cluster
+    /// peers' last reports) is not a candidate for the VIP's new flows. 0:
+    /// no cap.
+    pub backend_max_conns: u32,
+    /// Proven new flows per second each client source may open, tokens
+    /// per second ([`TOKEN`] per token). 0: no limit.
+    pub source_rate: u32,
+    /// Tokens a source's bucket holds at most (and starts with), at least
+    /// 1 when `source_rate` is set.
+    pub source_burst: u32,
+    /// Padding, always 0.
+    pub _pad: u32,
+}
+
+/// Key of `SOURCE_RATES`: a VIP's index and a client source address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct RateKey {
+    /// The VIP's index.
+    pub vip_index: u32,
+    /// The client's address.
+    pub addr: Addr,
+}
+
+/// Value of `SOURCE_RATES`: one source's token bucket at one VIP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct RateBucket {
+    /// Tokens held at `last_ns`, in [`TOKEN`] units.
+    pub tokens: u64,
+    /// When the bucket was last charged, ns (`bpf_ktime_get_ns`).
+    pub last_ns: u64,
+}
+
+/// The tokens a bucket holds at `now_ns` ([`TOKEN`] units): what it held,
+/// refilled at `rate` per second for the time since, up to `burst`
+/// tokens. A clock that went back refills nothing.
+#[inline(always)]
+pub fn refilled(b: &RateBucket, now_ns: u64, rate: u32, burst: u32) -> u64 {
+    let elapsed = now_ns.saturating_sub(b.last_ns).min(MAX_REFILL_NS);
+    let full = u64::from(burst.min(MAX_RATE)) * TOKEN;
+    b.tokens
+        .saturating_add(elapsed * u64::from(rate.min(MAX_RATE)))
+        .min(full)
+}
+
+/// `true` when a new flow from the bucket's source is accepted at
+/// `now_ns`: it holds a whole token. A source without a bucket (`None`)
+/// is accepted.
+#[inline(always)]
+pub fn admits(b: Option<&RateBucket>, now_ns: u64, rate: u32, burst: u32) -> bool {
+    match b {
+        Some(b) => refilled(b, now_ns, rate, burst) >= TOKEN,
+        None => true,
+    }
+}
+
+/// The bucket after a proven flow spends a token at `now_ns` (a source
+/// without one starts full). Never below empty: flows accepted on the
+/// same token by several CPUs at once (the check and the charge are not
+/// one atomic step) leave it empty, not in debt.
+#[inline(always)]
+pub fn charged(b: Option<&RateBucket>, now_ns: u64, rate: u32, burst: u32) -> RateBucket {
+    let held = match b {
+        Some(b) => refilled(b, now_ns, rate, burst),
+        None => u64::from(burst.min(MAX_RATE)) * TOKEN,
+    };
+    RateBucket {
+        tokens: held.saturating_sub(TOKEN),
+        last_ns: now_ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_burst_then_the_rate() {
+        // 2 per second, burst 3: three flows at once, the fourth refused
+        // until half a second has passed.
+        let (rate, burst) = (2, 3);
+        let mut b: Option<RateBucket> = None;
+        for _ in 0..3 {
+            assert!(admits(b.as_ref(), 0, rate, burst));
+            b = Some(charged(b.as_ref(), 0, rate, burst));
+        }
+        assert!(!admits(b.as_ref(), 0, rate, burst));
+        assert!(!admits(b.as_ref(), S / 2 - 1, rate, burst));
+        assert!(admits(b.as_ref(), S / 2, rate, burst));
+        b = Some(charged(b.as_ref(), S / 2, rate, burst));
+        assert!(!admits(b.as_ref(), S / 2, rate, burst));
+        // Idle long enough, full again and no more.
+        assert_eq!(
+            refilled(b.as_ref().unwrap(), 100 * S, rate, burst),
+            3 * TOKEN
+        );
+    }
+
+    #[test]
+    fn a_clock_going_back_refills_nothing() {
+        let b = RateBucket {
+            tokens: 0,
+            last_ns: 10 * S,
+        };
+        assert!(!admits(Some(&b), 5 * S, 1, 1));
+        assert_eq!(charged(Some(&b), 5 * S, 1, 1).tokens, 0);
+    }
+
+    proptest! {
+        /// Over any sequence of charges, no more flows are accepted than
+        /// the burst plus the rate times the time elapsed.
+        #[test]
+        fn never_more_than_burst_plus_rate(
+            rate in 1u32..=MAX_RATE,
+            burst in 1u32..=MAX_RATE,
+            gaps in proptest::collection::vec(0u64..2 * S, 1..200),
+        ) {
+            let mut b: Option<RateBucket> = None;
+            let (mut now, mut accepted) = (0u64, 0u64);
+            for g in gaps {
+                now += g;
+                if admits(b.as_ref(), now, rate, burst) {
+                    b = Some(charged(b.as_ref(), now, rate, burst));
+                    accepted += 1;
+                }
+                let bound = u64::from(burst) + now * u64::from(rate) / S;
+                prop_assert!(accepted <= bound, "{accepted} > {bound} at {now}");
+            }
+        }
+    }
+}
