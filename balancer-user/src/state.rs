@@ -1577,6 +1577,39 @@ mod tests {
     }
 
     #[test]
+    fn limits_are_checked_and_projected() {
+        let with = |cap, rate, burst| VipSettings {
+            backend_max_conns: cap,
+            source_rate: rate,
+            source_burst: burst,
+            ..VipSettings::default()
+        };
+        assert_eq!(with(0, 0, 0).limits(), None);
+        assert!(with(0, 0, 0).validate_limits().is_ok());
+        // A burst defaults to one second of the rate.
+        let l = with(0, 20, 0).limits().expect("limits");
+        assert_eq!((l.source_rate, l.source_burst), (20, 20));
+        let l = with(50, 0, 0).limits().expect("limits");
+        assert_eq!(
+            (l.backend_max_conns, l.source_rate, l.source_burst),
+            (50, 0, 0)
+        );
+        assert!(
+            with(0, 0, 5).validate_limits().is_err(),
+            "a burst without a rate"
+        );
+        assert!(with(0, balancer_common::rate::MAX_RATE + 1, 0)
+            .validate_limits()
+            .is_err());
+        assert!(with(balancer_common::choice::MAX_CAP + 1, 0, 0)
+            .validate_limits()
+            .is_err());
+        assert!(with(balancer_common::choice::MAX_CAP, 1, 1)
+            .validate_limits()
+            .is_ok());
+    }
+
+    #[test]
     fn endpoints() {
         assert!(check_endpoint("VIP", "10.0.0.10:80".parse().unwrap()).is_ok());
         assert!(check_endpoint("VIP", "10.0.0.10:0".parse().unwrap()).is_err());

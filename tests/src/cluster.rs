@@ -950,7 +950,8 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         Ok(t0.elapsed())
     })?;
     report("lb4 added", &o);
-    herd(c)
+    herd(c)?;
+    cap(c)
 }
 
 /// Flows of [`QUIC_VIP`] in balancer `n`'s tables.
@@ -1328,4 +1329,144 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
     }
     let _ = c.active(1)?;
     Ok(())
+}
+
+/// Opens up to `n` connections at once (16 threads), each given `within`
+/// to connect and answer: (held, failed).
+fn open_some(c: &Cluster, n: u64, id_base: u64, within: Duration) -> (Vec<Conn>, u64) {
+    let threads = 16u64;
+    let per = n.div_ceil(threads);
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let ns = c.client.path();
+            thread::spawn(move || -> (Vec<Conn>, u64) {
+                if enter_ns(&ns).is_err() {
+                    return (Vec::new(), per);
+                }
+                let (mut held, mut failed) = (Vec::new(), 0);
+                for id in (t * per..((t + 1) * per).min(n)).map(|i| id_base + i) {
+                    match Conn::open_within(None, VIP, id, 64, within) {
+                        Ok(conn) => held.push(conn),
+                        Err(_) => failed += 1,
+                    }
+                }
+                (held, failed)
+            })
+        })
+        .collect();
+    let (mut all, mut failed) = (Vec::new(), 0);
+    for h in handles {
+        match h.join() {
+            Ok((held, f)) => {
+                all.extend(held);
+                failed += f;
+            }
+            Err(_) => failed += per,
+        }
+    }
+    (all, failed)
+}
+
+/// The cluster-wide connection cap: `--backend-max-conns 50` on the VIP
+/// of three balancers (lb1, lb2, lb4) before 8 backends, and 440
+/// connections opened at once and held (capacity 400). With load reports
+/// every 100 ms, each backend holds at most 50 plus what the peers can
+/// place in the reports' age (the sync bound: the measured opening rate
+/// times two intervals), and the excess is refused (`backend_full`). The
+/// control is the same with reports off: each balancer then caps only its
+/// own count, so all 440 are placed and some backend holds more than 50.
+fn cap(c: &mut Cluster) -> anyhow::Result<()> {
+    let lbs = [1, 2, 4];
+    let (cap, n) = (50u64, 440u64);
+    let mut id = 7u64 << 32;
+    println!("cluster: cap: --backend-max-conns {cap}, {n} connections opened at once through 3 balancers onto 8 backends, held");
+    println!("cluster: cap: | load reports | opened per s | held | failed | backend_full | busiest | sync bound |");
+    println!("cluster: cap: |---|---|---|---|---|---|---|");
+    for (interval, label) in [("100ms", "every 100 ms"), ("0s", "none (control)")] {
+        for k in lbs {
+            c.stop_daemon(k)?;
+            c.start_daemon(k, &["--load-report-interval", interval])?;
+            c.cli(
+                k,
+                &[
+                    "vip",
+                    "set",
+                    &VIP.to_string(),
+                    "--choices",
+                    "2",
+                    "--backend-max-conns",
+                    &cap.to_string(),
+                ],
+            )?;
+        }
+        c.await_hops(&lbs, Duration::from_secs(30))?;
+        thread::sleep(Duration::from_millis(1500));
+        let full_before = backend_full(c, &lbs)?;
+        let base = c.held_per_backend();
+        let t0 = Instant::now();
+        // Long enough for one SYN retransmission (1 s): a SYN refused
+        // before the reports caught up gets a second chance.
+        let (conns, failed) = open_some(c, n, id, Duration::from_millis(2500));
+        let secs = t0.elapsed().as_secs_f64();
+        id += 1 << 20;
+        let held: Vec<u64> = c
+            .held_per_backend()
+            .iter()
+            .zip(&base)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        let full = backend_full(c, &lbs)? - full_before;
+        let busiest = *held.iter().max().unwrap_or(&0);
+        let rate = conns.len() as f64 / secs.max(0.001);
+        // What the peers can place on one backend before this balancer
+        // sees it: every placement of two report intervals.
+        let bound = (rate * 0.2).ceil() as u64;
+        println!(
+            "cluster: cap: | {label} | {rate:.0} | {} | {failed} | {full} | {busiest} | {bound} |",
+            conns.len()
+        );
+        for conn in conns {
+            conn.close();
+        }
+        if interval == "100ms" {
+            ensure!(
+                busiest <= cap + bound,
+                "a backend held {busiest} with a cluster-wide cap of {cap} (bound {bound}): {held:?}"
+            );
+            ensure!(
+                full > 0 && failed > 0,
+                "{n} connections against a capacity of {} refused none ({failed} failed, backend_full {full})",
+                8 * cap
+            );
+        } else {
+            // Without the peers' reports each balancer caps its own third:
+            // the cap is not the cluster's (what the reports make it).
+            ensure!(
+                failed == 0 && busiest > cap,
+                "without load reports {failed} failed and the busiest backend held {busiest}: {held:?}"
+            );
+        }
+        thread::sleep(Duration::from_millis(800));
+    }
+    for k in lbs {
+        c.cli(
+            k,
+            &["vip", "set", &VIP.to_string(), "--backend-max-conns", "0"],
+        )?;
+    }
+    Ok(())
+}
+
+/// `backend_full` refusals of the VIP summed over balancers `lbs`.
+fn backend_full(c: &Cluster, lbs: &[usize]) -> anyhow::Result<u64> {
+    let mut sum = 0;
+    for k in lbs {
+        let s = c.json(*k, &["stats", "--json"])?;
+        for v in s["vips"].as_array().into_iter().flatten() {
+            if v["vip"].as_str() == Some(VIP.to_string().as_str()) {
+                sum += v["refused"]["backend_full"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    Ok(sum)
 }
