@@ -1373,8 +1373,9 @@ fn open_some(c: &Cluster, n: u64, id_base: u64, within: Duration) -> (Vec<Conn>,
 /// every 100 ms, each backend holds at most 50 plus what the peers can
 /// place in the reports' age (the sync bound: the measured opening rate
 /// times two intervals), and the excess is refused (`backend_full`). The
-/// control is the same with reports off: each balancer then caps only its
-/// own count, so all 440 are placed and some backend holds more than 50.
+/// control, run first, is the same with reports off: each balancer then
+/// caps only its own count, so all 440 are placed and some backend holds
+/// more than 50; its opening rate is the one the bound is computed from.
 fn cap(c: &mut Cluster) -> anyhow::Result<()> {
     let lbs = [1, 2, 4];
     let (cap, n) = (50u64, 440u64);
@@ -1382,7 +1383,10 @@ fn cap(c: &mut Cluster) -> anyhow::Result<()> {
     println!("cluster: cap: --backend-max-conns {cap}, {n} connections opened at once through 3 balancers onto 8 backends, held");
     println!("cluster: cap: | load reports | opened per s | held | failed | backend_full | busiest | sync bound |");
     println!("cluster: cap: |---|---|---|---|---|---|---|");
-    for (interval, label) in [("100ms", "every 100 ms"), ("0s", "none (control)")] {
+    // The control first: its opening rate, none refused, is the rate the
+    // sync bound is computed from.
+    let mut control_rate = 0.0f64;
+    for (interval, label) in [("0s", "none (control)"), ("100ms", "every 100 ms")] {
         for k in lbs {
             c.stop_daemon(k)?;
             c.start_daemon(k, &["--load-report-interval", interval])?;
@@ -1418,9 +1422,13 @@ fn cap(c: &mut Cluster) -> anyhow::Result<()> {
         let full = backend_full(c, &lbs)? - full_before;
         let busiest = *held.iter().max().unwrap_or(&0);
         let rate = conns.len() as f64 / secs.max(0.001);
+        if interval == "0s" {
+            control_rate = rate;
+        }
         // What the peers can place on one backend before this balancer
-        // sees it: every placement of two report intervals.
-        let bound = (rate * 0.2).ceil() as u64;
+        // sees it: every placement of two report intervals, at the rate
+        // the control opened connections.
+        let bound = (control_rate * 0.2).ceil() as u64;
         println!(
             "cluster: cap: | {label} | {rate:.0} | {} | {failed} | {full} | {busiest} | {bound} |",
             conns.len()
