@@ -1,7 +1,8 @@
 //! Several balancers behind a BGP/ECMP router in the test bed
 //! (`balancer-testbed cluster`, docs/cluster.md): one of three drained and
 //! put back under 1,000 held connections and steady new ones, nothing
-//! broken. `BALANCER_CLUSTER_FULL=1` runs the full form (a host cut off, a
+//! broken; a connection cap of 50 held across the three (the peers' load
+//! reports count toward it). `BALANCER_CLUSTER_FULL=1` runs the full form (a host cut off, a
 //! balancer added, the herd table). Isolates itself in network and mount
 //! namespaces of its own.
 
@@ -16,6 +17,7 @@ fn balancers_behind_ecmp_share_flows() {
         "cluster: the router learned the VIP from lb1, lb2 and lb3",
         "cluster: lb2 drained: 0 of 1000 held connections broken",
         "cluster: lb2 back in service: 0 of 1000 held connections broken,",
+        "cluster: cap: | every 100 ms |",
     ];
     if long {
         markers.extend([
