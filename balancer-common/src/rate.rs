@@ -20,12 +20,8 @@ use crate::Addr;
 /// division.
 pub const TOKEN: u64 = 1_000_000_000;
 /// Largest `source_rate` and `source_burst` (flows per second, flows):
-/// keeps `MAX_REFILL_NS * rate` and `burst * TOKEN` inside a `u64`.
+/// keeps `burst * TOKEN` and a refill's `elapsed * rate` inside a `u64`.
 pub const MAX_RATE: u32 = 1_000_000;
-/// A refill counts at most this much idle time, ns (10 s): enough to fill
-/// any bucket whose rate is at least its burst / 10 s, and the bound that
-/// keeps the arithmetic in range.
-pub const MAX_REFILL_NS: u64 = 10_000_000_000;
 /// Entries of `SOURCE_RATES` (an LRU: the least recently charged sources
 /// give way, and a source that lost its bucket starts full again).
 pub const SOURCE_RATES_LEN: u32 = 1 << 16;
@@ -72,14 +68,18 @@ pub struct RateBucket {
 
 /// The tokens a bucket holds at `now_ns` ([`TOKEN`] units): what it held,
 /// refilled at `rate` per second for the time since, up to `burst`
-/// tokens. A clock that went back refills nothing.
+/// tokens. A clock that went back refills nothing. The idle time counted
+/// is at most what fills the bucket from empty (`burst / rate` seconds),
+/// which keeps `elapsed * rate` within a `u64` whatever the idle time.
 #[inline(always)]
 pub fn refilled(b: &RateBucket, now_ns: u64, rate: u32, burst: u32) -> u64 {
-    let elapsed = now_ns.saturating_sub(b.last_ns).min(MAX_REFILL_NS);
     let full = u64::from(burst.min(MAX_RATE)) * TOKEN;
-    b.tokens
-        .saturating_add(elapsed * u64::from(rate.min(MAX_RATE)))
-        .min(full)
+    let rate = u64::from(rate.min(MAX_RATE));
+    if rate == 0 {
+        return b.tokens.min(full);
+    }
+    let elapsed = now_ns.saturating_sub(b.last_ns).min(full / rate + 1);
+    b.tokens.saturating_add(elapsed * rate).min(full)
 }
 
 /// `true` when a new flow from the bucket's source is accepted at
@@ -137,6 +137,21 @@ mod tests {
             refilled(b.as_ref().unwrap(), 100 * S, rate, burst),
             3 * TOKEN
         );
+    }
+
+    #[test]
+    fn a_deep_bucket_refills_whole_after_a_long_idle_time() {
+        // Burst 30 at 1 per second: empty, then 25 s idle, 25 tokens (a
+        // refill once capped at 10 s gave 10); 30 s, full.
+        let empty = RateBucket {
+            tokens: 0,
+            last_ns: 0,
+        };
+        assert_eq!(refilled(&empty, 25 * S, 1, 30), 25 * TOKEN);
+        assert_eq!(refilled(&empty, 30 * S, 1, 30), 30 * TOKEN);
+        let most = u64::from(MAX_RATE) * TOKEN;
+        assert_eq!(refilled(&empty, u64::MAX, MAX_RATE, MAX_RATE), most);
+        assert_eq!(refilled(&empty, u64::MAX, 1, MAX_RATE), most);
     }
 
     #[test]

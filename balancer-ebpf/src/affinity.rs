@@ -34,8 +34,8 @@ fn key(vip: &VipInfo, client_addr: &Addr) -> AffinityKey {
 }
 
 /// Looks the client's affinity up and counts a hit, a miss or a broken
-/// affinity (its backend no longer eligible, its slot reused, or its
-/// server ejected by passive detection).
+/// affinity (its backend no longer eligible, its slot reused, its server
+/// ejected by passive detection, or at the VIP's connection cap).
 #[inline(always)]
 pub fn lookup(vip: &VipInfo, client_addr: &Addr, now: u64) -> Affinity {
     if vip.persistence_s == 0 {
@@ -55,6 +55,7 @@ pub fn lookup(vip: &VipInfo, client_addr: &Addr, now: u64) -> Affinity {
             && b.flags & (BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE)
                 == BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE
             && !crate::choose::server_failing(b.server, vip.eject_after, vip.eject_min_sources)
+            && !crate::choose::server_full(vip, b.server)
     });
     match usable {
         Some(b) => {

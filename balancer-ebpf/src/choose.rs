@@ -20,8 +20,8 @@ use balancer_common::{
     parse::Tcp,
     rate::{self, RateKey},
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
-    SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, SETTINGS_F_NO_CHOICE_TELEMETRY,
-    VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LIMITS, VIP_F_SOURCES,
+    SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
+    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LIMITS, VIP_F_SOURCES,
 };
 
 use crate::{
@@ -137,6 +137,25 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     let peers = *PEER_CONNS.get(server)?;
     let load = choice::active_connections(conns, adjust).saturating_add(peers);
     Some((load, weight, failing))
+}
+
+/// `true` when `server`'s load (as [`load_of`] reads it) is at `vip`'s
+/// connection cap: a client's session affinity does not send it there
+/// (`affinity::lookup`).
+#[inline(never)]
+pub fn server_full(vip: &VipInfo, server: u32) -> bool {
+    let cap = vip_cap(vip);
+    if cap == 0 {
+        return false;
+    }
+    let (Some(conns), Some(adjust), Some(peers)) = (
+        SERVER_CONNS.get(server),
+        SERVER_CONN_ADJUST.get(server),
+        PEER_CONNS.get(server),
+    ) else {
+        return false;
+    };
+    choice::active_connections(*conns, *adjust).saturating_add(*peers) >= u64::from(cap)
 }
 
 /// `VipLimits::backend_max_conns` of `vip` (0: none, or no limits). Not
@@ -433,11 +452,11 @@ fn source_refused(vip: &VipInfo, src: &Addr) -> bool {
     true
 }
 
-/// [`flow::F_RATE_LIMITED`] when `vip` has a source rate, else 0 (a value,
-/// not a branch of the new-flow stage).
+/// [`flow::F_RATE_LIMITED`] when `vip` has a source rate and the flow is
+/// TCP, else 0 (a value, not a branch of the new-flow stage).
 #[inline(never)]
-fn rate_flag(vip: &VipInfo) -> u32 {
-    if vip.flags & VIP_F_LIMITS == 0 {
+fn rate_flag(vip: &VipInfo, proto: u8) -> u32 {
+    if vip.flags & VIP_F_LIMITS == 0 || proto != IPPROTO_TCP {
         return 0;
     }
     match VIP_LIMITS.get(vip.index) {
@@ -462,8 +481,10 @@ fn refused(vip: &VipInfo, reason: u32) {
 /// and the limits read here: the new-flow stage then continues on one path
 /// whatever the VIP's limits (the verifier walks the rest once).
 #[inline(always)]
-fn rate_refused(vip: &VipInfo, src: &Addr, now: u64) -> bool {
-    if vip.flags & VIP_F_LIMITS == 0 {
+fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
+    // TCP only: a UDP flow has no proof a blind forger cannot give (the
+    // backend answers the forged source; the forger sends again).
+    if vip.flags & VIP_F_LIMITS == 0 || key.proto != IPPROTO_TCP {
         return false;
     }
     let Some(limits) = VIP_LIMITS.get(vip.index) else {
@@ -477,7 +498,7 @@ fn rate_refused(vip: &VipInfo, src: &Addr, now: u64) -> bool {
     };
     r.key = RateKey {
         vip_index: vip.index,
-        addr: *src,
+        addr: key.src_addr,
     };
     // SAFETY: the value is only read.
     let b = unsafe { SOURCE_RATES.get(&r.key) };
@@ -514,7 +535,7 @@ pub fn place(
     if vip.flags & VIP_F_SOURCES != 0 && source_refused(vip, &seg.src_addr) {
         return Err(Refusal::Drop);
     }
-    if rate_refused(vip, &seg.src_addr, now) {
+    if rate_refused(vip, key, now) {
         return Err(Refusal::Drop);
     }
     // SAFETY: the value is only read.
@@ -566,7 +587,7 @@ pub fn place(
     if routed.is_some() {
         entry.state |= flow::F_CID_ROUTED;
     }
-    entry.state |= rate_flag(vip);
+    entry.state |= rate_flag(vip, key.proto);
     // Full resolution: of several closed flows of one backend tuple, the
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();

@@ -136,10 +136,7 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
                 atomic::add(&BACKEND_CONNS, slot, 1);
                 atomic::add(&SERVER_CONNS, b.server, 1);
             }
-            let (charge, vip) = (old & flow::F_RATE_LIMITED != 0, entry.vip_index);
-            if track::move_to(key, e, &HALF_OPEN, &FLOWS, Counter::UdpPromoted) && charge {
-                track::charge_source(key, vip, now);
-            }
+            track::move_to(key, e, &HALF_OPEN, &FLOWS, Counter::UdpPromoted);
             // `e` is freed by the move: nothing of it is read below.
         }
     }

@@ -141,10 +141,19 @@ fn settings_words(s: &VipSettings) -> String {
         },
         match s.limits() {
             None => String::new(),
-            Some(l) => format!(
-                ", limits: {} conns per backend, {} new flows/s per source (burst {})",
-                l.backend_max_conns, l.source_rate, l.source_burst
-            ),
+            Some(l) => {
+                let mut w = Vec::new();
+                if l.backend_max_conns != 0 {
+                    w.push(format!("{} conns per backend", l.backend_max_conns));
+                }
+                if l.source_rate != 0 {
+                    w.push(format!(
+                        "{} new flows/s per source (burst {})",
+                        l.source_rate, l.source_burst
+                    ));
+                }
+                format!(", limits: {}", w.join(", "))
+            }
         }
     )
 }

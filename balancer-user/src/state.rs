@@ -384,16 +384,19 @@ pub struct VipSettings {
     /// 0 (the default): none.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub backend_max_conns: u32,
-    /// New flows per second each client address may open at the VIP
-    /// (a token bucket, `balancer_common::rate`); past it, a new flow is
+    /// New TCP flows per second each client address may open at the VIP
+    /// (a token bucket, `balancer_common::rate`); past it, a SYN is
     /// dropped and counted `rate_limited`. Only a proven flow (handshake
     /// completed in NAT mode; graduated in the direct-return modes) spends
-    /// a token, so forged SYNs cannot spend a source's budget. 0 (the
+    /// a token, so forged SYNs cannot spend a source's budget. Refused on
+    /// a UDP-only VIP, and UDP flows of a VIP taking both are not limited:
+    /// a UDP flow has no proof a blind forger cannot give. 0 (the
     /// default): no limit.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub source_rate: u32,
     /// The flows a source may open at once above the rate (its bucket's
-    /// depth). 0: as many as one second of the rate.
+    /// depth). 0: as many as one second of the rate. Without a rate it is
+    /// kept and means nothing.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub source_burst: u32,
 }
@@ -403,8 +406,8 @@ fn is_zero_u32(v: &u32) -> bool {
 }
 
 impl VipSettings {
-    /// The limits: a rate and burst of at most `rate::MAX_RATE`, a burst
-    /// only with a rate, a cap of at most `choice::MAX_CAP`.
+    /// The limits: a rate and burst of at most `rate::MAX_RATE`, a rate
+    /// only on a VIP that takes TCP, a cap of at most `choice::MAX_CAP`.
     ///
     /// # Errors
     /// [`BalancerError::Invalid`] naming the setting.
@@ -420,10 +423,15 @@ impl VipSettings {
                 self.source_rate, self.source_burst
             )));
         }
-        if self.source_burst != 0 && self.source_rate == 0 {
+        // A burst without a rate is kept and means nothing until a rate
+        // is set: `--source-rate 0` alone turns the limit off, and a file
+        // and runtime changes merged field by field never conflict.
+        if self.source_rate != 0 && !self.protocol.tcp() {
             return Err(bad(format!(
-                "a source burst ({}) needs a source rate",
-                self.source_burst
+                "a source rate ({}/s) counts completed TCP handshakes; a {} VIP has none (a \
+                 UDP flow has no proof a forger cannot give)",
+                self.source_rate,
+                self.protocol.name()
             )));
         }
         if self.backend_max_conns > balancer_common::choice::MAX_CAP {
@@ -1594,10 +1602,14 @@ mod tests {
             (l.backend_max_conns, l.source_rate, l.source_burst),
             (50, 0, 0)
         );
-        assert!(
-            with(0, 0, 5).validate_limits().is_err(),
-            "a burst without a rate"
-        );
+        // A burst without a rate is kept, and means nothing.
+        assert!(with(0, 0, 5).validate_limits().is_ok());
+        assert_eq!(with(0, 0, 5).limits(), None);
+        let udp = VipSettings {
+            protocol: Protocol::Udp,
+            ..with(0, 5, 0)
+        };
+        assert!(udp.validate_limits().is_err(), "a rate on a UDP-only VIP");
         assert!(with(0, balancer_common::rate::MAX_RATE + 1, 0)
             .validate_limits()
             .is_err());

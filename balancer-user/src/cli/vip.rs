@@ -139,9 +139,9 @@ pub struct VipArgs {
     /// full, a new flow is dropped (counted backend_full). 0: none.
     #[arg(long, value_name = "CONNS")]
     backend_max_conns: Option<u32>,
-    /// New flows per second each client address may open (handshakes
-    /// completed; past it a new flow is dropped, counted rate_limited).
-    /// 0: no limit.
+    /// New TCP connections per second each client address may open (only
+    /// completed handshakes spend it; past it a SYN is dropped, counted
+    /// rate_limited). TCP only. 0: no limit (the burst is then ignored).
     #[arg(long, value_name = "PER_SECOND")]
     source_rate: Option<u32>,
     /// New flows a client address may open at once above the rate (0: one
