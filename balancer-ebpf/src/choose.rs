@@ -344,7 +344,11 @@ pub fn candidate_row(vip: &VipInfo, key: &FlowKey) -> Option<CandidateRow> {
 
 /// Chooses a backend slot of `vip` other than `exclude` for flow `key`:
 /// among its row's candidates for a `VIP_F_CONSISTENT` VIP, else among
-/// random entries of the eligible list.
+/// random entries of the eligible list. With a connection cap
+/// (`VipLimits::backend_max_conns`) a candidate at it is passed over; when
+/// every one drawn was, the whole eligible list is scanned for the least
+/// loaded below it. `None` with the chooser's `passed_over` set: every
+/// candidate was at the cap.
 #[inline(always)]
 fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backend, u32)> {
     let (telemetry, regret_sample) = match SETTINGS.get(0) {
@@ -393,7 +397,6 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     if done < 0 {
         return None;
     }
-    // SAFETY: as above.
     // SAFETY: as above.
     if row.is_none() && unsafe { (*p).result().is_none() && (*p).passed_over() } {
         // Each candidate drawn was at its cap: every backend of the list
@@ -477,9 +480,10 @@ fn refused(vip: &VipInfo, reason: u32) {
 /// `true` when the new flow's source has spent its budget at `vip`, a VIP
 /// with a source rate (`rate::admits` on its `SOURCE_RATES` bucket;
 /// counted `refusal::RATE_LIMITED`). Reads the bucket only: a SYN spends
-/// nothing (`track::charge_source` does, for a proven flow). Not inlined,
-/// and the limits read here: the new-flow stage then continues on one path
-/// whatever the VIP's limits (the verifier walks the rest once).
+/// nothing (`track::charge_source` does, for a proven flow). The limits
+/// are read here, not carried on: past this check the new-flow stage goes
+/// on along one path whatever they are (what follows is walked by the
+/// verifier once, not once per value).
 #[inline(always)]
 fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
     // TCP only: a UDP flow has no proof a blind forger cannot give (the
