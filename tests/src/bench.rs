@@ -471,6 +471,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
         "new-flow SYN, regret sampled on every choice",
         "new-flow SYN, regret never sampled",
         "new-flow SYN, VIP with source lists (64 prefixes)",
+        "new-flow SYN, VIP with a connection cap and a source rate",
         "UDP datagram of a pinned flow",
         "UDP reply (backend to client, NAT)",
         "new UDP flow (first datagram)",
@@ -563,6 +564,28 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
                 syn_frames(base + (r * sc.calls) as u32, sc.calls)
             })?;
             rig.lb.set_vip(VIP, &lists(Vec::new(), Vec::new()))?;
+            // The VIP's limits, set so that they never bind (every check
+            // made, every candidate below the cap, every source's bucket
+            // read and found absent): their cost alone, against
+            // "new-flow SYN".
+            let limits = |cap: u32, rate: u32| balancer::api::VipPatch {
+                backend_max_conns: Some(cap),
+                source_rate: Some(rate),
+                source_burst: Some(rate),
+                ..Default::default()
+            };
+            rig.lb.set_vip(
+                VIP,
+                &limits(
+                    balancer_common::choice::MAX_CAP,
+                    balancer_common::rate::MAX_RATE,
+                ),
+            )?;
+            let base = base + (sc.rounds * sc.calls) as u32;
+            let c_syn_limits = time_path(&rig, aux, Side::Client, sc.rounds, |r| {
+                syn_frames(base + (r * sc.calls) as u32, sc.calls)
+            })?;
+            rig.lb.set_vip(VIP, &limits(0, 0))?;
             // UDP and QUIC on the same VIP and backends (the TCP rows above
             // were timed before it took UDP).
             let udp = udp_paths(&mut rig, aux, sc, n, base + (sc.rounds * sc.calls) as u32)?;
@@ -575,6 +598,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
                 c_syn_regret,
                 c_syn_no_regret,
                 c_syn_sources,
+                c_syn_limits,
                 udp[0],
                 udp[1],
                 udp[2],
