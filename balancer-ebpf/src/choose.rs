@@ -18,7 +18,7 @@ use balancer_common::{
     consistent::{candidate_index, flow_hash, row_of, CandidateRow},
     flow, hist, load_bucket,
     parse::Tcp,
-    rate::{self, RateKey},
+    rate::{self, RateKey, VipLimits},
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
     SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
     SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LIMITS, VIP_F_SOURCES,
@@ -139,9 +139,22 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     Some((load, weight, failing))
 }
 
+/// `vip`'s limits (`VIP_LIMITS`), `None` for a VIP without
+/// `VIP_F_LIMITS`.
+#[inline(always)]
+fn limits_of(vip: &VipInfo) -> Option<&'static VipLimits> {
+    if vip.flags & VIP_F_LIMITS == 0 {
+        return None;
+    }
+    VIP_LIMITS.get(vip.index)
+}
+
 /// `true` when `server`'s load (as [`load_of`] reads it) is at `vip`'s
 /// connection cap: a client's session affinity does not send it there
-/// (`affinity::lookup`).
+/// (`affinity::lookup`). The load is read as in `load_of`, not through a
+/// helper shared with it: such a helper returning an `Option` let the
+/// compiler compare an unset register on the miss path inside the
+/// choice's loop, which the verifier refused ("R2 !read_ok").
 #[inline(never)]
 pub fn server_full(vip: &VipInfo, server: u32) -> bool {
     let cap = vip_cap(vip);
@@ -162,10 +175,7 @@ pub fn server_full(vip: &VipInfo, server: u32) -> bool {
 /// inlined: a value, not a branch of the new-flow stage.
 #[inline(never)]
 fn vip_cap(vip: &VipInfo) -> u32 {
-    if vip.flags & VIP_F_LIMITS == 0 {
-        return 0;
-    }
-    VIP_LIMITS.get(vip.index).map_or(0, |l| l.backend_max_conns)
+    limits_of(vip).map_or(0, |l| l.backend_max_conns)
 }
 
 /// `true` when `server`'s failure evidence reaches a VIP's thresholds
@@ -459,11 +469,8 @@ fn source_refused(vip: &VipInfo, src: &Addr) -> bool {
 /// TCP, else 0 (a value, not a branch of the new-flow stage).
 #[inline(never)]
 fn rate_flag(vip: &VipInfo, proto: u8) -> u32 {
-    if vip.flags & VIP_F_LIMITS == 0 || proto != IPPROTO_TCP {
-        return 0;
-    }
-    match VIP_LIMITS.get(vip.index) {
-        Some(l) if l.source_rate != 0 => flow::F_RATE_LIMITED,
+    match limits_of(vip) {
+        Some(l) if l.source_rate != 0 && proto == IPPROTO_TCP => flow::F_RATE_LIMITED,
         _ => 0,
     }
 }
@@ -488,13 +495,10 @@ fn refused(vip: &VipInfo, reason: u32) {
 fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
     // TCP only: a UDP flow has no proof a blind forger cannot give (the
     // backend answers the forged source; the forger sends again).
-    if vip.flags & VIP_F_LIMITS == 0 || key.proto != IPPROTO_TCP {
-        return false;
-    }
-    let Some(limits) = VIP_LIMITS.get(vip.index) else {
+    let Some(limits) = limits_of(vip) else {
         return false;
     };
-    if limits.source_rate == 0 {
+    if limits.source_rate == 0 || key.proto != IPPROTO_TCP {
         return false;
     }
     let Some(r) = crate::scratch::rate() else {
