@@ -132,10 +132,12 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     }
     let conns = *SERVER_CONNS.get(server)?;
     let adjust = *SERVER_CONN_ADJUST.get(server)?;
-    // The peer balancers' last report (0 without peers): own placements
-    // count at once, theirs as of their report (docs/cluster.md).
+    // A signed correction the daemon keeps: the peer balancers' last
+    // report (0 without peers; docs/cluster.md), or for a server an agent
+    // reports for, its report less this balancer's count when it arrived
+    // (balancer-user's `agent`). Own placements count at once either way.
     let peers = *PEER_CONNS.get(server)?;
-    let load = choice::active_connections(conns, adjust).saturating_add(peers);
+    let load = choice::active_connections(conns, adjust.wrapping_add(peers));
     Some((load, weight, failing))
 }
 
@@ -168,7 +170,7 @@ pub fn server_full(vip: &VipInfo, server: u32) -> bool {
     ) else {
         return false;
     };
-    choice::active_connections(*conns, *adjust).saturating_add(*peers) >= u64::from(cap)
+    choice::active_connections(*conns, adjust.wrapping_add(*peers)) >= u64::from(cap)
 }
 
 /// `VipLimits::backend_max_conns` of `vip` (0: none, or no limits). Not

@@ -94,9 +94,13 @@ pub static BACKEND_CONN_ADJUST: Array<u64> = Array::with_max_entries(BACKEND_SLO
 /// atomic adds: what a choice compares.
 #[map]
 pub static SERVER_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
-/// Active connections per server index on the peer balancers, as they
-/// last reported them (docs/cluster.md), summed by the daemon: the choice
-/// compares this balancer's own live count plus this.
+/// Load per server index this balancer did not count, a two's-complement
+/// signed correction the daemon writes: the peer balancers' active
+/// connections as they last reported them (docs/cluster.md), summed; or,
+/// for a server whose agent reports its load (`--signal agent`), the
+/// report less this balancer's count when it arrived. The choice compares
+/// this balancer's own live count plus this, clamped at 0
+/// (`choice::active_connections`).
 #[map]
 pub static PEER_CONNS: Array<u64> = Array::with_max_entries(BACKEND_SLOTS, 0);
 /// The daemon's corrections to [`SERVER_CONNS`].

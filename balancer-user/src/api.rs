@@ -138,6 +138,20 @@ pub struct VipPatch {
     /// The per-source burst (0: one second of the rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_burst: Option<u32>,
+    /// The load signal the choice compares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<crate::state::LoadSignal>,
+    /// The agent's TCP port on each backend (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_port: Option<u16>,
+    /// How often each backend's agent is polled.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub agent_interval: Option<Duration>,
 }
 
 impl VipPatch {
@@ -212,6 +226,15 @@ impl VipPatch {
         }
         if let Some(v) = self.source_burst {
             s.source_burst = v;
+        }
+        if let Some(v) = self.signal {
+            s.signal = v;
+        }
+        if let Some(v) = self.agent_port {
+            s.agent_port = (v != 0).then_some(v);
+        }
+        if let Some(v) = self.agent_interval {
+            s.agent_interval = v;
         }
         s
     }
@@ -767,8 +790,13 @@ pub struct BackendView {
     /// Connections it holds now through this VIP.
     pub active_connections: u64,
     /// Connections its server holds now through every VIP (what choices
-    /// compare).
+    /// compare with the connections signal).
     pub server_connections: u64,
+    /// The load its server's agent last reported, while fresh (the agent
+    /// signal; `None` otherwise, or when stale: then the choice compares
+    /// connections).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_load: Option<u64>,
     /// Connections ever placed on it through this VIP.
     pub total_connections: u64,
     /// New flows reset before any data.
@@ -922,6 +950,9 @@ pub struct StatsView {
     /// disk); `None` when it holds the running state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_file_unsaved: Option<String>,
+    /// The agent signal's polls and fallbacks since the daemon started.
+    #[serde(default)]
+    pub agents: crate::agent::AgentStats,
 }
 
 /// One interface the program is attached to, as the kernel reports it.

@@ -80,6 +80,11 @@ pub const MAX_SEQUENCE_AGE: Duration = Duration::from_secs(60);
 /// when its encoding does not fit).
 const FLOWS_PER_DATAGRAM: usize = 24;
 
+/// Largest sum of the peers' reports written for one server (2^40): far
+/// above any real count, far below the sign bit the data path reads it
+/// with.
+pub const MAX_PEER_LOAD: u64 = 1 << 40;
+
 use balancer_common::flow::SYNCED_BITS;
 
 /// The cluster settings of a daemon (`run --peer ...`).
@@ -812,14 +817,23 @@ impl Sync {
             l.retain(|_, (_, t)| now.duration_since(*t) <= stale_after);
         }
         self.peer_loads.retain(|_, l| !l.is_empty());
+        // A server an agent reports for has its load from the report,
+        // which counts every balancer's connections (crate::agent).
+        let agent = lb.agents().reporting();
         let (state, maps) = lb.cluster_parts();
         for (addr, server) in &state.servers {
-            // Saturating: a peer's report cannot wrap a sum.
+            if agent.contains(server) {
+                continue;
+            }
+            // Bounded: the data path adds the entry as a signed
+            // correction (`choice::active_connections`), so no peer's
+            // report may make it negative.
             let sum = self
                 .peer_loads
                 .values()
                 .filter_map(|l| l.get(addr))
-                .fold(0u64, |a, (n, _)| a.saturating_add(*n));
+                .fold(0u64, |a, (n, _)| a.saturating_add(*n))
+                .min(MAX_PEER_LOAD);
             maps.set_peer_conns(*server, sum)?;
         }
         Ok(())

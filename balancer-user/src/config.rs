@@ -230,6 +230,23 @@ pub struct VipEntry {
     /// The per-source burst (0: one second of the rate).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub source_burst: u32,
+    /// The load signal the choice compares (default `connections`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::state::LoadSignal::is_connections"
+    )]
+    pub signal: crate::state::LoadSignal,
+    /// The load agent's TCP port on each backend (the agent signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_port: Option<u16>,
+    /// How often each backend's agent is polled (default 1 s).
+    #[serde(
+        default = "d_agent_interval",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_agent_interval"
+    )]
+    #[schema(value_type = String)]
+    pub agent_interval: Duration,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -312,6 +329,12 @@ fn is_zero_u8(v: &u8) -> bool {
 fn is_default_udp_timeout(d: &Duration) -> bool {
     *d == d_udp_timeout()
 }
+fn d_agent_interval() -> Duration {
+    d_settings().agent_interval
+}
+fn is_default_agent_interval(d: &Duration) -> bool {
+    *d == d_agent_interval()
+}
 
 impl VipEntry {
     /// The VIP's settings.
@@ -340,6 +363,9 @@ impl VipEntry {
             backend_max_conns: self.backend_max_conns,
             source_rate: self.source_rate,
             source_burst: self.source_burst,
+            signal: self.signal,
+            agent_port: self.agent_port,
+            agent_interval: self.agent_interval,
         }
     }
 
@@ -369,6 +395,9 @@ impl VipEntry {
             backend_max_conns: s.backend_max_conns,
             source_rate: s.source_rate,
             source_burst: s.source_burst,
+            signal: s.signal,
+            agent_port: s.agent_port,
+            agent_interval: s.agent_interval,
             backends,
         }
     }

@@ -356,6 +356,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     services.start("health checks", health_service(lb.clone()));
     services.start("eligibility", eligibility_service(lb.clone()));
+    services.start("load agents", agent_service(lb.clone()));
     services.start("stats", watch(lb.clone(), cfg.stats_interval));
     let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
         tracing::info!(
@@ -697,6 +698,43 @@ async fn eligibility_service(lb: Arc<Mutex<Balancer>>) {
         }
     }
 }
+
+/// The agent signal (`crate::agent`): polls each agent-signal VIP's
+/// backends' agents at the VIP's interval, a poll at a time per agent,
+/// each in a task of its own; a report goes into the maps as it arrives.
+async fn agent_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Result<u64, String>)>(1024);
+    let mut tick = tokio::time::interval(AGENT_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let r = tokio::select! {
+            _ = tick.tick() => {
+                let due = lb.lock().await.agent_tick(std::time::Instant::now());
+                if let Ok(due) = &due {
+                    for t in due {
+                        let tx = tx.clone();
+                        let (server, addr) = (t.server, t.addr);
+                        let timeout = t.interval.clamp(Duration::from_millis(50), Duration::from_secs(1));
+                        tokio::spawn(async move {
+                            let r = crate::agent::poll(addr, timeout).await;
+                            let _ = tx.send((server, r)).await;
+                        });
+                    }
+                }
+                due.map(|_| ())
+            }
+            Some((server, r)) = rx.recv() => lb.lock().await.record_agent(server, r),
+        };
+        if let Err(e) = r {
+            failures.warn(std::time::Instant::now(), || format!("load agents: {e:#}"));
+        }
+    }
+}
+
+/// How often the agent service looks for agents due a poll (the shortest
+/// interval a VIP may set, 50 ms, is a few of these).
+const AGENT_TICK: Duration = Duration::from_millis(10);
 
 /// The state file: written again when deleted or replaced, an owed write
 /// retried (crate::persist), every second.

@@ -10,6 +10,7 @@
 //! daemon with the [`api`] types.
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod api;
 pub mod balancer;
 pub mod batch;

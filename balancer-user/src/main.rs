@@ -105,6 +105,13 @@ enum Cmd {
         after_help = "Example:\n  balancer decap attach --iface eth0 --source 192.0.2.1"
     )]
     Decap(DecapCmd),
+    /// On a backend of a VIP with `--signal agent`: serve this backend's
+    /// load to the balancers polling it (one line, `load:N`, per
+    /// connection).
+    #[command(
+        after_help = "Example:\n  balancer agent --listen 0.0.0.0:5555 --connections-to 8080 --cost 3"
+    )]
+    Agent(cli::agent::AgentArgs),
     /// This balancer among its peers: drain it from BGP, put it back, show
     /// the flow sync and the announcements (docs/cluster.md).
     #[command(
@@ -213,6 +220,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Run(a) => return daemon::run(a.config(socket)?).await,
         Cmd::Detach(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Decap(c) => return c.run(),
+        Cmd::Agent(a) => return a.run().await,
         Cmd::Top(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Apply(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Export(a) => return a.run(&socket, cli.timeout).await,

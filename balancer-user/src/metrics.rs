@@ -31,6 +31,8 @@
 //! | every other data-path counter of `/v1/stats` (`rx_packets_total`, `new_flows_total`, …) | counter | |
 //! | `flow_table_entries`, `flow_table_size`, `half_open_entries`, `half_open_table_size`, `live_flows` | gauge | |
 //! | `expired_flows_total`, `reconciled_total` | counter | |
+//! | `backend_reported_load` (while an agent's report is fresh) | gauge | vip, backend |
+//! | `agent_polls_total`, `agent_failed_polls_total`, `agent_stale_fallbacks_total` | counter | |
 //! | `gc_pass_duration_seconds` (slices of the expiry sweep, run without the API's lock) | histogram | |
 //! | `attached` (1 per interface the program runs on) | gauge | interface, mode |
 //! | `build_info` | gauge | version, commit, fingerprint |
@@ -324,6 +326,16 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             f.set(vb(&b.vip, &b.backend), value(b));
         }
     }
+    let reported = Gauges::new(
+        &mut reg,
+        "backend_reported_load",
+        "The load the backend's agent last reported, while fresh (VIPs with --signal agent)",
+    );
+    for b in &stats.backends {
+        if let Some(l) = b.reported_load {
+            reported.set(vb(&b.vip, &b.backend), l as f64);
+        }
+    }
     for (name, help, value) in &backend_gauges {
         let f = Gauges::new(&mut reg, name, help);
         for b in &stats.backends {
@@ -535,6 +547,21 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             "Active-connection corrections applied by reconciliation",
             stats.reconciled,
         ),
+        (
+            "agent_polls",
+            "Load agent polls that gave a report (--signal agent)",
+            stats.agents.polls,
+        ),
+        (
+            "agent_failed_polls",
+            "Load agent polls that failed (no connection, no answer in time, no report)",
+            stats.agents.failed_polls,
+        ),
+        (
+            "agent_stale_fallbacks",
+            "Times a backend's agent report went stale and its load fell back to connections",
+            stats.agents.stale_fallbacks,
+        ),
     ] {
         let c = Counter::<u64>::default();
         c.inc_by(value);
@@ -650,6 +677,7 @@ mod tests {
             reconciled: 0,
             attachments: Vec::new(),
             state_file_unsaved: None,
+            agents: Default::default(),
         };
         let d = DaemonMetrics::default();
         d.gc_pass.observe(0.002);

@@ -399,6 +399,62 @@ pub struct VipSettings {
     /// kept and means nothing.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub source_burst: u32,
+    /// The load a choice compares: the servers' active connections
+    /// (default), or the load an agent on each backend reports
+    /// (`crate::agent`), polled over TCP at `agent_port`.
+    #[serde(default, skip_serializing_if = "LoadSignal::is_connections")]
+    pub signal: LoadSignal,
+    /// TCP port of the load agent on each backend's address (the agent
+    /// signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_port: Option<u16>,
+    /// How often the daemon polls each backend's agent (the agent signal;
+    /// 50 ms..=60 s, default 1 s). A report older than
+    /// [`crate::agent::STALE_POLLS`] intervals is stale: the server's
+    /// load falls back to its connection count, counted.
+    #[serde(
+        default = "default_agent_interval",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_agent_interval"
+    )]
+    #[schema(value_type = String)]
+    pub agent_interval: Duration,
+}
+
+/// The load a VIP's choice compares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadSignal {
+    /// Active connections: this balancer's own, counted as they open and
+    /// close, plus its cluster peers' as last reported.
+    #[default]
+    Connections,
+    /// The load each backend's agent reports, plus the connections this
+    /// balancer placed on it since that report (`crate::agent`).
+    Agent,
+}
+
+impl LoadSignal {
+    /// The default.
+    pub fn is_connections(&self) -> bool {
+        *self == LoadSignal::Connections
+    }
+
+    /// Its name on the command line and in files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LoadSignal::Connections => "connections",
+            LoadSignal::Agent => "agent",
+        }
+    }
+}
+
+fn default_agent_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn is_default_agent_interval(d: &Duration) -> bool {
+    *d == default_agent_interval()
 }
 
 fn is_zero_u32(v: &u32) -> bool {
@@ -440,6 +496,43 @@ impl VipSettings {
                 self.backend_max_conns,
                 balancer_common::choice::MAX_CAP
             )));
+        }
+        Ok(())
+    }
+
+    /// The load signal: the agent signal needs an agent port; its interval
+    /// is 50 ms..=60 s; a connection cap needs the connections signal (the
+    /// cap counts connections; with an agent the data path compares the
+    /// agent's units). An agent port without the agent signal is kept and
+    /// means nothing, as a burst without a rate.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the setting.
+    pub fn validate_signal(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "load signal",
+            reason,
+        };
+        if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&self.agent_interval) {
+            return Err(bad(format!(
+                "agent interval {} is outside 50ms..=60s",
+                humantime::format_duration(self.agent_interval)
+            )));
+        }
+        if self.signal == LoadSignal::Agent {
+            if matches!(self.agent_port, None | Some(0)) {
+                return Err(bad(
+                    "the agent signal needs --agent-port (the agent's TCP port on each backend)"
+                        .into(),
+                ));
+            }
+            if self.backend_max_conns != 0 {
+                return Err(bad(format!(
+                    "a connection cap ({} per backend) counts connections, and the agent \
+                     signal compares the agents' reported load: use one or the other",
+                    self.backend_max_conns
+                )));
+            }
         }
         Ok(())
     }
@@ -651,6 +744,9 @@ impl Default for VipSettings {
             backend_max_conns: 0,
             source_rate: 0,
             source_burst: 0,
+            signal: LoadSignal::Connections,
+            agent_port: None,
+            agent_interval: default_agent_interval(),
         }
     }
 }
@@ -1243,6 +1339,7 @@ impl VipSettings {
         self.validate()?;
         self.validate_sources(vip)?;
         self.validate_limits()?;
+        self.validate_signal()?;
         if let Some(h) = &self.health {
             check_path_mode(h, self.mode)?;
         }

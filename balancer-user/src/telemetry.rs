@@ -28,6 +28,8 @@ pub struct View<'a> {
     pub gc: &'a Reconciler,
     /// Health, ejections, ramps.
     pub eligibility: &'a Eligibility,
+    /// The agents' load reports.
+    pub agents: &'a crate::agent::Agents,
     /// Now.
     pub now: Instant,
 }
@@ -60,6 +62,7 @@ impl View<'_> {
                     health: self.eligibility.view(self.state, v, b, streak, self.now),
                     active_connections: self.maps.active(b.slot)?,
                     server_connections: self.maps.count(Count::Server(server)).unwrap_or(0),
+                    reported_load: self.agents.load(server),
                     total_connections: t.new_flows,
                     refused: t.refused,
                     syn_retransmits: t.syn_retransmits,
@@ -124,6 +127,7 @@ impl View<'_> {
             reconciled: self.gc.reconciled_total,
             attachments: Vec::new(),
             state_file_unsaved: None,
+            agents: self.agents.stats(),
         })
     }
 }

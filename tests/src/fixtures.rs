@@ -39,6 +39,7 @@ mod race;
 mod reconcile;
 mod router;
 mod second_chance;
+mod signals;
 mod sources;
 pub(crate) mod udp;
 
@@ -70,6 +71,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += hairpin::run()?;
     n += sources::run()?;
     n += limits::run()?;
+    n += signals::run()?;
     n += eligibility::run()?;
     n += table_pressure()?;
     n += half_open::run()?;

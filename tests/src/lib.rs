@@ -27,6 +27,7 @@ pub mod refusals;
 pub mod restart;
 pub mod rig;
 pub mod scenario;
+pub mod signals;
 pub mod sync;
 pub mod testbed;
 pub mod traffic;

@@ -198,6 +198,8 @@ pub struct Balancer {
     /// The cluster-wide secret of the candidate tables' seeds
     /// ([`balancer_common::consistent::vip_seed`]).
     candidate_secret: u64,
+    /// The agents' load reports (the agent signal).
+    agents: crate::agent::Agents,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -412,6 +414,7 @@ impl Balancer {
             applied: BTreeMap::new(),
             tables: BTreeMap::new(),
             candidate_secret: 0,
+            agents: Default::default(),
         })
     }
 
@@ -444,6 +447,39 @@ impl Balancer {
     /// halves are 0 in it).
     pub fn projection(&self) -> crate::project::ConfigMaps {
         project(&self.state, &self.retired, &self.inputs())
+    }
+
+    /// One tick of the agent signal at `now`: the agents due for a poll;
+    /// servers whose report went stale, or whose agent is no longer
+    /// polled, fall back to connection counts (their `PEER_CONNS`
+    /// correction is cleared; a cluster's next publication fills it).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn agent_tick(&mut self, now: Instant) -> Result<Vec<crate::agent::Target>> {
+        let t = self.agents.tick(crate::agent::targets(&self.state), now);
+        for s in t.fallen_back {
+            self.maps.set_peer_conns(s, 0)?;
+        }
+        Ok(t.due)
+    }
+
+    /// Records an agent poll's outcome for `server`: a report's correction
+    /// goes into `PEER_CONNS` at once (`crate::agent`).
+    ///
+    /// # Errors
+    /// Map read or write failure.
+    pub fn record_agent(&mut self, server: u32, outcome: Result<u64, String>) -> Result<()> {
+        let own = self.maps.count(Count::Server(server))?;
+        if let Some(c) = self.agents.record(server, outcome, own, Instant::now()) {
+            self.maps.set_peer_conns(server, c)?;
+        }
+        Ok(())
+    }
+
+    /// The agent signal's reports and counters.
+    pub fn agents(&self) -> &crate::agent::Agents {
+        &self.agents
     }
 
     /// Sets the cluster-wide secret the candidate tables' seeds derive
@@ -1024,6 +1060,7 @@ impl Balancer {
             state: &self.state,
             gc: &self.gc,
             eligibility: &self.eligibility,
+            agents: &self.agents,
             now: Instant::now(),
         }
     }

@@ -1,6 +1,7 @@
 //! The `balancer` command line: one file per verb group, each a thin
 //! client of the control API.
 
+pub mod agent;
 pub mod args;
 pub mod backend;
 pub mod cluster;

@@ -148,6 +148,39 @@ pub struct VipArgs {
     /// second of it).
     #[arg(long, value_name = "FLOWS")]
     source_burst: Option<u32>,
+    /// The load the choice compares: connections (default: active
+    /// connections, the cluster peers' included), or agent (the load each
+    /// backend's agent reports, polled at --agent-port; see `balancer
+    /// agent`).
+    #[arg(long, value_enum)]
+    signal: Option<SignalArg>,
+    /// The load agent's TCP port on each backend's address (the agent
+    /// signal). 0: none.
+    #[arg(long, value_name = "PORT")]
+    agent_port: Option<u16>,
+    /// How often each backend's agent is polled (50ms..=60s, default 1s);
+    /// a report three intervals old is stale and the backend's load falls
+    /// back to its connections.
+    #[arg(long, value_parser = parse_duration)]
+    agent_interval: Option<Duration>,
+}
+
+/// The load signal of a VIP, on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum SignalArg {
+    /// Active connections.
+    Connections,
+    /// The load the backends' agents report.
+    Agent,
+}
+
+impl From<SignalArg> for balancer::state::LoadSignal {
+    fn from(s: SignalArg) -> Self {
+        match s {
+            SignalArg::Connections => balancer::state::LoadSignal::Connections,
+            SignalArg::Agent => balancer::state::LoadSignal::Agent,
+        }
+    }
 }
 
 /// The transport protocols of a VIP, on the command line.
@@ -250,6 +283,9 @@ impl VipArgs {
             backend_max_conns: self.backend_max_conns,
             source_rate: self.source_rate,
             source_burst: self.source_burst,
+            signal: self.signal.map(Into::into),
+            agent_port: self.agent_port,
+            agent_interval: self.agent_interval,
         }
     }
 }

@@ -17,6 +17,7 @@
 //! * `balancer-testbed faults [--long]`
 //! * `balancer-testbed modes`
 //! * `balancer-testbed chance`
+//! * `balancer-testbed signals`
 //! * `balancer-testbed mistakes`
 //! * `balancer-testbed cluster [--long | --tunnel]`
 //! * `balancer-testbed sync`
@@ -28,7 +29,7 @@ use std::process::ExitCode;
 use balancer_tests::{
     abuse, bench, chance, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile,
     jumbo, mistakes, modes, netns, operator, orphans, quic, realclients, refusals, restart,
-    scenario, sync, truth, udp,
+    scenario, signals, sync, truth, udp,
 };
 use clap::{Parser, Subcommand};
 
@@ -104,6 +105,10 @@ enum Cmd {
     /// IP-in-IP VIP survive an emptied flow table and a restart with
     /// --fresh (the control: a random-candidates VIP's do not).
     Chance,
+    /// Load signals beyond connection counts: a backend whose agent
+    /// reports 3x the load gets about a third of the share; a killed
+    /// agent's report goes stale and falls back to counts.
+    Signals,
     /// Jumbo frames (MTU 9000, native mode) with real TCP, both families.
     Jumbo,
     /// Operator mistakes and crashes: unsaved changes, dotted interface
@@ -284,6 +289,7 @@ fn main() -> ExitCode {
         Cmd::Faults { long } => faults::run(long),
         Cmd::Modes => modes::run(),
         Cmd::Chance => chance::run(),
+        Cmd::Signals => signals::run(),
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
         Cmd::Operator => operator::run(),
