@@ -87,6 +87,45 @@ pub const F_CID_ROUTED: u32 = 1024;
 /// token of its source's bucket once proven (promoted with both
 /// directions in view, graduated with one).
 pub const F_RATE_LIMITED: u32 = 2048;
+/// Its VIP's load signal is latency (`VIP_F_LATENCY`, NAT): the time from
+/// the client's first data to the backend's first data is measured
+/// ([`latency_step`]).
+pub const F_LATENCY: u32 = 4096;
+
+/// What a segment does to the latency measurement of its flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatencyStep {
+    /// Nothing.
+    None,
+    /// The client's first data went through: the measurement starts.
+    Start,
+    /// The backend's first data went through: it ends.
+    End,
+}
+
+/// The [`LatencyStep`] of a segment travelling `dir` whose sequence number
+/// is `seq`, on a flow whose state was `old` and to which the segment adds
+/// the state bits `set`; `expected` is the sequence number the receiver
+/// expects next (`FlowEntry::client_next_seq` toward the backend,
+/// `FlowEntry::server_next_seq` toward the client). The client's first
+/// data (`F_DATA` becomes set by the client) starts the measurement, the
+/// backend's first data (`F_SERVED` becomes set) ends it; only on flows
+/// with [`F_LATENCY`]. Each must start exactly at `expected` (the
+/// sender's ISN + 1): a blind forger would have to guess it, one in 2^32.
+/// A backend that speaks first (`F_DATA` and `F_SERVED` set by one of its
+/// segments) ends a measurement that never started: no sample. Each
+/// happens once per flow at most, its bits never cleared.
+#[inline(always)]
+pub fn latency_step(old: u32, set: u32, dir: Direction, seq: u32, expected: u32) -> LatencyStep {
+    if old & F_LATENCY == 0 || seq != expected {
+        return LatencyStep::None;
+    }
+    match dir {
+        Direction::ToBackend if became(old, set, F_DATA) => LatencyStep::Start,
+        Direction::ToClient if became(old, set, F_SERVED) => LatencyStep::End,
+        _ => LatencyStep::None,
+    }
+}
 
 /// State bits a synced flow carries to the peers (docs/cluster.md); the
 /// rest are each balancer's own. A change of one of them is a flow event
@@ -879,6 +918,76 @@ mod tests {
         start(&mut a, &seg(TCP_SYN, 1000, 0), 0);
         a.state |= F_SERVER_SEQ_KNOWN;
         assert!(!syn_retransmit(&a, &seg(TCP_SYN, 1000, 0), t), "answered");
+    }
+
+    /// Applies `s` travelling `dir` and returns its latency step.
+    fn step_of(e: &mut FlowEntry, dir: Direction, s: &Tcp) -> LatencyStep {
+        let step = track(e, dir, s);
+        let (old, expected) = match dir {
+            Direction::ToBackend => (e.state, e.client_next_seq),
+            Direction::ToClient => (e.state, e.server_next_seq),
+        };
+        let _ = apply(e, dir, s);
+        latency_step(old, step.set, dir, s.seq, expected)
+    }
+
+    #[test]
+    fn latency_runs_from_the_clients_first_data_to_the_backends() {
+        use Direction::*;
+        let mut e = opened();
+        e.state |= F_LATENCY;
+        assert_eq!(
+            step_of(&mut e, ToBackend, &data(TCP_ACK, 1001, 5001, 100)),
+            LatencyStep::Start
+        );
+        assert_eq!(
+            step_of(&mut e, ToBackend, &data(TCP_ACK, 1101, 5001, 100)),
+            LatencyStep::None,
+            "once"
+        );
+        assert_eq!(
+            step_of(&mut e, ToClient, &seg(TCP_ACK, 5001, 1201)),
+            LatencyStep::None,
+            "a bare ACK"
+        );
+        assert_eq!(
+            step_of(&mut e, ToClient, &data(TCP_ACK, 5001, 1201, 300)),
+            LatencyStep::End
+        );
+        assert_eq!(
+            step_of(&mut e, ToClient, &data(TCP_ACK, 5301, 1201, 300)),
+            LatencyStep::None,
+            "once"
+        );
+        // A backend that speaks first: an end with no start.
+        let mut e = opened();
+        e.state |= F_LATENCY;
+        assert_eq!(
+            step_of(&mut e, ToClient, &data(TCP_ACK, 5001, 1001, 50)),
+            LatencyStep::End
+        );
+        assert_eq!(
+            step_of(&mut e, ToBackend, &data(TCP_ACK, 1001, 5051, 10)),
+            LatencyStep::None
+        );
+        // Without the flag, nothing.
+        let mut e = opened();
+        assert_eq!(
+            step_of(&mut e, ToBackend, &data(TCP_ACK, 1001, 5001, 100)),
+            LatencyStep::None
+        );
+        // A forged first segment anywhere but at the expected sequence
+        // number starts nothing (though it sets F_DATA).
+        let mut e = opened();
+        e.state |= F_LATENCY;
+        assert_eq!(
+            step_of(&mut e, ToBackend, &data(TCP_ACK, 1002, 5001, 100)),
+            LatencyStep::None
+        );
+        assert_eq!(
+            step_of(&mut e, ToClient, &data(TCP_ACK, 5002, 1001, 100)),
+            LatencyStep::None
+        );
     }
 
     #[test]

@@ -14,7 +14,8 @@ use crate::{
     map_names,
     plan::{Dest, Encap, ForwardPlan, HopCache, Nat, ResetPlan, Rewrite, SegInfo},
     programs, Addr, AffinityEntry, AffinityKey, Backend, BackendKey, BackendVips, ChoiceCounts,
-    FlowEntry, FlowKey, GlobalStats, Orphan, ServerFails, TrafficStats, VipAddr, VipInfo, VipKey,
+    FlowEntry, FlowKey, GlobalStats, LatencySample, Orphan, ServerFails, TrafficStats, VipAddr,
+    VipInfo, VipKey,
 };
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -242,6 +243,14 @@ const fn fingerprint() -> u64 {
         map_names::SOURCE_RATES,
         crate::rate::RateKey,
         crate::rate::RateBucket
+    );
+    h = map!(h, map_names::LATENCY_PENDING, FlowKey, u64);
+    h = layout!(
+        h,
+        LatencySample {
+            server: u32,
+            latency_us: u32
+        }
     );
     h = map!(h, map_names::BACKEND_VIPS, BackendKey, BackendVips);
     h = map!(h, map_names::VIP_BACKENDS, u32, u32);

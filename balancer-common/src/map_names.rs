@@ -153,6 +153,14 @@ pub const VIP_LIMITS: &str = "VIP_LIMITS";
 /// [`crate::rate::RateKey`] -> [`crate::rate::RateBucket`] (not pinned: a
 /// restart gives every source a full bucket).
 pub const SOURCE_RATES: &str = "SOURCE_RATES";
+/// Flows of latency-signal VIPs whose client's first data went through and
+/// whose backend has not answered yet: LRU hash of [`crate::FlowKey`] ->
+/// the time, CLOCK_MONOTONIC ns (not pinned: a restart loses the
+/// measurements under way only).
+pub const LATENCY_PENDING: &str = "LATENCY_PENDING";
+/// The latency signal's samples for the daemon: ring buffer of
+/// [`crate::LatencySample`] records (not pinned).
+pub const LATENCY_SAMPLES: &str = "LATENCY_SAMPLES";
 /// The decapsulation program's settings: one [`crate::DecapConfig`]
 /// (array of one).
 pub const DECAP_CONFIG: &str = "DECAP_CONFIG";

@@ -224,11 +224,17 @@ pub enum Counter {
     /// Proven flows that spent a token of their source's new-flow budget
     /// (`rate`; `VipLimits::source_rate`).
     RateCharged,
+    /// Latency samples of the latency signal sent to the daemon (a NAT
+    /// flow's time from its client's first data to its backend's first
+    /// data; `LATENCY_SAMPLES`).
+    LatencySamples,
+    /// Latency samples lost: the ring to the daemon was full.
+    LatencySamplesLost,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::RateCharged;
+    pub const LAST: Counter = Counter::LatencySamplesLost;
 }
 
 /// Number of entries of the `STATS` array.
@@ -306,6 +312,8 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "quic_cid_routed",
     "icmp_echo_replies",
     "rate_charged",
+    "latency_samples",
+    "latency_samples_lost",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

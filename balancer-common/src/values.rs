@@ -191,6 +191,34 @@ pub const VIP_F_ALLOW_LIST: u32 = 128;
 /// [`crate::rate::VipLimits`]): a connection cap per backend, a new-flow
 /// rate per source.
 pub const VIP_F_LIMITS: u32 = 1 << 11;
+/// [`VipInfo::flags`]: the VIP's load signal is latency (NAT only): its
+/// TCP flows carry `flow::F_LATENCY`, and each sends one
+/// [`LatencySample`] to the daemon (`LATENCY_SAMPLES`), which turns them
+/// into the backends' effective weights.
+pub const VIP_F_LATENCY: u32 = 1 << 12;
+
+/// One latency sample of the latency signal: the time from a flow's
+/// client's first data to its backend's first data, as the balancer saw
+/// them (so it includes the balancer-to-backend round trip and the
+/// backend's service time, not the client's path).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LatencySample {
+    /// The backend's server index.
+    pub server: u32,
+    /// The latency, µs (saturating at `u32::MAX`, about 71 minutes).
+    pub latency_us: u32,
+}
+
+/// Size of the `LATENCY_SAMPLES` ring buffer, bytes: 64 KiB, about 4,000
+/// samples of 16 bytes with the ring's header; the daemon drains it every
+/// 20 ms. A sample that finds it full is dropped and counted.
+pub const LATENCY_SAMPLE_RING: u32 = 64 << 10;
+
+/// Entries of `LATENCY_PENDING` (an LRU hash): flows of latency-signal
+/// VIPs whose client sent data that the backend has not answered yet. One
+/// evicted loses its sample only.
+pub const LATENCY_PENDING_LEN: u32 = 65536;
 /// [`VipInfo::flags`] bits 8..=10: the length of the QUIC-LB server ID
 /// its UDP datagrams' connection IDs carry, octets (0: the VIP does not
 /// route QUIC by connection ID; `crate::quic`).

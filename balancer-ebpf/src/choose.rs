@@ -21,7 +21,8 @@ use balancer_common::{
     rate::{self, RateKey, VipLimits},
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
     SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
-    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LIMITS, VIP_F_SOURCES,
+    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LATENCY, VIP_F_LIMITS,
+    VIP_F_SOURCES,
 };
 
 use crate::{
@@ -467,6 +468,8 @@ fn source_refused(vip: &VipInfo, src: &Addr) -> bool {
     true
 }
 
+const _: () = assert!(VIP_F_LATENCY == flow::F_LATENCY);
+
 /// [`flow::F_RATE_LIMITED`] when `vip` has a source rate and the flow is
 /// TCP, else 0 (a value, not a branch of the new-flow stage).
 #[inline(never)]
@@ -598,6 +601,8 @@ pub fn place(
         entry.state |= flow::F_CID_ROUTED;
     }
     entry.state |= rate_flag(vip, key.proto);
+    // The same bit in both words (checked below): no branch.
+    entry.state |= vip.flags & VIP_F_LATENCY;
     // Full resolution: of several closed flows of one backend tuple, the
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();

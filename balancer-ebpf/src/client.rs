@@ -85,7 +85,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
             },
         )
     };
-    event.log(key, now);
+    event.log(key, now, b.server);
     to_backend(frame, seg, &b, slot, vip_index, false, now, None)
 }
 

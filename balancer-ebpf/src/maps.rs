@@ -72,6 +72,16 @@ pub static SOURCE_RATES: LruHashMap<
     balancer_common::rate::RateKey,
     balancer_common::rate::RateBucket,
 > = LruHashMap::with_max_entries(balancer_common::rate::SOURCE_RATES_LEN, 0);
+/// Flows of latency-signal VIPs (`VIP_F_LATENCY`) whose client's first
+/// data went through and whose backend has not answered yet: when, ns.
+#[map]
+pub static LATENCY_PENDING: LruHashMap<balancer_common::FlowKey, u64> =
+    LruHashMap::with_max_entries(balancer_common::LATENCY_PENDING_LEN, 0);
+/// The latency signal's samples for the daemon
+/// (`balancer_common::LatencySample` records).
+#[map]
+pub static LATENCY_SAMPLES: RingBuf =
+    RingBuf::with_byte_size(balancer_common::LATENCY_SAMPLE_RING, 0);
 /// Eligible backend slots per VIP, double-buffered.
 #[map]
 pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);

@@ -41,7 +41,7 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
                     },
                 )
             };
-            event.log(key, now);
+            event.log(key, now, b.server);
             (slot, vip_index, &key.dst_addr, key.dst_port)
         }
         Reply::Closed(slot, vip_index, v) => {

@@ -5,21 +5,24 @@
 
 use balancer_common::{
     encap::mode,
-    flow::{self, Direction, Verdict},
+    flow::{self, Direction, LatencyStep, Verdict},
     flow_event, flow_kind,
     parse::Tcp,
     rate::{self, RateKey},
-    source_bucket, Addr, Backend, Counter, FlowEntry, FlowKey,
+    source_bucket, Addr, Backend, Counter, FlowEntry, FlowKey, LatencySample,
 };
 
-use aya_ebpf::{bindings::BPF_NOEXIST, maps::LruHashMap};
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    maps::LruHashMap,
+};
 
 use crate::{
     atomic,
     lookup::Table,
     maps::{
-        BACKEND_CONNS, FLOWS, HALF_OPEN, SERVER_CONNS, SERVER_FAILS, SOURCE_RATES, UNPROVEN,
-        VIP_LIMITS,
+        BACKEND_CONNS, FLOWS, HALF_OPEN, LATENCY_PENDING, LATENCY_SAMPLES, SERVER_CONNS,
+        SERVER_FAILS, SOURCE_RATES, UNPROVEN, VIP_LIMITS,
     },
     scratch,
     stats::{backend_failure, count, Failure},
@@ -126,7 +129,11 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
         } else if move_to(key, e, &HALF_OPEN, &FLOWS, Counter::Promoted)
             && snapshot.state & flow::F_RATE_LIMITED != 0
         {
-            return Event::charge(snapshot.vip_index);
+            // A client's ACK: it may start the latency measurement too
+            // (data on the handshake's last segment), never end one.
+            return Event(
+                Event::charge(snapshot.vip_index).0 | latency_bits(old, &step, dir, seg, &snapshot),
+            );
         }
     } else if table == Table::Unproven
         && flow::graduates(snapshot.created_ns, now)
@@ -135,7 +142,31 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
     {
         return Event::charge(snapshot.vip_index);
     }
-    Event::NONE
+    Event(latency_bits(old, &step, dir, seg, &snapshot))
+}
+
+/// The [`Event`] bits of the segment's latency step
+/// (`flow::latency_step`; the latency signal, NAT only: `F_LATENCY` is
+/// set on two-sided flows alone). Computed last, from values `track`
+/// keeps on its stack anyway: held across its calls, it took 16 more
+/// bytes of a stack the entry program has no room for.
+#[inline(always)]
+fn latency_bits(
+    old: u32,
+    step: &flow::Step,
+    dir: Direction,
+    seg: &Tcp,
+    snapshot: &FlowEntry,
+) -> u64 {
+    let expected = match dir {
+        Direction::ToBackend => snapshot.client_next_seq,
+        Direction::ToClient => snapshot.server_next_seq,
+    };
+    match flow::latency_step(old, step.set, dir, seg.seq, expected) {
+        LatencyStep::None => 0,
+        LatencyStep::Start => EV_LATENCY_START,
+        LatencyStep::End => EV_LATENCY_END,
+    }
 }
 
 /// A rare event [`track`] saw, for the data-path log or a source's rate
@@ -153,6 +184,11 @@ const EV_FROM_CLIENT: u64 = 1 << 32;
 /// Set in an [`Event`] word when the flow was proven and spends a token of
 /// its source's rate at the VIP whose index is the low 32 bits.
 const EV_CHARGE_RATE: u64 = 1 << 41;
+/// Set in an [`Event`] word when the client's first data started the
+/// flow's latency measurement (`flow::latency_step`).
+const EV_LATENCY_START: u64 = 1 << 42;
+/// Set in an [`Event`] word when the backend's first data ended it.
+const EV_LATENCY_END: u64 = 1 << 43;
 
 impl Event {
     /// Nothing to log.
@@ -172,10 +208,14 @@ impl Event {
         Event(EV_CHARGE_RATE | u64::from(vip_index))
     }
 
-    /// Logs the event for the flow `key` at `now` (ns), or charges its
-    /// source's rate (nothing for [`Event::NONE`]).
+    /// Logs the event for the flow `key` at `now` (ns), charges its
+    /// source's rate, or takes the latency measurement of its backend's
+    /// `server` (nothing for [`Event::NONE`]).
     #[inline(always)]
-    pub fn log(self, key: &FlowKey, now: u64) {
+    pub fn log(self, key: &FlowKey, now: u64, server: u32) {
+        if self.0 & (EV_LATENCY_START | EV_LATENCY_END) != 0 {
+            latency(key, self.0 | u64::from(server));
+        }
         if self.0 & EV_CHARGE_RATE != 0 {
             charge_source(key, self.0 as u32, now);
             return;
@@ -188,6 +228,47 @@ impl Event {
                 self.0 & EV_FROM_CLIENT != 0,
             );
         }
+    }
+}
+
+/// The latency signal's measurement of flow `key` now, for the event word
+/// `ev` (its low 32 bits the backend's server index): its start is remembered in `LATENCY_PENDING`; its end
+/// sends the time since as a sample to the daemon (`LATENCY_SAMPLES`) and
+/// forgets the start. An end without a start (the backend spoke first,
+/// the start evicted) sends nothing. Not inlined: the entry program's
+/// stack has no room for it.
+#[inline(never)]
+fn latency(key: &FlowKey, ev: u64) {
+    // At full resolution: the coarse clock of the rest of the data path
+    // ticks every few ms, longer than a fast backend's answer.
+    let now = crate::frame::precise_ns();
+    if ev & EV_LATENCY_START != 0 {
+        let _ = LATENCY_PENDING.insert(key, &now, 0);
+        return;
+    }
+    // SAFETY: the value is copied out at once.
+    let Some(start) = (unsafe { LATENCY_PENDING.get(key) }).copied() else {
+        return;
+    };
+    let _ = LATENCY_PENDING.remove(key);
+    let us = now.saturating_sub(start) / 1000;
+    match LATENCY_SAMPLES.reserve::<LatencySample>(0) {
+        Some(mut r) => {
+            let p = r.as_mut_ptr();
+            // SAFETY: `p` is the reserved record, 8 bytes; both fields are
+            // written before the submit.
+            unsafe {
+                (*p).server = ev as u32;
+                (*p).latency_us = if us > u64::from(u32::MAX) {
+                    u32::MAX
+                } else {
+                    us as u32
+                };
+            }
+            r.submit(BPF_RB_NO_WAKEUP as u64);
+            count(Counter::LatencySamples, 1);
+        }
+        None => count(Counter::LatencySamplesLost, 1),
     }
 }
 

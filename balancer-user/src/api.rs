@@ -782,8 +782,9 @@ pub struct BackendView {
     pub server: u32,
     /// Configured weight.
     pub weight: u32,
-    /// Weight in effect now (slow start), as a fraction of `weight`'s units:
-    /// equal to `weight` once ramped.
+    /// Weight in effect now (slow start, and the latency signal's share),
+    /// in `weight`'s units: equal to `weight` once ramped, without the
+    /// latency signal.
     pub effective_weight: f64,
     /// Health.
     pub health: HealthView,
@@ -797,6 +798,12 @@ pub struct BackendView {
     /// connections).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported_load: Option<u64>,
+    /// Its server's latency as the latency signal measured it (a
+    /// peak-sensitive moving average of the time from a flow's client's
+    /// first data to its backend's first data), ms; `None` without
+    /// samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<f64>,
     /// Connections ever placed on it through this VIP.
     pub total_connections: u64,
     /// New flows reset before any data.
@@ -953,6 +960,9 @@ pub struct StatsView {
     /// The agent signal's polls and fallbacks since the daemon started.
     #[serde(default)]
     pub agents: crate::agent::AgentStats,
+    /// The latency signal's samples and republications.
+    #[serde(default)]
+    pub latency: crate::latency::LatencyStats,
 }
 
 /// One interface the program is attached to, as the kernel reports it.

@@ -357,6 +357,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     services.start("health checks", health_service(lb.clone()));
     services.start("eligibility", eligibility_service(lb.clone()));
     services.start("load agents", agent_service(lb.clone()));
+    services.start("latency samples", latency_service(lb.clone()));
     services.start("stats", watch(lb.clone(), cfg.stats_interval));
     let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
         tracing::info!(
@@ -728,6 +729,24 @@ async fn agent_service(lb: Arc<Mutex<Balancer>>) {
         };
         if let Err(e) = r {
             failures.warn(std::time::Instant::now(), || format!("load agents: {e:#}"));
+        }
+    }
+}
+
+/// The latency signal's samples (`crate::latency`): read from the data
+/// path's ring every 20 ms (it holds about 4,000; a full ring drops
+/// samples, counted `latency_samples_lost`). The averages are updated by
+/// the eligibility poll, and here when a server's first samples come.
+async fn latency_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = lb.lock().await.drain_latency() {
+            failures.warn(std::time::Instant::now(), || {
+                format!("latency samples: {e:#}")
+            });
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod error;
 pub mod gc;
 pub mod health;
 pub mod http;
+pub mod latency;
 pub mod links;
 pub mod logs;
 pub mod maps;

@@ -678,6 +678,7 @@ mod tests {
             attachments: Vec::new(),
             state_file_unsaved: None,
             agents: Default::default(),
+            latency: Default::default(),
         };
         let d = DaemonMetrics::default();
         d.gc_pass.observe(0.002);

@@ -216,6 +216,12 @@ fn vip_entry(v: &VipConfig, list: &[u32], fallback: bool) -> VipEntry {
                     VIP_F_TWO_SIDED
                 } else {
                     0
+                }
+                | if s.signal == crate::state::LoadSignal::Latency && s.mode == ForwardingMode::Nat
+                {
+                    balancer_common::VIP_F_LATENCY
+                } else {
+                    0
                 },
             eject_after: if fallback { 0 } else { s.eject_after },
             eject_min_sources: s.eject_min_sources,

@@ -432,6 +432,13 @@ pub enum LoadSignal {
     /// The load each backend's agent reports, plus the connections this
     /// balancer placed on it since that report (`crate::agent`).
     Agent,
+    /// Active connections, each weighted by the backend's latency as the
+    /// balancer measures it (NAT only: the time from a flow's client's
+    /// first data to its backend's first data, a peak-sensitive moving
+    /// average per backend; `crate::latency`): a backend twice as slow
+    /// as the fastest counts its connections twice (Finagle's and
+    /// Linkerd's peak EWMA, `(connections + 1) x latency`).
+    Latency,
 }
 
 impl LoadSignal {
@@ -445,6 +452,7 @@ impl LoadSignal {
         match self {
             LoadSignal::Connections => "connections",
             LoadSignal::Agent => "agent",
+            LoadSignal::Latency => "latency",
         }
     }
 }
@@ -517,6 +525,13 @@ impl VipSettings {
             return Err(bad(format!(
                 "agent interval {} is outside 50ms..=60s",
                 humantime::format_duration(self.agent_interval)
+            )));
+        }
+        if self.signal == LoadSignal::Latency && self.mode != ForwardingMode::Nat {
+            return Err(bad(format!(
+                "the latency signal is measured where both directions pass the balancer (mode \
+                 nat); a {} VIP's backends answer the clients directly",
+                self.mode.name()
             )));
         }
         if self.signal == LoadSignal::Agent {
@@ -1679,6 +1694,34 @@ mod tests {
         assert!(check_choices(16).is_ok());
         assert!(check_choices(17).is_err());
         assert!(check_choices(CHOICES_FULL_SCAN).is_ok());
+    }
+
+    #[test]
+    fn load_signals_are_checked() {
+        let vip: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        let ok = |s: &VipSettings| s.validate_for(vip).is_ok();
+        let mut s = VipSettings {
+            signal: LoadSignal::Agent,
+            ..VipSettings::default()
+        };
+        assert!(!ok(&s), "the agent signal without a port");
+        s.agent_port = Some(5555);
+        assert!(ok(&s));
+        s.backend_max_conns = 10;
+        assert!(!ok(&s), "a connection cap with the agent signal");
+        s.backend_max_conns = 0;
+        s.agent_interval = Duration::from_millis(10);
+        assert!(!ok(&s), "an interval below 50 ms");
+        let mut s = VipSettings {
+            signal: LoadSignal::Latency,
+            ..VipSettings::default()
+        };
+        assert!(ok(&s), "latency in NAT");
+        s.mode = ForwardingMode::Dsr;
+        assert!(!ok(&s), "latency in a direct-return mode");
+        s.signal = LoadSignal::Connections;
+        s.agent_port = Some(5555);
+        assert!(ok(&s), "an agent port without the agent signal is kept");
     }
 
     #[test]

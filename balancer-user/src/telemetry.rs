@@ -30,6 +30,8 @@ pub struct View<'a> {
     pub eligibility: &'a Eligibility,
     /// The agents' load reports.
     pub agents: &'a crate::agent::Agents,
+    /// The backends' latencies.
+    pub latency: &'a crate::latency::Latency,
     /// Now.
     pub now: Instant,
 }
@@ -46,6 +48,11 @@ impl View<'_> {
         };
         let mut out = Vec::new();
         for v in vips {
+            let servers: Vec<u32> = v
+                .backends
+                .iter()
+                .filter_map(|b| self.state.server(&b.addr))
+                .collect();
             for b in &v.backends {
                 let t = self.maps.traffic(Traffic::Backend, b.slot)?;
                 let server = self.state.server(&b.addr).unwrap_or(u32::MAX);
@@ -57,8 +64,12 @@ impl View<'_> {
                     slot: b.slot,
                     server,
                     weight: b.weight,
-                    effective_weight: self.eligibility.weight_units(v, b, self.now) as f64
+                    effective_weight: crate::latency::scaled(
+                        self.eligibility.weight_units(v, b, self.now),
+                        self.latency.factor(v, &servers, server),
+                    ) as f64
                         / WEIGHT_ONE as f64,
+                    latency_ms: self.latency.average_us(server).map(|us| us / 1000.0),
                     health: self.eligibility.view(self.state, v, b, streak, self.now),
                     active_connections: self.maps.active(b.slot)?,
                     server_connections: self.maps.count(Count::Server(server)).unwrap_or(0),
@@ -128,6 +139,7 @@ impl View<'_> {
             attachments: Vec::new(),
             state_file_unsaved: None,
             agents: self.agents.stats(),
+            latency: self.latency.stats(),
         })
     }
 }

@@ -9,6 +9,12 @@
 //! gets an equal share. Then backend 0's agent is killed: its report goes
 //! stale within three intervals, is counted, and its load falls back to
 //! connections; restarted, it reports again.
+//!
+//! The latency signal: backend 0's server made slow (each answer 20 ms
+//! late, as an overloaded application), 1,000 requests, each on a
+//! connection of its own, 8 at a time. With `--signal connections` (the
+//! control, run first) backend 0 gets some share; with `--signal latency`
+//! at most half of it.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -64,13 +70,101 @@ fn start_agent(tb: &Testbed, k: usize, cost: u64) -> anyhow::Result<Child> {
     Ok(cmd.spawn()?)
 }
 
+/// Requests made in each latency phase.
+const REQUESTS: u64 = 1000;
+/// Backend 0's delay in the latency phases.
+const SLOW: Duration = Duration::from_millis(20);
+
+/// `n` requests to the VIP, each on a connection of its own, `threads` at
+/// a time: how many each backend answered.
+fn requests(tb: &Testbed, n: u64, threads: u64, id_base: u64) -> anyhow::Result<[u64; BACKENDS]> {
+    let per = n / threads;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let ns = tb.client_ns_path();
+            thread::spawn(move || -> anyhow::Result<[u64; BACKENDS]> {
+                enter_ns(&ns)?;
+                let mut spread = [0u64; BACKENDS];
+                for i in 0..per {
+                    let id = id_base + t * per + i;
+                    let c = Conn::open_to(None, VIP, id, 64)
+                        .with_context(|| format!("request {id}"))?;
+                    if let Some(k) =
+                        (0..BACKENDS).find(|&k| c.backend == crate::testbed::backend_addr(k))
+                    {
+                        spread[k] += 1;
+                    }
+                    c.close();
+                }
+                Ok(spread)
+            })
+        })
+        .collect();
+    let mut spread = [0u64; BACKENDS];
+    for h in handles {
+        let s = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+        for k in 0..BACKENDS {
+            spread[k] += s[k];
+        }
+    }
+    Ok(spread)
+}
+
+/// The latency signal against the connections signal, backend 0 slow.
+fn latency(tb: &mut Testbed) -> anyhow::Result<()> {
+    let vip = VIP.to_string();
+    tb.servers[0].set_delay(SLOW);
+    tb.cli(&["vip", "set", &vip, "--signal", "connections"])?;
+    let control = requests(tb, REQUESTS, 8, 3 << 32)?;
+    tb.cli(&["vip", "set", &vip, "--signal", "latency"])?;
+    let samples0 = tb.stats()?.counter("latency_samples");
+    let with = requests(tb, REQUESTS, 8, 4 << 32)?;
+    let st = tb.stats()?;
+    let samples = st.counter("latency_samples") - samples0;
+    let lat: Vec<String> = st
+        .backends
+        .iter()
+        .map(|b| {
+            format!(
+                "{:.2} ms x{:.3}",
+                b.latency_ms.unwrap_or(f64::NAN),
+                b.effective_weight
+            )
+        })
+        .collect();
+    tb.servers[0].set_delay(Duration::ZERO);
+    println!(
+        "signals: latency: backend 0 answering {} ms late, {REQUESTS} requests 8 at a time: connections signal {control:?}, latency signal {with:?} ({samples} samples; averages and effective weights {})",
+        SLOW.as_millis(),
+        lat.join(", ")
+    );
+    ensure!(
+        samples >= REQUESTS / 2,
+        "only {samples} latency samples for {REQUESTS} requests"
+    );
+    ensure!(
+        control[0] >= 10,
+        "control: with the connections signal backend 0 got only {} of {REQUESTS} requests: the test cannot tell the latency signal's effect",
+        control[0]
+    );
+    ensure!(
+        with[0] * 2 <= control[0],
+        "with the latency signal backend 0 (slow) got {} of {REQUESTS} requests, more than half of the {} it got with connections alone",
+        with[0],
+        control[0]
+    );
+    Ok(())
+}
+
 /// Runs the scenario.
 ///
 /// # Errors
 /// The first assertion that fails, with the daemon's log.
 pub fn run() -> anyhow::Result<()> {
     let mut tb = Testbed::start(BACKENDS, "2")?;
-    let r = run_on(&mut tb);
+    let r = run_on(&mut tb).and_then(|()| latency(&mut tb));
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
         if let Ok(s) = tb.cli(&["stats"]) {

@@ -90,6 +90,9 @@ pub struct Server {
     /// Set to reset every connection it accepts at once, before any data
     /// (SO_LINGER 0): an application that accepts, then fails.
     reset: Arc<AtomicBool>,
+    /// Time it takes to answer each request, µs (0: at once): a slow
+    /// (overloaded, CPU-starved) application.
+    delay_us: Arc<AtomicU64>,
 }
 
 impl Server {
@@ -98,6 +101,14 @@ impl Server {
         self.closed.store(true, Ordering::Relaxed);
         // The accept loop polls every 200 us.
         thread::sleep(Duration::from_millis(20));
+    }
+
+    /// From now on, waits `d` before answering each request.
+    pub fn set_delay(&self, d: Duration) {
+        self.delay_us.store(
+            d.as_micros().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// From now on, resets every connection it accepts before any data.
@@ -130,6 +141,8 @@ pub fn start_server_as(
     let closed2 = closed.clone();
     let reset = Arc::new(AtomicBool::new(false));
     let reset2 = reset.clone();
+    let delay_us = Arc::new(AtomicU64::new(0));
+    let delay2 = delay_us.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let nspath = ns.path();
     let st = stats.clone();
@@ -167,9 +180,10 @@ pub fn start_server_as(
                         st.accepted.fetch_add(1, Ordering::Relaxed);
                         st.open.fetch_add(1, Ordering::Relaxed);
                         let st2 = st.clone();
+                        let delay = delay2.clone();
                         let spawned =
                             thread::Builder::new().stack_size(64 * 1024).spawn(move || {
-                                if let Err(e) = serve_conn(s, addr) {
+                                if let Err(e) = serve_conn(s, addr, &delay) {
                                     eprintln!(
                                         "server {addr}: connection ended with an error: {e:#}"
                                     );
@@ -194,6 +208,7 @@ pub fn start_server_as(
         stats,
         closed,
         reset,
+        delay_us,
     })
 }
 
@@ -251,7 +266,7 @@ fn serve_push(mut w: TcpStream, me: SocketAddr, id: u64, chunk: usize) -> anyhow
     Ok(())
 }
 
-fn serve_conn(s: TcpStream, me: SocketAddr) -> anyhow::Result<()> {
+fn serve_conn(s: TcpStream, me: SocketAddr, delay_us: &AtomicU64) -> anyhow::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(Duration::from_secs(120)))?;
     let mut w = s.try_clone()?;
@@ -275,6 +290,10 @@ fn serve_conn(s: TcpStream, me: SocketAddr) -> anyhow::Result<()> {
         }
         let id: u64 = id.parse()?;
         let len: usize = len.parse::<usize>()?.min(1 << 20);
+        let delay = delay_us.load(Ordering::Relaxed);
+        if delay != 0 {
+            thread::sleep(Duration::from_micros(delay));
+        }
         let mut out = format!("BACKEND {me}\n").into_bytes();
         out.extend_from_slice(&payload(id, len));
         w.write_all(&out)?;

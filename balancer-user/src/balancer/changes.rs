@@ -513,10 +513,18 @@ impl Balancer {
             inputs
                 .lists
                 .insert(v.addr, self.eligibility.list(&self.state, v));
+            let servers: Vec<u32> = v
+                .backends
+                .iter()
+                .filter_map(|b| self.state.server(&b.addr))
+                .collect();
             for b in &v.backends {
-                inputs
-                    .weights
-                    .insert(b.slot, self.eligibility.weight_units(v, b, now));
+                let w = self.eligibility.weight_units(v, b, now);
+                let f = self
+                    .state
+                    .server(&b.addr)
+                    .map_or(1.0, |s| self.latency.factor(v, &servers, s));
+                inputs.weights.insert(b.slot, crate::latency::scaled(w, f));
             }
         }
         inputs

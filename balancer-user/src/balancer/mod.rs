@@ -200,6 +200,10 @@ pub struct Balancer {
     candidate_secret: u64,
     /// The agents' load reports (the agent signal).
     agents: crate::agent::Agents,
+    /// The backends' latencies (the latency signal).
+    latency: crate::latency::Latency,
+    /// The latency samples' ring buffer (`LATENCY_SAMPLES`).
+    latency_samples: Option<aya::maps::RingBuf<MapData>>,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -382,6 +386,15 @@ impl Balancer {
                 action: "open",
                 source,
             })?;
+        let latency_samples = ebpf
+            .take_map(map_names::LATENCY_SAMPLES)
+            .map(aya::maps::RingBuf::try_from)
+            .transpose()
+            .map_err(|source| BalancerError::Map {
+                map: map_names::LATENCY_SAMPLES,
+                action: "open",
+                source,
+            })?;
         let mut maps = Maps::take(&mut ebpf)?;
         let settings = Settings {
             regret_sample: balancer_common::DEFAULT_REGRET_SAMPLE,
@@ -415,6 +428,8 @@ impl Balancer {
             tables: BTreeMap::new(),
             candidate_secret: 0,
             agents: Default::default(),
+            latency: Default::default(),
+            latency_samples,
         })
     }
 
@@ -475,6 +490,45 @@ impl Balancer {
             self.maps.set_peer_conns(server, c)?;
         }
         Ok(())
+    }
+
+    /// Reads the latency samples the data path sent since the last call
+    /// (the latency signal) and, when some are a server's first, updates
+    /// the averages and the weights at once; returns how many.
+    ///
+    /// # Errors
+    /// Map failure (the weights' sync).
+    pub fn drain_latency(&mut self) -> Result<usize> {
+        let n = self.read_latency_samples();
+        if n != 0
+            && self.latency.first_samples()
+            && self.latency.update(&self.state, Instant::now())
+        {
+            self.sync()?;
+        }
+        Ok(n)
+    }
+
+    fn read_latency_samples(&mut self) -> usize {
+        let Some(ring) = self.latency_samples.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Some(item) = ring.next() {
+            if item.len() >= size_of::<balancer_common::LatencySample>() {
+                let s: balancer_common::LatencySample = bytemuck::pod_read_unaligned(
+                    &item[..size_of::<balancer_common::LatencySample>()],
+                );
+                self.latency.sample(s.server, s.latency_us);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The latency signal's averages and counters.
+    pub fn latency(&self) -> &crate::latency::Latency {
+        &self.latency
     }
 
     /// The agent signal's reports and counters.
@@ -1061,6 +1115,7 @@ impl Balancer {
             gc: &self.gc,
             eligibility: &self.eligibility,
             agents: &self.agents,
+            latency: &self.latency,
             now: Instant::now(),
         }
     }
@@ -1127,7 +1182,9 @@ impl Balancer {
         // Slow start moves weights (a ramp that ends leaves the set with
         // its full weight in the projection).
         let ramped = !self.eligibility.ramp_weights(&self.state, now).is_empty();
-        self.apply(ch, resync || ramped)
+        // The latency signal's averages move the weights too.
+        let latency = self.latency.update(&self.state, now);
+        self.apply(ch, resync || ramped || latency)
     }
 
     /// Clears the failure streaks `ch` names and, when it changes a list

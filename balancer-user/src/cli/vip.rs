@@ -149,9 +149,10 @@ pub struct VipArgs {
     #[arg(long, value_name = "FLOWS")]
     source_burst: Option<u32>,
     /// The load the choice compares: connections (default: active
-    /// connections, the cluster peers' included), or agent (the load each
+    /// connections, the cluster peers' included); agent (the load each
     /// backend's agent reports, polled at --agent-port; see `balancer
-    /// agent`).
+    /// agent`); or latency (NAT: connections weighted by each backend's
+    /// latency as the balancer measures it).
     #[arg(long, value_enum)]
     signal: Option<SignalArg>,
     /// The load agent's TCP port on each backend's address (the agent
@@ -172,6 +173,9 @@ pub enum SignalArg {
     Connections,
     /// The load the backends' agents report.
     Agent,
+    /// Active connections weighted by each backend's measured latency
+    /// (NAT).
+    Latency,
 }
 
 impl From<SignalArg> for balancer::state::LoadSignal {
@@ -179,6 +183,7 @@ impl From<SignalArg> for balancer::state::LoadSignal {
         match s {
             SignalArg::Connections => balancer::state::LoadSignal::Connections,
             SignalArg::Agent => balancer::state::LoadSignal::Agent,
+            SignalArg::Latency => balancer::state::LoadSignal::Latency,
         }
     }
 }
