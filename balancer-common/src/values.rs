@@ -210,10 +210,11 @@ pub struct LatencySample {
     pub latency_us: u32,
 }
 
-/// Size of the `LATENCY_SAMPLES` ring buffer, bytes: 64 KiB, about 4,000
+/// Size of the `LATENCY_SAMPLES` ring buffer, bytes: 512 KiB, about 32,000
 /// samples of 16 bytes with the ring's header; the daemon drains it every
-/// 20 ms. A sample that finds it full is dropped and counted.
-pub const LATENCY_SAMPLE_RING: u32 = 64 << 10;
+/// 20 ms (1.6 million new flows a second). A sample that finds it full is
+/// dropped and counted.
+pub const LATENCY_SAMPLE_RING: u32 = 512 << 10;
 
 /// Entries of `LATENCY_PENDING` (an LRU hash): flows of latency-signal
 /// VIPs whose client sent data that the backend has not answered yet. One

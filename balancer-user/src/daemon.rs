@@ -734,7 +734,7 @@ async fn agent_service(lb: Arc<Mutex<Balancer>>) {
 }
 
 /// The latency signal's samples (`crate::latency`): read from the data
-/// path's ring every 20 ms (it holds about 4,000; a full ring drops
+/// path's ring every 20 ms (it holds about 32,000; a full ring drops
 /// samples, counted `latency_samples_lost`). The averages are updated by
 /// the eligibility poll, and here when a server's first samples come.
 async fn latency_service(lb: Arc<Mutex<Balancer>>) {

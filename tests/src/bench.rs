@@ -325,6 +325,79 @@ fn reply_frames(flows: &[(SocketAddr, SocketAddr)]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The first data of each flow of `flows`: the client's (100 bytes at
+/// its ISN + 1) or, with `backend`, the backend's answer (300 bytes).
+fn first_data(flows: &[(SocketAddr, SocketAddr)], backend: bool) -> Vec<Vec<u8>> {
+    flows
+        .iter()
+        .map(|(c, b)| {
+            if backend {
+                let mut s = Seg::reply(*b, *c, ACK | PSH);
+                s.seq = 5001;
+                s.ack = 1101;
+                s.payload = vec![9; 300];
+                s
+            } else {
+                let mut s = Seg::new(*c, VIP, ACK | PSH);
+                s.seq = 1001;
+                s.ack = 5001;
+                s.payload = vec![7; 100];
+                s
+            }
+            .build()
+        })
+        .collect()
+}
+
+/// The latency signal's per-flow cost: the client's first data and the
+/// backend's first data of flows of `VIP` placed without the signal, then
+/// of flows placed with it (the measurement starts; it ends and a sample
+/// goes to the ring). Each round its own flows (`first` on). The samples
+/// are read off the ring after.
+fn latency_costs(rig: &mut Rig, aux: &Aux, sc: Scale, first: u32) -> anyhow::Result<[Cost; 4]> {
+    let per = (sc.rounds * sc.calls) as u32;
+    let signal = |s| balancer::api::VipPatch {
+        signal: Some(s),
+        ..Default::default()
+    };
+    let plain = place(rig, first, per)?;
+    rig.lb
+        .set_vip(VIP, &signal(balancer::state::LoadSignal::Latency))?;
+    let measured = place(rig, first + per, per)?;
+    rig.lb
+        .set_vip(VIP, &signal(balancer::state::LoadSignal::Connections))?;
+    let round = |flows: &[(SocketAddr, SocketAddr)], r: usize| -> Vec<(SocketAddr, SocketAddr)> {
+        flows
+            .iter()
+            .skip(r * sc.calls)
+            .take(sc.calls)
+            .copied()
+            .collect()
+    };
+    let mut out = [Cost::default(); 4];
+    for (k, (flows, backend)) in [
+        (&plain, false),
+        (&measured, false),
+        (&plain, true),
+        (&measured, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let side = if backend { Side::Backend } else { Side::Client };
+        out[k] = time_path(rig, aux, side, sc.rounds, |r| {
+            first_data(&round(flows, r), backend)
+        })?;
+    }
+    let samples = rig.lb.drain_latency()?;
+    anyhow::ensure!(
+        samples >= measured.len() / 2,
+        "the latency rows sent {samples} samples for {} flows",
+        measured.len()
+    );
+    Ok(out)
+}
+
 fn rig_with_backends(table: u32, n: u32, choices: u32) -> anyhow::Result<Rig> {
     let mut rig = Rig::new(table)?;
     rig.lb.add_vip(VIP, choices)?;
@@ -477,6 +550,16 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
         "new UDP flow (first datagram)",
         "QUIC short header of no flow, routed by its CID",
     ];
+    // Per flow, not per packet: the latency signal's two measurement
+    // points against the same segments of a VIP without it (measured with
+    // the table near empty only: the flows they need would overflow a
+    // table near full).
+    let latency_paths = [
+        "client's first data (NAT)",
+        "client's first data, latency signal (measurement starts)",
+        "backend's first data (NAT)",
+        "backend's first data, latency signal (sample sent)",
+    ];
     let mut cells: BTreeMap<(usize, &str), String> = BTreeMap::new();
     let mut live_full = 0usize;
     for (ci, &n) in counts.iter().enumerate() {
@@ -589,21 +672,39 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             // UDP and QUIC on the same VIP and backends (the TCP rows above
             // were timed before it took UDP).
             let udp = udp_paths(&mut rig, aux, sc, n, base + (sc.rounds * sc.calls) as u32)?;
-            for (p, c) in paths.iter().zip([
-                c_nonvip,
-                c_ack,
-                c_reply,
-                c_syn,
-                c_syn_quiet,
-                c_syn_regret,
-                c_syn_no_regret,
-                c_syn_sources,
-                c_syn_limits,
-                udp[0],
-                udp[1],
-                udp[2],
-                udp[3],
-            ]) {
+            let latency = if full {
+                None
+            } else {
+                Some(latency_costs(
+                    &mut rig,
+                    aux,
+                    sc,
+                    base + (sc.rounds * sc.calls) as u32 + 1_000_000,
+                )?)
+            };
+            let extra: Vec<(&str, Cost)> = latency
+                .map(|l| latency_paths.iter().copied().zip(l).collect())
+                .unwrap_or_default();
+            for (p, c) in paths
+                .iter()
+                .copied()
+                .zip([
+                    c_nonvip,
+                    c_ack,
+                    c_reply,
+                    c_syn,
+                    c_syn_quiet,
+                    c_syn_regret,
+                    c_syn_no_regret,
+                    c_syn_sources,
+                    c_syn_limits,
+                    udp[0],
+                    udp[1],
+                    udp[2],
+                    udp[3],
+                ])
+                .chain(extra)
+            {
                 figures.insert(format!("{p} | {state} | {n}"), c);
                 cells.insert((ci, p), String::new());
                 let key = format!("{p}, table {state}");
