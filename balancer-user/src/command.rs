@@ -106,7 +106,7 @@ fn settings_words(s: &VipSettings) -> String {
         s.choices.to_string()
     };
     format!(
-        "(mode {}, choices {choices}{}{}{}{}{}{})",
+        "(mode {}, choices {choices}{}{}{}{}{}{}{})",
         s.mode.name(),
         if s.protocol.is_tcp() {
             String::new()
@@ -154,6 +154,14 @@ fn settings_words(s: &VipSettings) -> String {
                 }
                 format!(", limits: {}", w.join(", "))
             }
+        },
+        match (s.signal, s.agent_port) {
+            (crate::state::LoadSignal::Connections, _) => String::new(),
+            (crate::state::LoadSignal::Agent, Some(p)) => format!(
+                ", signal agent (port {p}, every {})",
+                humantime::format_duration(s.agent_interval)
+            ),
+            (sig, _) => format!(", signal {}", sig.name()),
         }
     )
 }

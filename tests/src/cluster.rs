@@ -1253,17 +1253,29 @@ fn run_tunnel(c: &mut Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Connections of each burst of the herd table.
+const HERD_CONNS: u64 = 2000;
+/// Client threads opening them, each one connection at a time (enough for
+/// a burst of several thousand a second on a 2-core machine).
+const HERD_CLIENTS: u64 = 48;
+
 /// The herd table: three balancers (lb1, lb2, lb4), 8 backends; bursts of
 /// connections held; the spread of held connections per backend.
 fn herd(c: &mut Cluster) -> anyhow::Result<()> {
     let lbs = [1, 2, 4];
-    println!("cluster: herd: 600 connections opened by 12 clients at once through 3 balancers onto 8 backends, held");
+    println!(
+        "cluster: herd: {HERD_CONNS} connections opened by {HERD_CLIENTS} clients at once through 3 balancers onto 8 backends, held"
+    );
     println!(
         "cluster: herd: | choices | load reports | opened per s | busiest | least | max - min | busiest / mean | herd index (lb1) |"
     );
     println!("cluster: herd: |---|---|---|---|---|---|---|---|");
     let mut id = 5u64 << 32;
-    for (choices, choices_word) in [("2", "2"), ("all", "all (least connections)")] {
+    for (choices, choices_word) in [
+        ("1", "1 (random)"),
+        ("2", "2"),
+        ("all", "all (least connections)"),
+    ] {
         for (interval, label) in [
             ("100ms", "every 100 ms"),
             ("1s", "every 1 s"),
@@ -1279,8 +1291,8 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             thread::sleep(Duration::from_millis(1500));
             let base = c.held_per_backend();
             let t0 = Instant::now();
-            let conns = open_held(c, 600, 12, id)?;
-            let rate = 600.0 / t0.elapsed().as_secs_f64();
+            let conns = open_held(c, HERD_CONNS, HERD_CLIENTS, id)?;
+            let rate = HERD_CONNS as f64 / t0.elapsed().as_secs_f64();
             id += 1 << 20;
             let now = c.held_per_backend();
             // The reports were (or were not) flowing while they opened.
