@@ -133,7 +133,9 @@ pub struct AgentStats {
     /// Polls that failed (no connection, no answer in time, no report).
     pub failed_polls: u64,
     /// Times a server's report went stale and its load fell back to
-    /// connection counts.
+    /// connection counts, and agents that failed their first
+    /// [`STALE_POLLS`] polls without ever reporting (once each until a
+    /// report).
     pub stale_fallbacks: u64,
 }
 
@@ -150,6 +152,11 @@ pub struct Agents {
     reports: BTreeMap<u32, Report>,
     next: BTreeMap<u32, Instant>,
     in_flight: BTreeSet<u32>,
+    /// Failed polls in a row, and the last one's reason, by server.
+    failing: BTreeMap<u32, (u32, String)>,
+    /// Servers whose agent never reported and which were counted as on
+    /// connections for it (once each, until a report comes).
+    silent: BTreeSet<u32>,
     stats: AgentStats,
 }
 
@@ -188,16 +195,36 @@ impl Agents {
         let mut t = Tick::default();
         let wanted: BTreeMap<u32, &Target> = targets.iter().map(|x| (x.server, x)).collect();
         let mut gone = Vec::new();
+        // A target whose address or interval changed is polled at once
+        // (not after the old interval); a report from its old address
+        // is dropped.
+        for old in &self.targets {
+            let Some(x) = wanted.get(&old.server) else {
+                continue;
+            };
+            if x.addr != old.addr || x.interval != old.interval {
+                self.next.remove(&old.server);
+            }
+            if x.addr != old.addr && self.reports.remove(&old.server).is_some() {
+                t.fallen_back.push(old.server);
+            }
+        }
         for (server, r) in &self.reports {
             match wanted.get(server) {
                 None => gone.push(*server),
                 Some(x) if now.saturating_duration_since(r.at) > x.interval * STALE_POLLS => {
                     self.stats.stale_fallbacks += 1;
+                    // Counted for this episode: the failures that follow
+                    // are not a silent agent's first.
+                    self.silent.insert(*server);
                     tracing::warn!(
-                        "agent {}: no report for {:?}: server {server}'s load falls back to \
-                         connections",
+                        "agent {}: no report for {:?} (last poll: {}): server {server}'s load \
+                         falls back to connections",
                         x.addr,
-                        now.saturating_duration_since(r.at)
+                        now.saturating_duration_since(r.at),
+                        self.failing
+                            .get(server)
+                            .map_or("no answer yet", |(_, e)| e.as_str())
                     );
                     gone.push(*server);
                 }
@@ -209,6 +236,8 @@ impl Agents {
             t.fallen_back.push(s);
         }
         self.next.retain(|s, _| wanted.contains_key(s));
+        self.failing.retain(|s, _| wanted.contains_key(s));
+        self.silent.retain(|s| wanted.contains_key(s));
         for x in &targets {
             if self.in_flight.contains(&x.server) {
                 continue;
@@ -241,6 +270,8 @@ impl Agents {
         match outcome {
             Ok(load) => {
                 self.stats.polls += 1;
+                self.failing.remove(&server);
+                self.silent.remove(&server);
                 if !self.reports.contains_key(&server) {
                     tracing::info!("agent {}: server {server} reports load {load}", target.addr);
                 }
@@ -250,6 +281,23 @@ impl Agents {
             Err(e) => {
                 self.stats.failed_polls += 1;
                 tracing::debug!("agent {}: {e}", target.addr);
+                let addr = target.addr;
+                let f = self.failing.entry(server).or_insert((0, String::new()));
+                f.0 = f.0.saturating_add(1);
+                // An agent that never reported: its server is on
+                // connections from the start; counted and logged once, as
+                // a stale report is.
+                if f.0 >= STALE_POLLS
+                    && !self.reports.contains_key(&server)
+                    && self.silent.insert(server)
+                {
+                    self.stats.stale_fallbacks += 1;
+                    tracing::warn!(
+                        "agent {addr}: no report in {STALE_POLLS} polls (last: {e}): server \
+                         {server}'s load stays its connections"
+                    );
+                }
+                f.1 = e;
                 None
             }
         }
@@ -446,14 +494,51 @@ mod tests {
         let tick = a.tick(vec![target.clone()], t2);
         assert_eq!(tick.fallen_back, vec![4]);
         assert_eq!(a.load(4), None);
+        // More failures after it went stale: the same episode, not counted
+        // again.
+        for k in 0..4u32 {
+            let t = t2 + target.interval * k;
+            let _ = a.tick(vec![target.clone()], t);
+            let _ = a.record(4, Err("refused".into()), 0, t);
+        }
         assert_eq!(
             a.stats(),
             AgentStats {
                 polls: 1,
-                failed_polls: 1,
+                failed_polls: 5,
                 stale_fallbacks: 1
             }
         );
+        // Silent from the start: counted once, after three failures.
+        let mut b = Agents::default();
+        for k in 0..5u32 {
+            let t = t0 + target.interval * k;
+            let _ = b.tick(vec![target.clone()], t);
+            let _ = b.record(4, Err("refused".into()), 0, t);
+        }
+        assert_eq!(b.stats().stale_fallbacks, 1);
+        assert_eq!(b.stats().failed_polls, 5);
+        // A new interval is polled at once; a new address drops the report.
+        let mut c = Agents::default();
+        let _ = c.tick(vec![target.clone()], t0);
+        let _ = c.record(4, Ok(7), 0, t0);
+        let slow = Target {
+            interval: Duration::from_secs(60),
+            ..target.clone()
+        };
+        assert_eq!(c.tick(vec![slow.clone()], t0).due, vec![slow.clone()]);
+        let _ = c.record(4, Ok(7), 0, t0);
+        assert!(c
+            .tick(vec![slow.clone()], t0 + Duration::from_secs(1))
+            .due
+            .is_empty());
+        let moved = Target {
+            addr: "10.0.2.10:5556".parse().unwrap(),
+            ..slow.clone()
+        };
+        let tick = c.tick(vec![moved.clone()], t0 + Duration::from_secs(1));
+        assert_eq!((tick.due, tick.fallen_back), (vec![moved], vec![4]));
+        assert_eq!(c.load(4), None, "the old port's report is dropped");
         // The agent no longer polled: its report is dropped at once.
         let _ = a.record(4, Ok(5), 0, t2);
         assert_eq!(a.tick(Vec::new(), t2).fallen_back, vec![4]);

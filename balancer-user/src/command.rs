@@ -194,6 +194,47 @@ impl State {
     /// `UnknownBackend`, `DuplicateVip`, `DuplicateBackend`, `Full`); the
     /// state is then unspecified (it was a copy).
     pub fn apply(&mut self, c: &Command, rules: &Rules) -> Result<()> {
+        self.apply_one(c, rules)?;
+        self.check_agent_ports()
+    }
+
+    /// A server has one load: every agent-signal VIP it serves polls its
+    /// agent at the same port (`crate::agent::targets`).
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the backend and the two ports.
+    fn check_agent_ports(&self) -> Result<()> {
+        let mut port_of: std::collections::BTreeMap<SocketAddr, (u16, SocketAddr)> =
+            Default::default();
+        for v in self.vips.values() {
+            let (crate::state::LoadSignal::Agent, Some(p)) =
+                (v.settings.signal, v.settings.agent_port)
+            else {
+                continue;
+            };
+            for b in &v.backends {
+                match port_of.get(&b.addr) {
+                    Some((q, w)) if *q != p => {
+                        return Err(BalancerError::Invalid {
+                            what: "load signal",
+                            reason: format!(
+                                "backend {} has one load, polled from one agent: VIP {w} polls \
+                                 it at port {q}, VIP {} at port {p}",
+                                b.addr, v.addr
+                            ),
+                        });
+                    }
+                    Some(_) => {}
+                    None => {
+                        port_of.insert(b.addr, (p, v.addr));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_one(&mut self, c: &Command, rules: &Rules) -> Result<()> {
         match c {
             Command::Timeouts(t) => {
                 t.validate()?;
@@ -475,6 +516,31 @@ mod tests {
 
     fn a(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_backend_shared_by_agent_vips_has_one_agent_port() {
+        let rules = Rules::default();
+        let mut st = State::default();
+        let agent = |port| VipSettings {
+            signal: crate::state::LoadSignal::Agent,
+            agent_port: Some(port),
+            ..VipSettings::default()
+        };
+        let (v1, v2, b) = (a("10.0.0.10:80"), a("10.0.0.11:80"), a("10.0.2.1:8080"));
+        st.apply(&Command::AddVip(v1, agent(5555)), &rules).unwrap();
+        st.apply(&Command::AddVip(v2, agent(5556)), &rules).unwrap();
+        st.apply(&Command::AddBackends(v1, vec![b], 1), &rules)
+            .unwrap();
+        let mut copy = st.clone();
+        let e = copy
+            .apply(&Command::AddBackends(v2, vec![b], 1), &rules)
+            .unwrap_err();
+        assert!(e.to_string().contains("port 5555"), "{e}");
+        // The same port: one agent, accepted.
+        st.apply(&Command::SetVip(v2, agent(5555)), &rules).unwrap();
+        st.apply(&Command::AddBackends(v2, vec![b], 1), &rules)
+            .unwrap();
     }
 
     #[test]

@@ -162,7 +162,10 @@ impl Latency {
                     );
                 }
                 Some(a) => {
-                    let dt = now.saturating_duration_since(a.last_update);
+                    // The time since its previous sample, as Finagle's
+                    // peak EWMA weighs it: a backend sampled rarely (it
+                    // looked slow) moves most of the way at its next one.
+                    let dt = now.saturating_duration_since(a.last_sample);
                     a.us = if m >= a.us {
                         m
                     } else {

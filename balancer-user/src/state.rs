@@ -527,6 +527,11 @@ impl VipSettings {
                 humantime::format_duration(self.agent_interval)
             )));
         }
+        if self.signal == LoadSignal::Latency && !self.protocol.tcp() {
+            return Err(bad(
+                "the latency signal measures TCP connections; a udp VIP has none".into(),
+            ));
+        }
         if self.signal == LoadSignal::Latency && self.mode != ForwardingMode::Nat {
             return Err(bad(format!(
                 "the latency signal is measured where both directions pass the balancer (mode \
@@ -1719,6 +1724,10 @@ mod tests {
         assert!(ok(&s), "latency in NAT");
         s.mode = ForwardingMode::Dsr;
         assert!(!ok(&s), "latency in a direct-return mode");
+        s.mode = ForwardingMode::Nat;
+        s.protocol = Protocol::Udp;
+        assert!(!ok(&s), "latency on a UDP-only VIP");
+        s.protocol = Protocol::Tcp;
         s.signal = LoadSignal::Connections;
         s.agent_port = Some(5555);
         assert!(ok(&s), "an agent port without the agent signal is kept");
