@@ -19,8 +19,7 @@ use balancer_common::{map_names, FlowEntry, FlowKey};
 
 use crate::{
     modes::{self, decap_stat},
-    scenario::wait_until,
-    testbed::{broken, open_held, PeerPrograms, Testbed},
+    testbed::{broken, close_and_settle, open_held, PeerPrograms, Testbed},
 };
 
 const BACKENDS: usize = 3;
@@ -227,18 +226,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
 
     // Closing: nothing was counted for the recomputed flows, so the counts
     // are back at 0 and the backends saw every close.
-    for c in held {
-        c.close();
-    }
-    wait_until(Duration::from_secs(20), || {
-        let a: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
-        Ok(if a == 0 {
-            Ok(())
-        } else {
-            Err(format!("{a} still active"))
-        })
-    })
-    .context("chance: counts after closing")?;
+    close_and_settle(tb, held).context("chance: counts after closing")?;
     println!("chance: every held connection closed; active counts 0");
     Ok(())
 }

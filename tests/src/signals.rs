@@ -27,7 +27,7 @@ use anyhow::{ensure, Context as _};
 use crate::{
     netns::enter_ns,
     scenario::wait_until,
-    testbed::{dies_with_us, Conn, Testbed, BACKEND_PORT, VIP},
+    testbed::{close_and_settle, dies_with_us, Conn, Testbed, BACKEND_PORT, VIP},
 };
 
 const BACKENDS: usize = 4;
@@ -205,20 +205,6 @@ fn share_of_0(spread: &[u64; BACKENDS]) -> f64 {
     spread[0] as f64 / (others as f64 / (BACKENDS - 1) as f64).max(1.0)
 }
 
-fn close_all(tb: &Testbed, conns: Vec<Conn>) -> anyhow::Result<()> {
-    for c in conns {
-        c.close();
-    }
-    wait_until(Duration::from_secs(20), || {
-        let a: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
-        Ok(if a == 0 {
-            Ok(())
-        } else {
-            Err(format!("{a} still active"))
-        })
-    })
-}
-
 /// Waits until every backend has a fresh report.
 fn all_report(tb: &Testbed) -> anyhow::Result<()> {
     wait_until(Duration::from_secs(10), || {
@@ -269,7 +255,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         "with the agent signal, backend 0 (cost {COST}) got {share:.2} of another backend's mean \
          share ({spread:?}); about 1/{COST} expected"
     );
-    close_all(tb, held).context("signals: closing the agent phase's connections")?;
+    close_and_settle(tb, held).context("signals: closing the agent phase's connections")?;
 
     // 2. The control: connections alone.
     tb.cli(&["vip", "set", &vip, "--signal", "connections"])?;
@@ -284,7 +270,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         "control: with the connections signal backend 0 got only {control_share:.2} of another \
          backend's mean ({control:?}): the test cannot tell the agent's effect"
     );
-    close_all(tb, held).context("signals: closing the control's connections")?;
+    close_and_settle(tb, held).context("signals: closing the control's connections")?;
 
     // 3. A stale report falls back to connections, counted; a fresh one
     // takes it back.
@@ -341,7 +327,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         "with its report stale, backend 0 got only {fallback_share:.2} of another backend's \
          mean ({fallback:?}): its load did not fall back to connections"
     );
-    close_all(tb, held).context("signals: closing the stale phase's connections")?;
+    close_and_settle(tb, held).context("signals: closing the stale phase's connections")?;
     agents.0[0] = Some(start_agent(tb, 0, COST)?);
     all_report(tb).context("signals: backend 0's agent restarted")?;
     println!("signals: backend 0's agent restarted: every backend reports again");

@@ -1194,6 +1194,25 @@ pub fn open_held(
     Ok(all)
 }
 
+/// Closes `conns` and waits (up to 20 s) until every backend's active
+/// connections are back at 0.
+///
+/// # Errors
+/// Counts still above 0 after 20 s, or the API failing.
+pub fn close_and_settle(tb: &Testbed, conns: Vec<Conn>) -> anyhow::Result<()> {
+    for c in conns {
+        c.close();
+    }
+    crate::scenario::wait_until(Duration::from_secs(20), || {
+        let a: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
+        Ok(if a == 0 {
+            Ok(())
+        } else {
+            Err(format!("{a} still active"))
+        })
+    })
+}
+
 /// One request on every connection, 16 at a time: how many failed (reset,
 /// no answer within the connection's read timeout, or an answer from
 /// another backend than the one the connection started on). The first
