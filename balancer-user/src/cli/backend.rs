@@ -158,7 +158,7 @@ pub fn print(backends: &[BackendView]) {
         super::addr_width(backends.iter().map(|b| b.backend)),
     );
     println!(
-        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
+        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12}",
         "VIP",
         "BACKEND",
         "STATE",
@@ -169,7 +169,8 @@ pub fn print(backends: &[BackendView]) {
         "TOTAL",
         "REFUSED",
         "PACKETS",
-        "BYTES"
+        "BYTES",
+        "SIGNAL"
     );
     for b in backends {
         let weight = if (b.effective_weight - b.weight as f64).abs() < 1e-9 {
@@ -177,8 +178,15 @@ pub fn print(backends: &[BackendView]) {
         } else {
             format!("{:.2}", b.effective_weight)
         };
+        // What a load signal last said of it: an agent's report, or its
+        // measured latency.
+        let signal = match (b.reported_load, b.latency_ms) {
+            (Some(l), _) => format!("load:{l}"),
+            (None, Some(ms)) => format!("{ms:.2}ms"),
+            (None, None) => "-".to_string(),
+        };
         println!(
-            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12}",
+            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12}",
             b.vip.to_string(),
             b.backend.to_string(),
             format!("{:?}", b.state).to_lowercase(),
@@ -189,7 +197,8 @@ pub fn print(backends: &[BackendView]) {
             b.total_connections,
             b.refused,
             b.packets,
-            b.bytes
+            b.bytes,
+            signal
         );
     }
     for b in backends {

@@ -393,7 +393,7 @@ pub fn print(vips: &[VipView]) {
         .unwrap_or(0)
         .max(21);
     println!(
-        "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}",
+        "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12} {:<16}",
         "VIP",
         "PROTO",
         "MODE",
@@ -404,7 +404,8 @@ pub fn print(vips: &[VipView]) {
         "NOHEALTHY",
         "SLOWSTART",
         "EJECT",
-        "PERSISTENCE"
+        "PERSISTENCE",
+        "SIGNAL"
     );
     for v in vips {
         let s = &v.settings;
@@ -417,8 +418,12 @@ pub fn print(vips: &[VipView]) {
                 s.persistence_prefix(&v.vip)
             )
         };
+        let signal = match (s.signal, s.agent_port) {
+            (balancer::state::LoadSignal::Agent, Some(p)) => format!("agent:{p}"),
+            (sig, _) => sig.name().to_string(),
+        };
         println!(
-            "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12}{}",
+            "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12} {:<16}{}",
             v.vip.to_string(),
             s.protocol.name(),
             s.mode.name(),
@@ -430,6 +435,7 @@ pub fn print(vips: &[VipView]) {
             humantime::format_duration(s.slow_start).to_string(),
             s.eject_after,
             persistence,
+            signal,
             if v.fallback {
                 format!(
                     "  (no healthy backend: new connections go to all {} in service, the \
