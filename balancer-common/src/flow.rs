@@ -92,6 +92,17 @@ pub const F_RATE_LIMITED: u32 = 2048;
 /// ([`latency_step`]).
 pub const F_LATENCY: u32 = 4096;
 
+/// The sequence number the receiver of a segment travelling `dir` on the
+/// flow `entry` expects next: [`FlowEntry::client_next_seq`] toward the
+/// backend, [`FlowEntry::server_next_seq`] toward the client.
+#[inline(always)]
+pub const fn expected_seq(entry: &FlowEntry, dir: Direction) -> u32 {
+    match dir {
+        Direction::ToBackend => entry.client_next_seq,
+        Direction::ToClient => entry.server_next_seq,
+    }
+}
+
 /// What a segment does to the latency measurement of its flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LatencyStep {
@@ -106,8 +117,7 @@ pub enum LatencyStep {
 /// The [`LatencyStep`] of a segment travelling `dir` whose sequence number
 /// is `seq`, on a flow whose state was `old` and to which the segment adds
 /// the state bits `set`; `expected` is the sequence number the receiver
-/// expects next (`FlowEntry::client_next_seq` toward the backend,
-/// `FlowEntry::server_next_seq` toward the client). The client's first
+/// expects next ([`expected_seq`]). The client's first
 /// data (`F_DATA` becomes set by the client) starts the measurement, the
 /// backend's first data (`F_SERVED` becomes set) ends it; only on flows
 /// with [`F_LATENCY`]. Each must start exactly at `expected` (the
@@ -923,10 +933,7 @@ mod tests {
     /// Applies `s` travelling `dir` and returns its latency step.
     fn step_of(e: &mut FlowEntry, dir: Direction, s: &Tcp) -> LatencyStep {
         let step = track(e, dir, s);
-        let (old, expected) = match dir {
-            Direction::ToBackend => (e.state, e.client_next_seq),
-            Direction::ToClient => (e.state, e.server_next_seq),
-        };
+        let (old, expected) = (e.state, expected_seq(e, dir));
         let _ = apply(e, dir, s);
         latency_step(old, step.set, dir, s.seq, expected)
     }

@@ -103,12 +103,8 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
         }
         Verdict::RstOutOfWindow => {
             count(Counter::RstOutOfWindow, 1);
-            let expected = match dir {
-                Direction::ToBackend => snapshot.client_next_seq,
-                Direction::ToClient => snapshot.server_next_seq,
-            };
             return Event::rst_out_of_window(
-                seg.seq.wrapping_sub(expected),
+                seg.seq.wrapping_sub(flow::expected_seq(&snapshot, dir)),
                 dir == Direction::ToBackend,
             );
         }
@@ -158,11 +154,13 @@ fn latency_bits(
     seg: &Tcp,
     snapshot: &FlowEntry,
 ) -> u64 {
-    let expected = match dir {
-        Direction::ToBackend => snapshot.client_next_seq,
-        Direction::ToClient => snapshot.server_next_seq,
-    };
-    match flow::latency_step(old, step.set, dir, seg.seq, expected) {
+    match flow::latency_step(
+        old,
+        step.set,
+        dir,
+        seg.seq,
+        flow::expected_seq(snapshot, dir),
+    ) {
         LatencyStep::None => 0,
         LatencyStep::Start => EV_LATENCY_START,
         LatencyStep::End => EV_LATENCY_END,
@@ -214,7 +212,7 @@ impl Event {
     #[inline(always)]
     pub fn log(self, key: &FlowKey, now: u64, server: u32) {
         if self.0 & (EV_LATENCY_START | EV_LATENCY_END) != 0 {
-            latency(key, self.0 | u64::from(server));
+            latency(key, self.0, server);
         }
         if self.0 & EV_CHARGE_RATE != 0 {
             charge_source(key, self.0 as u32, now);
@@ -231,14 +229,14 @@ impl Event {
     }
 }
 
-/// The latency signal's measurement of flow `key` now, for the event word
-/// `ev` (its low 32 bits the backend's server index): its start is remembered in `LATENCY_PENDING`; its end
+/// The latency signal's measurement of flow `key`, whose backend's server
+/// is `server`, now, for the event word `ev`: its start is remembered in `LATENCY_PENDING`; its end
 /// sends the time since as a sample to the daemon (`LATENCY_SAMPLES`) and
 /// forgets the start. An end without a start (the backend spoke first,
 /// the start evicted) sends nothing. Not inlined: the entry program's
 /// stack has no room for it.
 #[inline(never)]
-fn latency(key: &FlowKey, ev: u64) {
+fn latency(key: &FlowKey, ev: u64, server: u32) {
     // At full resolution: the coarse clock of the rest of the data path
     // ticks every few ms, longer than a fast backend's answer.
     let now = crate::frame::precise_ns();
@@ -258,7 +256,7 @@ fn latency(key: &FlowKey, ev: u64) {
             // SAFETY: `p` is the reserved record, 8 bytes; both fields are
             // written before the submit.
             unsafe {
-                (*p).server = ev as u32;
+                (*p).server = server;
                 (*p).latency_us = if us > u64::from(u32::MAX) {
                     u32::MAX
                 } else {

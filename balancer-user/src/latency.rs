@@ -182,13 +182,9 @@ impl Latency {
         // Servers without samples for DECAY drift toward their VIP's
         // fastest backend.
         for servers in &vips {
-            let fastest = servers
-                .iter()
-                .filter_map(|s| self.averages.get(s).map(|a| a.us))
-                .fold(f64::INFINITY, f64::min);
-            if !fastest.is_finite() {
+            let Some(fastest) = self.fastest_of(servers.iter().copied()) else {
                 continue;
-            }
+            };
             for s in servers {
                 if let Some(a) = self.averages.get_mut(s) {
                     if now.saturating_duration_since(a.last_sample) >= DECAY && a.us > fastest {
@@ -213,35 +209,40 @@ impl Latency {
         changed
     }
 
-    /// The share of its weight backend `server` of `v` takes part with:
-    /// the VIP's fastest average over the server's, at least
-    /// [`MIN_FACTOR`]; 1 for a VIP without the latency signal and for a
-    /// server without samples. `servers` are the VIP's backends' servers.
-    pub fn factor(&self, v: &VipConfig, servers: &[u32], server: u32) -> f64 {
-        if v.settings.signal != LoadSignal::Latency {
-            return 1.0;
-        }
-        let Some(own) = self.average_us(server) else {
-            return 1.0;
-        };
-        let fastest = servers
-            .iter()
-            .filter_map(|s| self.average_us(*s))
+    /// The lowest average among `servers`, µs; `None` without any.
+    fn fastest_of(&self, servers: impl Iterator<Item = u32>) -> Option<f64> {
+        let f = servers
+            .filter_map(|s| self.average_us(s))
             .fold(f64::INFINITY, f64::min);
-        if own <= 0.0 || !fastest.is_finite() {
-            return 1.0;
-        }
-        (fastest.max(1.0) / own.max(1.0)).clamp(MIN_FACTOR, 1.0)
+        f.is_finite().then_some(f)
     }
-}
 
-/// `weight` (in `WEIGHT_ONE` units) times `factor` (a
-/// [`Latency::factor`], at most 1), at least 1.
-pub fn scaled(weight: u32, factor: f64) -> u32 {
-    if factor >= 1.0 {
-        return weight;
+    /// The lowest average among the backends of `v` (in `state`), µs:
+    /// what [`Latency::weight`] compares each backend's to. `None` for a
+    /// VIP without the latency signal, or without samples yet.
+    pub fn fastest(&self, state: &State, v: &VipConfig) -> Option<f64> {
+        if v.settings.signal != LoadSignal::Latency {
+            return None;
+        }
+        self.fastest_of(v.backends.iter().filter_map(|b| state.server(&b.addr)))
     }
-    ((f64::from(weight) * factor) as u32).max(1)
+
+    /// The weight, in `WEIGHT_ONE` units, a backend whose weight is
+    /// `units` (slow start applied) and whose server is `server` takes
+    /// part with: `units x fastest / its average`, the share at least
+    /// [`MIN_FACTOR`] and the weight at least 1; `units` itself when
+    /// `fastest` is `None` ([`Latency::fastest`]) or the server has no
+    /// average yet.
+    pub fn weight(&self, units: u32, fastest: Option<f64>, server: Option<u32>) -> u32 {
+        let (Some(fastest), Some(own)) = (fastest, server.and_then(|s| self.average_us(s))) else {
+            return units;
+        };
+        let share = (fastest.max(1.0) / own.max(1.0)).clamp(MIN_FACTOR, 1.0);
+        if share >= 1.0 {
+            return units;
+        }
+        ((f64::from(units) * share) as u32).max(1)
+    }
 }
 
 /// The share of the way an average moves toward a lower value in `dt`:

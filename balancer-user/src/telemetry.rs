@@ -48,11 +48,7 @@ impl View<'_> {
         };
         let mut out = Vec::new();
         for v in vips {
-            let servers: Vec<u32> = v
-                .backends
-                .iter()
-                .filter_map(|b| self.state.server(&b.addr))
-                .collect();
+            let fastest = self.latency.fastest(self.state, v);
             for b in &v.backends {
                 let t = self.maps.traffic(Traffic::Backend, b.slot)?;
                 let server = self.state.server(&b.addr).unwrap_or(u32::MAX);
@@ -64,9 +60,10 @@ impl View<'_> {
                     slot: b.slot,
                     server,
                     weight: b.weight,
-                    effective_weight: crate::latency::scaled(
+                    effective_weight: self.latency.weight(
                         self.eligibility.weight_units(v, b, self.now),
-                        self.latency.factor(v, &servers, server),
+                        fastest,
+                        Some(server),
                     ) as f64
                         / WEIGHT_ONE as f64,
                     latency_ms: self.latency.average_us(server).map(|us| us / 1000.0),

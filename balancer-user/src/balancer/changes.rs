@@ -513,18 +513,14 @@ impl Balancer {
             inputs
                 .lists
                 .insert(v.addr, self.eligibility.list(&self.state, v));
-            let servers: Vec<u32> = v
-                .backends
-                .iter()
-                .filter_map(|b| self.state.server(&b.addr))
-                .collect();
+            let fastest = self.latency.fastest(&self.state, v);
             for b in &v.backends {
-                let w = self.eligibility.weight_units(v, b, now);
-                let f = self
-                    .state
-                    .server(&b.addr)
-                    .map_or(1.0, |s| self.latency.factor(v, &servers, s));
-                inputs.weights.insert(b.slot, crate::latency::scaled(w, f));
+                let w = self.latency.weight(
+                    self.eligibility.weight_units(v, b, now),
+                    fastest,
+                    self.state.server(&b.addr),
+                );
+                inputs.weights.insert(b.slot, w);
             }
         }
         inputs

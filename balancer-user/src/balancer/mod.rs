@@ -377,24 +377,19 @@ impl Balancer {
                     source,
                 })?;
         }
-        let flow_events = ebpf
-            .take_map(map_names::FLOW_EVENTS)
-            .map(aya::maps::RingBuf::try_from)
-            .transpose()
-            .map_err(|source| BalancerError::Map {
-                map: map_names::FLOW_EVENTS,
-                action: "open",
-                source,
-            })?;
-        let latency_samples = ebpf
-            .take_map(map_names::LATENCY_SAMPLES)
-            .map(aya::maps::RingBuf::try_from)
-            .transpose()
-            .map_err(|source| BalancerError::Map {
-                map: map_names::LATENCY_SAMPLES,
-                action: "open",
-                source,
-            })?;
+        // The ring buffers the daemon reads.
+        let mut ring = |name: &'static str| {
+            ebpf.take_map(name)
+                .map(aya::maps::RingBuf::try_from)
+                .transpose()
+                .map_err(|source| BalancerError::Map {
+                    map: name,
+                    action: "open",
+                    source,
+                })
+        };
+        let flow_events = ring(map_names::FLOW_EVENTS)?;
+        let latency_samples = ring(map_names::LATENCY_SAMPLES)?;
         let mut maps = Maps::take(&mut ebpf)?;
         let settings = Settings {
             regret_sample: balancer_common::DEFAULT_REGRET_SAMPLE,
