@@ -87,6 +87,9 @@ pub const F_CID_ROUTED: u32 = 1024;
 /// token of its source's bucket once proven (promoted with both
 /// directions in view, graduated with one).
 pub const F_RATE_LIMITED: u32 = 2048;
+/// Its SYN was placed again after its backend stayed silent ([`resamples`]):
+/// the first backend's late SYN-ACK is dropped, never delivered.
+pub const F_RESAMPLED: u32 = 8192;
 /// Its VIP's load signal is latency (`VIP_F_LATENCY`, NAT): the time from
 /// the client's first data to the backend's first data is measured
 /// ([`latency_step`]).
@@ -301,6 +304,21 @@ pub const fn answers_syn(entry: &FlowEntry, ack: u32) -> bool {
 pub fn syn_retransmit(entry: &FlowEntry, seg: &Tcp, now_ns: u64) -> bool {
     seg.is_syn()
         && entry.state & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED | F_SYN_RETRANSMIT) == 0
+        && seg.seq.wrapping_add(1) == entry.client_next_seq
+        && now_ns.saturating_sub(entry.created_ns) >= SYN_RETRANSMIT_MIN_NS
+}
+
+/// `true` when the SYN `seg` on the half-open flow `entry` of a NAT VIP
+/// (both directions in view) is placed again, away from its backend
+/// ("retries need fresh sampling", seed 002): the first SYN's sequence
+/// number, at least [`SYN_RETRANSMIT_MIN_NS`] after it (a client's
+/// retransmission timer ran: its backend stayed silent), no SYN-ACK seen,
+/// and not placed again before. Once per flow: a second retransmission
+/// stays where the first went.
+#[inline(always)]
+pub fn resamples(entry: &FlowEntry, seg: &Tcp, now_ns: u64) -> bool {
+    seg.is_syn()
+        && entry.state & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED | F_RESAMPLED) == 0
         && seg.seq.wrapping_add(1) == entry.client_next_seq
         && now_ns.saturating_sub(entry.created_ns) >= SYN_RETRANSMIT_MIN_NS
 }

@@ -230,11 +230,17 @@ pub enum Counter {
     LatencySamples,
     /// Latency samples lost: the ring to the daemon was full.
     LatencySamplesLost,
+    /// SYNs retransmitted after their backend stayed silent, placed again
+    /// on another backend (NAT; `flow::resamples`).
+    SynResampled,
+    /// SYN-ACKs of a backend a flow was placed away from (its retransmitted
+    /// SYN went elsewhere): dropped, never delivered to the client.
+    AbandonedSynAck,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::LatencySamplesLost;
+    pub const LAST: Counter = Counter::AbandonedSynAck;
 }
 
 /// Number of entries of the `STATS` array.
@@ -314,6 +320,8 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "rate_charged",
     "latency_samples",
     "latency_samples_lost",
+    "syn_resampled",
+    "abandoned_syn_ack",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

@@ -22,13 +22,13 @@ use balancer_common::{
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
     SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
     SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LATENCY, VIP_F_LIMITS,
-    VIP_F_SOURCES,
+    VIP_F_SOURCES, VIP_F_TWO_SIDED,
 };
 
 use crate::{
     affinity::{self, Affinity},
     atomic,
-    frame::precise_ns,
+    frame::{now_ns, precise_ns},
     lookup::{backend_of, live_elsewhere},
     loops::bpf_loop,
     maps::{
@@ -172,6 +172,43 @@ pub fn server_full(vip: &VipInfo, server: u32) -> bool {
         return false;
     };
     choice::active_connections(*conns, adjust.wrapping_add(*peers)) >= u64::from(cap)
+}
+
+/// Moves the half-open flow `key` from slot `old` to backend `b` in
+/// `slot` ("retries need fresh sampling", seed 002): its count moves with
+/// it, and the first backend's late SYN-ACK is dropped by the reply side
+/// (`flow::F_RESAMPLED`). Once per flow: `true` only for the CPU whose
+/// atomic OR set the bit.
+#[inline(never)]
+fn move_flow(key: &FlowKey, old: u32, b: &Backend, slot: u32) -> bool {
+    if old == NO_SLOT || old == slot {
+        return false;
+    }
+    let Some(e) = HALF_OPEN.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: a map value, written by whole aligned words. Still pinned to
+    // `old`, unanswered, not moved before (another CPU, a SYN-ACK since
+    // the entry program looked).
+    let was = unsafe { atomic::fetch_or_state(e, flow::F_RESAMPLED) };
+    if was & (flow::F_RESAMPLED | flow::F_SERVER_SEQ_KNOWN | flow::F_ESTABLISHED) != 0
+        || unsafe { (*e).backend_slot } != old
+    {
+        return false;
+    }
+    // Slot and generation in one 8-byte store: a reader never sees one
+    // without the other.
+    // SAFETY: `backend_slot` and `backend_generation` are the entry's
+    // first 8 bytes, 8-aligned.
+    unsafe { *(e as *mut u64) = u64::from(slot) | u64::from(b.generation) << 32 };
+    if let Some(o) = BACKENDS.get(old) {
+        atomic::add(&SERVER_CONNS, o.server, u64::MAX);
+    }
+    atomic::add(&BACKEND_CONNS, old, u64::MAX);
+    atomic::add(&BACKEND_CONNS, slot, 1);
+    atomic::add(&SERVER_CONNS, b.server, 1);
+    count(Counter::SynResampled, 1);
+    true
 }
 
 /// `VipLimits::backend_max_conns` of `vip` (0: none, or no limits). Not
@@ -558,15 +595,28 @@ pub fn place(
             return Err(Refusal::Reset);
         }
     }
+    // A SYN retransmitted to a silent backend (`client::pinned`): chosen
+    // away from its slot, whatever its affinity.
     let found = match routed {
         // A QUIC datagram whose connection ID names its backend.
         Some(r) => Some(r),
+        None if crate::scratch::resample() != NO_SLOT => {
+            choose(vip, key, crate::scratch::resample())
+        }
         None => match affinity::lookup(vip, &seg.src_addr, now) {
             Affinity::Hit(b, slot) => Some((b, slot)),
             Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
         },
     };
     let Some((mut b, mut slot)) = found else {
+        // A retransmitted SYN with no other backend to go to: it stays.
+        if crate::scratch::resample() != NO_SLOT {
+            if let Some(e) = unsafe { HALF_OPEN.get(key) } {
+                if let Some(b) = backend_of(e) {
+                    return Ok((b, e.backend_slot));
+                }
+            }
+        }
         if CHOOSER.get(0).is_some_and(|c| c.passed_over()) {
             // Every candidate at its cap.
             refused(vip, refusal::BACKEND_FULL);
@@ -607,6 +657,11 @@ pub fn place(
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();
     if HALF_OPEN.insert(key, &entry, BPF_NOEXIST as u64).is_err() {
+        // A retransmitted SYN whose backend stayed silent, chosen away
+        // from it: its flow moves.
+        if move_flow(key, crate::scratch::resample(), b, slot) {
+            return Ok((b, slot));
+        }
         // Another CPU placed the same SYN first: follow it.
         // SAFETY: the entry is only read.
         if let Some(e) = unsafe { HALF_OPEN.get(key) } {

@@ -71,6 +71,16 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         // SAFETY: `e` points to the flow-table value of `key`.
         unsafe { syn_retransmitted(e, &key.src_addr, b, slot) };
     }
+    if table == Table::HalfOpen && !mode::one_sided(b.mode) && flow::resamples(entry, seg, now) {
+        // Its backend stayed silent: the new-flow stage places it again
+        // (`choose::place`), away from this slot, with a stack of its own.
+        crate::scratch::set_resample(slot);
+        // SAFETY: the program array holds XDP programs of this object.
+        unsafe { STAGES.tail_call(frame.0, programs::NEW_FLOW_STAGE) };
+        crate::scratch::set_resample(u32::MAX);
+        count(Counter::DropNoStage, 1);
+        return Next::Action(xdp_action::XDP_DROP);
+    }
     // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
     let event = unsafe {
         track::track(
@@ -319,7 +329,9 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
     } else {
         None
     };
-    match choose::place(&key, &seg, &vip, now, routed) {
+    let placed = choose::place(&key, &seg, &vip, now, routed);
+    crate::scratch::set_resample(u32::MAX);
+    match placed {
         Ok((b, slot)) => {
             if seg.udp {
                 count(Counter::UdpDatagrams, 1);

@@ -177,6 +177,9 @@ pub enum Reply {
     /// backend has started a new handshake on the tuple, which no VIP flow
     /// placed), and the segment passes untouched.
     Superseded,
+    /// A SYN-ACK of a backend the flow was placed away from (its SYN,
+    /// retransmitted, went to another): dropped and counted.
+    Abandoned,
     /// Nothing: pass untouched.
     None,
 }
@@ -278,8 +281,16 @@ fn live_reply(seg: &Tcp, v: &VipAddr) -> Option<Reply> {
     )?;
     let (e, table) = live(key)?;
     // SAFETY: pointer from a successful lookup.
-    let b = pinned_to(unsafe { &*e }, &seg.src_addr, seg.src_port)?;
-    Some(Reply::Live(key, e, table, b))
+    let entry = unsafe { &*e };
+    match pinned_to(entry, &seg.src_addr, seg.src_port) {
+        Some(b) => Some(Reply::Live(key, e, table, b)),
+        // The flow's retransmitted SYN went to another backend
+        // (`flow::F_RESAMPLED`): this one's late SYN-ACK is not delivered.
+        None if entry.state & balancer_common::flow::F_RESAMPLED != 0 && seg.is_syn_ack() => {
+            Some(Reply::Abandoned)
+        }
+        None => None,
+    }
 }
 
 /// State of a search over a backend's VIPs, through `bpf_loop`. The VIPs

@@ -48,6 +48,10 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
             count(Counter::ClosedFlowPackets, 1);
             (slot, vip_index, &v.addr, v.port)
         }
+        Reply::Abandoned => {
+            count(Counter::AbandonedSynAck, 1);
+            return Next::Action(xdp_action::XDP_DROP);
+        }
         Reply::Superseded => {
             count(Counter::ClosedSuperseded, 1);
             count(Counter::PassNotVip, 1);

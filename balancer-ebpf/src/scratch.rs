@@ -54,3 +54,28 @@ pub fn rate() -> Option<&'static mut Rate> {
     // SAFETY: this CPU's value, used by this program run alone, once.
     unsafe { Some(&mut *p) }
 }
+
+/// The slot a SYN handed to the new-flow stage is to be placed away from
+/// (`flow::resamples`: its backend stayed silent), `u32::MAX` for none:
+/// written by the entry program just before its tail call, read by the
+/// new-flow stage, which clears it when done. Held as the slot + 1, so
+/// that the array's initial 0 means none.
+#[map]
+static RESAMPLE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Hands `slot` to the new-flow stage (see [`RESAMPLE`]).
+#[inline(always)]
+pub fn set_resample(slot: u32) {
+    if let Some(p) = RESAMPLE.get_ptr_mut(0) {
+        // SAFETY: this CPU's value.
+        unsafe { *p = slot.wrapping_add(1) };
+    }
+}
+
+/// The slot [`set_resample`] left; `u32::MAX` for none. The new-flow
+/// stage reads it where it needs it (a value kept across its calls took
+/// stack it does not have) and clears it once done (`set_resample`).
+#[inline(never)]
+pub fn resample() -> u32 {
+    RESAMPLE.get(0).copied().unwrap_or(0).wrapping_sub(1)
+}

@@ -37,6 +37,7 @@ mod modes;
 mod multi_vip;
 mod race;
 mod reconcile;
+mod retries;
 mod router;
 mod second_chance;
 mod signals;
@@ -72,6 +73,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += sources::run()?;
     n += limits::run()?;
     n += signals::run()?;
+    n += retries::run()?;
     n += eligibility::run()?;
     n += table_pressure()?;
     n += half_open::run()?;
