@@ -22,13 +22,13 @@ use balancer_common::{
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
     SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
     SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LATENCY, VIP_F_LIMITS,
-    VIP_F_SOURCES, VIP_F_TWO_SIDED,
+    VIP_F_SOURCES,
 };
 
 use crate::{
     affinity::{self, Affinity},
     atomic,
-    frame::{now_ns, precise_ns},
+    frame::precise_ns,
     lookup::{backend_of, live_elsewhere},
     loops::bpf_loop,
     maps::{

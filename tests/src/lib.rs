@@ -25,6 +25,7 @@ pub mod quic;
 pub mod realclients;
 pub mod refusals;
 pub mod restart;
+pub mod retries;
 pub mod rig;
 pub mod scenario;
 pub mod signals;

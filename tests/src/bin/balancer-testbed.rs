@@ -18,6 +18,7 @@
 //! * `balancer-testbed modes`
 //! * `balancer-testbed chance`
 //! * `balancer-testbed signals`
+//! * `balancer-testbed retries`
 //! * `balancer-testbed mistakes`
 //! * `balancer-testbed cluster [--long | --tunnel]`
 //! * `balancer-testbed sync`
@@ -29,7 +30,7 @@ use std::process::ExitCode;
 use balancer_tests::{
     abuse, bench, chance, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile,
     jumbo, mistakes, modes, netns, operator, orphans, quic, realclients, refusals, restart,
-    scenario, signals, sync, truth, udp,
+    retries, scenario, signals, sync, truth, udp,
 };
 use clap::{Parser, Subcommand};
 
@@ -109,6 +110,11 @@ enum Cmd {
     /// reports 3x the load gets about a third of the share; a killed
     /// agent's report goes stale and falls back to counts.
     Signals,
+    /// Retries sampled afresh: a NAT VIP's SYNs retransmitted to a silent
+    /// backend connect elsewhere within one retransmission, each counted
+    /// (the control: a DSR VIP's time out); the abandoned backend's late
+    /// SYN-ACKs dropped and counted.
+    Retries,
     /// Jumbo frames (MTU 9000, native mode) with real TCP, both families.
     Jumbo,
     /// Operator mistakes and crashes: unsaved changes, dotted interface
@@ -290,6 +296,7 @@ fn main() -> ExitCode {
         Cmd::Modes => modes::run(),
         Cmd::Chance => chance::run(),
         Cmd::Signals => signals::run(),
+        Cmd::Retries => retries::run(),
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
         Cmd::Operator => operator::run(),
