@@ -152,6 +152,9 @@ pub struct VipPatch {
     )]
     #[schema(value_type = Option<String>)]
     pub agent_interval: Option<Duration>,
+    /// Locality threshold, connections per unit of weight (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer_zone_below: Option<u32>,
 }
 
 impl VipPatch {
@@ -236,6 +239,9 @@ impl VipPatch {
         if let Some(v) = self.agent_interval {
             s.agent_interval = v;
         }
+        if let Some(v) = self.prefer_zone_below {
+            s.prefer_zone_below = v;
+        }
         s
     }
 }
@@ -249,6 +255,9 @@ pub struct BackendPatch {
     /// Its own health check (`Off`: the VIP's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthSetting>,
+    /// Its zone (`""`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// A request to the daemon.
@@ -285,6 +294,9 @@ pub enum Request {
         /// Their weight (1 when absent).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weight: Option<u32>,
+        /// Their zone (none when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        zone: Option<String>,
     },
     /// Change a backend's weight or health check.
     SetBackend {
@@ -715,6 +727,27 @@ pub struct VipView {
     /// `true` when no backend is healthy and the VIP falls back to all of
     /// them (panic mode).
     pub fallback: bool,
+    /// Its zone preference (`prefer_zone_below`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<LocalityView>,
+}
+
+/// A VIP's zone preference now (`crate::locality`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct LocalityView {
+    /// This balancer's zone (`run --zone`); without one, no preference
+    /// applies.
+    pub zone: Option<String>,
+    /// `true` while new flows keep to the zone's backends; `false` while
+    /// they spill over to every eligible backend.
+    pub in_zone: bool,
+    /// Times the VIP spilled over since the daemon started.
+    pub spills: u64,
+    /// New flows placed on the backends of this balancer's zone (since
+    /// each was added).
+    pub new_flows_in_zone: u64,
+    /// New flows placed on the other backends (since each was added).
+    pub new_flows_elsewhere: u64,
 }
 
 /// Health of a backend as its active checks see it.
@@ -776,6 +809,9 @@ pub struct BackendView {
     pub backend: SocketAddr,
     /// Lifecycle state.
     pub state: BackendState,
+    /// Its zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
     /// Slot in the backend arrays.
     pub slot: u32,
     /// Server index (shared by every VIP this address and port serves).
@@ -912,6 +948,9 @@ pub struct VipStatsView {
     /// backend not drained (as [`VipView::fallback`]).
     #[serde(default)]
     pub fallback: bool,
+    /// Its zone preference and the split of its new flows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<LocalityView>,
     /// The choice telemetry.
     pub choice: ChoiceView,
     /// New flows the VIP refused, by reason (`source_denied`,

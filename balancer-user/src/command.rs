@@ -33,10 +33,16 @@ pub enum Command {
     SetVip(SocketAddr, VipSettings),
     /// A backend goes.
     RemoveBackend(SocketAddr, SocketAddr),
-    /// Backends come, with one weight: all of them or none.
-    AddBackends(SocketAddr, Vec<SocketAddr>, u32),
-    /// A backend's weight and own health check change.
-    SetBackend(SocketAddr, SocketAddr, u32, Option<HealthCheck>),
+    /// Backends come, with one weight and zone: all of them or none.
+    AddBackends(SocketAddr, Vec<SocketAddr>, u32, Option<String>),
+    /// A backend's weight, own health check and zone change.
+    SetBackend(
+        SocketAddr,
+        SocketAddr,
+        u32,
+        Option<HealthCheck>,
+        Option<String>,
+    ),
     /// A backend is drained (`true`) or put back into service.
     Drain(SocketAddr, SocketAddr, bool),
     /// This balancer is drained from the cluster (`true`: every VIP
@@ -74,20 +80,22 @@ impl Command {
             Command::AddVip(v, s) => format!("+ vip {v} {}", settings_words(s)),
             Command::SetVip(v, s) => format!("~ vip {v} {}", settings_words(s)),
             Command::RemoveBackend(v, b) => format!("- backend {b} of {v}"),
-            Command::AddBackends(v, bs, w) => format!(
-                "+ backend {} of {v} weight {w}",
+            Command::AddBackends(v, bs, w, z) => format!(
+                "+ backend {} of {v} weight {w}{}",
                 bs.iter()
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
-                    .join(" ")
+                    .join(" "),
+                zone_words(z)
             ),
-            Command::SetBackend(v, b, w, h) => format!(
-                "~ backend {b} of {v} weight {w}{}",
+            Command::SetBackend(v, b, w, h, z) => format!(
+                "~ backend {b} of {v} weight {w}{}{}",
                 if h.is_some() {
                     ", own health check"
                 } else {
                     ""
-                }
+                },
+                zone_words(z)
             ),
             Command::Drain(v, b, true) => format!("~ backend {b} of {v} drained"),
             Command::Drain(v, b, false) => format!("~ backend {b} of {v} back in service"),
@@ -106,7 +114,7 @@ fn settings_words(s: &VipSettings) -> String {
         s.choices.to_string()
     };
     format!(
-        "(mode {}, choices {choices}{}{}{}{}{}{}{})",
+        "(mode {}, choices {choices}{}{}{}{}{}{}{}{})",
         s.mode.name(),
         if s.protocol.is_tcp() {
             String::new()
@@ -162,8 +170,17 @@ fn settings_words(s: &VipSettings) -> String {
                 humantime::format_duration(s.agent_interval)
             ),
             (sig, _) => format!(", signal {}", sig.name()),
+        },
+        match s.prefer_zone_below {
+            0 => String::new(),
+            n => format!(", own zone first below {n} conns per weight"),
         }
     )
+}
+
+/// A backend's zone in a change line.
+fn zone_words(z: &Option<String>) -> String {
+    z.as_ref().map(|z| format!(" zone {z}")).unwrap_or_default()
 }
 
 /// What [`State::apply`] needs besides the state.
@@ -283,8 +300,11 @@ impl State {
                 self.release_servers();
                 Ok(())
             }
-            Command::AddBackends(v, bs, w) => {
+            Command::AddBackends(v, bs, w, z) => {
                 check_new_backends(self, *v, bs, *w, &rules.host)?;
+                if let Some(z) = z {
+                    crate::state::check_zone(z)?;
+                }
                 let slots = self.allocate_slots(bs.len())?;
                 for (b, slot) in bs.iter().zip(&slots) {
                     self.server_for(*b)?;
@@ -305,12 +325,16 @@ impl State {
                         generation,
                         weight: *w,
                         health: None,
+                        zone: z.clone(),
                     });
                 }
                 Ok(())
             }
-            Command::SetBackend(v, b, w, h) => {
+            Command::SetBackend(v, b, w, h, z) => {
                 check_weight(*w)?;
+                if let Some(z) = z {
+                    crate::state::check_zone(z)?;
+                }
                 if let Some(h) = h {
                     h.validate()?;
                     crate::state::check_path_mode(h, self.vip(v)?.settings.mode)?;
@@ -318,6 +342,7 @@ impl State {
                 let be = self.backend_mut(v, b)?;
                 be.weight = *w;
                 be.health = h.clone();
+                be.zone = z.clone();
                 Ok(())
             }
             Command::Drain(v, b, drained) => {
@@ -530,16 +555,16 @@ mod tests {
         let (v1, v2, b) = (a("10.0.0.10:80"), a("10.0.0.11:80"), a("10.0.2.1:8080"));
         st.apply(&Command::AddVip(v1, agent(5555)), &rules).unwrap();
         st.apply(&Command::AddVip(v2, agent(5556)), &rules).unwrap();
-        st.apply(&Command::AddBackends(v1, vec![b], 1), &rules)
+        st.apply(&Command::AddBackends(v1, vec![b], 1, None), &rules)
             .unwrap();
         let mut copy = st.clone();
         let e = copy
-            .apply(&Command::AddBackends(v2, vec![b], 1), &rules)
+            .apply(&Command::AddBackends(v2, vec![b], 1, None), &rules)
             .unwrap_err();
         assert!(e.to_string().contains("port 5555"), "{e}");
         // The same port: one agent, accepted.
         st.apply(&Command::SetVip(v2, agent(5555)), &rules).unwrap();
-        st.apply(&Command::AddBackends(v2, vec![b], 1), &rules)
+        st.apply(&Command::AddBackends(v2, vec![b], 1, None), &rules)
             .unwrap();
     }
 
@@ -551,7 +576,7 @@ mod tests {
         st.apply(&Command::AddVip(vip, VipSettings::default()), &rules)
             .unwrap();
         let bs = vec![a("10.0.2.1:8080"), a("10.0.2.2:8080")];
-        st.apply(&Command::AddBackends(vip, bs.clone(), 2), &rules)
+        st.apply(&Command::AddBackends(vip, bs.clone(), 2, None), &rules)
             .unwrap();
         let v = st.vip(&vip).unwrap();
         assert_eq!(v.index, 0);
@@ -567,7 +592,7 @@ mod tests {
         // The refusals the API answers.
         let mut copy = st.clone();
         assert!(matches!(
-            copy.apply(&Command::AddBackends(vip, vec![bs[0]], 1), &rules),
+            copy.apply(&Command::AddBackends(vip, vec![bs[0]], 1, None), &rules),
             Err(BalancerError::DuplicateBackend { .. })
         ));
         assert!(matches!(
@@ -579,7 +604,7 @@ mod tests {
             Err(BalancerError::UnknownBackend { .. })
         ));
         assert!(copy
-            .apply(&Command::SetBackend(vip, bs[0], 0, None), &rules)
+            .apply(&Command::SetBackend(vip, bs[0], 0, None, None), &rules)
             .is_err());
         // A backend on an address of the host is a loop.
         let host = Rules {
@@ -588,12 +613,12 @@ mod tests {
         };
         assert!(copy
             .apply(
-                &Command::AddBackends(vip, vec![a("10.0.2.7:8080")], 1),
+                &Command::AddBackends(vip, vec![a("10.0.2.7:8080")], 1, None),
                 &host
             )
             .is_err());
         // Changes are made to the state itself.
-        st.apply(&Command::SetBackend(vip, bs[0], 5, None), &rules)
+        st.apply(&Command::SetBackend(vip, bs[0], 5, None, None), &rules)
             .unwrap();
         st.apply(&Command::Drain(vip, bs[1], true), &rules).unwrap();
         st.apply(&Command::RemoveBackend(vip, bs[0]), &rules)

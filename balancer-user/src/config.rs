@@ -247,6 +247,11 @@ pub struct VipEntry {
     )]
     #[schema(value_type = String)]
     pub agent_interval: Duration,
+    /// Locality: new flows stay in the balancer's zone while one of its
+    /// backends there holds fewer connections per unit of weight (0: no
+    /// preference).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub prefer_zone_below: u32,
     /// The backends, in the order they were added.
     #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<BackendEntry>,
@@ -366,6 +371,7 @@ impl VipEntry {
             signal: self.signal,
             agent_port: self.agent_port,
             agent_interval: self.agent_interval,
+            prefer_zone_below: self.prefer_zone_below,
         }
     }
 
@@ -398,6 +404,7 @@ impl VipEntry {
             signal: s.signal,
             agent_port: s.agent_port,
             agent_interval: s.agent_interval,
+            prefer_zone_below: s.prefer_zone_below,
             backends,
         }
     }
@@ -419,6 +426,9 @@ pub struct BackendEntry {
     /// A health check of its own instead of the VIP's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthCheck>,
+    /// Its zone (for a VIP's `prefer_zone_below`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 fn d_weight() -> u32 {
@@ -442,6 +452,7 @@ pub fn export(state: &State, timeouts: &Timeouts) -> Config {
                         weight: b.weight,
                         drained: b.state == BackendState::Draining,
                         health: b.health.clone(),
+                        zone: b.zone.clone(),
                     })
                     .collect();
                 VipEntry::of(v.addr, &v.settings, backends)
@@ -513,6 +524,9 @@ pub fn locate_config_error(c: &Config) -> std::result::Result<(), Box<ConfigFaul
             check_weight(b.weight).map_err(here)?;
             if let Some(h) = &b.health {
                 h.validate().map_err(here)?;
+            }
+            if let Some(z) = &b.zone {
+                crate::state::check_zone(z).map_err(here)?;
             }
             check_backend_not_vip(v.address, b.address, c.vips.iter().map(|v| v.address))
                 .map_err(here)?;
@@ -698,13 +712,19 @@ fn backend_changes(
     for b in want {
         match c.get(&b.address) {
             None => {
-                out.push(Command::AddBackends(vip, vec![b.address], b.weight));
+                out.push(Command::AddBackends(
+                    vip,
+                    vec![b.address],
+                    b.weight,
+                    b.zone.clone(),
+                ));
                 if b.health.is_some() {
                     out.push(Command::SetBackend(
                         vip,
                         b.address,
                         b.weight,
                         b.health.clone(),
+                        b.zone.clone(),
                     ));
                 }
                 if b.drained {
@@ -712,12 +732,13 @@ fn backend_changes(
                 }
             }
             Some(old) => {
-                if (old.weight, &old.health) != (b.weight, &b.health) {
+                if (old.weight, &old.health, &old.zone) != (b.weight, &b.health, &b.zone) {
                     out.push(Command::SetBackend(
                         vip,
                         b.address,
                         b.weight,
                         b.health.clone(),
+                        b.zone.clone(),
                     ));
                 }
                 if old.drained != b.drained {
@@ -895,6 +916,7 @@ fn merge_backends(
                 let w_changed = lb.as_ref().map(|l| l.weight) != Some(db.weight);
                 let d_changed = lb.as_ref().map(|l| l.drained) != Some(db.drained);
                 let h_changed = lb.as_ref().map(|l| &l.health) != Some(&db.health);
+                let z_changed = lb.as_ref().map(|l| &l.zone) != Some(&db.zone);
                 let weight = if w_changed { db.weight } else { cb.weight };
                 // A drain made at runtime is undone only by a file that
                 // itself changed the backend from drained to in service.
@@ -931,11 +953,20 @@ fn merge_backends(
                         "= backend {a} of {vip}: own health check set at runtime, kept"
                     ));
                 }
+                let zone = if z_changed {
+                    db.zone.clone()
+                } else {
+                    cb.zone.clone()
+                };
+                if zone != db.zone {
+                    kept.push(format!("= backend {a} of {vip}: zone set at runtime, kept"));
+                }
                 out.push(BackendEntry {
                     address: a,
                     weight,
                     drained,
                     health,
+                    zone,
                 });
             }
         }
@@ -1043,6 +1074,7 @@ address = "[2001:db8:2::10]:443"
             weight: 1,
             drained: false,
             health: None,
+            zone: None,
         }];
         let kinds: Vec<&str> = plan(&a, &b)
             .iter()
@@ -1155,6 +1187,7 @@ address = "[2001:db8:2::10]:443"
             weight: 1,
             drained: false,
             health: None,
+            zone: None,
         });
         b.vips.remove(1);
         let lines: Vec<String> = plan(&a, &b).iter().map(Command::describe).collect();
@@ -1215,6 +1248,7 @@ address = "[2001:db8:2::10]:443"
             weight: 1,
             drained: true,
             health: None,
+            zone: None,
         };
         running.vips[0].backends.push(b.clone());
         let mut listed = file.clone();
@@ -1257,6 +1291,7 @@ address = "[2001:db8:2::10]:443"
             weight: 1,
             drained: false,
             health: None,
+            zone: None,
         });
         running.vips[1].backends.clear();
         // A restart with the same file changes nothing.

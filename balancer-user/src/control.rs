@@ -348,14 +348,18 @@ fn describe(r: &Request) -> String {
             vip,
             backends,
             weight,
+            zone,
         } => format!(
-            "backend add {vip} {} (weight {})",
+            "backend add {vip} {} (weight {}{})",
             backends
                 .iter()
                 .map(|b| b.to_string())
                 .collect::<Vec<_>>()
                 .join(" "),
-            weight.unwrap_or(1)
+            weight.unwrap_or(1),
+            zone.as_ref()
+                .map(|z| format!(", zone {z}"))
+                .unwrap_or_default()
         ),
         Request::SetBackend {
             vip,

@@ -61,6 +61,8 @@ pub struct DaemonConfig {
     /// One choice in this many is compared with a full scan
     /// (`Settings::regret_sample`; 0: never).
     pub regret_sample: u32,
+    /// This balancer's zone (`crate::locality`).
+    pub zone: Option<String>,
     /// Remove maps pinned by an earlier run and start empty.
     pub fresh: bool,
     /// A declarative configuration to apply at start (after the state
@@ -358,6 +360,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     services.start("eligibility", eligibility_service(lb.clone()));
     services.start("load agents", agent_service(lb.clone()));
     services.start("latency samples", latency_service(lb.clone()));
+    services.start("locality", locality_service(lb.clone()));
     services.start("stats", watch(lb.clone(), cfg.stats_interval));
     let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
         tracing::info!(
@@ -751,6 +754,19 @@ async fn latency_service(lb: Arc<Mutex<Balancer>>) {
     }
 }
 
+/// Zone preferences decided again every 20 ms (`Balancer::poll_locality`).
+async fn locality_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = lb.lock().await.poll_locality() {
+            failures.warn(std::time::Instant::now(), || format!("locality: {e:#}"));
+        }
+    }
+}
+
 /// How often the agent service looks for agents due a poll (the shortest
 /// interval a VIP may set, 50 ms, is a few of these).
 const AGENT_TICK: Duration = Duration::from_millis(10);
@@ -909,6 +925,7 @@ fn start_data_path(
         lb.set_test_seed(cfg.test_seed)?;
     }
     lb.set_regret_sample(cfg.regret_sample)?;
+    lb.set_zone(cfg.zone.clone())?;
     for iface in &cfg.interfaces {
         match lb.attach(iface, cfg.mode) {
             Ok(Attached::New { link_id }) => tracing::info!(

@@ -500,6 +500,7 @@ mod tests {
                 generation: 1,
                 weight: 1 + i,
                 health: None,
+                zone: None,
             })
             .collect();
         for b in &backends {

@@ -75,6 +75,9 @@ pub struct AddBackendsBody {
     /// Their weight (1 when absent).
     #[serde(default)]
     pub weight: Option<u32>,
+    /// Their zone (none when absent).
+    #[serde(default)]
+    pub zone: Option<String>,
 }
 
 /// `POST /v1/detach`.
@@ -157,10 +160,11 @@ pub fn route(req: &Request) -> (&'static str, String, Option<serde_json::Value>)
             vip,
             backends,
             weight,
+            zone,
         } => (
             "POST",
             format!("/v1/vips/{}/backends", seg(vip)),
-            Some(json!({"backends": backends, "weight": weight})),
+            Some(json!({"backends": backends, "weight": weight, "zone": zone})),
         ),
         Request::SetBackend {
             vip,
@@ -453,6 +457,7 @@ async fn add_backends(
                 vip,
                 backends: b.backends,
                 weight: b.weight,
+                zone: b.zone,
             })
         })
     });

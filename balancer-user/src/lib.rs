@@ -30,6 +30,7 @@ pub mod health;
 pub mod http;
 pub mod latency;
 pub mod links;
+pub mod locality;
 pub mod logs;
 pub mod maps;
 pub mod metrics;

@@ -1292,6 +1292,22 @@ impl Maps {
         })
     }
 
+    /// The load a choice compares for `server`, connections: this
+    /// balancer's count and correction plus `PEER_CONNS` (the peers'
+    /// reports, or an agent's signed correction), never below 0
+    /// (`choice::active_connections`, as the data path's `load_of`).
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn load(&self, server: u32) -> Result<u64> {
+        let own = self.count_signed(Count::Server(server))? as u64;
+        let peers = self
+            .peer_conns
+            .get(&server, 0)
+            .map_err(map_err(map_names::PEER_CONNS, "read"))?;
+        Ok(balancer_common::choice::active_connections(own, peers))
+    }
+
     /// Writes `PEER_CONNS[server]`: the peers' last reported active
     /// connections on that server (docs/cluster.md).
     ///

@@ -22,6 +22,7 @@
 //! | `vip_active_connections` | gauge | vip |
 //! | `vip_connections_total`, `vip_packets_total`, `vip_bytes_total`, `vip_misses_total` | counter | vip |
 //! | `vip_choices` (`all` is 0) | gauge | vip |
+//! | `vip_in_zone` (0 or 1), `vip_zone_spills_total`, `vip_zone_connections_total` (VIPs preferring their zone) | gauge, counter | vip; placed (`in_zone`, `elsewhere`) |
 //! | `vip_choice_decisions_total`, `vip_choice_ties_total` | counter | vip |
 //! | `vip_choice_load_total` (candidates by load bucket) | counter | vip, role (`candidate`, `chosen`, `rejected`), load (`0`, `1`, `2-3`, …, `512+`) |
 //! | `vip_choice_regret_samples_total`, `vip_choice_regret_sum_total` (connections) | counter | vip |
@@ -445,6 +446,35 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             v_refused.set(ls, *n);
         }
     }
+    // Locality: only VIPs with a zone preference.
+    let zone_flows = Counters::new(
+        &mut reg,
+        "vip_zone_connections",
+        "Connections placed on the backends of this balancer's zone and elsewhere (VIPs preferring their zone)",
+    );
+    let zone_spills = Counters::new(
+        &mut reg,
+        "vip_zone_spills",
+        "Times the VIP's zone was full and its new connections spilled over to every backend",
+    );
+    let in_zone = Gauges::new(
+        &mut reg,
+        "vip_in_zone",
+        "1 while the VIP's new connections keep to this balancer's zone",
+    );
+    for x in &stats.vips {
+        let Some(l) = &x.locality else { continue };
+        for (placed, n) in [
+            ("in_zone", l.new_flows_in_zone),
+            ("elsewhere", l.new_flows_elsewhere),
+        ] {
+            let mut ls = v(&x.vip);
+            ls.push(("placed", placed.to_string()));
+            zone_flows.set(ls, n);
+        }
+        zone_spills.set(v(&x.vip), l.spills);
+        in_zone.set(v(&x.vip), f64::from(u8::from(l.in_zone)));
+    }
     let v_load = Counters::new(
         &mut reg,
         "vip_choice_load",
@@ -649,6 +679,7 @@ mod tests {
                 misses: 1,
                 eligible: 0,
                 fallback: false,
+                locality: None,
                 active_connections: 4,
                 choice: ChoiceView {
                     decisions: 10,

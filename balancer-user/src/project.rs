@@ -465,7 +465,7 @@ mod tests {
         let vip = sa("10.0.0.1:80");
         let s = state(&[
             Command::AddVip(vip, nat()),
-            Command::AddBackends(vip, vec![sa("10.1.0.1:8080"), sa("10.1.0.2:8080")], 2),
+            Command::AddBackends(vip, vec![sa("10.1.0.1:8080"), sa("10.1.0.2:8080")], 2, None),
         ]);
         let m = project(&s, &Retired::default(), &all_eligible(&s));
         let e = &m.vips[&vip];
@@ -495,8 +495,8 @@ mod tests {
         let s = state(&[
             Command::AddVip(v1, nat()),
             Command::AddVip(v2, nat()),
-            Command::AddBackends(v1, vec![b], 1),
-            Command::AddBackends(v2, vec![b, sa("10.1.0.2:8080")], 1),
+            Command::AddBackends(v1, vec![b], 1, None),
+            Command::AddBackends(v2, vec![b, sa("10.1.0.2:8080")], 1, None),
         ]);
         let mut inputs = all_eligible(&s);
         // v2's second backend out (unhealthy), the shared one ramping.
@@ -523,7 +523,7 @@ mod tests {
         let (b1, b2) = (sa("10.1.0.1:8080"), sa("10.1.0.2:8081"));
         let mut s = state(&[
             Command::AddVip(v1, nat()),
-            Command::AddBackends(v1, vec![b1, b2], 1),
+            Command::AddBackends(v1, vec![b1, b2], 1, None),
             Command::AddVip(v2, nat()),
         ]);
         let index = s.vips[&v2].index;
@@ -560,7 +560,7 @@ mod tests {
                     ..nat()
                 },
             ),
-            Command::AddBackends(vip, vec![sa("10.1.0.1:80")], 1),
+            Command::AddBackends(vip, vec![sa("10.1.0.1:80")], 1, None),
         ]);
         let m = project(&s, &Retired::default(), &all_eligible(&s));
         assert!(m.backend_vips.is_empty());
@@ -593,7 +593,7 @@ mod tests {
         let vip = sa("[2001:db8::1]:443");
         let s = state(&[
             Command::AddVip(vip, nat()),
-            Command::AddBackends(vip, vec![sa("[2001:db8::10]:443")], 1),
+            Command::AddBackends(vip, vec![sa("[2001:db8::10]:443")], 1, None),
         ]);
         let a = project(&s, &Retired::default(), &all_eligible(&s));
         let b = project(&s.clone(), &Retired::default(), &all_eligible(&s));

@@ -419,6 +419,14 @@ pub struct VipSettings {
     )]
     #[schema(value_type = String)]
     pub agent_interval: Duration,
+    /// Locality: while one of the VIP's eligible backends in this
+    /// balancer's zone (`balancer run --zone`) holds fewer active
+    /// connections per unit of weight than this, new flows choose among
+    /// the backends of that zone alone; once every one holds this many,
+    /// they spill over to all (seed 002: eligibility by locality). Checked
+    /// every 20 ms (`crate::locality`). 0 (the default): no preference.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub prefer_zone_below: u32,
 }
 
 /// The load a VIP's choice compares.
@@ -538,6 +546,27 @@ impl VipSettings {
                  nat); a {} VIP's backends answer the clients directly",
                 self.mode.name()
             )));
+        }
+        if self.prefer_zone_below != 0 {
+            if self.candidates == Candidates::Consistent {
+                return Err(BalancerError::Invalid {
+                    what: "locality",
+                    reason: "a zone preference changes the eligible backends with the load; \
+                             consistent candidates keep each client's two for as long as \
+                             the backends stay (use random candidates)"
+                        .into(),
+                });
+            }
+            if self.prefer_zone_below > balancer_common::choice::MAX_CAP {
+                return Err(BalancerError::Invalid {
+                    what: "locality",
+                    reason: format!(
+                        "prefer zone below {} is above {}",
+                        self.prefer_zone_below,
+                        balancer_common::choice::MAX_CAP
+                    ),
+                });
+            }
         }
         if self.signal == LoadSignal::Agent {
             if matches!(self.agent_port, None | Some(0)) {
@@ -767,6 +796,7 @@ impl Default for VipSettings {
             signal: LoadSignal::Connections,
             agent_port: None,
             agent_interval: default_agent_interval(),
+            prefer_zone_below: 0,
         }
     }
 }
@@ -954,6 +984,35 @@ pub struct BackendConfig {
     /// A health check of its own instead of the VIP's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthCheck>,
+    /// Its zone (a failure domain, a rack, a site: [`check_zone`]), for
+    /// the VIP's locality preference (`VipSettings::prefer_zone_below`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+/// Longest zone name, bytes.
+pub const MAX_ZONE_LEN: usize = 64;
+
+/// A zone name: 1..=[`MAX_ZONE_LEN`] ASCII letters, digits, `.`, `_` or
+/// `-` (`eu-west-1a`, `rack12`).
+///
+/// # Errors
+/// [`BalancerError::Invalid`] saying what is wrong.
+pub fn check_zone(z: &str) -> Result<()> {
+    if z.is_empty()
+        || z.len() > MAX_ZONE_LEN
+        || !z
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+    {
+        return Err(BalancerError::Invalid {
+            what: "zone",
+            reason: format!(
+                "{z:?}: a zone is 1 to {MAX_ZONE_LEN} ASCII letters, digits, '.', '_' or '-'"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Desired state of one VIP.
@@ -1855,6 +1914,7 @@ mod tests {
                     generation: 1,
                     weight: 1,
                     health: None,
+                    zone: None,
                 })
                 .collect(),
         }

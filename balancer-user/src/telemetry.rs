@@ -32,6 +32,8 @@ pub struct View<'a> {
     pub agents: &'a crate::agent::Agents,
     /// The backends' latencies.
     pub latency: &'a crate::latency::Latency,
+    /// The VIPs' zone preferences.
+    pub locality: &'a crate::locality::Locality,
     /// Now.
     pub now: Instant,
 }
@@ -57,6 +59,7 @@ impl View<'_> {
                     vip: v.addr,
                     backend: b.addr,
                     state: b.state,
+                    zone: b.zone.clone(),
                     slot: b.slot,
                     server,
                     weight: b.weight,
@@ -88,6 +91,26 @@ impl View<'_> {
         Ok(out)
     }
 
+    /// `v`'s zone preference now, with the new flows its backends of this
+    /// balancer's zone and the others took (since each was added): the
+    /// split. `None` without a preference.
+    pub fn locality(&self, v: &VipConfig) -> Option<crate::api::LocalityView> {
+        let mut l = self.locality.view(v)?;
+        for b in &v.backends {
+            let n = self
+                .maps
+                .traffic(Traffic::Backend, b.slot)
+                .map(|t| t.new_flows)
+                .unwrap_or(0);
+            if b.zone.is_some() && b.zone == l.zone {
+                l.new_flows_in_zone += n;
+            } else {
+                l.new_flows_elsewhere += n;
+            }
+        }
+        Some(l)
+    }
+
     /// All counters.
     ///
     /// # Errors
@@ -113,6 +136,7 @@ impl View<'_> {
                     .sum(),
                 eligible: if fallback { 0 } else { list.len() },
                 fallback,
+                locality: self.locality(v),
                 choice: choice_view(&self.maps.choice_stats(v.index)?),
                 refused: balancer_common::refusal::NAMES
                     .iter()

@@ -16,6 +16,7 @@ pub mod harness;
 pub mod health;
 pub mod hostile;
 pub mod jumbo;
+pub mod locality;
 pub mod mistakes;
 pub mod modes;
 pub mod netns;

@@ -177,7 +177,11 @@ pub fn run() -> anyhow::Result<()> {
 /// Opens `n` connections to the VIP one after the other (about 100 a
 /// second: the agents' reports, every 100 ms, come between a few) and
 /// returns them with how many each backend got.
-fn open_paced(tb: &Testbed, n: u64, id_base: u64) -> anyhow::Result<(Vec<Conn>, [u64; BACKENDS])> {
+pub(crate) fn open_paced(
+    tb: &Testbed,
+    n: u64,
+    id_base: u64,
+) -> anyhow::Result<(Vec<Conn>, [u64; BACKENDS])> {
     let ns = tb.client_ns_path();
     let conns = thread::spawn(move || -> anyhow::Result<Vec<Conn>> {
         enter_ns(&ns)?;

@@ -126,6 +126,7 @@ impl Balancer {
                     eligible: if fallback { 0 } else { list.len() },
                     receiving: list.len(),
                     fallback,
+                    locality: self.telemetry().locality(v),
                 }
             })
             .collect()
@@ -162,7 +163,7 @@ impl Balancer {
         addrs: &[SocketAddr],
         weight: u32,
     ) -> Result<()> {
-        self.execute(&[Command::AddBackends(vip, addrs.to_vec(), weight)])
+        self.execute(&[Command::AddBackends(vip, addrs.to_vec(), weight, None)])
     }
 
     /// Changes a backend's weight or health check: all of the patch, or
@@ -199,6 +200,11 @@ impl Balancer {
             match &patch.health {
                 Some(h) => h.clone().into_option(),
                 None => b.health.clone(),
+            },
+            match &patch.zone {
+                Some(z) if z.is_empty() => None,
+                Some(z) => Some(z.clone()),
+                None => b.zone.clone(),
             },
         ))
     }
@@ -510,9 +516,13 @@ impl Balancer {
             }
         }
         for v in self.state.vips.values() {
-            inputs
-                .lists
-                .insert(v.addr, self.eligibility.list(&self.state, v));
+            let (list, fallback) = self.eligibility.list(&self.state, v);
+            let list = if fallback {
+                list
+            } else {
+                self.locality.project(v, list)
+            };
+            inputs.lists.insert(v.addr, (list, fallback));
             let fastest = self.latency.fastest(&self.state, v);
             for b in &v.backends {
                 let w = self.latency.weight(

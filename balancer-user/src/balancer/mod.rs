@@ -202,6 +202,8 @@ pub struct Balancer {
     agents: crate::agent::Agents,
     /// The backends' latencies (the latency signal).
     latency: crate::latency::Latency,
+    /// The VIPs' zone preferences (`crate::locality`).
+    locality: crate::locality::Locality,
     /// The latency samples' ring buffer (`LATENCY_SAMPLES`).
     latency_samples: Option<aya::maps::RingBuf<MapData>>,
 }
@@ -424,6 +426,7 @@ impl Balancer {
             candidate_secret: 0,
             agents: Default::default(),
             latency: Default::default(),
+            locality: Default::default(),
             latency_samples,
         })
     }
@@ -922,10 +925,12 @@ impl Balancer {
                 vip,
                 backends,
                 weight,
+                zone,
             } => Ok(Command::AddBackends(
                 *vip,
                 backends.clone(),
                 weight.unwrap_or(1),
+                zone.clone(),
             )),
             R::SetBackend {
                 vip,
@@ -1111,6 +1116,7 @@ impl Balancer {
             eligibility: &self.eligibility,
             agents: &self.agents,
             latency: &self.latency,
+            locality: &self.locality,
             now: Instant::now(),
         }
     }
@@ -1180,6 +1186,55 @@ impl Balancer {
         // The latency signal's averages move the weights too.
         let latency = self.latency.update(&self.state, now);
         self.apply(ch, resync || ramped || latency)
+    }
+
+    /// Decides each zone-preferring VIP again ([`crate::locality`]; run
+    /// every 20 ms by the daemon, so that a zone passes its threshold by
+    /// little) and, when a decision changed, syncs the maps to the new
+    /// projection. Logs each spill.
+    ///
+    /// # Errors
+    /// Map failure.
+    pub fn poll_locality(&mut self) -> Result<()> {
+        let (elig, state, maps) = (&self.eligibility, &self.state, &self.maps);
+        let (changed, spilled) = self.locality.update(
+            state,
+            |v| match elig.list(state, v) {
+                (_, true) => None,
+                (list, false) => Some(list),
+            },
+            |s| maps.load(s).unwrap_or(0),
+        );
+        for a in spilled {
+            tracing::info!(
+                vip = %a,
+                zone = self.locality.zone().unwrap_or_default(),
+                "every backend of the zone holds its threshold of connections: new flows spill \
+                 over to every eligible backend"
+            );
+        }
+        if changed {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Sets this balancer's zone (`balancer run --zone`; [`crate::locality`]).
+    ///
+    /// # Errors
+    /// An invalid zone name; map failure.
+    pub fn set_zone(&mut self, zone: Option<String>) -> Result<()> {
+        if let Some(z) = &zone {
+            crate::state::check_zone(z)?;
+        }
+        self.locality = crate::locality::Locality::new(zone);
+        self.sync()?;
+        Ok(())
+    }
+
+    /// This balancer's zone.
+    pub fn zone(&self) -> Option<&str> {
+        self.locality.zone()
     }
 
     /// Clears the failure streaks `ch` names and, when it changes a list

@@ -42,6 +42,7 @@ fn state(vips: &[(&str, &[&str])]) -> State {
                     generation: 1,
                     weight: 1,
                     health: None,
+                    zone: None,
                 }
             })
             .collect();

@@ -25,9 +25,14 @@ pub enum BackendCmd {
         /// backends (default 1).
         #[arg(long)]
         weight: Option<u32>,
+        /// Their zone (a rack, a site: letters, digits, '.', '_', '-'), for
+        /// a VIP that prefers the balancer's own (`vip set
+        /// --prefer-zone-below`).
+        #[arg(long)]
+        zone: Option<String>,
     },
-    /// Change a backend's weight or give it a health check of its own
-    /// (`--health off`: the VIP's check again).
+    /// Change a backend's weight or zone, or give it a health check of its
+    /// own (`--health off`: the VIP's check again).
     #[command(
         after_help = "Example:\n  balancer backend set 10.0.0.10:80 10.0.2.10:8080 --weight 3 --health http:/healthz"
     )]
@@ -38,11 +43,14 @@ pub enum BackendCmd {
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
         backend: SocketAddr,
-        /// Weight, 1..=1000 (this, `--health`, or both).
-        #[arg(long, required_unless_present = "health")]
+        /// Weight, 1..=1000 (this, `--health`, `--zone`, or several).
+        #[arg(long, required_unless_present_any = ["health", "zone"])]
         weight: Option<u32>,
         #[command(flatten)]
         health: HealthArgs,
+        /// Its zone (`""`: none).
+        #[arg(long)]
+        zone: Option<String>,
     },
     /// Drain a backend: no new flows; existing flows run to completion.
     #[command(after_help = "Example:\n  balancer backend drain 10.0.0.10:80 10.0.2.10:8080")]
@@ -99,11 +107,13 @@ impl BackendCmd {
                 vip,
                 backends,
                 weight,
+                zone,
             } => (
                 Request::AddBackends {
                     vip,
                     backends,
                     weight,
+                    zone,
                 },
                 false,
             ),
@@ -112,12 +122,14 @@ impl BackendCmd {
                 backend,
                 weight,
                 health,
+                zone,
             } => (
                 Request::SetBackend {
                     vip,
                     backend,
                     patch: BackendPatch {
                         weight,
+                        zone,
                         health: health.check().map(|c| match c {
                             None => HealthSetting::Off,
                             Some(c) => HealthSetting::Check(c),
@@ -158,7 +170,7 @@ pub fn print(backends: &[BackendView]) {
         super::addr_width(backends.iter().map(|b| b.backend)),
     );
     println!(
-        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12}",
+        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
         "VIP",
         "BACKEND",
         "STATE",
@@ -170,7 +182,8 @@ pub fn print(backends: &[BackendView]) {
         "REFUSED",
         "PACKETS",
         "BYTES",
-        "SIGNAL"
+        "SIGNAL",
+        "ZONE"
     );
     for b in backends {
         let weight = if (b.effective_weight - b.weight as f64).abs() < 1e-9 {
@@ -186,7 +199,7 @@ pub fn print(backends: &[BackendView]) {
             (None, None) => "-".to_string(),
         };
         println!(
-            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12}",
+            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
             b.vip.to_string(),
             b.backend.to_string(),
             format!("{:?}", b.state).to_lowercase(),
@@ -198,7 +211,8 @@ pub fn print(backends: &[BackendView]) {
             b.refused,
             b.packets,
             b.bytes,
-            signal
+            signal,
+            b.zone.as_deref().unwrap_or("-")
         );
     }
     for b in backends {

@@ -122,6 +122,11 @@ pub struct RunArgs {
     /// pass over the eligible list.
     #[arg(long, value_name = "N", default_value_t = balancer_common::DEFAULT_REGRET_SAMPLE)]
     regret_sample: u32,
+    /// This balancer's zone (a rack, a site: letters, digits, '.', '_',
+    /// '-'): a VIP with --prefer-zone-below sends its new flows to the
+    /// backends of this zone (`backend add --zone`) until they are full.
+    #[arg(long, value_parser = parse_zone)]
+    zone: Option<String>,
     /// Deterministic random draws with this seed (tests only; 0 = kernel random).
     #[arg(long, default_value_t = 0, hide = true)]
     test_seed: u64,
@@ -261,6 +266,7 @@ impl RunArgs {
             stats_interval: self.stats_interval,
             test_seed: self.test_seed,
             regret_sample: self.regret_sample,
+            zone: self.zone,
             fresh: self.fresh,
             config_file: self.config,
             read_only_socket: self.read_only_socket,
@@ -283,4 +289,11 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
     } else {
         Err(format!("{n} is not a power of two from 4096 to 1073741824"))
     }
+}
+
+/// A zone name (`state::check_zone`).
+fn parse_zone(s: &str) -> Result<String, String> {
+    balancer::state::check_zone(s)
+        .map(|()| s.to_string())
+        .map_err(|e| e.to_string())
 }

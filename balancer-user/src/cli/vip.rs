@@ -164,6 +164,33 @@ pub struct VipArgs {
     /// back to its connections.
     #[arg(long, value_parser = parse_duration)]
     agent_interval: Option<Duration>,
+    /// Locality: while one of the VIP's eligible backends in this
+    /// balancer's zone (`run --zone`; `backend add --zone`) holds fewer
+    /// active connections per unit of weight than this, new flows go to
+    /// that zone's backends alone; past it they spill over to all. Checked
+    /// every 20 ms. 0: no preference.
+    #[arg(long, value_name = "CONNS")]
+    prefer_zone_below: Option<u32>,
+}
+
+/// A VIP's zone preference now, for the table.
+fn locality_note(v: &VipView) -> String {
+    let Some(l) = &v.locality else {
+        return String::new();
+    };
+    match (&l.zone, l.in_zone) {
+        (None, _) => "  (prefers its zone, but this balancer has none: run --zone)".into(),
+        (Some(z), true) => format!(
+            "  (new connections to zone {z}'s backends, below {} per weight; {} in zone, {} \
+             elsewhere so far)",
+            v.settings.prefer_zone_below, l.new_flows_in_zone, l.new_flows_elsewhere
+        ),
+        (Some(z), false) => format!(
+            "  (zone {z} at {} per weight or none eligible: spilling over to all; {} in zone, \
+             {} elsewhere so far)",
+            v.settings.prefer_zone_below, l.new_flows_in_zone, l.new_flows_elsewhere
+        ),
+    }
 }
 
 /// The load signal of a VIP, on the command line.
@@ -291,6 +318,7 @@ impl VipArgs {
             signal: self.signal.map(Into::into),
             agent_port: self.agent_port,
             agent_interval: self.agent_interval,
+            prefer_zone_below: self.prefer_zone_below,
         }
     }
 }
@@ -447,7 +475,7 @@ pub fn print(vips: &[VipView]) {
                  connections are refused)"
                     .to_string()
             } else {
-                String::new()
+                locality_note(v)
             }
         );
     }

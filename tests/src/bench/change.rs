@@ -100,6 +100,7 @@ fn one_round(dir: &Path, bin: &Path) -> anyhow::Result<Round> {
             vip: target,
             backends: vec![b],
             weight: None,
+            zone: None,
         })?;
         add.push(t.elapsed().as_secs_f64() * 1e3);
         ensure!(matches!(r, Response::Ok), "adding {b}: {r:?}");

@@ -19,6 +19,7 @@
 //! * `balancer-testbed chance`
 //! * `balancer-testbed signals`
 //! * `balancer-testbed retries`
+//! * `balancer-testbed locality`
 //! * `balancer-testbed mistakes`
 //! * `balancer-testbed cluster [--long | --tunnel]`
 //! * `balancer-testbed sync`
@@ -29,8 +30,8 @@ use std::process::ExitCode;
 
 use balancer_tests::{
     abuse, bench, chance, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile,
-    jumbo, mistakes, modes, netns, operator, orphans, quic, realclients, refusals, restart,
-    retries, scenario, signals, sync, truth, udp,
+    jumbo, locality, mistakes, modes, netns, operator, orphans, quic, realclients, refusals,
+    restart, retries, scenario, signals, sync, truth, udp,
 };
 use clap::{Parser, Subcommand};
 
@@ -115,6 +116,10 @@ enum Cmd {
     /// (the control: a DSR VIP's time out); the abandoned backend's late
     /// SYN-ACKs dropped and counted.
     Retries,
+    /// Locality: a VIP preferring the balancer's zone keeps its new
+    /// connections there until the zone's backends reach the threshold,
+    /// then spills over (the control: no preference spreads them).
+    Locality,
     /// Jumbo frames (MTU 9000, native mode) with real TCP, both families.
     Jumbo,
     /// Operator mistakes and crashes: unsaved changes, dotted interface
@@ -297,6 +302,7 @@ fn main() -> ExitCode {
         Cmd::Chance => chance::run(),
         Cmd::Signals => signals::run(),
         Cmd::Retries => retries::run(),
+        Cmd::Locality => locality::run(),
         Cmd::Jumbo => jumbo::run(),
         Cmd::Mistakes => mistakes::run(),
         Cmd::Operator => operator::run(),
