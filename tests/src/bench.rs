@@ -979,12 +979,49 @@ fn quality(rep: &mut Report, sc: Scale, out_dir: &Path) -> anyhow::Result<()> {
         herd.push(json!({"k": k, "two_choices_gap": two, "full_scan_gap": scan}));
     }
     writeln!(md)?;
+
+    let real = herd_three(&mut md)?;
     rep.section(3, &md);
     rep.json.insert(
         "quality".into(),
-        json!({"runs": js, "herd": herd, "plot": "bench-balance.png"}),
+        json!({"runs": js, "herd": herd, "herd_three_balancers": real, "plot": "bench-balance.png"}),
     );
     Ok(())
+}
+
+/// The herd table through three real balancers (the cluster test bed,
+/// `cluster::herd_table`), written to `md`; its rows as JSON.
+fn herd_three(md: &mut String) -> anyhow::Result<Vec<Value>> {
+    eprintln!("bench: the herd through three balancers");
+    let rows = crate::cluster::herd_table()?;
+    let fastest = rows.iter().map(|r| r.rate).fold(0.0, f64::max);
+    let slowest = rows.iter().map(|r| r.rate).fold(f64::INFINITY, f64::min);
+    writeln!(
+        md,
+        "Herd through three real balancers: the cluster test bed (`balancer-testbed cluster`'s hosts: a router spreading the DSR VIP over three balancers by ECMP, each announcing it by BGP, syncing flows and reporting its counts to the others every interval), 8 backends. Each row: a burst of 2,000 connections opened by 48 client threads at once and held; how they spread over the backends. The bursts in this run reached {slowest:.0} to {fastest:.0} new connections per second (the test bed's clients, balancers and backends share this machine's cores). Herd index (the first balancer's, `cluster status`): how often it and a peer placed connections on the same backend within one report interval, against independent uniform placement (1: no herding; Mitzenmacher, \"How useful is old information?\", 2000).\n"
+    )?;
+    writeln!(
+        md,
+        "| choices | load reports | opened per s | busiest | least | max - min | busiest / mean | herd index |\n|---|---|---|---|---|---|---|---|"
+    )?;
+    let mut real = Vec::new();
+    for r in &rows {
+        writeln!(
+            md,
+            "| {} | {} | {:.0} | {} | {} | {} | {:.2} | {} |",
+            r.choices,
+            r.reports,
+            r.rate,
+            r.max,
+            r.min,
+            r.max - r.min,
+            r.busiest_over_mean,
+            r.index.map_or("-".into(), |x| format!("{x:.2}"))
+        )?;
+        real.push(json!({"choices": r.choices, "load_report_interval": r.interval, "rate_per_s": r.rate, "max": r.max, "min": r.min, "busiest_over_mean": r.busiest_over_mean, "herd_index": r.index}));
+    }
+    writeln!(md)?;
+    Ok(real)
 }
 
 fn herd_gap(choices: u32, k: u32) -> anyhow::Result<f64> {
@@ -992,21 +1029,25 @@ fn herd_gap(choices: u32, k: u32) -> anyhow::Result<f64> {
     const FLOWS: u32 = 10_000;
     let mut rig = rig_with_backends(1 << 15, N, choices)?;
     let views = rig.lb.list_backends(Some(VIP))?;
-    let slot_of: BTreeMap<SocketAddr, u32> = views.iter().map(|v| (v.backend, v.slot)).collect();
-    let mut placed: BTreeMap<u32, u64> = slot_of.values().map(|s| (*s, 0)).collect();
+    // The choice compares servers' counts (every VIP's connections on a
+    // server): the stale snapshot is written there. One VIP: one server
+    // per backend.
+    let server_of: BTreeMap<SocketAddr, u32> =
+        views.iter().map(|v| (v.backend, v.server)).collect();
+    let mut placed: BTreeMap<u32, u64> = server_of.values().map(|s| (*s, 0)).collect();
     let mut snapshot = placed.clone();
     for i in 0..FLOWS {
         let c = many_client(i / 60000, 1024 + (i % 60000) as u16);
         let (a, out) = rig.run(&Seg::new(c, VIP, SYN).build(), Side::Client)?;
         ensure!(a == XDP_REDIRECT || a == XDP_TX, "herd SYN not forwarded");
-        let slot = slot_of[&frames::parse(&out)?.dst];
-        *placed.get_mut(&slot).unwrap() += 1;
+        let server = server_of[&frames::parse(&out)?.dst];
+        *placed.get_mut(&server).unwrap() += 1;
         // The program counted its own placement; a stale snapshot does not.
-        rig.lb.set_active(slot, snapshot[&slot])?;
+        rig.lb.set_server_active(server, snapshot[&server])?;
         if (i + 1) % k == 0 {
             snapshot = placed.clone();
             for (s, v) in &snapshot {
-                rig.lb.set_active(*s, *v)?;
+                rig.lb.set_server_active(*s, *v)?;
             }
         }
     }
@@ -2100,6 +2141,13 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
         quality(&mut rep, sc, &out)?;
         let _ = std::fs::remove_dir_all(&out);
         println!("{}", rep.markdown());
+        return Ok(());
+    }
+    // BENCH_ONLY=herd: the herd through three balancers alone, printed.
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "herd") {
+        let mut md = String::new();
+        herd_three(&mut md)?;
+        println!("{md}");
         return Ok(());
     }
     // BENCH_ONLY=change: section 9 alone, printed.

@@ -951,7 +951,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         Ok(t0.elapsed())
     })?;
     report("lb4 added", &o);
-    herd(c)
+    herd(c, &[1, 2, 4]).map(|_| ())
 }
 
 /// Flows of [`QUIC_VIP`] in balancer `n`'s tables.
@@ -1259,18 +1259,44 @@ const HERD_CONNS: u64 = 2000;
 /// a burst of several thousand a second on a 2-core machine).
 const HERD_CLIENTS: u64 = 48;
 
-/// The herd table: three balancers (lb1, lb2, lb4), 8 backends; bursts of
-/// connections held; the spread of held connections per backend.
-fn herd(c: &mut Cluster) -> anyhow::Result<()> {
-    let lbs = [1, 2, 4];
+/// One row of the herd table: a burst of [`HERD_CONNS`] connections held
+/// through three balancers onto [`BACKENDS`] backends.
+#[derive(Clone, Debug)]
+pub struct HerdRow {
+    /// `--choices`, as the table says it.
+    pub choices: &'static str,
+    /// `--load-report-interval`, as the table says it.
+    pub reports: &'static str,
+    /// `--load-report-interval` as given (`0s`: none).
+    pub interval: &'static str,
+    /// New connections opened per second in the burst.
+    pub rate: f64,
+    /// Connections of the busiest backend.
+    pub max: u64,
+    /// Connections of the least busy backend.
+    pub min: u64,
+    /// The busiest backend's connections over the mean.
+    pub busiest_over_mean: f64,
+    /// The first balancer's herd index (`cluster::Herd`); `None` without
+    /// reports.
+    pub index: Option<f64>,
+}
+
+/// The herd table: balancers `lbs` (three), 8 backends; bursts of
+/// connections held; the spread of held connections per backend, for
+/// choices 1, 2 and all and load reports every 100 ms, every 1 s or
+/// none. Each row is printed as it comes (`cluster: herd:`).
+fn herd(c: &mut Cluster, lbs: &[usize]) -> anyhow::Result<Vec<HerdRow>> {
+    let first = lbs[0];
     println!(
         "cluster: herd: {HERD_CONNS} connections opened by {HERD_CLIENTS} clients at once through 3 balancers onto 8 backends, held"
     );
     println!(
-        "cluster: herd: | choices | load reports | opened per s | busiest | least | max - min | busiest / mean | herd index (lb1) |"
+        "cluster: herd: | choices | load reports | opened per s | busiest | least | max - min | busiest / mean | herd index (lb{first}) |"
     );
     println!("cluster: herd: |---|---|---|---|---|---|---|---|");
     let mut id = 5u64 << 32;
+    let mut rows = Vec::new();
     for (choices, choices_word) in [
         ("1", "1 (random)"),
         ("2", "2"),
@@ -1281,12 +1307,12 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             ("1s", "every 1 s"),
             ("0s", "none (own counts only)"),
         ] {
-            for n in lbs {
+            for &n in lbs {
                 c.stop_daemon(n)?;
                 c.start_daemon(n, &["--load-report-interval", interval])?;
                 c.cli(n, &["vip", "set", &VIP.to_string(), "--choices", choices])?;
             }
-            c.await_hops(&lbs, Duration::from_secs(30))?;
+            c.await_hops(lbs, Duration::from_secs(30))?;
             // Reports flowing (and the counts of earlier rounds gone).
             thread::sleep(Duration::from_millis(1500));
             let base = c.held_per_backend();
@@ -1297,18 +1323,19 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             let now = c.held_per_backend();
             // The reports were (or were not) flowing while they opened.
             // Two report intervals more: the peers' reports of these
-            // placements came, and lb1 paired them with its own.
+            // placements came, and the first balancer paired them with
+            // its own.
             let wait = match interval {
                 "100ms" => 300,
                 "1s" => 2300,
                 _ => 0,
             };
             thread::sleep(Duration::from_millis(wait));
-            let status = c.json(1, &["cluster", "status", "--json"])?;
+            let status = c.json(first, &["cluster", "status", "--json"])?;
             let reports = status["stats"]["load_reports"].as_u64().unwrap_or(0);
             ensure!(
                 (interval == "0s") == (reports == 0),
-                "lb1 received {reports} load reports with --load-report-interval {interval}"
+                "lb{first} received {reports} load reports with --load-report-interval {interval}"
             );
             // The herd index needs the peers' placements: with reports, it
             // compared pairs; without, it has none.
@@ -1317,7 +1344,7 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             ensure!(
                 (interval == "0s") == index.is_none()
                     && (interval == "0s" || herd["pairs"].as_u64().unwrap_or(0) > 0),
-                "lb1's herd index with --load-report-interval {interval}: {herd}"
+                "lb{first}'s herd index with --load-report-interval {interval}: {herd}"
             );
             let held: Vec<u64> = now
                 .iter()
@@ -1327,20 +1354,58 @@ fn herd(c: &mut Cluster) -> anyhow::Result<()> {
             let max = *held.iter().max().unwrap_or(&0);
             let min = *held.iter().min().unwrap_or(&0);
             let mean = held.iter().sum::<u64>() as f64 / held.len() as f64;
+            let row = HerdRow {
+                choices: choices_word,
+                reports: label,
+                interval,
+                rate,
+                max,
+                min,
+                busiest_over_mean: max as f64 / mean,
+                index,
+            };
             println!(
                 "cluster: herd: | {choices_word} | {label} | {rate:.0} | {max} | {min} | {} | {:.2} | {} |",
                 max - min,
-                max as f64 / mean,
+                row.busiest_over_mean,
                 index.map_or("-".into(), |x| format!("{x:.2}"))
             );
+            rows.push(row);
             for conn in conns {
                 conn.close();
             }
             thread::sleep(Duration::from_millis(500));
         }
     }
-    let _ = c.active(1)?;
-    Ok(())
+    let _ = c.active(first)?;
+    Ok(rows)
+}
+
+/// The herd table on a cluster of its own (three balancers announcing
+/// the DSR VIP by BGP, 8 backends), for the bench. Everything is torn
+/// down on return.
+///
+/// # Errors
+/// Building the cluster, or an assertion of [`herd`], with the daemons'
+/// logs on stderr.
+pub fn herd_table() -> anyhow::Result<Vec<HerdRow>> {
+    let lbs = [1, 2, 3];
+    let mut c = Cluster::build(&lbs, false)?;
+    let r = (|| {
+        for n in lbs {
+            c.start_bird(n)?;
+            c.start_daemon(n, &[])?;
+            c.configure(n, "2")?;
+        }
+        c.await_hops(&lbs, Duration::from_secs(30))?;
+        herd(&mut c, &lbs)
+    })();
+    if r.is_err() {
+        for lb in &c.lbs {
+            eprintln!("--- daemon lb{} ---\n{}", lb.n, c.log(lb.n));
+        }
+    }
+    r
 }
 
 /// Opens up to `n` connections, `per_second` of them a second (16
