@@ -25,6 +25,17 @@ pub unsafe fn add_at(p: *mut u64, v: u64) {
     unsafe { core::intrinsics::atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) };
 }
 
+/// Atomically exchanges the `u64` at `p` for `v` and returns its previous
+/// value (BPF_ATOMIC BPF_XCHG, a full barrier).
+///
+/// # Safety
+/// `p` points to a `u64` inside a map value.
+#[inline(always)]
+pub unsafe fn swap_at(p: *mut u64, v: u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { core::intrinsics::atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(p, v) }
+}
+
 /// Atomically ORs `v` into the `u64` at `p` (BPF_ATOMIC BPF_OR).
 ///
 /// # Safety
@@ -33,6 +44,23 @@ pub unsafe fn add_at(p: *mut u64, v: u64) {
 pub unsafe fn or_at(p: *mut u64, v: u64) {
     // SAFETY: the caller's contract.
     unsafe { core::intrinsics::atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) };
+}
+
+/// Atomically clears `bits` in a flow entry's state word (BPF_ATOMIC
+/// BPF_AND on the word of [`fetch_or_state`]).
+///
+/// # Safety
+/// `entry` points to a flow-table value.
+#[inline(always)]
+pub unsafe fn clear_state(entry: *mut FlowEntry, bits: u32) {
+    // SAFETY: as in `fetch_or_state`.
+    let word = unsafe { (entry as *mut u8).add(FlowEntry::STATE_WORD_OFFSET) as *mut u64 };
+    unsafe {
+        core::intrinsics::atomic_and::<u64, u64, { AtomicOrdering::SeqCst }>(
+            word,
+            !((bits as u64) << FlowEntry::STATE_WORD_SHIFT),
+        )
+    };
 }
 
 /// Atomically sets `bits` in a flow entry's state word and returns the

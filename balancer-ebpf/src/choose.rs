@@ -178,7 +178,9 @@ pub fn server_full(vip: &VipInfo, server: u32) -> bool {
 /// `slot` ("retries need fresh sampling", seed 002): its count moves with
 /// it, and the first backend's late SYN-ACK is dropped by the reply side
 /// (`flow::F_RESAMPLED`). Once per flow: `true` only for the CPU whose
-/// atomic OR set the bit.
+/// atomic OR set the bit, and only when no SYN-ACK of the first backend
+/// set `F_SERVER_SEQ_KNOWN`, before the move or during it (`track` drops
+/// one that sees the move done; this gives up on one that came first).
 #[inline(never)]
 fn move_flow(key: &FlowKey, old: u32, b: &Backend, slot: u32) -> bool {
     if old == NO_SLOT || old == slot {
@@ -196,11 +198,20 @@ fn move_flow(key: &FlowKey, old: u32, b: &Backend, slot: u32) -> bool {
     {
         return false;
     }
-    // Slot and generation in one 8-byte store: a reader never sees one
-    // without the other.
+    // Slot and generation in one 8-byte exchange: a reader never sees one
+    // without the other, and (a full barrier) the state is read after it.
     // SAFETY: `backend_slot` and `backend_generation` are the entry's
     // first 8 bytes, 8-aligned.
-    unsafe { *(e as *mut u64) = u64::from(slot) | u64::from(b.generation) << 32 };
+    let word = e as *mut u64;
+    let before = unsafe { atomic::swap_at(word, u64::from(slot) | u64::from(b.generation) << 32) };
+    // The old backend's SYN-ACK set its bit after ours and was tracked
+    // against the old slot before this exchange (`track` drops it only
+    // when it sees the new one): it went to the client, so the flow stays.
+    // SAFETY: as above; a plain read of the state after the barrier.
+    if unsafe { core::ptr::read_volatile(&(*e).state) } & flow::F_SERVER_SEQ_KNOWN != 0 {
+        unsafe { atomic::swap_at(word, before) };
+        return false;
+    }
     if let Some(o) = BACKENDS.get(old) {
         atomic::add(&SERVER_CONNS, o.server, u64::MAX);
     }
@@ -571,8 +582,12 @@ fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
 ///   is already live through another VIP is avoided (at the backend it
 ///   would be the same connection): the choice is made again without it,
 ///   and refused when no other backend remains.
+/// * `RESAMPLE` (the resample stage, `programs::RESAMPLE`): a SYN
+///   retransmitted to a silent backend, chosen away from the slot in
+///   `scratch::RESAMPLE` and its flow moved (`move_flow`); the new-flow
+///   stage is built without this code and pays nothing for it.
 #[inline(always)]
-pub fn place(
+pub fn place<const RESAMPLE: bool>(
     key: &FlowKey,
     seg: &Tcp,
     vip: &VipInfo,
@@ -585,7 +600,8 @@ pub fn place(
     if vip.flags & VIP_F_SOURCES != 0 && source_refused(vip, &seg.src_addr) {
         return Err(Refusal::Drop);
     }
-    if rate_refused(vip, key, now) {
+    // A retransmitted SYN was admitted by the source rate once.
+    if !RESAMPLE && rate_refused(vip, key, now) {
         return Err(Refusal::Drop);
     }
     // SAFETY: the value is only read.
@@ -600,9 +616,7 @@ pub fn place(
     let found = match routed {
         // A QUIC datagram whose connection ID names its backend.
         Some(r) => Some(r),
-        None if crate::scratch::resample() != NO_SLOT => {
-            choose(vip, key, crate::scratch::resample())
-        }
+        None if RESAMPLE => choose(vip, key, crate::scratch::resample()),
         None => match affinity::lookup(vip, &seg.src_addr, now) {
             Affinity::Hit(b, slot) => Some((b, slot)),
             Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
@@ -610,7 +624,7 @@ pub fn place(
     };
     let Some((mut b, mut slot)) = found else {
         // A retransmitted SYN with no other backend to go to: it stays.
-        if crate::scratch::resample() != NO_SLOT {
+        if RESAMPLE {
             if let Some(e) = unsafe { HALF_OPEN.get(key) } {
                 if let Some(b) = backend_of(e) {
                     return Ok((b, e.backend_slot));
@@ -659,7 +673,10 @@ pub fn place(
     if HALF_OPEN.insert(key, &entry, BPF_NOEXIST as u64).is_err() {
         // A retransmitted SYN whose backend stayed silent, chosen away
         // from it: its flow moves.
-        if move_flow(key, crate::scratch::resample(), b, slot) {
+        if RESAMPLE && move_flow(key, crate::scratch::resample(), b, slot) {
+            // Its client's affinity follows it to the backend that may
+            // answer.
+            affinity::remember(vip, &seg.src_addr, slot, b.generation, now);
             return Ok((b, slot));
         }
         // Another CPU placed the same SYN first: follow it.

@@ -210,7 +210,9 @@ pub fn find_reply(seg: &Tcp, bv: &'static BackendVips) -> Reply {
             )
         };
         if c.found == 0 {
-            None
+            // A SYN-ACK of a backend some VIP's flow of this client was
+            // placed away from, and no live flow of this backend: late.
+            (c.abandoned != 0).then_some(Reply::Abandoned)
         } else {
             match bv.vips.get(c.found_index as usize) {
                 Some(v) => live_reply(seg, v),
@@ -310,7 +312,9 @@ struct SearchCtx {
     found_index: u32,
     /// 1 when closed entries were forgotten for a SYN-ACK.
     superseded: u32,
-    _pad: u32,
+    /// 1 when a SYN-ACK's client has a live flow placed away from this
+    /// backend (`flow::F_RESAMPLED`).
+    abandoned: u32,
     /// Creation time of the newest closed match.
     found_created: u64,
 }
@@ -327,7 +331,7 @@ impl SearchCtx {
             found: 0,
             found_index: 0,
             superseded: 0,
-            _pad: 0,
+            abandoned: 0,
             found_created: 0,
         }
     }
@@ -355,10 +359,14 @@ extern "C" fn live_step(i: u64, ctx: *mut c_void) -> i64 {
     let key = key_for(c.client_addr, c.client_port, v.addr, v.port);
     if let Some((e, _)) = live(&key) {
         // SAFETY: pointer from a successful lookup, only read.
-        if pinned_to(unsafe { &*e }, &c.backend_addr, c.backend_port).is_some() {
+        let entry = unsafe { &*e };
+        if pinned_to(entry, &c.backend_addr, c.backend_port).is_some() {
             c.found = 1;
             c.found_index = i as u32;
             return 1;
+        }
+        if c.syn_ack != 0 && entry.state & balancer_common::flow::F_RESAMPLED != 0 {
+            c.abandoned = 1;
         }
     }
     0

@@ -41,6 +41,10 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
                     },
                 )
             };
+            if event.abandoned() {
+                count(Counter::AbandonedSynAck, 1);
+                return Next::Action(xdp_action::XDP_DROP);
+            }
             event.log(key, now, b.server);
             (slot, vip_index, &key.dst_addr, key.dst_port)
         }

@@ -164,7 +164,12 @@ pub fn route(req: &Request) -> (&'static str, String, Option<serde_json::Value>)
         } => (
             "POST",
             format!("/v1/vips/{}/backends", seg(vip)),
-            Some(json!({"backends": backends, "weight": weight, "zone": zone})),
+            // `zone` only when given: a daemon older than zones refuses
+            // the field.
+            Some(match zone {
+                Some(z) => json!({"backends": backends, "weight": weight, "zone": z}),
+                None => json!({"backends": backends, "weight": weight}),
+            }),
         ),
         Request::SetBackend {
             vip,

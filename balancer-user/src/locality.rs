@@ -80,12 +80,18 @@ impl Locality {
         }
     }
 
-    /// Decides each VIP again: it keeps to the zone when one of the
-    /// backends of its eligible list (`eligible(v)`: slots; `None`, the
+    /// Decides each VIP again. A VIP in its zone stays there while one of
+    /// the backends of its eligible list (`eligible(v)`: slots; `None`, the
     /// fallback to all, never keeps to a zone) in this balancer's zone has
-    /// a load (`load(server)`, connections) below `prefer_zone_below`
-    /// times its weight. Returns `true` when a decision changed (the maps
-    /// need the new projection), and the VIPs that spilled over.
+    /// a load (`load(server)`, connections) below its limit:
+    /// `prefer_zone_below` times its weight, or the VIP's
+    /// `backend_max_conns` when lower (a zone of backends at their cap
+    /// must not refuse flows other zones can take). A VIP out of its zone
+    /// returns when one is a tenth of its limit below it (hysteresis: a
+    /// zone at its threshold does not flap with every connection that
+    /// closes). Returns `true` when a decision changed (the maps need the
+    /// new projection), and the VIPs that spilled over because their
+    /// zone's backends reached their limits.
     pub fn update(
         &mut self,
         state: &State,
@@ -93,6 +99,7 @@ impl Locality {
         load: impl Fn(u32) -> u64,
     ) -> (bool, Vec<SocketAddr>) {
         let mut want = BTreeSet::new();
+        let mut spilled = Vec::new();
         if let Some(zone) = self.zone.as_deref() {
             for v in state.vips.values() {
                 let n = u64::from(v.settings.prefer_zone_below);
@@ -100,22 +107,31 @@ impl Locality {
                     continue;
                 }
                 let Some(list) = eligible(v) else { continue };
-                let below = v.backends.iter().any(|b| {
-                    b.zone.as_deref() == Some(zone)
-                        && list.contains(&b.slot)
-                        && state.server(&b.addr).map_or(0, &load) < n * u64::from(b.weight)
+                let cap = u64::from(v.settings.backend_max_conns);
+                let was = self.in_zone.contains(&v.addr);
+                let mut ours = v
+                    .backends
+                    .iter()
+                    .filter(|b| b.zone.as_deref() == Some(zone) && list.contains(&b.slot))
+                    .peekable();
+                if ours.peek().is_none() {
+                    continue;
+                }
+                let room = ours.any(|b| {
+                    let mut limit = n * u64::from(b.weight);
+                    if cap != 0 {
+                        limit = limit.min(cap);
+                    }
+                    let margin = if was { 0 } else { limit / 10 };
+                    state.server(&b.addr).map_or(0, &load) + margin < limit
                 });
-                if below {
+                if room {
                     want.insert(v.addr);
+                } else if was {
+                    spilled.push(v.addr);
                 }
             }
         }
-        let spilled: Vec<SocketAddr> = self
-            .in_zone
-            .iter()
-            .filter(|a| !want.contains(a) && state.vips.contains_key(a))
-            .copied()
-            .collect();
         for a in &spilled {
             *self.spills.entry(*a).or_default() += 1;
         }
@@ -180,31 +196,44 @@ mod tests {
 
     #[test]
     fn keeps_to_the_zone_below_the_threshold_then_spills_and_comes_back() {
-        let s = state(2);
+        let s = state(20);
         let v = s.vips.values().next().unwrap().clone();
         let slots: Vec<u32> = v.backends.iter().map(|b| b.slot).collect();
         let server = |k: usize| s.server(&v.backends[k].addr).unwrap();
+        let (s0, s1) = (server(0), server(1));
         let mut l = Locality::new(Some("a".into()));
         // Empty: in zone, the list is the zone's two.
         assert_eq!(l.update(&s, all, |_| 0), (true, vec![]));
         assert_eq!(l.project(&v, slots.clone()), slots[..2].to_vec());
         // One of the two below: still in zone, nothing changed.
-        let (s0, s1) = (server(0), server(1));
         assert_eq!(
-            l.update(&s, all, |x| if x == s0 { 2 } else { 1 }),
+            l.update(&s, all, |x| if x == s0 { 20 } else { 19 }),
             (false, vec![])
         );
-        // Both at 2: spills, counted.
+        // Both at 20: spills, counted.
         assert_eq!(
-            l.update(&s, all, |x| if x == s0 || x == s1 { 2 } else { 0 }),
+            l.update(&s, all, |x| if x == s0 || x == s1 { 20 } else { 0 }),
             (true, vec![v.addr])
         );
         assert_eq!(l.project(&v, slots.clone()), slots);
         assert_eq!(l.view(&v).unwrap().spills, 1);
         assert!(!l.view(&v).unwrap().in_zone);
-        // Back below: in zone again.
-        assert_eq!(l.update(&s, all, |_| 1), (true, vec![]));
+        // Back below, but by less than a tenth of the limit: stays out
+        // (no flapping at the threshold).
+        assert_eq!(
+            l.update(&s, all, |x| if x == s0 { 19 } else { 20 }),
+            (false, vec![])
+        );
+        assert!(!l.keeps_to_zone(&v));
+        // A tenth below: in zone again.
+        assert_eq!(
+            l.update(&s, all, |x| if x == s0 { 17 } else { 20 }),
+            (true, vec![])
+        );
         assert!(l.keeps_to_zone(&v));
+        // Leaving because the zone's backends left the list is no spill.
+        assert_eq!(l.update(&s, |_| Some(vec![slots[2]]), |_| 0), (true, vec![]));
+        assert_eq!(l.view(&v).unwrap().spills, 1);
     }
 
     #[test]

@@ -150,8 +150,13 @@ impl Default for ConfigMaps {
 pub struct Inputs {
     /// Each VIP's eligible list (slots) and whether it is the fallback to
     /// every backend in service (`Eligibility::list`). A VIP missing here
-    /// gets an empty list.
+    /// gets an empty list. Its backends are the eligible ones
+    /// (`BACKEND_F_ELIGIBLE`: session affinity keeps to them).
     pub lists: BTreeMap<SocketAddr, (Vec<u32>, bool)>,
+    /// A VIP whose new flows choose among part of its list for now (its
+    /// zone, `crate::locality`): the list the data path draws from. Its
+    /// other backends stay eligible, so a client's affinity to one holds.
+    pub projected: BTreeMap<SocketAddr, Vec<u32>>,
     /// Each slot's effective weight, `WEIGHT_ONE` units (slow start
     /// included: `Eligibility::weight_units`). A slot missing here gets
     /// its configured weight.
@@ -273,6 +278,7 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
     let empty = (Vec::new(), false);
     for v in state.vips.values() {
         let (list, fallback) = inputs.lists.get(&v.addr).unwrap_or(&empty);
+        let list = inputs.projected.get(&v.addr).unwrap_or(list);
         let mut e = vip_entry(v, list, *fallback);
         if let Some(c) = inputs.candidates.get(&v.addr) {
             e.info.flags |= VIP_F_CONSISTENT;

@@ -458,16 +458,7 @@ pub struct ProgramSize {
 pub fn program_sizes() -> anyhow::Result<Vec<ProgramSize>> {
     let mut ebpf = EbpfLoader::new().load(PROGRAM)?;
     let mut out = Vec::new();
-    for name in [
-        balancer_common::programs::ENTRY,
-        balancer_common::programs::NEW_FLOW,
-        balancer_common::programs::ICMP,
-        balancer_common::programs::TOO_BIG,
-        balancer_common::programs::REPLY,
-        balancer_common::programs::FORWARD,
-        balancer_common::programs::RESET,
-        balancer_common::programs::UDP,
-    ] {
+    for name in balancer_common::programs::ALL {
         let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
         p.load()?;
         let info = p.info()?;

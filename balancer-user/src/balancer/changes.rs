@@ -517,11 +517,11 @@ impl Balancer {
         }
         for v in self.state.vips.values() {
             let (list, fallback) = self.eligibility.list(&self.state, v);
-            let list = if fallback {
-                list
-            } else {
-                self.locality.project(v, list)
-            };
+            if !fallback && self.locality.keeps_to_zone(v) {
+                inputs
+                    .projected
+                    .insert(v.addr, self.locality.project(v, list.clone()));
+            }
             inputs.lists.insert(v.addr, (list, fallback));
             let fastest = self.latency.fastest(&self.state, v);
             for b in &v.backends {

@@ -324,16 +324,7 @@ impl Balancer {
             },
             None => None,
         };
-        for name in [
-            programs::ENTRY,
-            programs::NEW_FLOW,
-            programs::ICMP,
-            programs::TOO_BIG,
-            programs::REPLY,
-            programs::FORWARD,
-            programs::RESET,
-            programs::UDP,
-        ] {
+        for name in programs::ALL {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
                 .ok_or_else(program_missing)?
@@ -364,6 +355,7 @@ impl Balancer {
             (programs::FORWARD, programs::FORWARD_STAGE),
             (programs::RESET, programs::RESET_STAGE),
             (programs::UDP, programs::UDP_STAGE),
+            (programs::RESAMPLE, programs::RESAMPLE_STAGE),
         ] {
             let stage: &Xdp = ebpf
                 .program(name)
