@@ -293,8 +293,6 @@ const fn fingerprint() -> u64 {
     h = mix_usize(h, programs::FORWARD_STAGE as usize);
     h = mix_bytes(h, programs::RESET.as_bytes());
     h = mix_usize(h, programs::RESET_STAGE as usize);
-    h = mix_bytes(h, programs::RESAMPLE.as_bytes());
-    h = mix_usize(h, programs::RESAMPLE_STAGE as usize);
     h = layout!(
         h,
         Nat {

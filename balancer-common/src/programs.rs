@@ -40,18 +40,10 @@ pub const RESET_STAGE: u32 = 5;
 pub const UDP: &str = "balancer_udp";
 /// Index of [`UDP`] in the `STAGES` program array.
 pub const UDP_STAGE: u32 = 6;
-/// The new-flow stage of a retransmitted SYN placed again away from its
-/// silent backend (NAT, `flow::resamples`): [`NEW_FLOW`]'s code built with
-/// the slot to avoid, so that a first SYN pays nothing for it.
-pub const RESAMPLE: &str = "balancer_resample";
-/// Index of [`RESAMPLE`] in the `STAGES` program array.
-pub const RESAMPLE_STAGE: u32 = 7;
 /// Entries of the `STAGES` program array.
-pub const STAGE_COUNT: u32 = 8;
+pub const STAGE_COUNT: u32 = 7;
 /// Every XDP program of the object, the entry first: the daemon loads
 /// them in this order, and the bench measures them.
-pub const ALL: [&str; 9] = [
-    ENTRY, NEW_FLOW, ICMP, TOO_BIG, REPLY, FORWARD, RESET, UDP, RESAMPLE,
-];
+pub const ALL: [&str; 8] = [ENTRY, NEW_FLOW, ICMP, TOO_BIG, REPLY, FORWARD, RESET, UDP];
 /// The backends' decapsulation program (object `balancer-decap`).
 pub const DECAP: &str = "balancer_decap";

@@ -582,12 +582,11 @@ fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
 ///   is already live through another VIP is avoided (at the backend it
 ///   would be the same connection): the choice is made again without it,
 ///   and refused when no other backend remains.
-/// * `RESAMPLE` (the resample stage, `programs::RESAMPLE`): a SYN
-///   retransmitted to a silent backend, chosen away from the slot in
-///   `scratch::RESAMPLE` and its flow moved (`move_flow`); the new-flow
-///   stage is built without this code and pays nothing for it.
+/// * A SYN retransmitted to a silent backend (`scratch::RESAMPLE` holds
+///   its slot) is chosen away from that slot and its flow moved
+///   (`move_flow`).
 #[inline(always)]
-pub fn place<const RESAMPLE: bool>(
+pub fn place(
     key: &FlowKey,
     seg: &Tcp,
     vip: &VipInfo,
@@ -600,8 +599,7 @@ pub fn place<const RESAMPLE: bool>(
     if vip.flags & VIP_F_SOURCES != 0 && source_refused(vip, &seg.src_addr) {
         return Err(Refusal::Drop);
     }
-    // A retransmitted SYN was admitted by the source rate once.
-    if !RESAMPLE && rate_refused(vip, key, now) {
+    if rate_refused(vip, key, now) {
         return Err(Refusal::Drop);
     }
     // SAFETY: the value is only read.
@@ -616,7 +614,9 @@ pub fn place<const RESAMPLE: bool>(
     let found = match routed {
         // A QUIC datagram whose connection ID names its backend.
         Some(r) => Some(r),
-        None if RESAMPLE => choose(vip, key, crate::scratch::resample()),
+        None if crate::scratch::resample() != NO_SLOT => {
+            choose(vip, key, crate::scratch::resample())
+        }
         None => match affinity::lookup(vip, &seg.src_addr, now) {
             Affinity::Hit(b, slot) => Some((b, slot)),
             Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
@@ -624,7 +624,7 @@ pub fn place<const RESAMPLE: bool>(
     };
     let Some((mut b, mut slot)) = found else {
         // A retransmitted SYN with no other backend to go to: it stays.
-        if RESAMPLE {
+        if crate::scratch::resample() != NO_SLOT {
             if let Some(e) = unsafe { HALF_OPEN.get(key) } {
                 if let Some(b) = backend_of(e) {
                     return Ok((b, e.backend_slot));
@@ -673,10 +673,10 @@ pub fn place<const RESAMPLE: bool>(
     if HALF_OPEN.insert(key, &entry, BPF_NOEXIST as u64).is_err() {
         // A retransmitted SYN whose backend stayed silent, chosen away
         // from it: its flow moves.
-        if RESAMPLE && move_flow(key, crate::scratch::resample(), b, slot) {
-            // Its client's affinity follows it to the backend that may
-            // answer.
-            affinity::remember(vip, &seg.src_addr, slot, b.generation, now);
+        if move_flow(key, crate::scratch::resample(), b, slot) {
+            // (The client's affinity is not moved with it: one more
+            // call here takes the new-flow stage near the verifier's
+            // million instructions.)
             return Ok((b, slot));
         }
         // Another CPU placed the same SYN first: follow it.

@@ -72,12 +72,11 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         unsafe { syn_retransmitted(e, &key.src_addr, b, slot) };
     }
     if table == Table::HalfOpen && !mode::one_sided(b.mode) && flow::resamples(entry, seg, now) {
-        // Its backend stayed silent: the resample stage (the new-flow
-        // stage's code) places it again (`choose::place`), away from this
-        // slot, with a stack of its own.
+        // Its backend stayed silent: the new-flow stage places it again
+        // (`choose::place`), away from this slot, with a stack of its own.
         crate::scratch::set_resample(slot);
         // SAFETY: the program array holds XDP programs of this object.
-        unsafe { STAGES.tail_call(frame.0, programs::RESAMPLE_STAGE) };
+        unsafe { STAGES.tail_call(frame.0, programs::NEW_FLOW_STAGE) };
         crate::scratch::set_resample(u32::MAX);
         count(Counter::DropNoStage, 1);
         return Next::Action(xdp_action::XDP_DROP);
@@ -281,10 +280,9 @@ fn recompute(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64
 /// that matches no flow (the frame is unchanged and was admitted): places
 /// it (or refuses it); returns the decision as a `Next::code` (a BPF
 /// function of its own: the stage's main function forwards).
-/// The context by value, as the entry's `decide`. `RESAMPLE`: the
-/// resample stage's build (`choose::place`).
+/// The context by value, as the entry's `decide`.
 #[inline(never)]
-pub fn new_flow<const RESAMPLE: bool>(ctx: XdpContext) -> u32 {
+pub fn new_flow(ctx: XdpContext) -> u32 {
     let ctx = &ctx;
     let frame = XdpFrame(ctx);
     let seg = match parse::parse(&frame) {
@@ -331,10 +329,8 @@ pub fn new_flow<const RESAMPLE: bool>(ctx: XdpContext) -> u32 {
     } else {
         None
     };
-    let placed = choose::place::<RESAMPLE>(&key, &seg, &vip, now, routed);
-    if RESAMPLE {
-        crate::scratch::set_resample(u32::MAX);
-    }
+    let placed = choose::place(&key, &seg, &vip, now, routed);
+    crate::scratch::set_resample(u32::MAX);
     match placed {
         Ok((b, slot)) => {
             if seg.udp {
@@ -343,9 +339,7 @@ pub fn new_flow<const RESAMPLE: bool>(ctx: XdpContext) -> u32 {
                     count(Counter::UdpNewFlows, 1);
                 }
             }
-            // A retransmitted SYN placed again is no new flow
-            // (`syn_resampled` counts it).
-            to_backend(&frame, &seg, &b, slot, vip.index, !RESAMPLE, now, None).code()
+            to_backend(&frame, &seg, &b, slot, vip.index, true, now, None).code()
         }
         Err(Refusal::Reset) if !seg.udp => Next::Reset.code(),
         Err(_) => {

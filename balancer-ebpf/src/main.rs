@@ -142,15 +142,7 @@ mod entry {
     /// The new-flow stage (`programs::NEW_FLOW`), tail-called by the entry.
     #[xdp(frags)]
     pub fn balancer_new_flow(ctx: XdpContext) -> u32 {
-        let code = client::new_flow::<false>(XdpContext { ctx: ctx.ctx });
-        forward::finish(&ctx, code)
-    }
-
-    /// The new-flow stage of a retransmitted SYN placed again
-    /// (`programs::RESAMPLE`), tail-called by the entry.
-    #[xdp(frags)]
-    pub fn balancer_resample(ctx: XdpContext) -> u32 {
-        let code = client::new_flow::<true>(XdpContext { ctx: ctx.ctx });
+        let code = client::new_flow(XdpContext { ctx: ctx.ctx });
         forward::finish(&ctx, code)
     }
 

@@ -2,9 +2,9 @@
 
 use aya_ebpf::bindings::xdp_action;
 use balancer_common::{
-    flow::Direction,
+    flow::{self, Direction},
     parse::{Frame, Tcp, TCP_RST},
-    BackendVips, Counter,
+    BackendVips, Counter, FlowEntry,
 };
 
 use crate::{
@@ -41,7 +41,8 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
                     },
                 )
             };
-            if event.abandoned() {
+            // SAFETY: `e` is the entry `track` just wrote.
+            if seg.is_syn_ack() && unsafe { lost_move(e, seg) } {
                 count(Counter::AbandonedSynAck, 1);
                 return Next::Action(xdp_action::XDP_DROP);
             }
@@ -95,4 +96,29 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
         cache: HopCache::DST,
     };
     Next::Forward
+}
+
+/// `true` when the SYN-ACK `seg`, just tracked on the flow entry `e`, lost
+/// the race with the flow's move to another backend (`choose::move_flow`,
+/// which gives up once the SYN-ACK's `F_SERVER_SEQ_KNOWN` is set before
+/// its own check): the move is done (`F_RESAMPLED`, the entry no longer
+/// pinned to this backend). The bit is taken back (the new backend's
+/// SYN-ACK brings the flow's number: no other can have set it within
+/// the race) and the caller drops the segment, never delivered. Not
+/// inlined: the reply stage calls `track` with little stack to spare.
+///
+/// # Safety
+/// `e` points to a flow-table value.
+#[inline(never)]
+unsafe fn lost_move(e: *mut FlowEntry, seg: &Tcp) -> bool {
+    // SAFETY: the caller's contract; read after `track`'s atomic OR.
+    let state = unsafe { core::ptr::read_volatile(&(*e).state) };
+    if state & flow::F_RESAMPLED == 0
+        || crate::lookup::pinned_to(unsafe { &*e }, &seg.src_addr, seg.src_port).is_some()
+    {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { crate::atomic::clear_state(e, flow::F_SERVER_SEQ_KNOWN) };
+    true
 }

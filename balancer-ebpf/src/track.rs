@@ -86,18 +86,6 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
     } else {
         snapshot.state
     };
-    // A SYN-ACK that learned the server's sequence number of a flow a
-    // retransmitted SYN moved (`choose::move_flow`, which gives up once
-    // this bit is set): the move won when the flow is no longer pinned to
-    // this backend. Its bit is taken back (the new backend's SYN-ACK
-    // brings the flow's number) and it is dropped, never delivered.
-    if step.set & !old & flow::F_SERVER_SEQ_KNOWN != 0
-        && old & flow::F_RESAMPLED != 0
-        && crate::lookup::pinned_to(unsafe { &*e }, &seg.src_addr, seg.src_port).is_none()
-    {
-        unsafe { atomic::clear_state(e, flow::F_SERVER_SEQ_KNOWN) };
-        return Event(EV_ABANDONED);
-    }
     if flow::became(old, step.set, flow::F_SERVED) {
         served(b);
     }
@@ -199,20 +187,10 @@ const EV_CHARGE_RATE: u64 = 1 << 41;
 const EV_LATENCY_START: u64 = 1 << 42;
 /// Set in an [`Event`] word when the backend's first data ended it.
 const EV_LATENCY_END: u64 = 1 << 43;
-/// Set in an [`Event`] word for a SYN-ACK that lost the race with its
-/// flow's move to another backend (`choose::move_flow`): dropped.
-const EV_ABANDONED: u64 = 1 << 44;
 
 impl Event {
     /// Nothing to log.
     pub const NONE: Event = Event(0);
-
-    /// `true` for a SYN-ACK of a backend its flow was moved away from
-    /// while it was being tracked: the caller drops it.
-    #[inline(always)]
-    pub fn abandoned(&self) -> bool {
-        self.0 & EV_ABANDONED != 0
-    }
 
     /// An RST `offset` bytes past the start of its window.
     #[inline(always)]

@@ -232,7 +232,10 @@ mod tests {
         );
         assert!(l.keeps_to_zone(&v));
         // Leaving because the zone's backends left the list is no spill.
-        assert_eq!(l.update(&s, |_| Some(vec![slots[2]]), |_| 0), (true, vec![]));
+        assert_eq!(
+            l.update(&s, |_| Some(vec![slots[2]]), |_| 0),
+            (true, vec![])
+        );
         assert_eq!(l.view(&v).unwrap().spills, 1);
     }
 
@@ -279,6 +282,23 @@ mod tests {
         l.update(&s, all, |x| if x == s0 { 5 } else { 2 });
         assert!(l.keeps_to_zone(&v));
         l.update(&s, all, |x| if x == s0 { 6 } else { 2 });
+        assert!(!l.keeps_to_zone(&v));
+    }
+
+    #[test]
+    fn a_connection_cap_below_the_threshold_is_the_zones_limit() {
+        let mut s = state(20);
+        let vip = sa("10.0.0.10:80");
+        let mut settings = s.vips[&vip].settings.clone();
+        settings.backend_max_conns = 5;
+        s.apply(&Command::SetVip(vip, settings), &Rules::default())
+            .unwrap();
+        let v = s.vips[&vip].clone();
+        let mut l = Locality::new(Some("a".into()));
+        l.update(&s, all, |_| 4);
+        assert!(l.keeps_to_zone(&v));
+        // At the cap (5), below the threshold (20): the zone is full.
+        assert_eq!(l.update(&s, all, |_| 5), (true, vec![v.addr]));
         assert!(!l.keeps_to_zone(&v));
     }
 }

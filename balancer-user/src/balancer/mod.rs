@@ -355,7 +355,6 @@ impl Balancer {
             (programs::FORWARD, programs::FORWARD_STAGE),
             (programs::RESET, programs::RESET_STAGE),
             (programs::UDP, programs::UDP_STAGE),
-            (programs::RESAMPLE, programs::RESAMPLE_STAGE),
         ] {
             let stage: &Xdp = ebpf
                 .program(name)
