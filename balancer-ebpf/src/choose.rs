@@ -45,6 +45,10 @@ pub enum Refusal {
     Drop,
     /// Refused with a TCP RST to the client: counted.
     Reset,
+    /// To be placed again away from this slot, where its 5-tuple is live
+    /// through another VIP (`scratch::set_avoid`; the stage tail-calls
+    /// itself): not counted yet.
+    Again(u32),
 }
 
 /// No slot excluded.
@@ -570,6 +574,15 @@ fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
     true
 }
 
+/// The backend and slot of `key`'s half-open flow, placed before this
+/// run (by another CPU, or by the SYN a retry repeats).
+#[inline(always)]
+fn follow(key: &FlowKey) -> Option<(&'static Backend, u32)> {
+    // SAFETY: the entry is only read.
+    let e = unsafe { HALF_OPEN.get(key) }?;
+    backend_of(e).map(|b| (b, e.backend_slot))
+}
+
 /// Places a new flow: choose, pin, count. Returns the backend and its slot.
 ///
 /// * A new flow from a source the VIP's lists refuse is dropped
@@ -580,8 +593,9 @@ fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
 ///   VIPs) and their weight; a server failing new flows in a row is skipped.
 /// * A backend serving several VIPs on which the client's address and port
 ///   is already live through another VIP is avoided (at the backend it
-///   would be the same connection): the choice is made again without it,
-///   and refused when no other backend remains.
+///   would be the same connection): the stage runs again
+///   ([`Refusal::Again`]) and chooses without it, and refuses the flow
+///   when no other backend remains or the next is in use too.
 /// * A SYN retransmitted to a silent backend (`scratch::RESAMPLE` holds
 ///   its slot) is chosen away from that slot and its flow moved
 ///   (`move_flow`).
@@ -609,27 +623,36 @@ pub fn place(
             return Err(Refusal::Reset);
         }
     }
-    // A SYN retransmitted to a silent backend (`client::pinned`): chosen
-    // away from its slot, whatever its affinity.
+    // A SYN retransmitted to a silent backend (`client::pinned`), or a
+    // flow placed again because its 5-tuple was in use at the backend
+    // chosen first: chosen away from that slot, whatever its affinity.
+    // One call of `choose` in the stage: each call site's loops cost the
+    // verifier as much again.
+    let exclude = match crate::scratch::resample() {
+        NO_SLOT => crate::scratch::avoid(),
+        slot => slot,
+    };
     let found = match routed {
         // A QUIC datagram whose connection ID names its backend.
         Some(r) => Some(r),
-        None if crate::scratch::resample() != NO_SLOT => {
-            choose(vip, key, crate::scratch::resample())
-        }
-        None => match affinity::lookup(vip, &seg.src_addr, now) {
-            Affinity::Hit(b, slot) => Some((b, slot)),
-            Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
+        None => match exclude {
+            NO_SLOT => match affinity::lookup(vip, &seg.src_addr, now) {
+                Affinity::Hit(b, slot) => Some((b, slot)),
+                Affinity::Off | Affinity::Choose => choose(vip, key, NO_SLOT),
+            },
+            _ => choose(vip, key, exclude),
         },
     };
-    let Some((mut b, mut slot)) = found else {
+    let Some((b, slot)) = found else {
         // A retransmitted SYN with no other backend to go to: it stays.
         if crate::scratch::resample() != NO_SLOT {
-            if let Some(e) = unsafe { HALF_OPEN.get(key) } {
-                if let Some(b) = backend_of(e) {
-                    return Ok((b, e.backend_slot));
-                }
+            if let Some(placed) = follow(key) {
+                return Ok(placed);
             }
+        }
+        if crate::scratch::avoid() != NO_SLOT {
+            count(Counter::RefusedTupleInUse, 1);
+            return Err(Refusal::Reset);
         }
         if CHOOSER.get(0).is_some_and(|c| c.passed_over()) {
             // Every candidate at its cap.
@@ -640,16 +663,23 @@ pub fn place(
         return Err(Refusal::Drop);
     };
     if routed.is_none() && b.flags & BACKEND_F_SHARED != 0 && live_elsewhere(key, b) {
-        match choose(vip, key, slot) {
-            Some((b2, s2)) if b2.flags & BACKEND_F_SHARED == 0 || !live_elsewhere(key, b2) => {
-                count(Counter::TupleInUseAvoided, 1);
-                (b, slot) = (b2, s2);
+        // A retried SYN stays where it is; a flow placed again once is
+        // refused; any other is placed again without this slot.
+        if crate::scratch::resample() != NO_SLOT {
+            if let Some(placed) = follow(key) {
+                return Ok(placed);
             }
-            _ => {
-                count(Counter::RefusedTupleInUse, 1);
-                return Err(Refusal::Reset);
-            }
+            count(Counter::DropFlowInsert, 1);
+            return Err(Refusal::Drop);
         }
+        if crate::scratch::avoid() != NO_SLOT {
+            count(Counter::RefusedTupleInUse, 1);
+            return Err(Refusal::Reset);
+        }
+        return Err(Refusal::Again(slot));
+    }
+    if crate::scratch::avoid() != NO_SLOT {
+        count(Counter::TupleInUseAvoided, 1);
     }
     let mut entry = FlowEntry {
         backend_slot: slot,
@@ -680,11 +710,8 @@ pub fn place(
             return Ok((b, slot));
         }
         // Another CPU placed the same SYN first: follow it.
-        // SAFETY: the entry is only read.
-        if let Some(e) = unsafe { HALF_OPEN.get(key) } {
-            if let Some(b) = backend_of(e) {
-                return Ok((b, e.backend_slot));
-            }
+        if let Some(placed) = follow(key) {
+            return Ok(placed);
         }
         count(Counter::DropFlowInsert, 1);
         return Err(Refusal::Drop);

@@ -329,9 +329,7 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
     } else {
         None
     };
-    let placed = choose::place(&key, &seg, &vip, now, routed);
-    crate::scratch::set_resample(u32::MAX);
-    match placed {
+    match choose::place(&key, &seg, &vip, now, routed) {
         Ok((b, slot)) => {
             if seg.udp {
                 count(Counter::UdpDatagrams, 1);
@@ -340,6 +338,10 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
                 }
             }
             to_backend(&frame, &seg, &b, slot, vip.index, true, now, None).code()
+        }
+        Err(Refusal::Again(slot)) => {
+            crate::scratch::set_avoid(slot);
+            crate::forward::CODE_PLACE_AGAIN
         }
         Err(Refusal::Reset) if !seg.udp => Next::Reset.code(),
         Err(_) => {

@@ -104,6 +104,10 @@ pub const CODE_RESET: u32 = 0xffff_0011;
 /// makes the tail call (the deciding function's frame is too large for a
 /// tail call of its own).
 pub const CODE_UDP: u32 = 0xffff_0012;
+/// The code of a new flow the new-flow stage places again, away from the
+/// slot it left in `scratch::set_avoid`: its main function tail-calls the
+/// stage itself.
+pub const CODE_PLACE_AGAIN: u32 = 0xffff_0013;
 
 /// Carries out a [`Next::code`] in a program's main function: the action
 /// itself, the forward ([`fast`], or the forward stage when the next hop

@@ -90,7 +90,7 @@ mod entry {
         guard, icmp,
         lookup::{self, port_listed},
         maps::{BACKEND_PORTS, REPLY_SCRATCH, STAGES, UNPROVEN, VIPS, VIP_ADDRS, VIP_PORTS},
-        reply, rewrite,
+        reply, rewrite, scratch,
         stats::{count, count_rx},
         udp,
     };
@@ -143,7 +143,26 @@ mod entry {
     #[xdp(frags)]
     pub fn balancer_new_flow(ctx: XdpContext) -> u32 {
         let code = client::new_flow(XdpContext { ctx: ctx.ctx });
+        if code == forward::CODE_PLACE_AGAIN {
+            // Placed again away from a slot where its 5-tuple is in use
+            // (`choose::place`): the stage once more, which then ends
+            // otherwise (a flow is placed again once).
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(&ctx, programs::NEW_FLOW_STAGE) };
+            return not_placed_again();
+        }
+        scratch::place_done();
         forward::finish(&ctx, code)
+    }
+
+    /// The new-flow stage could not run again: the flow is refused,
+    /// counted, and the stage's scratch cleared. A BPF function of its
+    /// own, so that the main function's frame stays empty.
+    #[inline(never)]
+    fn not_placed_again() -> u32 {
+        scratch::place_done();
+        count(Counter::RefusedTupleInUse, 1);
+        xdp_action::XDP_DROP
     }
 
     /// The ICMP stage (`programs::ICMP`), tail-called by the entry.

@@ -55,27 +55,72 @@ pub fn rate() -> Option<&'static mut Rate> {
     unsafe { Some(&mut *p) }
 }
 
-/// The slot a SYN handed to the new-flow stage is to be placed away from
-/// (`flow::resamples`: its backend stayed silent), `u32::MAX` for none:
-/// written by the entry program just before its tail call, read by the
-/// new-flow stage, which clears it when done. Held as the slot + 1, so
-/// that the array's initial 0 means none.
+/// What the new-flow stage is to place a flow away from, per CPU, each
+/// held as the slot + 1 so that the array's initial 0 means none:
+/// [`RESAMPLE_SLOT`], the slot a retransmitted SYN's backend stayed silent
+/// on (`flow::resamples`), written by the entry program just before its
+/// tail call; [`AVOID_SLOT`], the slot the stage chose for a new flow
+/// whose 5-tuple is live there through another VIP, written by the stage
+/// before it tail-calls itself to place the flow again
+/// (`choose::place`). The stage's main function clears both when a run
+/// ends any other way ([`place_done`]), so nothing carries over to the
+/// next frame.
 #[map]
-static RESAMPLE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+static PLACE_AWAY: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0);
 
-/// Hands `slot` to the new-flow stage (see [`RESAMPLE`]).
+/// [`PLACE_AWAY`]'s index of a retried SYN's silent slot.
+const RESAMPLE_SLOT: u32 = 0;
+/// [`PLACE_AWAY`]'s index of a slot where the flow's 5-tuple is in use.
+const AVOID_SLOT: u32 = 1;
+
 #[inline(always)]
-pub fn set_resample(slot: u32) {
-    if let Some(p) = RESAMPLE.get_ptr_mut(0) {
+fn set_away(i: u32, slot: u32) {
+    if let Some(p) = PLACE_AWAY.get_ptr_mut(i) {
         // SAFETY: this CPU's value.
         unsafe { *p = slot.wrapping_add(1) };
     }
 }
 
+/// Hands `slot` to the new-flow stage as a retried SYN's silent backend
+/// (see [`PLACE_AWAY`]); `u32::MAX` clears it.
+#[inline(always)]
+pub fn set_resample(slot: u32) {
+    set_away(RESAMPLE_SLOT, slot);
+}
+
+/// Hands `slot` to the next run of the new-flow stage as one the flow's
+/// 5-tuple is in use at (see [`PLACE_AWAY`]).
+#[inline(always)]
+pub fn set_avoid(slot: u32) {
+    set_away(AVOID_SLOT, slot);
+}
+
 /// The slot [`set_resample`] left; `u32::MAX` for none. The new-flow
 /// stage reads it where it needs it (a value kept across its calls took
-/// stack it does not have) and clears it once done (`set_resample`).
+/// stack it does not have).
 #[inline(never)]
 pub fn resample() -> u32 {
-    RESAMPLE.get(0).copied().unwrap_or(0).wrapping_sub(1)
+    PLACE_AWAY
+        .get(RESAMPLE_SLOT)
+        .copied()
+        .unwrap_or(0)
+        .wrapping_sub(1)
+}
+
+/// The slot [`set_avoid`] left; `u32::MAX` for none.
+#[inline(never)]
+pub fn avoid() -> u32 {
+    PLACE_AWAY
+        .get(AVOID_SLOT)
+        .copied()
+        .unwrap_or(0)
+        .wrapping_sub(1)
+}
+
+/// Clears both of [`PLACE_AWAY`]'s slots: called by the new-flow stage's
+/// main function when a run ends other than by placing the flow again.
+#[inline(never)]
+pub fn place_done() {
+    set_away(RESAMPLE_SLOT, u32::MAX);
+    set_away(AVOID_SLOT, u32::MAX);
 }

@@ -359,8 +359,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     services.start("health checks", health_service(lb.clone()));
     services.start("eligibility", eligibility_service(lb.clone()));
     services.start("load agents", agent_service(lb.clone()));
-    services.start("latency samples", latency_service(lb.clone()));
-    services.start("locality", locality_service(lb.clone()));
+    services.start("latency samples and locality", fast_service(lb.clone()));
     services.start("stats", watch(lb.clone(), cfg.stats_interval));
     let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
         tracing::info!(
@@ -736,33 +735,29 @@ async fn agent_service(lb: Arc<Mutex<Balancer>>) {
     }
 }
 
-/// The latency signal's samples (`crate::latency`): read from the data
-/// path's ring every 20 ms (it holds about 32,000; a full ring drops
-/// samples, counted `latency_samples_lost`). The averages are updated by
-/// the eligibility poll, and here when a server's first samples come.
-async fn latency_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
+/// Every 20 ms, under one lock: the latency signal's samples
+/// (`crate::latency`), read from the data path's ring (it holds about
+/// 32,000; a full ring drops samples, counted `latency_samples_lost`; the
+/// averages are updated by the eligibility poll, and here when a server's
+/// first samples come), and the zone preferences decided again
+/// (`Balancer::poll_locality`).
+async fn fast_service(lb: Arc<Mutex<Balancer>>) {
+    let (mut failures, mut locality_failures) = (
+        control::RateLimitedLog::default(),
+        control::RateLimitedLog::default(),
+    );
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(e) = lb.lock().await.drain_latency() {
+        let mut lb = lb.lock().await;
+        if let Err(e) = lb.drain_latency() {
             failures.warn(std::time::Instant::now(), || {
                 format!("latency samples: {e:#}")
             });
         }
-    }
-}
-
-/// Zone preferences decided again every 20 ms (`Balancer::poll_locality`).
-async fn locality_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if let Err(e) = lb.lock().await.poll_locality() {
-            failures.warn(std::time::Instant::now(), || format!("locality: {e:#}"));
+        if let Err(e) = lb.poll_locality() {
+            locality_failures.warn(std::time::Instant::now(), || format!("locality: {e:#}"));
         }
     }
 }
