@@ -596,7 +596,7 @@ fn follow(key: &FlowKey) -> Option<(&'static Backend, u32)> {
 ///   would be the same connection): the stage runs again
 ///   ([`Refusal::Again`]) and chooses without it, and refuses the flow
 ///   when no other backend remains or the next is in use too.
-/// * A SYN retransmitted to a silent backend (`scratch::RESAMPLE` holds
+/// * A SYN retransmitted to a silent backend (`scratch::resample` gives
 ///   its slot) is chosen away from that slot and its flow moved
 ///   (`move_flow`).
 #[inline(always)]

@@ -55,44 +55,45 @@ pub fn rate() -> Option<&'static mut Rate> {
     unsafe { Some(&mut *p) }
 }
 
-/// What the new-flow stage is to place a flow away from, per CPU, each
-/// held as the slot + 1 so that the array's initial 0 means none:
-/// [`RESAMPLE_SLOT`], the slot a retransmitted SYN's backend stayed silent
-/// on (`flow::resamples`), written by the entry program just before its
-/// tail call; [`AVOID_SLOT`], the slot the stage chose for a new flow
-/// whose 5-tuple is live there through another VIP, written by the stage
-/// before it tail-calls itself to place the flow again
-/// (`choose::place`). The stage's main function clears both when a run
-/// ends any other way ([`place_done`]), so nothing carries over to the
-/// next frame.
+/// What the new-flow stage is to place a flow away from, each held as
+/// the slot + 1 so that 0 means none.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PlaceAway {
+    /// The slot a retransmitted SYN's backend stayed silent on
+    /// (`flow::resamples`), written by the entry program just before its
+    /// tail call.
+    resample: u32,
+    /// The slot the stage chose for a new flow whose 5-tuple is live there
+    /// through another VIP, written by the stage before it tail-calls
+    /// itself to place the flow again (`choose::place`).
+    avoid: u32,
+}
+
+/// This CPU's [`PlaceAway`]. The new-flow stage's main function clears it
+/// when a run ends other than by placing the flow again ([`place_done`]),
+/// so nothing carries over to the next frame.
 #[map]
-static PLACE_AWAY: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0);
+static PLACE_AWAY: PerCpuArray<PlaceAway> = PerCpuArray::with_max_entries(1, 0);
 
-/// [`PLACE_AWAY`]'s index of a retried SYN's silent slot.
-const RESAMPLE_SLOT: u32 = 0;
-/// [`PLACE_AWAY`]'s index of a slot where the flow's 5-tuple is in use.
-const AVOID_SLOT: u32 = 1;
-
+/// Hands `slot` to the new-flow stage as a retried SYN's silent backend
+/// (see [`PlaceAway`]); `u32::MAX` clears it.
 #[inline(always)]
-fn set_away(i: u32, slot: u32) {
-    if let Some(p) = PLACE_AWAY.get_ptr_mut(i) {
+pub fn set_resample(slot: u32) {
+    if let Some(p) = PLACE_AWAY.get_ptr_mut(0) {
         // SAFETY: this CPU's value.
-        unsafe { *p = slot.wrapping_add(1) };
+        unsafe { (*p).resample = slot.wrapping_add(1) };
     }
 }
 
-/// Hands `slot` to the new-flow stage as a retried SYN's silent backend
-/// (see [`PLACE_AWAY`]); `u32::MAX` clears it.
-#[inline(always)]
-pub fn set_resample(slot: u32) {
-    set_away(RESAMPLE_SLOT, slot);
-}
-
 /// Hands `slot` to the next run of the new-flow stage as one the flow's
-/// 5-tuple is in use at (see [`PLACE_AWAY`]).
+/// 5-tuple is in use at (see [`PlaceAway`]).
 #[inline(always)]
 pub fn set_avoid(slot: u32) {
-    set_away(AVOID_SLOT, slot);
+    if let Some(p) = PLACE_AWAY.get_ptr_mut(0) {
+        // SAFETY: this CPU's value.
+        unsafe { (*p).avoid = slot.wrapping_add(1) };
+    }
 }
 
 /// The slot [`set_resample`] left; `u32::MAX` for none. The new-flow
@@ -100,27 +101,27 @@ pub fn set_avoid(slot: u32) {
 /// stack it does not have).
 #[inline(never)]
 pub fn resample() -> u32 {
-    PLACE_AWAY
-        .get(RESAMPLE_SLOT)
-        .copied()
-        .unwrap_or(0)
-        .wrapping_sub(1)
+    PLACE_AWAY.get(0).map_or(0, |a| a.resample).wrapping_sub(1)
 }
 
-/// The slot [`set_avoid`] left; `u32::MAX` for none.
+/// The slot [`set_avoid`] left; `u32::MAX` for none (read as
+/// [`resample`]).
 #[inline(never)]
 pub fn avoid() -> u32 {
-    PLACE_AWAY
-        .get(AVOID_SLOT)
-        .copied()
-        .unwrap_or(0)
-        .wrapping_sub(1)
+    PLACE_AWAY.get(0).map_or(0, |a| a.avoid).wrapping_sub(1)
 }
 
-/// Clears both of [`PLACE_AWAY`]'s slots: called by the new-flow stage's
-/// main function when a run ends other than by placing the flow again.
+/// Clears [`PLACE_AWAY`] (one store): called by the new-flow stage's main
+/// function when a run ends other than by placing the flow again.
 #[inline(never)]
 pub fn place_done() {
-    set_away(RESAMPLE_SLOT, u32::MAX);
-    set_away(AVOID_SLOT, u32::MAX);
+    if let Some(p) = PLACE_AWAY.get_ptr_mut(0) {
+        // SAFETY: this CPU's value.
+        unsafe {
+            *p = PlaceAway {
+                resample: 0,
+                avoid: 0,
+            }
+        };
+    }
 }
