@@ -5,8 +5,17 @@
 
 use std::process::Command;
 
+/// Lines of a failed scenario's stdout kept in the failure message: CI
+/// shows only part of a long log, so the reason comes first and short.
+const TAIL_LINES: usize = 25;
+
 /// Runs `balancer-testbed ARGS` (`exe` is the integration test's
 /// `env!("CARGO_BIN_EXE_balancer-testbed")`) and returns its stdout.
+///
+/// A passing scenario's whole output is printed (cargo shows it with
+/// `--nocapture`). A failing one panics with the last [`TAIL_LINES`]
+/// lines of its stderr and of its stdout only, so that the reason is what a
+/// truncated log shows.
 ///
 /// # Panics
 /// The scenario fails, or its stdout lacks one of `markers`.
@@ -17,17 +26,37 @@ pub fn scenario(exe: &str, args: &[&str], markers: &[&str]) -> String {
         .expect("running balancer-testbed");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "balancer-testbed {args:?} failed: {stderr}"
-    );
-    for m in markers {
-        assert!(
-            stdout.contains(m),
-            "balancer-testbed {args:?}: no {m:?} in its output"
-        );
+    let missing: Vec<&str> = markers
+        .iter()
+        .copied()
+        .filter(|m| !stdout.contains(m))
+        .collect();
+    if out.status.success() && missing.is_empty() {
+        println!("{stdout}");
+        eprintln!("{stderr}");
+        return stdout;
     }
-    stdout
+    let lines: Vec<&str> = stdout.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+    let err_lines: Vec<&str> = stderr.lines().collect();
+    let err_tail = &err_lines[err_lines.len().saturating_sub(TAIL_LINES)..];
+    panic!(
+        "balancer-testbed {args:?}: {}{}\n--- last {} of {} stderr lines ---\n{}\n--- last {} of {} stdout lines ---\n{}",
+        if out.status.success() {
+            "exited 0".to_string()
+        } else {
+            format!("failed ({})", out.status)
+        },
+        if missing.is_empty() {
+            String::new()
+        } else {
+            format!(", lacks {missing:?} in its output")
+        },
+        err_tail.len(),
+        err_lines.len(),
+        err_tail.join("\n"),
+        tail.len(),
+        lines.len(),
+        tail.join("\n"),
+    );
 }
