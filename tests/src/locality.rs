@@ -152,6 +152,22 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
         (in_zone, elsewhere) == (a, b),
         "the view's split (+{in_zone} in zone, +{elsewhere} elsewhere) is not the spread ({a}, {b})"
     );
+    // The operator's table says the same.
+    let plain = tb.cli(&["stats"])?;
+    let want = [
+        vip.clone(),
+        "a".into(),
+        "spilling".into(),
+        after.spills.to_string(),
+        after.new_flows_in_zone.to_string(),
+        after.new_flows_elsewhere.to_string(),
+    ];
+    ensure!(
+        plain
+            .lines()
+            .any(|l| l.split_whitespace().eq(want.iter().map(String::as_str))),
+        "plain stats has no locality row {want:?}:\n{plain}"
+    );
 
     // Zone a's connections close: back in zone.
     let (zone_a, zone_b): (Vec<_>, Vec<_>) = held

@@ -318,6 +318,17 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
          failed polls {}",
         stale0, s.agents.stale_fallbacks, s.agents.failed_polls
     );
+    // The operator's table says it too.
+    let plain = tb.cli(&["stats"])?;
+    let shown = plain
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("agent_stale_fallbacks"))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    ensure!(
+        shown.is_some_and(|v| v > stale0 && v >= s.agents.stale_fallbacks),
+        "plain stats shows agent_stale_fallbacks {shown:?} (JSON {}, was {stale0})",
+        s.agents.stale_fallbacks
+    );
     // Backend 0's load is its connections again: an equal share.
     let (held, fallback) = open_paced(tb, HELD / 2, 2 << 32)?;
     let fallback_share = share_of_0(&fallback);

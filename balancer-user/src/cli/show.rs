@@ -103,8 +103,51 @@ pub fn print_stats(s: &StatsView) {
             none
         );
     }
+    let zoned: Vec<_> = s
+        .vips
+        .iter()
+        .filter_map(|v| v.locality.as_ref().map(|l| (v.vip, l)))
+        .collect();
+    if !zoned.is_empty() {
+        println!("\nLocality (new flows since each backend was added)");
+        println!(
+            "{:<w$} {:<12} {:<9} {:>7} {:>10} {:>10}",
+            "VIP", "ZONE", "NOW", "SPILLS", "IN-ZONE", "ELSEWHERE"
+        );
+        for (vip, l) in zoned {
+            println!(
+                "{:<w$} {:<12} {:<9} {:>7} {:>10} {:>10}",
+                vip.to_string(),
+                l.zone.as_deref().unwrap_or("-"),
+                if l.zone.is_none() {
+                    "no-zone"
+                } else if l.in_zone {
+                    "in-zone"
+                } else {
+                    "spilling"
+                },
+                l.spills,
+                l.new_flows_in_zone,
+                l.new_flows_elsewhere
+            );
+        }
+    }
     println!("\nBackends");
     backend::print(&s.backends);
+    // The daemon's side; the data path's latency_samples (sent) and
+    // latency_samples_lost are among the counters below.
+    println!("\nSignals, the daemon's side (since it started)");
+    let (a, l) = (&s.agents, &s.latency);
+    for (name, v) in [
+        ("agent_polls", a.polls),
+        ("agent_failed_polls", a.failed_polls),
+        ("agent_stale_fallbacks", a.stale_fallbacks),
+        ("latency_received", l.samples),
+        ("latency_ignored", l.ignored),
+        ("latency_republished", l.republished),
+    ] {
+        println!("  {name:<22} {v}");
+    }
     println!("\nCounters");
     for (name, v) in &s.counters {
         println!("  {name:<22} {v}");
