@@ -36,12 +36,19 @@ pub fn scenario(exe: &str, args: &[&str], markers: &[&str]) -> String {
         eprintln!("{stderr}");
         return stdout;
     }
-    let lines: Vec<&str> = stdout.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(TAIL_LINES)..];
-    let err_lines: Vec<&str> = stderr.lines().collect();
-    let err_tail = &err_lines[err_lines.len().saturating_sub(TAIL_LINES)..];
+    // The last TAIL_LINES lines of a text, with how many it shows of all.
+    let tail = |text: &str| {
+        let lines: Vec<&str> = text.lines().collect();
+        let kept = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+        format!(
+            "last {} of {} lines ---\n{}",
+            kept.len(),
+            lines.len(),
+            kept.join("\n")
+        )
+    };
     panic!(
-        "balancer-testbed {args:?}: {}{}\n--- last {} of {} stderr lines ---\n{}\n--- last {} of {} stdout lines ---\n{}",
+        "balancer-testbed {args:?}: {}{}\n--- stderr, {}\n--- stdout, {}",
         if out.status.success() {
             "exited 0".to_string()
         } else {
@@ -52,11 +59,7 @@ pub fn scenario(exe: &str, args: &[&str], markers: &[&str]) -> String {
         } else {
             format!(", lacks {missing:?} in its output")
         },
-        err_tail.len(),
-        err_lines.len(),
-        err_tail.join("\n"),
-        tail.len(),
-        lines.len(),
-        tail.join("\n"),
+        tail(&stderr),
+        tail(&stdout),
     );
 }

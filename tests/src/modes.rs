@@ -234,15 +234,8 @@ pub fn direct_return_backends(
     for k in 0..n {
         let ns = &tb.backends[k];
         for v in vips {
-            let a = format!("{}/{}", v.ip(), if v.is_ipv4() { 32 } else { 128 });
-            // nodad: an IPv6 address stays tentative (bind fails with
-            // EADDRNOTAVAIL) until duplicate address detection's work runs,
-            // which a loaded machine delays.
-            let mut args = vec!["addr", "add", &a, "dev", "lo"];
-            if v.is_ipv6() {
-                args.push("nodad");
-            }
-            ns.ip(&args)?;
+            let args = crate::netns::host_addr("add", v.ip(), "lo");
+            ns.ip(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         }
         keep_vip_off_the_segment(ns)?;
         tb.start_server_as(

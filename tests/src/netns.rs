@@ -25,6 +25,22 @@ pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<Output> {
     Ok(out)
 }
 
+/// The `ip` arguments that add (`op` "add") or remove ("del") host
+/// address `addr` (/32 or /128) on `dev`. An IPv6 one is added `nodad`:
+/// otherwise it stays tentative (a bind fails with EADDRNOTAVAIL) until
+/// duplicate address detection's work runs, which a loaded machine delays
+/// (seen: the fixture suite failed one run in 15 under load).
+pub fn host_addr(op: &str, addr: std::net::IpAddr, dev: &str) -> Vec<String> {
+    let plen = if addr.is_ipv4() { 32 } else { 128 };
+    let mut args: Vec<String> = ["addr", op, &format!("{addr}/{plen}"), "dev", dev]
+        .map(String::from)
+        .into();
+    if op == "add" && addr.is_ipv6() {
+        args.push("nodad".into());
+    }
+    args
+}
+
 /// A named network namespace (`ip netns add`), deleted when dropped.
 #[derive(Debug)]
 pub struct Netns {
