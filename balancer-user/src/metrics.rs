@@ -34,6 +34,7 @@
 //! | `expired_flows_total`, `reconciled_total` | counter | |
 //! | `backend_reported_load` (while an agent's report is fresh) | gauge | vip, backend |
 //! | `agent_polls_total`, `agent_failed_polls_total`, `agent_stale_fallbacks_total` | counter | |
+//! | `latency_received_total`, `latency_ignored_total`, `latency_republished_total` | counter | |
 //! | `gc_pass_duration_seconds` (slices of the expiry sweep, run without the API's lock) | histogram | |
 //! | `attached` (1 per interface the program runs on) | gauge | interface, mode |
 //! | `build_info` | gauge | version, commit, fingerprint |
@@ -592,6 +593,21 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             "Times a backend's agent report went stale and its load fell back to connections",
             stats.agents.stale_fallbacks,
         ),
+        (
+            "latency_received",
+            "Latency samples the daemon read from the data path (--signal latency)",
+            stats.latency.samples,
+        ),
+        (
+            "latency_ignored",
+            "Latency samples for servers no latency-signal VIP has",
+            stats.latency.ignored,
+        ),
+        (
+            "latency_republished",
+            "Times the latency signal's weights were republished because an average moved",
+            stats.latency.republished,
+        ),
     ] {
         let c = Counter::<u64>::default();
         c.inc_by(value);
@@ -709,7 +725,10 @@ mod tests {
             attachments: Vec::new(),
             state_file_unsaved: None,
             agents: Default::default(),
-            latency: Default::default(),
+            latency: crate::latency::LatencyStats {
+                samples: 17,
+                ..Default::default()
+            },
         };
         let d = DaemonMetrics::default();
         d.gc_pass.observe(0.002);
@@ -782,6 +801,7 @@ mod tests {
             "p2c_balancer_vip_choice_load_total{vip=\"10.0.0.10:80\",role=\"chosen\",load=\"2+\"} 1",
             "p2c_balancer_flow_table_size 1000",
             "p2c_balancer_gc_pass_duration_seconds_count 1",
+            "p2c_balancer_latency_received_total 17",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
