@@ -161,6 +161,9 @@ pub const LATENCY_PENDING: &str = "LATENCY_PENDING";
 /// The latency signal's samples for the daemon: ring buffer of
 /// [`crate::LatencySample`] records (not pinned).
 pub const LATENCY_SAMPLES: &str = "LATENCY_SAMPLES";
+/// The sampled choices' ring buffer for the regret telemetry
+/// (`crate::RegretSample` records).
+pub const REGRET_SAMPLES: &str = "REGRET_SAMPLES";
 /// The decapsulation program's settings: one [`crate::DecapConfig`]
 /// (array of one).
 pub const DECAP_CONFIG: &str = "DECAP_CONFIG";

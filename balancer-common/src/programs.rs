@@ -40,10 +40,21 @@ pub const RESET_STAGE: u32 = 5;
 pub const UDP: &str = "balancer_udp";
 /// Index of [`UDP`] in the `STAGES` program array.
 pub const UDP_STAGE: u32 = 6;
+/// The below-cap stage: when every candidate a new flow's choice drew was
+/// at the VIP's connection cap, scans the VIP's whole eligible list for
+/// the least loaded backend below it and hands the result back to the
+/// new-flow stage (a tail call each way). A program of its own so that
+/// only such flows pay for the scan, and the new-flow stage's verifier
+/// budget holds one loop of the choice, not two.
+pub const BELOW_CAP: &str = "balancer_below_cap";
+/// Index of [`BELOW_CAP`] in the `STAGES` program array.
+pub const BELOW_CAP_STAGE: u32 = 7;
 /// Entries of the `STAGES` program array.
-pub const STAGE_COUNT: u32 = 7;
+pub const STAGE_COUNT: u32 = 8;
 /// Every XDP program of the object, the entry first: the daemon loads
 /// them in this order, and the bench measures them.
-pub const ALL: [&str; 8] = [ENTRY, NEW_FLOW, ICMP, TOO_BIG, REPLY, FORWARD, RESET, UDP];
+pub const ALL: [&str; 9] = [
+    ENTRY, NEW_FLOW, ICMP, TOO_BIG, REPLY, FORWARD, RESET, UDP, BELOW_CAP,
+];
 /// The backends' decapsulation program (object `balancer-decap`).
 pub const DECAP: &str = "balancer_decap";

@@ -236,11 +236,14 @@ pub enum Counter {
     /// SYN-ACKs of a backend a flow was placed away from (its retransmitted
     /// SYN went elsewhere): dropped, never delivered to the client.
     AbandonedSynAck,
+    /// Sampled choices lost before the daemon computed their regret: the
+    /// ring to the daemon (`REGRET_SAMPLES`) was full.
+    RegretSamplesLost,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::AbandonedSynAck;
+    pub const LAST: Counter = Counter::RegretSamplesLost;
 }
 
 /// Number of entries of the `STATS` array.
@@ -322,6 +325,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "latency_samples_lost",
     "syn_resampled",
     "abandoned_syn_ack",
+    "regret_samples_lost",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

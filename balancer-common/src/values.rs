@@ -216,6 +216,31 @@ pub struct LatencySample {
 /// dropped and counted.
 pub const LATENCY_SAMPLE_RING: u32 = 512 << 10;
 
+/// One sampled choice for the daemon's regret telemetry (`REGRET_SAMPLES`):
+/// the data path sends the VIP, the slot it chose and that candidate's
+/// ranked key (`choice::ranked_key`, before the new flow was counted);
+/// the daemon compares the key with its own reading of every other
+/// eligible backend's load (`balancer-user`'s `regret`), so no SYN scans
+/// the backend list.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct RegretSample {
+    /// The VIP's index.
+    pub vip_index: u32,
+    /// The backend slot chosen.
+    pub slot: u32,
+    /// The chosen candidate's ranked key (`choice::ranked_key`: active
+    /// connections per unit of weight, scaled, failing ranked last).
+    pub chosen_key: u64,
+}
+
+/// Size of the `REGRET_SAMPLES` ring buffer, bytes: 64 KiB, about 2,700
+/// samples of 16 bytes with the ring's header; the daemon drains it every
+/// 20 ms (at the default one choice in 64 sampled per CPU, 8 million new
+/// flows a second). A sample that finds it full is dropped and counted
+/// (`regret_samples_lost`).
+pub const REGRET_SAMPLE_RING: u32 = 64 << 10;
+
 /// Entries of `LATENCY_PENDING` (an LRU hash): flows of latency-signal
 /// VIPs whose client sent data that the backend has not answered yet. One
 /// evicted loses its sample only.

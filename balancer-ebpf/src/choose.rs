@@ -7,7 +7,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::generated::bpf_get_prandom_u32,
     macros::map,
     maps::{lpm_trie::Key, PerCpuArray},
@@ -20,7 +20,7 @@ use balancer_common::{
     parse::Tcp,
     rate::{self, RateKey, VipLimits},
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
-    SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
+    RegretSample, SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
     SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LATENCY, VIP_F_LIMITS,
     VIP_F_SOURCES,
 };
@@ -33,8 +33,8 @@ use crate::{
     loops::bpf_loop,
     maps::{
         BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CANDIDATES, CHOICE_HIST, CHOICE_STATS, HALF_OPEN,
-        PEER_CONNS, RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS, SETTINGS,
-        SOURCE_RATES, VIP_BACKENDS, VIP_LIMITS, VIP_REFUSALS, VIP_SEEDS, VIP_SOURCES,
+        PEER_CONNS, REGRET_SAMPLES, RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS,
+        SETTINGS, SOURCE_RATES, VIP_BACKENDS, VIP_LIMITS, VIP_REFUSALS, VIP_SEEDS, VIP_SOURCES,
     },
     stats::count,
 };
@@ -49,6 +49,10 @@ pub enum Refusal {
     /// through another VIP (`scratch::set_avoid`; the stage tail-calls
     /// itself): not counted yet.
     Again(u32),
+    /// Every candidate drawn was at the VIP's cap: the below-cap stage is
+    /// to scan the eligible list (`choose::below_cap`), then the stage
+    /// runs again: not counted yet.
+    Scan,
 }
 
 /// No slot excluded.
@@ -93,6 +97,7 @@ static CHOOSER: PerCpuArray<Chooser> = PerCpuArray::with_max_entries(1, 0);
 /// The constant part of one choice, passed to [`choose_step`] through
 /// `bpf_loop`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct ChooseCtx {
     /// Index in `VIP_BACKENDS` of the first entry of the active list.
     list_base: u32,
@@ -111,11 +116,14 @@ struct ChooseCtx {
     row: CandidateRow,
     /// 1 when the candidates are the row's (`VIP_F_CONSISTENT`).
     consistent: u32,
-    /// 1 during the regret scan ([`scan_step`]): nothing is counted.
-    scanning: u32,
-    /// The lowest ranked key the regret scan found (`u64::MAX`: none yet).
-    scan_best: u64,
+    /// Entries of the eligible list (the below-cap scan's steps).
+    len: u32,
 }
+
+/// The context of a below-cap scan, handed from the new-flow stage to the
+/// below-cap stage ([`below_cap`]).
+#[map]
+static SCAN_CTX: PerCpuArray<ChooseCtx> = PerCpuArray::with_max_entries(1, 0);
 
 /// Active connections (server-wide), weight and failing flag of the
 /// backend in `slot`; `None` for the excluded slot. A
@@ -132,7 +140,7 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     let b = BACKENDS.get(slot)?;
     let (server, weight) = (b.server, b.weight);
     let failing = server_failing(server, c.eject_after, c.min_sources);
-    if failing && c.scanning == 0 {
+    if failing {
         count(Counter::SkippedFailing, 1);
     }
     let conns = *SERVER_CONNS.get(server)?;
@@ -246,6 +254,9 @@ pub fn server_failing(server: u32, eject_after: u32, min_sources: u32) -> bool {
 
 /// One step of the choice rule, called by `bpf_loop` (kernel 5.17+), so the
 /// verifier checks the step once whatever the number of backends scanned.
+/// The new-flow stage's one loop: on Linux 6.18 each call site of
+/// `bpf_loop` costs the verifier its callback's walk again (the scan below
+/// the cap is the below-cap stage's, [`below_cap`]).
 #[inline(never)]
 extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: ctx is the ChooseCtx passed to bpf_loop.
@@ -256,10 +267,11 @@ extern "C" fn choose_step(step: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: this CPU's chooser, set up by `choose` for this choice.
     let chooser = unsafe { &mut *p };
     let mut rand = random;
+    let step = step as u32;
     let (i, slot) = if c.consistent != 0 {
-        (step as u32, c.row.slot(step as u32))
+        (step, c.row.slot(step))
     } else {
-        let i = chooser.candidate(step as u32, &mut rand);
+        let i = chooser.candidate(step, &mut rand);
         (i, VIP_BACKENDS.get(c.list_base + i).copied())
     };
     if let Some((l, w, failing)) = slot.and_then(|s| load_of(c, s)) {
@@ -299,57 +311,56 @@ extern "C" fn below_cap_step(step: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// One step of the regret scan, called by `bpf_loop` over the VIP's whole
-/// eligible list: keeps the lowest ranked key (`choice::ranked_key`) of the
-/// candidates the choice rule could have compared.
+/// The below-cap stage's work (`programs::BELOW_CAP`): scans the eligible
+/// list the new-flow stage left in `SCAN_CTX` into this CPU's chooser and
+/// marks the scan done; `false` when there was no scan to make (the
+/// stage then drops the frame). Only a flow each of whose drawn
+/// candidates was at the cap comes here.
 #[inline(never)]
-extern "C" fn scan_step(step: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: ctx is the ChooseCtx passed to bpf_loop.
-    let c = unsafe { &mut *(ctx as *mut ChooseCtx) };
-    let Some(slot) = VIP_BACKENDS.get(c.list_base + step as u32).copied() else {
-        return 1;
-    };
-    if let Some((l, w, failing)) = load_of(c, slot) {
-        // SAFETY: this CPU's chooser, read only.
-        if CHOOSER.get(0).is_some_and(|ch| ch.at_cap(l)) {
-            return 0;
-        }
-        let k = choice::ranked_key(l, w, failing);
-        if k < c.scan_best {
-            c.scan_best = k;
-        }
+pub fn below_cap() -> bool {
+    if crate::scratch::scan() != crate::scratch::SCAN_WANTED {
+        return false;
     }
-    0
-}
-
-/// Samples a choice's regret (one in `regret_sample` of the VIP's
-/// decisions on this CPU, counted by [`record`]): scans the eligible list
-/// for the lowest key and records how much heavier the chosen candidate
-/// was (`choice::regret`). Not inlined: its own stack frame.
-#[inline(never)]
-fn sample_regret(vip: &VipInfo, c: &mut ChooseCtx, chosen_key: u64) {
-    c.scanning = 1;
-    c.scan_best = u64::MAX;
-    // SAFETY: as in `choose`.
+    let Some(s) = SCAN_CTX.get(0) else {
+        return false;
+    };
+    let mut lctx = *s;
+    // SAFETY: callback is a static function; the context pointer is a
+    // stack object alive for the duration of the call.
     let done = unsafe {
         bpf_loop(
-            vip.eligible as u64,
-            scan_step as *mut c_void,
-            c as *mut ChooseCtx as *mut c_void,
+            u64::from(lctx.len),
+            below_cap_step as *mut c_void,
+            &mut lctx as *mut ChooseCtx as *mut c_void,
         )
     };
-    if done < 0 || c.scan_best == u64::MAX {
-        return;
+    if done < 0 {
+        return false;
     }
-    let r = choice::regret(chosen_key, c.scan_best);
-    if let Some(p) = CHOICE_STATS.get_ptr_mut(vip.index) {
-        // SAFETY: per-CPU value, no concurrent writer.
-        unsafe {
-            (*p).regret_samples += 1;
-            (*p).regret_sum += r;
+    crate::scratch::set_scan(crate::scratch::SCAN_DONE);
+    true
+}
+
+/// Sends one sampled choice to the daemon (`REGRET_SAMPLES`), which
+/// computes its regret against its own reading of every eligible
+/// backend's load (`choice::regret`): no SYN scans the backend list. A
+/// full ring drops the sample, counted. Not inlined: sampled choices only.
+#[inline(never)]
+fn sample_regret(vip_index: u32, slot: u32, chosen_key: u64) {
+    match REGRET_SAMPLES.reserve::<RegretSample>(0) {
+        Some(mut r) => {
+            let p = r.as_mut_ptr();
+            // SAFETY: `p` is the reserved record; every field is written
+            // before the submit.
+            unsafe {
+                (*p).vip_index = vip_index;
+                (*p).slot = slot;
+                (*p).chosen_key = chosen_key;
+            }
+            r.submit(BPF_RB_NO_WAKEUP as u64);
         }
+        None => count(Counter::RegretSamplesLost, 1),
     }
-    bump(vip.index, hist::REGRET, r);
 }
 
 /// Adds one to the bucket of `load` in histogram `which` of a VIP (a map
@@ -425,57 +436,57 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     };
     let p = CHOOSER.get_ptr_mut(0)?;
     let row = candidate_row(vip, key);
-    // A row of two with choices 2 or more is a scan of both; with choices
-    // 1, its first candidate alone.
-    let chooser = match row {
-        Some(r) => Chooser::new(r.len(), vip.choices),
-        None => Chooser::new(vip.eligible, vip.choices),
-    }
-    // The cap compares the load the choice does: every VIP's connections
-    // on the server and the peers' as last reported (a cluster-wide cap).
-    .with_cap(vip_cap(vip));
-    let steps = chooser.steps() as u64;
-    // SAFETY: this CPU's chooser; nothing else runs on this CPU meanwhile.
-    unsafe { *p = chooser };
-    let mut lctx = ChooseCtx {
-        list_base: vip.list_index(0),
-        exclude,
-        eject_after: vip.eject_after,
-        vip_index: vip.index,
-        telemetry: telemetry as u32,
-        min_sources: vip.eject_min_sources,
-        row: row.unwrap_or_default(),
-        consistent: row.is_some() as u32,
-        scanning: 0,
-        scan_best: 0,
-    };
-
-    // SAFETY: callback is a static function; the context pointer is a stack
-    // object alive for the duration of the call.
-    let done = unsafe {
-        bpf_loop(
-            steps,
-            choose_step as *mut c_void,
-            &mut lctx as *mut ChooseCtx as *mut c_void,
-        )
-    };
-    if done < 0 {
-        return None;
-    }
-    // SAFETY: as above.
-    if row.is_none() && unsafe { (*p).result().is_none() && (*p).passed_over() } {
-        // Each candidate drawn was at its cap: every backend of the list
-        // below it is one (a flow is refused only when all are full; a
-        // consistent VIP keeps to its row's two).
-        // SAFETY: as above.
+    // Back from the below-cap stage: its scan's result is in the chooser.
+    if crate::scratch::scan() != crate::scratch::SCAN_DONE {
+        // A row of two with choices 2 or more is a scan of both; with
+        // choices 1, its first candidate alone.
+        let chooser = match row {
+            Some(r) => Chooser::new(r.len(), vip.choices),
+            None => Chooser::new(vip.eligible, vip.choices),
+        }
+        // The cap compares the load the choice does: every VIP's
+        // connections on the server and the peers' as last reported (a
+        // cluster-wide cap).
+        .with_cap(vip_cap(vip));
+        let draws = chooser.steps();
+        // SAFETY: this CPU's chooser; nothing else runs on this CPU
+        // meanwhile.
+        unsafe { *p = chooser };
+        let mut lctx = ChooseCtx {
+            list_base: vip.list_index(0),
+            exclude,
+            eject_after: vip.eject_after,
+            vip_index: vip.index,
+            telemetry: telemetry as u32,
+            min_sources: vip.eject_min_sources,
+            row: row.unwrap_or_default(),
+            consistent: row.is_some() as u32,
+            len: vip.eligible,
+        };
+        // SAFETY: callback is a static function; the context pointer is a
+        // stack object alive for the duration of the call.
         let done = unsafe {
             bpf_loop(
-                vip.eligible as u64,
-                below_cap_step as *mut c_void,
+                u64::from(draws),
+                choose_step as *mut c_void,
                 &mut lctx as *mut ChooseCtx as *mut c_void,
             )
         };
         if done < 0 {
+            return None;
+        }
+        // SAFETY: as above.
+        if row.is_none() && unsafe { (*p).result().is_none() && (*p).passed_over() } {
+            // Each candidate drawn was at its cap: every backend of the
+            // list below it is one (a flow is refused only when all are
+            // full; a consistent VIP keeps to its row's two). The
+            // below-cap stage scans the list and comes back.
+            if let Some(s) = SCAN_CTX.get_ptr_mut(0) {
+                // SAFETY: this CPU's value, read by the below-cap stage
+                // next.
+                unsafe { *s = lctx };
+                crate::scratch::set_scan(crate::scratch::SCAN_WANTED);
+            }
             return None;
         }
     }
@@ -483,16 +494,16 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     // SAFETY: as above.
     let chooser = unsafe { &*p };
     let index = chooser.result()?;
-    if telemetry {
-        let decisions = record(vip, chooser);
-        if regret_sample != 0 && decisions % regret_sample == 0 {
-            sample_regret(vip, &mut lctx, chooser.chosen_key());
-        }
-    }
     let slot = match row {
         Some(r) => r.slot(index)?,
         None => *VIP_BACKENDS.get(vip.list_index(index))?,
     };
+    if telemetry {
+        let decisions = record(vip, chooser);
+        if regret_sample != 0 && decisions % regret_sample == 0 {
+            sample_regret(vip.index, slot, chooser.chosen_key());
+        }
+    }
     let b = BACKENDS.get(slot)?;
     if b.flags & BACKEND_F_IN_USE == 0 {
         return None;
@@ -644,6 +655,9 @@ pub fn place(
         },
     };
     let Some((b, slot)) = found else {
+        if crate::scratch::scan() == crate::scratch::SCAN_WANTED {
+            return Err(Refusal::Scan);
+        }
         // A retransmitted SYN with no other backend to go to: it stays.
         if crate::scratch::resample() != NO_SLOT {
             if let Some(placed) = follow(key) {

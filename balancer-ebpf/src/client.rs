@@ -343,6 +343,7 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
             crate::scratch::set_avoid(slot);
             crate::forward::CODE_PLACE_AGAIN
         }
+        Err(Refusal::Scan) => crate::forward::CODE_SCAN_BELOW_CAP,
         Err(Refusal::Reset) if !seg.udp => Next::Reset.code(),
         Err(_) => {
             if seg.udp {

@@ -108,6 +108,11 @@ pub const CODE_UDP: u32 = 0xffff_0012;
 /// slot it left in `scratch::set_avoid`: its main function tail-calls the
 /// stage itself.
 pub const CODE_PLACE_AGAIN: u32 = 0xffff_0013;
+/// The code of a new flow each of whose drawn candidates was at the VIP's
+/// connection cap: the new-flow stage's main function tail-calls the
+/// below-cap stage (`programs::BELOW_CAP_STAGE`), which scans the eligible
+/// list and tail-calls the new-flow stage back with the result.
+pub const CODE_SCAN_BELOW_CAP: u32 = 0xffff_0014;
 
 /// Carries out a [`Next::code`] in a program's main function: the action
 /// itself, the forward ([`fast`], or the forward stage when the next hop

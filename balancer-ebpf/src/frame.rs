@@ -111,8 +111,13 @@ impl XdpFrame<'_> {
         if p + 16 > self.0.data_end() {
             return None;
         }
-        // SAFETY: bounds checked just above; an even address (see `Word`).
-        unsafe { core::ptr::write(p as *mut Words4, Words4(a.0)) };
+        // Four word stores: a store of the 16 bytes at once is a
+        // `memmove` call (a byte loop) on the BPF target.
+        for (i, w) in a.0.iter().enumerate() {
+            // SAFETY: bounds checked just above (16 bytes); an even
+            // address (see `Word`).
+            unsafe { core::ptr::write_volatile((p + 4 * i) as *mut Word, Word(*w)) };
+        }
         Some(())
     }
 
@@ -123,8 +128,12 @@ impl XdpFrame<'_> {
         if p + N > self.0.data_end() {
             return None;
         }
-        // SAFETY: bounds checked against data_end just above.
-        unsafe { core::ptr::write_unaligned(p as *mut [u8; N], bytes) };
+        // Byte by byte, unrolled (N is a constant): a store of the array
+        // at once is a `memmove` call (a byte loop) on the BPF target.
+        for (i, b) in bytes.iter().enumerate() {
+            // SAFETY: bounds checked against data_end just above.
+            unsafe { core::ptr::write_volatile((p + i) as *mut u8, *b) };
+        }
         Some(())
     }
 }

@@ -151,8 +151,36 @@ mod entry {
             unsafe { STAGES.tail_call(&ctx, programs::NEW_FLOW_STAGE) };
             return not_placed_again();
         }
+        if code == forward::CODE_SCAN_BELOW_CAP {
+            // Every candidate drawn was at the cap: the below-cap stage
+            // scans the list, then runs this stage again.
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(&ctx, programs::BELOW_CAP_STAGE) };
+            return stage_missing();
+        }
         scratch::place_done();
         forward::finish(&ctx, code)
+    }
+
+    /// The below-cap stage (`programs::BELOW_CAP`), tail-called by the
+    /// new-flow stage; tail-calls it back with the scan's result.
+    #[xdp(frags)]
+    pub fn balancer_below_cap(ctx: XdpContext) -> u32 {
+        if crate::choose::below_cap() {
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(&ctx, programs::NEW_FLOW_STAGE) };
+        }
+        stage_missing()
+    }
+
+    /// A stage of the placement could not run (no scan was asked for, or a
+    /// tail call failed): the flow is dropped, counted, and the stages'
+    /// scratch cleared. A BPF function of its own, as [`not_placed_again`].
+    #[inline(never)]
+    fn stage_missing() -> u32 {
+        scratch::place_done();
+        count(Counter::DropNoStage, 1);
+        xdp_action::XDP_DROP
     }
 
     /// The new-flow stage could not run again: the flow is refused,

@@ -82,6 +82,11 @@ pub static LATENCY_PENDING: LruHashMap<balancer_common::FlowKey, u64> =
 #[map]
 pub static LATENCY_SAMPLES: RingBuf =
     RingBuf::with_byte_size(balancer_common::LATENCY_SAMPLE_RING, 0);
+/// Sampled choices for the daemon's regret telemetry
+/// (`balancer_common::RegretSample` records).
+#[map]
+pub static REGRET_SAMPLES: RingBuf =
+    RingBuf::with_byte_size(balancer_common::REGRET_SAMPLE_RING, 0);
 /// Eligible backend slots per VIP, double-buffered.
 #[map]
 pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(VIP_BACKENDS_LEN, 0);

@@ -68,6 +68,30 @@ pub struct PlaceAway {
     /// through another VIP, written by the stage before it tail-calls
     /// itself to place the flow again (`choose::place`).
     avoid: u32,
+    /// The below-cap scan ([`SCAN_WANTED`], [`SCAN_DONE`]; 0: neither).
+    scan: u32,
+}
+
+/// [`PlaceAway::scan`]: every candidate the choice drew was at the cap;
+/// the stage's main function is to tail-call the below-cap stage.
+pub const SCAN_WANTED: u32 = 1;
+/// [`PlaceAway::scan`]: the below-cap stage scanned the eligible list into
+/// the chooser; the new-flow stage takes its result instead of drawing.
+pub const SCAN_DONE: u32 = 2;
+
+/// Sets [`PlaceAway::scan`] (see [`SCAN_WANTED`], [`SCAN_DONE`]).
+#[inline(always)]
+pub fn set_scan(v: u32) {
+    if let Some(p) = PLACE_AWAY.get_ptr_mut(0) {
+        // SAFETY: this CPU's value.
+        unsafe { (*p).scan = v };
+    }
+}
+
+/// [`PlaceAway::scan`].
+#[inline(never)]
+pub fn scan() -> u32 {
+    PLACE_AWAY.get(0).map_or(0, |a| a.scan)
 }
 
 /// This CPU's [`PlaceAway`]. The new-flow stage's main function clears it
@@ -87,12 +111,16 @@ pub fn set_resample(slot: u32) {
 }
 
 /// Hands `slot` to the next run of the new-flow stage as one the flow's
-/// 5-tuple is in use at (see [`PlaceAway`]).
+/// 5-tuple is in use at (see [`PlaceAway`]); that run chooses afresh (a
+/// below-cap scan's result is dropped).
 #[inline(always)]
 pub fn set_avoid(slot: u32) {
     if let Some(p) = PLACE_AWAY.get_ptr_mut(0) {
         // SAFETY: this CPU's value.
-        unsafe { (*p).avoid = slot.wrapping_add(1) };
+        unsafe {
+            (*p).avoid = slot.wrapping_add(1);
+            (*p).scan = 0;
+        }
     }
 }
 
@@ -121,6 +149,7 @@ pub fn place_done() {
             *p = PlaceAway {
                 resample: 0,
                 avoid: 0,
+                scan: 0,
             }
         };
     }

@@ -735,7 +735,8 @@ async fn agent_service(lb: Arc<Mutex<Balancer>>) {
     }
 }
 
-/// Every 20 ms, under one lock: the latency signal's samples
+/// Every 20 ms, under one lock: the sampled choices' regret
+/// (`crate::regret`), the latency signal's samples
 /// (`crate::latency`), read from the data path's ring (it holds about
 /// 32,000; a full ring drops samples, counted `latency_samples_lost`; the
 /// averages are updated by the eligibility poll, and here when a server's
@@ -754,6 +755,11 @@ async fn fast_service(lb: Arc<Mutex<Balancer>>) {
         if let Err(e) = lb.drain_latency() {
             failures.warn(std::time::Instant::now(), || {
                 format!("latency samples: {e:#}")
+            });
+        }
+        if let Err(e) = lb.drain_regret() {
+            failures.warn(std::time::Instant::now(), || {
+                format!("regret samples: {e:#}")
             });
         }
         if let Err(e) = lb.poll_locality() {

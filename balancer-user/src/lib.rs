@@ -40,6 +40,7 @@ pub mod prefix;
 pub mod preflight;
 pub mod probe;
 pub mod project;
+pub mod regret;
 pub mod retired;
 pub mod services;
 pub mod state;

@@ -34,6 +34,8 @@ pub struct View<'a> {
     pub latency: &'a crate::latency::Latency,
     /// The VIPs' zone preferences.
     pub locality: &'a crate::locality::Locality,
+    /// The choices' regret, computed by the daemon.
+    pub regret: &'a crate::regret::Regret,
     /// Now.
     pub now: Instant,
 }
@@ -111,6 +113,20 @@ impl View<'_> {
         Some(l)
     }
 
+    /// A VIP's choice telemetry: the data path's counts and histograms
+    /// with the daemon's regret tally ([`crate::regret`]).
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn choice_stats(&self, index: u32) -> Result<ChoiceStats> {
+        let mut c = self.maps.choice_stats(index)?;
+        let t = self.regret.tally(index);
+        c.regret_samples = t.samples;
+        c.regret_sum = t.sum;
+        c.regret = t.histogram;
+        Ok(c)
+    }
+
     /// All counters.
     ///
     /// # Errors
@@ -137,7 +153,7 @@ impl View<'_> {
                 eligible: if fallback { 0 } else { list.len() },
                 fallback,
                 locality: self.locality(v),
-                choice: choice_view(&self.maps.choice_stats(v.index)?),
+                choice: choice_view(&self.choice_stats(v.index)?),
                 refused: balancer_common::refusal::NAMES
                     .iter()
                     .map(|n| n.to_string())

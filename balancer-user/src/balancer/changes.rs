@@ -354,6 +354,7 @@ impl Balancer {
             if prev.vips.get(&v.addr).map(|o| o.index) != Some(v.index) {
                 self.maps.reset_traffic(Traffic::Vip, v.index)?;
                 self.maps.reset_choice_stats(v.index)?;
+                self.regret.reset(v.index);
             }
         }
         for (addr, server) in &self.state.servers {

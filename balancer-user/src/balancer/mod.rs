@@ -206,6 +206,8 @@ pub struct Balancer {
     locality: crate::locality::Locality,
     /// The latency samples' ring buffer (`LATENCY_SAMPLES`).
     latency_samples: Option<aya::maps::RingBuf<MapData>>,
+    /// The choices' regret, from the sampled choices' ring.
+    regret: crate::regret::Regret,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -355,6 +357,7 @@ impl Balancer {
             (programs::FORWARD, programs::FORWARD_STAGE),
             (programs::RESET, programs::RESET_STAGE),
             (programs::UDP, programs::UDP_STAGE),
+            (programs::BELOW_CAP, programs::BELOW_CAP_STAGE),
         ] {
             let stage: &Xdp = ebpf
                 .program(name)
@@ -383,6 +386,7 @@ impl Balancer {
         };
         let flow_events = ring(map_names::FLOW_EVENTS)?;
         let latency_samples = ring(map_names::LATENCY_SAMPLES)?;
+        let regret = crate::regret::Regret::new(ring(map_names::REGRET_SAMPLES)?);
         let mut maps = Maps::take(&mut ebpf)?;
         let settings = Settings {
             regret_sample: balancer_common::DEFAULT_REGRET_SAMPLE,
@@ -419,6 +423,7 @@ impl Balancer {
             latency: Default::default(),
             locality: Default::default(),
             latency_samples,
+            regret,
         })
     }
 
@@ -496,6 +501,16 @@ impl Balancer {
             self.sync()?;
         }
         Ok(n)
+    }
+
+    /// Reads the sampled choices the data path sent since the last call
+    /// and adds each one's regret to its VIP's telemetry
+    /// ([`crate::regret`]); returns how many.
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn drain_regret(&mut self) -> Result<usize> {
+        self.regret.drain(&self.maps)
     }
 
     fn read_latency_samples(&mut self) -> usize {
@@ -1108,6 +1123,7 @@ impl Balancer {
             agents: &self.agents,
             latency: &self.latency,
             locality: &self.locality,
+            regret: &self.regret,
             now: Instant::now(),
         }
     }
