@@ -437,6 +437,75 @@ pub fn verifier_stats() -> anyhow::Result<Vec<(&'static str, u32)>> {
         .collect())
 }
 
+/// What the kernel said of one program of the object: the instructions its
+/// verifier processed, or its refusal with the verifier log's last lines.
+pub type Verdict = (&'static str, Result<u32, String>);
+
+/// Loads each program of the balancer's object on its own (one refused
+/// does not hide the others) and returns each verdict, in
+/// `programs::ALL`'s order. The kernel matrix (`cargo xtask kernels`) runs
+/// this in each kernel's VM.
+///
+/// # Errors
+/// The object cannot be opened.
+pub fn verifier_verdicts() -> anyhow::Result<Vec<Verdict>> {
+    // P2C_VERIFIER_LOG=NAME:FILE writes program NAME's whole verifier log
+    // (instruction by instruction) to FILE: where its states multiply.
+    let full = std::env::var("P2C_VERIFIER_LOG").ok();
+    // P2C_OBJECT=FILE verifies another build of the object (an experiment).
+    let other = std::env::var_os("P2C_OBJECT")
+        .map(std::fs::read)
+        .transpose()?;
+    let object = other.as_deref().unwrap_or(PROGRAM);
+    let mut out = Vec::new();
+    let only = std::env::var("P2C_ONLY").ok();
+    for name in balancer_common::programs::ALL {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|n| n == name))
+        {
+            continue;
+        }
+        let log_to = full
+            .as_deref()
+            .and_then(|f| f.split_once(':'))
+            .filter(|(n, _)| *n == name)
+            .map(|(_, file)| file.to_owned());
+        let level = if log_to.is_some() {
+            if std::env::var_os("P2C_VERIFIER_LOG_VERBOSE").is_some() {
+                aya::VerifierLogLevel::VERBOSE | aya::VerifierLogLevel::STATS
+            } else {
+                aya::VerifierLogLevel::DEBUG | aya::VerifierLogLevel::STATS
+            }
+        } else {
+            aya::VerifierLogLevel::STATS
+        };
+        let mut ebpf = EbpfLoader::new()
+            .verifier_log_level(level)
+            .load(object)
+            .context("opening the object")?;
+        let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;
+        let verdict = match p.load() {
+            Ok(()) => Ok(p.info()?.verified_instruction_count().unwrap_or(0)),
+            Err(aya::programs::ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            }) => {
+                let log = verifier_log.to_string();
+                if let Some(f) = &log_to {
+                    std::fs::write(f, &log)?;
+                }
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(12)..].join("\n    ");
+                Err(format!("{io_error}\n    {tail}"))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        out.push((name, verdict));
+    }
+    Ok(out)
+}
+
 /// One program of the balancer's object as the kernel holds it.
 #[derive(Debug, Clone)]
 pub struct ProgramSize {
@@ -519,12 +588,15 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
     let mut figures = BTreeMap::new();
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     // BENCH_ONLY_DATAPATH=small: 100 backends, table near empty (a quick
-    // look while working on the data path; never for the record).
-    let small = std::env::var("BENCH_ONLY_DATAPATH").is_ok_and(|v| v == "small");
-    let counts: &[u32] = if small {
-        &[100]
-    } else {
-        &[10, 100, 1000, 10_000]
+    // look while working on the data path; never for the record);
+    // BENCH_ONLY_DATAPATH=growth: 10 and 10,000 backends, table near
+    // empty (the SYN's growth with the backend count).
+    let selection = std::env::var("BENCH_ONLY_DATAPATH").ok();
+    let small = matches!(selection.as_deref(), Some("small" | "growth"));
+    let counts: &[u32] = match selection.as_deref() {
+        Some("small") => &[100],
+        Some("growth") => &[10, 10_000],
+        _ => &[10, 100, 1000, 10_000],
     };
     let paths = [
         "frame not for a VIP",
@@ -2157,7 +2229,7 @@ pub fn run(out: &Path, sc: Scale, command: &str) -> anyhow::Result<()> {
     eprintln!("bench: data path");
     let dp = datapath(&mut rep, &aux, sc)?;
     let ours = verifier_table(&mut rep)?;
-    if std::env::var("BENCH_ONLY_DATAPATH").is_ok_and(|v| v == "small") {
+    if std::env::var("BENCH_ONLY_DATAPATH").is_ok_and(|v| v == "small" || v == "growth") {
         println!("{}", rep.markdown());
         return Ok(());
     }

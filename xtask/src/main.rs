@@ -62,7 +62,8 @@ enum Cmd {
     /// worktree (target/bench-ref) and times its data path alternately with
     /// this build's in the same session; set BENCH_NO_REF=1 to skip that
     /// (the report then says it was skipped), or BENCH_REF=COMMIT to
-    /// compare with another commit. BENCH_ONLY_DATAPATH=small
+    /// compare with another commit. BENCH_ONLY_DATAPATH=growth prints
+    /// section 1 at 10 and 10,000 backends only; BENCH_ONLY_DATAPATH=small
     /// prints section 1 at 100 backends only (about 30 s).
     Bench {
         /// A quick pass to check the bench itself (figures not for the record).
@@ -78,6 +79,29 @@ enum Cmd {
         /// `quality` (section 3, balance quality); sets BENCH_ONLY.
         #[arg(long, value_parser = ["rate", "reference", "scale", "change", "quality"])]
         only: Option<String>,
+    },
+    /// The kernel matrix: boots Debian's kernels (6.1 LTS and 6.12, from
+    /// Debian 12's packages) in qemu through virtme-ng (TCG; set up by
+    /// scripts/kernels.sh) and, in each VM and on this machine's kernel,
+    /// loads every program of the object with its verified-instruction
+    /// count checked against the budget, and runs the packet fixture
+    /// suite. Writes the table to target/kernels/report.md; fails when a
+    /// program is refused or over the budget, or a fixture fails.
+    Kernels {
+        /// Only the VM kernels whose name starts with one of these (e.g.
+        /// 6.12); all of them when not given.
+        #[arg(long)]
+        kernel: Vec<String>,
+        /// Leave this machine's own kernel out.
+        #[arg(long)]
+        no_host: bool,
+        /// Load and count only; no fixture suite.
+        #[arg(long)]
+        no_fixtures: bool,
+        /// The most instructions any program may take on any kernel (a
+        /// third of the kernel's 1,000,000).
+        #[arg(long, default_value_t = 300_000)]
+        budget: u32,
     },
     /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
     Lint,
@@ -168,6 +192,238 @@ fn deb() -> anyhow::Result<()> {
             "--output",
         ])
         .arg(target_dir().join("debian")))
+}
+
+/// One kernel's results in the matrix.
+struct KernelRun {
+    /// The kernel's name (Debian's ABI name, or `uname -r` for this
+    /// machine's).
+    name: String,
+    /// `program: N instructions verified` / `program: refused ...` lines.
+    verifier: String,
+    /// Whether every program loaded within the budget.
+    verified: bool,
+    /// The fixture suite's last line, when it ran, and whether it passed.
+    fixtures: Option<(String, bool)>,
+}
+
+/// `cargo xtask kernels`: see [`Cmd::Kernels`].
+fn kernels(only: &[String], no_host: bool, no_fixtures: bool, budget: u32) -> anyhow::Result<()> {
+    build()?;
+    let script = root().join("scripts/kernels.sh");
+    run(Command::new("bash").arg(&script).arg("setup"))?;
+    let list = Command::new("bash")
+        .arg(&script)
+        .arg("list")
+        .output()
+        .context("scripts/kernels.sh list")?;
+    let vms: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|n| only.is_empty() || only.iter().any(|o| n.starts_with(o.as_str())))
+        .collect();
+    if vms.is_empty() && (no_host || !only.is_empty()) {
+        bail!("no kernel selected (scripts/kernels.sh list has none matching {only:?})");
+    }
+    let testbed = root().join("target/debug/balancer-testbed");
+    let out_dir = target_dir().join("kernels");
+    std::fs::create_dir_all(&out_dir)?;
+    let mut runs = Vec::new();
+    let verifier_cmd = format!("{} verifier-stats --budget {budget}", testbed.display());
+    let fixtures_cmd = format!("{} fixtures", testbed.display());
+    if !no_host {
+        let host = std::fs::read_to_string("/proc/sys/kernel/osrelease")?
+            .trim()
+            .to_string();
+        eprintln!("xtask: kernel {host} (this machine)");
+        let dir = out_dir.join("host");
+        std::fs::create_dir_all(&dir)?;
+        let v = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{verifier_cmd} > {0}/verifier.txt 2>&1",
+                dir.display()
+            ))
+            .status()?;
+        let f = if no_fixtures {
+            None
+        } else {
+            Some(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!(
+                        "{fixtures_cmd} > {0}/fixtures.txt 2>&1",
+                        dir.display()
+                    ))
+                    .status()?
+                    .success(),
+            )
+        };
+        runs.push(kernel_run(host, &dir, v.success(), f)?);
+    }
+    for name in vms {
+        eprintln!("xtask: kernel {name} (qemu, TCG: minutes)");
+        let dir = out_dir.join(&name);
+        std::fs::create_dir_all(&dir)?;
+        // The guest writes each part's status; vng's own exit code says
+        // nothing (scripts/kernels.sh).
+        let mut guest = format!(
+            "{verifier_cmd} > {0}/verifier.txt 2>&1; echo $? > {0}/verifier.status",
+            dir.display()
+        );
+        if !no_fixtures {
+            guest.push_str(&format!(
+                "; {fixtures_cmd} > {0}/fixtures.txt 2>&1; echo $? > {0}/fixtures.status",
+                dir.display()
+            ));
+        }
+        for f in [
+            "verifier.status",
+            "fixtures.status",
+            "verifier.txt",
+            "fixtures.txt",
+        ] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+        let booted = Command::new("bash")
+            .arg(&script)
+            .args(["run", &name])
+            .arg(&dir)
+            .arg(&guest)
+            .status()?;
+        let status = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .ok()
+                .is_some_and(|s| s.trim() == "0")
+        };
+        if booted.code() == Some(99) {
+            bail!(
+                "kernel {name}: the VM did not run its script (see {}/console.log)",
+                dir.display()
+            );
+        }
+        let v = status("verifier.status");
+        let f = (!no_fixtures).then(|| status("fixtures.status"));
+        runs.push(kernel_run(name, &dir, v, f)?);
+    }
+    let report = kernel_report(&runs, budget);
+    std::fs::write(out_dir.join("report.md"), &report)?;
+    println!("{report}");
+    let failed: Vec<&str> = runs
+        .iter()
+        .filter(|r| !r.verified || r.fixtures.as_ref().is_some_and(|f| !f.1))
+        .map(|r| r.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        for r in &runs {
+            if !r.verified {
+                eprintln!("--- {} verifier:\n{}", r.name, r.verifier);
+            }
+        }
+        bail!(
+            "kernel matrix failed on {} (outputs under {})",
+            failed.join(", "),
+            out_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn kernel_run(
+    name: String,
+    dir: &Path,
+    verified: bool,
+    fixtures: Option<bool>,
+) -> anyhow::Result<KernelRun> {
+    let verifier = std::fs::read_to_string(dir.join("verifier.txt")).unwrap_or_default();
+    let fixtures = fixtures.map(|ok| {
+        let text = std::fs::read_to_string(dir.join("fixtures.txt")).unwrap_or_default();
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("fixtures:") || l.starts_with("error"))
+            .unwrap_or("no summary line")
+            .to_string();
+        (last, ok)
+    });
+    Ok(KernelRun {
+        name,
+        verifier,
+        verified,
+        fixtures,
+    })
+}
+
+/// The matrix as markdown: one row per program, one column per kernel.
+fn kernel_report(runs: &[KernelRun], budget: u32) -> String {
+    let mut programs: Vec<String> = Vec::new();
+    let mut cell = std::collections::BTreeMap::new();
+    for (k, r) in runs.iter().enumerate() {
+        for line in r.verifier.lines() {
+            let Some((name, rest)) = line.split_once(": ") else {
+                continue;
+            };
+            if name.contains(' ') || name.starts_with("error") {
+                continue;
+            }
+            let v = if let Some(n) =
+                rest.strip_suffix(" instructions verified (the kernel's limit is 1,000,000)")
+            {
+                n.parse::<u64>().map_or(n.to_string(), group)
+            } else if rest.starts_with("refused") {
+                "refused".to_string()
+            } else {
+                continue;
+            };
+            if !programs.iter().any(|p| p == name) {
+                programs.push(name.to_string());
+            }
+            cell.insert((name.to_string(), k), v);
+        }
+    }
+    let mut md = format!(
+        "Verified instructions per program (`verified_insns`; budget {}, the kernel's limit 1,000,000), every program of the object loaded on each kernel:\n\n| program |",
+        group(u64::from(budget))
+    );
+    for r in runs {
+        md.push_str(&format!(" {} |", r.name));
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---:|".repeat(runs.len()));
+    md.push('\n');
+    for p in &programs {
+        md.push_str(&format!("| {p} |"));
+        for k in 0..runs.len() {
+            md.push_str(&format!(
+                " {} |",
+                cell.get(&(p.clone(), k)).map_or("-", String::as_str)
+            ));
+        }
+        md.push('\n');
+    }
+    md.push_str("| fixture suite |");
+    for r in runs {
+        md.push_str(&match &r.fixtures {
+            Some((line, true)) => format!(" {line} |"),
+            Some((line, false)) => format!(" FAILED: {line} |"),
+            None => " not run |".to_string(),
+        });
+    }
+    md.push('\n');
+    md
+}
+
+/// `n` with thousands separators.
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn setup() -> anyhow::Result<()> {
@@ -329,6 +585,12 @@ fn main() -> anyhow::Result<()> {
             run(&mut c)
         }
         Cmd::Deb => deb(),
+        Cmd::Kernels {
+            kernel,
+            no_host,
+            no_fixtures,
+            budget,
+        } => kernels(&kernel, no_host, no_fixtures, budget),
         Cmd::Lint => {
             setup()?;
             run(cargo().args(["fmt", "--all", "--", "--check"]))?;

@@ -210,9 +210,16 @@ enum Cmd {
     },
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
-    /// Loads the program and prints how many instructions the verifier
-    /// processed (its complexity; the kernel's limit is 1,000,000).
-    VerifierStats,
+    /// Loads each program and prints how many instructions the verifier
+    /// processed (its complexity; the kernel's limit is 1,000,000), or the
+    /// verifier's refusal. Fails when a program is refused, or with
+    /// `--budget N` when one processed more than N.
+    VerifierStats {
+        /// The most instructions a program may take (the kernel matrix's
+        /// budget: 300,000, a third of the kernel's limit).
+        #[arg(long)]
+        budget: Option<u32>,
+    },
     /// The benchmarks: writes BENCHMARKS.md and bench.json.
     Bench {
         /// Output directory.
@@ -313,9 +320,28 @@ fn main() -> ExitCode {
         }
         Cmd::Quic => quic::run(),
         Cmd::Fixtures => fixtures::run_suite(),
-        Cmd::VerifierStats => bench::verifier_stats().map(|v| {
-            for (name, n) in v {
-                println!("{name}: {n} instructions verified (the kernel's limit is 1,000,000)");
+        Cmd::VerifierStats { budget } => bench::verifier_verdicts().and_then(|v| {
+            let mut bad = Vec::new();
+            for (name, verdict) in v {
+                match verdict {
+                    Ok(n) => {
+                        println!(
+                            "{name}: {n} instructions verified (the kernel's limit is 1,000,000)"
+                        );
+                        if budget.is_some_and(|b| n > b) {
+                            bad.push(format!("{name} over the budget ({n})"));
+                        }
+                    }
+                    Err(why) => {
+                        println!("{name}: refused by the verifier: {why}");
+                        bad.push(format!("{name} refused"));
+                    }
+                }
+            }
+            if bad.is_empty() {
+                Ok(())
+            } else {
+                anyhow::bail!("{}", bad.join(", "))
             }
         }),
         Cmd::Bench {
