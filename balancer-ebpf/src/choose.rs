@@ -616,6 +616,102 @@ pub fn place(
     seg: &Tcp,
     vip: &VipInfo,
     now: u64,
+    routed: Option<u32>,
+) -> Result<(&'static Backend, u32), Refusal> {
+    // SAFETY: references, valid for the call.
+    let word = unsafe { balancer_place(key, seg, vip, now, routed.unwrap_or(NO_SLOT)) };
+    match word >> 32 {
+        0 => {
+            let slot = word as u32;
+            match BACKENDS.get(slot) {
+                Some(b) => Ok((b, slot)),
+                None => Err(Refusal::Drop),
+            }
+        }
+        PLACE_RESET => Err(Refusal::Reset),
+        PLACE_AGAIN => Err(Refusal::Again(word as u32)),
+        PLACE_SCAN => Err(Refusal::Scan),
+        _ => Err(Refusal::Drop),
+    }
+}
+
+/// [`place_word`]'s high word: refused, dropped.
+const PLACE_DROP: u64 = 1;
+/// [`place_word`]'s high word: refused with a reset.
+const PLACE_RESET: u64 = 2;
+/// [`place_word`]'s high word: to be placed again away from the slot in
+/// the low word.
+const PLACE_AGAIN: u64 = 3;
+/// [`place_word`]'s high word: the below-cap scan first.
+const PLACE_SCAN: u64 = 4;
+
+/// [`place`] as a BPF function of its own that returns one word (the slot
+/// placed on, or the refusal in the high word): the placement's spilled
+/// values stay off the new-flow stage's frame, under which the parse's
+/// sits (Linux 6.1 rounds each frame of a chain up to 32 bytes), and its
+/// many endings reach the stage as one state. `routed`: the slot a QUIC
+/// connection ID names ([`NO_SLOT`]: none).
+///
+/// A global BPF function (as `track::balancer_track`): Linux 6.1's
+/// verifier checks it once, on its own, instead of once per state the
+/// new-flow stage reaches it in. Its pointers arrive as memory that may
+/// be null (checked); the key is copied to a scratch value and the
+/// source address to the stack for the map helpers (6.1 takes no such
+/// pointer as a helper's key).
+///
+/// # Safety
+/// Each pointer is null or valid for the call.
+#[unsafe(no_mangle)]
+#[inline(never)]
+#[allow(improper_ctypes_definitions)]
+pub unsafe extern "C" fn balancer_place(
+    key: *const FlowKey,
+    seg: *const Tcp,
+    vip: *const VipInfo,
+    now: u64,
+    routed: u32,
+) -> u64 {
+    let (key, seg, vip) = (
+        crate::frame::opaque(key),
+        crate::frame::opaque(seg),
+        crate::frame::opaque(vip),
+    );
+    if key.is_null() || seg.is_null() || vip.is_null() {
+        return PLACE_DROP << 32;
+    }
+    // SAFETY: non-null, valid per the caller's contract.
+    let (Some(key), seg, vip) = (
+        unsafe { crate::scratch::key_from(crate::scratch::PLACE, key) },
+        unsafe { &*seg },
+        unsafe { &*vip },
+    ) else {
+        return PLACE_DROP << 32;
+    };
+    place_word(key, seg, vip, now, routed)
+}
+
+#[inline(always)]
+fn place_word(key: &FlowKey, seg: &Tcp, vip: &VipInfo, now: u64, routed: u32) -> u64 {
+    let routed = match routed {
+        NO_SLOT => None,
+        slot => BACKENDS.get(slot).map(|b| (b, slot)),
+    };
+    match place_inner(key, seg, vip, now, routed) {
+        Ok((_, slot)) => u64::from(slot),
+        Err(Refusal::Drop) => PLACE_DROP << 32,
+        Err(Refusal::Reset) => PLACE_RESET << 32,
+        Err(Refusal::Again(slot)) => PLACE_AGAIN << 32 | u64::from(slot),
+        Err(Refusal::Scan) => PLACE_SCAN << 32,
+    }
+}
+
+/// [`place`]'s body, in [`place_word`].
+#[inline(always)]
+fn place_inner(
+    key: &FlowKey,
+    seg: &Tcp,
+    vip: &VipInfo,
+    now: u64,
     routed: Option<(&'static Backend, u32)>,
 ) -> Result<(&'static Backend, u32), Refusal> {
     if crate::client::martian(&seg.src_addr) {
@@ -628,7 +724,12 @@ pub fn place(
         return Err(Refusal::Drop);
     }
     // SAFETY: the value is only read.
-    if let Some(h) = unsafe { BACKEND_HOSTS.get(&seg.src_addr) } {
+    // On the stack: Linux 6.1 takes no pointer into a global function's
+    // argument as a map helper's key.
+    // SAFETY: a plain read of a field.
+    let src = unsafe { core::ptr::read_volatile(&seg.src_addr) };
+    // SAFETY: the value is only read.
+    if let Some(h) = unsafe { BACKEND_HOSTS.get(&src) } {
         if h.has(vip.index) {
             count(Counter::RefusedHairpin, 1);
             return Err(Refusal::Reset);

@@ -20,7 +20,7 @@ use crate::{
         BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS,
         SERVER_CONNS, STAGES, UNPROVEN, VIPS, VIP_STATS,
     },
-    rewrite::{encap::Encap, nat::Nat, Rewrite},
+    rewrite::{encap::Encap, kind, nat::Nat},
     stats::{count, traffic, Failure},
     track,
 };
@@ -88,7 +88,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
             e,
             &b,
             seg,
-            &track::How {
+            track::How {
                 table,
                 dir: Direction::ToBackend,
                 now,
@@ -138,14 +138,35 @@ pub fn supersede_synced(ctx: &XdpContext, key: &FlowKey, table: Table) -> Next {
 /// refused), a late segment of a closed flow follows it, a segment of a
 /// flow the daemon expired or removed gets a reset, anything else is passed
 /// and counted (never balanced at random).
+/// A BPF function of its own, called by the entry's main function when
+/// its deciding function returns [`crate::forward::CODE_UNPINNED`]: off
+/// that function's frame, which the tracking's call chain sits on. (A SYN
+/// goes to the new-flow stage straight from the deciding function.)
+#[inline(never)]
+pub fn unpinned(ctx: XdpContext) -> u32 {
+    let frame = &XdpFrame(&ctx);
+    // Parsed and looked up again: a segment of no live flow (a late
+    // segment of a closed flow, an orphan's, a miss) is rare, and the
+    // entry's deciding function keeps its frame small without it.
+    let Parsed::Tcp(seg) = parse::parse(frame) else {
+        return xdp_action::XDP_PASS;
+    };
+    let key = crate::lookup::client_key(&seg);
+    let vip_key = VipKey {
+        addr: seg.dst_addr,
+        port: seg.dst_port,
+        proto: IPPROTO_TCP,
+        _pad: 0,
+    };
+    // SAFETY: the value is only read.
+    let Some(vip) = (unsafe { VIPS.get(&vip_key) }) else {
+        return xdp_action::XDP_PASS;
+    };
+    unpinned_next(frame, &seg, &key, vip).code()
+}
+
 #[inline(always)]
-pub fn unpinned(
-    ctx: &XdpContext,
-    frame: &XdpFrame,
-    seg: &Tcp,
-    key: &FlowKey,
-    vip: &VipInfo,
-) -> Next {
+fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> Next {
     let now = now_ns();
     if vip.flags & VIP_F_REMOVED != 0 {
         // A VIP removed within the orphan time: new connections are
@@ -162,12 +183,9 @@ pub fn unpinned(
         return Next::Action(xdp_action::XDP_PASS);
     }
     if seg.is_syn() {
-        // The new-flow stage is a program of its own (tail call: does not
-        // return when it succeeds).
-        // SAFETY: the program array holds XDP programs of this object.
-        unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
-        count(Counter::DropNoStage, 1);
-        return Next::Action(xdp_action::XDP_DROP);
+        // The new-flow stage is a program of its own (tail-called by the
+        // main function).
+        return Next::Action(crate::forward::CODE_NEW_FLOW);
     }
     // SAFETY: the entries are only read.
     let closed = key.with_kind(flow_kind::CLOSED);
@@ -201,11 +219,8 @@ pub fn unpinned(
     }
     if vip.flags & VIP_F_CONSISTENT != 0 {
         // Recomputed from its 5-tuple in the new-flow stage (`recompute`),
-        // which has the stack for it.
-        // SAFETY: the program array holds XDP programs of this object.
-        unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
-        count(Counter::DropNoStage, 1);
-        return Next::Action(xdp_action::XDP_PASS);
+        // which has the stack for it (tail-called by the main function).
+        return Next::Action(crate::forward::CODE_RECOMPUTE);
     }
     missed(vip)
 }
@@ -244,8 +259,16 @@ fn missed(vip: &VipInfo) -> Next {
 /// they answer any stray segment. From a martian source (as for SYNs), or
 /// from a backend host of this VIP, or with no row: passed and counted
 /// (`flow_misses`), as before consistent candidates.
+///
+/// A BPF function of its own (its frame off the new-flow stage's),
+/// returning the decision's code.
+#[inline(never)]
+fn recompute(ctx: &XdpContext, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64) -> u32 {
+    recompute_next(&XdpFrame(ctx), seg, key, vip, now).code()
+}
+
 #[inline(always)]
-fn recompute(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64) -> Next {
+fn recompute_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64) -> Next {
     if martian(&seg.src_addr) {
         return Next::Action(xdp_action::XDP_DROP);
     }
@@ -285,21 +308,30 @@ fn recompute(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64
 pub fn new_flow(ctx: XdpContext) -> u32 {
     let ctx = &ctx;
     let frame = XdpFrame(ctx);
-    let seg = match parse::parse(&frame) {
-        Parsed::Tcp(seg) => seg,
+    let seg = match crate::frame::parse(XdpContext { ctx: ctx.ctx }) {
+        Some(Parsed::Tcp(seg)) => seg,
         // A datagram to a UDP VIP that matches no flow (the UDP stage
         // checked).
-        Parsed::Udp(at) => match parse::udp_datagram(&frame, &at) {
+        Some(Parsed::Udp(at)) => match crate::frame::datagram(&frame, at) {
             Some(seg) => seg,
             None => return xdp_action::XDP_PASS,
         },
         _ => return xdp_action::XDP_PASS,
     };
     let proto = if seg.udp { IPPROTO_UDP } else { IPPROTO_TCP };
-    let key = FlowKey {
-        proto,
-        ..crate::lookup::client_key(&seg)
+    // Made in a scratch value: the stage's frame sits under the parse's
+    // and the placement's.
+    let Some(key) = crate::scratch::key_in(
+        crate::scratch::NEW,
+        &seg.src_addr,
+        seg.src_port,
+        &seg.dst_addr,
+        seg.dst_port,
+        balancer_common::flow_kind::LIVE,
+    ) else {
+        return xdp_action::XDP_PASS;
     };
+    crate::scratch::set_proto(crate::scratch::NEW, proto);
     let vip_key = VipKey {
         addr: seg.dst_addr,
         port: seg.dst_port,
@@ -318,18 +350,51 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
             return xdp_action::XDP_DROP;
         }
     } else if !seg.is_syn() {
-        return recompute(&frame, &seg, &key, &vip, now).code();
+        return recompute(ctx, seg, key, &vip, now);
     }
     // A UDP datagram is placed as a SYN is, its refusals (each counted
     // under its reason) dropped: UDP has no reset.
     // A QUIC VIP's datagram whose connection ID names a backend goes to
     // it; any other is placed by the choice rule.
     let routed = if seg.udp {
-        crate::udp::quic_backend(&frame, &seg, &vip)
+        crate::udp::quic_backend(&frame, seg, &vip)
     } else {
         None
     };
-    match choose::place(&key, &seg, &vip, now, routed) {
+    // The placement is `place`'s, a function the stage's main function
+    // calls next (beside this one, not under it).
+    if crate::scratch::set_placing(crate::scratch::Placing {
+        vip,
+        now,
+        routed: routed.map_or(u32::MAX, |(_, slot)| slot),
+        _pad: 0,
+    }) {
+        crate::forward::CODE_PLACE
+    } else {
+        xdp_action::XDP_DROP
+    }
+}
+
+/// The placement of the new flow the new-flow stage's deciding function
+/// ([`new_flow`]) left in this CPU's scratch values (its key, its segment,
+/// its VIP): choose, pin, count, and the forward's plan. A BPF function
+/// the stage's main function calls beside the deciding one: each of their
+/// frames has the stack to itself (Linux 6.1 rounds each frame of a call
+/// chain up to 32 bytes and allows 512 in all).
+#[inline(never)]
+pub fn place(ctx: XdpContext) -> u32 {
+    let ctx = &ctx;
+    let frame = XdpFrame(ctx);
+    let (Some(key), Some(seg), Some(p)) = (
+        crate::scratch::get_key(crate::scratch::NEW),
+        crate::frame::segment(),
+        crate::scratch::placing(),
+    ) else {
+        return xdp_action::XDP_DROP;
+    };
+    let (vip, now) = (&p.vip, p.now);
+    let routed = (p.routed != u32::MAX).then_some(p.routed);
+    match choose::place(key, seg, vip, now, routed) {
         Ok((b, slot)) => {
             if seg.udp {
                 count(Counter::UdpDatagrams, 1);
@@ -337,7 +402,7 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
                     count(Counter::UdpNewFlows, 1);
                 }
             }
-            to_backend(&frame, &seg, &b, slot, vip.index, true, now, None).code()
+            to_backend(&frame, seg, b, slot, vip.index, true, now, None).code()
         }
         Err(Refusal::Again(slot)) => {
             crate::scratch::set_avoid(slot);
@@ -402,22 +467,27 @@ pub fn to_backend(
         Ok(o) => o,
         Err(n) => return n,
     };
+    // Only the part of the rewrite its kind selects is written (the
+    // forward reads no other): a whole rewrite built first took 80 bytes
+    // of the deciding functions' frames.
     let fib_src = match backend.mode {
         mode::NAT => {
-            o.rw = Rewrite::nat(Nat {
+            o.rw.kind = kind::NAT;
+            o.rw.nat = Nat {
                 dst: 1,
                 addr: backend.addr,
                 port: backend.port,
                 _pad: 0,
-            });
+            };
             seg.src_addr
         }
         mode::DSR => {
-            o.rw = Rewrite::l2();
+            o.rw.kind = kind::L2;
             seg.src_addr
         }
         m => {
-            o.rw = Rewrite::encap(Encap {
+            o.rw.kind = kind::ENCAP;
+            o.rw.encap = Encap {
                 mode: if next.is_some() { mode::GUE_CHANCE } else { m },
                 sport: entropy_port(&seg.src_addr, seg.src_port),
                 dport: backend.encap_port,
@@ -425,7 +495,7 @@ pub fn to_backend(
                 src: backend.encap_src,
                 dst: backend.addr,
                 next: next.unwrap_or(Addr::ZERO),
-            });
+            };
             backend.encap_src
         }
     };

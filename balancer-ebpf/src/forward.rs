@@ -104,6 +104,18 @@ pub const CODE_RESET: u32 = 0xffff_0011;
 /// makes the tail call (the deciding function's frame is too large for a
 /// tail call of its own).
 pub const CODE_UDP: u32 = 0xffff_0012;
+/// The code of a new flow the new-flow stage's deciding function handed
+/// to its placement: the stage's main function calls `client::place`.
+pub const CODE_PLACE: u32 = 0xffff_0018;
+/// The code of a segment to a VIP that matches no live flow and is not a
+/// SYN: the entry's main function calls `client::unpinned`.
+pub const CODE_UNPINNED: u32 = 0xffff_0017;
+/// The code of a SYN to a VIP that matches no flow: the entry's main
+/// function tail-calls the new-flow stage (dropped, counted, without it).
+pub const CODE_NEW_FLOW: u32 = 0xffff_0015;
+/// The code of a segment of no flow of a consistent VIP, recomputed by the
+/// new-flow stage (passed, counted, without it).
+pub const CODE_RECOMPUTE: u32 = 0xffff_0016;
 /// The code of a new flow the new-flow stage places again, away from the
 /// slot it left in `scratch::set_avoid`: its main function tail-calls the
 /// stage itself.
@@ -145,6 +157,16 @@ pub fn finish(ctx: &XdpContext, code: u32) -> u32 {
         CODE_RESET => {
             // SAFETY: the program array holds XDP programs of this object.
             unsafe { STAGES.tail_call(ctx, programs::RESET_STAGE) };
+            counted_pass(Counter::DropNoStage)
+        }
+        CODE_NEW_FLOW => {
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
+            counted_drop(Counter::DropNoStage)
+        }
+        CODE_RECOMPUTE => {
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
             counted_pass(Counter::DropNoStage)
         }
         CODE_UDP => {

@@ -34,6 +34,27 @@ fn at(p: usize) -> usize {
     p
 }
 
+/// `off` masked to 16,383 (the verifier marks no range on a pointer that may be past 65,535 once its access size is added): an
+/// offset that came back through memory (a parse of another function, a
+/// plan) is unbounded for the verifier, which refuses a packet access at
+/// it; every offset of a header the parser finds is far below it, so the
+/// mask changes none.
+#[inline(always)]
+fn bounded(off: usize) -> usize {
+    off & 0x3fff
+}
+
+/// `p` with what the compiler knows of it hidden (as [`at`]): a null
+/// check of a global function's pointer argument is then kept (the
+/// compiler would drop it for a reference).
+#[inline(always)]
+pub fn opaque<T>(p: *const T) -> *const T {
+    let mut p = p;
+    // SAFETY: an empty instruction sequence; `p` comes back unchanged.
+    unsafe { core::arch::asm!("{0} = {0}", inout(reg) p, options(pure, nomem, nostack)) };
+    p
+}
+
 /// The frame behind an XDP context. Every access compares against
 /// `data_end` with pointer arithmetic the verifier can follow.
 pub struct XdpFrame<'a>(pub &'a XdpContext);
@@ -61,7 +82,7 @@ impl Frame for XdpFrame<'_> {
 
     #[inline(always)]
     fn read<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
-        let p = at(self.0.data() + off);
+        let p = at(self.0.data() + bounded(off));
         if p + N > self.0.data_end() {
             return None;
         }
@@ -71,7 +92,7 @@ impl Frame for XdpFrame<'_> {
 
     #[inline(always)]
     fn read_u32(&self, off: usize) -> Option<u32> {
-        let p = at(self.0.data() + off);
+        let p = at(self.0.data() + bounded(off));
         if p + 4 > self.0.data_end() {
             return None;
         }
@@ -81,7 +102,7 @@ impl Frame for XdpFrame<'_> {
 
     #[inline(always)]
     fn read_addr6(&self, off: usize) -> Option<Addr> {
-        let p = at(self.0.data() + off);
+        let p = at(self.0.data() + bounded(off));
         if p + 16 > self.0.data_end() {
             return None;
         }
@@ -95,7 +116,7 @@ impl XdpFrame<'_> {
     /// the maps' form) at `off` (even) as one word.
     #[inline(always)]
     pub fn write_u32(&self, off: usize, w: u32) -> Option<()> {
-        let p = at(self.0.data() + off);
+        let p = at(self.0.data() + bounded(off));
         if p + 4 > self.0.data_end() {
             return None;
         }
@@ -107,7 +128,7 @@ impl XdpFrame<'_> {
     /// Writes the IPv6 address `a` at `off` (even) as four words.
     #[inline(always)]
     pub fn write_addr6(&self, off: usize, a: &Addr) -> Option<()> {
-        let p = at(self.0.data() + off);
+        let p = at(self.0.data() + bounded(off));
         if p + 16 > self.0.data_end() {
             return None;
         }
@@ -124,7 +145,7 @@ impl XdpFrame<'_> {
     /// Writes `bytes` at `off`; `None` (nothing written) when they do not fit.
     #[inline(always)]
     pub fn write<const N: usize>(&self, off: usize, bytes: [u8; N]) -> Option<()> {
-        let p = at(self.0.data() + off);
+        let p = at(self.0.data() + bounded(off));
         if p + N > self.0.data_end() {
             return None;
         }
@@ -153,4 +174,80 @@ pub fn now_ns() -> u64 {
 pub fn precise_ns() -> u64 {
     // SAFETY: helper without arguments.
     unsafe { bpf_ktime_get_ns() }
+}
+
+/// The frame as [`parse`] found it, per CPU.
+#[aya_ebpf::macros::map]
+static PARSED: aya_ebpf::maps::PerCpuArray<balancer_common::parse::Parsed> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
+/// A datagram's [`balancer_common::parse::Tcp`] form
+/// (`parse::udp_datagram`), per CPU.
+#[aya_ebpf::macros::map]
+static DATAGRAM: aya_ebpf::maps::PerCpuArray<balancer_common::parse::Tcp> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
+/// `balancer_common::parse::parse` of the frame of `ctx`, made by a BPF
+/// function of its own into this CPU's [`PARSED`] and returned by
+/// reference: neither the parse's temporaries nor its result take room
+/// in the frame of the deciding function that calls it, under which
+/// `track`'s or the placement's frame sits (Linux 6.1 rounds each frame
+/// of a chain up to 32 bytes and allows 512 in all). The offsets it holds
+/// are unbounded for the verifier (read from memory): every packet access
+/// here masks its offset ([`bounded`]). `None` never happens (a per-CPU
+/// array of one entry).
+#[inline(always)]
+pub fn parse(ctx: XdpContext) -> Option<&'static balancer_common::parse::Parsed> {
+    let p = PARSED.get_ptr_mut(0)?;
+    parse_into(ctx, p.cast());
+    // SAFETY: this CPU's value, just written, used by this run alone.
+    Some(unsafe { &*p })
+}
+
+/// The segment [`parse`] last found on this CPU: its TCP segment, or the
+/// datagram [`datagram`] last made.
+#[inline(always)]
+pub fn segment() -> Option<&'static balancer_common::parse::Tcp> {
+    match PARSED.get(0)? {
+        balancer_common::parse::Parsed::Tcp(seg) => Some(seg),
+        balancer_common::parse::Parsed::Udp(_) => DATAGRAM.get(0),
+        _ => None,
+    }
+}
+
+/// The datagram `at` of the frame of `ctx` as a segment
+/// (`parse::udp_datagram`), made in this CPU's [`DATAGRAM`] (as
+/// [`parse`]).
+#[inline(always)]
+pub fn datagram(
+    frame: &XdpFrame,
+    at: &balancer_common::parse::UdpAt,
+) -> Option<&'static balancer_common::parse::Tcp> {
+    let seg = balancer_common::parse::udp_datagram(frame, at)?;
+    let p = DATAGRAM.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value, used by this run alone; volatile, as in
+    // `parse_into`.
+    unsafe {
+        core::ptr::write_volatile(p, seg);
+        Some(&*p)
+    }
+}
+
+/// [`parse`]'s BPF function: writes through an untyped pointer (a
+/// function that returns the enum, or takes a typed pointer to it, loses
+/// the object's BTF function records in the link, and the kernel then
+/// refuses every tail call of the program). 0 bytes of its caller's
+/// frame.
+#[inline(never)]
+fn parse_into(ctx: XdpContext, out: *mut core::ffi::c_void) {
+    // SAFETY: `out` points to this CPU's `PARSED`. A volatile store (a
+    // copy from this frame): a plain one let the compiler pack the enum's
+    // first word from a register it never set (its padding), which the
+    // verifier refuses ("R7 !read_ok").
+    unsafe {
+        core::ptr::write_volatile(
+            out.cast::<balancer_common::parse::Parsed>(),
+            balancer_common::parse::parse(&XdpFrame(&ctx)),
+        )
+    };
 }

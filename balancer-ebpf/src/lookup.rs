@@ -193,22 +193,25 @@ pub enum Reply {
 /// one step whatever their number.
 #[inline(always)]
 pub fn find_reply(seg: &Tcp, bv: &'static BackendVips) -> Reply {
-    let (client_addr, client_port) = (seg.dst_addr, seg.dst_port);
     // One search state for both searches (the entry program's stack is
     // short).
     let mut c = SearchCtx::new(seg);
     let found = if bv.count <= 1 {
         live_reply(seg, &bv.vips[0])
     } else {
-        // SAFETY: static callback; the context is a stack object alive for
-        // the call.
-        unsafe {
-            crate::loops::bpf_loop(
-                bv.count as u64,
-                live_step as *mut c_void,
-                &mut c as *mut SearchCtx as *mut c_void,
-            )
-        };
+        // At most MAX_VIPS_PER_BACKEND (4) steps, unrolled: Linux 6.1
+        // verifies a `bpf_loop` callback as if it ran once, and the reply
+        // stage then matched a closed flow of another VIP over the live
+        // one (the multi-VIP fixtures, in its VM).
+        let mut i = 0;
+        while i < MAX_VIPS_PER_BACKEND as u64 {
+            if i >= u64::from(bv.count)
+                || live_step(i, &mut c as *mut SearchCtx as *mut c_void) != 0
+            {
+                break;
+            }
+            i += 1;
+        }
         if c.found == 0 {
             // A SYN-ACK of a backend some VIP's flow of this client was
             // placed away from, and no live flow of this backend: late.
@@ -225,20 +228,27 @@ pub fn find_reply(seg: &Tcp, bv: &'static BackendVips) -> Reply {
     }
     c.found = 0;
     c.found_index = 0;
-    // SAFETY: as above.
-    unsafe {
-        crate::loops::bpf_loop(
-            bv.count as u64,
-            closed_step as *mut c_void,
-            &mut c as *mut SearchCtx as *mut c_void,
-        )
-    };
+    // Unrolled as above.
+    let mut i = 0;
+    while i < MAX_VIPS_PER_BACKEND as u64 {
+        if i >= u64::from(bv.count) || closed_step(i, &mut c as *mut SearchCtx as *mut c_void) != 0
+        {
+            break;
+        }
+        i += 1;
+    }
     if c.found != 0 {
         if let Some(v) = bv.vips.get(c.found_index as usize) {
-            let key =
-                key_for(client_addr, client_port, v.addr, v.port).with_kind(flow_kind::CLOSED);
+            let key = crate::scratch::key_in(
+                crate::scratch::TEMP,
+                &seg.dst_addr,
+                seg.dst_port,
+                &v.addr,
+                v.port,
+                flow_kind::CLOSED,
+            );
             // SAFETY: copied out at once.
-            if let Some(e) = unsafe { FLOWS.get(&key) } {
+            if let Some(e) = key.and_then(|k| unsafe { FLOWS.get(k) }) {
                 return Reply::Closed(e.backend_slot, e.vip_index, v);
             }
         }
@@ -263,8 +273,16 @@ pub fn find_orphan(seg: &Tcp, bv: &'static BackendVips) -> Option<&'static VipAd
             break;
         }
         let v = &bv.vips[i];
+        let key = crate::scratch::key_in(
+            crate::scratch::TEMP,
+            &seg.dst_addr,
+            seg.dst_port,
+            &v.addr,
+            v.port,
+            flow_kind::LIVE,
+        );
         // SAFETY: only the presence is read.
-        if unsafe { ORPHANS.get(&key_for(seg.dst_addr, seg.dst_port, v.addr, v.port)) }.is_some() {
+        if key.is_some_and(|k| unsafe { ORPHANS.get(k) }.is_some()) {
             return Some(v);
         }
         i += 1;
@@ -277,9 +295,13 @@ pub fn find_orphan(seg: &Tcp, bv: &'static BackendVips) -> Option<&'static VipAd
 /// `scratch::LIVE` key (40 bytes the reply stage's stack lacks).
 #[inline(always)]
 fn live_reply(seg: &Tcp, v: &VipAddr) -> Option<Reply> {
-    let key = crate::scratch::key(
+    let key = crate::scratch::key_in(
         crate::scratch::LIVE,
-        key_for(seg.dst_addr, seg.dst_port, v.addr, v.port),
+        &seg.dst_addr,
+        seg.dst_port,
+        &v.addr,
+        v.port,
+        flow_kind::LIVE,
     )?;
     let (e, table) = live(key)?;
     // SAFETY: pointer from a successful lookup.

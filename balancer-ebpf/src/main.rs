@@ -80,7 +80,7 @@ mod entry {
         flow::{self, Direction},
         parse::{self, Frame, Parsed, Tcp},
         programs, Addr, BackendVips, Counter, FlowEntry, FlowKey, VipInfo, VipKey, IPPROTO_TCP,
-        VIP_F_TWO_SIDED,
+        VIP_F_REMOVED, VIP_F_TWO_SIDED,
     };
 
     use crate::{
@@ -99,7 +99,10 @@ mod entry {
     /// decision out (`forward::finish`).
     #[xdp(frags)]
     pub fn balancer(ctx: XdpContext) -> u32 {
-        let code = decide(XdpContext { ctx: ctx.ctx });
+        let mut code = decide(XdpContext { ctx: ctx.ctx });
+        if code == forward::CODE_UNPINNED {
+            code = client::unpinned(XdpContext { ctx: ctx.ctx });
+        }
         forward::finish(&ctx, code)
     }
 
@@ -114,15 +117,17 @@ mod entry {
     fn decide(ctx: XdpContext) -> u32 {
         let ctx = &ctx;
         let frame = XdpFrame(ctx);
-        let parsed = parse::parse(&frame);
+        let Some(parsed) = crate::frame::parse(XdpContext { ctx: ctx.ctx }) else {
+            return pass(Counter::PassMalformed);
+        };
         // A multi-buffer frame's bytes past its first buffer are counted
         // from the IP header (not from a helper call on every frame).
-        if let Parsed::Tcp(seg) = &parsed {
+        if let Parsed::Tcp(seg) = parsed {
             count_rx(seg.wire_len(frame.len()) as u64);
             return tcp(ctx, &frame, seg);
         }
         count_rx(frame.len() as u64);
-        match &parsed {
+        match parsed {
             Parsed::Tcp(_) => pass(Counter::PassNotVip),
             // The UDP stage (a program of its own, tail-called by the
             // main function: this one's frame is too large for a tail call)
@@ -142,7 +147,10 @@ mod entry {
     /// The new-flow stage (`programs::NEW_FLOW`), tail-called by the entry.
     #[xdp(frags)]
     pub fn balancer_new_flow(ctx: XdpContext) -> u32 {
-        let code = client::new_flow(XdpContext { ctx: ctx.ctx });
+        let mut code = client::new_flow(XdpContext { ctx: ctx.ctx });
+        if code == forward::CODE_PLACE {
+            code = client::place(XdpContext { ctx: ctx.ctx });
+        }
         if code == forward::CODE_PLACE_AGAIN {
             // Placed again away from a slot where its 5-tuple is in use
             // (`choose::place`): the stage once more, which then ends
@@ -245,14 +253,14 @@ mod entry {
         let frame = XdpFrame(ctx);
         // Parsed again: offsets read from a map would be unbounded for the
         // verifier's packet checks.
-        let Parsed::Tcp(seg) = parse::parse(&frame) else {
+        let Some(Parsed::Tcp(seg)) = crate::frame::parse(XdpContext { ctx: ctx.ctx }) else {
             return pass(Counter::DropNoStage);
         };
         // By reference: a copy would take 84 bytes of the stage's stack.
         let Some(bv) = REPLY_SCRATCH.get(0) else {
             return pass(Counter::DropNoStage);
         };
-        reply::to_client(&frame, &seg, bv).code()
+        reply::to_client(&frame, seg, bv).code()
     }
 
     /// A segment from a backend: the reply stage, a program of its own (its
@@ -296,11 +304,11 @@ mod entry {
     enum Target {
         /// A segment of a live flow (client -> VIP), established or
         /// half-open.
-        Pinned(FlowKey, *mut FlowEntry, lookup::Table),
+        Pinned(&'static FlowKey, *mut FlowEntry, lookup::Table),
         /// A segment to a VIP matching no live flow (its entry in `VIPS`,
         /// by pointer: a copy would take stack space the entry program
         /// lacks).
-        Vip(FlowKey, *const VipInfo),
+        Vip(&'static FlowKey, *const VipInfo),
         /// A segment from a backend address and port, with its VIPs.
         FromBackend(&'static BackendVips),
         /// Anything else.
@@ -318,8 +326,10 @@ mod entry {
         // Low 16 bits of the address, as a port-sized key (network byte order).
         let addr_key = seg.dst_addr.low16_be();
         if port_listed(&VIP_PORTS, seg.dst_port) && port_listed(&VIP_ADDRS, addr_key) {
-            let key = lookup::client_key(seg);
-            if let Some((e, table)) = lookup::proven(&key) {
+            let Some(key) = scratch::client_key(seg) else {
+                return Target::NotOurs;
+            };
+            if let Some((e, table)) = lookup::proven(key) {
                 return Target::Pinned(key, e, table);
             }
             let vip_key = VipKey {
@@ -332,7 +342,7 @@ mod entry {
             // SAFETY: a pointer from a successful lookup.
             let two_sided = vip.is_some_and(|v| unsafe { (*v).flags } & VIP_F_TWO_SIDED != 0);
             if !two_sided {
-                if let Some(e) = UNPROVEN.get_ptr_mut(&key) {
+                if let Some(e) = UNPROVEN.get_ptr_mut(key) {
                     return Target::Pinned(key, e, lookup::Table::Unproven);
                 }
             }
@@ -373,7 +383,7 @@ mod entry {
             Target::Pinned(key, e, table)
                 if seg.is_syn() && client::synced_only(unsafe { &*e }) =>
             {
-                client::supersede_synced(ctx, &key, table)
+                client::supersede_synced(ctx, key, table)
             }
             // Another connection on the 5-tuple of a consistent flow this
             // balancer no longer carries: recomputed.
@@ -381,10 +391,17 @@ mod entry {
             Target::Pinned(_, e, _) if !seg.is_syn() && flow::stale(unsafe { &*e }, seg) => {
                 client::recompute_stale(ctx)
             }
-            Target::Pinned(key, e, table) => client::pinned(frame, seg, &key, e, table),
+            Target::Pinned(key, e, table) => client::pinned(frame, seg, key, e, table),
             // SAFETY: a pointer from a successful lookup, valid for the
             // rest of this run.
-            Target::Vip(key, vip) => client::unpinned(ctx, frame, seg, &key, unsafe { &*vip }),
+            // A SYN to a VIP in service: the new-flow stage (tail-called
+            // by the main function); anything else (a removed VIP's SYN
+            // is refused there): `client::unpinned`, called by it.
+            // SAFETY: a pointer from a successful lookup.
+            Target::Vip(_, vip) if seg.is_syn() && unsafe { (*vip).flags } & VIP_F_REMOVED == 0 => {
+                return forward::CODE_NEW_FLOW
+            }
+            Target::Vip(..) => return forward::CODE_UNPINNED,
             Target::FromBackend(bv) => Next::Action(reply_stage(ctx, bv)),
             Target::NotOurs => Next::Action(pass(Counter::PassNotVip)),
         };

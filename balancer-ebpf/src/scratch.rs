@@ -7,7 +7,7 @@
 use aya_ebpf::{macros::map, maps::PerCpuArray};
 use balancer_common::{
     rate::{RateBucket, RateKey},
-    FlowKey,
+    FlowEntry, FlowKey,
 };
 
 /// The flow key the run looks up and tracks (the reply stage's live key).
@@ -15,12 +15,127 @@ pub const LIVE: u32 = 0;
 /// A key derived for one lookup or insert (a CLOSED entry's key, say).
 pub const TEMP: u32 = 1;
 
-/// The keys, by [`LIVE`] and [`TEMP`].
+/// The key `track` works on (its own copy: a map helper of Linux 6.1
+/// takes no pointer a global function received as its key).
+pub const TRACK: u32 = 2;
+
+/// The key of the flow the new-flow stage places (its own: the stage's
+/// lookups use [`LIVE`] and [`TEMP`]).
+pub const NEW: u32 = 3;
+
+/// The key the placement works on (`choose::balancer_place`'s own copy,
+/// as [`TRACK`] is `track`'s).
+pub const PLACE: u32 = 4;
+
+/// The keys, by [`LIVE`], [`TEMP`], [`TRACK`], [`NEW`] and [`PLACE`].
 #[map]
-static KEYS: PerCpuArray<FlowKey> = PerCpuArray::with_max_entries(2, 0);
+static KEYS: PerCpuArray<FlowKey> = PerCpuArray::with_max_entries(5, 0);
+
+/// The flow entry `track` read when it began (its snapshot).
+pub const SNAPSHOT: u32 = 0;
+/// A flow entry about to be inserted into another table (`track`'s move
+/// or close: the value a map helper copies).
+pub const INSERT: u32 = 1;
+
+/// Flow entries, by [`SNAPSHOT`] and [`INSERT`]: copies of a flow-table
+/// value `track` works from, off its stack (it runs on top of the entry
+/// program's deepest call chain).
+#[map]
+static ENTRIES: PerCpuArray<FlowEntry> = PerCpuArray::with_max_entries(2, 0);
+
+/// This CPU's entry `i` set to a copy of `*e`, by reference; `None`
+/// never happens (a per-CPU array of two entries).
+///
+/// # Safety
+/// `e` points to a readable flow entry.
+#[inline(always)]
+pub unsafe fn entry(i: u32, e: *const FlowEntry) -> Option<&'static FlowEntry> {
+    let p = ENTRIES.get_ptr_mut(i)?;
+    // SAFETY: this CPU's value, used by this program run alone; `e` per
+    // the caller's contract. Copied without a stack temporary.
+    unsafe {
+        core::ptr::copy_nonoverlapping(e, p, 1);
+        Some(&*p)
+    }
+}
+
+/// This CPU's [`LIVE`] key set to the client-side key of `seg`
+/// (`lookup::client_key`), made in place ([`key_in`]): the entry's
+/// deciding function has no stack to spare for it.
+#[inline(always)]
+pub fn client_key(seg: &balancer_common::parse::Tcp) -> Option<&'static FlowKey> {
+    key_in(
+        LIVE,
+        &seg.src_addr,
+        seg.src_port,
+        &seg.dst_addr,
+        seg.dst_port,
+        balancer_common::flow_kind::LIVE,
+    )
+}
+
+/// This CPU's key `i` set to the key of kind `kind` (`flow_kind`) of
+/// client `addr:port` to VIP `vip_addr:vip_port` (`lookup::key_for`),
+/// made in place, every field written (no padding is left over from an
+/// earlier run): the deciding functions have no stack to spare for a key.
+#[inline(always)]
+pub fn key_in(
+    i: u32,
+    addr: &balancer_common::Addr,
+    port: u16,
+    vip_addr: &balancer_common::Addr,
+    vip_port: u16,
+    kind: u8,
+) -> Option<&'static FlowKey> {
+    let p = KEYS.get_ptr_mut(i)?;
+    // SAFETY: this CPU's value, used by this program run alone. Copies
+    // that do not overlap: a plain assignment of the 16 bytes was a
+    // `memmove` call (a byte loop) on the BPF target.
+    unsafe {
+        core::ptr::copy_nonoverlapping(addr, &mut (*p).src_addr, 1);
+        core::ptr::copy_nonoverlapping(vip_addr, &mut (*p).dst_addr, 1);
+        (*p).src_port = port;
+        (*p).dst_port = vip_port;
+        (*p).proto = balancer_common::IPPROTO_TCP;
+        (*p).kind = kind;
+        (*p)._pad = 0;
+        Some(&*p)
+    }
+}
+
+/// This CPU's key `i` set to the CLOSED key of the LIVE key `*key`
+/// (`FlowKey::with_kind`), made in place.
+///
+/// # Safety
+/// `key` points to a readable flow key.
+#[inline(always)]
+pub unsafe fn closed_key(i: u32, key: *const FlowKey) -> Option<&'static FlowKey> {
+    let p = KEYS.get_ptr_mut(i)?;
+    // SAFETY: as in `entry`.
+    unsafe {
+        core::ptr::copy_nonoverlapping(key, p, 1);
+        (*p).kind = balancer_common::flow_kind::CLOSED;
+        Some(&*p)
+    }
+}
+
+/// This CPU's key `i` set to a copy of `*key` (as [`key`], without the
+/// value passing through the stack).
+///
+/// # Safety
+/// `key` points to a readable flow key.
+#[inline(always)]
+pub unsafe fn key_from(i: u32, key: *const FlowKey) -> Option<&'static FlowKey> {
+    let p = KEYS.get_ptr_mut(i)?;
+    // SAFETY: as in `entry`.
+    unsafe {
+        core::ptr::copy_nonoverlapping(key, p, 1);
+        Some(&*p)
+    }
+}
 
 /// This CPU's key `i` set to `key`, by reference for a lookup or insert;
-/// `None` never happens (a per-CPU array of two entries).
+/// `None` never happens (a per-CPU array of five entries).
 #[inline(always)]
 pub fn key(i: u32, key: FlowKey) -> Option<&'static FlowKey> {
     let p = KEYS.get_ptr_mut(i)?;
@@ -153,4 +268,57 @@ pub fn place_done() {
             }
         };
     }
+}
+
+/// Sets the protocol of this CPU's key `i` (a UDP flow's key is a TCP
+/// one's with protocol 17).
+#[inline(always)]
+pub fn set_proto(i: u32, proto: u8) {
+    if let Some(p) = KEYS.get_ptr_mut(i) {
+        // SAFETY: this CPU's value.
+        unsafe { (*p).proto = proto };
+    }
+}
+
+/// This CPU's key `i`, as last set; `None` never happens.
+#[inline(always)]
+pub fn get_key(i: u32) -> Option<&'static FlowKey> {
+    KEYS.get(i)
+}
+
+/// What the new-flow stage's deciding function hands its placement
+/// (`client::place`), besides the key ([`NEW`]) and the segment
+/// (`frame::segment`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Placing {
+    /// The VIP's entry, as read once.
+    pub vip: balancer_common::VipInfo,
+    /// Now, ns (`frame::now_ns`).
+    pub now: u64,
+    /// The slot a QUIC connection ID names (`u32::MAX`: none).
+    pub routed: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// This CPU's [`Placing`].
+#[map]
+static PLACING: PerCpuArray<Placing> = PerCpuArray::with_max_entries(1, 0);
+
+/// Sets this CPU's [`Placing`]; `false` never happens.
+#[inline(always)]
+pub fn set_placing(v: Placing) -> bool {
+    let Some(p) = PLACING.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's value, read by `client::place` next.
+    unsafe { *p = v };
+    true
+}
+
+/// This CPU's [`Placing`], as last set.
+#[inline(always)]
+pub fn placing() -> Option<&'static Placing> {
+    PLACING.get(0)
 }

@@ -6,7 +6,7 @@
 use balancer_common::{
     encap::mode,
     flow::{self, Direction, LatencyStep, Verdict},
-    flow_event, flow_kind,
+    flow_event,
     parse::Tcp,
     rate::{self, RateKey},
     source_bucket, Addr, Backend, Counter, FlowEntry, FlowKey, LatencySample,
@@ -29,11 +29,59 @@ use crate::{
 };
 
 /// Which table a flow is in, which way a segment travels and when: the
-/// rest of [`track`]'s arguments (a BPF function takes at most five).
+/// rest of [`track`]'s arguments (a BPF function takes at most five),
+/// passed to [`balancer_track`] as one word ([`How::word`]): a structure
+/// would take 24 bytes of its callers' frames, which sit under it on the
+/// deepest call chain of the entry program and the reply stage.
+#[derive(Clone, Copy)]
 pub struct How {
     pub table: Table,
     pub dir: Direction,
     pub now: u64,
+}
+
+/// [`How::word`]'s bits for the time (ns: 73 years).
+const HOW_NOW: u64 = (1 << 61) - 1;
+/// [`How::word`]'s bit for [`Direction::ToClient`].
+const HOW_TO_CLIENT: u64 = 1 << 61;
+/// [`How::word`]'s shift of the table.
+const HOW_TABLE_SHIFT: u32 = 62;
+
+impl How {
+    /// The word [`balancer_track`] takes.
+    #[inline(always)]
+    pub fn word(self) -> u64 {
+        let table = match self.table {
+            Table::Established => 0,
+            Table::HalfOpen => 1,
+            Table::Unproven => 2,
+        };
+        (self.now & HOW_NOW)
+            | if self.dir == Direction::ToClient {
+                HOW_TO_CLIENT
+            } else {
+                0
+            }
+            | table << HOW_TABLE_SHIFT
+    }
+
+    /// The [`How`] of a [`How::word`].
+    #[inline(always)]
+    fn of(word: u64) -> How {
+        How {
+            table: match word >> HOW_TABLE_SHIFT {
+                0 => Table::Established,
+                1 => Table::HalfOpen,
+                _ => Table::Unproven,
+            },
+            dir: if word & HOW_TO_CLIENT != 0 {
+                Direction::ToClient
+            } else {
+                Direction::ToBackend
+            },
+            now: word & HOW_NOW,
+        }
+    }
 }
 
 /// Applies one segment travelling `dir` to the live flow `key` whose entry
@@ -47,24 +95,80 @@ pub struct How {
 /// the backend retransmitting its SYN-ACK to a client that never answers
 /// (a spoofed SYN) does not keep it alive.
 ///
-/// Not inlined: the client side and the reply side both track, and their
-/// inlined copies took stack space the entry program lacks (512 bytes for
-/// the whole call chain).
+/// A call of [`balancer_track`], the global function.
 ///
 /// # Safety
 /// `e` comes from a successful lookup of `key` in `table`.
+#[inline(always)]
+pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, how: How) -> Event {
+    // SAFETY: the caller's contract, passed on.
+    Event(unsafe { balancer_track(key, e, b, seg, how.word()) })
+}
+
+/// [`track`] as a global BPF function (BTF linkage global; Linux 5.6+):
+/// the verifier checks it once, on its own, with its arguments as their
+/// types say, instead of once for each state its callers reach it in.
+/// Linux 6.1's verifier, which carries no precision across calls, went
+/// past its million instructions walking it again and again from the entry
+/// program and the reply stage. Its pointers arrive as memory that may be
+/// null (checked here); the key and the snapshot of the entry are copied
+/// to per-CPU scratch values (6.1 takes no such pointer as a map helper's
+/// key or value, and the stack has no room for them). Returns the
+/// [`Event`] word.
+///
+/// # Safety
+/// `e` comes from a successful lookup of `key` in the table `how` names.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, how: &How) -> Event {
+#[allow(improper_ctypes_definitions)]
+pub unsafe extern "C" fn balancer_track(
+    key: *const FlowKey,
+    e: *mut FlowEntry,
+    b: *const Backend,
+    seg: *const Tcp,
+    how: u64,
+) -> u64 {
+    let (key, e, b, seg) = (
+        crate::frame::opaque(key),
+        crate::frame::opaque(e.cast_const()).cast_mut(),
+        crate::frame::opaque(b),
+        crate::frame::opaque(seg),
+    );
+    if key.is_null() || e.is_null() || b.is_null() || seg.is_null() {
+        return 0;
+    }
+    // SAFETY: non-null, and what the caller's contract says.
+    unsafe {
+        let (Some(key), Some(snapshot)) = (
+            scratch::key_from(scratch::TRACK, key),
+            scratch::entry(scratch::SNAPSHOT, e),
+        ) else {
+            return 0;
+        };
+        track_flow(key, e, snapshot, &*b, &*seg, How::of(how)).0
+    }
+}
+
+/// [`track`]'s body, in [`balancer_track`].
+///
+/// # Safety
+/// As [`balancer_track`]; `snapshot` is a copy of `*e`.
+#[inline(always)]
+unsafe fn track_flow(
+    key: &FlowKey,
+    e: *mut FlowEntry,
+    snapshot: &FlowEntry,
+    b: &Backend,
+    seg: &Tcp,
+    how: How,
+) -> Event {
     let (table, dir, now) = (how.table, how.dir, how.now);
-    // SAFETY (every access below): `e` is a flow-table value (the caller's
-    // contract); no reference to it is held across the atomic operation.
-    let snapshot = unsafe { *e };
     // Direct server return: the balancer sees the client's side only.
     let one_sided = mode::one_sided(b.mode);
     let step = if one_sided {
-        flow::track_one_sided(&snapshot, seg)
+        flow::track_one_sided(snapshot, seg)
     } else {
-        flow::track(&snapshot, dir, seg)
+        flow::track(snapshot, dir, seg)
     };
     if !one_sided && flow::unproven_ack(snapshot.state, dir, seg, step.set) {
         count(Counter::AckUnproven, 1);
@@ -104,7 +208,7 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
         Verdict::RstOutOfWindow => {
             count(Counter::RstOutOfWindow, 1);
             return Event::rst_out_of_window(
-                seg.seq.wrapping_sub(flow::expected_seq(&snapshot, dir)),
+                seg.seq.wrapping_sub(flow::expected_seq(snapshot, dir)),
                 dir == Direction::ToBackend,
             );
         }
@@ -128,7 +232,7 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
             // A client's ACK: it may start the latency measurement too
             // (data on the handshake's last segment), never end one.
             return Event(
-                Event::charge(snapshot.vip_index).0 | latency_bits(old, &step, dir, seg, &snapshot),
+                Event::charge(snapshot.vip_index).0 | latency_bits(old, &step, dir, seg, snapshot),
             );
         }
     } else if table == Table::Unproven
@@ -138,7 +242,7 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
     {
         return Event::charge(snapshot.vip_index);
     }
-    Event(latency_bits(old, &step, dir, seg, &snapshot))
+    Event(latency_bits(old, &step, dir, seg, snapshot))
 }
 
 /// The [`Event`] bits of the segment's latency step
@@ -173,7 +277,7 @@ fn latency_bits(
 /// reply stage spend all but nothing of their 512 stack bytes with
 /// `track`'s frame on top.
 #[derive(Clone, Copy)]
-pub struct Event(u64);
+pub struct Event(pub u64);
 
 /// Set in an [`Event`] word for an RST outside the window.
 const EV_RST_OUT_OF_WINDOW: u64 = 1 << 40;
@@ -282,9 +386,13 @@ pub fn move_to(
     to: &LruHashMap<FlowKey, FlowEntry>,
     c: Counter,
 ) -> bool {
-    // SAFETY: a flow-table value, copied by the insert (not to the stack:
-    // 40 bytes of it).
-    if to.insert(key, unsafe { &*e }, BPF_NOEXIST as u64).is_ok() {
+    // SAFETY: a flow-table value, copied to a scratch value that the
+    // insert copies (Linux 6.1 takes no pointer `track` received as a
+    // map helper's value).
+    let Some(v) = (unsafe { scratch::entry(scratch::INSERT, e) }) else {
+        return false;
+    };
+    if to.insert(key, v, BPF_NOEXIST as u64).is_ok() {
         let _ = from.remove(key);
         count(c, 1);
         return true;
@@ -374,8 +482,15 @@ fn close(
     // An unproven flow's closed entry stays in the unproven table: a forged
     // handshake's FIN must not put an entry in the established one.
     if table != Table::HalfOpen {
-        if let Some(k) = scratch::key(scratch::TEMP, live_key.with_kind(flow_kind::CLOSED)) {
-            let _ = table.map().insert(k, entry, 0);
+        // SAFETY: a key and a flow-table value (see `move_to`); the
+        // CLOSED key is made in the scratch value, not on the stack.
+        if let (Some(k), Some(v)) = unsafe {
+            (
+                scratch::closed_key(scratch::TEMP, live_key),
+                scratch::entry(scratch::INSERT, entry),
+            )
+        } {
+            let _ = table.map().insert(k, v, 0);
         }
     }
     // Before the delete (which frees `entry`): a racing closer may send
