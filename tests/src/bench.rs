@@ -541,6 +541,73 @@ pub fn program_sizes() -> anyhow::Result<Vec<ProgramSize>> {
     Ok(out)
 }
 
+/// The programs' verified instructions on each kernel of the matrix
+/// (`scripts/kernels.sh`: Debian's kernels in qemu), next to this
+/// machine's from `sizes`, measured in this run; a note instead when the
+/// VMs are not set up (`cargo xtask kernels` sets them up).
+fn matrix_table(md: &mut String, sizes: &[ProgramSize]) -> anyhow::Result<()> {
+    let script = std::path::Path::new("scripts/kernels.sh");
+    let list = std::process::Command::new("bash")
+        .arg(script)
+        .arg("list")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let kernels: Vec<&str> = list.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    writeln!(md, "### The programs on each kernel of the matrix\n")?;
+    if kernels.is_empty() {
+        writeln!(md, "Not measured in this run: the kernel VMs are not set up (`cargo xtask kernels` sets them up and runs the matrix with the fixture suite).\n")?;
+        return Ok(());
+    }
+    let exe = std::env::current_exe()?;
+    let mut columns: Vec<(String, BTreeMap<String, String>)> = Vec::new();
+    for k in &kernels {
+        let out = std::env::temp_dir().join(format!("p2c-bench-kernel-{k}"));
+        std::fs::create_dir_all(&out)?;
+        let file = out.join("verifier.txt");
+        let _ = std::fs::remove_file(&file);
+        let _ = std::process::Command::new("bash")
+            .arg(script)
+            .args(["run", k])
+            .arg(&out)
+            .arg(format!("{} verifier-stats > {} 2>&1", exe.display(), file.display()))
+            .status();
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let mut col = BTreeMap::new();
+        for line in text.lines() {
+            if let Some((name, rest)) = line.split_once(": ") {
+                if let Some(n) = rest.strip_suffix(" instructions verified (the kernel's limit is 1,000,000)") {
+                    col.insert(name.to_string(), n.to_string());
+                } else if rest.starts_with("refused") {
+                    col.insert(name.to_string(), "refused".to_string());
+                }
+            }
+        }
+        columns.push((k.to_string(), col));
+    }
+    writeln!(md, "Instructions the verifier processed for each program on Debian 12's kernels, each booted in qemu (TCG, virtme-ng) in this run and loading this build's object (`balancer-testbed verifier-stats`), next to this machine's kernel (the table above); the matrix's budget is 300,000:\n")?;
+    write!(md, "| program | this machine |")?;
+    for (k, _) in &columns {
+        write!(md, " {k} |")?;
+    }
+    write!(md, "\n|---|---:|")?;
+    for _ in &columns {
+        write!(md, "---:|")?;
+    }
+    writeln!(md)?;
+    for p in sizes {
+        write!(md, "| {} | {} |", p.name, p.verified)?;
+        for (_, col) in &columns {
+            write!(md, " {} |", col.get(p.name).map_or("not measured", String::as_str))?;
+        }
+        writeln!(md)?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
 /// Section 1's table of the programs' sizes.
 fn verifier_table(rep: &mut Report) -> anyhow::Result<Vec<(String, u32)>> {
     let sizes = program_sizes()?;
@@ -566,6 +633,7 @@ fn verifier_table(rep: &mut Report) -> anyhow::Result<Vec<(String, u32)>> {
         )?;
     }
     writeln!(md)?;
+    matrix_table(&mut md, &sizes)?;
     rep.section(1, &md);
     rep.json.insert(
         "programs".into(),
