@@ -239,14 +239,7 @@ pub fn find_reply(seg: &Tcp, bv: &'static BackendVips) -> Reply {
     }
     if c.found != 0 {
         if let Some(v) = bv.vips.get(c.found_index as usize) {
-            let key = crate::scratch::key_in(
-                crate::scratch::TEMP,
-                &seg.dst_addr,
-                seg.dst_port,
-                &v.addr,
-                v.port,
-                flow_kind::CLOSED,
-            );
+            let key = reply_key(crate::scratch::TEMP, seg, v, flow_kind::CLOSED);
             // SAFETY: copied out at once.
             if let Some(e) = key.and_then(|k| unsafe { FLOWS.get(k) }) {
                 return Reply::Closed(e.backend_slot, e.vip_index, v);
@@ -258,6 +251,13 @@ pub fn find_reply(seg: &Tcp, bv: &'static BackendVips) -> Reply {
     } else {
         Reply::None
     }
+}
+
+/// The key of kind `kind` of the flow of the client `seg.dst` (a reply's
+/// destination) through VIP `v`, made in this CPU's scratch key `i`.
+#[inline(always)]
+fn reply_key(i: u32, seg: &Tcp, v: &VipAddr, kind: u8) -> Option<&'static FlowKey> {
+    crate::scratch::key_in(i, &seg.dst_addr, seg.dst_port, &v.addr, v.port, kind)
 }
 
 /// The VIP through which the client `seg.dst` had a flow the daemon made an
@@ -273,14 +273,7 @@ pub fn find_orphan(seg: &Tcp, bv: &'static BackendVips) -> Option<&'static VipAd
             break;
         }
         let v = &bv.vips[i];
-        let key = crate::scratch::key_in(
-            crate::scratch::TEMP,
-            &seg.dst_addr,
-            seg.dst_port,
-            &v.addr,
-            v.port,
-            flow_kind::LIVE,
-        );
+        let key = reply_key(crate::scratch::TEMP, seg, v, flow_kind::LIVE);
         // SAFETY: only the presence is read.
         if key.is_some_and(|k| unsafe { ORPHANS.get(k) }.is_some()) {
             return Some(v);
@@ -295,14 +288,7 @@ pub fn find_orphan(seg: &Tcp, bv: &'static BackendVips) -> Option<&'static VipAd
 /// `scratch::LIVE` key (40 bytes the reply stage's stack lacks).
 #[inline(always)]
 fn live_reply(seg: &Tcp, v: &VipAddr) -> Option<Reply> {
-    let key = crate::scratch::key_in(
-        crate::scratch::LIVE,
-        &seg.dst_addr,
-        seg.dst_port,
-        &v.addr,
-        v.port,
-        flow_kind::LIVE,
-    )?;
+    let key = reply_key(crate::scratch::LIVE, seg, v, flow_kind::LIVE)?;
     let (e, table) = live(key)?;
     // SAFETY: pointer from a successful lookup.
     let entry = unsafe { &*e };

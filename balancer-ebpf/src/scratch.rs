@@ -110,13 +110,12 @@ pub fn key_in(
 /// `key` points to a readable flow key.
 #[inline(always)]
 pub unsafe fn closed_key(i: u32, key: *const FlowKey) -> Option<&'static FlowKey> {
+    // SAFETY: the caller's contract, passed on.
+    let k = unsafe { key_from(i, key) }?;
     let p = KEYS.get_ptr_mut(i)?;
-    // SAFETY: as in `entry`.
-    unsafe {
-        core::ptr::copy_nonoverlapping(key, p, 1);
-        (*p).kind = balancer_common::flow_kind::CLOSED;
-        Some(&*p)
-    }
+    // SAFETY: this CPU's value, just written.
+    unsafe { (*p).kind = balancer_common::flow_kind::CLOSED };
+    Some(k)
 }
 
 /// This CPU's key `i` set to a copy of `*key` (as [`key`], without the

@@ -369,7 +369,7 @@ fn kernel_report(runs: &[KernelRun], budget: u32) -> String {
             let v = if let Some(n) =
                 rest.strip_suffix(" instructions verified (the kernel's limit is 1,000,000)")
             {
-                n.parse::<u64>().map_or(n.to_string(), group)
+                n.to_string()
             } else if rest.starts_with("refused") {
                 "refused".to_string()
             } else {
@@ -382,8 +382,7 @@ fn kernel_report(runs: &[KernelRun], budget: u32) -> String {
         }
     }
     let mut md = format!(
-        "Verified instructions per program (`verified_insns`; budget {}, the kernel's limit 1,000,000), every program of the object loaded on each kernel:\n\n| program |",
-        group(u64::from(budget))
+        "Verified instructions per program (`verified_insns`; budget {budget}, the kernel's limit 1,000,000), every program of the object loaded on each kernel:\n\n| program |",
     );
     for r in runs {
         md.push_str(&format!(" {} |", r.name));
@@ -411,19 +410,6 @@ fn kernel_report(runs: &[KernelRun], budget: u32) -> String {
     }
     md.push('\n');
     md
-}
-
-/// `n` with thousands separators.
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn setup() -> anyhow::Result<()> {
