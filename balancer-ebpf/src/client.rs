@@ -220,7 +220,7 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
     if vip.flags & VIP_F_CONSISTENT != 0 {
         // Recomputed from its 5-tuple in the new-flow stage (`recompute`),
         // which has the stack for it (tail-called by the main function).
-        return Next::Action(crate::forward::CODE_RECOMPUTE);
+        return Next::Action(crate::forward::CODE_NEW_FLOW);
     }
     missed(vip)
 }

@@ -110,12 +110,13 @@ pub const CODE_PLACE: u32 = 0xffff_0018;
 /// The code of a segment to a VIP that matches no live flow and is not a
 /// SYN: the entry's main function calls `client::unpinned`.
 pub const CODE_UNPINNED: u32 = 0xffff_0017;
-/// The code of a SYN to a VIP that matches no flow: the entry's main
-/// function tail-calls the new-flow stage (dropped, counted, without it).
+/// The code of a SYN to a VIP that matches no flow, or of a segment of no
+/// flow of a consistent VIP (recomputed there): the entry's main function
+/// tail-calls the new-flow stage (dropped, counted, without it), not
+/// [`finish`]: there the call's fallback equalled the forward stage's, and
+/// the compiler merged the two tail calls into one call site reached by a
+/// jump, which is no direct tail call (tests/tests/object.rs).
 pub const CODE_NEW_FLOW: u32 = 0xffff_0015;
-/// The code of a segment of no flow of a consistent VIP, recomputed by the
-/// new-flow stage (passed, counted, without it).
-pub const CODE_RECOMPUTE: u32 = 0xffff_0016;
 /// The code of a new flow the new-flow stage places again, away from the
 /// slot it left in `scratch::set_avoid`: its main function tail-calls the
 /// stage itself.
@@ -157,16 +158,6 @@ pub fn finish(ctx: &XdpContext, code: u32) -> u32 {
         CODE_RESET => {
             // SAFETY: the program array holds XDP programs of this object.
             unsafe { STAGES.tail_call(ctx, programs::RESET_STAGE) };
-            counted_pass(Counter::DropNoStage)
-        }
-        CODE_NEW_FLOW => {
-            // SAFETY: the program array holds XDP programs of this object.
-            unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
-            counted_drop(Counter::DropNoStage)
-        }
-        CODE_RECOMPUTE => {
-            // SAFETY: the program array holds XDP programs of this object.
-            unsafe { STAGES.tail_call(ctx, programs::NEW_FLOW_STAGE) };
             counted_pass(Counter::DropNoStage)
         }
         CODE_UDP => {

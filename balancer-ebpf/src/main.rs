@@ -103,6 +103,11 @@ mod entry {
         if code == forward::CODE_UNPINNED {
             code = client::unpinned(XdpContext { ctx: ctx.ctx });
         }
+        if code == forward::CODE_NEW_FLOW {
+            // SAFETY: the program array holds XDP programs of this object.
+            unsafe { STAGES.tail_call(&ctx, programs::NEW_FLOW_STAGE) };
+            return stage_missing();
+        }
         forward::finish(&ctx, code)
     }
 
