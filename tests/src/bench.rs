@@ -546,8 +546,8 @@ pub fn program_sizes() -> anyhow::Result<Vec<ProgramSize>> {
 /// machine's from `sizes`, measured in this run; a note instead when the
 /// VMs are not set up (`cargo xtask kernels` sets them up).
 fn matrix_table(md: &mut String, sizes: &[ProgramSize]) -> anyhow::Result<()> {
-    let script = std::path::Path::new("scripts/kernels.sh");
-    let list = std::process::Command::new("bash")
+    let script = Path::new("scripts/kernels.sh");
+    let list = Command::new("bash")
         .arg(script)
         .arg("list")
         .output()
@@ -555,7 +555,10 @@ fn matrix_table(md: &mut String, sizes: &[ProgramSize]) -> anyhow::Result<()> {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    let kernels: Vec<&str> = list.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    let kernels: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
     writeln!(md, "### The programs on each kernel of the matrix\n")?;
     if kernels.is_empty() {
         writeln!(md, "Not measured in this run: the kernel VMs are not set up (`cargo xtask kernels` sets them up and runs the matrix with the fixture suite).\n")?;
@@ -568,17 +571,23 @@ fn matrix_table(md: &mut String, sizes: &[ProgramSize]) -> anyhow::Result<()> {
         std::fs::create_dir_all(&out)?;
         let file = out.join("verifier.txt");
         let _ = std::fs::remove_file(&file);
-        let _ = std::process::Command::new("bash")
+        let _ = Command::new("bash")
             .arg(script)
             .args(["run", k])
             .arg(&out)
-            .arg(format!("{} verifier-stats > {} 2>&1", exe.display(), file.display()))
+            .arg(format!(
+                "{} verifier-stats > {} 2>&1",
+                exe.display(),
+                file.display()
+            ))
             .status();
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         let mut col = BTreeMap::new();
         for line in text.lines() {
             if let Some((name, rest)) = line.split_once(": ") {
-                if let Some(n) = rest.strip_suffix(" instructions verified (the kernel's limit is 1,000,000)") {
+                if let Some(n) =
+                    rest.strip_suffix(" instructions verified (the kernel's limit is 1,000,000)")
+                {
                     col.insert(name.to_string(), n.to_string());
                 } else if rest.starts_with("refused") {
                     col.insert(name.to_string(), "refused".to_string());
@@ -600,7 +609,11 @@ fn matrix_table(md: &mut String, sizes: &[ProgramSize]) -> anyhow::Result<()> {
     for p in sizes {
         write!(md, "| {} | {} |", p.name, p.verified)?;
         for (_, col) in &columns {
-            write!(md, " {} |", col.get(p.name).map_or("not measured", String::as_str))?;
+            write!(
+                md,
+                " {} |",
+                col.get(p.name).map_or("not measured", String::as_str)
+            )?;
         }
         writeln!(md)?;
     }
