@@ -145,13 +145,15 @@ pub fn supersede_synced(ctx: &XdpContext, key: &FlowKey, table: Table) -> Next {
 #[inline(never)]
 pub fn unpinned(ctx: XdpContext) -> u32 {
     let frame = &XdpFrame(&ctx);
-    // Parsed and looked up again: a segment of no live flow (a late
-    // segment of a closed flow, an orphan's, a miss) is rare, and the
-    // entry's deciding function keeps its frame small without it.
-    let Parsed::Tcp(seg) = parse::parse(frame) else {
+    // The segment and its key as the deciding function left them in this
+    // CPU's scratch values (`frame::parse`, `scratch::client_key`); only
+    // the VIP is looked up again (a pointer cannot be handed over).
+    let (Some(seg), Some(key)) = (
+        crate::frame::segment(),
+        crate::scratch::get_key(crate::scratch::LIVE),
+    ) else {
         return xdp_action::XDP_PASS;
     };
-    let key = crate::lookup::client_key(&seg);
     let vip_key = VipKey {
         addr: seg.dst_addr,
         port: seg.dst_port,
@@ -162,7 +164,7 @@ pub fn unpinned(ctx: XdpContext) -> u32 {
     let Some(vip) = (unsafe { VIPS.get(&vip_key) }) else {
         return xdp_action::XDP_PASS;
     };
-    unpinned_next(frame, &seg, &key, vip).code()
+    unpinned_next(frame, seg, key, vip).code()
 }
 
 #[inline(always)]
