@@ -587,22 +587,24 @@ pub const fn verdict(old: u32, step: &Step) -> Verdict {
     }
 }
 
-/// The step of a client segment on an established flow when it changes
-/// nothing but sequence numbers: no SYN, FIN or RST to judge and no state
-/// bit to set (a steady flow's ACKs and data, nearly every segment). The
-/// data path then stores the numbers and stamps the entry without the
+/// The step of a segment travelling `dir` on an established flow when it
+/// changes nothing but sequence numbers: no SYN, FIN or RST to judge and no
+/// state bit to set (a steady flow's ACKs and data, nearly every segment).
+/// The data path then stores the numbers and stamps the entry without the
 /// rest of the tracking (the atomic OR, the verdict, a move between
 /// tables). `None` for any other segment, which takes the whole tracking.
-/// `one_sided`: the flow's backend replies directly ([`track_one_sided`]).
+/// `one_sided`: the flow's backend replies directly ([`track_one_sided`];
+/// only the client's segments are seen, `dir` is then
+/// [`Direction::ToBackend`]).
 #[inline(always)]
-pub fn steady(entry: &FlowEntry, seg: &Tcp, one_sided: bool) -> Option<Step> {
+pub fn steady(entry: &FlowEntry, seg: &Tcp, dir: Direction, one_sided: bool) -> Option<Step> {
     if seg.flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 || entry.state & F_ESTABLISHED == 0 {
         return None;
     }
     let step = if one_sided {
         track_one_sided(entry, seg)
     } else {
-        track(entry, Direction::ToBackend, seg)
+        track(entry, dir, seg)
     };
     (step.set == 0 && step.rst == Rst::None).then_some(step)
 }
@@ -1039,7 +1041,10 @@ mod tests {
             server_next in proptest::prelude::any::<u32>(), flags in proptest::prelude::any::<u8>(),
             seq in proptest::prelude::any::<u32>(), ack in proptest::prelude::any::<u32>(),
             len in 0u32..3, one_sided in proptest::prelude::any::<bool>(),
+            to_client in proptest::prelude::any::<bool>(),
         ) {
+            // A direct-return flow's backend replies past the balancer.
+            let dir = if to_client && !one_sided { Direction::ToClient } else { Direction::ToBackend };
             let e = FlowEntry {
                 state,
                 client_next_seq: client_next,
@@ -1054,14 +1059,14 @@ mod tests {
             let full = if one_sided {
                 track_one_sided(&e, &s)
             } else {
-                track(&e, Direction::ToBackend, &s)
+                track(&e, dir, &s)
             };
             let verdict = if one_sided {
                 verdict_one_sided(e.state, &full)
             } else {
                 verdict(e.state, &full)
             };
-            match steady(&e, &s, one_sided) {
+            match steady(&e, &s, dir, one_sided) {
                 Some(step) => {
                     proptest::prop_assert_eq!(step, full);
                     proptest::prop_assert_eq!(step.set, 0);

@@ -5,7 +5,7 @@ use balancer_common::{
     encap::{entropy_port, mode},
     flow::{self, Direction},
     flow_kind, martian_class,
-    parse::{self, Frame, Parsed, Tcp, TCP_RST},
+    parse::{Frame, Parsed, Tcp, TCP_RST},
     programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, BACKEND_F_IN_USE,
     IPPROTO_TCP, IPPROTO_UDP, VIP_F_CONSISTENT, VIP_F_REMOVED, VIP_F_TWO_SIDED,
 };
@@ -20,7 +20,7 @@ use crate::{
         BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS,
         SERVER_CONNS, STAGES, UNPROVEN, VIPS, VIP_STATS,
     },
-    rewrite::{encap::Encap, kind, nat::Nat},
+    rewrite::{encap::Encap, kind, nat::Nat, Rewrite},
     stats::{count, traffic, Failure},
     track,
 };
@@ -52,7 +52,8 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
     // An established flow's segment that only moves sequence numbers
     // (`flow::steady`): stored here, without the call into `track`.
     if table == Table::Established {
-        if let Some(step) = flow::steady(entry, seg, mode::one_sided(b.mode)) {
+        if let Some(step) = flow::steady(entry, seg, Direction::ToBackend, mode::one_sided(b.mode))
+        {
             // SAFETY: `e` points to the flow-table value of `key`; plain
             // stores of whole words (as `track` makes them).
             unsafe {
@@ -472,10 +473,34 @@ pub fn to_backend(
     // Only the part of the rewrite its kind selects is written (the
     // forward reads no other): a whole rewrite built first took 80 bytes
     // of the deciding functions' frames.
-    let fib_src = match backend.mode {
+    let fib_src = rewrite_to_backend(&mut o.rw, seg, backend, next);
+    o.seg = seg.info();
+    o.to = Dest {
+        src: fib_src,
+        dst: backend.addr,
+        now,
+        cache: HopCache::slot(slot, backend.generation),
+    };
+    Next::Forward
+}
+
+/// Writes into `rw` the rewrite that takes client segment `seg` to
+/// `backend` by the backend's (its VIP's) mode, only the part its kind
+/// selects (the forward reads no other), and returns the source address
+/// of the FIB lookup towards the backend (the client's; the tunnel's
+/// source for an encapsulation). With `next` (a segment of no flow
+/// recomputed), GUE with the second chance whatever the tunnel mode.
+#[inline(always)]
+pub fn rewrite_to_backend(
+    rw: &mut Rewrite,
+    seg: &Tcp,
+    backend: &Backend,
+    next: Option<Addr>,
+) -> Addr {
+    match backend.mode {
         mode::NAT => {
-            o.rw.kind = kind::NAT;
-            o.rw.nat = Nat {
+            rw.kind = kind::NAT;
+            rw.nat = Nat {
                 dst: 1,
                 addr: backend.addr,
                 port: backend.port,
@@ -484,12 +509,12 @@ pub fn to_backend(
             seg.src_addr
         }
         mode::DSR => {
-            o.rw.kind = kind::L2;
+            rw.kind = kind::L2;
             seg.src_addr
         }
         m => {
-            o.rw.kind = kind::ENCAP;
-            o.rw.encap = Encap {
+            rw.kind = kind::ENCAP;
+            rw.encap = Encap {
                 mode: if next.is_some() { mode::GUE_CHANCE } else { m },
                 sport: entropy_port(&seg.src_addr, seg.src_port),
                 dport: backend.encap_port,
@@ -500,13 +525,5 @@ pub fn to_backend(
             };
             backend.encap_src
         }
-    };
-    o.seg = seg.info();
-    o.to = Dest {
-        src: fib_src,
-        dst: backend.addr,
-        now,
-        cache: HopCache::slot(slot, backend.generation),
-    };
-    Next::Forward
+    }
 }

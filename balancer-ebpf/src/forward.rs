@@ -21,7 +21,12 @@ use crate::{
         HopKey, NextHop, SlotHop, BACKEND_HOPS, FIB_SCRATCH, FORWARD_PLAN, NEXT_HOPS, RESET_PLAN,
         STAGES, TOO_BIG_MTU,
     },
-    rewrite::{encap::encapsulate, kind, nat::rewrite, Rewrite},
+    rewrite::{
+        encap::encapsulate,
+        kind,
+        nat::{rewrite, Nat},
+        Rewrite,
+    },
     stats::{count, counted_drop, counted_pass},
 };
 
@@ -355,7 +360,7 @@ fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
 
 /// The IP packet's length as the frame will leave, bytes.
 #[inline(always)]
-fn out_len(seg: &Tcp, rw: &Rewrite) -> u16 {
+pub fn out_len(seg: &Tcp, rw: &Rewrite) -> u16 {
     if rw.kind == kind::ENCAP {
         (seg.ip_total_len as u16).wrapping_add(rw.encap.overhead() as u16)
     } else {
@@ -366,7 +371,7 @@ fn out_len(seg: &Tcp, rw: &Rewrite) -> u16 {
 /// The cached next hop towards `to` for frames arriving on `ingress`
 /// (per backend slot or per destination), in place in its map.
 #[inline(always)]
-fn cached_hop(to: &Dest, ingress: u32) -> Option<&'static NextHop> {
+pub fn cached_hop(to: &Dest, ingress: u32) -> Option<&'static NextHop> {
     let cache = to.cache;
     if cache.per_slot != 0 {
         match BACKEND_HOPS.get(cache.slot) {
@@ -386,17 +391,10 @@ fn cached_hop(to: &Dest, ingress: u32) -> Option<&'static NextHop> {
 /// Applies `rw` and sends the frame to `hop`: XDP_TX when it leaves through
 /// the interface it came in on (`ingress`), XDP_REDIRECT otherwise.
 #[inline(always)]
-fn send(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, hop: &NextHop, ingress: u32) -> u32 {
+pub fn send(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, hop: &NextHop, ingress: u32) -> u32 {
     let frame = &XdpFrame(ctx);
     match rw.kind {
-        kind::NAT => {
-            if rewrite(frame, seg, &rw.nat, Ttl::Decrement).is_none()
-                || frame.write(0, hop.macs).is_none()
-            {
-                count(Counter::PassMalformed, 1);
-                return xdp_action::XDP_PASS;
-            }
-        }
+        kind::NAT => return send_nat(ctx, seg, &rw.nat, hop, ingress),
         kind::ENCAP => {
             if encapsulate(ctx, frame, seg, &rw.encap, hop.macs).is_none() {
                 count(Counter::PassMalformed, 1);
@@ -410,6 +408,26 @@ fn send(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, hop: &NextHop, ingress: u32) 
             }
         }
     }
+    transmit(hop, ingress)
+}
+
+/// [`send`] of a NAT rewrite `nat` (the whole of it for a caller that
+/// knows its rewrite is one: the other kinds' code is then not in its
+/// program).
+#[inline(always)]
+pub fn send_nat(ctx: &XdpContext, seg: &Tcp, nat: &Nat, hop: &NextHop, ingress: u32) -> u32 {
+    let frame = &XdpFrame(ctx);
+    if rewrite(frame, seg, nat, Ttl::Decrement).is_none() || frame.write(0, hop.macs).is_none() {
+        count(Counter::PassMalformed, 1);
+        return xdp_action::XDP_PASS;
+    }
+    transmit(hop, ingress)
+}
+
+/// Sends the rewritten frame to `hop`: XDP_TX when it leaves through the
+/// interface it came in on (`ingress`), XDP_REDIRECT otherwise; counted.
+#[inline(always)]
+fn transmit(hop: &NextHop, ingress: u32) -> u32 {
     if hop.ifindex == ingress {
         count(Counter::TxPackets, 1);
         return xdp_action::XDP_TX;

@@ -1,7 +1,10 @@
 //! The XDP program of the balancer. One file per pipeline stage:
 //!
 //! ```text
-//! frame -> parse (balancer_common::parse: Ethernet, up to two VLAN tags, IPv4 with options
+//! frame -> the fast path (fast): a TCP segment for nothing of the
+//!          balancer's passed, an established flow's steady segment with
+//!          its next hop cached forwarded; anything else goes on, untouched:
+//!       -> parse (balancer_common::parse: Ethernet, up to two VLAN tags, IPv4 with options
 //!          or IPv6 with up to four extension headers, TCP)
 //!       -> classify (this file): a pinned flow, a VIP, a backend's reply, or not ours
 //!       -> guard: addressed to this interface at L2, TTL or hop limit left to forward
@@ -46,6 +49,8 @@ mod choose;
 mod client;
 #[cfg(target_arch = "bpf")]
 mod events;
+#[cfg(target_arch = "bpf")]
+mod fast;
 #[cfg(target_arch = "bpf")]
 mod forward;
 #[cfg(target_arch = "bpf")]
@@ -99,6 +104,10 @@ mod entry {
     /// decision out (`forward::finish`).
     #[xdp(frags)]
     pub fn balancer(ctx: XdpContext) -> u32 {
+        let code = crate::fast::run(XdpContext { ctx: ctx.ctx });
+        if code != crate::fast::SLOW {
+            return code;
+        }
         let mut code = decide(XdpContext { ctx: ctx.ctx });
         if code == forward::CODE_UNPINNED {
             code = client::unpinned(XdpContext { ctx: ctx.ctx });
@@ -313,7 +322,7 @@ mod entry {
         /// A segment to a VIP matching no live flow (its entry in `VIPS`,
         /// by pointer: a copy would take stack space the entry program
         /// lacks).
-        Vip(&'static FlowKey, *const VipInfo),
+        Vip(*const VipInfo),
         /// A segment from a backend address and port, with its VIPs.
         FromBackend(&'static BackendVips),
         /// Anything else.
@@ -352,7 +361,7 @@ mod entry {
                 }
             }
             if let Some(vip) = vip {
-                return Target::Vip(key, vip);
+                return Target::Vip(vip);
             }
         }
         if port_listed(&BACKEND_PORTS, seg.src_port) {
@@ -403,7 +412,7 @@ mod entry {
             // by the main function); anything else (a removed VIP's SYN
             // is refused there): `client::unpinned`, called by it.
             // SAFETY: a pointer from a successful lookup.
-            Target::Vip(_, vip) if seg.is_syn() && unsafe { (*vip).flags } & VIP_F_REMOVED == 0 => {
+            Target::Vip(vip) if seg.is_syn() && unsafe { (*vip).flags } & VIP_F_REMOVED == 0 => {
                 return forward::CODE_NEW_FLOW
             }
             Target::Vip(..) => return forward::CODE_UNPINNED,

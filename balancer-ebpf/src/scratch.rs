@@ -133,20 +133,6 @@ pub unsafe fn key_from(i: u32, key: *const FlowKey) -> Option<&'static FlowKey> 
     }
 }
 
-/// This CPU's key `i` set to `key`, by reference for a lookup or insert;
-/// `None` never happens (a per-CPU array of five entries).
-#[inline(always)]
-pub fn key(i: u32, key: FlowKey) -> Option<&'static FlowKey> {
-    let p = KEYS.get_ptr_mut(i)?;
-    // SAFETY: this CPU's value, used by this program run alone; no other
-    // reference to entry `i` is alive when it is rewritten (LIVE is set once
-    // per run, TEMP is used at once).
-    unsafe {
-        *p = key;
-        Some(&*p)
-    }
-}
-
 /// A source's token bucket being charged, and its key (`track::charge_source`).
 #[repr(C)]
 pub struct Rate {
