@@ -689,6 +689,15 @@ impl Sync {
     /// # Errors
     /// Map read failure.
     pub fn load_report(&mut self, lb: &mut Balancer) -> Result<Vec<Vec<u8>>> {
+        self.load_report_at(lb, Instant::now())
+    }
+
+    /// [`Sync::load_report`] made at `now` (the end of this balancer's
+    /// interval for the herd index: a test sets it).
+    ///
+    /// # Errors
+    /// Map read failure.
+    pub fn load_report_at(&mut self, lb: &mut Balancer, now: Instant) -> Result<Vec<Vec<u8>>> {
         let (state, maps) = lb.cluster_parts();
         // Connections placed per server address since the last report,
         // from each slot's cumulative count (a slot reused by another
@@ -711,7 +720,6 @@ impl Sync {
         // with whichever of this balancer's last two intervals overlaps
         // that more (it came in the first half of the one just ended: the
         // one before).
-        let now = Instant::now();
         let (prev, ended) = &self.prev_placed;
         let half = ended.map(|t| t + now.duration_since(t) / 2);
         for (theirs, came) in std::mem::take(&mut self.peer_placed).values() {
@@ -744,10 +752,27 @@ impl Sync {
         datagram: &[u8],
         stale_after: Duration,
     ) -> Result<()> {
+        self.receive_at(lb, from, datagram, stale_after, Instant::now())
+    }
+
+    /// [`Sync::receive`] of a datagram that came at `now` (the time its
+    /// load report is paired by, for the herd index: a test sets it, the
+    /// daemon passes the clock's).
+    ///
+    /// # Errors
+    /// Map failure.
+    pub fn receive_at(
+        &mut self,
+        lb: &mut Balancer,
+        from: SocketAddr,
+        datagram: &[u8],
+        stale_after: Duration,
+        now: Instant,
+    ) -> Result<()> {
         let Some(m) = self.admit(from, datagram, realtime_ns()) else {
             return Ok(());
         };
-        self.last_heard.insert(from, Instant::now());
+        self.last_heard.insert(from, now);
         match m {
             Message::Hello { node } if node != self.node => self.full_requested = true,
             Message::Hello { .. } => {}
@@ -768,7 +793,6 @@ impl Sync {
             }
             Message::Load { node, loads } if node != self.node && self.use_peer_loads => {
                 self.stats.load_reports += 1;
-                let now = Instant::now();
                 let mine = self.peer_loads.entry(node).or_default();
                 let (placed, _) = self
                     .peer_placed
