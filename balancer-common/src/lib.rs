@@ -34,6 +34,7 @@ pub mod consistent;
 pub mod csum;
 pub mod echo;
 pub mod encap;
+pub mod features;
 pub mod flow;
 pub mod icmp;
 pub mod layout;

@@ -38,7 +38,7 @@ fn key(vip: &VipInfo, client_addr: &Addr) -> AffinityKey {
 /// ejected by passive detection, or at the VIP's connection cap).
 #[inline(always)]
 pub fn lookup(vip: &VipInfo, client_addr: &Addr, now: u64) -> Affinity {
-    if vip.persistence_s == 0 {
+    if !crate::features::on(balancer_common::features::AFFINITY) || vip.persistence_s == 0 {
         return Affinity::Off;
     }
     // SAFETY: copied out at once.
@@ -72,7 +72,7 @@ pub fn lookup(vip: &VipInfo, client_addr: &Addr, now: u64) -> Affinity {
 /// Records that the client's new flow went to `slot` (refreshing a hit).
 #[inline(always)]
 pub fn remember(vip: &VipInfo, client_addr: &Addr, slot: u32, generation: u32, now: u64) {
-    if vip.persistence_s == 0 {
+    if !crate::features::on(balancer_common::features::AFFINITY) || vip.persistence_s == 0 {
         return;
     }
     let entry = AffinityEntry {

@@ -158,7 +158,7 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
 /// `VIP_F_LIMITS`.
 #[inline(always)]
 fn limits_of(vip: &VipInfo) -> Option<&'static VipLimits> {
-    if vip.flags & VIP_F_LIMITS == 0 {
+    if !crate::features::on(balancer_common::features::LIMITS) || vip.flags & VIP_F_LIMITS == 0 {
         return None;
     }
     VIP_LIMITS.get(vip.index)
@@ -402,7 +402,9 @@ fn record(vip: &VipInfo, chooser: &Chooser) -> u64 {
 /// then).
 #[inline(always)]
 pub fn candidate_row(vip: &VipInfo, key: &FlowKey) -> Option<CandidateRow> {
-    if vip.flags & VIP_F_CONSISTENT == 0 {
+    if !crate::features::on(balancer_common::features::CONSISTENT)
+        || vip.flags & VIP_F_CONSISTENT == 0
+    {
         return None;
     }
     let seed = *VIP_SEEDS.get(vip.index)?;
@@ -717,7 +719,10 @@ fn place_inner(
     if crate::client::martian(&seg.src_addr) {
         return Err(Refusal::Drop);
     }
-    if vip.flags & VIP_F_SOURCES != 0 && source_refused(vip, &seg.src_addr) {
+    if crate::features::on(balancer_common::features::SOURCES)
+        && vip.flags & VIP_F_SOURCES != 0
+        && source_refused(vip, &seg.src_addr)
+    {
         return Err(Refusal::Drop);
     }
     if rate_refused(vip, key, now) {
@@ -803,7 +808,9 @@ fn place_inner(
         ..FlowEntry::default()
     };
     flow::start(&mut entry, seg, now);
-    if vip.flags & VIP_F_CONSISTENT != 0 {
+    if crate::features::on(balancer_common::features::CONSISTENT)
+        && vip.flags & VIP_F_CONSISTENT != 0
+    {
         entry.state = flow::F_CONSISTENT;
     }
     if routed.is_some() {
@@ -811,7 +818,9 @@ fn place_inner(
     }
     entry.state |= rate_flag(vip, key.proto);
     // The same bit in both words (checked below): no branch.
-    entry.state |= vip.flags & VIP_F_LATENCY;
+    if crate::features::on(balancer_common::features::LATENCY) {
+        entry.state |= vip.flags & VIP_F_LATENCY;
+    }
     // Full resolution: of several closed flows of one backend tuple, the
     // newest is the one the backend's socket belongs to (lookup::find_reply).
     entry.created_ns = precise_ns();

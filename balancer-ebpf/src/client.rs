@@ -220,7 +220,9 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
         count(Counter::ResetOrphaned, 1);
         return Next::Reset;
     }
-    if vip.flags & VIP_F_CONSISTENT != 0 {
+    if crate::features::on(balancer_common::features::CONSISTENT)
+        && vip.flags & VIP_F_CONSISTENT != 0
+    {
         // Recomputed from its 5-tuple in the new-flow stage (`recompute`),
         // which has the stack for it (tail-called by the main function).
         return Next::Action(crate::forward::CODE_NEW_FLOW);
@@ -315,10 +317,12 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
         Some(Parsed::Tcp(seg)) => seg,
         // A datagram to a UDP VIP that matches no flow (the UDP stage
         // checked).
-        Some(Parsed::Udp(at)) => match crate::frame::datagram(&frame, at) {
-            Some(seg) => seg,
-            None => return xdp_action::XDP_PASS,
-        },
+        Some(Parsed::Udp(at)) if crate::features::on(balancer_common::features::UDP) => {
+            match crate::frame::datagram(&frame, at) {
+                Some(seg) => seg,
+                None => return xdp_action::XDP_PASS,
+            }
+        }
         _ => return xdp_action::XDP_PASS,
     };
     let proto = if seg.udp { IPPROTO_UDP } else { IPPROTO_TCP };
@@ -359,7 +363,7 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
     // under its reason) dropped: UDP has no reset.
     // A QUIC VIP's datagram whose connection ID names a backend goes to
     // it; any other is placed by the choice rule.
-    let routed = if seg.udp {
+    let routed = if crate::features::on(balancer_common::features::UDP) && seg.udp {
         crate::udp::quic_backend(&frame, seg, &vip)
     } else {
         None

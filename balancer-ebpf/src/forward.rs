@@ -396,7 +396,11 @@ pub fn send(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, hop: &NextHop, ingress: u
     match rw.kind {
         kind::NAT => return send_nat(ctx, seg, &rw.nat, hop, ingress),
         kind::ENCAP => {
-            if encapsulate(ctx, frame, seg, &rw.encap, hop.macs).is_none() {
+            // Without the feature loaded no backend encapsulates: the
+            // code is not in the program (`crate::features`).
+            if !crate::features::on(balancer_common::features::ENCAP)
+                || encapsulate(ctx, frame, seg, &rw.encap, hop.macs).is_none()
+            {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_DROP;
             }
@@ -464,7 +468,9 @@ fn no_neigh(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp, rw: &Rewrite) -> u32 
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_PASS;
             };
-            if encapsulate(ctx, frame, seg, &rw.encap, macs).is_none() {
+            if !crate::features::on(balancer_common::features::ENCAP)
+                || encapsulate(ctx, frame, seg, &rw.encap, macs).is_none()
+            {
                 count(Counter::PassMalformed, 1);
                 return xdp_action::XDP_DROP;
             }

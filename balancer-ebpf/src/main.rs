@@ -52,6 +52,8 @@ mod events;
 #[cfg(target_arch = "bpf")]
 mod fast;
 #[cfg(target_arch = "bpf")]
+mod features;
+#[cfg(target_arch = "bpf")]
 mod forward;
 #[cfg(target_arch = "bpf")]
 mod frame;
@@ -146,7 +148,10 @@ mod entry {
             // The UDP stage (a program of its own, tail-called by the
             // main function: this one's frame is too large for a tail call)
             // sorts VIPs' and backends' datagrams from the host's.
-            Parsed::Udp(_) => forward::CODE_UDP,
+            Parsed::Udp(_) if crate::features::on(balancer_common::features::UDP) => {
+                forward::CODE_UDP
+            }
+            Parsed::Udp(_) => pass(Counter::PassNotVip),
             Parsed::Fragment { .. } => pass(Counter::PassFragment),
             Parsed::Malformed => pass(Counter::PassMalformed),
             Parsed::Icmp {
@@ -355,7 +360,7 @@ mod entry {
             let vip = VIPS.get_ptr(&vip_key);
             // SAFETY: a pointer from a successful lookup.
             let two_sided = vip.is_some_and(|v| unsafe { (*v).flags } & VIP_F_TWO_SIDED != 0);
-            if !two_sided {
+            if !two_sided && crate::features::on(balancer_common::features::DIRECT_RETURN) {
                 if let Some(e) = UNPROVEN.get_ptr_mut(key) {
                     return Target::Pinned(key, e, lookup::Table::Unproven);
                 }
@@ -402,7 +407,11 @@ mod entry {
             // Another connection on the 5-tuple of a consistent flow this
             // balancer no longer carries: recomputed.
             // SAFETY: as above.
-            Target::Pinned(_, e, _) if !seg.is_syn() && flow::stale(unsafe { &*e }, seg) => {
+            Target::Pinned(_, e, _)
+                if crate::features::on(balancer_common::features::CONSISTENT)
+                    && !seg.is_syn()
+                    && flow::stale(unsafe { &*e }, seg) =>
+            {
                 client::recompute_stale(ctx)
             }
             Target::Pinned(key, e, table) => client::pinned(frame, seg, key, e, table),

@@ -164,7 +164,8 @@ unsafe fn track_flow(
 ) -> Event {
     let (table, dir, now) = (how.table, how.dir, how.now);
     // Direct server return: the balancer sees the client's side only.
-    let one_sided = mode::one_sided(b.mode);
+    let one_sided =
+        crate::features::on(balancer_common::features::DIRECT_RETURN) && mode::one_sided(b.mode);
     let step = if one_sided {
         flow::track_one_sided(snapshot, seg)
     } else {
@@ -315,10 +316,12 @@ impl Event {
     /// `server` (nothing for [`Event::NONE`]).
     #[inline(always)]
     pub fn log(self, key: &FlowKey, now: u64, server: u32) {
-        if self.0 & (EV_LATENCY_START | EV_LATENCY_END) != 0 {
+        if crate::features::on(balancer_common::features::LATENCY)
+            && self.0 & (EV_LATENCY_START | EV_LATENCY_END) != 0
+        {
             latency(key, self.0, server);
         }
-        if self.0 & EV_CHARGE_RATE != 0 {
+        if crate::features::on(balancer_common::features::LIMITS) && self.0 & EV_CHARGE_RATE != 0 {
             charge_source(key, self.0 as u32, now);
             return;
         }

@@ -1002,6 +1002,20 @@ pub struct StatsView {
     /// The latency signal's samples and republications.
     #[serde(default)]
     pub latency: crate::latency::LatencyStats,
+    /// The loaded programs' features and swaps.
+    #[serde(default)]
+    pub programs: ProgramsView,
+}
+
+/// The data-path programs as loaded (`balancer_common::features`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct ProgramsView {
+    /// The features the running programs carry, by name, separated by
+    /// commas (`none`: a configuration that uses none, or no daemon).
+    pub features: String,
+    /// Loads swapped in since the daemon started: a configuration change
+    /// turned on a feature the running programs lacked.
+    pub swaps: u64,
 }
 
 /// One interface the program is attached to, as the kernel reports it.

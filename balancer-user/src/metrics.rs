@@ -31,7 +31,7 @@
 //! | `passed_packets_total` | counter | reason (the `pass_*` counters) |
 //! | every other data-path counter of `/v1/stats` (`rx_packets_total`, `new_flows_total`, …) | counter | |
 //! | `flow_table_entries`, `flow_table_size`, `half_open_entries`, `half_open_table_size`, `live_flows` | gauge | |
-//! | `expired_flows_total`, `reconciled_total` | counter | |
+//! | `expired_flows_total`, `reconciled_total`, `program_swaps_total` | counter | |
 //! | `backend_reported_load` (while an agent's report is fresh) | gauge | vip, backend |
 //! | `agent_polls_total`, `agent_failed_polls_total`, `agent_stale_fallbacks_total` | counter | |
 //! | `latency_received_total`, `latency_ignored_total`, `latency_republished_total` | counter | |
@@ -579,6 +579,11 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             stats.reconciled,
         ),
         (
+            "program_swaps",
+            "Data-path loads swapped in: a change turned on a feature the running programs lacked",
+            stats.programs.swaps,
+        ),
+        (
             "agent_polls",
             "Load agent polls that gave a report (--signal agent)",
             stats.agents.polls,
@@ -721,6 +726,7 @@ mod tests {
             last_gc_pass_us: 5,
             live_flows: 4,
             expired_flows: 3,
+            programs: Default::default(),
             reconciled: 0,
             attachments: Vec::new(),
             state_file_unsaved: None,

@@ -88,7 +88,8 @@ fn existing_ancestor(p: &Path) -> PathBuf {
     cur
 }
 
-fn is_bpffs(p: &Path) -> bool {
+/// `true` when `p` is on a bpffs.
+pub(crate) fn is_bpffs(p: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt as _;
     let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
         return false;

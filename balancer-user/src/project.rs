@@ -22,8 +22,8 @@ use std::{
 };
 
 use balancer_common::{
-    consistent::CandidateRow, martian_class, source_action, source_key_bits, Addr, Backend,
-    BackendVips, HostVips, QuicServerKey, SourceKey, VipAddr, VipInfo, BACKEND_F_ELIGIBLE,
+    consistent::CandidateRow, features, martian_class, source_action, source_key_bits, Addr,
+    Backend, BackendVips, HostVips, QuicServerKey, SourceKey, VipAddr, VipInfo, BACKEND_F_ELIGIBLE,
     BACKEND_F_IN_USE, BACKEND_F_SHARED, MARTIAN_PREFIXES, MAX_VIPS_PER_BACKEND, PORT_BITMAP_WORDS,
     VIP_F_ALLOW_LIST, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_NO_TCP, VIP_F_REMOVED, VIP_F_SOURCES,
     VIP_F_TWO_SIDED, VIP_F_UDP, VIP_QUIC_SID_SHIFT,
@@ -187,6 +187,20 @@ pub fn source_entry(index: u32, p: &SourcePrefix) -> (u32, SourceKey) {
             addr: k.data(),
         },
     )
+}
+
+impl ConfigMaps {
+    /// The data-path features these maps ask for
+    /// (`balancer_common::features`).
+    pub fn features(&self) -> u64 {
+        let vips = self
+            .vips
+            .values()
+            .fold(0, |f, e| f | features::of_vip(&e.info));
+        self.slots
+            .values()
+            .fold(vips, |f, b| f | features::of_backend(b))
+    }
 }
 
 /// The `VIPS` entry of a live VIP whose list is `list`.

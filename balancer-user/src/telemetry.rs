@@ -8,8 +8,8 @@ use balancer_common::{
 
 use crate::{
     api::{
-        BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, RegretView, StatsView,
-        VipStatsView, FLOW_KINDS,
+        BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, ProgramsView, RegretView,
+        StatsView, VipStatsView, FLOW_KINDS,
     },
     eligibility::Eligibility,
     error::Result,
@@ -36,6 +36,8 @@ pub struct View<'a> {
     pub locality: &'a crate::locality::Locality,
     /// The choices' regret, computed by the daemon.
     pub regret: &'a crate::regret::Regret,
+    /// The loaded programs' features and swaps.
+    pub programs: ProgramsView,
     /// Now.
     pub now: Instant,
 }
@@ -177,6 +179,7 @@ impl View<'_> {
             state_file_unsaved: None,
             agents: self.agents.stats(),
             latency: self.latency.stats(),
+            programs: self.programs.clone(),
         })
     }
 }

@@ -399,7 +399,14 @@ fn latency_costs(rig: &mut Rig, aux: &Aux, sc: Scale, first: u32) -> anyhow::Res
 }
 
 fn rig_with_backends(table: u32, n: u32, choices: u32) -> anyhow::Result<Rig> {
-    let mut rig = Rig::new(table)?;
+    // Loaded as the daemon loads it (the features each measurement's
+    // configuration turns on are loaded when it does), or with every
+    // feature (`reference::ALL_FEATURES_ENV`).
+    let mut rig = if std::env::var_os(reference::ALL_FEATURES_ENV).is_some() {
+        Rig::new(table)?
+    } else {
+        Rig::specialised(table)?
+    };
     rig.lb.add_vip(VIP, choices)?;
     let bs: Vec<SocketAddr> = (0..n).map(many_backend).collect();
     rig.lb.add_backends(VIP, &bs)?;
@@ -441,14 +448,15 @@ pub fn verifier_stats() -> anyhow::Result<Vec<(&'static str, u32)>> {
 /// verifier processed, or its refusal with the verifier log's last lines.
 pub type Verdict = (&'static str, Result<u32, String>);
 
-/// Loads each program of the balancer's object on its own (one refused
+/// Loads each program of the balancer's object on its own, with the
+/// features word `features` (`balancer_common::features`; one refused
 /// does not hide the others) and returns each verdict, in
 /// `programs::ALL`'s order. The kernel matrix (`cargo xtask kernels`) runs
 /// this in each kernel's VM.
 ///
 /// # Errors
 /// The object cannot be opened.
-pub fn verifier_verdicts() -> anyhow::Result<Vec<Verdict>> {
+pub fn verifier_verdicts(features: u64) -> anyhow::Result<Vec<Verdict>> {
     // P2C_VERIFIER_LOG=NAME:FILE writes program NAME's whole verifier log
     // (instruction by instruction) to FILE: where its states multiply.
     let full = std::env::var("P2C_VERIFIER_LOG").ok();
@@ -482,6 +490,7 @@ pub fn verifier_verdicts() -> anyhow::Result<Vec<Verdict>> {
         };
         let mut ebpf = EbpfLoader::new()
             .verifier_log_level(level)
+            .override_global(balancer_common::features::GLOBAL, &features, true)
             .load(object)
             .context("opening the object")?;
         let p: &mut Xdp = ebpf.program_mut(name).context(name)?.try_into()?;

@@ -42,6 +42,7 @@ mod router;
 mod second_chance;
 mod signals;
 mod sources;
+mod specialise;
 pub(crate) mod udp;
 
 /// The main VIP of the suite.
@@ -90,6 +91,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += consistent::run()?;
     n += second_chance::run()?;
     n += udp::run()?;
+    n += specialise::run()?;
     println!("fixtures: {n} passed, 0 failed");
     Ok(())
 }

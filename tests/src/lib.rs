@@ -30,6 +30,7 @@ pub mod retries;
 pub mod rig;
 pub mod scenario;
 pub mod signals;
+pub mod specialise;
 pub mod sync;
 pub mod testbed;
 pub mod traffic;

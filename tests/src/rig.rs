@@ -356,11 +356,25 @@ impl Rig {
         Rig::with_tables(flow_table, flow_table)
     }
 
+    /// [`Rig::new`] with the programs loaded with no feature
+    /// (`balancer_common::features`), as the daemon loads them: the
+    /// configuration's changes load the features it needs.
+    ///
+    /// # Errors
+    /// Load failure, or the network of [`net_setup`] missing.
+    pub fn specialised(flow_table: u32) -> anyhow::Result<Rig> {
+        Rig::load(flow_table, flow_table, Some(0))
+    }
+
     /// [`Rig::new`] with a half-open table of its own size.
     ///
     /// # Errors
     /// Load failure, or the network of [`net_setup`] missing.
     pub fn with_tables(flow_table: u32, half_open_table: u32) -> anyhow::Result<Rig> {
+        Rig::load(flow_table, half_open_table, None)
+    }
+
+    fn load(flow_table: u32, half_open_table: u32, features: Option<u64>) -> anyhow::Result<Rig> {
         // Errs when a logger is installed already (the first rig's).
         if log::set_logger(&CAPTURED).is_ok() {
             log::set_max_level(log::LevelFilter::Warn);
@@ -371,6 +385,7 @@ impl Rig {
             affinity_table_size: 1024,
             pin_dir: None,
             datapath_log: Some(log::Level::Warn),
+            features,
             ..LoadOptions::default()
         })?;
         let datapath_log = lb.take_datapath_log();

@@ -551,6 +551,8 @@ impl Balancer {
         let inputs = self.inputs();
         self.warn_starved(&inputs);
         let want = project(&self.state, &self.retired, &inputs);
+        // The programs first: a map entry asks for nothing they lack.
+        self.specialise(want.features())?;
         self.maps.sync(&want)
     }
 

@@ -16,7 +16,7 @@ use std::{
 use aya::{
     maps::{MapData, ProgramArray},
     programs::{Xdp, XdpMode},
-    Ebpf, EbpfLoader,
+    Ebpf,
 };
 use balancer_common::{
     map_names, orphan_reason, programs, Settings, BACKEND_SLOTS, SETTINGS_F_NO_CHOICE_TELEMETRY,
@@ -33,7 +33,7 @@ use crate::{
     gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
     health::{Outcome, Target},
     links::{self, Attached, Held},
-    maps::{check_pins, Count, Maps, Traffic, PINNED_MAPS},
+    maps::{check_pins, Count, Maps, Traffic},
     netdev,
     persist::Persisted,
     project::{project, Inputs},
@@ -43,10 +43,12 @@ use crate::{
 };
 
 mod changes;
+mod specialise;
 
 pub use crate::config::{check_config, locate_config_error, ConfigFault};
 
 pub use crate::links::mode_name;
+pub use specialise::names as feature_names;
 
 /// The compiled XDP program, built by build.rs.
 pub static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-xdp"));
@@ -80,6 +82,11 @@ pub struct LoadOptions {
     /// the page size). Default [`balancer_common::DEFAULT_FLOW_EVENT_RING`];
     /// tests make it small to lose events on purpose.
     pub flow_event_ring: u32,
+    /// The features the programs are loaded with at first
+    /// (`balancer_common::features`), more loaded and swapped in as the
+    /// configuration asks for them; `None`, the default, loads every
+    /// feature once (nothing is loaded again).
+    pub features: Option<u64>,
 }
 
 impl Default for LoadOptions {
@@ -91,6 +98,7 @@ impl Default for LoadOptions {
             pin_dir: None,
             datapath_log: None,
             flow_event_ring: balancer_common::DEFAULT_FLOW_EVENT_RING,
+            features: None,
         }
     }
 }
@@ -155,6 +163,8 @@ pub struct Balancer {
     /// The program array of the stages: its entries last while a user
     /// reference does (this handle, or its pin).
     _stages: ProgramArray<MapData>,
+    /// How the running programs were loaded (`specialise`).
+    loaded: specialise::Loaded,
     maps: Maps,
     state: State,
     gc: Reconciler,
@@ -287,35 +297,31 @@ impl Balancer {
                 opts.affinity_table_size,
             )?;
         }
-        let mut loader = EbpfLoader::new();
-        loader.map_max_entries(map_names::FLOWS, opts.flow_table_size);
-        loader.map_max_entries(map_names::HALF_OPEN, opts.half_open_table_size);
-        // The unproven table carries the direct-return connections the flow
-        // table carried before it existed (short ones live and close in it):
-        // it has the flow table's size.
-        loader.map_max_entries(map_names::UNPROVEN, opts.flow_table_size);
-        // Every flow the daemon expires at once may come back: as many
-        // orphan records as flows.
-        loader.map_max_entries(map_names::ORPHANS, opts.flow_table_size);
-        loader.map_max_entries(map_names::AFFINITY, opts.affinity_table_size);
-        loader.map_max_entries(map_names::FLOW_EVENTS, opts.flow_event_ring);
+        // Specialised: the maps are shared with the loads that follow
+        // (`specialise`), which needs a bpffs to pin them through.
         if let Some(dir) = &opts.pin_dir {
-            std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {
-                action: format!("creating pin directory {}", dir.display()),
-                source,
-            })?;
-            // Only maps named here are pinned (the object declares none as
-            // pinned, so a load without a pin directory shares nothing).
-            for name in PINNED_MAPS {
-                loader.map_pin_path(name, dir.join(name));
-            }
+            // Created now (`specialise::open` would): the pins of a load
+            // that follows go on its bpffs.
+            let _ = std::fs::create_dir_all(dir);
         }
-        // aya-log-common's levels: Error = 1 .. Trace = 5; 0 emits nothing.
-        let level: u8 = opts.datapath_log.map_or(0, |l| l as u8);
-        loader.override_global(aya_log::LEVEL, &level, true);
-        let mut ebpf = loader
-            .load(PROGRAM)
-            .map_err(|e| explain_load_error(e, opts))?;
+        let features = match opts.features {
+            Some(f) if specialise::pin_root(opts).is_some() => f,
+            Some(_) => {
+                tracing::warn!(
+                    "no bpffs at the pin directory or at /sys/fs/bpf: the programs are \
+                     loaded with every feature (specialising them needs one to load them \
+                     again)"
+                );
+                balancer_common::features::ALL
+            }
+            None => balancer_common::features::ALL,
+        };
+        let mut ebpf = specialise::open(opts, features, None)?;
+        let shared = if features == balancer_common::features::ALL {
+            Vec::new()
+        } else {
+            specialise::share(&ebpf, opts)?
+        };
         let logger = match opts.datapath_log {
             Some(_) => match aya_log::EbpfLogger::init(&mut ebpf) {
                 Ok(l) => Some(l),
@@ -326,17 +332,6 @@ impl Balancer {
             },
             None => None,
         };
-        for name in programs::ALL {
-            let prog: &mut Xdp = ebpf
-                .program_mut(name)
-                .ok_or_else(program_missing)?
-                .try_into()
-                .map_err(program_open_failed)?;
-            prog.load().map_err(|source| BalancerError::Program {
-                action: format!("loading the XDP program {name} into the kernel (verifier)"),
-                source,
-            })?;
-        }
         let mut stages: ProgramArray<MapData> = ebpf
             .take_map(map_names::STAGES)
             .ok_or_else(|| BalancerError::Invalid {
@@ -349,30 +344,7 @@ impl Balancer {
                 action: "open",
                 source,
             })?;
-        for (name, index) in [
-            (programs::NEW_FLOW, programs::NEW_FLOW_STAGE),
-            (programs::ICMP, programs::ICMP_STAGE),
-            (programs::TOO_BIG, programs::TOO_BIG_STAGE),
-            (programs::REPLY, programs::REPLY_STAGE),
-            (programs::FORWARD, programs::FORWARD_STAGE),
-            (programs::RESET, programs::RESET_STAGE),
-            (programs::UDP, programs::UDP_STAGE),
-            (programs::BELOW_CAP, programs::BELOW_CAP_STAGE),
-        ] {
-            let stage: &Xdp = ebpf
-                .program(name)
-                .ok_or_else(program_missing)?
-                .try_into()
-                .map_err(program_open_failed)?;
-            let fd = stage.fd().map_err(program_open_failed)?;
-            stages
-                .set(index, fd, 0)
-                .map_err(|source| BalancerError::Map {
-                    map: map_names::STAGES,
-                    action: "write",
-                    source,
-                })?;
-        }
+        specialise::set_stages(&ebpf, &mut stages)?;
         // The ring buffers the daemon reads.
         let mut ring = |name: &'static str| {
             ebpf.take_map(name)
@@ -397,6 +369,12 @@ impl Balancer {
         Ok(Balancer {
             ebpf,
             _stages: stages,
+            loaded: specialise::Loaded {
+                opts: opts.clone(),
+                features,
+                swaps: 0,
+                maps: shared,
+            },
             maps,
             state: State::default(),
             gc: Reconciler::default(),
@@ -1124,6 +1102,10 @@ impl Balancer {
             latency: &self.latency,
             locality: &self.locality,
             regret: &self.regret,
+            programs: crate::api::ProgramsView {
+                features: specialise::names(self.loaded.features),
+                swaps: self.loaded.swaps,
+            },
             now: Instant::now(),
         }
     }

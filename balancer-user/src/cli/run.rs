@@ -203,6 +203,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = balancer_common::DEFAULT_FLOW_EVENT_RING, hide = true,
           value_parser = parse_ring_size)]
     flow_event_ring: u32,
+    /// Load the data path with every feature at start, instead of only
+    /// those the configuration uses (the default: a feature turned on
+    /// later loads the programs again with it and swaps them in, logged
+    /// and counted as `program_swaps`; docs/operations.md).
+    #[arg(long)]
+    all_features: bool,
     /// Announce the VIPs by BGP through BIRD 2: the directory where the
     /// daemon writes `vips4.conf` and `vips6.conf` (static routes the BIRD
     /// configuration includes; docs/cluster.md). Needs --birdc-socket.
@@ -254,6 +260,7 @@ impl RunArgs {
                 pin_dir: Some(self.pin_dir),
                 datapath_log: self.datapath_log,
                 flow_event_ring: self.flow_event_ring,
+                features: if self.all_features { None } else { Some(0) },
             },
             timeouts: Timeouts {
                 half_open: self.half_open_timeout,

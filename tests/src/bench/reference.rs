@@ -27,11 +27,21 @@ pub const REF_COMMIT_ENV: &str = "BENCH_REF_COMMIT";
 /// Why the reference was not run (set by `cargo xtask bench`).
 pub const REF_SKIPPED_ENV: &str = "BENCH_REF_SKIPPED";
 
+/// Set: the bench loads every feature, not only those each measurement's
+/// configuration uses (`balancer_common::features`).
+pub const ALL_FEATURES_ENV: &str = "BENCH_ALL_FEATURES";
+
 /// Runs `bin bench` with the small data-path selection and returns the
 /// added ns of each path in its section-1 table ("path, table near empty"),
 /// in the table's order.
-fn one_run(bin: &Path, out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
-    let o = Command::new(bin)
+fn one_run(bin: &Path, out: &Path, all_features: bool) -> anyhow::Result<Vec<(String, f64)>> {
+    let mut c = Command::new(bin);
+    if all_features {
+        c.env(ALL_FEATURES_ENV, "1");
+    } else {
+        c.env_remove(ALL_FEATURES_ENV);
+    }
+    let o = c
         .args(["bench", "--command", "reference run", "--out"])
         .arg(out)
         .env("BENCH_ONLY_DATAPATH", "small")
@@ -124,22 +134,27 @@ pub fn run(rep: &mut Report, rounds: usize, ours: &[(String, u32)]) -> anyhow::R
     // Each run's rows, this build's and the reference's.
     let mut a: Vec<Vec<(String, f64)>> = Vec::new();
     let mut b: Vec<Vec<(String, f64)>> = Vec::new();
+    // This build with every feature loaded.
+    let mut f: Vec<Vec<(String, f64)>> = Vec::new();
     for r in 0..rounds {
         eprintln!("bench: reference round {} of {rounds}", r + 1);
         // Alternating which goes first.
         if r % 2 == 0 {
-            a.push(one_run(&me, &tmp)?);
-            b.push(one_run(ref_bin, &tmp)?);
+            a.push(one_run(&me, &tmp, false)?);
+            b.push(one_run(ref_bin, &tmp, false)?);
+            f.push(one_run(&me, &tmp, true)?);
         } else {
-            b.push(one_run(ref_bin, &tmp)?);
-            a.push(one_run(&me, &tmp)?);
+            f.push(one_run(&me, &tmp, true)?);
+            b.push(one_run(ref_bin, &tmp, false)?);
+            a.push(one_run(&me, &tmp, false)?);
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
     writeln!(md, "Section 1's data path at 100 backends, table near empty, of this build and of {commit} (built by `cargo xtask bench` from a git worktree, release like this one), each as its own `balancer-testbed bench` process with `BENCH_ONLY_DATAPATH=small` (the method above, the same scale), alternating, {rounds} runs each in this session; ns added over each build's own baseline program, median of the runs. Both builds place the timed flows by their own rules before timing them ({commit} with SYN then ACK, this build with the whole handshake): the ACKs and replies timed are an established flow's in both.\n")?;
+    writeln!(md, "\"This build\" is loaded as the daemon loads it: with only the features the measured configuration uses (`balancer_common::features`; the plain rows: none); \"every feature\" loads them all ({ALL_FEATURES_ENV}), the programs of `--all-features`.\n")?;
     writeln!(
         md,
-        "| path | this build | {commit} | this / {commit} |\n|---|---|---|---|"
+        "| path | this build | {commit} | this / {commit} | every feature | every feature / {commit} |\n|---|---|---|---|---|---|"
     )?;
     let mut js = Vec::new();
     let paths: Vec<String> = a.iter().flatten().map(|(p, _)| p.clone()).collect();
@@ -163,8 +178,18 @@ pub fn run(rep: &mut Report, rounds: usize, ours: &[(String, u32)]) -> anyhow::R
             continue;
         }
         let t = median(theirs.clone());
-        writeln!(md, "| {p} | {o:+.0} ns | {t:+.0} ns | {:.2} |", o / t)?;
-        js.push(json!({"path": p, "ours_ns": ours, "reference_ns": theirs, "ratio": o / t}));
+        let all = get(&f, &p);
+        let fa = median(all.clone());
+        writeln!(
+            md,
+            "| {p} | {o:+.0} ns | {t:+.0} ns | {:.2} | {fa:+.0} ns | {:.2} |",
+            o / t,
+            fa / t
+        )?;
+        js.push(
+            json!({"path": p, "ours_ns": ours, "reference_ns": theirs, "ratio": o / t,
+                       "all_features_ns": all, "all_features_ratio": fa / t}),
+        );
     }
     let theirs_v = verifier_counts(ref_bin).unwrap_or_default();
     writeln!(md, "\nThe verifier's instruction counts (processed instructions, `verified_insns`), this build next to {commit} (its own `balancer-testbed verifier-stats`):\n")?;

@@ -31,7 +31,7 @@ use std::process::ExitCode;
 use balancer_tests::{
     abuse, bench, chance, cluster, collisions, faults, fixtures, flood, fuzz, health, hostile,
     jumbo, locality, mistakes, modes, netns, operator, orphans, quic, realclients, refusals,
-    restart, retries, scenario, signals, sync, truth, udp,
+    restart, retries, scenario, signals, specialise, sync, truth, udp,
 };
 use clap::{Parser, Subcommand};
 
@@ -107,6 +107,9 @@ enum Cmd {
     /// IP-in-IP VIP survive an emptied flow table and a restart with
     /// --fresh (the control: a random-candidates VIP's do not).
     Chance,
+    /// Specialisation at load: a feature turned on under 1,000 held
+    /// connections swaps the programs in; none breaks.
+    Specialise,
     /// Load signals beyond connection counts: a backend whose agent
     /// reports 3x the load gets about a third of the share; a killed
     /// agent's report goes stale and falls back to counts.
@@ -219,6 +222,11 @@ enum Cmd {
         /// budget: 300,000, a third of the kernel's limit).
         #[arg(long)]
         budget: Option<u32>,
+        /// The features the programs are loaded with
+        /// (`balancer_common::features`: `all`, `none`, or names separated
+        /// by commas): what a specialised load verifies.
+        #[arg(long, default_value = "all", value_parser = parse_features)]
+        features: u64,
     },
     /// The benchmarks: writes BENCHMARKS.md and bench.json.
     Bench {
@@ -307,6 +315,7 @@ fn main() -> ExitCode {
         Cmd::Faults { long } => faults::run(long),
         Cmd::Modes => modes::run(),
         Cmd::Chance => chance::run(),
+        Cmd::Specialise => specialise::run(),
         Cmd::Signals => signals::run(),
         Cmd::Retries => retries::run(),
         Cmd::Locality => locality::run(),
@@ -320,30 +329,32 @@ fn main() -> ExitCode {
         }
         Cmd::Quic => quic::run(),
         Cmd::Fixtures => fixtures::run_suite(),
-        Cmd::VerifierStats { budget } => bench::verifier_verdicts().and_then(|v| {
-            let mut bad = Vec::new();
-            for (name, verdict) in v {
-                match verdict {
-                    Ok(n) => {
-                        println!(
+        Cmd::VerifierStats { budget, features } => {
+            bench::verifier_verdicts(features).and_then(|v| {
+                let mut bad = Vec::new();
+                for (name, verdict) in v {
+                    match verdict {
+                        Ok(n) => {
+                            println!(
                             "{name}: {n} instructions verified (the kernel's limit is 1,000,000)"
                         );
-                        if budget.is_some_and(|b| n > b) {
-                            bad.push(format!("{name} over the budget ({n})"));
+                            if budget.is_some_and(|b| n > b) {
+                                bad.push(format!("{name} over the budget ({n})"));
+                            }
+                        }
+                        Err(why) => {
+                            println!("{name}: refused by the verifier: {why}");
+                            bad.push(format!("{name} refused"));
                         }
                     }
-                    Err(why) => {
-                        println!("{name}: refused by the verifier: {why}");
-                        bad.push(format!("{name} refused"));
-                    }
                 }
-            }
-            if bad.is_empty() {
-                Ok(())
-            } else {
-                anyhow::bail!("{}", bad.join(", "))
-            }
-        }),
+                if bad.is_empty() {
+                    Ok(())
+                } else {
+                    anyhow::bail!("{}", bad.join(", "))
+                }
+            })
+        }
         Cmd::Bench {
             out,
             quick,
@@ -375,4 +386,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--features`: a list of `balancer_common::features` names.
+fn parse_features(s: &str) -> Result<u64, String> {
+    balancer_common::features::from_names(s).map_err(|bad| {
+        let known: Vec<&str> = balancer_common::features::NAMES
+            .iter()
+            .map(|(_, n)| *n)
+            .collect();
+        format!(
+            "unknown feature {bad:?} (known: all, none, {})",
+            known.join(", ")
+        )
+    })
 }

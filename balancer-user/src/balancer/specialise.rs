@@ -1,0 +1,430 @@
+//! Specialisation at load (`balancer_common::features`): the programs are
+//! loaded with only the features the configuration uses, as constants the
+//! verifier knows; a change that needs one more loads the object again
+//! with it, reusing every map of the running one, and swaps the new
+//! programs in (the stages' program array, then each interface's link,
+//! each an atomic replacement) before the maps ask for the feature. No
+//! flow, count or counter is touched: both loads share the same maps, so
+//! a segment handled by the old programs and the next by the new ones see
+//! the same state.
+//!
+//! The maps are shared through pins in a directory that lives only for the
+//! load (`swap-<pid>-<n>`, bpffs takes no name with a dot), on the bpffs of
+//! the pin directory, or at /sys/fs/bpf without one:
+//! aya reuses a pinned map where it finds one.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use aya::{
+    maps::{MapData, ProgramArray},
+    programs::{
+        links::{FdLink, PinnedLink},
+        xdp::XdpLink,
+        Xdp,
+    },
+    Ebpf, EbpfLoader,
+};
+use balancer_common::{features, map_names, programs};
+
+use super::{program_missing, program_open_failed, Balancer, LoadOptions, PROGRAM};
+use crate::{
+    error::{BalancerError, Result},
+    links::Held,
+};
+
+/// How the programs running now were loaded, and what the next load
+/// reuses.
+pub(super) struct Loaded {
+    /// The options of the first load (table sizes, pins, log level).
+    pub opts: LoadOptions,
+    /// The features the loaded programs carry (`balancer_common::features`).
+    pub features: u64,
+    /// Loads swapped in since the balancer started (a feature turned on).
+    pub swaps: u64,
+    /// A handle of every map of the object but its global data: the next
+    /// load reuses them. Empty when the programs carry every feature (no
+    /// load follows).
+    pub maps: Vec<(String, MapData)>,
+}
+
+/// Opens the object and loads every program with the features word
+/// `features`; with `reuse`, each map named there is the map pinned at
+/// `reuse/<name>` (every map of a running load), else the maps of
+/// `opts.pin_dir` where they exist.
+///
+/// # Errors
+/// [`BalancerError::Load`] / [`BalancerError::Program`] when the kernel
+/// refuses the object (the verifier log is in the error).
+pub(super) fn open(
+    opts: &LoadOptions,
+    features: u64,
+    reuse: Option<(&Path, &[(String, MapData)])>,
+) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries(map_names::FLOWS, opts.flow_table_size);
+    loader.map_max_entries(map_names::HALF_OPEN, opts.half_open_table_size);
+    // The unproven table carries the direct-return connections the flow
+    // table carried before it existed (short ones live and close in it):
+    // it has the flow table's size.
+    loader.map_max_entries(map_names::UNPROVEN, opts.flow_table_size);
+    // Every flow the daemon expires at once may come back: as many
+    // orphan records as flows.
+    loader.map_max_entries(map_names::ORPHANS, opts.flow_table_size);
+    loader.map_max_entries(map_names::AFFINITY, opts.affinity_table_size);
+    loader.map_max_entries(map_names::FLOW_EVENTS, opts.flow_event_ring);
+    match reuse {
+        Some((dir, maps)) => {
+            for (name, _) in maps {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        None => {
+            if let Some(dir) = &opts.pin_dir {
+                std::fs::create_dir_all(dir).map_err(|source| BalancerError::Io {
+                    action: format!("creating pin directory {}", dir.display()),
+                    source,
+                })?;
+                // Only maps named here are pinned (the object declares none
+                // as pinned, so a load without a pin directory shares
+                // nothing).
+                for name in crate::maps::PINNED_MAPS {
+                    loader.map_pin_path(name, dir.join(name));
+                }
+            }
+        }
+    }
+    // aya-log-common's levels: Error = 1 .. Trace = 5; 0 emits nothing.
+    let level: u8 = opts.datapath_log.map_or(0, |l| l as u8);
+    loader.override_global(aya_log::LEVEL, &level, true);
+    loader.override_global(features::GLOBAL, &features, true);
+    let mut ebpf = loader
+        .load(PROGRAM)
+        .map_err(|e| super::explain_load_error(e, opts))?;
+    for name in programs::ALL {
+        let prog: &mut Xdp = ebpf
+            .program_mut(name)
+            .ok_or_else(program_missing)?
+            .try_into()
+            .map_err(program_open_failed)?;
+        prog.load().map_err(|source| BalancerError::Program {
+            action: format!(
+                "loading the XDP program {name} into the kernel (verifier), features: {}",
+                names(features)
+            ),
+            source,
+        })?;
+    }
+    Ok(ebpf)
+}
+
+/// Points each stage's entry of `stages` (the object's program array) at
+/// the stage program of `ebpf`.
+///
+/// # Errors
+/// A program missing, or the map write refused.
+pub(super) fn set_stages(ebpf: &Ebpf, stages: &mut ProgramArray<MapData>) -> Result<()> {
+    for (name, index) in [
+        (programs::NEW_FLOW, programs::NEW_FLOW_STAGE),
+        (programs::ICMP, programs::ICMP_STAGE),
+        (programs::TOO_BIG, programs::TOO_BIG_STAGE),
+        (programs::REPLY, programs::REPLY_STAGE),
+        (programs::FORWARD, programs::FORWARD_STAGE),
+        (programs::RESET, programs::RESET_STAGE),
+        (programs::UDP, programs::UDP_STAGE),
+        (programs::BELOW_CAP, programs::BELOW_CAP_STAGE),
+    ] {
+        let stage: &Xdp = ebpf
+            .program(name)
+            .ok_or_else(program_missing)?
+            .try_into()
+            .map_err(program_open_failed)?;
+        let fd = stage.fd().map_err(program_open_failed)?;
+        stages
+            .set(index, fd, 0)
+            .map_err(|source| BalancerError::Map {
+                map: map_names::STAGES,
+                action: "write",
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// A handle of every map of `ebpf` but its global data (`.rodata` and
+/// the like, which hold each load's own constants), made through a pin
+/// that is removed at once. Called before any map is taken out of `ebpf`.
+///
+/// # Errors
+/// No bpffs at /sys/fs/bpf, or a pin refused.
+pub(super) fn share(ebpf: &Ebpf, opts: &LoadOptions) -> Result<Vec<(String, MapData)>> {
+    remove_stale(opts);
+    let dir = PinDir::new(opts)?;
+    let mut out = Vec::new();
+    for (name, map) in ebpf.maps() {
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = dir.0.join(name);
+        map.pin(&path).map_err(|e| pin_error(&path, e))?;
+        let data = MapData::from_pin(&path).map_err(|source| BalancerError::Map {
+            map: map_names::STAGES,
+            action: "reopen",
+            source,
+        })?;
+        out.push((name.to_string(), data));
+    }
+    Ok(out)
+}
+
+/// The names of the features in `word`, or `none`.
+pub fn names(word: u64) -> String {
+    let n: Vec<&str> = features::NAMES
+        .iter()
+        .filter(|(f, _)| word & f != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if n.is_empty() {
+        "none".into()
+    } else {
+        n.join(",")
+    }
+}
+
+/// The bpffs directory under which a load's pins go: the pin directory,
+/// or /sys/fs/bpf without one; `None` when it is no bpffs.
+pub(super) fn pin_root(opts: &LoadOptions) -> Option<PathBuf> {
+    let root = opts
+        .pin_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf"));
+    crate::preflight::is_bpffs(&root).then_some(root)
+}
+
+/// Removes the load directories an earlier process left (it ended during
+/// a load): their pins would hold its maps for ever.
+fn remove_stale(opts: &LoadOptions) {
+    let Some(root) = pin_root(opts) else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(&root) else {
+        return;
+    };
+    let mine = format!("swap-{}-", std::process::id());
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("swap-") && !name.starts_with(&mine) {
+            tracing::info!(
+                "removing {}, left by a load that did not finish",
+                e.path().display()
+            );
+            drop(PinDir(e.path()));
+        }
+    }
+}
+
+/// A directory for one load's pins ([`pin_root`]), removed with them when
+/// dropped.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(opts: &LoadOptions) -> Result<Self> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let Some(root) = pin_root(opts) else {
+            return Err(BalancerError::Invalid {
+                what: "bpffs",
+                reason: "no bpffs at the pin directory or at /sys/fs/bpf: the programs \
+                         cannot be loaded again with another feature"
+                    .into(),
+            });
+        };
+        let dir = root.join(format!(
+            "swap-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|source| BalancerError::Io {
+            action: format!("creating {}", dir.display()),
+            source,
+        })?;
+        Ok(PinDir(dir))
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(&self.0) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn pin_error(path: &Path, e: aya::pin::PinError) -> BalancerError {
+    BalancerError::Invalid {
+        what: "map pin",
+        reason: format!("pinning at {}: {e}", path.display()),
+    }
+}
+
+impl Balancer {
+    /// The features the loaded programs carry (`balancer_common::features`).
+    pub fn features(&self) -> u64 {
+        self.loaded.features
+    }
+
+    /// Loads swapped in since the balancer started.
+    pub fn program_swaps(&self) -> u64 {
+        self.loaded.swaps
+    }
+
+    /// Makes sure the loaded programs carry every feature of `want`: when
+    /// one is missing, loads the object again with the features loaded so
+    /// far and `want`'s (never fewer: a feature goes with a restart),
+    /// reusing every map, and swaps the new programs in: the stages'
+    /// entries, then each interface's link (atomic replacements). Logged
+    /// and counted ([`Balancer::program_swaps`]).
+    ///
+    /// # Errors
+    /// The load refused (nothing changed), or a link replacement refused
+    /// (the interfaces replaced so far are put back on the programs that
+    /// ran before).
+    pub(super) fn specialise(&mut self, want: u64) -> Result<()> {
+        if want & !self.loaded.features == 0 {
+            return Ok(());
+        }
+        let next = self.loaded.features | want;
+        let started = std::time::Instant::now();
+        let mut new = {
+            let dir = PinDir::new(&self.loaded.opts)?;
+            for (name, map) in &self.loaded.maps {
+                let path = dir.0.join(name);
+                map.pin(&path).map_err(|e| pin_error(&path, e))?;
+            }
+            // The pins go with `dir`, whether the load succeeds or not.
+            open(&self.loaded.opts, next, Some((&dir.0, &self.loaded.maps)))?
+        };
+        let mut stages: ProgramArray<MapData> = new
+            .take_map(map_names::STAGES)
+            .ok_or_else(|| BalancerError::Invalid {
+                what: "object",
+                reason: format!("map {} missing", map_names::STAGES),
+            })?
+            .try_into()
+            .map_err(|source| BalancerError::Map {
+                map: map_names::STAGES,
+                action: "open",
+                source,
+            })?;
+        set_stages(&new, &mut stages)?;
+        let moved = self.move_links(&mut new);
+        if let Err(e) = moved {
+            // The stages back to the programs that still run on every
+            // interface.
+            if let Err(r) = set_stages(&self.ebpf, &mut stages) {
+                tracing::error!("putting the stages back after a failed swap failed too: {r}");
+            }
+            return Err(e);
+        }
+        let old = std::mem::replace(&mut self.ebpf, new);
+        self._stages = stages;
+        drop(old);
+        let before = std::mem::replace(&mut self.loaded.features, next);
+        self.loaded.swaps += 1;
+        tracing::info!(
+            "programs loaded again with the features {} (were {}), swapped in on {} \
+             interface(s) in {} ms",
+            names(next),
+            names(before),
+            self.attached.len(),
+            started.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    /// Moves each interface's link from the running entry program to
+    /// `new`'s; on a refusal, the ones moved go back. (A refusal of the
+    /// kernel's link update itself, which the same program type and
+    /// attach type never meet, would leave that one interface without
+    /// the balancer when its link was not pinned.)
+    fn move_links(&mut self, new: &mut Ebpf) -> Result<()> {
+        let new_prog = super::program_mut(new)?;
+        let old_prog = super::program_mut(&mut self.ebpf)?;
+        let mut moved = Vec::new();
+        let mut failed = None;
+        for mut a in std::mem::take(&mut self.attached) {
+            if failed.is_some() {
+                moved.push(a);
+                continue;
+            }
+            match swap_link(a.held, old_prog, new_prog) {
+                Ok(h) => {
+                    a.held = h;
+                    moved.push(a);
+                }
+                Err(e) => {
+                    tracing::error!("replacing the program on {}: {e}", a.name);
+                    failed = Some((moved.len(), e));
+                }
+            }
+        }
+        let Some((done, e)) = failed else {
+            self.attached = moved;
+            return Ok(());
+        };
+        let mut back = Vec::new();
+        for (i, mut a) in moved.into_iter().enumerate() {
+            if i >= done {
+                back.push(a);
+                continue;
+            }
+            match swap_link(a.held, new_prog, old_prog) {
+                Ok(h) => {
+                    a.held = h;
+                    back.push(a);
+                }
+                Err(r) => {
+                    tracing::error!("putting {}'s link back after a failed swap: {r}", a.name)
+                }
+            }
+        }
+        self.attached = back;
+        Err(e)
+    }
+}
+
+/// Moves the link `held` from program `from` to program `to` (an atomic
+/// replacement: the interface never goes without a program).
+/// (`from` holds an unpinned link; a pinned one is opened from its pin.)
+fn swap_link(held: Held, from: &mut Xdp, to: &mut Xdp) -> Result<Held> {
+    let refused = |source| BalancerError::Program {
+        action: "replacing the program on an interface's link".into(),
+        source,
+    };
+    match held {
+        Held::Owned(id) => {
+            let link = from.take_link(id).map_err(refused)?;
+            Ok(Held::Owned(to.attach_to_link(link).map_err(refused)?))
+        }
+        Held::Pinned { path, link } => {
+            let invalid = |e: String| BalancerError::Invalid {
+                what: "link",
+                reason: format!("the link pinned at {}: {e}", path.display()),
+            };
+            let fd: FdLink = PinnedLink::from_pin(&path)
+                .map_err(|e| invalid(e.to_string()))?
+                .into();
+            let xdp = XdpLink::try_from(fd).map_err(|e| invalid(e.to_string()))?;
+            let id = to.attach_to_link(xdp).map_err(refused)?;
+            // The descriptor held before is of the same link.
+            drop(link);
+            let link = FdLink::try_from(to.take_link(id).map_err(refused)?)
+                .map_err(|e| invalid(e.to_string()))?;
+            Ok(Held::Pinned { path, link })
+        }
+    }
+}
