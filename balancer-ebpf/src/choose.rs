@@ -56,7 +56,7 @@ pub enum Refusal {
 }
 
 /// No slot excluded.
-const NO_SLOT: u32 = u32::MAX;
+pub const NO_SLOT: u32 = u32::MAX;
 
 /// A uniform 32-bit random number: `bpf_get_prandom_u32`, or a seeded
 /// deterministic generator when `Settings::test_seed` is set (tests only).
@@ -725,7 +725,9 @@ fn place_inner(
     {
         return Err(Refusal::Drop);
     }
-    if rate_refused(vip, key, now) {
+    // A retransmitted SYN placed again (`client::pinned`) is the flow its
+    // first SYN was, admitted then: its source's rate is not asked again.
+    if crate::scratch::resample() == NO_SLOT && rate_refused(vip, key, now) {
         return Err(Refusal::Drop);
     }
     // SAFETY: the value is only read.
@@ -828,9 +830,8 @@ fn place_inner(
         // A retransmitted SYN whose backend stayed silent, chosen away
         // from it: its flow moves.
         if move_flow(key, crate::scratch::resample(), b, slot) {
-            // (The client's affinity is not moved with it: one more
-            // call here takes the new-flow stage near the verifier's
-            // million instructions.)
+            // The client's affinity follows it.
+            affinity::remember(vip, &seg.src_addr, slot, b.generation, now);
             return Ok((b, slot));
         }
         // Another CPU placed the same SYN first: follow it.

@@ -409,7 +409,10 @@ pub fn place(ctx: XdpContext) -> u32 {
                     count(Counter::UdpNewFlows, 1);
                 }
             }
-            to_backend(&frame, seg, b, slot, vip.index, true, now, None).code()
+            // A retransmitted SYN placed again is the flow its first SYN
+            // was (counted `syn_resampled`), not a new one.
+            let new_flow = crate::scratch::resample() == crate::choose::NO_SLOT;
+            to_backend(&frame, seg, b, slot, vip.index, new_flow, now, None).code()
         }
         Err(Refusal::Again(slot)) => {
             crate::scratch::set_avoid(slot);
