@@ -54,17 +54,8 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
     if table == Table::Established {
         if let Some(step) = flow::steady(entry, seg, Direction::ToBackend, mode::one_sided(b.mode))
         {
-            // SAFETY: `e` points to the flow-table value of `key`; plain
-            // stores of whole words (as `track` makes them).
-            unsafe {
-                (*e).last_seen_ns = now;
-                if let Some(v) = step.client_next_seq {
-                    (*e).client_next_seq = v;
-                }
-                if let Some(v) = step.server_next_seq {
-                    (*e).server_next_seq = v;
-                }
-            }
+            // SAFETY: `e` points to the flow-table value of `key`.
+            unsafe { track::store_steady(e, &step, now) };
             return to_backend(frame, seg, b, slot, vip_index, false, now, None);
         }
     }

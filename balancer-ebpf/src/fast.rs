@@ -40,6 +40,7 @@ use crate::{
     maps::{BACKEND_PORTS, BACKEND_STATS, FLOWS, VIP_ADDRS, VIP_PORTS, VIP_STATS},
     rewrite::{nat::Nat, Rewrite},
     stats::{count, count_rx, traffic},
+    track,
 };
 
 /// What [`run`] returns when the general path must take the frame (no
@@ -135,11 +136,8 @@ fn client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> u32 {
     // Decided: from here on as the general path (`client::pinned`'s
     // steady segment, `client::to_backend`, `forward::fast`).
     // SAFETY: `e` points to the flow-table value of `key`.
-    unsafe { store(e, &step, now) };
-    let bytes = seg.wire_len(frame.len()) as u64;
-    count_rx(bytes);
-    traffic(&VIP_STATS, entry.vip_index, bytes, false, false);
-    traffic(&BACKEND_STATS, entry.backend_slot, bytes, false, false);
+    unsafe { track::store_steady(e, &step, now) };
+    count_forwarded(frame, seg, entry);
     send(ctx, seg, &rw, hop, ingress)
 }
 
@@ -198,31 +196,18 @@ fn reply(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> u32 {
     // Decided: from here on as the general path (`reply::to_client` with
     // `track`'s stores of a steady segment, `forward::fast`).
     // SAFETY: as in `client`.
-    unsafe { store(e, &step, now) };
-    let bytes = seg.wire_len(frame.len()) as u64;
-    count_rx(bytes);
-    traffic(&VIP_STATS, entry.vip_index, bytes, false, false);
-    traffic(&BACKEND_STATS, entry.backend_slot, bytes, false, false);
+    unsafe { track::store_steady(e, &step, now) };
+    count_forwarded(frame, seg, entry);
     count(Counter::ReplyPackets, 1);
     send_nat(ctx, seg, &nat, hop, ingress)
 }
 
-/// Stamps the flow entry at `e` and stores the sequence numbers of a
-/// steady segment's `step`: plain stores of whole words, as `track` makes
-/// them.
-///
-/// # Safety
-/// `e` points to a flow-table value.
+/// Counts a frame of the flow `entry` that the fast path forwards: received,
+/// and on its VIP's and its backend's traffic counters.
 #[inline(always)]
-unsafe fn store(e: *mut FlowEntry, step: &flow::Step, now: u64) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        (*e).last_seen_ns = now;
-        if let Some(v) = step.client_next_seq {
-            (*e).client_next_seq = v;
-        }
-        if let Some(v) = step.server_next_seq {
-            (*e).server_next_seq = v;
-        }
-    }
+fn count_forwarded(frame: &XdpFrame, seg: &Tcp, entry: &FlowEntry) {
+    let bytes = seg.wire_len(frame.len()) as u64;
+    count_rx(bytes);
+    traffic(&VIP_STATS, entry.vip_index, bytes, false, false);
+    traffic(&BACKEND_STATS, entry.backend_slot, bytes, false, false);
 }

@@ -105,6 +105,26 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
     Event(unsafe { balancer_track(key, e, b, seg, how.word()) })
 }
 
+/// Stamps the flow entry at `e` and stores the sequence numbers of a
+/// steady segment's `step` (`flow::steady`), without the rest of the
+/// tracking: plain stores of whole words, as [`track`] makes them.
+///
+/// # Safety
+/// `e` points to a flow-table value.
+#[inline(always)]
+pub unsafe fn store_steady(e: *mut FlowEntry, step: &flow::Step, now: u64) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*e).last_seen_ns = now;
+        if let Some(v) = step.client_next_seq {
+            (*e).client_next_seq = v;
+        }
+        if let Some(v) = step.server_next_seq {
+            (*e).server_next_seq = v;
+        }
+    }
+}
+
 /// [`track`] as a global BPF function (BTF linkage global; Linux 5.6+):
 /// the verifier checks it once, on its own, with its arguments as their
 /// types say, instead of once for each state its callers reach it in.

@@ -633,23 +633,30 @@ fn matrix_table(md: &mut String, sizes: &[ProgramSize]) -> anyhow::Result<()> {
 /// Section 1's table of the programs' sizes.
 fn verifier_table(rep: &mut Report) -> anyhow::Result<Vec<(String, u32)>> {
     let sizes = program_sizes()?;
+    // The same object loaded with no feature (`balancer_common::features`):
+    // what a plain NAT configuration verifies.
+    let plain: BTreeMap<&str, u32> = verifier_verdicts(0)?
+        .into_iter()
+        .filter_map(|(n, v)| v.ok().map(|c| (n, c)))
+        .collect();
     let mut md = String::new();
     writeln!(
         md,
         "### The programs as the verifier saw them
 "
     )?;
-    writeln!(md, "Each program of the balancer's object loaded in this run, as the kernel reports it (`bpf_prog_info`): instructions the verifier processed (`verified_insns`; the kernel refuses a program past 1,000,000), instructions after its rewriting (`xlated_prog_len` / 8), and bytes of JIT-compiled code.\n")?;
+    writeln!(md, "Each program of the balancer's object loaded in this run with every feature (`balancer_common::features`), as the kernel reports it (`bpf_prog_info`): instructions the verifier processed (`verified_insns`; the kernel refuses a program past 1,000,000), instructions after its rewriting (`xlated_prog_len` / 8), and bytes of JIT-compiled code; and the instructions verified when it is loaded with no feature, as the daemon loads it for a plain NAT configuration (`balancer-testbed verifier-stats --features none`).\n")?;
     writeln!(
         md,
-        "| program | verified instructions | translated instructions | JIT bytes |\n|---|---|---|---|"
+        "| program | verified instructions | with no feature | translated instructions | JIT bytes |\n|---|---|---|---|---|"
     )?;
     for p in &sizes {
         writeln!(
             md,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
             p.name,
             p.verified,
+            plain.get(p.name).map_or("?".into(), |c| c.to_string()),
             p.xlated.map_or("?".into(), |x| x.to_string()),
             p.jited
         )?;

@@ -332,18 +332,7 @@ impl Balancer {
             },
             None => None,
         };
-        let mut stages: ProgramArray<MapData> = ebpf
-            .take_map(map_names::STAGES)
-            .ok_or_else(|| BalancerError::Invalid {
-                what: "object",
-                reason: format!("map {} missing", map_names::STAGES),
-            })?
-            .try_into()
-            .map_err(|source| BalancerError::Map {
-                map: map_names::STAGES,
-                action: "open",
-                source,
-            })?;
+        let mut stages = specialise::take_stages(&mut ebpf)?;
         specialise::set_stages(&ebpf, &mut stages)?;
         // The ring buffers the daemon reads.
         let mut ring = |name: &'static str| {

@@ -120,6 +120,24 @@ pub(super) fn open(
     Ok(ebpf)
 }
 
+/// The object's program array of the stages, taken out of `ebpf`.
+///
+/// # Errors
+/// The map missing or of another type.
+pub(super) fn take_stages(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
+    ebpf.take_map(map_names::STAGES)
+        .ok_or_else(|| BalancerError::Invalid {
+            what: "object",
+            reason: format!("map {} missing", map_names::STAGES),
+        })?
+        .try_into()
+        .map_err(|source| BalancerError::Map {
+            map: map_names::STAGES,
+            action: "open",
+            source,
+        })
+}
+
 /// Points each stage's entry of `stages` (the object's program array) at
 /// the stage program of `ebpf`.
 ///
@@ -308,18 +326,7 @@ impl Balancer {
             // The pins go with `dir`, whether the load succeeds or not.
             open(&self.loaded.opts, next, Some((&dir.0, &self.loaded.maps)))?
         };
-        let mut stages: ProgramArray<MapData> = new
-            .take_map(map_names::STAGES)
-            .ok_or_else(|| BalancerError::Invalid {
-                what: "object",
-                reason: format!("map {} missing", map_names::STAGES),
-            })?
-            .try_into()
-            .map_err(|source| BalancerError::Map {
-                map: map_names::STAGES,
-                action: "open",
-                source,
-            })?;
+        let mut stages = take_stages(&mut new)?;
         set_stages(&new, &mut stages)?;
         let moved = self.move_links(&mut new);
         if let Err(e) = moved {
