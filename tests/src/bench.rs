@@ -553,8 +553,13 @@ pub fn program_sizes() -> anyhow::Result<Vec<ProgramSize>> {
 /// The programs' verified instructions on each kernel of the matrix
 /// (`scripts/kernels.sh`: Debian's kernels in qemu), next to this
 /// machine's from `sizes`, measured in this run; a note instead when the
-/// VMs are not set up (`cargo xtask kernels` sets them up).
+/// VMs are not set up (`cargo xtask kernels` sets them up), or in a run of
+/// the same-run reference (`reference::NO_MATRIX_ENV`: its parent reports
+/// the matrix once).
 fn matrix_table(md: &mut String, sizes: &[ProgramSize]) -> anyhow::Result<()> {
+    if std::env::var_os(reference::NO_MATRIX_ENV).is_some() {
+        return Ok(());
+    }
     let script = Path::new("scripts/kernels.sh");
     let list = Command::new("bash")
         .arg(script)

@@ -27,6 +27,10 @@ pub const REF_COMMIT_ENV: &str = "BENCH_REF_COMMIT";
 /// Why the reference was not run (set by `cargo xtask bench`).
 pub const REF_SKIPPED_ENV: &str = "BENCH_REF_SKIPPED";
 
+/// Set in each run of the reference: the kernel matrix's VMs are not
+/// booted for its verifier table (the parent's run reports the matrix).
+pub const NO_MATRIX_ENV: &str = "BENCH_NO_MATRIX";
+
 /// Set: the bench loads every feature, not only those each measurement's
 /// configuration uses (`balancer_common::features`).
 pub const ALL_FEATURES_ENV: &str = "BENCH_ALL_FEATURES";
@@ -45,6 +49,7 @@ fn one_run(bin: &Path, out: &Path, all_features: bool) -> anyhow::Result<Vec<(St
         .args(["bench", "--command", "reference run", "--out"])
         .arg(out)
         .env("BENCH_ONLY_DATAPATH", "small")
+        .env(NO_MATRIX_ENV, "1")
         .env_remove("BENCH_ONLY")
         .env_remove(ISOLATED_ENV)
         .env_remove(REF_BIN_ENV)
