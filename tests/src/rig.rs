@@ -363,6 +363,9 @@ impl Rig {
     /// # Errors
     /// Load failure, or the network of [`net_setup`] missing.
     pub fn specialised(flow_table: u32) -> anyhow::Result<Rig> {
+        // The loads that follow share the maps through a bpffs (the
+        // daemon's own set-up mounts one when none is there).
+        balancer::daemon::ensure_bpffs()?;
         Rig::load(flow_table, flow_table, Some(0))
     }
 
