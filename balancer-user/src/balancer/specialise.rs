@@ -187,10 +187,9 @@ pub(super) fn share(ebpf: &Ebpf, opts: &LoadOptions) -> Result<Vec<(String, MapD
         }
         let path = dir.0.join(name);
         map.pin(&path).map_err(|e| pin_error(&path, e))?;
-        let data = MapData::from_pin(&path).map_err(|source| BalancerError::Map {
-            map: map_names::STAGES,
-            action: "reopen",
-            source,
+        let data = MapData::from_pin(&path).map_err(|e| BalancerError::Invalid {
+            what: "map pin",
+            reason: format!("reopening map {name} from {}: {e}", path.display()),
         })?;
         out.push((name.to_string(), data));
     }
@@ -361,47 +360,47 @@ impl Balancer {
     fn move_links(&mut self, new: &mut Ebpf) -> Result<()> {
         let new_prog = super::program_mut(new)?;
         let old_prog = super::program_mut(&mut self.ebpf)?;
-        let mut moved = Vec::new();
-        let mut failed = None;
-        for mut a in std::mem::take(&mut self.attached) {
-            if failed.is_some() {
-                moved.push(a);
-                continue;
-            }
-            match swap_link(a.held, old_prog, new_prog) {
-                Ok(h) => {
-                    a.held = h;
-                    moved.push(a);
-                }
-                Err(e) => {
-                    tracing::error!("replacing the program on {}: {e}", a.name);
-                    failed = Some((moved.len(), e));
-                }
-            }
-        }
+        let all = std::mem::take(&mut self.attached);
+        let (attached, failed) = swap_links(all, usize::MAX, old_prog, new_prog);
         let Some((done, e)) = failed else {
-            self.attached = moved;
+            self.attached = attached;
             return Ok(());
         };
-        let mut back = Vec::new();
-        for (i, mut a) in moved.into_iter().enumerate() {
-            if i >= done {
-                back.push(a);
-                continue;
-            }
-            match swap_link(a.held, new_prog, old_prog) {
-                Ok(h) => {
-                    a.held = h;
-                    back.push(a);
-                }
-                Err(r) => {
-                    tracing::error!("putting {}'s link back after a failed swap: {r}", a.name)
-                }
-            }
-        }
-        self.attached = back;
+        let (attached, _) = swap_links(attached, done, new_prog, old_prog);
+        self.attached = attached;
         Err(e)
     }
+}
+
+/// Moves the links of the first `n` attachments of `list` from program
+/// `from` to program `to`, in order, until one is refused (logged): the
+/// list back (a refused attachment left out: its link is gone unless
+/// pinned), and the refusal with how many moved before it.
+fn swap_links(
+    list: Vec<super::Attachment>,
+    n: usize,
+    from: &mut Xdp,
+    to: &mut Xdp,
+) -> (Vec<super::Attachment>, Option<(usize, BalancerError)>) {
+    let mut out = Vec::with_capacity(list.len());
+    let mut failed = None;
+    for (i, mut a) in list.into_iter().enumerate() {
+        if failed.is_some() || i >= n {
+            out.push(a);
+            continue;
+        }
+        match swap_link(a.held, from, to) {
+            Ok(h) => {
+                a.held = h;
+                out.push(a);
+            }
+            Err(e) => {
+                tracing::error!("replacing the program on {}'s link: {e}", a.name);
+                failed = Some((i, e));
+            }
+        }
+    }
+    (out, failed)
 }
 
 /// Moves the link `held` from program `from` to program `to` (an atomic
