@@ -31,6 +31,17 @@ pub fn admit(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> Result<(), u32> {
     Ok(())
 }
 
+/// The receiving interface's MAC for an ifindex past `LOCAL_MAC_SLOTS`
+/// (`LOCAL_MACS`). A BPF function of its own: written inline beside the
+/// array's lookup, LLVM merged the two into one helper call with either
+/// map, and the verifier inlines no lookup whose call site sees two maps
+/// (every frame then paid a helper call and an indirect call, ~10 ns).
+#[inline(never)]
+fn local_mac_hashed(ifindex: u32) -> Option<&'static balancer_common::LocalMac> {
+    // SAFETY: the value is only read.
+    unsafe { LOCAL_MACS.get(&ifindex) }
+}
+
 /// The L2 half of [`admit`]: `Ok` when the destination MAC is the
 /// receiving interface's, else XDP_PASS, counted `pass_other_host` (for a
 /// frame the balancer answers itself rather than forwards: its TTL does
@@ -38,12 +49,12 @@ pub fn admit(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> Result<(), u32> {
 #[inline(always)]
 pub fn addressed_here(ctx: &XdpContext, frame: &XdpFrame) -> Result<(), u32> {
     let ifindex = ctx.ingress_ifindex() as u32;
-    // An array entry (inlined by the JIT) for the usual small ifindex.
+    // An array entry (inlined by the verifier) for the usual small
+    // ifindex; the hash map's lookup in a function of its own (below).
     let local = if ifindex < LOCAL_MAC_SLOTS {
         LOCAL_MAC_SLOTS_MAP.get(ifindex)
     } else {
-        // SAFETY: the value is only read.
-        unsafe { LOCAL_MACS.get(&ifindex) }
+        local_mac_hashed(ifindex)
     };
     // Compared as a 4-byte and a 2-byte word (both at even offsets).
     let ours = match (local, frame.read_u32(0), frame.read::<2>(4)) {
