@@ -42,8 +42,57 @@ pub struct VipLimits {
     /// Tokens a source's bucket holds at most (and starts with), at least
     /// 1 when `source_rate` is set.
     pub source_burst: u32,
-    /// Padding, always 0.
-    pub _pad: u32,
+    /// The prefix lengths a source's bucket is kept under
+    /// ([`VipLimits::rate_source`]): bits 0-7 the IPv4 prefix (1-32),
+    /// bits 8-15 the IPv6 prefix (1-128); 0 in either byte is its default
+    /// ([`DEFAULT_SOURCE_PREFIX_V4`], [`DEFAULT_SOURCE_PREFIX_V6`]). See
+    /// [`VipLimits::prefixes`].
+    pub source_prefixes: u32,
+}
+
+/// The IPv4 prefix a source rate is kept under by default: one address.
+pub const DEFAULT_SOURCE_PREFIX_V4: u8 = 32;
+
+/// The IPv6 prefix a source rate is kept under by default: /64, the
+/// subnet one host's addresses come from (interface identifiers are 64
+/// bits, RFC 4291 section 2.5.1, and a host picks new ones at will, RFC
+/// 8981): per /128 a single client gets a fresh budget with each address.
+pub const DEFAULT_SOURCE_PREFIX_V6: u8 = 64;
+
+impl VipLimits {
+    /// [`VipLimits::source_prefixes`] of an IPv4 and an IPv6 prefix length.
+    pub const fn prefixes(v4: u8, v6: u8) -> u32 {
+        v4 as u32 | (v6 as u32) << 8
+    }
+
+    /// The prefix lengths in force, (IPv4, IPv6), defaults filled in.
+    #[inline(always)]
+    pub const fn prefix_lengths(&self) -> (u8, u8) {
+        let v4 = (self.source_prefixes & 0xff) as u8;
+        let v6 = ((self.source_prefixes >> 8) & 0xff) as u8;
+        (
+            if v4 == 0 {
+                DEFAULT_SOURCE_PREFIX_V4
+            } else {
+                v4
+            },
+            if v6 == 0 {
+                DEFAULT_SOURCE_PREFIX_V6
+            } else {
+                v6
+            },
+        )
+    }
+
+    /// The address the bucket of client `addr` is kept under
+    /// ([`RateKey::addr`]): `addr` cut to its family's prefix, so that
+    /// every address of one IPv6 /64 (by default) shares one budget.
+    #[inline(always)]
+    pub const fn rate_source(&self, addr: &Addr) -> Addr {
+        let v4 = addr.is_v4();
+        let (p4, p6) = self.prefix_lengths();
+        addr.masked(&Addr::netmask(v4, if v4 { p4 } else { p6 }))
+    }
 }
 
 /// Key of `SOURCE_RATES`: a VIP's index and a client source address.
@@ -111,6 +160,36 @@ pub fn charged(b: Option<&RateBucket>, now_ns: u64, rate: u32, burst: u32) -> Ra
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn rate_source_cuts_to_the_prefix() {
+        extern crate std;
+        let a = |s: &str| match s.parse::<std::net::IpAddr>().unwrap() {
+            std::net::IpAddr::V4(v) => Addr::v4(u32::from_ne_bytes(v.octets())),
+            std::net::IpAddr::V6(v) => Addr::from_v6_bytes(&v.octets()),
+        };
+        let d = VipLimits::default();
+        // Defaults: an IPv6 /64 shares one bucket, an IPv4 address is its own.
+        assert_eq!(d.rate_source(&a("2001:db8:1::2")), a("2001:db8:1::"));
+        assert_eq!(
+            d.rate_source(&a("2001:db8:1:0:ffff::9")),
+            d.rate_source(&a("2001:db8:1::3"))
+        );
+        assert_ne!(
+            d.rate_source(&a("2001:db8:1:1::2")),
+            d.rate_source(&a("2001:db8:1::2"))
+        );
+        assert_eq!(d.rate_source(&a("10.0.1.9")), a("10.0.1.9"));
+        // Set: /128 and /24.
+        let l = VipLimits {
+            source_prefixes: VipLimits::prefixes(24, 128),
+            ..d
+        };
+        assert_eq!(l.rate_source(&a("2001:db8:1::2")), a("2001:db8:1::2"));
+        assert_eq!(l.rate_source(&a("10.0.1.9")), a("10.0.1.0"));
+        assert_eq!(l.prefix_lengths(), (24, 128));
+        assert_eq!(d.prefix_lengths(), (32, 64));
+    }
     use proptest::prelude::*;
 
     use super::*;

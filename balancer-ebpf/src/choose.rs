@@ -576,7 +576,7 @@ fn rate_refused(vip: &VipInfo, key: &FlowKey, now: u64) -> bool {
     };
     r.key = RateKey {
         vip_index: vip.index,
-        addr: key.src_addr,
+        addr: limits.rate_source(&key.src_addr),
     };
     // SAFETY: the value is only read.
     let b = unsafe { SOURCE_RATES.get(&r.key) };

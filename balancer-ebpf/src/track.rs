@@ -440,7 +440,7 @@ pub fn charge_source(key: &FlowKey, vip_index: u32, now: u64) {
     };
     r.key = RateKey {
         vip_index,
-        addr: key.src_addr,
+        addr: l.rate_source(&key.src_addr),
     };
     // SAFETY: the value is only read before the update.
     r.bucket = rate::charged(

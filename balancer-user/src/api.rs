@@ -138,6 +138,12 @@ pub struct VipPatch {
     /// The per-source burst (0: one second of the rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_burst: Option<u32>,
+    /// The IPv4 prefix length whose addresses share one source rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_rate_prefix_v4: Option<u8>,
+    /// The IPv6 prefix length whose addresses share one source rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_rate_prefix_v6: Option<u8>,
     /// The load signal the choice compares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<crate::state::LoadSignal>,
@@ -229,6 +235,12 @@ impl VipPatch {
         }
         if let Some(v) = self.source_burst {
             s.source_burst = v;
+        }
+        if let Some(v) = self.source_rate_prefix_v4 {
+            s.source_rate_prefix_v4 = v;
+        }
+        if let Some(v) = self.source_rate_prefix_v6 {
+            s.source_rate_prefix_v6 = v;
         }
         if let Some(v) = self.signal {
             s.signal = v;

@@ -155,8 +155,9 @@ fn settings_words(s: &VipSettings) -> String {
                     w.push(format!("{} conns per backend", l.backend_max_conns));
                 }
                 if l.source_rate != 0 {
+                    let (p4, p6) = l.prefix_lengths();
                     w.push(format!(
-                        "{} new flows/s per source (burst {})",
+                        "{} new flows/s per source (burst {}; per IPv4 /{p4}, IPv6 /{p6})",
                         l.source_rate, l.source_burst
                     ));
                 }

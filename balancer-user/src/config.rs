@@ -230,6 +230,14 @@ pub struct VipEntry {
     /// The per-source burst (0: one second of the rate).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub source_burst: u32,
+    /// The IPv4 prefix length whose addresses share one source rate (0:
+    /// 32).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v4: u8,
+    /// The IPv6 prefix length whose addresses share one source rate (0:
+    /// 64).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v6: u8,
     /// The load signal the choice compares (default `connections`).
     #[serde(
         default,
@@ -368,6 +376,8 @@ impl VipEntry {
             backend_max_conns: self.backend_max_conns,
             source_rate: self.source_rate,
             source_burst: self.source_burst,
+            source_rate_prefix_v4: self.source_rate_prefix_v4,
+            source_rate_prefix_v6: self.source_rate_prefix_v6,
             signal: self.signal,
             agent_port: self.agent_port,
             agent_interval: self.agent_interval,
@@ -401,6 +411,8 @@ impl VipEntry {
             backend_max_conns: s.backend_max_conns,
             source_rate: s.source_rate,
             source_burst: s.source_burst,
+            source_rate_prefix_v4: s.source_rate_prefix_v4,
+            source_rate_prefix_v6: s.source_rate_prefix_v6,
             signal: s.signal,
             agent_port: s.agent_port,
             agent_interval: s.agent_interval,

@@ -399,6 +399,16 @@ pub struct VipSettings {
     /// kept and means nothing.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub source_burst: u32,
+    /// The IPv4 prefix length a source's rate is kept under: every
+    /// address of one such prefix shares one budget. 1-32; 0 (the
+    /// default): 32, one address.
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v4: u8,
+    /// The IPv6 prefix length a source's rate is kept under. 1-128; 0 (the
+    /// default): 64 (`balancer_common::rate::DEFAULT_SOURCE_PREFIX_V6`:
+    /// a host picks new addresses in its /64 at will, RFC 8981).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v6: u8,
     /// The load a choice compares: the servers' active connections
     /// (default), or the load an agent on each backend reports
     /// (`crate::agent`), polled over TCP at `agent_port`.
@@ -489,6 +499,12 @@ impl VipSettings {
             reason,
         };
         let max = balancer_common::rate::MAX_RATE;
+        if self.source_rate_prefix_v4 > 32 || self.source_rate_prefix_v6 > 128 {
+            return Err(bad(format!(
+                "source rate prefixes /{} (IPv4, 1-32) and /{} (IPv6, 1-128) are out of range",
+                self.source_rate_prefix_v4, self.source_rate_prefix_v6
+            )));
+        }
         if self.source_rate > max || self.source_burst > max {
             return Err(bad(format!(
                 "source rate {} and burst {} must be at most {max}",
@@ -599,7 +615,10 @@ impl VipSettings {
                 (r, 0) => r,
                 (_, b) => b,
             },
-            _pad: 0,
+            source_prefixes: balancer_common::rate::VipLimits::prefixes(
+                self.source_rate_prefix_v4,
+                self.source_rate_prefix_v6,
+            ),
         })
     }
 }
@@ -793,6 +812,8 @@ impl Default for VipSettings {
             backend_max_conns: 0,
             source_rate: 0,
             source_burst: 0,
+            source_rate_prefix_v4: 0,
+            source_rate_prefix_v6: 0,
             signal: LoadSignal::Connections,
             agent_port: None,
             agent_interval: default_agent_interval(),

@@ -148,6 +148,14 @@ pub struct VipArgs {
     /// second of it).
     #[arg(long, value_name = "FLOWS")]
     source_burst: Option<u32>,
+    /// The IPv4 prefix length whose addresses share one source rate
+    /// (1-32; default 32, one address).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(1..=32))]
+    source_rate_prefix_v4: Option<u8>,
+    /// The IPv6 prefix length whose addresses share one source rate
+    /// (1-128; default 64: a host picks new addresses in its /64 at will).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(1..=128))]
+    source_rate_prefix_v6: Option<u8>,
     /// The load the choice compares: connections (default: active
     /// connections, the cluster peers' included); agent (the load each
     /// backend's agent reports, polled at --agent-port; see `balancer
@@ -315,6 +323,8 @@ impl VipArgs {
             backend_max_conns: self.backend_max_conns,
             source_rate: self.source_rate,
             source_burst: self.source_burst,
+            source_rate_prefix_v4: self.source_rate_prefix_v4,
+            source_rate_prefix_v6: self.source_rate_prefix_v6,
             signal: self.signal.map(Into::into),
             agent_port: self.agent_port,
             agent_interval: self.agent_interval,
