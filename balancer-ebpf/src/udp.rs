@@ -5,13 +5,23 @@
 //! holds its active connection until the daemon expires it after its VIP's
 //! UDP idle timeout (docs/udp.md).
 //!
-//! A new flow starts in the half-open table, as a SYN's does, so that a
-//! flood of new tuples (each one datagram from a forged source) evicts
-//! only its own kind. It moves to the established table only on evidence
-//! a forger lacks or pays for: with both directions in view (NAT), a
-//! client datagram after the backend answered; in a direct-return mode,
-//! a client datagram at least `flow::PROOF_AGE_NS` after the first (the
-//! rule of direct-return TCP flows).
+//! A UDP flow lives in the half-open table for its whole life, beside
+//! TCP handshakes in progress, and never enters the established table:
+//! nothing a datagram carries proves that its source is real (a backend's
+//! answer goes to whatever source the datagram named, and the forger need
+//! not see it to send the next one), so no UDP traffic may take the place
+//! of a proven TCP flow. A flood of new tuples evicts UDP flows and
+//! unfinished handshakes (whose clients retry), never an established TCP
+//! connection. A flow is promoted in place (`flow::F_ESTABLISHED`: its
+//! VIP's UDP idle timeout instead of the half-open one) on the evidence
+//! that a real exchange gives: with both directions in view (NAT), a
+//! client datagram after the backend answered; in a direct-return mode, a
+//! client datagram at least `flow::PROOF_AGE_NS` after the first.
+//!
+//! A flow routed by its QUIC connection ID (`flow::F_CID_ROUTED`) goes to
+//! the backend its ID names and is never counted (`flow::counted`): the ID
+//! is the client's to write, so counting it would let forged IDs aim the
+//! choice away from a backend, fill its cap or hold its drain open.
 //!
 //! The stage is a program of its own (`programs::UDP`), tail-called by the
 //! entry for a datagram that the port and address bitmaps say may be a
@@ -33,8 +43,8 @@ use crate::{
     guard,
     lookup::{self, backend_of, pinned_to, port_listed, Table},
     maps::{
-        BACKENDS, BACKEND_CONNS, BACKEND_PORTS, BACKEND_STATS, FLOWS, HALF_OPEN, QUIC_SERVERS,
-        SERVER_CONNS, STAGES, VIPS, VIP_ADDRS, VIP_PORTS, VIP_STATS,
+        BACKENDS, BACKEND_PORTS, BACKEND_STATS, QUIC_SERVERS, STAGES, VIPS, VIP_ADDRS, VIP_PORTS,
+        VIP_STATS,
     },
     rewrite::{nat::Nat, Rewrite},
     stats::{count, traffic},
@@ -121,28 +131,27 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
         return xdp_action::XDP_DROP;
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
-    if table == Table::HalfOpen {
+    if table == Table::HalfOpen && entry.state & flow::F_ESTABLISHED == 0 {
         let proven = if mode::one_sided(b.mode) {
             flow::graduates(entry.created_ns, now)
         } else {
             entry.state & flow::F_SERVED != 0
         };
-        if proven {
-            // SAFETY: `e` points to the half-open value of `key`.
-            let old = unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED | adopt(entry)) };
-            if old & flow::F_CID_ROUTED != 0 && old & flow::F_ADOPTED == 0 {
-                // A flow routed by its QUIC connection ID is counted once
-                // it is proven, by the CPU whose OR set the bit.
-                atomic::add(&BACKEND_CONNS, slot, 1);
-                atomic::add(&SERVER_CONNS, b.server, 1);
-            }
-            track::move_to(key, e, &HALF_OPEN, &FLOWS, Counter::UdpPromoted);
-            // `e` is freed by the move: nothing of it is read below.
+        // Promoted where it is: a UDP flow never enters the established
+        // table (nothing a datagram carries proves its source, so no UDP
+        // traffic may take the place of a proven TCP flow); it only gets
+        // its VIP's UDP idle timeout. A flow routed by its QUIC
+        // connection ID is never counted (`flow::counted`): a forged ID
+        // would otherwise aim counts at the backend it names.
+        // SAFETY: `e` points to the half-open value of `key`.
+        if proven
+            && unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED) } & flow::F_ESTABLISHED == 0
+        {
+            count(Counter::UdpPromoted, 1);
         }
     }
-    // The established entry (or the half-open one, still there when the
-    // move did not happen) is stamped by key: `e` may be gone.
-    stamp(key, now);
+    // SAFETY: as above; a plain store of a whole word.
+    unsafe { (*e).last_seen_ns = now };
     count(Counter::UdpDatagrams, 1);
     client::to_backend(frame, seg, b, slot, vip_index, false, now, None).code()
 }
@@ -169,26 +178,6 @@ pub fn quic_backend(frame: &XdpFrame, seg: &Tcp, vip: &VipInfo) -> Option<(&'sta
         return None;
     }
     Some((b, slot))
-}
-
-/// [`flow::F_ADOPTED`] for a flow routed by its QUIC connection ID (0 for
-/// any other): set on its promotion, when it starts to count.
-#[inline(always)]
-fn adopt(e: &FlowEntry) -> u32 {
-    if e.state & flow::F_CID_ROUTED != 0 {
-        flow::F_ADOPTED
-    } else {
-        0
-    }
-}
-
-/// Stamps the live flow of `key` as seen at `now`.
-#[inline(always)]
-fn stamp(key: &FlowKey, now: u64) {
-    if let Some((e, _)) = lookup::proven(key) {
-        // SAFETY: a flow-table value; a plain store of a whole word.
-        unsafe { (*e).last_seen_ns = now };
-    }
 }
 
 /// A datagram from a backend address and port: the live UDP flow of its
@@ -234,9 +223,10 @@ fn reply(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> u32 {
                 track::served(b);
             }
         }
-        if table == Table::Established {
-            // SAFETY: as above; a plain store of a whole word. A half-open
-            // flow's idle time runs from its client's datagrams only.
+        if table == Table::Established || entry.state & flow::F_ESTABLISHED != 0 {
+            // SAFETY: as above; a plain store of a whole word. A flow not
+            // yet promoted runs its idle time from its client's datagrams
+            // only.
             unsafe { (*e).last_seen_ns = now };
         }
         let bytes = seg.wire_len(frame.len()) as u64;

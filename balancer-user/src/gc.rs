@@ -190,12 +190,13 @@ pub struct SweepInputs {
 }
 
 /// The idle timeout of a live UDP flow of a VIP whose UDP timeout is
-/// `udp_timeout`, in `table`: the VIP's timeout once established (answered
-/// and used again, see docs/udp.md), at most [`UDP_HALF_OPEN_TIMEOUT`]
-/// before (one exchange, such as a DNS query and its answer, or datagrams
-/// no backend answered).
-pub fn udp_timeout(table: FlowTable, udp_timeout: Duration) -> Duration {
-    if table == FlowTable::Established {
+/// `udp_timeout`, from its entry's `state` (`flow::F_ESTABLISHED`): the
+/// VIP's timeout once promoted (answered and used again, see docs/udp.md),
+/// at most [`UDP_HALF_OPEN_TIMEOUT`] before (one exchange, such as a DNS
+/// query and its answer, or datagrams no backend answered). A promoted UDP
+/// flow stays in the half-open table (its table says nothing of it).
+pub fn udp_timeout(state: u32, udp_timeout: Duration) -> Duration {
+    if state & fl::F_ESTABLISHED != 0 {
         udp_timeout
     } else {
         udp_timeout.min(UDP_HALF_OPEN_TIMEOUT)
@@ -565,7 +566,7 @@ impl Sweep {
                 .get(&e.vip_index)
                 .copied()
                 .unwrap_or(crate::state::DEFAULT_UDP_TIMEOUT);
-            udp_timeout(table, t)
+            udp_timeout(e.state, t)
         } else {
             inp.timeouts.for_live(table, e)
         };

@@ -304,14 +304,17 @@ fn udp_vips_through_the_file_and_their_refusals() {
 }
 
 #[test]
-fn udp_flow_timeouts_by_table() {
-    use crate::{gc::udp_timeout, maps::FlowTable};
+fn udp_flow_timeouts_by_state() {
+    use crate::gc::udp_timeout;
     use std::time::Duration;
     let t = Duration::from_secs(60);
-    assert_eq!(udp_timeout(FlowTable::Established, t), t);
-    assert_eq!(udp_timeout(FlowTable::HalfOpen, t), Duration::from_secs(5));
+    assert_eq!(udp_timeout(balancer_common::flow::F_ESTABLISHED, t), t);
+    assert_eq!(udp_timeout(0, t), Duration::from_secs(5));
     // A VIP's timeout below the half-open one bounds both.
     let short = Duration::from_secs(2);
-    assert_eq!(udp_timeout(FlowTable::HalfOpen, short), short);
-    assert_eq!(udp_timeout(FlowTable::Established, short), short);
+    assert_eq!(udp_timeout(0, short), short);
+    assert_eq!(
+        udp_timeout(balancer_common::flow::F_ESTABLISHED, short),
+        short
+    );
 }
