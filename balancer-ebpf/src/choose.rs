@@ -518,7 +518,7 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
 /// in `VIP_REFUSALS` under its reason. Dropped, not reset: an answer would
 /// go to a source the operator does not want answered.
 #[inline(always)]
-fn source_refused(vip: &VipInfo, src: &Addr) -> bool {
+pub fn source_refused(vip: &VipInfo, src: &Addr) -> bool {
     let key = SourceKey {
         vip_index_be: vip.index.to_be(),
         addr: *src,

@@ -7,7 +7,7 @@ use balancer_common::{
     flow_kind, martian_class,
     parse::{Frame, Parsed, Tcp, TCP_RST},
     programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, BACKEND_F_IN_USE,
-    IPPROTO_TCP, IPPROTO_UDP, VIP_F_CONSISTENT, VIP_F_REMOVED, VIP_F_TWO_SIDED,
+    IPPROTO_TCP, IPPROTO_UDP, VIP_F_CONSISTENT, VIP_F_REMOVED, VIP_F_SOURCES, VIP_F_TWO_SIDED,
 };
 
 use crate::{
@@ -252,9 +252,10 @@ fn missed(vip: &VipInfo) -> Next {
 /// pinned (a flow learnt from one segment would be on the wrong candidate
 /// half the time) and no count moves: a forged segment costs a lookup and
 /// at most two tunnelled copies, which the backends' kernels answer as
-/// they answer any stray segment. From a martian source (as for SYNs), or
-/// from a backend host of this VIP, or with no row: passed and counted
-/// (`flow_misses`), as before consistent candidates.
+/// they answer any stray segment. From a martian source or one the VIP's
+/// source lists refuse: dropped and counted, as a SYN's. From a backend
+/// host of this VIP, or with no row: passed and counted (`flow_misses`),
+/// as before consistent candidates.
 ///
 /// A BPF function of its own (its frame off the new-flow stage's),
 /// returning the decision's code.
@@ -266,6 +267,14 @@ fn recompute(ctx: &XdpContext, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64
 #[inline(always)]
 fn recompute_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64) -> Next {
     if martian(&seg.src_addr) {
+        return Next::Action(xdp_action::XDP_DROP);
+    }
+    // The VIP's source lists hold on this path as on a SYN's: a refused
+    // source's segment reaches no backend (counted under its reason).
+    if crate::features::on(balancer_common::features::SOURCES)
+        && vip.flags & VIP_F_SOURCES != 0
+        && choose::source_refused(vip, &seg.src_addr)
+    {
         return Next::Action(xdp_action::XDP_DROP);
     }
     // SAFETY: the value is only read.

@@ -165,6 +165,11 @@ pub fn echo(ctx: XdpContext) -> u32 {
     let Some(e) = parse_echo(&frame, l3_off, l4_off, v6) else {
         return xdp_action::XDP_PASS;
     };
+    // An IPv4-mapped address on an IPv6 wire, as TCP and UDP drop it.
+    if parse::mapped_on_the_wire(e.v6, &e.src_addr, &e.dst_addr) {
+        count(Counter::DropMappedV6, 1);
+        return xdp_action::XDP_DROP;
+    }
     // SAFETY: a lookup, only read.
     if unsafe { VIP_ADDRESSES.get(&e.dst_addr) }.is_none() {
         count(Counter::PassNotVip, 1);

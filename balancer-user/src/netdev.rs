@@ -10,7 +10,9 @@ use crate::error::{BalancerError, Result};
 const ARPHRD_ETHER: u16 = 1;
 
 /// The addresses of the interfaces of the calling thread's network
-/// namespace (getifaddrs(3)): the addresses the balancer's host owns.
+/// namespace (getifaddrs(3)): the addresses the balancer's host owns, and
+/// the directed broadcast of each IPv4 subnet it is on (no real client
+/// sends from either: both are martian sources, and neither may be a VIP).
 ///
 /// # Errors
 /// [`BalancerError::Io`] when getifaddrs fails.
@@ -39,6 +41,19 @@ pub fn host_addresses() -> Result<std::collections::BTreeSet<std::net::IpAddr>> 
                     out.insert(IpAddr::V4(Ipv4Addr::from(u32::from_be(
                         sin.sin_addr.s_addr,
                     ))));
+                    // The subnet's directed broadcast (RFC 919, RFC 922):
+                    // no client has it as its source either.
+                    if ifa.ifa_flags & libc::IFF_BROADCAST as u32 != 0 && !ifa.ifa_ifu.is_null() {
+                        // SAFETY: with IFF_BROADCAST, ifa_ifu is the
+                        // broadcast address, a sockaddr of the family read
+                        // below.
+                        let b = unsafe { &*(ifa.ifa_ifu as *const libc::sockaddr_in) };
+                        let addr = Ipv4Addr::from(u32::from_be(b.sin_addr.s_addr));
+                        // (An address added without `brd` has 0.0.0.0.)
+                        if i32::from(b.sin_family) == libc::AF_INET && !addr.is_unspecified() {
+                            out.insert(IpAddr::V4(addr));
+                        }
+                    }
                 }
                 libc::AF_INET6 => {
                     // SAFETY: an AF_INET6 address is a sockaddr_in6.

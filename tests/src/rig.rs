@@ -175,7 +175,10 @@ pub fn net_setup() -> anyhow::Result<()> {
     ] {
         sh("ip", &["link", "add", a, "type", "veth", "peer", "name", b])?;
         sh("ip", &["link", "set", a, "address", &mac_string(mac)])?;
-        sh("ip", &["addr", "add", addr, "dev", a])?;
+        // With its subnet's broadcast, as a host's configuration sets it
+        // (a directed broadcast is a martian source: fixture "echo: a
+        // ping from the client subnet's directed broadcast ...").
+        sh("ip", &["addr", "add", addr, "brd", "+", "dev", a])?;
         // No duplicate address detection: the address is usable at once.
         sh("ip", &["-6", "addr", "add", addr6, "dev", a, "nodad"])?;
         sh("ip", &["link", "set", a, "up"])?;
