@@ -256,12 +256,11 @@ unsafe fn track_flow(
                 Event::charge(snapshot.vip_index).0 | latency_bits(old, &step, dir, seg, snapshot),
             );
         }
-    } else if table == Table::Unproven
-        && flow::graduates(snapshot.created_ns, now)
-        && move_to(key, e, &UNPROVEN, &FLOWS, Counter::Graduated)
-        && snapshot.state & flow::F_RATE_LIMITED != 0
-    {
-        return Event::charge(snapshot.vip_index);
+    } else if table == Table::Unproven && flow::graduates(snapshot.created_ns, now) {
+        // Graduation spends no source's budget: a blind forger can wait out
+        // the proof age with a victim's address as well as the victim can
+        // (a direct-return VIP takes no source rate: `state::validate_limits`).
+        move_to(key, e, &UNPROVEN, &FLOWS, Counter::Graduated);
     }
     Event(latency_bits(old, &step, dir, seg, snapshot))
 }

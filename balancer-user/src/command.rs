@@ -213,7 +213,47 @@ impl State {
     /// state is then unspecified (it was a copy).
     pub fn apply(&mut self, c: &Command, rules: &Rules) -> Result<()> {
         self.apply_one(c, rules)?;
-        self.check_agent_ports()
+        self.check_agent_ports()?;
+        self.check_agent_caps()
+    }
+
+    /// A server has one load, and a connection cap counts connections: no
+    /// VIP with `--backend-max-conns` shares a backend with an
+    /// agent-signal VIP, whose agent's report would stand in for the
+    /// server's connections in that VIP's cap (a report of 1,000 refused
+    /// every flow with none held; a report of 0 let them past the cap).
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the backend and both VIPs.
+    fn check_agent_caps(&self) -> Result<()> {
+        let polled: std::collections::BTreeMap<SocketAddr, SocketAddr> = self
+            .vips
+            .values()
+            .filter(|v| v.settings.signal == crate::state::LoadSignal::Agent)
+            .flat_map(|v| v.backends.iter().map(move |b| (b.addr, v.addr)))
+            .collect();
+        for v in self.vips.values() {
+            if v.settings.backend_max_conns == 0 {
+                continue;
+            }
+            if let Some((b, a)) = v
+                .backends
+                .iter()
+                .find_map(|b| polled.get(&b.addr).map(|a| (b.addr, *a)))
+            {
+                return Err(BalancerError::Invalid {
+                    what: "load signal",
+                    reason: format!(
+                        "backend {b} has one load: VIP {a} reads it from the backend's agent, so \
+                         VIP {}'s --backend-max-conns {} would cap the agent's units, not \
+                         connections; give the backend to only one of them, or drop the cap or \
+                         the agent signal",
+                        v.addr, v.settings.backend_max_conns
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A server has one load: every agent-signal VIP it serves polls its
@@ -567,6 +607,70 @@ mod tests {
         st.apply(&Command::SetVip(v2, agent(5555)), &rules).unwrap();
         st.apply(&Command::AddBackends(v2, vec![b], 1, None), &rules)
             .unwrap();
+    }
+
+    #[test]
+    fn a_capped_vip_shares_no_backend_with_an_agent_signal_vip() {
+        let rules = Rules::default();
+        let mut st = State::default();
+        let agent = VipSettings {
+            signal: crate::state::LoadSignal::Agent,
+            agent_port: Some(5555),
+            ..VipSettings::default()
+        };
+        let capped = VipSettings {
+            backend_max_conns: 5,
+            ..VipSettings::default()
+        };
+        let (va, vb, b, other) = (
+            a("10.0.0.10:80"),
+            a("10.0.0.11:80"),
+            a("10.0.2.1:8080"),
+            a("10.0.2.2:8080"),
+        );
+        st.apply(&Command::AddVip(va, agent.clone()), &rules)
+            .unwrap();
+        st.apply(&Command::AddVip(vb, capped.clone()), &rules)
+            .unwrap();
+        st.apply(&Command::AddBackends(va, vec![b], 1, None), &rules)
+            .unwrap();
+        // Control: another backend takes the cap.
+        st.apply(&Command::AddBackends(vb, vec![other], 1, None), &rules)
+            .unwrap();
+        let e = st
+            .clone()
+            .apply(&Command::AddBackends(vb, vec![b], 1, None), &rules)
+            .unwrap_err();
+        assert!(e.to_string().contains("--backend-max-conns 5"), "{e}");
+        // Either way round: a cap set on a VIP that shares the backend.
+        let mut copy = st.clone();
+        copy.apply(&Command::SetVip(vb, VipSettings::default()), &rules)
+            .unwrap();
+        copy.apply(&Command::AddBackends(vb, vec![b], 1, None), &rules)
+            .unwrap();
+        assert!(copy
+            .apply(&Command::SetVip(vb, capped.clone()), &rules)
+            .is_err());
+        // And the agent signal set on a VIP whose backend a capped VIP has.
+        let mut copy = st.clone();
+        copy.apply(
+            &Command::AddBackends(vb, vec![a("10.0.2.3:8080")], 1, None),
+            &rules,
+        )
+        .unwrap();
+        copy.apply(
+            &Command::AddVip(a("10.0.0.12:80"), VipSettings::default()),
+            &rules,
+        )
+        .unwrap();
+        copy.apply(
+            &Command::AddBackends(a("10.0.0.12:80"), vec![a("10.0.2.3:8080")], 1, None),
+            &rules,
+        )
+        .unwrap();
+        assert!(copy
+            .apply(&Command::SetVip(a("10.0.0.12:80"), agent), &rules)
+            .is_err());
     }
 
     #[test]

@@ -699,6 +699,51 @@ pub fn plan(current: &Config, desired: &Config) -> Vec<Command> {
     out
 }
 
+/// What of `current` the plan `changes` sweeps away: one line per VIP
+/// that would lose more than half of its backends (two or more), and one
+/// for the VIPs when more than half of them (two or more) would go. Empty
+/// for any other plan. A file cut short (at a line boundary it still
+/// parses) asks for exactly this; the daemon applies such a file at start
+/// only with `run --force` (`daemon::run`), and says what it would remove.
+pub fn sweeping_removals(current: &Config, changes: &[Command]) -> Vec<String> {
+    let mut out = Vec::new();
+    let removed_vips: Vec<SocketAddr> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Command::RemoveVip(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    let n = current.vips.len();
+    if removed_vips.len() >= 2 && 2 * removed_vips.len() > n {
+        let names: Vec<String> = removed_vips.iter().map(|v| v.to_string()).collect();
+        out.push(format!(
+            "{} of {n} VIPs and their backends ({})",
+            removed_vips.len(),
+            names.join(", ")
+        ));
+    }
+    for v in &current.vips {
+        let gone: Vec<String> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Command::RemoveBackend(x, b) if *x == v.address => Some(b.to_string()),
+                _ => None,
+            })
+            .collect();
+        let total = v.backends.len();
+        if gone.len() >= 2 && 2 * gone.len() > total {
+            out.push(format!(
+                "{} of the {total} backends of VIP {} ({})",
+                gone.len(),
+                v.address,
+                gone.join(", ")
+            ));
+        }
+    }
+    out
+}
+
 fn backend_removals(
     out: &mut Vec<Command>,
     vip: SocketAddr,
@@ -1002,6 +1047,36 @@ fn merge_backends(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_plan_that_sweeps_most_backends_away_is_named() {
+        let text = |backends: &[&str]| {
+            let mut t = String::from("[[vip]]\naddress = \"10.0.0.10:80\"\n");
+            for b in backends {
+                t.push_str(&format!("[[vip.backend]]\naddress = \"{b}\"\n"));
+            }
+            t
+        };
+        let five = [
+            "10.0.2.1:8080",
+            "10.0.2.2:8080",
+            "10.0.2.3:8080",
+            "10.0.2.4:8080",
+            "10.0.2.5:8080",
+        ];
+        let current: Config = toml::from_str(&text(&five)).unwrap();
+        // A file cut after its first backend: 4 of 5 go.
+        let cut: Config = toml::from_str(&text(&five[..1])).unwrap();
+        let sweep = sweeping_removals(&current, &plan(&current, &cut));
+        assert_eq!(sweep.len(), 1, "{sweep:?}");
+        assert!(
+            sweep[0].starts_with("4 of the 5 backends of VIP 10.0.0.10:80"),
+            "{sweep:?}"
+        );
+        // Control: two of five (not most) go without a word.
+        let three: Config = toml::from_str(&text(&five[..3])).unwrap();
+        assert!(sweeping_removals(&current, &plan(&current, &three)).is_empty());
+    }
     use super::*;
 
     const SAMPLE: &str = r#"

@@ -184,6 +184,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
                     allow_empty,
                     exact,
                     source: source.unwrap_or_else(|| "api".into()),
+                    refuse_sweep: false,
                 },
             )
             .map(|a| {

@@ -80,6 +80,88 @@ pub struct DaemonConfig {
     pub cluster: Option<crate::cluster::ClusterConfig>,
     /// The BGP speaker (BIRD 2) announcing the VIPs; none: no announcements.
     pub bgp: Option<crate::bgp::BgpConfig>,
+    /// The file of the consistent candidates' secret
+    /// ([`candidate_secret`]); none: the cluster key's, else
+    /// [`CANDIDATE_SECRET_FILE`] beside the state file.
+    pub candidate_secret_file: Option<PathBuf>,
+    /// Apply `config_file` at start even when it would sweep most of a
+    /// VIP's backends away (`run --force`; `ApplyHow::refuse_sweep`).
+    pub force_config: bool,
+}
+
+/// The file, beside the state file, that keeps the consistent candidates'
+/// secret of a balancer given neither `--candidate-secret-file` nor a
+/// cluster key: 32 random bytes in hex, written (mode 0600) at the first
+/// start and read at every start after, so the rows survive restarts.
+pub const CANDIDATE_SECRET_FILE: &str = "candidate-secret";
+
+/// The secret the consistent candidates' rows are drawn with
+/// (`consistent::vip_seed`): from `--candidate-secret-file` when given,
+/// else from the cluster key, else from [`CANDIDATE_SECRET_FILE`] beside
+/// the state file, generated when absent. Never the public constant: with
+/// it, anyone could choose source ports offline that land on a chosen
+/// pair of backends (issue 41, item 8). Each is read through
+/// `cluster::candidate_secret` (an HKDF-style expansion), so the file
+/// never shows the seed itself.
+///
+/// # Errors
+/// A file that cannot be read or written, or holds under
+/// `cluster::MIN_KEY_LEN` bytes.
+pub fn candidate_secret(
+    file: Option<&Path>,
+    cluster_key: Option<&[u8]>,
+    state_file: &Path,
+) -> anyhow::Result<u64> {
+    let read = |f: &Path| -> anyhow::Result<u64> {
+        let b = std::fs::read(f)
+            .with_context(|| format!("reading the candidate secret {}", f.display()))?;
+        let b = b.trim_ascii();
+        if b.len() < crate::cluster::MIN_KEY_LEN {
+            anyhow::bail!(
+                "the candidate secret {} holds {} bytes, at least {} are needed",
+                f.display(),
+                b.len(),
+                crate::cluster::MIN_KEY_LEN
+            );
+        }
+        Ok(crate::cluster::candidate_secret(b))
+    };
+    if let Some(f) = file {
+        return read(f);
+    }
+    if let Some(key) = cluster_key {
+        return Ok(crate::cluster::candidate_secret(key));
+    }
+    let f = crate::state::dir_of(state_file).join(CANDIDATE_SECRET_FILE);
+    if !f.exists() {
+        use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+        let bytes: [u8; 32] = rand::random();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        // create_new: a file another start wrote meanwhile is read below.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&f)
+        {
+            Ok(mut w) => {
+                w.write_all(format!("{hex}\n").as_bytes())
+                    .and_then(|_| w.sync_all())
+                    .with_context(|| format!("writing the candidate secret {}", f.display()))?;
+                tracing::info!(
+                    "generated the consistent candidates' secret in {} (give other balancers \
+                     that must draw the same rows a copy, or --cluster-key-file)",
+                    f.display()
+                );
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("creating the candidate secret {}", f.display()))
+            }
+        }
+    }
+    read(&f)
 }
 
 /// What pins under a bpffs this process mounted itself are worth when
@@ -271,6 +353,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         // drain, a weight) is kept unless the file changed it too.
         let how = crate::balancer::ApplyHow {
             source: crate::config::source_name(file),
+            refuse_sweep: !cfg.force_config,
             ..Default::default()
         };
         let applied = if desired.vips.is_empty() && !lb.state().vips.is_empty() {
@@ -288,6 +371,18 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             lb.apply_config(desired, how)
         };
         match applied {
+            Ok(applied) if !applied.swept.is_empty() => {
+                // A file cut short still parses: one that would take most
+                // of a VIP's backends away is not applied at a start.
+                tracing::warn!(
+                    "config {}: not applied, the running state is kept: it would remove {} \
+                     (a file cut short is the usual cause; `run --force`, or `balancer apply \
+                     -f {}`, applies it)",
+                    file.display(),
+                    applied.swept.join("; "),
+                    file.display()
+                );
+            }
             Ok(applied) => {
                 for c in &applied.changes {
                     tracing::info!("config {}: {c}", file.display());
@@ -908,12 +1003,12 @@ fn start_data_path(
     state: Option<crate::persist::Persisted>,
 ) -> anyhow::Result<Balancer> {
     let mut lb = Balancer::load(&cfg.load)?;
-    // The candidate tables' seeds: secret when the cluster has a key (the
-    // same on every balancer of the cluster), else derived from the VIPs'
-    // addresses alone.
-    if let Some(key) = cfg.cluster.as_ref().and_then(|c| c.key.as_deref()) {
-        lb.set_candidate_secret(crate::cluster::candidate_secret(key));
-    }
+    // The candidate tables' seeds: always secret (`candidate_secret`).
+    lb.set_candidate_secret(candidate_secret(
+        cfg.candidate_secret_file.as_deref(),
+        cfg.cluster.as_ref().and_then(|c| c.key.as_deref()),
+        &cfg.state_file,
+    )?);
     if let Some(s) = state {
         lb.restore(s).context("restoring the state file")?;
         tracing::info!(
@@ -1147,4 +1242,43 @@ fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 600 {}", path.display()))?;
     Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_candidate_secret_is_generated_kept_and_private() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let state = |d: &tempfile::TempDir| d.path().join("state.json");
+        // Generated at the first start, the same at the next.
+        let first = candidate_secret(None, None, &state(&a)).unwrap();
+        assert_eq!(candidate_secret(None, None, &state(&a)).unwrap(), first);
+        let f = a.path().join(CANDIDATE_SECRET_FILE);
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // Another balancer's is its own, and neither is the public seed's.
+        let second = candidate_secret(None, None, &state(&b)).unwrap();
+        assert_ne!(first, second);
+        assert_ne!(first, 0);
+        // The cluster key's when there is one; a given file before both,
+        // shared by copying it.
+        let key = b"a cluster key of 32 bytes, at least";
+        assert_eq!(
+            candidate_secret(None, Some(key), &state(&b)).unwrap(),
+            crate::cluster::candidate_secret(key)
+        );
+        assert_eq!(
+            candidate_secret(Some(&f), Some(key), &state(&b)).unwrap(),
+            first
+        );
+        // A short file is refused.
+        let short = b.path().join("short");
+        std::fs::write(&short, "0123456789\n").unwrap();
+        assert!(candidate_secret(Some(&short), None, &state(&b)).is_err());
+    }
 }

@@ -10,14 +10,22 @@
 //! 2016).
 //!
 //! # The average
-//! Every [`UPDATE`] the samples a server sent since are reduced to their
-//! median: one client's slow requests (its own flows' latencies are what
-//! it controls) move the median only when they are most of the server's
-//! samples. Then, peak-EWMA: a median above the average replaces it at
-//! once (a backend turning slow is avoided at once); one below it pulls
-//! the average down with time constant [`DECAY`]. A server with no sample
-//! for [`DECAY`] (it gets few flows because it looked slow) decays toward
-//! its VIP's fastest backend, so that it is tried again.
+//! Every [`UPDATE`], a server that sent samples since has its recent
+//! samples reduced to their median: the last [`WINDOW`] samples no older
+//! than [`DECAY`], not only this update's. One client's slow requests (its
+//! own flows' latencies are what it controls) move the median only when
+//! they are most of the server's recent samples; on a quiet VIP one slow
+//! exchange among a few normal ones moves nothing. While a server has
+//! fewer than [`MIN_SAMPLES`] recent samples, its median moves its
+//! average at most a factor [`FEW_SAMPLES_STEP`] per update: one sample
+//! alone (1.5 s among exchanges of a millisecond, in the report that led
+//! here) no longer sends the VIP's fastest backend to the weight floor.
+//! Then, peak-EWMA: a median above the average replaces it at once (a
+//! backend turning slow is avoided as soon as most of its recent samples
+//! say so); one below it pulls the average down with time constant
+//! [`DECAY`]. A server with no sample for [`DECAY`] (it gets few flows
+//! because it looked slow) decays toward its VIP's fastest backend, so
+//! that it is tried again.
 //!
 //! # The weight
 //! Each backend of a latency-signal VIP takes part with its weight times
@@ -54,6 +62,18 @@ pub const REPUBLISH: f64 = 0.10;
 /// not kept: a median of this many is as good).
 pub const MAX_SAMPLES: usize = 4096;
 
+/// Recent samples a server's median is taken over: the last this many,
+/// none older than [`DECAY`].
+pub const WINDOW: usize = 256;
+
+/// Recent samples a server needs before its median moves its average
+/// freely (a median of five outvotes two outliers).
+pub const MIN_SAMPLES: usize = 5;
+
+/// The factor by which a median of fewer than [`MIN_SAMPLES`] recent
+/// samples may move an average in one update, either way.
+pub const FEW_SAMPLES_STEP: f64 = 2.0;
+
 /// The latency signal's counters.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LatencyStats {
@@ -78,6 +98,8 @@ struct Average {
 #[derive(Debug, Default)]
 pub struct Latency {
     fresh: BTreeMap<u32, Vec<u32>>,
+    /// Each server's recent samples, oldest first: (when taken, µs).
+    recent: BTreeMap<u32, std::collections::VecDeque<(Instant, u32)>>,
     averages: BTreeMap<u32, Average>,
     stats: LatencyStats,
 }
@@ -142,13 +164,34 @@ impl Latency {
     pub fn update(&mut self, state: &State, now: Instant) -> bool {
         let vips = servers_by_vip(state);
         let wanted: std::collections::BTreeSet<u32> = vips.iter().flatten().copied().collect();
+        self.recent.retain(|s, _| wanted.contains(s));
+        for w in self.recent.values_mut() {
+            while w
+                .front()
+                .is_some_and(|(t, _)| now.saturating_duration_since(*t) > DECAY)
+            {
+                w.pop_front();
+            }
+        }
         for (s, v) in std::mem::take(&mut self.fresh) {
             if !wanted.contains(&s) {
                 self.stats.ignored += v.len() as u64;
                 continue;
             }
-            let mut v = v;
-            let Some(m) = median(&mut v) else { continue };
+            let w = self.recent.entry(s).or_default();
+            w.extend(v.into_iter().map(|x| (now, x)));
+            while w.len() > WINDOW {
+                w.pop_front();
+            }
+            let mut v: Vec<u32> = w.iter().map(|(_, x)| *x).collect();
+            let Some(mut m) = median(&mut v) else {
+                continue;
+            };
+            if v.len() < MIN_SAMPLES {
+                if let Some(a) = self.averages.get(&s) {
+                    m = m.clamp(a.us / FEW_SAMPLES_STEP, a.us * FEW_SAMPLES_STEP);
+                }
+            }
             match self.averages.get_mut(&s) {
                 None => {
                     self.averages.insert(
@@ -260,6 +303,88 @@ mod tests {
         let mut v = vec![100, 110, 90, 1_000_000, 105];
         assert_eq!(median(&mut v), Some(105.0));
         assert_eq!(median(&mut []), None);
+    }
+
+    /// One VIP of four backends (servers 0..4) with the latency signal.
+    fn four_backends() -> State {
+        let mut st = State::default();
+        let vip: std::net::SocketAddr = "10.0.0.10:80".parse().unwrap();
+        let rules = crate::command::Rules::default();
+        st.apply(
+            &crate::command::Command::AddVip(
+                vip,
+                crate::state::VipSettings {
+                    signal: LoadSignal::Latency,
+                    ..Default::default()
+                },
+            ),
+            &rules,
+        )
+        .unwrap();
+        let bs: Vec<std::net::SocketAddr> = (1..=4)
+            .map(|i| format!("10.0.2.{i}:8080").parse().unwrap())
+            .collect();
+        st.apply(
+            &crate::command::Command::AddBackends(vip, bs, 1, None),
+            &rules,
+        )
+        .unwrap();
+        st
+    }
+
+    #[test]
+    fn one_slow_request_does_not_send_the_fastest_backend_to_the_floor() {
+        // The report's case: 12 normal exchanges over four backends
+        // (server 0 the fastest), then one exchange on server 0 whose
+        // client sent its first byte 1.5 s before the answer.
+        let st = four_backends();
+        let servers: Vec<u32> = st
+            .vips
+            .values()
+            .next()
+            .unwrap()
+            .backends
+            .iter()
+            .map(|b| st.server(&b.addr).unwrap())
+            .collect();
+        let run = |slow: &[u32]| {
+            let mut l = Latency::default();
+            let t0 = Instant::now();
+            for round in 0..3u32 {
+                for (i, s) in servers.iter().enumerate() {
+                    l.sample(*s, 1000 + 200 * i as u32 + round);
+                }
+                l.update(&st, t0 + UPDATE * round);
+            }
+            for x in slow {
+                l.sample(servers[0], *x);
+            }
+            l.update(&st, t0 + UPDATE * 3);
+            let v = st.vips.values().next().unwrap();
+            let fastest = l.fastest(&st, v);
+            l.weight(1000, fastest, Some(servers[0]))
+        };
+        // One slow sample: server 0 keeps its whole weight.
+        assert_eq!(run(&[1_500_000]), 1000);
+        // Control: when most of its recent samples are slow, it is slow.
+        let w = run(&[1_500_000; 5]);
+        assert!(w < 100, "five slow samples of eight: weight {w}");
+    }
+
+    #[test]
+    fn few_samples_move_an_average_a_bounded_step() {
+        let st = four_backends();
+        let s0 = st.server(&"10.0.2.1:8080".parse().unwrap()).unwrap();
+        let mut l = Latency::default();
+        let t0 = Instant::now();
+        l.sample(s0, 1000);
+        l.update(&st, t0);
+        // Past DECAY the first sample is no longer recent: one slow sample
+        // is then all there is, and moves the average by a factor 2.
+        l.sample(s0, 1_500_000);
+        l.update(&st, t0 + DECAY + UPDATE);
+        let a = l.average_us(s0).unwrap();
+        assert!((a - 2000.0).abs() < 1.0, "{a}");
     }
 
     #[test]

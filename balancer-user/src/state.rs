@@ -522,6 +522,16 @@ impl VipSettings {
                 self.protocol.name()
             )));
         }
+        if self.source_rate != 0 && self.mode != ForwardingMode::Nat {
+            return Err(bad(format!(
+                "a source rate ({}/s) is spent by handshakes seen completing, and a {} VIP \
+                 never sees its backends' answers: nothing it sees proves a source (a blind \
+                 forger can wait out a direct-return flow's proof age with anyone's address), \
+                 so the rate would be the forger's to spend; use NAT, or no source rate",
+                self.source_rate,
+                self.mode.name()
+            )));
+        }
         if self.backend_max_conns > balancer_common::choice::MAX_CAP {
             return Err(bad(format!(
                 "backend max conns {} is above {}",
@@ -1811,6 +1821,42 @@ mod tests {
         s.signal = LoadSignal::Connections;
         s.agent_port = Some(5555);
         assert!(ok(&s), "an agent port without the agent signal is kept");
+    }
+
+    #[test]
+    fn a_source_rate_needs_nat() {
+        // The direct-return modes never see a backend's answer: nothing
+        // proves a source there, so a rate would be a blind forger's to
+        // spend (issue 41, item 2). NAT is the control.
+        let vip: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        for (mode, ok) in [
+            (ForwardingMode::Nat, true),
+            (ForwardingMode::Dsr, false),
+            (ForwardingMode::Ipip, false),
+            (ForwardingMode::Gue, false),
+        ] {
+            let s = VipSettings {
+                mode,
+                encap_source: (mode != ForwardingMode::Nat && mode != ForwardingMode::Dsr)
+                    .then(|| "10.0.0.2".parse().unwrap()),
+                source_rate: 10,
+                ..VipSettings::default()
+            };
+            let r = s.validate_for(vip);
+            assert_eq!(r.is_ok(), ok, "{mode:?}: {r:?}");
+            if let Err(e) = r {
+                assert!(
+                    e.to_string().contains("never sees its backends' answers"),
+                    "{e}"
+                );
+            }
+            // Without the rate the mode is accepted.
+            let s = VipSettings {
+                source_rate: 0,
+                ..s
+            };
+            assert!(s.validate_for(vip).is_ok(), "{mode:?} without a rate");
+        }
     }
 
     #[test]

@@ -486,6 +486,18 @@ impl Cluster {
                 args.push("--peer".into());
                 args.push(format!("{}:{SYNC_PORT}", lb_ip(*m)));
             }
+        } else {
+            // Without a cluster key the balancers share the consistent
+            // candidates' secret through a file, or each would draw its
+            // own rows.
+            let secret = self.dir.join("candidate.secret");
+            if !secret.exists() {
+                std::fs::write(&secret, "tunnel-form-candidate-secret-0123456789\n")?;
+            }
+            args.extend([
+                "--candidate-secret-file".into(),
+                secret.display().to_string(),
+            ]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = self.dir.join(format!("daemon-lb{n}.log"));

@@ -240,6 +240,11 @@ pub struct ApplyHow {
     /// again unchanged changes nothing, whatever other files were applied
     /// meanwhile.
     pub source: String,
+    /// A plan that sweeps most of a VIP's backends (or most VIPs) away
+    /// (`config::sweeping_removals`) is not applied: [`Applied::swept`]
+    /// says what it would remove. The daemon's start sets it unless `run
+    /// --force`: a file cut short at a line boundary still parses.
+    pub refuse_sweep: bool,
 }
 
 /// What [`Balancer::apply_config`] changed (or would change).
@@ -252,6 +257,9 @@ pub struct Applied {
     /// Every change takes traffic away (drains, removals): kept applied
     /// when the state file cannot be written (`control::handle`).
     pub takes_away_only: bool,
+    /// With [`ApplyHow::refuse_sweep`]: what the plan would have swept
+    /// away, one line each; non-empty means nothing was applied.
+    pub swept: Vec<String>,
 }
 
 /// The reader of the data path's log records (aya-log's ring buffer): the
@@ -822,6 +830,7 @@ impl Balancer {
             allow_empty,
             exact,
             source,
+            refuse_sweep,
         } = how;
         check_config(desired)?;
         let current = self.export_config();
@@ -846,6 +855,16 @@ impl Balancer {
             });
         }
         let lines: Vec<String> = changes.iter().map(Command::describe).collect();
+        if refuse_sweep {
+            let swept = crate::config::sweeping_removals(&current, &changes);
+            if !swept.is_empty() {
+                return Ok(Applied {
+                    changes: lines,
+                    swept,
+                    ..Applied::default()
+                });
+            }
+        }
         let next = self
             .validate(&changes)
             .map_err(|(k, e)| BalancerError::Invalid {
@@ -861,6 +880,7 @@ impl Balancer {
             changes: lines,
             kept: merged.kept,
             takes_away_only: changes.iter().all(Command::takes_traffic_away),
+            swept: Vec::new(),
         };
         if dry_run {
             return Ok(done);

@@ -154,6 +154,12 @@ pub struct RunArgs {
     /// restored). Pinned links are kept and get the new program.
     #[arg(long)]
     fresh: bool,
+    /// Apply --config at start even when it would remove more than half of
+    /// a VIP's backends, or of the VIPs (without it such a file is not
+    /// applied: the running state is kept and the removals logged at WARN;
+    /// a file cut short is the usual cause).
+    #[arg(long, requires = "config")]
+    force: bool,
     /// Sync flows and load with peer balancers (docs/cluster.md): the UDP
     /// address this daemon listens on and sends from (needs at least one
     /// --peer).
@@ -192,6 +198,13 @@ pub struct RunArgs {
     /// port. Needs --cluster-listen.
     #[arg(long, value_name = "FILE", requires = "cluster_listen")]
     cluster_key_file: Option<PathBuf>,
+    /// A file holding the secret the consistent candidates' rows are drawn
+    /// with (at least 16 bytes once trimmed): balancers that must draw the
+    /// same rows (ECMP without sync) share it. Default: the cluster key
+    /// when --cluster-key-file is given, else `candidate-secret` beside
+    /// the state file, generated at the first start and kept.
+    #[arg(long, value_name = "FILE")]
+    candidate_secret_file: Option<PathBuf>,
     /// The sync socket's receive and send buffers, bytes (tests only: a
     /// small one loses datagrams of a burst).
     #[arg(long, default_value_t = balancer::cluster::SOCKET_BUFFER as u32, hide = true,
@@ -284,6 +297,8 @@ impl RunArgs {
                 .bgp_dir
                 .zip(self.birdc_socket)
                 .map(|(dir, birdc_socket)| balancer::bgp::BgpConfig { dir, birdc_socket }),
+            candidate_secret_file: self.candidate_secret_file,
+            force_config: self.force,
         })
     }
 }
