@@ -2,13 +2,19 @@
 //! is released.
 //!
 //! A flow closes when FIN has been seen in both directions, or on an RST whose
-//! sequence number is acceptable. An RST is trusted only inside a window past
-//! the next sequence number the receiver expects, in the spirit of RFC 5961
-//! section 3 (blind reset attacks): a forged or stale RST far outside the
-//! window must not release the count while the connection lives on. The RST
-//! is still forwarded; the endpoint applies its own, stricter check.
+//! sequence number is acceptable. An RST is trusted only at exactly the
+//! sequence number its receiver expects, the endpoint's own rule (RFC 5961
+//! section 3.2, blind reset attacks): an RST anywhere else is forwarded and
+//! counted (`rst_out_of_window`) and changes nothing here; the endpoint
+//! answers one inside its window with a challenge ACK, which passes here and
+//! moves the expected number, and a sender that meant it answers that ACK
+//! with an RST at exactly that number. With both directions in view (NAT)
+//! both expected numbers are the backend's own: `client_next_seq` from its
+//! ACKs (what it received), `server_next_seq` from its segments (what it
+//! sent), so no client segment, forged or not, moves either; in the
+//! direct-return modes `client_next_seq` is the client's own next number.
 //!
-//! One RST before the window is accepted too, as Linux accepts it
+//! One RST below it is accepted too, as Linux accepts it
 //! (`tcp_reset_check`, net/ipv4/tcp_input.c): after its sender's FIN, an RST
 //! one below the next expected sequence number. A closed socket answers a
 //! late segment with an RST carrying that segment's acknowledgment number,
@@ -20,7 +26,8 @@
 //! flags are a legal combination ([`legal_flags`]) and its numbers make
 //! sense for the flow:
 //!
-//! * a FIN is judged against the same window as an RST;
+//! * a FIN is judged against a window past the expected number (a FIN may
+//!   follow data its receiver has not acknowledged yet);
 //! * acknowledgment numbers only move forward, by less than [`RST_WINDOW`];
 //! * with both directions in view (NAT), the handshake is proven only by a
 //!   client ACK that acknowledges the backend's SYN ([`proves_handshake`]):
@@ -97,7 +104,9 @@ pub const F_LATENCY: u32 = 4096;
 
 /// The sequence number the receiver of a segment travelling `dir` on the
 /// flow `entry` expects next: [`FlowEntry::client_next_seq`] toward the
-/// backend, [`FlowEntry::server_next_seq`] toward the client.
+/// backend (what the backend acknowledged), [`FlowEntry::server_next_seq`]
+/// toward the client (what the backend sent: the client expects it once
+/// all of it arrived).
 #[inline(always)]
 pub const fn expected_seq(entry: &FlowEntry, dir: Direction) -> u32 {
     match dir {
@@ -154,8 +163,10 @@ pub fn counted(state: u32) -> bool {
 }
 
 /// Width of the window, in bytes past the next expected sequence number, in
-/// which an RST is accepted: 2^23 bytes, the largest receive window of a
-/// Linux host at its default `tcp_rmem` maximum (6 MiB, window scale 7).
+/// which a FIN is accepted and an acknowledgment may move: 2^23 bytes, the
+/// largest receive window of a Linux host at its default `tcp_rmem` maximum
+/// (6 MiB, window scale 7). (An RST is accepted only at the expected
+/// number itself: `rst_acceptable`.)
 pub const RST_WINDOW: u32 = 1 << 23;
 
 /// How far past the backend's SYN (its ISN + 1) the client's first ACK may
@@ -323,11 +334,18 @@ pub fn resamples(entry: &FlowEntry, seg: &Tcp, now_ns: u64) -> bool {
         && now_ns.saturating_sub(entry.created_ns) >= SYN_RETRANSMIT_MIN_NS
 }
 
-/// [`in_window`], or one below it when the RST's sender had sent its FIN
-/// (`fin_sent`): the receiver's `tcp_reset_check` case (module docs).
+/// `true` when an RST's sequence number `seq` is exactly the one its
+/// receiver expects (`expected`), as RFC 5961 section 3.2 has the
+/// receiver reset the connection only then (an RST elsewhere in the
+/// window draws a challenge ACK), or one below it when the RST's sender
+/// had sent its FIN (`fin_sent`): the receiver's `tcp_reset_check` case
+/// (module docs). A blind spoofer then needs the exact number, one chance
+/// in 2^32; an RST the endpoint answers with a challenge ACK leaves the
+/// flow as it was, and the sender's answer to that ACK (the challenge ACK
+/// passes here, moving `expected`) is exact.
 #[inline(always)]
 fn rst_acceptable(seq: u32, expected: u32, fin_sent: bool) -> bool {
-    in_window(seq, expected) || (fin_sent && seq == expected.wrapping_sub(1))
+    seq == expected || (fin_sent && seq == expected.wrapping_sub(1))
 }
 
 /// How an RST segment was judged.
@@ -400,15 +418,14 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
             } else {
                 // Nothing to check a client's ACK against before the
                 // backend's SYN-ACK went by: it changes nothing.
-                if seg.has(TCP_ACK) && state & F_SERVER_SEQ_KNOWN != 0 {
-                    if state & F_ESTABLISHED == 0 {
-                        if proves_handshake(seg.ack, entry.server_next_seq) {
-                            step.server_next_seq = Some(seg.ack);
-                            want |= F_ESTABLISHED;
-                        }
-                    } else if advances(seg.ack, entry.server_next_seq) {
-                        step.server_next_seq = Some(seg.ack);
-                    }
+                // `server_next_seq` is the backend's own (its segments
+                // move it): no client ACK moves it, so none can push the
+                // tracking past what the backend sent.
+                if seg.has(TCP_ACK)
+                    && state & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED) == F_SERVER_SEQ_KNOWN
+                    && proves_handshake(seg.ack, entry.server_next_seq)
+                {
+                    want |= F_ESTABLISHED;
                 }
                 if seg.has(TCP_FIN) && advances(seg.seq.wrapping_add(len), entry.client_next_seq) {
                     want |= F_CLIENT_FIN;
@@ -452,10 +469,23 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
                     if seg.has(TCP_ACK) && advances(seg.ack, entry.client_next_seq) {
                         step.client_next_seq = Some(seg.ack);
                     }
-                    if seg.has(TCP_FIN) {
-                        let expected = step.server_next_seq.unwrap_or(entry.server_next_seq);
-                        if advances(seg.seq.wrapping_add(len), expected) {
-                            want |= F_SERVER_FIN;
+                    let expected = step.server_next_seq.unwrap_or(entry.server_next_seq);
+                    if seg.has(TCP_FIN) && advances(seg.seq.wrapping_add(len), expected) {
+                        want |= F_SERVER_FIN;
+                    }
+                    // The backend's next sequence number: what it sent, a
+                    // FIN counting one (a SYN-ACK set it above). Only
+                    // forwards, by less than the window, and only once the
+                    // handshake is proven: until then it stays the ISN + 1
+                    // the client's first ACK is checked against (a TCP Fast
+                    // Open server may send before that ACK).
+                    if state & F_ESTABLISHED != 0 && !seg.is_syn_ack() {
+                        let end = seg
+                            .seq
+                            .wrapping_add(len)
+                            .wrapping_add(seg.has(TCP_FIN) as u32);
+                        if end != expected && advances(end, expected) {
+                            step.server_next_seq = Some(end);
                         }
                     }
                     if len != 0 {
@@ -489,7 +519,10 @@ pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp) -> Step {
         rst: Rst::None,
     };
     if seg.has(TCP_RST) {
-        step.rst = if in_window(seg.seq, entry.client_next_seq) {
+        // `client_next_seq` counts the client's FIN: an RST after it may
+        // carry the FIN's own number (`rst_acceptable`).
+        let fin_sent = entry.state & F_CLIENT_FIN != 0;
+        step.rst = if rst_acceptable(seg.seq, entry.client_next_seq, fin_sent) {
             Rst::InWindow
         } else {
             Rst::OutOfWindow
@@ -1183,8 +1216,21 @@ mod tests {
             apply(&mut e, Direction::ToClient, &seg(TCP_RST, 5001 - 10, 0)),
             Verdict::RstOutOfWindow
         );
+        // Inside the window but not the number the backend expects: the
+        // endpoint answers it with a challenge ACK (RFC 5961 section 3.2),
+        // so it changes nothing here either.
         assert_eq!(
             apply(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001 + 100, 0)),
+            Verdict::RstOutOfWindow
+        );
+        // The backend's challenge ACK passes; the client's RST answering it
+        // is exact, and closes.
+        assert_eq!(
+            apply(&mut e, Direction::ToClient, &seg(TCP_ACK, 5001, 1001)),
+            Verdict::Open
+        );
+        assert_eq!(
+            apply(&mut e, Direction::ToBackend, &seg(TCP_RST, 1001, 0)),
             Verdict::ClosedByRst
         );
         let mut e = opened();
@@ -1194,6 +1240,44 @@ mod tests {
                 Direction::ToClient,
                 &seg(TCP_RST | TCP_ACK, 5001, 1001)
             ),
+            Verdict::ClosedByRst
+        );
+    }
+
+    /// Issue 41, item 9: a client's ACK acknowledging far more than the
+    /// backend sent moved the tracked number, and the backend's real RST
+    /// was then judged out of window. Now only the backend's own segments
+    /// move it: the RST at what the backend sent closes the flow.
+    #[test]
+    fn no_client_ack_moves_the_backends_number() {
+        let mut e = opened();
+        assert_eq!(
+            apply(
+                &mut e,
+                Direction::ToBackend,
+                &seg(TCP_ACK, 1001, 5001 + 1_000_000)
+            ),
+            Verdict::Open
+        );
+        assert_eq!(e.server_next_seq, 5001);
+        // The backend sends 100 bytes: its number moves.
+        assert_eq!(
+            apply(&mut e, Direction::ToClient, &data(TCP_ACK, 5001, 1001, 100)),
+            Verdict::Open
+        );
+        assert_eq!(e.server_next_seq, 5101);
+        // Its RST at what it sent closes; one at the forged number did not.
+        let mut forged = e;
+        assert_eq!(
+            apply(
+                &mut forged,
+                Direction::ToClient,
+                &seg(TCP_RST, 5001 + 1_000_000, 0)
+            ),
+            Verdict::RstOutOfWindow
+        );
+        assert_eq!(
+            apply(&mut e, Direction::ToClient, &seg(TCP_RST, 5101, 0)),
             Verdict::ClosedByRst
         );
     }

@@ -557,9 +557,11 @@ pub struct FlowEntry {
     /// Next sequence number the backend expects from the client (from the
     /// backend's ACKs; the client's ISN + 1 at first), host byte order.
     pub client_next_seq: u32,
-    /// Next sequence number the client expects from the backend (from the
-    /// client's ACKs, or the backend's ISN + 1), host byte order; valid when
-    /// `flow::F_SERVER_SEQ_KNOWN` is set.
+    /// The backend's next sequence number, host byte order; valid when
+    /// `flow::F_SERVER_SEQ_KNOWN` is set. With both directions in view
+    /// (NAT): its ISN + 1 from its SYN-ACK, then what it sent (sequence
+    /// number plus payload, a FIN counting one), never moved by a client
+    /// segment. In the direct-return modes: from the client's ACKs.
     pub server_next_seq: u32,
     /// Time of the last packet, `bpf_ktime_get_ns` (CLOCK_MONOTONIC, ns).
     pub last_seen_ns: u64,
