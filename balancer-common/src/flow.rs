@@ -419,12 +419,18 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
                 // Nothing to check a client's ACK against before the
                 // backend's SYN-ACK went by: it changes nothing.
                 // `server_next_seq` is the backend's own (its segments
-                // move it): no client ACK moves it, so none can push the
-                // tracking past what the backend sent.
+                // move it), but for the one ACK that proves the handshake:
+                // it may acknowledge what a TCP Fast Open server sent
+                // before it, and a backend answers a near-miss forged one
+                // with an RST at exactly that number, which must close
+                // the flow the forged ACK proved. No later client ACK
+                // moves it, so none can push the tracking past what the
+                // backend sent.
                 if seg.has(TCP_ACK)
                     && state & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED) == F_SERVER_SEQ_KNOWN
                     && proves_handshake(seg.ack, entry.server_next_seq)
                 {
+                    step.server_next_seq = Some(seg.ack);
                     want |= F_ESTABLISHED;
                 }
                 if seg.has(TCP_FIN) && advances(seg.seq.wrapping_add(len), entry.client_next_seq) {

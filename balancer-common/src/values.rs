@@ -559,9 +559,11 @@ pub struct FlowEntry {
     pub client_next_seq: u32,
     /// The backend's next sequence number, host byte order; valid when
     /// `flow::F_SERVER_SEQ_KNOWN` is set. With both directions in view
-    /// (NAT): its ISN + 1 from its SYN-ACK, then what it sent (sequence
-    /// number plus payload, a FIN counting one), never moved by a client
-    /// segment. In the direct-return modes: from the client's ACKs.
+    /// (NAT): its ISN + 1 from its SYN-ACK, or what the client's ACK that
+    /// proved the handshake acknowledged (at most
+    /// `flow::HANDSHAKE_ACK_WINDOW` past it), then what it sent (sequence
+    /// number plus payload, a FIN counting one), never moved by a later
+    /// client segment. In the direct-return modes: from the client's ACKs.
     pub server_next_seq: u32,
     /// Time of the last packet, `bpf_ktime_get_ns` (CLOCK_MONOTONIC, ns).
     pub last_seen_ns: u64,
