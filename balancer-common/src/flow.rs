@@ -11,7 +11,8 @@
 //! with an RST at exactly that number. With both directions in view (NAT)
 //! both expected numbers are the backend's own: `client_next_seq` from its
 //! ACKs (what it received), `server_next_seq` from its segments (what it
-//! sent), so no client segment, forged or not, moves either; in the
+//! sent; and once from the client ACK that proves the handshake), so no
+//! later client segment, forged or not, moves either; in the
 //! direct-return modes `client_next_seq` is the client's own next number.
 //!
 //! One RST below it is accepted too, as Linux accepts it
