@@ -212,9 +212,27 @@ impl State {
     /// `UnknownBackend`, `DuplicateVip`, `DuplicateBackend`, `Full`); the
     /// state is then unspecified (it was a copy).
     pub fn apply(&mut self, c: &Command, rules: &Rules) -> Result<()> {
+        // A pair an earlier build accepted stays (no other change is
+        // refused for it); a change that makes a new one is refused.
+        let before = self.agent_cap_pairs();
         self.apply_one(c, rules)?;
         self.check_agent_ports()?;
-        self.check_agent_caps()
+        match self
+            .agent_cap_pairs()
+            .into_iter()
+            .find(|p| !before.contains(p))
+        {
+            None => Ok(()),
+            Some((b, a, v, cap)) => Err(BalancerError::Invalid {
+                what: "load signal",
+                reason: format!(
+                    "backend {b} has one load: VIP {a} reads it from the backend's agent, so \
+                     VIP {v}'s --backend-max-conns {cap} would cap the agent's units, not \
+                     connections; give the backend to only one of them, or drop the cap or \
+                     the agent signal"
+                ),
+            }),
+        }
     }
 
     /// A server has one load, and a connection cap counts connections: no
@@ -222,38 +240,26 @@ impl State {
     /// agent-signal VIP, whose agent's report would stand in for the
     /// server's connections in that VIP's cap (a report of 1,000 refused
     /// every flow with none held; a report of 0 let them past the cap).
-    ///
-    /// # Errors
-    /// [`BalancerError::Invalid`] naming the backend and both VIPs.
-    fn check_agent_caps(&self) -> Result<()> {
+    /// The pairs that break it: (backend, agent-signal VIP, capped VIP,
+    /// its cap).
+    fn agent_cap_pairs(&self) -> BTreeSet<(SocketAddr, SocketAddr, SocketAddr, u32)> {
         let polled: std::collections::BTreeMap<SocketAddr, SocketAddr> = self
             .vips
             .values()
             .filter(|v| v.settings.signal == crate::state::LoadSignal::Agent)
             .flat_map(|v| v.backends.iter().map(move |b| (b.addr, v.addr)))
             .collect();
-        for v in self.vips.values() {
-            if v.settings.backend_max_conns == 0 {
-                continue;
-            }
-            if let Some((b, a)) = v
-                .backends
-                .iter()
-                .find_map(|b| polled.get(&b.addr).map(|a| (b.addr, *a)))
-            {
-                return Err(BalancerError::Invalid {
-                    what: "load signal",
-                    reason: format!(
-                        "backend {b} has one load: VIP {a} reads it from the backend's agent, so \
-                         VIP {}'s --backend-max-conns {} would cap the agent's units, not \
-                         connections; give the backend to only one of them, or drop the cap or \
-                         the agent signal",
-                        v.addr, v.settings.backend_max_conns
-                    ),
-                });
-            }
-        }
-        Ok(())
+        self.vips
+            .values()
+            .filter(|v| v.settings.backend_max_conns != 0)
+            .flat_map(|v| {
+                v.backends.iter().filter_map(|b| {
+                    polled
+                        .get(&b.addr)
+                        .map(|a| (b.addr, *a, v.addr, v.settings.backend_max_conns))
+                })
+            })
+            .collect()
     }
 
     /// A server has one load: every agent-signal VIP it serves polls its
@@ -670,6 +676,52 @@ mod tests {
         .unwrap();
         assert!(copy
             .apply(&Command::SetVip(a("10.0.0.12:80"), agent), &rules)
+            .is_err());
+    }
+
+    #[test]
+    fn a_capped_agent_pair_an_earlier_build_accepted_blocks_no_other_change() {
+        let rules = Rules::default();
+        let mut st = State::default();
+        let (va, vb, b) = (a("10.0.0.10:80"), a("10.0.0.11:80"), a("10.0.2.1:8080"));
+        let agent = VipSettings {
+            signal: crate::state::LoadSignal::Agent,
+            agent_port: Some(5555),
+            ..VipSettings::default()
+        };
+        st.apply(&Command::AddVip(va, agent), &rules).unwrap();
+        st.apply(&Command::AddVip(vb, VipSettings::default()), &rules)
+            .unwrap();
+        st.apply(&Command::AddBackends(va, vec![b], 1, None), &rules)
+            .unwrap();
+        st.apply(&Command::AddBackends(vb, vec![b], 1, None), &rules)
+            .unwrap();
+        // The cap as an earlier build accepted it.
+        st.vips.get_mut(&vb).unwrap().settings.backend_max_conns = 5;
+        // Another change is not refused for it...
+        st.apply(
+            &Command::AddVip(a("10.0.0.12:80"), VipSettings::default()),
+            &rules,
+        )
+        .unwrap();
+        // ...a new pair is.
+        st.apply(
+            &Command::AddBackends(a("10.0.0.12:80"), vec![b], 1, None),
+            &rules,
+        )
+        .unwrap();
+        assert!(st
+            .clone()
+            .apply(
+                &Command::SetVip(
+                    a("10.0.0.12:80"),
+                    VipSettings {
+                        backend_max_conns: 3,
+                        ..VipSettings::default()
+                    }
+                ),
+                &rules
+            )
             .is_err());
     }
 

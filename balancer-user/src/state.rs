@@ -1117,6 +1117,27 @@ impl BackendUse {
 }
 
 impl State {
+    /// Drops the source rate of every direct-return VIP (accepted by
+    /// builds before `VipSettings::validate_limits` refused it: a
+    /// direct-return VIP never sees its backends' answers, so nothing
+    /// proves a source); returns one line per VIP changed, for the log.
+    pub fn drop_direct_return_rates(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        for v in self.vips.values_mut() {
+            if v.settings.source_rate != 0 && v.settings.mode != ForwardingMode::Nat {
+                out.push(format!(
+                    "VIP {}: its source rate ({}/s) is dropped: a {} VIP never sees its \
+                     backends' answers, so nothing proves a source (docs/operations.md, Limits)",
+                    v.addr,
+                    v.settings.source_rate,
+                    v.settings.mode.name()
+                ));
+                v.settings.source_rate = 0;
+            }
+        }
+        out
+    }
+
     /// Checks everything the API would have refused: addresses, choices,
     /// VIP indexes, duplicate backends, slots used twice or out of range.
     ///
@@ -1821,6 +1842,48 @@ mod tests {
         s.signal = LoadSignal::Connections;
         s.agent_port = Some(5555);
         assert!(ok(&s), "an agent port without the agent signal is kept");
+    }
+
+    #[test]
+    fn a_restored_direct_return_rate_is_dropped_not_refused() {
+        let mut st = State::default();
+        let rules = crate::command::Rules::default();
+        let (nat, dsr): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+        );
+        st.apply(
+            &crate::command::Command::AddVip(
+                nat,
+                VipSettings {
+                    source_rate: 10,
+                    ..VipSettings::default()
+                },
+            ),
+            &rules,
+        )
+        .unwrap();
+        st.apply(
+            &crate::command::Command::AddVip(
+                dsr,
+                VipSettings {
+                    mode: ForwardingMode::Dsr,
+                    ..VipSettings::default()
+                },
+            ),
+            &rules,
+        )
+        .unwrap();
+        // As an earlier build wrote it.
+        st.vips.get_mut(&dsr).unwrap().settings.source_rate = 10;
+        assert!(st.validate().is_err(), "refused as it stands");
+        let w = st.drop_direct_return_rates();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("10.0.0.2:80"), "{w:?}");
+        st.validate().unwrap();
+        // The NAT VIP keeps its rate.
+        assert_eq!(st.vips[&nat].settings.source_rate, 10);
+        assert_eq!(st.vips[&dsr].settings.source_rate, 0);
     }
 
     #[test]

@@ -968,6 +968,12 @@ impl Balancer {
         for a in state.backend_uses().into_keys() {
             state.server_for(a)?;
         }
+        // A source rate on a direct-return VIP, accepted by earlier builds,
+        // is refused now: dropped with a warning rather than refusing to
+        // serve every VIP.
+        for w in state.drop_direct_return_rates() {
+            tracing::warn!("state file: {w}");
+        }
         state.validate()?;
         // The host's addresses change outside the balancer's control: one
         // that came to hold a VIP or a backend since the change that added
