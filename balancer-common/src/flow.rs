@@ -28,7 +28,9 @@
 //! sense for the flow:
 //!
 //! * a FIN is judged against a window past the expected number (a FIN may
-//!   follow data its receiver has not acknowledged yet);
+//!   follow data its receiver has not acknowledged yet), or exactly one
+//!   before it (its sender's next segment, whose number counts the FIN,
+//!   tracked first: [`fin_counts`]);
 //! * acknowledgment numbers only move forward, by less than [`RST_WINDOW`];
 //! * with both directions in view (NAT), the handshake is proven only by a
 //!   client ACK that acknowledges the backend's SYN ([`proves_handshake`]):
@@ -289,6 +291,20 @@ pub const fn advances(value: u32, current: u32) -> bool {
     value.wrapping_sub(current) < RST_WINDOW
 }
 
+/// `true` when a FIN whose data ends at `end` (its sequence number plus
+/// payload) counts against `expected`, the number its receiver expects
+/// next: at or past it, within the window ([`advances`]: a FIN may follow
+/// data not acknowledged yet), or exactly one before it. The sender's next
+/// segment after its FIN (an ACK, whose number counts the FIN) may be
+/// tracked first: reordered on the way, or handled by another CPU at the
+/// same moment; it moves the expected number to the FIN's end + 1, and the
+/// FIN, then one behind, is still its sender's FIN. Any other number
+/// behind is no FIN of this flow's sender.
+#[inline(always)]
+pub const fn fin_counts(end: u32, expected: u32) -> bool {
+    advances(end, expected) || end.wrapping_add(1) == expected
+}
+
 /// `true` when a client's ACK acknowledging `ack` proves the handshake of a
 /// flow whose backend's SYN made `server_next_seq` its ISN + 1: it
 /// acknowledges that SYN (and at most [`HANDSHAKE_ACK_WINDOW`] bytes after
@@ -434,7 +450,8 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
                     step.server_next_seq = Some(seg.ack);
                     want |= F_ESTABLISHED;
                 }
-                if seg.has(TCP_FIN) && advances(seg.seq.wrapping_add(len), entry.client_next_seq) {
+                if seg.has(TCP_FIN) && fin_counts(seg.seq.wrapping_add(len), entry.client_next_seq)
+                {
                     want |= F_CLIENT_FIN;
                 }
                 if len != 0 {
@@ -477,7 +494,7 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
                         step.client_next_seq = Some(seg.ack);
                     }
                     let expected = step.server_next_seq.unwrap_or(entry.server_next_seq);
-                    if seg.has(TCP_FIN) && advances(seg.seq.wrapping_add(len), expected) {
+                    if seg.has(TCP_FIN) && fin_counts(seg.seq.wrapping_add(len), expected) {
                         want |= F_SERVER_FIN;
                     }
                     // The backend's next sequence number: what it sent, a
@@ -551,7 +568,7 @@ pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp) -> Step {
         want |= F_DATA;
     }
     let data_end = seg.seq.wrapping_add(len);
-    if seg.has(TCP_FIN) && in_window(data_end, entry.client_next_seq) {
+    if seg.has(TCP_FIN) && fin_counts(data_end, entry.client_next_seq) {
         want |= F_CLIENT_FIN;
     }
     let next = data_end.wrapping_add(seg.has(TCP_FIN) as u32);
@@ -681,6 +698,73 @@ mod tests {
         let old = e.state;
         e.state |= step.set;
         verdict_one_sided(old, &step)
+    }
+
+    #[test]
+    fn a_fin_tracked_after_its_senders_next_segment_still_counts() {
+        // NAT: the client's FIN, the backend's ACK of it, then the
+        // backend's FIN and its next ACK (number FIN + 1) tracked in the
+        // other order (seen in `balancer-testbed faults`: the flow stayed
+        // open with the client's FIN only, and every later FIN of the
+        // backend was judged behind).
+        let mut e = opened();
+        assert_eq!(
+            apply(
+                &mut e,
+                Direction::ToBackend,
+                &seg(TCP_ACK | TCP_FIN, 1001, 5001)
+            ),
+            Verdict::Open
+        );
+        assert_eq!(
+            apply(&mut e, Direction::ToClient, &seg(TCP_ACK, 5002, 1002)),
+            Verdict::Open
+        );
+        assert_eq!(e.server_next_seq, 5002);
+        assert_eq!(
+            apply(
+                &mut e,
+                Direction::ToClient,
+                &seg(TCP_ACK | TCP_FIN, 5001, 1002)
+            ),
+            Verdict::ClosedByFin
+        );
+        // The control: a FIN two behind the backend's number is no FIN of
+        // the backend's.
+        let mut e = opened();
+        apply(
+            &mut e,
+            Direction::ToBackend,
+            &seg(TCP_ACK | TCP_FIN, 1001, 5001),
+        );
+        apply(&mut e, Direction::ToClient, &seg(TCP_ACK, 5002, 1002));
+        assert_eq!(
+            apply(
+                &mut e,
+                Direction::ToClient,
+                &seg(TCP_ACK | TCP_FIN, 5000, 1002)
+            ),
+            Verdict::Open
+        );
+        assert_eq!(e.state & F_SERVER_FIN, 0);
+        // Direct return: the client's ACK after its FIN tracked first.
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 5001));
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1002, 5002));
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_ACK | TCP_FIN, 1001, 5001)),
+            Verdict::ClosedByFin
+        );
+        // Its control: two behind.
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 1000, 0), 1);
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1001, 5001));
+        apply_one_sided(&mut e, &seg(TCP_ACK, 1003, 5002));
+        assert_eq!(
+            apply_one_sided(&mut e, &seg(TCP_ACK | TCP_FIN, 1001, 5001)),
+            Verdict::Open
+        );
     }
 
     #[test]
