@@ -394,6 +394,13 @@ pub struct Step {
     pub server_next_seq: Option<u32>,
     /// The RST judgement.
     pub rst: Rst,
+    /// The entry's two sequence numbers the step was computed from, as
+    /// [`FlowEntry::seq_word`] packs them: the data path stores the new
+    /// ones with a compare-and-exchange against this value, so that a
+    /// step computed from another flow's numbers (a deleted entry's memory
+    /// reused by a new flow while this segment held its pointer) or from
+    /// numbers another CPU moved meanwhile stores nothing.
+    pub from: u64,
 }
 
 /// `true` when a segment travelling `dir` on a flow in state `state` (both
@@ -420,6 +427,7 @@ pub fn track(entry: &FlowEntry, dir: Direction, seg: &Tcp) -> Step {
         client_next_seq: None,
         server_next_seq: None,
         rst: Rst::None,
+        from: FlowEntry::seq_word(entry.client_next_seq, entry.server_next_seq),
     };
     let mut want = 0;
     let len = seg.payload_len();
@@ -541,6 +549,7 @@ pub fn track_one_sided(entry: &FlowEntry, seg: &Tcp) -> Step {
         client_next_seq: None,
         server_next_seq: None,
         rst: Rst::None,
+        from: FlowEntry::seq_word(entry.client_next_seq, entry.server_next_seq),
     };
     if seg.has(TCP_RST) {
         // `client_next_seq` counts the client's FIN: an RST after it may
@@ -666,6 +675,38 @@ pub fn steady(entry: &FlowEntry, seg: &Tcp, dir: Direction, one_sided: bool) -> 
     (step.set == 0 && step.rst == Rst::None).then_some(step)
 }
 
+/// The sequence word ([`FlowEntry::seq_word`]) `step` writes when the
+/// entry still holds the numbers the step was computed from.
+#[inline(always)]
+pub fn seqs_after(step: &Step) -> u64 {
+    let (c, s) = (step.from as u32, (step.from >> 32) as u32);
+    FlowEntry::seq_word(
+        step.client_next_seq.unwrap_or(c),
+        step.server_next_seq.unwrap_or(s),
+    )
+}
+
+/// The sequence word to write after the compare-and-exchange of `step`'s
+/// numbers found `seen` in the entry instead of `step.from`: another
+/// segment of the same flow (on another CPU) moved them meanwhile. Each
+/// number this step moves further forward than `seen` does
+/// ([`advances`], by less than [`RST_WINDOW`]) is kept, the other is
+/// `seen`'s: a number only ever moves forward, whichever CPU is first.
+/// `None` when `seen` is already as far as the step for both.
+#[inline(always)]
+pub fn merge_seqs(step: &Step, seen: u64) -> Option<u64> {
+    let (sc, ss) = (seen as u32, (seen >> 32) as u32);
+    let further = |mine: Option<u32>, theirs: u32| match mine {
+        Some(v) if v != theirs && advances(v, theirs) => v,
+        _ => theirs,
+    };
+    let merged = FlowEntry::seq_word(
+        further(step.client_next_seq, sc),
+        further(step.server_next_seq, ss),
+    );
+    (merged != seen).then_some(merged)
+}
+
 /// [`track`] and its writes in one go, for a single writer (userspace and
 /// tests): stores the sequence numbers, sets the bits and returns the
 /// verdict. Does not touch `last_seen_ns`.
@@ -764,6 +805,38 @@ mod tests {
         assert_eq!(
             apply_one_sided(&mut e, &seg(TCP_ACK | TCP_FIN, 1001, 5001)),
             Verdict::Open
+        );
+    }
+
+    #[test]
+    fn concurrent_seq_stores_keep_the_furthest_numbers() {
+        let mut e = opened();
+        e.server_next_seq = 6001;
+        let mut data = seg(TCP_ACK, 6001, 1001);
+        data.ip_total_len = 40 + 1000;
+        data.tcp_hlen = 20;
+        data.l3_off = 14;
+        data.l4_off = 34;
+        let step = track(&e, Direction::ToClient, &data);
+        assert_eq!(step.from, FlowEntry::seq_word(1001, 6001));
+        assert_eq!(seqs_after(&step), FlowEntry::seq_word(1001, 7001));
+        // Another CPU stored a segment further on: nothing to merge.
+        assert_eq!(merge_seqs(&step, FlowEntry::seq_word(1001, 8001)), None);
+        // Another CPU moved the client's number only: this step's server
+        // number is merged with it.
+        assert_eq!(
+            merge_seqs(&step, FlowEntry::seq_word(1501, 6001)),
+            Some(FlowEntry::seq_word(1501, 7001))
+        );
+        // The control: a word behind this step's numbers takes them.
+        assert_eq!(
+            merge_seqs(&step, FlowEntry::seq_word(1001, 6500)),
+            Some(FlowEntry::seq_word(1001, 7001))
+        );
+        // Numbers of another flow (far off): never moved by this step.
+        assert_eq!(
+            merge_seqs(&step, FlowEntry::seq_word(1001, 6001 + (1 << 31))),
+            None
         );
     }
 

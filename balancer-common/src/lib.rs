@@ -62,6 +62,9 @@ const _: () = {
     assert!(core::mem::offset_of!(FlowEntry, vip_index) == FlowEntry::STATE_WORD_OFFSET);
     assert!(core::mem::offset_of!(FlowEntry, state) == FlowEntry::STATE_WORD_OFFSET + 4);
     assert!(FlowEntry::STATE_WORD_OFFSET.is_multiple_of(8) && align_of::<FlowEntry>() == 8);
+    assert!(core::mem::offset_of!(FlowEntry, client_next_seq) == FlowEntry::SEQ_WORD_OFFSET);
+    assert!(core::mem::offset_of!(FlowEntry, server_next_seq) == FlowEntry::SEQ_WORD_OFFSET + 4);
+    assert!(FlowEntry::SEQ_WORD_OFFSET.is_multiple_of(8));
     assert!(cfg!(target_endian = "little"));
     assert!(size_of::<BackendKey>() == 20);
     assert!(size_of::<BackendVips>() == 4 + 20 * MAX_VIPS_PER_BACKEND as usize);

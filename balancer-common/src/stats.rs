@@ -239,11 +239,16 @@ pub enum Counter {
     /// Sampled choices lost before the daemon computed their regret: the
     /// ring to the daemon (`REGRET_SAMPLES`) was full.
     RegretSamplesLost,
+    /// Segments whose flow entry another flow took over while they were
+    /// tracked (a flow-table element is reused as soon as it is deleted,
+    /// while a CPU that looked it up before may still hold it): they
+    /// changed nothing in it.
+    FlowEntryReused,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::RegretSamplesLost;
+    pub const LAST: Counter = Counter::FlowEntryReused;
 }
 
 /// Number of entries of the `STATS` array.
@@ -326,6 +331,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "syn_resampled",
     "abandoned_syn_ack",
     "regret_samples_lost",
+    "flow_entry_reused",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

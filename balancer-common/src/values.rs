@@ -578,6 +578,18 @@ impl FlowEntry {
     pub const STATE_WORD_OFFSET: usize = 8;
     /// Shift of `state` inside that word.
     pub const STATE_WORD_SHIFT: u32 = 32;
+    /// Byte offset of the 8-byte aligned word holding `client_next_seq`
+    /// (low 32 bits) and `server_next_seq` (high 32 bits), little-endian:
+    /// the data path replaces both with one compare-and-exchange against
+    /// the values its step was computed from (`FlowEntry::seq_word`).
+    pub const SEQ_WORD_OFFSET: usize = 16;
+
+    /// The two sequence numbers as the word at [`Self::SEQ_WORD_OFFSET`]
+    /// holds them.
+    #[inline(always)]
+    pub const fn seq_word(client_next_seq: u32, server_next_seq: u32) -> u64 {
+        client_next_seq as u64 | (server_next_seq as u64) << 32
+    }
 }
 
 /// Why a flow is an orphan.

@@ -83,3 +83,26 @@ pub unsafe fn fetch_or_state(entry: *mut FlowEntry, bits: u32) -> u32 {
     };
     (old >> FlowEntry::STATE_WORD_SHIFT) as u32
 }
+
+/// Replaces a flow entry's two sequence numbers (the 64-bit word at
+/// `FlowEntry::SEQ_WORD_OFFSET`, see `FlowEntry::seq_word`) with `new`
+/// only while the word still holds `expected` (BPF_ATOMIC BPF_CMPXCHG,
+/// kernel 5.12+); returns the value the word held (`expected` when the
+/// exchange took place).
+///
+/// # Safety
+/// `entry` points to a flow-table value.
+#[inline(always)]
+pub unsafe fn cas_seqs(entry: *mut FlowEntry, expected: u64, new: u64) -> u64 {
+    // SAFETY: the word lies inside the entry, 8-byte aligned (asserted in
+    // balancer-common).
+    let word = unsafe { (entry as *mut u8).add(FlowEntry::SEQ_WORD_OFFSET) as *mut u64 };
+    unsafe {
+        core::intrinsics::atomic_cxchg::<
+            u64,
+            { AtomicOrdering::SeqCst },
+            { AtomicOrdering::SeqCst },
+        >(word, expected, new)
+    }
+    .0
+}

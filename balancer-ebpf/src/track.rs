@@ -107,7 +107,10 @@ pub unsafe fn track(key: &FlowKey, e: *mut FlowEntry, b: &Backend, seg: &Tcp, ho
 
 /// Stamps the flow entry at `e` and stores the sequence numbers of a
 /// steady segment's `step` (`flow::steady`), without the rest of the
-/// tracking: plain stores of whole words, as [`track`] makes them.
+/// tracking: one compare-and-exchange against the numbers the step was
+/// computed from (`flow::Step::from`). When it fails (another CPU moved
+/// them, or the entry's memory now holds another flow) nothing is
+/// stored: a steady segment's numbers are a later one's to move again.
 ///
 /// # Safety
 /// `e` points to a flow-table value.
@@ -116,13 +119,56 @@ pub unsafe fn store_steady(e: *mut FlowEntry, step: &flow::Step, now: u64) {
     // SAFETY: the caller's contract.
     unsafe {
         (*e).last_seen_ns = now;
-        if let Some(v) = step.client_next_seq {
-            (*e).client_next_seq = v;
-        }
-        if let Some(v) = step.server_next_seq {
-            (*e).server_next_seq = v;
+        if step.client_next_seq.is_some() || step.server_next_seq.is_some() {
+            let _ = atomic::cas_seqs(e, step.from, flow::seqs_after(step));
         }
     }
+}
+
+/// `true` while the entry at `e` still holds the flow whose snapshot
+/// `snapshot` is: a flow-table element is given to another flow as soon
+/// as it is deleted (the kernel's preallocated hash and LRU maps reuse it
+/// at once, not after an RCU grace period), while a CPU that looked it up
+/// before the delete may still be writing to it; `created_ns` is set at
+/// full resolution when a flow is placed and never changes.
+///
+/// # Safety
+/// `e` points to a flow-table value.
+#[inline(always)]
+unsafe fn same_flow(e: *mut FlowEntry, snapshot: &FlowEntry) -> bool {
+    // SAFETY: the caller's contract; a volatile read, after the caller's
+    // earlier ones.
+    unsafe { core::ptr::read_volatile(&raw const (*e).created_ns) == snapshot.created_ns }
+}
+
+/// Stores `step`'s sequence numbers into the entry at `e` (a flow whose
+/// copy is `snapshot`): a compare-and-exchange against the numbers the
+/// step was computed from; when another CPU moved them meanwhile, each
+/// number this step moves further is merged in once more
+/// (`flow::merge_seqs`). Returns `false`, storing nothing, when the entry
+/// now holds another flow ([`same_flow`]).
+///
+/// # Safety
+/// `e` points to a flow-table value.
+#[inline(always)]
+unsafe fn store_seqs(e: *mut FlowEntry, snapshot: &FlowEntry, step: &flow::Step) -> bool {
+    if step.client_next_seq.is_none() && step.server_next_seq.is_none() {
+        return true;
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        let seen = atomic::cas_seqs(e, step.from, flow::seqs_after(step));
+        if seen == step.from {
+            return true;
+        }
+        if !same_flow(e, snapshot) {
+            return false;
+        }
+        if let Some(merged) = flow::merge_seqs(step, seen) {
+            let _ = atomic::cas_seqs(e, seen, merged);
+        }
+    }
+    true
 }
 
 /// [`track`] as a global BPF function (BTF linkage global; Linux 5.6+):
@@ -195,18 +241,28 @@ unsafe fn track_flow(
         count(Counter::AckUnproven, 1);
     }
     let stamp = table == Table::Established || dir == Direction::ToBackend;
+    // SAFETY: `e` is a flow-table value (the caller's contract). An entry
+    // that another flow took over since the snapshot is left alone.
     unsafe {
+        if !same_flow(e, snapshot) {
+            count(Counter::FlowEntryReused, 1);
+            return Event::NONE;
+        }
         if stamp {
             (*e).last_seen_ns = now;
         }
-        if let Some(v) = step.client_next_seq {
-            (*e).client_next_seq = v;
-        }
-        if let Some(v) = step.server_next_seq {
-            (*e).server_next_seq = v;
+        if !store_seqs(e, snapshot, &step) {
+            count(Counter::FlowEntryReused, 1);
+            return Event::NONE;
         }
     }
     let old = if step.set != 0 {
+        // Checked once more right before the OR, whose bits another flow
+        // must not receive.
+        if !unsafe { same_flow(e, snapshot) } {
+            count(Counter::FlowEntryReused, 1);
+            return Event::NONE;
+        }
         unsafe { atomic::fetch_or_state(e, step.set) }
     } else {
         snapshot.state
