@@ -505,26 +505,88 @@ struct Settled {
     /// Half-open flows still there at [`SETTLE`], which only the
     /// half-open timeout cleared (see [`HALF_OPEN_EXPIRY`]).
     expired_half_open: usize,
+    /// Live flows still there at [`SETTLE`] whose backend holds the
+    /// connection open as well ([`held_by_backend`]).
+    held_by_backend: usize,
+}
+
+/// The state of the backend's socket of flow `f` (`ss`'s name: `ESTAB`,
+/// `CLOSE-WAIT`) when the backend still holds the connection open, that
+/// is, it never learnt the client closed: the client's last segment was
+/// an RST (a socket closed with unread data, as wrk's and ab's are) that
+/// the injected loss dropped, and TCP never sends an RST again. The
+/// balancer saw nothing either, and keeps the flow as its backend keeps
+/// the connection, until the backend speaks (nginx's keep-alive timeout)
+/// or the established timeout. Any other state (none, or one after the
+/// backend's own FIN) is `None`: the balancer should have seen the close.
+fn held_by_backend(tb: &Testbed, f: &balancer::api::FlowView) -> anyhow::Result<Option<String>> {
+    let Some(backend) = f.backend else {
+        return Ok(None);
+    };
+    for ns in &tb.backends {
+        let out = ns.exec(
+            "ss",
+            &[
+                "-Htn",
+                "state",
+                "all",
+                &format!("sport = :{} and dst {}", backend.port(), f.client),
+            ],
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        for line in text.lines() {
+            let state = line.split_whitespace().next().unwrap_or("");
+            if !line.contains(&format!("{}:{}", backend.ip(), backend.port())) {
+                continue;
+            }
+            return Ok(matches!(state, "ESTAB" | "CLOSE-WAIT").then(|| state.to_string()));
+        }
+    }
+    Ok(None)
 }
 
 /// No live or half-open flow and no active count within [`SETTLE`] of
-/// `since`; flows still half-open then (and nothing else) may take until
-/// [`HALF_OPEN_EXPIRY`], and are counted. Flows open after 1 s are printed.
-fn settled(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Settled> {
+/// `since`; flows still half-open then may take until
+/// [`HALF_OPEN_EXPIRY`], and are counted; with `lossy` links, live flows
+/// then whose backend holds the connection open too ([`held_by_backend`])
+/// are counted and left (nothing else may be left). Flows open after 1 s
+/// are printed.
+fn settled(tb: &Testbed, since: Instant, what: &str, lossy: bool) -> anyhow::Result<Settled> {
     let mut shown = false;
     let mut expired_half_open = 0;
+    let mut held: Vec<(SocketAddr, String)> = Vec::new();
     loop {
-        let flows = realclients::open_flows(tb)?;
+        let flows: Vec<_> = realclients::open_flows(tb)?
+            .into_iter()
+            .filter(|f| !held.iter().any(|(c, _)| *c == f.client))
+            .collect();
         let active: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
-        if flows.is_empty() && active == 0 {
+        if flows.is_empty() && active <= held.len() as u64 {
             return Ok(Settled {
                 after: since.elapsed(),
                 expired_half_open,
+                held_by_backend: held.len(),
             });
         }
         let t = since.elapsed();
-        let only_half_open =
-            flows.iter().all(|f| f.kind == "half-open") && active <= flows.len() as u64;
+        if t > SETTLE && lossy {
+            for f in flows.iter().filter(|f| f.kind == "live") {
+                if let Some(state) = held_by_backend(tb, f)? {
+                    println!(
+                        "faults: {what}: flow {} -> {:?} left live: its backend holds the \
+                         connection too ({state}; the client's last segment was lost)",
+                        f.client, f.backend
+                    );
+                    held.push((f.client, state));
+                }
+            }
+        }
+        let flows: Vec<_> = flows
+            .into_iter()
+            .filter(|f| !held.iter().any(|(c, _)| *c == f.client))
+            .collect();
+        let only_half_open = flows.iter().all(|f| f.kind == "half-open")
+            && active <= (flows.len() + held.len()) as u64;
         if t > SETTLE && expired_half_open == 0 && only_half_open {
             expired_half_open = flows.len();
         }
@@ -532,25 +594,32 @@ fn settled(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Settled> 
         if t > Duration::from_secs(1) && !shown || failed {
             shown = true;
             let st = tb.stats()?;
-            let sample: Vec<String> = flows
-                .iter()
-                .take(5)
-                .map(|f| {
+            let mut sample = Vec::new();
+            for f in flows.iter().take(5) {
+                let backend_side = if failed {
                     format!(
-                        "{} -> {:?} {} fins {} idle {} ms",
-                        f.client, f.backend, f.kind, f.fins, f.idle_ms
+                        " (backend's socket: {})",
+                        held_by_backend(tb, f)?.unwrap_or_else(|| "none open".into())
                     )
-                })
-                .collect();
+                } else {
+                    String::new()
+                };
+                sample.push(format!(
+                    "{} -> {:?} {} fins {} idle {} ms{backend_side}",
+                    f.client, f.backend, f.kind, f.fins, f.idle_ms
+                ));
+            }
             let msg = format!(
                 "{what}: {} flows open and {active} counted active {t:?} after the clients \
-                 stopped: {} (closed_fin {}, closed_rst {}, rst_out_of_window {}, flow_misses {})",
+                 stopped: {} (closed_fin {}, closed_rst {}, rst_out_of_window {}, flow_misses {}, \
+                 flow_entry_reused {})",
                 flows.len(),
                 sample.join("; "),
                 st.counter("closed_fin"),
                 st.counter("closed_rst"),
                 st.counter("rst_out_of_window"),
                 st.counter("flow_misses"),
+                st.counter("flow_entry_reused"),
             );
             ensure!(!failed, "{msg}");
             println!("faults: slow close: {msg}");
@@ -561,6 +630,19 @@ fn settled(tb: &Testbed, since: Instant, what: &str) -> anyhow::Result<Settled> 
 
 impl Settled {
     fn say(&self) -> String {
+        let held = if self.held_by_backend == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {} live flow(s) left as their backends hold the connection (the client's \
+                 last segment, an RST, lost)",
+                self.held_by_backend
+            )
+        };
+        self.said() + &held
+    }
+
+    fn said(&self) -> String {
         if self.expired_half_open == 0 {
             format!(
                 "no live flow and no active count after {} ms",
@@ -660,11 +742,12 @@ fn run_pass(tb: &Testbed, inj: &mut [Injector], p: Pass, big: &[u8]) -> anyhow::
         .map(Injector::slow_queue_drops)
         .collect::<Result<_, _>>()?;
     println!("faults: pass with {} on every faulted link", p.rates);
+    let lossy = p.rates.loss > 0;
     let vip = format!("http://{}", VIP.ip());
     let t0 = Instant::now();
     realclients::downloads(tb, &format!("{vip}/big.bin"), p.downloads, big)?;
     let took = t0.elapsed();
-    let t = settled(tb, Instant::now(), "curl")?;
+    let t = settled(tb, Instant::now(), "curl", lossy)?;
     println!(
         "faults: curl: {} downloads of 1 MiB in {:.1} s, every byte intact; {}",
         p.downloads,
@@ -672,7 +755,7 @@ fn run_pass(tb: &Testbed, inj: &mut [Injector], p: Pass, big: &[u8]) -> anyhow::
         t.say()
     );
     let (rps, errors) = wrk(tb, &format!("{vip}/index.html"), p.wrk_seconds)?;
-    let t = settled(tb, Instant::now(), "wrk")?;
+    let t = settled(tb, Instant::now(), "wrk", lossy)?;
     ensure!(errors.is_none(), "wrk: {}", errors.unwrap_or_default());
     println!(
         "faults: wrk: 50 keep-alive connections for {} s, no errors, {rps:.0} requests/s; {}",
@@ -682,7 +765,7 @@ fn run_pass(tb: &Testbed, inj: &mut [Injector], p: Pass, big: &[u8]) -> anyhow::
     let t0 = Instant::now();
     let rps = realclients::ab(tb, &format!("{vip}/index.html"), p.ab_requests)?;
     let took = t0.elapsed();
-    let t = settled(tb, Instant::now(), "ab")?;
+    let t = settled(tb, Instant::now(), "ab", lossy)?;
     println!(
         "faults: ab: {} requests each on a new connection in {:.1} s, 0 failed, {rps:.0} \
          requests/s; {}",
