@@ -21,7 +21,15 @@
 //!   IP-in-IP VIP of consistent candidates: each is recomputed and sent to
 //!   its first candidate with the second carried, and must create no state
 //!   (no flow, no count) and break nothing; the backends' second chance
-//!   sends some on (at most one more frame each).
+//!   sends some on (at most one more frame each);
+//! * i. a UDP flood through a DNS VIP whose backends answer (dnsmasq):
+//!   each forged source's query sent twice, about 20 ms apart, the
+//!   backend's answer in between, as a NAT gateway's clients would (issue
+//!   41, item 1: such flows were promoted to the established table and
+//!   evicted TCP connections of every VIP). The flood promotes thousands of
+//!   UDP flows, more than the flow table holds; none may enter the
+//!   established table, and a real client's queries are still answered
+//!   (the control).
 //!
 //! After each class every held connection must answer a request, no
 //! backend may have been ejected, and the class's own counter must have
@@ -74,6 +82,16 @@ const ONE_SOURCE_SYNS: u64 = 50_000;
 /// Distinct ports attack b repeats (so every tuple repeats after more than
 /// the 500 ms a retransmission needs, within the half-open table).
 const ONE_SOURCE_PORTS: u64 = 200;
+
+/// Frames of class i: half as many forged UDP tuples, more than the flow
+/// table and the half-open table hold together.
+const UDP_FLOOD_FRAMES: u64 = 6_000;
+/// Tuples per block of class i: each block sends their queries, then the
+/// same queries again (at class i's pace, 3,000 frames a second in the
+/// short form, the second copy follows the first by 20 ms).
+const UDP_PAIR: u64 = 60;
+/// Real queries of class i's control, after the flood.
+const UDP_CONTROL_QUERIES: usize = 20;
 
 /// The client's addresses: three /24s, so real clients are several sources.
 const CLIENTS: [Ipv4Addr; 3] = [
@@ -731,6 +749,31 @@ fn tcp4(
     Ok(())
 }
 
+/// A DNS query for `example.test` (type A, class IN; RFC 1035 section
+/// 4.1) with id `id`, from `src` to `dst`, over UDP.
+fn dns_query(
+    l: Link,
+    src: (Ipv4Addr, u16),
+    dst: SocketAddr,
+    id: u16,
+    out: &mut Vec<u8>,
+) -> anyhow::Result<()> {
+    let mut q = Vec::with_capacity(32);
+    q.extend_from_slice(&id.to_be_bytes());
+    // Recursion desired; one question.
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in ["example", "test"] {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    PacketBuilder::ethernet2(l.src, l.dst)
+        .ipv4(src.0.octets(), ip4(dst).octets(), 64)
+        .udp(src.1, dst.port())
+        .write(out, &q)?;
+    Ok(())
+}
+
 fn mapped(a: Ipv4Addr) -> [u8; 16] {
     a.to_ipv6_mapped().octets()
 }
@@ -980,7 +1023,7 @@ fn ejected_within(
 
 /// The classes in the order they run: first those that leave the tables
 /// alone, then those that press on them.
-const CLASSES: [(char, &str); 9] = [
+const CLASSES: [(char, &str); 10] = [
     ('d', "d. blind FIN/RST, SYN|FIN on held"),
     ('e', "e. IPv4-mapped IPv6"),
     ('f', "f. martian sources"),
@@ -992,13 +1035,14 @@ const CLASSES: [(char, &str); 9] = [
     ('n', "a. (NAT VIP only) SYN + wrong ACK"),
     ('a', "a. SYN + wrong ACK, many /24s"),
     ('c', "c. SYN, ACK pairs, random sources"),
+    ('i', "i. UDP flood, each query twice, answered"),
 ];
 
 /// Classes whose SYNs fill the half-open table (and, in the one-sided
 /// modes, the flow table): a real client's new connection can lose its
 /// entry to them.
 fn presses_tables(key: char) -> bool {
-    matches!(key, 'a' | 'b' | 'c' | 'n')
+    matches!(key, 'a' | 'b' | 'c' | 'n' | 'i')
 }
 
 /// The largest share of new connections a table-pressing class may cost,
@@ -1182,6 +1226,18 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
             u64::MAX,
             false,
         ),
+        'i' => (
+            Box::new(move |i: u64, out: &mut Vec<u8>| {
+                // Blocks of UDP_PAIR tuples: each tuple's query, then the
+                // same again half a block later.
+                let block = i / (2 * UDP_PAIR);
+                let j = block * UDP_PAIR + i % UDP_PAIR;
+                let src = (spoofed(j), 1024 + (j % 60_000) as u16);
+                dns_query(link, src, crate::udp::DNS_VIP, j as u16, out)
+            }),
+            UDP_FLOOD_FRAMES,
+            true,
+        ),
         _ => (
             Box::new(move |i: u64, out: &mut Vec<u8>| {
                 ipip_frame(
@@ -1241,6 +1297,31 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     let mut failures: Vec<String> = Vec::new();
     // Backend -> server-side connections of lost held ones.
     let mut zombies: HashMap<SocketAddr, u64> = HashMap::new();
+
+    // Class i's DNS VIP (UDP only, no health checks), its backends'
+    // dnsmasq answering (kept until the end; nothing of it outlives the
+    // test).
+    let _dns = crate::udp::start_dnsmasq(tb)?;
+    let dns = crate::udp::DNS_VIP.to_string();
+    tb.cli(&[
+        "vip",
+        "add",
+        &dns,
+        "--protocol",
+        "udp",
+        "--health",
+        "off",
+        "--udp-timeout",
+        "5s",
+    ])?;
+    for k in 0..BACKENDS {
+        tb.cli(&[
+            "backend",
+            "add",
+            &dns,
+            &SocketAddr::from((backend_ip(k), crate::udp::DNS_VIP.port())).to_string(),
+        ])?;
+    }
 
     let t_open = Instant::now();
     let vips: Vec<Vip> = (0..HELD)
@@ -1368,6 +1449,12 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 d("drop_martian_vip"),
                 d("drop_martian_local")
             ),
+            'i' => format!(
+                "udp_new_flows +{}, udp_replies +{}, udp_promoted +{}",
+                d("udp_new_flows"),
+                d("udp_replies"),
+                d("udp_promoted")
+            ),
             'h' => format!(
                 "recomputed_segments +{}, second chances sent on +{} and kept last +{} (backends), new_flows +{}",
                 d("recomputed_segments"),
@@ -1397,6 +1484,31 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 ));
             }
         }
+        // Class i: no UDP flow in the established table, however many were
+        // promoted, and a real client's queries still answered.
+        if key == 'i' {
+            let udp_live = crate::realclients::open_flows(tb)?
+                .iter()
+                .filter(|f| f.protocol == "udp" && f.kind == "live")
+                .count();
+            if udp_live > 0 {
+                failures.push(format!(
+                    "{class}: {udp_live} UDP flows in the established table"
+                ));
+            }
+            let (_, unanswered) = crate::udp::queries(tb, UDP_CONTROL_QUERIES, &[])?;
+            if unanswered > 0 {
+                failures.push(format!(
+                    "{class} (control): {unanswered} of {UDP_CONTROL_QUERIES} real queries \
+                     unanswered after the flood"
+                ));
+            }
+            println!(
+                "hostile: {class}: no UDP flow in the established table; {} of \
+                 {UDP_CONTROL_QUERIES} real queries answered after it (the control)",
+                UDP_CONTROL_QUERIES - unanswered
+            );
+        }
         // Each class's own counter must have moved.
         let own_ok = match key {
             'a' | 'c' | 'n' => d("ack_unproven") > 0,
@@ -1420,6 +1532,10 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             // refused there.
             // Every forged segment recomputed (a few of the real clients'
             // may be too); the backends sent some on, each at most once.
+            // Most forged tuples were answered and promoted (their
+            // second query came after the answer): the flood did what
+            // once evicted the TCP flows.
+            'i' => d("udp_promoted") * 4 >= sent / 2,
             'h' => {
                 d("recomputed_segments") * 100 >= sent * 99
                     && after.chance_on > before.chance_on
@@ -1532,8 +1648,8 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     }
     print_table(&rows);
     println!(
-        "hostile: new connections may fail only under the classes whose SYNs fill the \
-         {HALF_OPEN_TABLE}-entry half-open table shared by the VIPs (a, b, c; at most \
+        "hostile: new connections may fail only under the classes whose SYNs or datagrams fill \
+         the {HALF_OPEN_TABLE}-entry half-open table shared by the VIPs (a, b, c, i; at most \
          {NEW_LOSS_BOUND_PCT} %): a real client's half-open entry is as evictable as a forged one \
          until its handshake completes"
     );

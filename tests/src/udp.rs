@@ -44,7 +44,7 @@ fn answer_of(k: usize) -> String {
 /// Starts dnsmasq on every backend host, on port 53 of its address, as
 /// PID 1 of a PID namespace of its own (`--kill-child`: nothing of it
 /// outlives the test).
-fn start_dnsmasq(tb: &Testbed) -> anyhow::Result<Vec<Proc>> {
+pub(crate) fn start_dnsmasq(tb: &Testbed) -> anyhow::Result<Vec<Proc>> {
     let mut procs = Vec::new();
     for (k, ns) in tb.backends.iter().enumerate() {
         procs.push(spawn_in(
@@ -77,7 +77,7 @@ fn start_dnsmasq(tb: &Testbed) -> anyhow::Result<Vec<Proc>> {
 /// `n` queries for `example.test` from dig in batch mode (a new socket,
 /// so a new source port, per query), one try each: the answers by
 /// backend, and how many went unanswered.
-fn queries(
+pub(crate) fn queries(
     tb: &Testbed,
     n: usize,
     extra: &[&str],
