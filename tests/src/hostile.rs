@@ -29,7 +29,12 @@
 //!   evicted TCP connections of every VIP). The flood promotes thousands of
 //!   UDP flows, more than the flow table holds; none may enter the
 //!   established table, and a real client's queries are still answered
-//!   (the control).
+//!   (the control);
+//! * j. class h's segments from sources the consistent VIP denies
+//!   (`--deny-source`; issue 41, item 7: they were recomputed and
+//!   tunnelled, and a backend's stack answered them): every one dropped and
+//!   counted as refused (`source_denied`), none recomputed; class h, the
+//!   same segments from sources not denied, is the control.
 //!
 //! After each class every held connection must answer a request, no
 //! backend may have been ejected, and the class's own counter must have
@@ -140,9 +145,20 @@ static VIPS: [Vip; 4] = [
             BALANCER_SRC4,
             "--candidates",
             "consistent",
+            // Class j's sources (no real client's).
+            "--deny-source",
+            DENIED_PREFIX,
         ],
     },
 ];
+
+/// The prefix the consistent VIP denies: class j's forged sources.
+const DENIED_PREFIX: &str = "10.201.0.0/16";
+
+/// A source of class j (inside [`DENIED_PREFIX`]).
+fn denied(j: u64) -> Ipv4Addr {
+    Ipv4Addr::new(10, 201, (j % 250) as u8, (j / 250 % 250) as u8 + 1)
+}
 
 fn backend_ip(k: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, 2, 10 + k as u8)
@@ -860,6 +876,8 @@ fn decap_totals(tb: &Testbed) -> anyhow::Result<(u64, u64, u64)> {
 /// What the counters and the backends looked like at one moment.
 struct Snapshot {
     counters: std::collections::BTreeMap<String, u64>,
+    /// Refusals for a denied source, all VIPs.
+    source_denied: u64,
     views: Vec<BackendView>,
     refused_source: u64,
     /// Second chances sent on by the backends.
@@ -872,8 +890,14 @@ struct Snapshot {
 impl Snapshot {
     fn take(tb: &Testbed) -> anyhow::Result<Snapshot> {
         let (refused_source, chance_on, chance_last) = decap_totals(tb)?;
+        let st = tb.stats()?;
         Ok(Snapshot {
-            counters: tb.stats()?.counters.into_iter().collect(),
+            source_denied: st
+                .vips
+                .iter()
+                .map(|v| v.refused.get("source_denied").copied().unwrap_or(0))
+                .sum(),
+            counters: st.counters.into_iter().collect(),
             views: tb.backends()?,
             refused_source,
             chance_on,
@@ -1023,12 +1047,13 @@ fn ejected_within(
 
 /// The classes in the order they run: first those that leave the tables
 /// alone, then those that press on them.
-const CLASSES: [(char, &str); 10] = [
+const CLASSES: [(char, &str); 11] = [
     ('d', "d. blind FIN/RST, SYN|FIN on held"),
     ('e', "e. IPv4-mapped IPv6"),
     ('f', "f. martian sources"),
     ('g', "g. IP-in-IP, forged outer source"),
     ('h', "h. segments of no flow, consistent VIP"),
+    ('j', "j. segments of no flow, denied sources"),
     ('b', "b. 50,000 SYNs from one address"),
     // Class a against the NAT VIP alone first: where the balancer sees
     // both directions, no forged ACK promotes a flow.
@@ -1203,9 +1228,10 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
             u64::MAX,
             false,
         ),
-        'h' => (
+        'h' | 'j' => (
             Box::new(move |i: u64, out: &mut Vec<u8>| {
-                let src = (spoofed(i), 1024 + (i % 60_000) as u16);
+                let ip = if key == 'j' { denied(i) } else { spoofed(i) };
+                let src = (ip, 1024 + (i % 60_000) as u16);
                 let f = match i % 3 {
                     0 => ack(hash32(i + 1)),
                     1 => Flags {
@@ -1449,6 +1475,11 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 d("drop_martian_vip"),
                 d("drop_martian_local")
             ),
+            'j' => format!(
+                "refused source_denied +{}, recomputed_segments +{}",
+                after.source_denied - before.source_denied,
+                d("recomputed_segments")
+            ),
             'i' => format!(
                 "udp_new_flows +{}, udp_replies +{}, udp_promoted +{}",
                 d("udp_new_flows"),
@@ -1467,8 +1498,9 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 after.refused_source - before.refused_source
             ),
         };
-        // Class h must have left no state: no flow of a forged source.
-        if key == 'h' {
+        // Classes h and j must have left no state: no flow of a forged
+        // source.
+        if key == 'h' || key == 'j' {
             let out = tb.cli(&["flows", "--limit", "10000", "--json"])?;
             let flows = match serde_json::from_str::<balancer::api::Response>(&out)? {
                 balancer::api::Response::Flows { flows, .. } => flows,
@@ -1476,7 +1508,10 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             };
             let forged = flows
                 .iter()
-                .filter(|f| matches!(f.client.ip(), IpAddr::V4(a) if a.octets()[..2] == [10, 200]))
+                .filter(|f| {
+                    matches!(f.client.ip(), IpAddr::V4(a) if a.octets()[..2] == [10, 200]
+                        || a.octets()[..2] == [10, 201])
+                })
                 .count();
             if forged > 0 {
                 failures.push(format!(
@@ -1536,6 +1571,12 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             // second query came after the answer): the flood did what
             // once evicted the TCP flows.
             'i' => d("udp_promoted") * 4 >= sent / 2,
+            // Every forged segment refused, none recomputed (a few of the
+            // real clients' segments may be).
+            'j' => {
+                after.source_denied - before.source_denied >= sent
+                    && d("recomputed_segments") * 100 < sent
+            }
             'h' => {
                 d("recomputed_segments") * 100 >= sent * 99
                     && after.chance_on > before.chance_on
