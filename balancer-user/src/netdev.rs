@@ -42,7 +42,20 @@ pub fn host_addresses() -> Result<std::collections::BTreeSet<std::net::IpAddr>> 
                         sin.sin_addr.s_addr,
                     ))));
                     // The subnet's directed broadcast (RFC 919, RFC 922):
-                    // no client has it as its source either.
+                    // no client has it as its source either. From the
+                    // prefix, whether or not the address was given a
+                    // broadcast (`ip addr add` sets none without `brd`),
+                    // and the one it was given, if any.
+                    if !ifa.ifa_netmask.is_null() {
+                        // SAFETY: the netmask of an AF_INET address is a
+                        // sockaddr_in.
+                        let m = unsafe { &*(ifa.ifa_netmask as *const libc::sockaddr_in) };
+                        let mask = u32::from_be(m.sin_addr.s_addr);
+                        let addr = u32::from_be(sin.sin_addr.s_addr);
+                        if let Some(b) = directed_broadcast(addr, mask) {
+                            out.insert(IpAddr::V4(b));
+                        }
+                    }
                     if ifa.ifa_flags & libc::IFF_BROADCAST as u32 != 0 && !ifa.ifa_ifu.is_null() {
                         // SAFETY: with IFF_BROADCAST, ifa_ifu is the
                         // broadcast address, a sockaddr of the family read
@@ -429,9 +442,40 @@ pub fn mac_string(m: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// The directed broadcast of the IPv4 subnet of `addr` with netmask
+/// `mask` (both host byte order): its host part all ones (RFC 919, RFC
+/// 922). `None` for a /31 or /32, which have none (RFC 3021), and for a
+/// mask that is not a prefix.
+pub fn directed_broadcast(addr: u32, mask: u32) -> Option<std::net::Ipv4Addr> {
+    let len = mask.leading_ones();
+    if mask.count_ones() != len || len > 30 {
+        return None;
+    }
+    Some(std::net::Ipv4Addr::from(addr | !mask))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subnets_directed_broadcast_comes_from_its_prefix() {
+        use std::net::Ipv4Addr;
+        let a = u32::from(Ipv4Addr::new(10, 0, 1, 1));
+        assert_eq!(
+            directed_broadcast(a, 0xffff_ff00),
+            Some(Ipv4Addr::new(10, 0, 1, 255))
+        );
+        assert_eq!(
+            directed_broadcast(a, 0xffff_fffc),
+            Some(Ipv4Addr::new(10, 0, 1, 3))
+        );
+        // The controls: a /31 and a /32 have none, nor a mask that is no
+        // prefix.
+        assert_eq!(directed_broadcast(a, 0xffff_fffe), None);
+        assert_eq!(directed_broadcast(a, u32::MAX), None);
+        assert_eq!(directed_broadcast(a, 0xff00_ff00), None);
+    }
 
     #[test]
     fn host_addresses_are_read() {

@@ -34,7 +34,13 @@
 //!   (`--deny-source`; issue 41, item 7: they were recomputed and
 //!   tunnelled, and a backend's stack answered them): every one dropped and
 //!   counted as refused (`source_denied`), none recomputed; class h, the
-//!   same segments from sources not denied, is the control.
+//!   same segments from sources not denied, is the control;
+//! * k. echo requests to a VIP from the client subnet's directed broadcast
+//!   (10.0.1.255; the balancer host's address there has no `brd`) and
+//!   ICMPv6 ones from an IPv4-mapped source (issue 41, item 10: both were
+//!   answered, reflecting at a subnet or past the IPv4 rules): every one
+//!   dropped and counted (`drop_martian_local`, `drop_mapped_v6`), none
+//!   answered; a real client's ping answered is the control.
 //!
 //! After each class every held connection must answer a request, no
 //! backend may have been ejected, and the class's own counter must have
@@ -1047,13 +1053,14 @@ fn ejected_within(
 
 /// The classes in the order they run: first those that leave the tables
 /// alone, then those that press on them.
-const CLASSES: [(char, &str); 11] = [
+const CLASSES: [(char, &str); 12] = [
     ('d', "d. blind FIN/RST, SYN|FIN on held"),
     ('e', "e. IPv4-mapped IPv6"),
     ('f', "f. martian sources"),
     ('g', "g. IP-in-IP, forged outer source"),
     ('h', "h. segments of no flow, consistent VIP"),
     ('j', "j. segments of no flow, denied sources"),
+    ('k', "k. echo from broadcast, mapped sources"),
     ('b', "b. 50,000 SYNs from one address"),
     // Class a against the NAT VIP alone first: where the balancer sees
     // both directions, no forged ACK promotes a flow.
@@ -1248,6 +1255,28 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
                     },
                 };
                 tcp4(link, src, VIPS[3].addr, hash32(i), f, out)
+            }),
+            u64::MAX,
+            false,
+        ),
+        'k' => (
+            Box::new(move |i: u64, out: &mut Vec<u8>| {
+                let b = PacketBuilder::ethernet2(link.src, link.dst);
+                let (id, seq) = ((i >> 16) as u16, i as u16);
+                if i.is_multiple_of(2) {
+                    b.ipv4([10, 0, 1, 255], ip4(VIPS[0].addr).octets(), 64)
+                        .icmpv4_echo_request(id, seq)
+                        .write(out, b"hostile")?;
+                } else {
+                    b.ipv6(
+                        mapped(Ipv4Addr::new(10, 0, 1, 2 + (i % 50) as u8)),
+                        mapped(ip4(VIPS[0].addr)),
+                        64,
+                    )
+                    .icmpv6_echo_request(id, seq)
+                    .write(out, b"hostile")?;
+                }
+                Ok(())
             }),
             u64::MAX,
             false,
@@ -1475,6 +1504,12 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 d("drop_martian_vip"),
                 d("drop_martian_local")
             ),
+            'k' => format!(
+                "drop_martian_local +{}, drop_mapped_v6 +{}, icmp_echo_replies +{}",
+                d("drop_martian_local"),
+                d("drop_mapped_v6"),
+                d("icmp_echo_replies")
+            ),
             'j' => format!(
                 "refused source_denied +{}, recomputed_segments +{}",
                 after.source_denied - before.source_denied,
@@ -1518,6 +1553,31 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                     "{class}: {forged} flows of forged sources in the table"
                 ));
             }
+        }
+        // Class k's control: a real client's ping is still answered.
+        if key == 'k' {
+            let before = tb.stats()?.counter("icmp_echo_replies");
+            let out = crate::realclients::client(
+                tb,
+                Duration::from_secs(10),
+                "ping",
+                &[
+                    "-c",
+                    "3",
+                    "-i",
+                    "0.2",
+                    "-W",
+                    "2",
+                    &VIPS[0].addr.ip().to_string(),
+                ],
+            )?;
+            let answered = tb.stats()?.counter("icmp_echo_replies") - before;
+            if !out.status.success() || answered < 3 {
+                failures.push(format!(
+                    "{class} (control): a real ping to the VIP answered {answered} of 3 times"
+                ));
+            }
+            println!("hostile: {class}: a real ping to the VIP answered {answered} of 3 times (the control)");
         }
         // Class i: no UDP flow in the established table, however many were
         // promoted, and a real client's queries still answered.
@@ -1571,6 +1631,12 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             // second query came after the answer): the flood did what
             // once evicted the TCP flows.
             'i' => d("udp_promoted") * 4 >= sent / 2,
+            // Every forged request dropped under its class, none answered.
+            'k' => {
+                d("drop_martian_local") >= sent / 2
+                    && d("drop_mapped_v6") >= sent / 2
+                    && d("icmp_echo_replies") == 0
+            }
             // Every forged segment refused, none recomputed (a few of the
             // real clients' segments may be).
             'j' => {
