@@ -140,6 +140,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     detach_checks(tb)?;
     refusals_leave_nothing(tb)?;
     relative_state_file(tb)?;
+    cut_config_at_start(tb)?;
     println!("mistakes: done");
     Ok(())
 }
@@ -480,5 +481,62 @@ fn relative_state_file(tb: &Testbed) -> anyhow::Result<()> {
     o.cli(tb, &["detach", "--remove-maps"])?;
     let _ = d.wait();
     println!("mistakes: --state-file rel-state.json: changes persisted in the current directory");
+    Ok(())
+}
+
+/// The backends of `vip` the daemon of `o` lists.
+fn backends_of(tb: &Testbed, o: &Other, vip: &str) -> anyhow::Result<usize> {
+    let out = o.cli(tb, &["backend", "list", vip, "--json"])?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    v.get("backends")
+        .and_then(|b| b.as_array())
+        .map(Vec::len)
+        .with_context(|| format!("no backends in {out}"))
+}
+
+/// A `--config` file cut short at a line boundary (it still parses) at a
+/// start (issue 41, item 10): the daemon keeps its running state instead
+/// of removing the backends the cut lost, and says at WARN what it would
+/// remove; `run --force` applies it. The control: the whole file applies.
+fn cut_config_at_start(tb: &Testbed) -> anyhow::Result<()> {
+    let vip = "10.0.0.77:80";
+    let cfg = tb.dir().join("cut.toml");
+    let whole: String = std::iter::once(format!("[[vip]]\naddress = \"{vip}\"\nchoices = 2\n"))
+        .chain((0..5).map(|k| format!("[[vip.backend]]\naddress = \"10.0.2.{}:8080\"\n", 40 + k)))
+        .collect();
+    std::fs::write(&cfg, &whole)?;
+    let mut o = Other::new(tb, "cut", "ma0");
+    o.extra = vec!["--config".into(), s(&cfg)];
+    let mut d = o.start(tb)?;
+    let n = backends_of(tb, &o, vip)?;
+    ensure!(n == 5, "the whole file applied {n} of 5 backends");
+    sigterm(&mut d)?;
+    // Cut after the first backend: still a valid file.
+    let cut: String = whole.lines().take(5).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&cfg, &cut)?;
+    let log_before = std::fs::read_to_string(tb.dir().join("others.log")).unwrap_or_default();
+    let mut d = o.start(tb)?;
+    let n = backends_of(tb, &o, vip)?;
+    let log = std::fs::read_to_string(tb.dir().join("others.log")).unwrap_or_default();
+    let new_lines = &log[log_before.len().min(log.len())..];
+    let warned = new_lines
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("not applied") && l.contains("--force"));
+    sigterm(&mut d)?;
+    ensure!(n == 5, "the cut file at a start left {n} of 5 backends");
+    ensure!(warned, "no WARN naming the removals: {new_lines}");
+    o.extra.push("--force".into());
+    let mut d = o.start(tb)?;
+    let n = backends_of(tb, &o, vip)?;
+    o.cli(tb, &["detach", "--remove-maps"])?;
+    let _ = d.wait();
+    ensure!(
+        n == 1,
+        "run --force applied the cut file to {n} backends, not 1"
+    );
+    println!(
+        "mistakes: a config cut short at a start kept 5 of 5 backends with a WARN naming the \
+         removals; run --force applied it (1 backend); the whole file applied 5 (the control)"
+    );
     Ok(())
 }
