@@ -40,7 +40,14 @@
 //!   ICMPv6 ones from an IPv4-mapped source (issue 41, item 10: both were
 //!   answered, reflecting at a subnet or past the IPv4 rules): every one
 //!   dropped and counted (`drop_martian_local`, `drop_mapped_v6`), none
-//!   answered; a real client's ping answered is the control.
+//!   answered; a real client's ping answered is the control;
+//! * l. RSTs near the held connections' true numbers (1 to 65,535 past
+//!   the client's next sequence number, inside the 2^23 window the
+//!   tracking once accepted; issue 41, item 9): the endpoints demand the
+//!   exact number (RFC 5961), and so does the balancer now: each is
+//!   forwarded and counted (`rst_out_of_window`), no flow closed, no
+//!   count released; the real clients' own RSTs closing their flows are
+//!   the control.
 //!
 //! After each class every held connection must answer a request, no
 //! backend may have been ejected, and the class's own counter must have
@@ -1053,8 +1060,9 @@ fn ejected_within(
 
 /// The classes in the order they run: first those that leave the tables
 /// alone, then those that press on them.
-const CLASSES: [(char, &str); 12] = [
+const CLASSES: [(char, &str); 13] = [
     ('d', "d. blind FIN/RST, SYN|FIN on held"),
+    ('l', "l. RSTs near the true number on held"),
     ('e', "e. IPv4-mapped IPv6"),
     ('f', "f. martian sources"),
     ('g', "g. IP-in-IP, forged outer source"),
@@ -1196,6 +1204,28 @@ fn class_frames(key: char, link: Link, t: Arc<Vec<Tuple>>) -> (Gen, u64, bool) {
                 false,
             )
         }
+        'l' => (
+            Box::new(move |i: u64, out: &mut Vec<u8>| {
+                let (local, vip, seq, _) = t[i as usize % t.len()];
+                let off = 1 + hash32(i) % 65_535;
+                let rst = Flags {
+                    syn: false,
+                    ack: None,
+                    fin: false,
+                    rst: true,
+                };
+                tcp4(
+                    link,
+                    (ip4(local), local.port()),
+                    vip,
+                    seq.wrapping_add(off),
+                    rst,
+                    out,
+                )
+            }),
+            u64::MAX,
+            false,
+        ),
         'e' => (
             Box::new(move |i: u64, out: &mut Vec<u8>| {
                 if i.is_multiple_of(2) {
@@ -1495,6 +1525,11 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                 d("drop_illegal_flags")
             ),
             'e' => format!("drop_mapped_v6 +{}", d("drop_mapped_v6")),
+            'l' => format!(
+                "rst_out_of_window +{}, closed_rst +{}",
+                d("rst_out_of_window"),
+                d("closed_rst")
+            ),
             'f' => format!(
                 "drop_martian_* +{}/{}/{}/{}/{}/{} (0/lo/mc/bc/vip/local)",
                 d("drop_martian_unspecified"),
@@ -1609,6 +1644,9 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             'a' | 'c' | 'n' => d("ack_unproven") > 0,
             'b' => after.sum(|v| v.syn_retransmits) > before.sum(|v| v.syn_retransmits),
             'd' => d("rst_out_of_window") > 0 && d("drop_illegal_flags") > 0,
+            // Every near-miss RST judged out of the window (the real
+            // clients' own RSTs, exact, close theirs).
+            'l' => d("rst_out_of_window") * 100 >= sent * 99,
             'e' => d("drop_mapped_v6") >= sent,
             'f' => [
                 "drop_martian_unspecified",
@@ -1852,6 +1890,9 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     control_one_source(tb, link, per_class, &mut failures)?;
     // Control 1: real failures are still detected.
     control_real_failures(tb, &mut failures)?;
+    // Settings whose combination a forger could use (issue 41, items 2
+    // and 6): refused through the CLI, each beside its accepted control.
+    config_refusals(tb, &mut failures)?;
 
     if !failures.is_empty() {
         bail!(
@@ -2148,5 +2189,92 @@ fn control_real_failures(tb: &Testbed, failures: &mut Vec<String>) -> anyhow::Re
             health_of(tb, v.addr, silent)?
         ),
     }
+    Ok(())
+}
+
+/// Issue 41, items 2 and 6, on the real daemon: a source rate on a
+/// direct-return VIP (nothing it sees proves a source: a blind forger
+/// would spend a victim's budget) and a connection cap on a VIP sharing a
+/// backend with an agent-signal VIP (an agent's report would move the
+/// other VIP's cap) are refused, naming the reason; the same settings on a
+/// NAT VIP, and the cap on a VIP sharing no backend, are accepted (the
+/// controls). Run last: the extra VIPs are removed again.
+fn config_refusals(tb: &Testbed, failures: &mut Vec<String>) -> anyhow::Result<()> {
+    let mut refused = |what: &str, args: &[&str], needle: &str| -> anyhow::Result<()> {
+        match tb.cli(args) {
+            Ok(out) => failures.push(format!("config: {what} was accepted: {out}")),
+            Err(e) if !format!("{e:#}").contains(needle) => failures.push(format!(
+                "config: {what} refused without naming {needle:?}: {e:#}"
+            )),
+            Err(_) => {}
+        }
+        Ok(())
+    };
+    let dsr = VIPS[1].addr.to_string();
+    refused(
+        "a source rate on the DSR VIP",
+        &[
+            "vip",
+            "set",
+            &dsr,
+            "--source-rate",
+            "1",
+            "--source-burst",
+            "2",
+        ],
+        "dsr",
+    )?;
+    // The controls: a NAT VIP takes the rate, and a cap where no agent
+    // VIP shares a backend.
+    let nat = "10.0.0.30:80";
+    let b = SocketAddr::from((backend_ip(0), 8080)).to_string();
+    tb.cli(&[
+        "vip",
+        "add",
+        nat,
+        "--health",
+        "off",
+        "--source-rate",
+        "1",
+        "--source-burst",
+        "2",
+    ])
+    .context("config (control): a source rate on a NAT VIP")?;
+    tb.cli(&["vip", "set", nat, "--backend-max-conns", "5"])
+        .context("config (control): a cap on a VIP sharing no backend with an agent VIP")?;
+    // An agent-signal VIP on the NAT VIP's backend: the capped VIP may
+    // not take that backend, nor the agent VIP a backend of a capped one.
+    let agent = "10.0.0.31:80";
+    tb.cli(&[
+        "vip",
+        "add",
+        agent,
+        "--health",
+        "off",
+        "--signal",
+        "agent",
+        "--agent-port",
+        "5555",
+    ])?;
+    tb.cli(&["backend", "add", agent, &b])?;
+    refused(
+        "the capped VIP taking a backend of the agent-signal VIP",
+        &["backend", "add", nat, &b],
+        "--backend-max-conns 5",
+    )?;
+    let nat_main = VIPS[0].addr.to_string();
+    refused(
+        "a cap on the NAT VIP that shares its backend with the agent-signal VIP",
+        &["vip", "set", &nat_main, "--backend-max-conns", "5"],
+        "agent",
+    )?;
+    for v in [agent, nat] {
+        tb.cli(&["vip", "remove", v])?;
+    }
+    println!(
+        "hostile: config: a source rate on the DSR VIP and a connection cap beside an \
+         agent-signal VIP's backend refused, naming why; the same rate on a NAT VIP and the cap \
+         on a VIP sharing no backend accepted (the controls)"
+    );
     Ok(())
 }
