@@ -1323,7 +1323,7 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     rig::set_neigh([10, 9, 2, 10].into(), rig::mac_of("sink")?, "lbout")?;
     rig::set_neigh([10, 9, 1, 2].into(), [2, 0, 0, 0, 9, 2], "lbin")?;
     let gen = ifindex("gen0")?;
-    let mut lb = balancer::Balancer::load(&balancer::LoadOptions::default())?;
+    let mut lb = balancer::Balancer::load(&modes::specialised())?;
     let vip: SocketAddr = "10.9.0.10:80".parse()?;
     lb.add_vip(vip, 2)?;
     lb.add_backend(vip, "10.9.2.10:8080".parse()?)?;
@@ -1390,7 +1390,7 @@ fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
     let scaling = two_queues(aux, &mut lb, &frame, gen, sc)?;
     let mut md = String::new();
     writeln!(md, "## 2. Packet rate on veth, native mode, one core\n")?;
-    writeln!(md, "Frames generated with BPF_PROG_TEST_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, batch 64) from gen0 into the veth pair gen0/lbin, {} 64-byte frames per run (a generator program writes the template into each frame, so what the balancer rewrote is restored), process pinned to one CPU; counted where they land by an XDP counter program. The counter at the sink counts every frame that reaches it: the frames the kernel's own stack sends out of lbout meanwhile (seen by a packet socket on lbout, which the redirected frames bypass) are named and taken off, and the rate is the generator's flow's frames per second. Median of {} runs.\n", sc.rate_frames, results.len() / 3)?;
+    writeln!(md, "Frames generated with BPF_PROG_TEST_RUN live frames (BPF_F_TEST_XDP_LIVE_FRAMES, batch 64) from gen0 into the veth pair gen0/lbin, {} 64-byte frames per run (a generator program writes the template into each frame, so what the balancer rewrote is restored), process pinned to one CPU; counted where they land by an XDP counter program. The balancer's programs are loaded as the daemon loads them for this configuration (one NAT VIP: no feature; `LoadOptions::features`). The counter at the sink counts every frame that reaches it: the frames the kernel's own stack sends out of lbout meanwhile (seen by a packet socket on lbout, which the redirected frames bypass) are named and taken off, and the rate is the generator's flow's frames per second. Median of {} runs.\n", sc.rate_frames, results.len() / 3)?;
     writeln!(
         md,
         "| program on lbin | frames counted per run / sent | Mpps |\n|---|---|---|"
