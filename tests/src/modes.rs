@@ -155,7 +155,8 @@ pub fn run() -> anyhow::Result<()> {
     let r = setup(&mut tb)
         .and_then(|_| run_on(&tb))
         .and_then(|_| forged_tunnel(&tb))
-        .and_then(|_| path_checks(&tb));
+        .and_then(|_| path_checks(&tb))
+        .and_then(|_| source_rate_v6(&tb));
     if r.is_err() {
         eprintln!("--- daemon log ---\n{}", tb.daemon_log());
     }
@@ -669,4 +670,98 @@ fn vip_tag(vip: SocketAddr) -> u8 {
         IpAddr::V4(a) => a.octets()[3],
         IpAddr::V6(a) => a.octets()[15],
     }
+}
+
+/// Addresses of the client's /64 the source-rate check connects from.
+const RATE_SOURCES: u16 = 17;
+
+/// Connects once from each of the [`RATE_SOURCES`] addresses
+/// 2001:db8:1::100 and up (in the client's /64), one after another, each
+/// given 200 ms (a SYN the rate drops is not answered; its retransmission
+/// comes a second later); returns how many connections were made.
+fn connections_from_the_64(tb: &Testbed, vip: SocketAddr, id_base: u64) -> anyhow::Result<u64> {
+    let ns = tb.client_ns_path();
+    thread::spawn(move || -> anyhow::Result<u64> {
+        enter_ns(&ns)?;
+        let mut made = 0;
+        for i in 0..RATE_SOURCES {
+            let local = SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0x100 + i)),
+                0,
+            );
+            let id = id_base + u64::from(i);
+            if let Ok(c) = Conn::open_within(Some(local), vip, id, 100, Duration::from_millis(200))
+            {
+                made += 1;
+                c.close();
+            }
+        }
+        Ok(made)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}
+
+/// Issue 41, item 4, on the real daemon: a source rate on an IPv6 VIP
+/// limits a client's /64 (the default prefix), not each address:
+/// [`RATE_SOURCES`] addresses of one /64, one connection each, at a rate of
+/// 1 a second with a burst of 2, are mostly refused; with
+/// `--source-rate-prefix-v6 128` (the control) each address has a bucket of
+/// its own and every one connects.
+fn source_rate_v6(tb: &Testbed) -> anyhow::Result<()> {
+    let vip = v6(0x23).to_string();
+    for i in 0..RATE_SOURCES {
+        tb.client.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("2001:db8:1::{:x}/128", 0x100 + i),
+            "dev",
+            "cl0",
+            "nodad",
+        ])?;
+    }
+    tb.cli(&[
+        "vip",
+        "set",
+        &vip,
+        "--source-rate",
+        "1",
+        "--source-burst",
+        "2",
+    ])?;
+    let limited = tb.stats()?;
+    let per64 = connections_from_the_64(tb, v6(0x23), 7 << 40)?;
+    let refused: u64 = tb
+        .stats()?
+        .vips
+        .iter()
+        .filter(|v| v.vip == v6(0x23))
+        .map(|v| v.refused.get("rate_limited").copied().unwrap_or(0))
+        .sum::<u64>()
+        - limited
+            .vips
+            .iter()
+            .filter(|v| v.vip == v6(0x23))
+            .map(|v| v.refused.get("rate_limited").copied().unwrap_or(0))
+            .sum::<u64>();
+    // Wait the bucket full again, then the control.
+    thread::sleep(Duration::from_secs(3));
+    tb.cli(&["vip", "set", &vip, "--source-rate-prefix-v6", "128"])?;
+    let per128 = connections_from_the_64(tb, v6(0x23), 8 << 40)?;
+    tb.cli(&["vip", "set", &vip, "--source-rate", "0"])?;
+    println!(
+        "modes: nat6 with a source rate of 1/s, burst 2: {per64} of {RATE_SOURCES} addresses \
+         of one /64 connected ({refused} SYNs counted rate_limited); with \
+         --source-rate-prefix-v6 128 (the control) {per128} of {RATE_SOURCES}"
+    );
+    ensure!(
+        per64 * 2 <= u64::from(RATE_SOURCES) && refused > 0,
+        "one /64 got {per64} of {RATE_SOURCES} connections past a rate of 1/s ({refused} refused)"
+    );
+    ensure!(
+        per128 == u64::from(RATE_SOURCES),
+        "the control: {per128} of {RATE_SOURCES} addresses with a bucket each connected"
+    );
+    Ok(())
 }
