@@ -677,9 +677,15 @@ const RATE_SOURCES: u16 = 17;
 
 /// Connects once from each of the [`RATE_SOURCES`] addresses
 /// 2001:db8:1::100 and up (in the client's /64), one after another, each
-/// given 200 ms (a SYN the rate drops is not answered; its retransmission
-/// comes a second later); returns how many connections were made.
-fn connections_from_the_64(tb: &Testbed, vip: SocketAddr, id_base: u64) -> anyhow::Result<u64> {
+/// given `wait` (200 ms: a SYN the rate drops is not answered, and its
+/// retransmission comes a second later); returns how many connections
+/// were made.
+fn connections_from_the_64(
+    tb: &Testbed,
+    vip: SocketAddr,
+    id_base: u64,
+    wait: Duration,
+) -> anyhow::Result<u64> {
     let ns = tb.client_ns_path();
     thread::spawn(move || -> anyhow::Result<u64> {
         enter_ns(&ns)?;
@@ -690,8 +696,7 @@ fn connections_from_the_64(tb: &Testbed, vip: SocketAddr, id_base: u64) -> anyho
                 0,
             );
             let id = id_base + u64::from(i);
-            if let Ok(c) = Conn::open_within(Some(local), vip, id, 100, Duration::from_millis(200))
-            {
+            if let Ok(c) = Conn::open_within(Some(local), vip, id, 100, wait) {
                 made += 1;
                 c.close();
             }
@@ -731,7 +736,7 @@ fn source_rate_v6(tb: &Testbed) -> anyhow::Result<()> {
         "2",
     ])?;
     let limited = tb.stats()?;
-    let per64 = connections_from_the_64(tb, v6(0x23), 7 << 40)?;
+    let per64 = connections_from_the_64(tb, v6(0x23), 7 << 40, Duration::from_millis(200))?;
     let refused: u64 = tb
         .stats()?
         .vips
@@ -748,7 +753,9 @@ fn source_rate_v6(tb: &Testbed) -> anyhow::Result<()> {
     // Wait the bucket full again, then the control.
     thread::sleep(Duration::from_secs(3));
     tb.cli(&["vip", "set", &vip, "--source-rate-prefix-v6", "128"])?;
-    let per128 = connections_from_the_64(tb, v6(0x23), 8 << 40)?;
+    // Nothing is dropped here: each connection may take its time (a
+    // loaded machine).
+    let per128 = connections_from_the_64(tb, v6(0x23), 8 << 40, Duration::from_secs(5))?;
     tb.cli(&["vip", "set", &vip, "--source-rate", "0"])?;
     println!(
         "modes: nat6 with a source rate of 1/s, burst 2: {per64} of {RATE_SOURCES} addresses \
