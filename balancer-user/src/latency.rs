@@ -19,7 +19,10 @@
 //! fewer than [`MIN_SAMPLES`] recent samples, its median moves its
 //! average at most a factor [`FEW_SAMPLES_STEP`] per update: one sample
 //! alone (1.5 s among exchanges of a millisecond, in the report that led
-//! here) no longer sends the VIP's fastest backend to the weight floor.
+//! here) no longer sends the VIP's fastest backend to the weight floor;
+//! and a server's first sample, which sets its average, leaves it at
+//! least half its weight until it has [`MIN_SAMPLES`] (see
+//! [`Latency::weight`]).
 //! Then, peak-EWMA: a median above the average replaces it at once (a
 //! backend turning slow is avoided as soon as most of its recent samples
 //! say so); one below it pulls the average down with time constant
@@ -273,14 +276,26 @@ impl Latency {
     /// The weight, in `WEIGHT_ONE` units, a backend whose weight is
     /// `units` (slow start applied) and whose server is `server` takes
     /// part with: `units x fastest / its average`, the share at least
-    /// [`MIN_FACTOR`] and the weight at least 1; `units` itself when
-    /// `fastest` is `None` ([`Latency::fastest`]) or the server has no
-    /// average yet.
+    /// [`MIN_FACTOR`] (at least `1 / FEW_SAMPLES_STEP` while the server
+    /// has fewer than [`MIN_SAMPLES`] recent samples: a server's first
+    /// sample sets its average, and one slow exchange alone must not send
+    /// a backend without history to the floor) and the weight at least 1;
+    /// `units` itself when `fastest` is `None` ([`Latency::fastest`]) or
+    /// the server has no average yet.
     pub fn weight(&self, units: u32, fastest: Option<f64>, server: Option<u32>) -> u32 {
-        let (Some(fastest), Some(own)) = (fastest, server.and_then(|s| self.average_us(s))) else {
+        let Some(server) = server else {
             return units;
         };
-        let share = (fastest.max(1.0) / own.max(1.0)).clamp(MIN_FACTOR, 1.0);
+        let (Some(fastest), Some(own)) = (fastest, self.average_us(server)) else {
+            return units;
+        };
+        let recent = self.recent.get(&server).map_or(0, |w| w.len());
+        let floor = if recent < MIN_SAMPLES {
+            1.0 / FEW_SAMPLES_STEP
+        } else {
+            MIN_FACTOR
+        };
+        let share = (fastest.max(1.0) / own.max(1.0)).clamp(floor, 1.0);
         if share >= 1.0 {
             return units;
         }
@@ -369,6 +384,39 @@ mod tests {
         // Control: when most of its recent samples are slow, it is slow.
         let w = run(&[1_500_000; 5]);
         assert!(w < 100, "five slow samples of eight: weight {w}");
+    }
+
+    #[test]
+    fn a_first_sample_alone_keeps_half_a_weight() {
+        // Server 0 had no exchange yet; the others answer in 1 ms. Its
+        // first exchange is one whose client waited 1.5 s (seen on the real
+        // daemon: the sample set the average, and the backend went to the
+        // 1/64 floor).
+        let st = four_backends();
+        let v = st.vips.values().next().unwrap();
+        let servers: Vec<u32> = v
+            .backends
+            .iter()
+            .map(|b| st.server(&b.addr).unwrap())
+            .collect();
+        let run = |slow: usize| {
+            let mut l = Latency::default();
+            let t0 = Instant::now();
+            for s in &servers[1..] {
+                l.sample(*s, 1000);
+            }
+            l.update(&st, t0);
+            for round in 0..slow {
+                l.sample(servers[0], 1_500_000);
+                l.update(&st, t0 + UPDATE * (round as u32 + 1));
+            }
+            l.weight(1000, l.fastest(&st, v), Some(servers[0]))
+        };
+        assert_eq!(run(1), 500, "one slow first sample");
+        assert_eq!(run(4), 500, "four");
+        // Control: five slow samples and nothing else are its median.
+        let w = run(MIN_SAMPLES);
+        assert!(w < 20, "five slow samples: weight {w}");
     }
 
     #[test]
