@@ -85,7 +85,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// server ID of `sid_len` octets (0: quinn's random IDs) taken from
 /// `server_address` (the backend's own address, which it names in its
 /// answers; `listen`'s address when `None`: a direct-return backend
-/// listens on the VIP).
+/// listens on the VIP), sending stateless resets at most one per
+/// `min_reset_interval`.
 ///
 /// # Errors
 /// Set-up failure.
@@ -94,6 +95,7 @@ pub fn serve(
     sid_len: usize,
     server_address: Option<IpAddr>,
     dir: &Path,
+    min_reset_interval: Duration,
 ) -> anyhow::Result<()> {
     let me = server_address.unwrap_or(listen.ip());
     let cert = CertificateDer::from(std::fs::read(dir.join("quic-cert.der"))?);
@@ -102,6 +104,7 @@ pub fn serve(
     )?));
     let server = quinn::ServerConfig::with_single_cert(vec![cert], key)?;
     let mut config = quinn::EndpointConfig::default();
+    config.min_reset_interval(min_reset_interval);
     if sid_len > 0 {
         let sid = server_id_bytes(me, sid_len);
         config.cid_generator(move || {

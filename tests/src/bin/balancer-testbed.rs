@@ -179,6 +179,10 @@ enum Cmd {
         /// Where the certificate and key are.
         #[arg(long)]
         dir: std::path::PathBuf,
+        /// The least time between two stateless resets, ms (quinn's
+        /// default 20; the hostile scenario's forger wants every one).
+        #[arg(long, default_value_t = 20)]
+        min_reset_interval_ms: u64,
     },
     /// Helper of the quic scenario: quinn connections to VIP that change
     /// their source port and outlive the balancer's flow table.
@@ -260,7 +264,14 @@ fn main() -> ExitCode {
             sid_len,
             server_address,
             dir,
-        } => Some(quic::serve(*listen, *sid_len, *server_address, dir)),
+            min_reset_interval_ms,
+        } => Some(quic::serve(
+            *listen,
+            *sid_len,
+            *server_address,
+            dir,
+            std::time::Duration::from_millis(*min_reset_interval_ms),
+        )),
         Cmd::QuicProbe {
             vip,
             connections,

@@ -47,7 +47,11 @@
 //!   exact number (RFC 5961), and so does the balancer now: each is
 //!   forwarded and counted (`rst_out_of_window`), no flow closed, no
 //!   count released; the real clients' own RSTs closing their flows are
-//!   the control.
+//!   the control;
+//! * m, o, p. the features whose inputs a client writes, on the same
+//!   daemon ([`features`]): forged QUIC connection IDs naming one backend,
+//!   one slow exchange on a latency-signal VIP, source ports chosen offline
+//!   for a pair of a consistent VIP's backends (issue 41, items 3, 5, 8).
 //!
 //! After each class every held connection must answer a request, no
 //! backend may have been ejected, and the class's own counter must have
@@ -73,6 +77,8 @@ use std::{
 use anyhow::{bail, ensure, Context as _};
 use balancer::api::BackendView;
 use etherparse::{IpNumber, Ipv4Header, PacketBuilder};
+
+mod features;
 
 use crate::{
     flood::mac_in,
@@ -408,6 +414,13 @@ fn setup(tb: &mut Testbed) -> anyhow::Result<PeerPrograms> {
                 backend_of(v, k),
             )?;
         }
+        // Class o's control VIP's servers (no other VIP's).
+        let port = features::LATENCY_CONTROL_PORT;
+        tb.start_server_as(
+            k,
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+            SocketAddr::from((backend_ip(k), port)),
+        )?;
         let pins = tb.dir().join("bpffs").join(format!("decap-{k}"));
         let out = Command::new("ip")
             .args(["netns", "exec", tb.backends[k].name()])
@@ -947,28 +960,39 @@ fn counts_match(
     tb: &Testbed,
     zombies: &HashMap<SocketAddr, u64>,
 ) -> anyhow::Result<Result<(), String>> {
-    let views = tb.backends()?;
-    let mut diffs = Vec::new();
-    for s in &tb.servers {
-        let open = s.stats.open.load(Ordering::Relaxed);
-        let open = open.saturating_sub(zombies.get(&s.addr).copied().unwrap_or(0));
-        let active: u64 = views
-            .iter()
-            .filter(|v| v.backend == s.addr)
-            .map(|v| v.active_connections)
-            .sum();
-        if open != active {
-            diffs.push(format!(
-                "{}: active {active}, open at the server {open}",
-                s.addr
-            ));
-        }
-    }
+    let diffs: Vec<String> = count_gaps(tb, zombies)?
+        .into_iter()
+        .filter(|(_, g)| *g != 0)
+        .map(|(s, g)| format!("{s}: open at the server less active {g}"))
+        .collect();
     Ok(if diffs.is_empty() {
         Ok(())
     } else {
         Err(diffs.join("; "))
     })
+}
+
+/// Per server: the connections open at it (less `zombies`) minus its
+/// active count over every VIP.
+fn count_gaps(
+    tb: &Testbed,
+    zombies: &HashMap<SocketAddr, u64>,
+) -> anyhow::Result<std::collections::BTreeMap<SocketAddr, i64>> {
+    let views = tb.backends()?;
+    Ok(tb
+        .servers
+        .iter()
+        .map(|s| {
+            let open = s.stats.open.load(Ordering::Relaxed);
+            let open = open.saturating_sub(zombies.get(&s.addr).copied().unwrap_or(0));
+            let active: u64 = views
+                .iter()
+                .filter(|v| v.backend == s.addr)
+                .map(|v| v.active_connections)
+                .sum();
+            (s.addr, open as i64 - active as i64)
+        })
+        .collect())
 }
 
 /// Per VIP (in [`VIPS`] order): its active count and the connections
@@ -1408,6 +1432,9 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
             &SocketAddr::from((backend_ip(k), crate::udp::DNS_VIP.port())).to_string(),
         ])?;
     }
+
+    // Class m's quinn servers and QUIC VIP (kept until the end).
+    let _quic = features::start_quic(tb)?;
 
     let t_open = Instant::now();
     let vips: Vec<Vip> = (0..HELD)
@@ -1863,6 +1890,87 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
                     HALF_OPEN_TIMEOUT.as_secs() + 12,
                     bad.join("; ")
                 ));
+            }
+        }
+    }
+
+    // The classes against the features a client writes to, the held
+    // connections still open; then the counts again.
+    // After each, as after the others, every held connection must answer
+    // (which keeps the idle ones fresh in the LRU flow table: these classes
+    // open hundreds of real connections, whose closed entries stay 2 s).
+    for (class, run) in [
+        (
+            "m",
+            &(|tb: &Testbed, f: &mut Vec<String>| features::forged_quic_ids(tb, link, f))
+                as &dyn Fn(&Testbed, &mut Vec<String>) -> anyhow::Result<()>,
+        ),
+        ("o", &features::latency_poison),
+        ("p", &features::aimed_rows),
+    ] {
+        // A failed new connection of an earlier class can leave its
+        // server's end open, its flow gone (see the counts' check above):
+        // the class must add no such gap, in either direction.
+        let gaps_before = count_gaps(tb, &zombies)?;
+        run(tb, &mut failures)?;
+        let (h, lost, _) = check_and_refill(tb, held, &mut id_base)?;
+        held = h;
+        for l in &lost {
+            *zombies.entry(l.backend).or_default() += 1;
+        }
+        if !lost.is_empty() {
+            failures.push(format!(
+                "{class}: {} held connections lost, e.g. {}",
+                lost.len(),
+                lost.iter()
+                    .take(3)
+                    .map(|l| l.why.clone())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+        }
+        let no_new_gap = || -> anyhow::Result<Result<(), String>> {
+            let now = count_gaps(tb, &zombies)?;
+            let grown: Vec<String> = now
+                .iter()
+                .filter(|(s, g)| {
+                    let was = gaps_before.get(*s).copied().unwrap_or(0);
+                    !(was.min(0)..=was.max(0)).contains(*g)
+                })
+                .map(|(s, g)| {
+                    format!(
+                        "{s}: open at the server less active {g} (before the class {})",
+                        gaps_before.get(s).copied().unwrap_or(0)
+                    )
+                })
+                .collect();
+            Ok(if grown.is_empty() {
+                Ok(())
+            } else {
+                Err(grown.join("; "))
+            })
+        };
+        match wait_until(Duration::from_secs(15), no_new_gap) {
+            Ok(()) => println!(
+                "hostile: {class}: active counts equal the connections open at the backends \
+                 (less the server ends left open before it: {})",
+                gaps_before.values().filter(|g| **g != 0).count()
+            ),
+            Err(e) => {
+                failures.push(format!("counts after class {class}: {e:#}"));
+                // Whose end is left: the servers' sockets and the flows
+                // the daemon holds.
+                for (k, ns) in tb.backends.iter().enumerate() {
+                    if let Ok(o) = ns.exec("ss", &["-tn", "state", "established"]) {
+                        eprintln!(
+                            "--- backend {k}: established TCP sockets ---\n{}",
+                            String::from_utf8_lossy(&o.stdout)
+                        );
+                    }
+                }
+                if let Ok(f) = tb.cli(&["flows", "--limit", "5000"]) {
+                    eprintln!("--- flows ---\n{f}");
+                }
             }
         }
     }
