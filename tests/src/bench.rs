@@ -19,6 +19,7 @@ mod health;
 mod modes;
 mod realclients;
 mod reference;
+mod rules;
 mod scale;
 
 use anyhow::{bail, ensure, Context as _};
@@ -398,15 +399,19 @@ fn latency_costs(rig: &mut Rig, aux: &Aux, sc: Scale, first: u32) -> anyhow::Res
     Ok(out)
 }
 
-fn rig_with_backends(table: u32, n: u32, choices: u32) -> anyhow::Result<Rig> {
-    // Loaded as the daemon loads it (the features each measurement's
-    // configuration turns on are loaded when it does), or with every
-    // feature (`reference::ALL_FEATURES_ENV`).
-    let mut rig = if std::env::var_os(reference::ALL_FEATURES_ENV).is_some() {
-        Rig::new(table)?
+/// A rig with no VIP, loaded as the daemon loads the programs (the
+/// features each measurement's configuration turns on are loaded when it
+/// does), or with every feature (`reference::ALL_FEATURES_ENV`).
+fn bench_rig(table: u32) -> anyhow::Result<Rig> {
+    if std::env::var_os(reference::ALL_FEATURES_ENV).is_some() {
+        Rig::new(table)
     } else {
-        Rig::specialised(table)?
-    };
+        Rig::specialised(table)
+    }
+}
+
+fn rig_with_backends(table: u32, n: u32, choices: u32) -> anyhow::Result<Rig> {
+    let mut rig = bench_rig(table)?;
     rig.lb.add_vip(VIP, choices)?;
     let bs: Vec<SocketAddr> = (0..n).map(many_backend).collect();
     rig.lb.add_backends(VIP, &bs)?;
@@ -881,6 +886,11 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             }
         }
     }
+    // The hostile-traffic rules beside their paths without them.
+    let rule_rows = rules::costs(aux, sc)?;
+    for (p, c) in &rule_rows {
+        figures.insert(format!("{p} | near empty | {}", rules::BACKENDS), *c);
+    }
     // Pass path with a large repeat count, as a cross-check.
     let rig = rig_with_backends(4096, 10, 2)?;
     let f = Seg::new(
@@ -937,7 +947,9 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
     for (k, v) in &rows {
         writeln!(md, "| {k} | {} |", v.join(" | "))?;
     }
-    writeln!(md, "\nPass path with `repeat` = 1,000,000 (frame not for a VIP, unchanged): empty {re:.1} ns, baseline {rb:.1} ns, balancer {rl:.1} ns per run: the balancer adds {:.1} ns over the baseline.\n", rl - rb)?;
+    writeln!(md)?;
+    md.push_str(&rules::table(&rule_rows, sc)?);
+    writeln!(md, "Pass path with `repeat` = 1,000,000 (frame not for a VIP, unchanged): empty {re:.1} ns, baseline {rb:.1} ns, balancer {rl:.1} ns per run: the balancer adds {:.1} ns over the baseline.\n", rl - rb)?;
     // Other systems' figures are not written here: this report states only
     // what this run measured (README.md quotes Katran's, with their date
     // and method).
