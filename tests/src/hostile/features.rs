@@ -107,30 +107,23 @@ pub(super) fn start_quic(tb: &Testbed) -> anyhow::Result<Vec<crate::realclients:
         )?);
     }
     crate::realclients::await_listeners(&tb.backends, true, &[QUIC_PORT])?;
-    let vip = QUIC_VIP.to_string();
-    tb.cli(&[
-        "vip",
-        "add",
-        &vip,
-        "--protocol",
-        "udp",
-        "--health",
-        "off",
-        "--quic-server-id-len",
-        "2",
-        // The forged flows a server's reset promoted expire with it (and
-        // the real connections' flows, routed again by their IDs).
-        "--udp-timeout",
-        "5s",
-    ])?;
-    for k in 0..BACKENDS {
-        tb.cli(&[
-            "backend",
-            "add",
-            &vip,
-            &SocketAddr::from((backend_ip(k), QUIC_PORT)).to_string(),
-        ])?;
-    }
+    super::add_vip(
+        tb,
+        QUIC_VIP,
+        QUIC_PORT,
+        &[
+            "--protocol",
+            "udp",
+            "--health",
+            "off",
+            "--quic-server-id-len",
+            "2",
+            // The forged flows a server's reset promoted expire with it
+            // (and the real connections' flows, routed again by their IDs).
+            "--udp-timeout",
+            "5s",
+        ],
+    )?;
     Ok(procs)
 }
 
@@ -392,12 +385,10 @@ fn show(l: &[(f64, f64, u64)]) -> String {
 /// Adds `vip` with `--signal latency` over the backends' servers on
 /// `port`; their indices in `tb.servers`.
 fn latency_vip(tb: &Testbed, vip: SocketAddr, port: u16) -> anyhow::Result<Vec<usize>> {
-    let v = vip.to_string();
-    tb.cli(&["vip", "add", &v, "--signal", "latency"])?;
+    super::add_vip(tb, vip, port, &["--signal", "latency"])?;
     (0..BACKENDS)
         .map(|k| {
             let b = SocketAddr::from((backend_ip(k), port));
-            tb.cli(&["backend", "add", &v, &b.to_string()])?;
             tb.servers
                 .iter()
                 .position(|s| s.addr == b)

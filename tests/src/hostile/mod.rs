@@ -184,6 +184,17 @@ fn backend_ip(k: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, 2, 10 + k as u8)
 }
 
+/// Adds `vip` with `args` and every backend at `port`.
+fn add_vip(tb: &Testbed, vip: SocketAddr, port: u16, args: &[&str]) -> anyhow::Result<()> {
+    let v = vip.to_string();
+    tb.cli(&[&["vip", "add", v.as_str()][..], args].concat())?;
+    for k in 0..BACKENDS {
+        let b = SocketAddr::from((backend_ip(k), port)).to_string();
+        tb.cli(&["backend", "add", &v, &b])?;
+    }
+    Ok(())
+}
+
 fn backend_of(v: &Vip, k: usize) -> SocketAddr {
     SocketAddr::from((backend_ip(k), v.port))
 }
@@ -1412,26 +1423,19 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     // dnsmasq answering (kept until the end; nothing of it outlives the
     // test).
     let _dns = crate::udp::start_dnsmasq(tb)?;
-    let dns = crate::udp::DNS_VIP.to_string();
-    tb.cli(&[
-        "vip",
-        "add",
-        &dns,
-        "--protocol",
-        "udp",
-        "--health",
-        "off",
-        "--udp-timeout",
-        "5s",
-    ])?;
-    for k in 0..BACKENDS {
-        tb.cli(&[
-            "backend",
-            "add",
-            &dns,
-            &SocketAddr::from((backend_ip(k), crate::udp::DNS_VIP.port())).to_string(),
-        ])?;
-    }
+    add_vip(
+        tb,
+        crate::udp::DNS_VIP,
+        crate::udp::DNS_VIP.port(),
+        &[
+            "--protocol",
+            "udp",
+            "--health",
+            "off",
+            "--udp-timeout",
+            "5s",
+        ],
+    )?;
 
     // Class m's quinn servers and QUIC VIP (kept until the end).
     let _quic = features::start_quic(tb)?;
