@@ -93,6 +93,9 @@ struct Average {
     us: f64,
     /// Its value when the weights were last published.
     published: f64,
+    /// Whether it had fewer than [`MIN_SAMPLES`] recent samples then (its
+    /// weight's floor: [`Latency::weight`]).
+    published_few: bool,
     last_sample: Instant,
     last_update: Instant,
 }
@@ -202,6 +205,7 @@ impl Latency {
                         Average {
                             us: m,
                             published: 0.0,
+                            published_few: true,
                             last_sample: now,
                             last_update: now,
                         },
@@ -241,14 +245,23 @@ impl Latency {
                 }
             }
         }
-        for a in self.averages.values_mut() {
-            if a.published == 0.0 || ((a.us - a.published) / a.published).abs() > REPUBLISH {
+        // A server that reached (or fell below) MIN_SAMPLES recent samples
+        // changes its weight's floor even when its average stays.
+        let few = |recent: &BTreeMap<u32, std::collections::VecDeque<(Instant, u32)>>, s: &u32| {
+            recent.get(s).map_or(0, |w| w.len()) < MIN_SAMPLES
+        };
+        for (s, a) in &self.averages {
+            if a.published == 0.0
+                || ((a.us - a.published) / a.published).abs() > REPUBLISH
+                || few(&self.recent, s) != a.published_few
+            {
                 changed = true;
             }
         }
         if changed {
-            for a in self.averages.values_mut() {
+            for (s, a) in self.averages.iter_mut() {
                 a.published = a.us;
+                a.published_few = few(&self.recent, s);
             }
             self.stats.republished += 1;
         }
@@ -413,6 +426,21 @@ mod tests {
             l.weight(1000, l.fastest(&st, v), Some(servers[0]))
         };
         assert_eq!(run(1), 500, "one slow first sample");
+        // The weights are published again when the fifth sample lifts the
+        // floor, though the average stays (seen on the real daemon: the
+        // data path kept half a weight while the view showed the floor).
+        let mut l = Latency::default();
+        let t0 = Instant::now();
+        for s in &servers[1..] {
+            l.sample(*s, 1000);
+        }
+        l.update(&st, t0);
+        let mut republished = Vec::new();
+        for round in 0..MIN_SAMPLES as u32 {
+            l.sample(servers[0], 1_500_000);
+            republished.push(l.update(&st, t0 + UPDATE * (round + 1)));
+        }
+        assert_eq!(republished, [true, false, false, false, true]);
         assert_eq!(run(4), 500, "four");
         // Control: five slow samples and nothing else are its median.
         let w = run(MIN_SAMPLES);
@@ -441,6 +469,7 @@ mod tests {
         let mut a = Average {
             us: 1000.0,
             published: 1000.0,
+            published_few: false,
             last_sample: t0,
             last_update: t0,
         };
