@@ -471,9 +471,11 @@ pub(super) fn latency_poison(tb: &Testbed, failures: &mut Vec<String>) -> anyhow
             SLOW.as_millis(),
             show(&seen)
         );
-        // Measured here: 9 or 10 of 100 in four runs (the class itself:
-        // 22 to 27 for backend 0).
-        if slow[0] * 3 > fair * 2 {
+        // At the 1/64 floor it is chosen only when the others hold 40
+        // times its connections: 0 of 100 here. (Before the weights were
+        // published again at the fifth sample it kept the half weight of
+        // its first samples: 8 to 14 of 100.)
+        if slow[0] * 4 > fair {
             failures.push(format!(
                 "{class} (control): backend 0, slow in every exchange, still took {} of \
                  {SPREAD} ({slow:?}; {}): the test cannot see the signal",
