@@ -620,4 +620,201 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, ConfigMaps::default());
     }
+
+    /// The projection as text a reviewer can read: every map the control
+    /// plane owns, one line per entry, flags by name.
+    fn view(m: &ConfigMaps) -> String {
+        use std::fmt::Write as _;
+        fn names(flags: u32, table: &[(u32, &str)]) -> String {
+            let mut out: Vec<String> = table
+                .iter()
+                .filter(|(b, _)| flags & b != 0)
+                .map(|(_, n)| (*n).to_string())
+                .collect();
+            let rest = table.iter().fold(flags, |f, (b, _)| f & !b);
+            if rest != 0 {
+                out.push(format!("{rest:#x}"));
+            }
+            if out.is_empty() {
+                "-".into()
+            } else {
+                out.join("|")
+            }
+        }
+        let vip_flags = [
+            (VIP_F_FALLBACK, "FALLBACK"),
+            (VIP_F_REMOVED, "REMOVED"),
+            (VIP_F_TWO_SIDED, "TWO_SIDED"),
+            (VIP_F_CONSISTENT, "CONSISTENT"),
+            (VIP_F_UDP, "UDP"),
+            (VIP_F_NO_TCP, "NO_TCP"),
+            (VIP_F_SOURCES, "SOURCES"),
+            (VIP_F_ALLOW_LIST, "ALLOW_LIST"),
+            (balancer_common::VIP_F_LIMITS, "LIMITS"),
+            (balancer_common::VIP_F_LATENCY, "LATENCY"),
+        ];
+        let backend_flags = [
+            (BACKEND_F_IN_USE, "IN_USE"),
+            (BACKEND_F_SHARED, "SHARED"),
+            (BACKEND_F_ELIGIBLE, "ELIGIBLE"),
+        ];
+        let ip = |a: Addr| IpAddr::from(a);
+        let mut o = String::new();
+        writeln!(o, "VIPS").unwrap();
+        for (a, e) in &m.vips {
+            let i = &e.info;
+            writeln!(
+                o,
+                "  {a} index {} choices {} flags {} eligible {:?} eject after {} from {} sources, persistence {} s",
+                i.index,
+                i.choices,
+                names(i.flags, &vip_flags),
+                e.list,
+                i.eject_after,
+                i.eject_min_sources,
+                i.persistence_s
+            )
+            .unwrap();
+        }
+        writeln!(o, "BACKENDS (slots)").unwrap();
+        for (slot, b) in &m.slots {
+            writeln!(
+                o,
+                "  {slot}: {} server {} weight {} flags {} mode {} generation {}",
+                SocketAddr::new(ip(b.addr), u16::from_be(b.port)),
+                b.server,
+                b.weight,
+                names(b.flags, &backend_flags),
+                b.mode,
+                b.generation
+            )
+            .unwrap();
+        }
+        writeln!(o, "BACKEND_VIPS").unwrap();
+        for (a, v) in &m.backend_vips {
+            writeln!(o, "  {a}: {} VIPs", v.count).unwrap();
+        }
+        writeln!(o, "BACKEND_HOSTS").unwrap();
+        for (a, h) in &m.backend_hosts {
+            let of: Vec<u32> = (0..128).filter(|i| h.has(*i)).collect();
+            writeln!(o, "  {a}: NAT VIP indexes {of:?}").unwrap();
+        }
+        for (name, i) in [
+            ("VIP ports", VIP_PORTS),
+            ("backend ports", BACKEND_PORTS),
+            ("VIP address low 16 bits", VIP_ADDRS),
+        ] {
+            let set: Vec<usize> = (0..m.ports[i].len() * 64)
+                .filter(|b| m.ports[i][b / 64] & (1 << (b % 64)) != 0)
+                .collect();
+            writeln!(o, "{name}: {set:?}").unwrap();
+        }
+        writeln!(o, "MARTIAN_SOURCES").unwrap();
+        for ((a, len), class) in &m.martians {
+            writeln!(o, "  {}/{len}: class {class}", ip(*a)).unwrap();
+        }
+        writeln!(o, "CANDIDATES").unwrap();
+        for (index, (_, rows)) in &m.candidates {
+            let first: Vec<String> = rows.iter().take(4).map(|r| format!("{r:?}")).collect();
+            writeln!(
+                o,
+                "  VIP index {index}: {} rows, first {}",
+                rows.len(),
+                first.join(" ")
+            )
+            .unwrap();
+        }
+        writeln!(o, "QUIC_SERVERS").unwrap();
+        for (k, slot) in &m.quic_servers {
+            writeln!(o, "  {k:?}: slot {slot}").unwrap();
+        }
+        writeln!(o, "VIP_ADDRESSES").unwrap();
+        for (a, n) in &m.vip_addresses {
+            writeln!(o, "  {}: {n} VIPs", ip(*a)).unwrap();
+        }
+        writeln!(o, "VIP_SOURCES").unwrap();
+        for ((len, k), action) in &m.vip_sources {
+            writeln!(o, "  /{len} {k:?}: action {action}").unwrap();
+        }
+        writeln!(o, "VIP_LIMITS").unwrap();
+        for (index, l) in &m.vip_limits {
+            writeln!(o, "  VIP index {index}: {l:?}").unwrap();
+        }
+        o
+    }
+
+    /// Golden views of the projection of a few configurations
+    /// (`testdata/projection/*.txt`; `UPDATE_GOLDEN=1` writes them): a
+    /// change to what the maps hold shows as a diff a reviewer reads.
+    #[test]
+    fn golden_views() {
+        let (v1, v2, v6) = (
+            sa("10.0.0.1:80"),
+            sa("10.0.0.2:443"),
+            sa("[2001:db8::1]:80"),
+        );
+        let (b1, b2, b3) = (
+            sa("10.1.0.1:8080"),
+            sa("10.1.0.2:8080"),
+            sa("10.1.0.3:8080"),
+        );
+        let dsr = VipSettings {
+            mode: ForwardingMode::Dsr,
+            ..nat()
+        };
+        let cases: Vec<(&str, Vec<Command>)> = vec![
+            (
+                "nat",
+                vec![
+                    Command::AddVip(v1, nat()),
+                    Command::AddBackends(v1, vec![b1, b2, b3], 1, None),
+                ],
+            ),
+            (
+                "shared-backend",
+                vec![
+                    Command::AddVip(v1, nat()),
+                    Command::AddVip(v2, nat()),
+                    Command::AddBackends(v1, vec![b1, b2], 1, None),
+                    Command::AddBackends(v2, vec![b2, b3], 3, None),
+                ],
+            ),
+            (
+                "dsr-and-ipv6",
+                vec![
+                    Command::AddVip(v1, dsr),
+                    Command::AddBackends(v1, vec![sa("10.1.0.1:80"), sa("10.1.0.2:80")], 1, None),
+                    Command::AddVip(v6, nat()),
+                    Command::AddBackends(
+                        v6,
+                        vec![sa("[2001:db8:1::1]:8080"), sa("[2001:db8:1::2]:8080")],
+                        1,
+                        None,
+                    ),
+                ],
+            ),
+        ];
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/projection");
+        let mut differ = Vec::new();
+        for (name, cmds) in cases {
+            let s = state(&cmds);
+            let got = view(&project(&s, &Retired::default(), &all_eligible(&s)));
+            let file = dir.join(format!("{name}.txt"));
+            if std::env::var_os("UPDATE_GOLDEN").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&file, &got).unwrap();
+                continue;
+            }
+            let want = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", file.display()));
+            if got != want {
+                differ.push(format!("--- {} ---\n{got}", file.display()));
+            }
+        }
+        assert!(
+            differ.is_empty(),
+            "projections differ from their golden views (UPDATE_GOLDEN=1 rewrites them):\n{}",
+            differ.join("\n")
+        );
+    }
 }
