@@ -1200,11 +1200,28 @@ pub fn open_held(
 /// # Errors
 /// Counts still above 0 after 20 s, or the API failing.
 pub fn close_and_settle(tb: &Testbed, conns: Vec<Conn>) -> anyhow::Result<()> {
+    close_and_settle_on(tb, None, conns)
+}
+
+/// [`close_and_settle`] counting only `vip`'s backends when given.
+///
+/// # Errors
+/// Counts still above 0 after 20 s, or the API failing.
+pub fn close_and_settle_on(
+    tb: &Testbed,
+    vip: Option<SocketAddr>,
+    conns: Vec<Conn>,
+) -> anyhow::Result<()> {
     for c in conns {
         c.close();
     }
     crate::scenario::wait_until(Duration::from_secs(20), || {
-        let a: u64 = tb.backends()?.iter().map(|b| b.active_connections).sum();
+        let a: u64 = tb
+            .backends()?
+            .iter()
+            .filter(|b| vip.is_none_or(|v| b.vip == v))
+            .map(|b| b.active_connections)
+            .sum();
         Ok(if a == 0 {
             Ok(())
         } else {

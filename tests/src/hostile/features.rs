@@ -336,26 +336,6 @@ fn hold(
     Ok((conns, s))
 }
 
-/// Closes `conns` (all to `vip`) and waits until `vip` counts none.
-fn release(tb: &Testbed, vip: SocketAddr, conns: Vec<Conn>) -> anyhow::Result<()> {
-    for c in conns {
-        c.close();
-    }
-    wait_until(Duration::from_secs(20), || {
-        let a: u64 = tb
-            .backends()?
-            .iter()
-            .filter(|b| b.vip == vip)
-            .map(|b| b.active_connections)
-            .sum();
-        Ok(if a == 0 {
-            Ok(())
-        } else {
-            Err(format!("{vip}: {a} still active"))
-        })
-    })
-}
-
 /// Each backend's latency average (ms), effective weight and its
 /// server's active connections (every VIP's) on `vip`.
 fn latencies(tb: &Testbed, vip: SocketAddr) -> anyhow::Result<Vec<(f64, f64, u64)>> {
@@ -413,18 +393,18 @@ pub(super) fn latency_poison(tb: &Testbed, failures: &mut Vec<String>) -> anyhow
     let r = (|| -> anyhow::Result<()> {
         // A quiet VIP's normal exchanges.
         let (conns, normal) = hold(tb, LATENCY_VIP, 12, None, 7 << 40)?;
-        release(tb, LATENCY_VIP, conns)?;
+        crate::testbed::close_and_settle_on(tb, Some(LATENCY_VIP), conns)?;
         // One of backend 0's answers late.
         tb.servers[servers[0]].set_delay(SLOW_ONCE);
         let slow = hold(tb, LATENCY_VIP, 200, Some((0, 1)), 8 << 40);
         tb.servers[servers[0]].set_delay(NORMAL);
         let (conns, _) = slow?;
         let opened = conns.len();
-        release(tb, LATENCY_VIP, conns)?;
+        crate::testbed::close_and_settle_on(tb, Some(LATENCY_VIP), conns)?;
         thread::sleep(latency_settle());
         let seen = latencies(tb, LATENCY_VIP)?;
         let (conns, after) = hold(tb, LATENCY_VIP, SPREAD, None, 9 << 40)?;
-        release(tb, LATENCY_VIP, conns)?;
+        crate::testbed::close_and_settle_on(tb, Some(LATENCY_VIP), conns)?;
         println!(
             "hostile: {class}: after normal exchanges ({normal:?}; every answer {} ms), one of \
              backend 0's answered {} ms late ({opened} connections): averages and weights {}; \
@@ -455,11 +435,11 @@ pub(super) fn latency_poison(tb: &Testbed, failures: &mut Vec<String>) -> anyhow
                 Some((0, balancer::latency::MIN_SAMPLES as u64 + 1)),
                 10 << 40,
             )?;
-            release(tb, LATENCY_CONTROL_VIP, conns)?;
+            crate::testbed::close_and_settle_on(tb, Some(LATENCY_CONTROL_VIP), conns)?;
             thread::sleep(latency_settle());
             let seen = latencies(tb, LATENCY_CONTROL_VIP)?;
             let (conns, slow) = hold(tb, LATENCY_CONTROL_VIP, SPREAD, None, 11 << 40)?;
-            release(tb, LATENCY_CONTROL_VIP, conns)?;
+            crate::testbed::close_and_settle_on(tb, Some(LATENCY_CONTROL_VIP), conns)?;
             Ok((normal, seen, slow))
         })();
         tb.servers[control_servers[0]].set_delay(NORMAL);
