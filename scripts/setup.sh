@@ -19,6 +19,7 @@
 #   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
 #     toolchain ships (Debian has only LLVM 14, and bpf-linker's default
 #     feature wants a system LLVM of its own version)
+#   - cargo-nextest (the test runner), when the machine lacks it
 #   - cargo-deb 3.8.0 (the Debian package)
 #   - a bpffs mount at /sys/fs/bpf
 # Each step checks first and is quick when already done.
@@ -117,6 +118,14 @@ if ! command -v bpf-linker >/dev/null 2>&1 && [ ! -x "$CARGO_HOME_DIR/bin/bpf-li
   log "building bpf-linker against $(basename "$llvm_so") (about 90 s)"
   LLVM_PREFIX="$prefix" cargo install bpf-linker --version 0.13.0 --locked \
     --no-default-features --features llvm-22
+fi
+
+# cargo-nextest runs the tests (`cargo xtask test`: test binaries at once,
+# .config/nextest.toml). Machines of this kind ship it in /usr/local/bin;
+# elsewhere it is built from crates.io (several minutes, once).
+if ! cargo nextest --version >/dev/null 2>&1; then
+  log "installing cargo-nextest 0.9.143 (a build from source, several minutes)"
+  cargo install cargo-nextest --version 0.9.143 --locked
 fi
 
 # cargo-deb builds the Debian package (`cargo xtask deb`, and the package's

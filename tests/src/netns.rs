@@ -41,6 +41,35 @@ pub fn host_addr(op: &str, addr: std::net::IpAddr, dev: &str) -> Vec<String> {
     args
 }
 
+/// Waits until this namespace routes `addr` to itself (`ip route get`
+/// answers `local`): an IPv6 address added even `nodad` gets its local
+/// route from the kernel's address-configuration work, after `ip addr add`
+/// has returned, so a connect right after it can fail with ENETUNREACH
+/// on a loaded machine (seen: the fixture suite under four test binaries
+/// at once).
+///
+/// # Errors
+/// The route is not there within 10 s, or `ip` cannot run.
+pub fn wait_local(addr: std::net::IpAddr) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = Command::new("ip")
+            .args(["route", "get", &addr.to_string()])
+            .output()
+            .context("running ip route get")?;
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("local ") {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "{addr} is not a local address 10 s after it was added: ip route get says {:?}",
+                String::from_utf8_lossy(&out.stdout).trim()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// A named network namespace (`ip netns add`), deleted when dropped.
 #[derive(Debug)]
 pub struct Netns {

@@ -34,7 +34,9 @@ enum Cmd {
     /// Run every test: unit and property tests, packet fixtures through
     /// BPF_PROG_TEST_RUN, the short fuzz run and the end-to-end test bed.
     Test {
-        /// Extra arguments for `cargo test`.
+        /// Extra arguments for `cargo nextest run` (a filter such as
+        /// `--test hostile` or `-E 'binary(udp)'`; the doc tests then do
+        /// not run).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -529,9 +531,18 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Test { args } => {
             build()?;
-            run(cargo()
-                .args(["test", "--workspace", "--no-fail-fast"])
-                .args(args))
+            // Test binaries at once, in cargo-nextest's process per test
+            // (.config/nextest.toml: how many, and which run alone); then
+            // the doc tests, which nextest does not run.
+            let tests = run(cargo()
+                .args(["nextest", "run", "--workspace", "--no-fail-fast"])
+                .args(&args));
+            let doc = if args.is_empty() {
+                run(cargo().args(["test", "--workspace", "--doc"]))
+            } else {
+                Ok(())
+            };
+            tests.and(doc)
         }
         Cmd::Long => {
             build()?;
