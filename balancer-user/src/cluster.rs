@@ -44,7 +44,8 @@ pub use crate::{
 use crate::{
     error::Result,
     gc::datapath_now_ns,
-    maps::{flow_endpoints, ip_be, Count, FlowTable, Traffic},
+    maps::{flow_endpoints, Count, FlowTable, Traffic},
+    prefix::ip_be,
     Balancer,
 };
 

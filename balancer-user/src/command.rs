@@ -542,7 +542,7 @@ fn check_quic_server_ids(s: &VipSettings, addrs: impl Iterator<Item = SocketAddr
     }
     let mut seen: std::collections::BTreeMap<u32, SocketAddr> = Default::default();
     for a in addrs {
-        let sid = balancer_common::quic::server_id_of(&crate::maps::ip_be(a.ip()), len);
+        let sid = balancer_common::quic::server_id_of(&crate::prefix::ip_be(a.ip()), len);
         if let Some(other) = seen.insert(sid, a) {
             if other != a {
                 return Err(BalancerError::Invalid {

@@ -27,7 +27,7 @@ use balancer_common::{
 use crate::{
     error::{BalancerError, Result},
     links::{self, Attached},
-    maps::ip_be,
+    prefix::ip_be,
     netdev,
 };
 

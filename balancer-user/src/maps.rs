@@ -32,6 +32,7 @@ use balancer_common::{
 use crate::{
     batch,
     error::{BalancerError, Result},
+    prefix::{ip_be, ip_from_be},
     project::{self, ConfigMaps, VipEntry},
 };
 
@@ -113,17 +114,6 @@ pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
         removed.push(name.to_string());
     }
     Ok(removed)
-}
-
-/// An address as the maps hold it ([`Addr`]: IPv4 in its IPv4-mapped
-/// IPv6 form).
-pub fn ip_be(a: IpAddr) -> Addr {
-    Addr::from(a)
-}
-
-/// An address as the maps hold it, back to an [`IpAddr`].
-pub fn ip_from_be(v: Addr) -> IpAddr {
-    IpAddr::from(v)
 }
 
 /// The `VIPS` key of a VIP.

@@ -1,11 +1,23 @@
 //! Address prefixes of either family (`ADDR[/LEN]`), as LPM trie keys
-//! over the 16-byte [`Addr`] form.
+//! over the 16-byte [`Addr`] form, and one address to and from that form
+//! ([`ip_be`], [`ip_from_be`]).
 
 use std::{fmt, net::IpAddr, str::FromStr};
 
 use aya::maps::lpm_trie::Key;
 use balancer_common::{encap::source_prefix, Addr};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// An address as the maps hold it ([`Addr`]: IPv4 in its IPv4-mapped
+/// IPv6 form).
+pub fn ip_be(a: IpAddr) -> Addr {
+    Addr::from(a)
+}
+
+/// An address as the maps hold it, back to an [`IpAddr`].
+pub fn ip_from_be(v: Addr) -> IpAddr {
+    IpAddr::from(v)
+}
 
 /// An address or prefix of either family (`ADDR[/LEN]`): an outer source
 /// tunnels are accepted from (`balancer decap attach --source`), or a

@@ -14,7 +14,8 @@ use crate::{
     eligibility::Eligibility,
     error::Result,
     gc::{datapath_now_ns, Reconciler},
-    maps::{flow_endpoints, ip_from_be, Count, FlowTable, Maps, Traffic},
+    maps::{flow_endpoints, Count, FlowTable, Maps, Traffic},
+    prefix::ip_from_be,
     state::{State, VipConfig},
 };
 

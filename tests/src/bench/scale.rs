@@ -76,8 +76,8 @@ fn table_for(n: u64) -> u32 {
 fn key(i: u64, vip: SocketAddr) -> FlowKey {
     let a = 0x0b00_0000u32 + (i >> 4) as u32;
     FlowKey {
-        src_addr: balancer::maps::ip_be(IpAddr::V4(Ipv4Addr::from(a))),
-        dst_addr: balancer::maps::ip_be(vip.ip()),
+        src_addr: balancer::prefix::ip_be(IpAddr::V4(Ipv4Addr::from(a))),
+        dst_addr: balancer::prefix::ip_be(vip.ip()),
         src_port: (1024 + (i & 15) as u16).to_be(),
         dst_port: vip.port().to_be(),
         proto: IPPROTO_TCP,
