@@ -39,9 +39,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
-
-use crate::state::{LoadSignal, State};
+use crate::{
+    api::AgentStats,
+    state::{LoadSignal, State},
+};
 
 /// Polls a report may miss before it is stale.
 pub const STALE_POLLS: u32 = 3;
@@ -123,20 +124,6 @@ pub fn targets(state: &State) -> Vec<Target> {
         }
     }
     out
-}
-
-/// What the agent signal did since the daemon started.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct AgentStats {
-    /// Polls that gave a report.
-    pub polls: u64,
-    /// Polls that failed (no connection, no answer in time, no report).
-    pub failed_polls: u64,
-    /// Times a server's report went stale and its load fell back to
-    /// connection counts, and agents that failed their first
-    /// [`STALE_POLLS`] polls without ever reporting (once each until a
-    /// report).
-    pub stale_fallbacks: u64,
 }
 
 #[derive(Clone, Copy, Debug)]

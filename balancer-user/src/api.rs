@@ -1010,13 +1010,38 @@ pub struct StatsView {
     pub state_file_unsaved: Option<String>,
     /// The agent signal's polls and fallbacks since the daemon started.
     #[serde(default)]
-    pub agents: crate::agent::AgentStats,
+    pub agents: AgentStats,
     /// The latency signal's samples and republications.
     #[serde(default)]
-    pub latency: crate::latency::LatencyStats,
+    pub latency: LatencyStats,
     /// The loaded programs' features and swaps.
     #[serde(default)]
     pub programs: ProgramsView,
+}
+
+/// What the agent signal did since the daemon started.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct AgentStats {
+    /// Polls that gave a report.
+    pub polls: u64,
+    /// Polls that failed (no connection, no answer in time, no report).
+    pub failed_polls: u64,
+    /// Times a server's report went stale and its load fell back to
+    /// connection counts, and agents that failed their first
+    /// [`STALE_POLLS`](crate::agent::STALE_POLLS) polls without ever reporting (once each until a
+    /// report).
+    pub stale_fallbacks: u64,
+}
+
+/// The latency signal's counters.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct LatencyStats {
+    /// Samples received from the data path.
+    pub samples: u64,
+    /// Samples for servers no latency-signal VIP has (ignored).
+    pub ignored: u64,
+    /// Times the weights were republished because an average moved.
+    pub republished: u64,
 }
 
 /// The data-path programs as loaded (`balancer_common::features`).

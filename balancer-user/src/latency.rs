@@ -43,9 +43,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
-
-use crate::state::{LoadSignal, State, VipConfig};
+use crate::{
+    api::LatencyStats,
+    state::{LoadSignal, State, VipConfig},
+};
 
 /// How often the samples are reduced into the averages.
 pub const UPDATE: Duration = Duration::from_millis(100);
@@ -76,17 +77,6 @@ pub const MIN_SAMPLES: usize = 5;
 /// The factor by which a median of fewer than [`MIN_SAMPLES`] recent
 /// samples may move an average in one update, either way.
 pub const FEW_SAMPLES_STEP: f64 = 2.0;
-
-/// The latency signal's counters.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct LatencyStats {
-    /// Samples received from the data path.
-    pub samples: u64,
-    /// Samples for servers no latency-signal VIP has (ignored).
-    pub ignored: u64,
-    /// Times the weights were republished because an average moved.
-    pub republished: u64,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Average {

@@ -731,7 +731,7 @@ mod tests {
             attachments: Vec::new(),
             state_file_unsaved: None,
             agents: Default::default(),
-            latency: crate::latency::LatencyStats {
+            latency: crate::api::LatencyStats {
                 samples: 17,
                 ..Default::default()
             },
