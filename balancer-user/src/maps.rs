@@ -116,6 +116,22 @@ pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
     Ok(removed)
 }
 
+/// `statfs` magic of bpffs (linux/magic.h).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// `true` when `p` is on a bpffs.
+pub(crate) fn is_bpffs(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs into a zeroed struct with a valid C string.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
 /// The `VIPS` key of a VIP.
 pub fn vip_key(a: &SocketAddr) -> VipKey {
     VipKey {

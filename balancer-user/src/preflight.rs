@@ -17,10 +17,8 @@ use std::{
 use anyhow::{bail, Context as _};
 use aya::programs::XdpMode;
 
-use crate::{links, netdev};
+use crate::{links, maps::is_bpffs, netdev};
 
-/// `statfs` magic of bpffs (linux/magic.h).
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// Longest unix socket path (`sun_path` holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -86,19 +84,6 @@ fn existing_ancestor(p: &Path) -> PathBuf {
         }
     }
     cur
-}
-
-/// `true` when `p` is on a bpffs.
-pub(crate) fn is_bpffs(p: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt as _;
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs into a zeroed struct with a valid C string.
-    unsafe {
-        let mut st: libc::statfs = std::mem::zeroed();
-        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
-    }
 }
 
 /// What the pin directory needs.

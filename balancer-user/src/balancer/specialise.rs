@@ -217,7 +217,7 @@ pub(super) fn pin_root(opts: &LoadOptions) -> Option<PathBuf> {
         .pin_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf"));
-    crate::preflight::is_bpffs(&root).then_some(root)
+    crate::maps::is_bpffs(&root).then_some(root)
 }
 
 /// Removes the load directories an earlier process left (it ended during
