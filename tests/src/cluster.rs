@@ -828,7 +828,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     // The router learns lb3 once lb3 has its peers' flows; lb1 marks lb3
     // synced when lb3's own batch arrives, which a loaded machine may
     // deliver a little later (a CI run saw it after the route).
-    crate::scenario::wait_until(Duration::from_secs(10), || {
+    testbed::wait_until(Duration::from_secs(10), || {
         let status = c.json(1, &["cluster", "status", "--json"])?;
         Ok(
             if status["announced"][0] == VIP.ip().to_string()
@@ -1000,7 +1000,7 @@ fn shift(c: &Cluster, back: &[usize], out: &[usize], then: &[usize]) -> anyhow::
 /// synced) carry their next requests. Returns what the probe saw.
 fn quic_probe(c: &Cluster) -> anyhow::Result<crate::quic::Probed> {
     // An earlier run's flows expire by the VIP's UDP timeout (5 s).
-    crate::scenario::wait_until(Duration::from_secs(15), || {
+    testbed::wait_until(Duration::from_secs(15), || {
         let left = quic_flows(c, 2)? + quic_flows(c, 3)?;
         Ok(if left == 0 {
             Ok(())
@@ -1127,7 +1127,7 @@ fn quic(c: &mut Cluster) -> anyhow::Result<()> {
         "control: the quinn servers are not seen while they run"
     );
     drop(servers);
-    crate::scenario::wait_until(Duration::from_secs(5), || {
+    testbed::wait_until(Duration::from_secs(5), || {
         let left = processes_in(&c.backends, "balancer-testbe")?;
         Ok(if left.is_empty() {
             Ok(())

@@ -18,9 +18,8 @@ use anyhow::{ensure, Context as _};
 use balancer::api::LocalityView;
 
 use crate::{
-    scenario::wait_until,
     signals::open_paced,
-    testbed::{backend_addr, close_and_settle, Testbed, VIP},
+    testbed::{backend_addr, close_and_settle, wait_until, Testbed, VIP},
 };
 
 const BACKENDS: usize = 4;

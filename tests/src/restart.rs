@@ -16,8 +16,8 @@ use balancer_common::map_names;
 
 use crate::{
     netns::enter_ns,
-    scenario::{counts_match_servers, wait_until},
-    testbed::{Conn, Testbed},
+    scenario::counts_match_servers,
+    testbed::{wait_until, Conn, Testbed},
     traffic::Movers,
 };
 

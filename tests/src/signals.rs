@@ -27,8 +27,7 @@ use anyhow::{ensure, Context as _};
 
 use crate::{
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{close_and_settle, dies_with_us, Conn, Testbed, BACKEND_PORT, VIP},
+    testbed::{close_and_settle, dies_with_us, wait_until, Conn, Testbed, BACKEND_PORT, VIP},
 };
 
 const BACKENDS: usize = 4;

@@ -40,8 +40,7 @@ use etherparse::PacketBuilder;
 use super::{backend_ip, spoofed, Link, BACKENDS, VIPS};
 use crate::{
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{Conn, Testbed},
+    testbed::{wait_until, Conn, Testbed},
 };
 
 /// Class m's VIP (UDP, QUIC-LB server IDs of 2 octets).

@@ -84,8 +84,7 @@ use crate::{
     flood::mac_in,
     modes::{decap_stats, keep_vip_off_the_segment},
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{Conn, PeerPrograms, Testbed},
+    testbed::{wait_until, Conn, PeerPrograms, Testbed},
 };
 
 const BACKENDS: usize = 4;
