@@ -39,7 +39,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
+use crate::model::{
     api::AgentStats,
     state::{LoadSignal, State},
 };

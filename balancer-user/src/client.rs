@@ -12,8 +12,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 use crate::{
-    api::{Request, Response},
     http::{route, DEADLINE_HEADER},
+    model::api::{Request, Response},
 };
 
 /// Default time the CLI waits for the daemon's answer.

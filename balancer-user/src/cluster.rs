@@ -37,16 +37,15 @@ use balancer_common::{
 use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
 
-pub use crate::{
-    api::{ClusterStats, ClusterView, HerdView, PeerView},
-    wire::{Refresh, SyncedSlots, WireFlow},
-};
 use crate::{
-    error::Result,
     gc::datapath_now_ns,
     maps::{flow_endpoints, Count, FlowTable, Traffic},
-    prefix::ip_be,
+    model::{error::Result, prefix::ip_be},
     Balancer,
+};
+pub use crate::{
+    model::api::{ClusterStats, ClusterView, HerdView, PeerView},
+    wire::{Refresh, SyncedSlots, WireFlow},
 };
 
 /// Largest message sent, bytes (with the [`HEADER_LEN`]-byte header and
@@ -272,10 +271,10 @@ impl ClusterConfig {
     /// address as a peer or the listen address; a key shorter than
     /// [`MIN_KEY_LEN`].
     pub fn validate(&self) -> anyhow::Result<()> {
-        crate::state::check_not_mapped("--cluster-listen", self.listen.ip())?;
+        crate::model::state::check_not_mapped("--cluster-listen", self.listen.ip())?;
         let mut seen = BTreeSet::new();
         for p in &self.peers {
-            crate::state::check_not_mapped("--peer", p.ip())?;
+            crate::model::state::check_not_mapped("--peer", p.ip())?;
             let p = canonical(*p);
             anyhow::ensure!(
                 p != canonical(self.listen),

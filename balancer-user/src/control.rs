@@ -11,12 +11,14 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::{Mutex, Notify};
 
 use crate::{
-    api::{HealthEntry, Request, Response, VersionView, MAX_FLOWS_LISTED},
     balancer::Balancer,
-    error::BalancerError,
-    persist::StateFile,
+    model::{
+        api::{HealthEntry, Request, Response, VersionView, MAX_FLOWS_LISTED},
+        error::BalancerError,
+        persist::StateFile,
+    },
 };
-pub use crate::{error::error_chain, logs::RateLimitedLog};
+pub use crate::{logs::RateLimitedLog, model::error::error_chain};
 
 /// Longest request line accepted, bytes (16,384 backends in one request
 /// take about 400 KB).
@@ -95,7 +97,7 @@ pub fn req_name(r: &Request) -> String {
 /// that cannot be persisted is rolled back (the maps return to the state
 /// before it) and reported as not applied, so the maps never hold what the
 /// state file does not, with one exception: a change that takes traffic
-/// away ([`crate::command::Command::takes_traffic_away`]) stays applied, the write stays owed and
+/// away ([`crate::model::command::Command::takes_traffic_away`]) stays applied, the write stays owed and
 /// is retried ([`StateFile::check`]), and the answer is
 /// [`Response::Unsaved`].
 pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Response {
@@ -338,7 +340,7 @@ fn describe(r: &Request) -> String {
             "vip add {vip} ({}, mode {}, choices {})",
             settings.protocol.name(),
             settings.mode.name(),
-            crate::state::choices_word(settings.choices)
+            crate::model::state::choices_word(settings.choices)
         ),
         Request::SetVip { vip, patch } => format!(
             "vip set {vip}: {}",

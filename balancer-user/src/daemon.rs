@@ -28,7 +28,7 @@ use crate::{
     links::{self, Attached},
     maps::{check_pins, present_pins},
     metrics::{DaemonMetrics, Source},
-    persist::read_state,
+    model::persist::read_state,
     preflight,
     services::Services,
 };
@@ -132,7 +132,7 @@ pub fn candidate_secret(
     if let Some(key) = cluster_key {
         return Ok(crate::cluster::candidate_secret(key));
     }
-    let f = crate::state::dir_of(state_file).join(CANDIDATE_SECRET_FILE);
+    let f = crate::model::state::dir_of(state_file).join(CANDIDATE_SECRET_FILE);
     if !f.exists() {
         use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
         let bytes: [u8; 32] = rand::random();
@@ -256,7 +256,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
 
     // --- Directories and locks (undone if anything below refuses).
     let mut undo = Undo::default();
-    undo.created_dirs = preflight::create_dirs(crate::state::dir_of(&cfg.state_file))?;
+    undo.created_dirs = preflight::create_dirs(crate::model::state::dir_of(&cfg.state_file))?;
     let lock_existed = preflight::lock_path(&cfg.state_file).exists();
     let _state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
     if !lock_existed {
@@ -346,13 +346,13 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     let mut lb = start_data_path(&cfg, state)?;
     lb.set_default_timeouts(cfg.timeouts);
-    let mut store = crate::persist::StateFile::new(cfg.state_file.clone());
+    let mut store = crate::model::persist::StateFile::new(cfg.state_file.clone());
     if let Some((file, desired)) = cfg.config_file.as_ref().zip(desired.as_ref()) {
         // A restart is not a reload: what the file changed since it was
         // last applied is applied, and what was changed at runtime (a
         // drain, a weight) is kept unless the file changed it too.
         let how = crate::balancer::ApplyHow {
-            source: crate::config::source_name(file),
+            source: crate::model::config::source_name(file),
             refuse_sweep: !cfg.force_config,
             ..Default::default()
         };
@@ -868,10 +868,10 @@ async fn fast_service(lb: Arc<Mutex<Balancer>>) {
 const AGENT_TICK: Duration = Duration::from_millis(10);
 
 /// The state file: written again when deleted or replaced, an owed write
-/// retried (crate::persist), every second.
+/// retried (crate::model::persist), every second.
 async fn state_file_service(
     lb: Arc<Mutex<Balancer>>,
-    store: Arc<std::sync::Mutex<crate::persist::StateFile>>,
+    store: Arc<std::sync::Mutex<crate::model::persist::StateFile>>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut owed_log = control::RateLimitedLog::default();
@@ -881,14 +881,14 @@ async fn state_file_service(
     }
 }
 
-/// One check of the state file ([`crate::persist::StateFile::check`]),
+/// One check of the state file ([`crate::model::persist::StateFile::check`]),
 /// logged.
 async fn keep_state_file(
     lb: &Mutex<Balancer>,
-    store: &std::sync::Mutex<crate::persist::StateFile>,
+    store: &std::sync::Mutex<crate::model::persist::StateFile>,
     owed_log: &mut control::RateLimitedLog,
 ) {
-    use crate::persist::Checked;
+    use crate::model::persist::Checked;
     let mut lb = lb.lock().await;
     let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
     let checked = store.check(&lb.snapshot());
@@ -913,8 +913,8 @@ async fn keep_state_file(
 
 /// What the start's refusals read and bound ([`refusals`]).
 struct Prepared {
-    state: Option<crate::persist::Persisted>,
-    desired: Option<crate::config::Config>,
+    state: Option<crate::model::persist::Persisted>,
+    desired: Option<crate::model::config::Config>,
     socket: preflight::SocketPath,
     read_only: Option<(PathBuf, preflight::SocketPath)>,
     read_only_gid: Option<u32>,
@@ -1000,7 +1000,7 @@ async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Prepared> {
 /// Loads the program, restores the state and attaches.
 fn start_data_path(
     cfg: &DaemonConfig,
-    state: Option<crate::persist::Persisted>,
+    state: Option<crate::model::persist::Persisted>,
 ) -> anyhow::Result<Balancer> {
     let mut lb = Balancer::load(&cfg.load)?;
     // The candidate tables' seeds: always secret (`candidate_secret`).
@@ -1119,10 +1119,10 @@ impl Drop for RemoveOnDrop {
 ///
 /// # Errors
 /// The file cannot be read; a mistake in it (named with its line).
-pub fn read_config(path: &Path) -> anyhow::Result<crate::config::Config> {
+pub fn read_config(path: &Path) -> anyhow::Result<crate::model::config::Config> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the configuration {}", path.display()))?;
-    let c = crate::config::parse(&text)
+    let c = crate::model::config::parse(&text)
         .map_err(anyhow::Error::new)
         .with_context(|| format!("in {}", path.display()))?;
     crate::balancer::check_config(&c)

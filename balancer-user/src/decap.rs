@@ -25,9 +25,11 @@ use balancer_common::{
 };
 
 use crate::{
-    error::{BalancerError, Result},
     links::{self, Attached},
-    prefix::ip_be,
+    model::{
+        error::{BalancerError, Result},
+        prefix::ip_be,
+    },
     netdev,
 };
 
@@ -40,7 +42,7 @@ pub const NO_SOURCE: &str = "at least one --source ADDR[/LEN] is required (the b
      outer source addresses, the VIPs' --encap-source): a decapsulator open to every source \
      lets anyone inject packets with forged inner sources into this backend";
 
-pub use crate::prefix::SourcePrefix;
+pub use crate::model::prefix::SourcePrefix;
 
 /// What the decapsulation program accepts.
 #[derive(Clone, Debug)]

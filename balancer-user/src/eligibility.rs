@@ -13,10 +13,12 @@ use std::{
 use balancer_common::{ServerFails, WEIGHT_ONE};
 
 use crate::{
-    api::{BackendState, HealthStatus, HealthView},
     health::{BackendHealth, Outcome, Target},
+    model::{
+        api::{BackendState, HealthStatus, HealthView},
+        state::{BackendConfig, CheckKind, NoHealthy, State, VipConfig},
+    },
     probe::PathProbe,
-    state::{BackendConfig, CheckKind, NoHealthy, State, VipConfig},
 };
 
 /// Smallest share of its weight a backend starts slow start with.
@@ -444,7 +446,7 @@ impl Eligibility {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{HealthCheck, VipSettings};
+    use crate::model::state::{HealthCheck, VipSettings};
 
     /// Evidence of `streak` failures from `sources` distinct prefixes.
     fn evidence(streak: u64, sources: u32) -> ServerFails {

@@ -10,12 +10,11 @@ use balancer_common::{
 
 use crate::{
     batch::Cursor,
-    error::Result,
     maps::{Count, FlowTable, FlowTables, Maps},
-    state::State,
+    model::{error::Result, state::State},
 };
 
-pub use crate::state::{Timeouts, MAX_TIMEOUT};
+pub use crate::model::state::{Timeouts, MAX_TIMEOUT};
 
 /// The timeout of a live entry `e` of `table` under `t`.
 trait ForLive {
@@ -565,7 +564,7 @@ impl Sweep {
                 .udp_timeouts
                 .get(&e.vip_index)
                 .copied()
-                .unwrap_or(crate::state::DEFAULT_UDP_TIMEOUT);
+                .unwrap_or(crate::model::state::DEFAULT_UDP_TIMEOUT);
             udp_timeout(e.state, t)
         } else {
             inp.timeouts.for_live(table, e)

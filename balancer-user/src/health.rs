@@ -12,9 +12,11 @@ use rand::Rng as _;
 use tokio::{net::TcpStream, sync::mpsc, task::JoinHandle};
 
 use crate::{
-    api::HealthStatus,
+    model::{
+        api::HealthStatus,
+        state::{CheckKind, HealthCheck},
+    },
     probe::PathProbe,
-    state::{CheckKind, HealthCheck},
 };
 
 /// A backend's active-check state.

@@ -34,13 +34,15 @@ use tokio::net::{UnixListener, UnixStream};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::{
-    api::{BackendPatch, FlowFilter, Request, Response, VipPatch},
-    config::Config,
     control::{
         handle, past_deadline, req_name, RateLimitedLog, Shared, ANSWER_TIMEOUT, BUSY,
         MAX_ACCEPT_BACKOFF, MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT,
     },
-    state::VipSettings,
+    model::{
+        api::{BackendPatch, FlowFilter, Request, Response, VipPatch},
+        config::Config,
+        state::VipSettings,
+    },
 };
 
 /// Who a listener serves.
@@ -1122,12 +1124,12 @@ mod tests {
         // Every field of a check may be left out.
         let p: VipPatch =
             parse_body(&Bytes::from_static(br#"{"health":{"check":{"rise":4}}}"#)).unwrap();
-        let Some(crate::api::HealthSetting::Check(h)) = p.health else {
+        let Some(crate::model::api::HealthSetting::Check(h)) = p.health else {
             panic!("no check")
         };
         assert_eq!(
             (h.rise, h.fall),
-            (4, crate::state::HealthCheck::default().fall)
+            (4, crate::model::state::HealthCheck::default().fall)
         );
     }
 

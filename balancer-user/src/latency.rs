@@ -43,7 +43,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
+use crate::model::{
     api::LatencyStats,
     state::{LoadSignal, State, VipConfig},
 };
@@ -327,11 +327,11 @@ mod tests {
     fn four_backends() -> State {
         let mut st = State::default();
         let vip: std::net::SocketAddr = "10.0.0.10:80".parse().unwrap();
-        let rules = crate::command::Rules::default();
+        let rules = crate::model::command::Rules::default();
         st.apply(
-            &crate::command::Command::AddVip(
+            &crate::model::command::Command::AddVip(
                 vip,
-                crate::state::VipSettings {
+                crate::model::state::VipSettings {
                     signal: LoadSignal::Latency,
                     ..Default::default()
                 },
@@ -343,7 +343,7 @@ mod tests {
             .map(|i| format!("10.0.2.{i}:8080").parse().unwrap())
             .collect();
         st.apply(
-            &crate::command::Command::AddBackends(vip, bs, 1, None),
+            &crate::model::command::Command::AddBackends(vip, bs, 1, None),
             &rules,
         )
         .unwrap();

@@ -1,30 +1,26 @@
 //! Userspace of the XDP power-of-two-choices TCP load balancer.
 //!
 //! [`Balancer`] is a facade over one module per concern: [`maps`] (typed
-//! handles, the only code touching the program's maps), [`state`] (the
+//! handles, the only code touching the program's maps), [`model::state`] (the
 //! desired state, its validation and persistence), [`gc`] (flow expiry and
 //! count reconciliation), [`telemetry`] (counters into views) and
-//! [`netdev`] (interfaces), [`config`] (the declarative configuration) and
+//! [`netdev`] (interfaces), [`model::config`] (the declarative configuration) and
 //! [`metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
 //! a unix socket ([`http`], [`control`]); the CLI ([`client`]) talks to the
-//! daemon with the [`api`] types.
+//! daemon with the [`model::api`] types.
 #![deny(missing_docs)]
 
 pub mod agent;
-pub mod api;
 pub mod balancer;
 pub mod batch;
 pub mod bgp;
 pub mod candidates;
 pub mod client;
 pub mod cluster;
-pub mod command;
-pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod decap;
 pub mod eligibility;
-pub mod error;
 pub mod gc;
 pub mod health;
 pub mod http;
@@ -34,16 +30,12 @@ pub mod locality;
 pub mod logs;
 pub mod maps;
 pub mod metrics;
+pub mod model;
 pub mod netdev;
-pub mod persist;
-pub mod prefix;
 pub mod preflight;
 pub mod probe;
-pub mod project;
 pub mod regret;
-pub mod retired;
 pub mod services;
-pub mod state;
 pub mod telemetry;
 pub mod wire;
 
@@ -56,6 +48,6 @@ pub use balancer::{Balancer, LoadOptions, PROGRAM};
 #[doc(hidden)]
 pub static FAULTS_PROGRAM: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-faults"));
-pub use error::{BalancerError, Result};
-pub use state::State;
-pub use state::Timeouts;
+pub use model::error::{BalancerError, Result};
+pub use model::state::State;
+pub use model::state::Timeouts;

@@ -23,7 +23,7 @@ use aya::programs::{
 };
 
 use crate::{
-    error::{os_error, BalancerError, Result},
+    model::error::{os_error, BalancerError, Result},
     netdev,
 };
 

@@ -22,7 +22,7 @@ use std::{
     net::SocketAddr,
 };
 
-use crate::{
+use crate::model::{
     api::LocalityView,
     state::{State, VipConfig},
 };
@@ -156,7 +156,7 @@ impl Locality {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
+    use crate::model::{
         command::{Command, Rules},
         state::VipSettings,
     };

@@ -1,6 +1,6 @@
 //! Typed handles on the program's maps: the only code that reads or writes
 //! them. What the data path sees is derived here from the desired state
-//! ([`crate::state::State`]).
+//! ([`crate::model::state::State`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -31,9 +31,11 @@ use balancer_common::{
 
 use crate::{
     batch,
-    error::{BalancerError, Result},
-    prefix::{ip_be, ip_from_be},
-    project::{self, ConfigMaps, VipEntry},
+    model::{
+        error::{BalancerError, Result},
+        prefix::{ip_be, ip_from_be},
+        project::{self, ConfigMaps, VipEntry},
+    },
 };
 
 /// The bitmaps of [`ConfigMaps::ports`] with their map names.
@@ -187,7 +189,7 @@ fn ignore_missing(r: std::result::Result<(), MapError>) -> std::result::Result<(
     match r {
         Err(MapError::KeyNotFound) => Ok(()),
         // aya reports a delete of a missing key as the syscall's ENOENT.
-        Err(e) if crate::error::os_error(&e) == Some(libc::ENOENT) => Ok(()),
+        Err(e) if crate::model::error::os_error(&e) == Some(libc::ENOENT) => Ok(()),
         other => other,
     }
 }
@@ -858,7 +860,7 @@ impl Maps {
     }
 
     /// Makes the control plane's maps hold `want` (a
-    /// [`crate::project::project`]ion), writing only what differs from
+    /// [`crate::model::project::project`]ion), writing only what differs from
     /// what they hold, in the one order that keeps every flow served:
     ///
     /// 1. the bitmaps gain the new bits (a new VIP's first SYN is looked

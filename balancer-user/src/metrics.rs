@@ -55,7 +55,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::api::{BackendView, HealthStatus, StatsView, VersionView, VipStatsView};
+use crate::model::api::{BackendView, HealthStatus, StatsView, VersionView, VipStatsView};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -123,7 +123,7 @@ fn bucket_name(from: &[u64], k: usize) -> String {
 }
 
 /// The cluster's series (`cluster_*`) into `reg`.
-fn render_cluster(reg: &mut Registry, c: &crate::api::ClusterView) {
+fn render_cluster(reg: &mut Registry, c: &crate::model::api::ClusterView) {
     let flag = |b: bool| f64::from(u8::from(b));
     for (name, help, on) in [
         (
@@ -226,7 +226,7 @@ fn render_cluster(reg: &mut Registry, c: &crate::api::ClusterView) {
 /// in one) and the daemon's own measurements.
 pub fn render_all(
     stats: &StatsView,
-    cluster: Option<&crate::api::ClusterView>,
+    cluster: Option<&crate::model::api::ClusterView>,
     daemon: &DaemonMetrics,
 ) -> String {
     let mut reg = registry(stats, daemon);
@@ -319,7 +319,9 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             |b| f64::from(u8::from(b.health.ejected)),
         ),
         ("backend_draining", "1 while the backend is drained", |b| {
-            f64::from(u8::from(b.state == crate::api::BackendState::Draining))
+            f64::from(u8::from(
+                b.state == crate::model::api::BackendState::Draining,
+            ))
         }),
     ];
     for (name, help, value) in backend_counters.iter().chain(&backend_more_counters) {
@@ -667,7 +669,7 @@ pub struct Source {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ChoiceView, LoadHistogram};
+    use crate::model::api::{ChoiceView, LoadHistogram};
 
     #[test]
     fn bucket_names() {
@@ -708,7 +710,7 @@ mod tests {
                     candidates: h.clone(),
                     chosen: h.clone(),
                     rejected: h.clone(),
-                    regret: crate::api::RegretView {
+                    regret: crate::model::api::RegretView {
                         samples: 3,
                         sum: 4,
                         mean: 4.0 / 3.0,
@@ -731,18 +733,18 @@ mod tests {
             attachments: Vec::new(),
             state_file_unsaved: None,
             agents: Default::default(),
-            latency: crate::api::LatencyStats {
+            latency: crate::model::api::LatencyStats {
                 samples: 17,
                 ..Default::default()
             },
         };
         let d = DaemonMetrics::default();
         d.gc_pass.observe(0.002);
-        let view = crate::api::ClusterView {
+        let view = crate::model::api::ClusterView {
             node: "00000000000000aa".into(),
             listen: Some("10.0.9.11:7946".parse().unwrap()),
             authenticated: true,
-            peers: vec![crate::api::PeerView {
+            peers: vec![crate::model::api::PeerView {
                 address: "10.0.9.12:7946".parse().unwrap(),
                 synced: true,
                 last_heard_ms: Some(1500),
@@ -751,13 +753,13 @@ mod tests {
             drained: false,
             announced: vec!["10.0.0.10".parse().unwrap()],
             bgp_error: None,
-            stats: crate::api::ClusterStats {
+            stats: crate::model::api::ClusterStats {
                 flows_sent: 11,
                 bad_auth: 2,
                 replayed: 3,
                 ..Default::default()
             },
-            herd: crate::api::HerdView {
+            herd: crate::model::api::HerdView {
                 intervals: 2,
                 pairs: 100,
                 same: 25,

@@ -4,7 +4,7 @@
 
 use std::{ffi::CString, os::fd::AsRawFd as _, os::fd::FromRawFd as _, os::fd::OwnedFd};
 
-use crate::error::{BalancerError, Result};
+use crate::model::error::{BalancerError, Result};
 
 /// ARPHRD_ETHER: the hardware type of Ethernet interfaces (veth included).
 const ARPHRD_ETHER: u16 = 1;

@@ -302,7 +302,7 @@ pub fn check_state_file(path: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let dir = crate::state::dir_of(path);
+    let dir = crate::model::state::dir_of(path);
     if !dir.exists() {
         // Created later, once nothing refuses: its nearest existing
         // ancestor must take a directory.

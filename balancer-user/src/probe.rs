@@ -45,7 +45,7 @@ use etherparse::{PacketBuilder, TcpHeaderSlice};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::unix::AsyncFd;
 
-use crate::state::ForwardingMode;
+use crate::model::state::ForwardingMode;
 
 /// Where and how to send one backend's path probe (built from its VIP's
 /// settings by `Eligibility::targets`).

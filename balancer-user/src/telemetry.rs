@@ -7,16 +7,18 @@ use balancer_common::{
 };
 
 use crate::{
-    api::{
-        BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, ProgramsView, RegretView,
-        StatsView, VipStatsView, FLOW_KINDS,
-    },
     eligibility::Eligibility,
-    error::Result,
     gc::{datapath_now_ns, Reconciler},
     maps::{flow_endpoints, Count, FlowTable, Maps, Traffic},
-    prefix::ip_from_be,
-    state::{State, VipConfig},
+    model::{
+        api::{
+            BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, ProgramsView, RegretView,
+            StatsView, VipStatsView, FLOW_KINDS,
+        },
+        error::Result,
+        prefix::ip_from_be,
+        state::{State, VipConfig},
+    },
 };
 
 /// What the views are read from.
@@ -99,7 +101,7 @@ impl View<'_> {
     /// `v`'s zone preference now, with the new flows its backends of this
     /// balancer's zone and the others took (since each was added): the
     /// split. `None` without a preference.
-    pub fn locality(&self, v: &VipConfig) -> Option<crate::api::LocalityView> {
+    pub fn locality(&self, v: &VipConfig) -> Option<crate::model::api::LocalityView> {
         let mut l = self.locality.view(v)?;
         for b in &v.backends {
             let n = self
@@ -277,7 +279,7 @@ pub fn flows(maps: &Maps, limit: usize, filter: &FlowFilter) -> (Vec<FlowView>, 
 }
 
 /// Flow entries `flows` reads at most (or `limit`, if larger): the API's
-/// limit is at most [`crate::api::MAX_FLOWS_LISTED`], so a request walks a
+/// limit is at most [`crate::model::api::MAX_FLOWS_LISTED`], so a request walks a
 /// bounded part of the tables under the API's lock; more are reported as
 /// `truncated`.
 pub const FLOWS_SCANNED: usize = 65_536;

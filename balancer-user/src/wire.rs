@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use balancer_common::{flow as fl, flow::SYNCED_BITS, flow_kind, FlowEntry, FlowKey};
 use serde::{Deserialize, Serialize};
 
-use crate::{maps::flow_endpoints, state::State};
+use crate::{maps::flow_endpoints, model::state::State};
 
 /// One flow as synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -51,7 +51,7 @@ use std::{
 use anyhow::{bail, ensure};
 use balancer::{
     maps::FlowTable,
-    prefix::{ip_be, ip_from_be},
+    model::prefix::{ip_be, ip_from_be},
 };
 use balancer_common::{flow_kind, FlowEntry, FlowKey, IPPROTO_TCP};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};

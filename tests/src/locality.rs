@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
-use balancer::api::LocalityView;
+use balancer::model::api::LocalityView;
 
 use crate::{
     signals::open_paced,

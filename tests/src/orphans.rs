@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 
-use balancer::api::Response;
+use balancer::model::api::Response;
 
 use crate::{
     netns::enter_ns,

@@ -11,7 +11,7 @@ use std::{thread, time::Duration};
 
 use anyhow::{bail, ensure, Context as _};
 use aya::maps::{Array, MapData};
-use balancer::api::AttachmentView;
+use balancer::model::api::AttachmentView;
 use balancer_common::map_names;
 
 use crate::{

@@ -29,7 +29,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use balancer::api::{BackendView, Response, StatsView};
+use balancer::model::api::{BackendView, Response, StatsView};
 
 use crate::netns::{enter_ns, sh, Netns};
 

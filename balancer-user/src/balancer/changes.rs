@@ -321,7 +321,7 @@ impl Balancer {
     fn prepare(&mut self, prev: &State) -> Result<BTreeSet<(u32, u32)>> {
         let now = Instant::now();
         for (addr, old) in &prev.vips {
-            let nat = old.settings.mode == crate::state::ForwardingMode::Nat;
+            let nat = old.settings.mode == crate::model::state::ForwardingMode::Nat;
             let Some(new) = self.state.vips.get(addr) else {
                 // No tombstone for a host address: its own service gets the
                 // port back at once.
@@ -538,7 +538,7 @@ impl Balancer {
     }
 
     /// Makes the maps the projection of the desired state
-    /// ([`crate::project::project`], [`Maps::sync`]), and warns of VIPs
+    /// ([`crate::model::project::project`], [`Maps::sync`]), and warns of VIPs
     /// left with no backend taking new connections.
     ///
     /// # Errors

@@ -1,7 +1,7 @@
 //! [`Balancer`]: the facade that owns the XDP program, its maps and the
 //! desired state, and keeps the invariants between them. Each concern has
 //! its own module: [`crate::maps`] (the only code touching maps),
-//! [`crate::state`] (desired state, validation, persistence),
+//! [`crate::model::state`] (desired state, validation, persistence),
 //! [`crate::gc`] (expiry, reconciliation), [`crate::eligibility`] and
 //! [`crate::health`] (which backends take new flows), [`crate::telemetry`]
 //! (views), [`crate::netdev`] (interfaces).
@@ -23,29 +23,30 @@ use balancer_common::{
 };
 
 use crate::{
-    api::{
-        AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
-        VipView,
-    },
-    command::{Command, Rules},
     eligibility::{Changes, Eligibility, Note},
-    error::{BalancerError, Result},
     gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
     health::{Outcome, Target},
     links::{self, Attached, Held},
     maps::{check_pins, Count, Maps, Traffic},
-    netdev,
-    persist::Persisted,
-    project::{project, Inputs},
-    retired::Retired,
-    state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
-    telemetry,
+    model::{
+        api::{
+            AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
+            VipView,
+        },
+        command::{Command, Rules},
+        error::{BalancerError, Result},
+        persist::Persisted,
+        project::{project, Inputs},
+        retired::Retired,
+        state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
+    },
+    netdev, telemetry,
 };
 
 mod changes;
 mod specialise;
 
-pub use crate::config::{check_config, locate_config_error, ConfigFault};
+pub use crate::model::config::{check_config, locate_config_error, ConfigFault};
 
 pub use crate::links::mode_name;
 pub use specialise::names as feature_names;
@@ -106,7 +107,7 @@ impl Default for LoadOptions {
 /// The kernel's refusal to create the maps or load the object, in an
 /// operator's terms where the cause is known.
 fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
-    match crate::error::os_error(&e) {
+    match crate::model::error::os_error(&e) {
         Some(libc::EPERM) | Some(libc::EACCES) => BalancerError::Invalid {
             what: "privileges",
             reason: format!(
@@ -191,7 +192,7 @@ pub struct Balancer {
     /// Capacity of the flow table and of the half-open table, entries.
     table_sizes: (u32, u32),
     /// The cluster as its tasks last saw it (none: a balancer on its own).
-    cluster_view: Option<crate::api::ClusterView>,
+    cluster_view: Option<crate::model::api::ClusterView>,
     /// The addresses of the balancer's host ([`netdev::host_addresses`];
     /// tests give their own, [`Balancer::set_host_addresses`]).
     host_addresses: HostAddresses,
@@ -202,7 +203,7 @@ pub struct Balancer {
     starved: BTreeSet<SocketAddr>,
     /// Each configuration file as last applied, by source
     /// ([`Persisted::applied`]).
-    applied: BTreeMap<String, crate::config::Config>,
+    applied: BTreeMap<String, crate::model::config::Config>,
     /// The candidate table of each VIP with consistent candidates.
     tables: BTreeMap<SocketAddr, changes::VipTable>,
     /// The cluster-wide secret of the candidate tables' seeds
@@ -233,7 +234,7 @@ pub struct ApplyHow {
     pub allow_empty: bool,
     /// Make the running state exactly the file (a two-way plan): runtime
     /// changes the file did not make are undone. Otherwise (and always
-    /// for the first file applied) the three-way [`crate::config::merge`].
+    /// for the first file applied) the three-way [`crate::model::config::merge`].
     pub exact: bool,
     /// Which file it is (its absolute path; `-` for standard input): the
     /// base of the merge is that file as last applied, so a file applied
@@ -427,9 +428,9 @@ impl Balancer {
     }
 
     /// The projection of the desired state now: what every control-plane
-    /// map must hold ([`crate::project::project`]; the maps' active list
+    /// map must hold ([`crate::model::project::project`]; the maps' active list
     /// halves are 0 in it).
-    pub fn projection(&self) -> crate::project::ConfigMaps {
+    pub fn projection(&self) -> crate::model::project::ConfigMaps {
         project(&self.state, &self.retired, &self.inputs())
     }
 
@@ -748,12 +749,12 @@ impl Balancer {
     }
 
     /// The cluster as its tasks last saw it (none: not in a cluster).
-    pub fn cluster_view(&self) -> Option<&crate::api::ClusterView> {
+    pub fn cluster_view(&self) -> Option<&crate::model::api::ClusterView> {
         self.cluster_view.as_ref()
     }
 
     /// Records the cluster's view (the cluster tasks).
-    pub fn set_cluster_view(&mut self, v: crate::api::ClusterView) {
+    pub fn set_cluster_view(&mut self, v: crate::model::api::ClusterView) {
         self.cluster_view = Some(v);
     }
 
@@ -796,15 +797,15 @@ impl Balancer {
     }
 
     /// The running state in the declarative form (`balancer export`).
-    pub fn export_config(&self) -> crate::config::Config {
-        crate::config::export(&self.state, &self.timeouts())
+    pub fn export_config(&self) -> crate::model::config::Config {
+        crate::model::config::export(&self.state, &self.timeouts())
     }
 
     /// Applies the configuration file `desired` (`balancer apply`, `run
     /// --config`): what the file changed since it was last applied, merged
-    /// into the running state ([`crate::config::merge`]; the whole file
+    /// into the running state ([`crate::model::config::merge`]; the whole file
     /// with `exact` or for a first file), then the changes
-    /// [`crate::config::plan`] lists, in its order, each as its own API
+    /// [`crate::model::config::plan`] lists, in its order, each as its own API
     /// call would make it. Returns them, one line each, and the runtime
     /// values kept against the file's. With `dry_run` nothing changes; the
     /// configuration is still checked. All of the
@@ -822,7 +823,7 @@ impl Balancer {
     /// set, map failure.
     pub fn apply_config(
         &mut self,
-        desired: &crate::config::Config,
+        desired: &crate::model::config::Config,
         how: ApplyHow,
     ) -> Result<Applied> {
         let ApplyHow {
@@ -835,13 +836,13 @@ impl Balancer {
         check_config(desired)?;
         let current = self.export_config();
         let merged = match self.applied.get(&source) {
-            Some(last) if !exact => crate::config::merge(last, desired, &current),
-            _ => crate::config::Merged {
+            Some(last) if !exact => crate::model::config::merge(last, desired, &current),
+            _ => crate::model::config::Merged {
                 target: desired.clone(),
                 kept: Vec::new(),
             },
         };
-        let changes = crate::config::plan(&current, &merged.target);
+        let changes = crate::model::config::plan(&current, &merged.target);
         let removes_vips = changes.iter().any(|c| matches!(c, Command::RemoveVip(_)));
         if desired.vips.is_empty() && removes_vips && !allow_empty {
             return Err(BalancerError::Invalid {
@@ -856,7 +857,7 @@ impl Balancer {
         }
         let lines: Vec<String> = changes.iter().map(Command::describe).collect();
         if refuse_sweep {
-            let swept = crate::config::sweeping_removals(&current, &changes);
+            let swept = crate::model::config::sweeping_removals(&current, &changes);
             if !swept.is_empty() {
                 return Ok(Applied {
                     changes: lines,
@@ -905,8 +906,8 @@ impl Balancer {
     ///
     /// # Errors
     /// An unknown VIP or backend named by a patch.
-    pub fn command_of(&self, req: &crate::api::Request) -> Option<Result<Command>> {
-        use crate::api::Request as R;
+    pub fn command_of(&self, req: &crate::model::api::Request) -> Option<Result<Command>> {
+        use crate::model::api::Request as R;
         Some(match req {
             R::AddVip { vip, settings } => Ok(Command::AddVip(*vip, settings.clone())),
             R::SetVip { vip, patch } => self
@@ -1103,7 +1104,11 @@ impl Balancer {
     }
 
     /// Up to `limit` flows of the flow table (live and closed).
-    pub fn flows(&self, limit: usize, filter: &crate::api::FlowFilter) -> (Vec<FlowView>, bool) {
+    pub fn flows(
+        &self,
+        limit: usize,
+        filter: &crate::model::api::FlowFilter,
+    ) -> (Vec<FlowView>, bool) {
         telemetry::flows(&self.maps, limit, filter)
     }
 
@@ -1117,7 +1122,7 @@ impl Balancer {
             latency: &self.latency,
             locality: &self.locality,
             regret: &self.regret,
-            programs: crate::api::ProgramsView {
+            programs: crate::model::api::ProgramsView {
                 features: specialise::names(self.loaded.features),
                 swaps: self.loaded.swaps,
             },
@@ -1229,7 +1234,7 @@ impl Balancer {
     /// An invalid zone name; map failure.
     pub fn set_zone(&mut self, zone: Option<String>) -> Result<()> {
         if let Some(z) = &zone {
-            crate::state::check_zone(z)?;
+            crate::model::state::check_zone(z)?;
         }
         self.locality = crate::locality::Locality::new(zone);
         self.sync()?;

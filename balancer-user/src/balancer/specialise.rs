@@ -31,8 +31,8 @@ use balancer_common::{features, map_names, programs};
 
 use super::{program_missing, program_open_failed, Balancer, LoadOptions, PROGRAM};
 use crate::{
-    error::{BalancerError, Result},
     links::Held,
+    model::error::{BalancerError, Result},
 };
 
 /// How the programs running now were loaded, and what the next load

@@ -1,7 +1,7 @@
 //! `balancer cluster`: this balancer's place among its peers
 //! (docs/cluster.md).
 
-use balancer::{api::Request, cluster::ClusterView};
+use balancer::{cluster::ClusterView, model::api::Request};
 
 /// `balancer cluster` verbs.
 #[derive(clap::Subcommand, Debug)]
@@ -52,8 +52,8 @@ pub async fn await_announcements(
         let v = match balancer::client::call_with_timeout(socket, &Request::ClusterStatus, timeout)
             .await?
         {
-            balancer::api::Response::Cluster(v) => v,
-            balancer::api::Response::Error { message, .. } => anyhow::bail!("{message}"),
+            balancer::model::api::Response::Cluster(v) => v,
+            balancer::model::api::Response::Error { message, .. } => anyhow::bail!("{message}"),
             other => anyhow::bail!("unexpected answer {other:?}"),
         };
         let done = if drained {

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use balancer::{
-    api::{Request, Response},
-    client, links, maps, preflight,
+    client, links, maps,
+    model::api::{Request, Response},
+    preflight,
 };
 
 /// `balancer detach` options.

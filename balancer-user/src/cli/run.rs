@@ -315,7 +315,7 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 
 /// A zone name (`state::check_zone`).
 fn parse_zone(s: &str) -> Result<String, String> {
-    balancer::state::check_zone(s)
+    balancer::model::state::check_zone(s)
         .map(|()| s.to_string())
         .map_err(|e| e.to_string())
 }

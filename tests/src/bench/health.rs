@@ -10,7 +10,7 @@ use std::{
 
 use balancer::{
     health::{Monitor, Target},
-    state::{CheckKind, HealthCheck},
+    model::state::{CheckKind, HealthCheck},
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -28,8 +28,8 @@ use std::{
 use anyhow::{ensure, Context as _};
 use aya::maps::{Array, IterableMap as _, MapData};
 use balancer::{
-    api::{Request, Response},
     batch,
+    model::api::{Request, Response},
 };
 use balancer_common::{flow as fl, flow_kind, map_names, FlowEntry, FlowKey, IPPROTO_TCP};
 use serde_json::{json, Value};
@@ -76,8 +76,8 @@ fn table_for(n: u64) -> u32 {
 fn key(i: u64, vip: SocketAddr) -> FlowKey {
     let a = 0x0b00_0000u32 + (i >> 4) as u32;
     FlowKey {
-        src_addr: balancer::prefix::ip_be(IpAddr::V4(Ipv4Addr::from(a))),
-        dst_addr: balancer::prefix::ip_be(vip.ip()),
+        src_addr: balancer::model::prefix::ip_be(IpAddr::V4(Ipv4Addr::from(a))),
+        dst_addr: balancer::model::prefix::ip_be(vip.ip()),
         src_port: (1024 + (i & 15) as u16).to_be(),
         dst_port: vip.port().to_be(),
         proto: IPPROTO_TCP,
@@ -280,7 +280,7 @@ impl Daemon {
     /// and adds them to the counts. Returns the (slot, server) per backend
     /// index used.
     fn inject(&self, vip: SocketAddr, from: u64, n: u64, last_seen: u64) -> anyhow::Result<()> {
-        let st = balancer::persist::read_state(&self.state)?
+        let st = balancer::model::persist::read_state(&self.state)?
             .context("no state file")?
             .state;
         let v = st.vips.get(&vip).context("VIP not in the state file")?;
@@ -654,7 +654,7 @@ fn single_node(
 /// Flows per (slot, server) of `n` injected flows, as [`Daemon::inject`]
 /// spread them.
 fn per_slot_of(d: &Daemon, vip: SocketAddr, n: u64) -> anyhow::Result<BTreeMap<(u32, u32), u64>> {
-    let st = balancer::persist::read_state(&d.state)?
+    let st = balancer::model::persist::read_state(&d.state)?
         .context("no state file")?
         .state;
     let v = st.vips.get(&vip).context("VIP")?;

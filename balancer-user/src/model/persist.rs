@@ -20,7 +20,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{
+use crate::model::{
     config::Config,
     error::{BalancerError, Result},
     retired::RetiredRecord,
@@ -37,13 +37,13 @@ pub struct Persisted {
     pub state: State,
     /// Each configuration file as it was last applied (`run --config`,
     /// `apply`), by its absolute path (`-`: standard input): the base of
-    /// that file's next three-way merge ([`crate::config::merge`]), so
+    /// that file's next three-way merge ([`crate::model::config::merge`]), so
     /// that what the file does not change keeps its running value.
     pub applied: BTreeMap<String, Config>,
     /// What was removed and is still remembered for its flows (VIP
     /// tombstones, backends that left a VIP), with when: kept across a
     /// restart so the maps' entries for them are expected, and expire on
-    /// time ([`crate::retired::Retired`]).
+    /// time ([`crate::model::retired::Retired`]).
     pub retired: RetiredRecord,
 }
 
@@ -206,7 +206,7 @@ impl StateFile {
                 Ok(())
             }
             Err(e) => {
-                self.owed = Some(crate::error::error_chain(&e));
+                self.owed = Some(crate::model::error::error_chain(&e));
                 Err(e)
             }
         }
@@ -237,7 +237,7 @@ impl StateFile {
                 Some(how) => Checked::Rewritten(how.to_string()),
                 None => Checked::Caught,
             },
-            Err(e) => Checked::StillOwed(crate::error::error_chain(&e)),
+            Err(e) => Checked::StillOwed(crate::model::error::error_chain(&e)),
         }
     }
 }
@@ -290,8 +290,11 @@ mod tests {
         let vip: std::net::SocketAddr = "10.0.0.1:80".parse().unwrap();
         state
             .apply(
-                &crate::command::Command::AddVip(vip, crate::state::VipSettings::default()),
-                &crate::command::Rules::default(),
+                &crate::model::command::Command::AddVip(
+                    vip,
+                    crate::model::state::VipSettings::default(),
+                ),
+                &crate::model::command::Rules::default(),
             )
             .unwrap();
         let p = Persisted {

@@ -29,7 +29,7 @@ use balancer_common::{
     VIP_F_TWO_SIDED, VIP_F_UDP, VIP_QUIC_SID_SHIFT,
 };
 
-use crate::{
+use crate::model::{
     prefix::SourcePrefix,
     retired::Retired,
     state::{ForwardingMode, State, VipConfig},
@@ -236,7 +236,8 @@ fn vip_entry(v: &VipConfig, list: &[u32], fallback: bool) -> VipEntry {
                 } else {
                     0
                 }
-                | if s.signal == crate::state::LoadSignal::Latency && s.mode == ForwardingMode::Nat
+                | if s.signal == crate::model::state::LoadSignal::Latency
+                    && s.mode == ForwardingMode::Nat
                 {
                     balancer_common::VIP_F_LATENCY
                 } else {
@@ -444,7 +445,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::{
+    use crate::model::{
         command::{Command, Rules},
         state::VipSettings,
     };

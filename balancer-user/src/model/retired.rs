@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::state::State;
+use crate::model::state::State;
 
 /// [`Retired`] as the state file holds it: times in ms since the Unix
 /// epoch (an [`Instant`] does not survive a restart).

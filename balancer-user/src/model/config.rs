@@ -29,7 +29,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
+use crate::model::{
     command::Command,
     error::{BalancerError, Result},
     state::{
@@ -141,8 +141,8 @@ pub struct VipEntry {
     #[schema(value_type = String)]
     pub address: SocketAddr,
     /// Backends compared per new flow: 1..=16, or `"all"`.
-    #[serde(default = "d_choices", with = "crate::state::choices_serde")]
-    #[schema(value_type = crate::state::ChoicesValue)]
+    #[serde(default = "d_choices", with = "crate::model::state::choices_serde")]
+    #[schema(value_type = crate::model::state::ChoicesValue)]
     pub choices: u32,
     /// How packets reach the backends.
     #[serde(default)]
@@ -155,9 +155,9 @@ pub struct VipEntry {
     #[serde(default = "d_gue_port")]
     pub gue_port: u16,
     /// Active health check of the backends: a table, or `"off"`; left out,
-    /// a TCP check ([`crate::state::default_health`]).
+    /// a TCP check ([`crate::model::state::default_health`]).
     #[serde(
-        default = "crate::state::default_health",
+        default = "crate::model::state::default_health",
         with = "health_or_off",
         skip_serializing_if = "is_default_health"
     )]
@@ -216,11 +216,11 @@ pub struct VipEntry {
     /// every source).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<String>)]
-    pub allow_sources: Vec<crate::prefix::SourcePrefix>,
+    pub allow_sources: Vec<crate::model::prefix::SourcePrefix>,
     /// Client sources whose new flows are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<String>)]
-    pub deny_sources: Vec<crate::prefix::SourcePrefix>,
+    pub deny_sources: Vec<crate::model::prefix::SourcePrefix>,
     /// The connection cap per backend (0: none).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub backend_max_conns: u32,
@@ -241,9 +241,9 @@ pub struct VipEntry {
     /// The load signal the choice compares (default `connections`).
     #[serde(
         default,
-        skip_serializing_if = "crate::state::LoadSignal::is_connections"
+        skip_serializing_if = "crate::model::state::LoadSignal::is_connections"
     )]
-    pub signal: crate::state::LoadSignal,
+    pub signal: crate::model::state::LoadSignal,
     /// The load agent's TCP port on each backend (the agent signal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_port: Option<u16>,
@@ -266,14 +266,14 @@ pub struct VipEntry {
 }
 
 fn is_default_health(h: &Option<HealthCheck>) -> bool {
-    *h == crate::state::default_health()
+    *h == crate::model::state::default_health()
 }
 
 /// A VIP's `health`: a table, or the string `"off"` for none.
 mod health_or_off {
     use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
-    use crate::state::HealthCheck;
+    use crate::model::state::HealthCheck;
 
     pub fn serialize<S: Serializer>(h: &Option<HealthCheck>, s: S) -> Result<S::Ok, S::Error> {
         match h {
@@ -538,7 +538,7 @@ pub fn locate_config_error(c: &Config) -> std::result::Result<(), Box<ConfigFaul
                 h.validate().map_err(here)?;
             }
             if let Some(z) = &b.zone {
-                crate::state::check_zone(z).map_err(here)?;
+                crate::model::state::check_zone(z).map_err(here)?;
             }
             check_backend_not_vip(v.address, b.address, c.vips.iter().map(|v| v.address))
                 .map_err(here)?;
@@ -1238,7 +1238,7 @@ address = "[2001:db8:2::10]:443"
         assert_eq!(h.interval, Duration::from_secs(5));
         assert_eq!(
             (h.rise, h.fall, h.kind),
-            (2, 3, crate::state::CheckKind::Tcp {})
+            (2, 3, crate::model::state::CheckKind::Tcp {})
         );
         assert_eq!(c.vips[0].choices, balancer_common::CHOICES_FULL_SCAN);
         let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health]\nintervall = \"5s\"\n")
@@ -1255,7 +1255,7 @@ address = "[2001:db8:2::10]:443"
             .unwrap();
         assert_eq!(
             c.vips[0].health.clone().unwrap().kind,
-            crate::state::CheckKind::Http {
+            crate::model::state::CheckKind::Http {
                 path: "/".into(),
                 status: 200
             }
@@ -1315,7 +1315,7 @@ address = "[2001:db8:2::10]:443"
         );
         // Control: the file changing the health check too takes it.
         let http = HealthCheck {
-            kind: crate::state::CheckKind::Http {
+            kind: crate::model::state::CheckKind::Http {
                 path: "/h".into(),
                 status: 200,
             },

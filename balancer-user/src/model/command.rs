@@ -11,7 +11,7 @@ use std::{
 
 use balancer_common::{BACKEND_SLOTS, MAX_BACKENDS_PER_VIP, MAX_VIPS, MAX_VIPS_PER_BACKEND};
 
-use crate::{
+use crate::model::{
     error::{BalancerError, Result},
     state::{
         check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
@@ -165,8 +165,8 @@ fn settings_words(s: &VipSettings) -> String {
             }
         },
         match (s.signal, s.agent_port) {
-            (crate::state::LoadSignal::Connections, _) => String::new(),
-            (crate::state::LoadSignal::Agent, Some(p)) => format!(
+            (crate::model::state::LoadSignal::Connections, _) => String::new(),
+            (crate::model::state::LoadSignal::Agent, Some(p)) => format!(
                 ", signal agent (port {p}, every {})",
                 humantime::format_duration(s.agent_interval)
             ),
@@ -246,7 +246,7 @@ impl State {
         let polled: std::collections::BTreeMap<SocketAddr, SocketAddr> = self
             .vips
             .values()
-            .filter(|v| v.settings.signal == crate::state::LoadSignal::Agent)
+            .filter(|v| v.settings.signal == crate::model::state::LoadSignal::Agent)
             .flat_map(|v| v.backends.iter().map(move |b| (b.addr, v.addr)))
             .collect();
         self.vips
@@ -271,7 +271,7 @@ impl State {
         let mut port_of: std::collections::BTreeMap<SocketAddr, (u16, SocketAddr)> =
             Default::default();
         for v in self.vips.values() {
-            let (crate::state::LoadSignal::Agent, Some(p)) =
+            let (crate::model::state::LoadSignal::Agent, Some(p)) =
                 (v.settings.signal, v.settings.agent_port)
             else {
                 continue;
@@ -350,7 +350,7 @@ impl State {
             Command::AddBackends(v, bs, w, z) => {
                 check_new_backends(self, *v, bs, *w, &rules.host)?;
                 if let Some(z) = z {
-                    crate::state::check_zone(z)?;
+                    crate::model::state::check_zone(z)?;
                 }
                 let slots = self.allocate_slots(bs.len())?;
                 for (b, slot) in bs.iter().zip(&slots) {
@@ -380,11 +380,11 @@ impl State {
             Command::SetBackend(v, b, w, h, z) => {
                 check_weight(*w)?;
                 if let Some(z) = z {
-                    crate::state::check_zone(z)?;
+                    crate::model::state::check_zone(z)?;
                 }
                 if let Some(h) = h {
                     h.validate()?;
-                    crate::state::check_path_mode(h, self.vip(v)?.settings.mode)?;
+                    crate::model::state::check_path_mode(h, self.vip(v)?.settings.mode)?;
                 }
                 let be = self.backend_mut(v, b)?;
                 be.weight = *w;
@@ -542,7 +542,7 @@ fn check_quic_server_ids(s: &VipSettings, addrs: impl Iterator<Item = SocketAddr
     }
     let mut seen: std::collections::BTreeMap<u32, SocketAddr> = Default::default();
     for a in addrs {
-        let sid = balancer_common::quic::server_id_of(&crate::prefix::ip_be(a.ip()), len);
+        let sid = balancer_common::quic::server_id_of(&crate::model::prefix::ip_be(a.ip()), len);
         if let Some(other) = seen.insert(sid, a) {
             if other != a {
                 return Err(BalancerError::Invalid {
@@ -595,7 +595,7 @@ mod tests {
         let rules = Rules::default();
         let mut st = State::default();
         let agent = |port| VipSettings {
-            signal: crate::state::LoadSignal::Agent,
+            signal: crate::model::state::LoadSignal::Agent,
             agent_port: Some(port),
             ..VipSettings::default()
         };
@@ -620,7 +620,7 @@ mod tests {
         let rules = Rules::default();
         let mut st = State::default();
         let agent = VipSettings {
-            signal: crate::state::LoadSignal::Agent,
+            signal: crate::model::state::LoadSignal::Agent,
             agent_port: Some(5555),
             ..VipSettings::default()
         };
@@ -685,7 +685,7 @@ mod tests {
         let mut st = State::default();
         let (va, vb, b) = (a("10.0.0.10:80"), a("10.0.0.11:80"), a("10.0.2.1:8080"));
         let agent = VipSettings {
-            signal: crate::state::LoadSignal::Agent,
+            signal: crate::model::state::LoadSignal::Agent,
             agent_port: Some(5555),
             ..VipSettings::default()
         };

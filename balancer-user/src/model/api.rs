@@ -12,8 +12,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::state::BackendState;
-use crate::state::{ForwardingMode, HealthCheck, NoHealthy, VipSettings};
+pub use crate::model::state::BackendState;
+use crate::model::state::{ForwardingMode, HealthCheck, NoHealthy, VipSettings};
 
 /// How many flows `Flows` returns at most, whatever the request asks.
 pub const MAX_FLOWS_LISTED: usize = 10_000;
@@ -45,9 +45,9 @@ pub struct VipPatch {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        with = "crate::state::choices_serde::option"
+        with = "crate::model::state::choices_serde::option"
     )]
-    #[schema(value_type = Option<crate::state::ChoicesValue>)]
+    #[schema(value_type = Option<crate::model::state::ChoicesValue>)]
     pub choices: Option<u32>,
     /// Active health check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,10 +106,10 @@ pub struct VipPatch {
     pub allow_host_address: Option<bool>,
     /// How new flows draw their candidates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub candidates: Option<crate::state::Candidates>,
+    pub candidates: Option<crate::model::state::Candidates>,
     /// The transport protocols (`"tcp"`, `"udp"` or `"both"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<crate::state::Protocol>,
+    pub protocol: Option<crate::model::state::Protocol>,
     /// Idle timeout of an established UDP flow.
     #[serde(
         default,
@@ -124,11 +124,11 @@ pub struct VipPatch {
     /// The allowed client sources, replacing the list (empty: every source).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<String>>)]
-    pub allow_sources: Option<Vec<crate::prefix::SourcePrefix>>,
+    pub allow_sources: Option<Vec<crate::model::prefix::SourcePrefix>>,
     /// The denied client sources, replacing the list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<String>>)]
-    pub deny_sources: Option<Vec<crate::prefix::SourcePrefix>>,
+    pub deny_sources: Option<Vec<crate::model::prefix::SourcePrefix>>,
     /// The connection cap per backend (0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_max_conns: Option<u32>,
@@ -146,7 +146,7 @@ pub struct VipPatch {
     pub source_rate_prefix_v6: Option<u8>,
     /// The load signal the choice compares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signal: Option<crate::state::LoadSignal>,
+    pub signal: Option<crate::model::state::LoadSignal>,
     /// The agent's TCP port on each backend (0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_port: Option<u16>,
@@ -365,7 +365,7 @@ pub enum Request {
     /// Make the running state match `config`: every change, or none.
     Apply {
         /// The desired VIPs, backends and timeouts.
-        config: crate::config::Config,
+        config: crate::model::config::Config,
         /// Only compute the changes.
         #[serde(default)]
         dry_run: bool,
@@ -479,7 +479,7 @@ pub enum Response {
     /// The running configuration, in the declarative form.
     Config {
         /// VIPs, backends and timeouts.
-        config: crate::config::Config,
+        config: crate::model::config::Config,
     },
     /// What an `apply` changed (or, with `dry_run`, would change).
     Applied {
@@ -530,12 +530,12 @@ impl FlowFilter {
     /// Checks the kind.
     ///
     /// # Errors
-    /// [`crate::error::BalancerError::Invalid`] for a kind not in
+    /// [`crate::model::error::BalancerError::Invalid`] for a kind not in
     /// [`FLOW_KINDS`].
-    pub fn validate(&self) -> crate::error::Result<()> {
+    pub fn validate(&self) -> crate::model::error::Result<()> {
         match &self.kind {
             Some(k) if !FLOW_KINDS.contains(&k.as_str()) => {
-                Err(crate::error::BalancerError::Invalid {
+                Err(crate::model::error::BalancerError::Invalid {
                     what: "flow kind",
                     reason: format!("{k:?} is not one of {}", FLOW_KINDS.join(", ")),
                 })
@@ -939,8 +939,8 @@ pub struct VipStatsView {
     #[serde(default)]
     pub mode: ForwardingMode,
     /// Choices per new flow (a number, or `"all"`).
-    #[serde(with = "crate::state::choices_serde")]
-    #[schema(value_type = crate::state::ChoicesValue)]
+    #[serde(with = "crate::model::state::choices_serde")]
+    #[schema(value_type = crate::model::state::ChoicesValue)]
     pub choices: u32,
     /// Frames forwarded (both directions).
     pub packets: u64,

@@ -14,7 +14,7 @@ use balancer_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{
+use crate::model::{
     error::{BalancerError, Result},
     prefix::SourcePrefix,
 };
@@ -1847,13 +1847,13 @@ mod tests {
     #[test]
     fn a_restored_direct_return_rate_is_dropped_not_refused() {
         let mut st = State::default();
-        let rules = crate::command::Rules::default();
+        let rules = crate::model::command::Rules::default();
         let (nat, dsr): (SocketAddr, SocketAddr) = (
             "10.0.0.1:80".parse().unwrap(),
             "10.0.0.2:80".parse().unwrap(),
         );
         st.apply(
-            &crate::command::Command::AddVip(
+            &crate::model::command::Command::AddVip(
                 nat,
                 VipSettings {
                     source_rate: 10,
@@ -1864,7 +1864,7 @@ mod tests {
         )
         .unwrap();
         st.apply(
-            &crate::command::Command::AddVip(
+            &crate::model::command::Command::AddVip(
                 dsr,
                 VipSettings {
                     mode: ForwardingMode::Dsr,
