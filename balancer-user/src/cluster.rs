@@ -37,15 +37,17 @@ use balancer_common::{
 use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
 
+pub use crate::{
+    datapath::wire::{Refresh, SyncedSlots, WireFlow},
+    model::api::{ClusterStats, ClusterView, HerdView, PeerView},
+};
 use crate::{
-    gc::datapath_now_ns,
-    maps::{flow_endpoints, Count, FlowTable, Traffic},
+    datapath::{
+        gc::datapath_now_ns,
+        maps::{flow_endpoints, Count, FlowTable, Traffic},
+    },
     model::{error::Result, prefix::ip_be},
     Balancer,
-};
-pub use crate::{
-    model::api::{ClusterStats, ClusterView, HerdView, PeerView},
-    wire::{Refresh, SyncedSlots, WireFlow},
 };
 
 /// Largest message sent, bytes (with the [`HEADER_LEN`]-byte header and

@@ -21,12 +21,14 @@ use tokio::{
 use crate::{
     balancer::{mode_name, Balancer, LoadOptions},
     control,
+    datapath::{
+        gc::Timeouts,
+        links::{self, Attached},
+        maps::{check_pins, present_pins},
+    },
     eligibility::Note,
-    gc::Timeouts,
     health::Monitor,
     http::{self, Access},
-    links::{self, Attached},
-    maps::{check_pins, present_pins},
     metrics::{DaemonMetrics, Source},
     model::persist::read_state,
     preflight,
@@ -335,7 +337,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     };
     // Only now, with the socket ours: --fresh discards the pinned maps.
     if let Some(dir) = undo.fresh.take() {
-        let removed = crate::maps::remove_pins(dir.as_path())?;
+        let removed = crate::datapath::maps::remove_pins(dir.as_path())?;
         tracing::warn!(
             "--fresh: removed {} map pins in {} (the running program keeps its maps until \
              the new one replaces it)",
@@ -662,7 +664,7 @@ async fn sweep_service(
     metrics: Arc<DaemonMetrics>,
 ) {
     let mut failures = control::RateLimitedLog::default();
-    let mut sweep: Option<crate::gc::Sweep> = None;
+    let mut sweep: Option<crate::datapath::gc::Sweep> = None;
     loop {
         tokio::time::sleep(every).await;
         let (inputs, capacity, s) = {
@@ -694,7 +696,7 @@ async fn sweep_service(
             }
         };
         let budget = s.budget(every, capacity);
-        s.time_cap = Some(every.mul_f64(crate::gc::SWEEP_CPU));
+        s.time_cap = Some(every.mul_f64(crate::datapath::gc::SWEEP_CPU));
         let started = std::time::Instant::now();
         let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
             let r = s.slice(&inputs, budget);
@@ -745,7 +747,7 @@ async fn sweep_service(
                 });
             }
         }
-        let probed = crate::netdev::resolve_neighbours(&lb.direct_return_backend_addrs());
+        let probed = crate::datapath::netdev::resolve_neighbours(&lb.direct_return_backend_addrs());
         if !probed.is_empty() {
             tracing::debug!("resolving the next hops of direct-return backends {probed:?}");
         }
@@ -1094,7 +1096,7 @@ impl Undo {
 impl Drop for Undo {
     fn drop(&mut self) {
         if let Some(dir) = &self.new_map_pins {
-            let _ = crate::maps::remove_pins(dir);
+            let _ = crate::datapath::maps::remove_pins(dir);
         }
         preflight::remove_created(&self.created_pin_dirs);
         for f in &self.created_files {

@@ -1,10 +1,10 @@
 //! Userspace of the XDP power-of-two-choices TCP load balancer.
 //!
-//! [`Balancer`] is a facade over one module per concern: [`maps`] (typed
+//! [`Balancer`] is a facade over one module per concern: [`datapath::maps`] (typed
 //! handles, the only code touching the program's maps), [`model::state`] (the
-//! desired state, its validation and persistence), [`gc`] (flow expiry and
+//! desired state, its validation and persistence), [`datapath::gc`] (flow expiry and
 //! count reconciliation), [`telemetry`] (counters into views) and
-//! [`netdev`] (interfaces), [`model::config`] (the declarative configuration) and
+//! [`datapath::netdev`] (interfaces), [`model::config`] (the declarative configuration) and
 //! [`metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
 //! a unix socket ([`http`], [`control`]); the CLI ([`client`]) talks to the
 //! daemon with the [`model::api`] types.
@@ -12,32 +12,26 @@
 
 pub mod agent;
 pub mod balancer;
-pub mod batch;
 pub mod bgp;
 pub mod candidates;
 pub mod client;
 pub mod cluster;
 pub mod control;
 pub mod daemon;
-pub mod decap;
+pub mod datapath;
 pub mod eligibility;
-pub mod gc;
 pub mod health;
 pub mod http;
 pub mod latency;
-pub mod links;
 pub mod locality;
 pub mod logs;
-pub mod maps;
 pub mod metrics;
 pub mod model;
-pub mod netdev;
 pub mod preflight;
 pub mod probe;
 pub mod regret;
 pub mod services;
 pub mod telemetry;
-pub mod wire;
 
 pub use balancer::{Balancer, LoadOptions, PROGRAM};
 

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{bail, Context as _};
 use aya::programs::XdpMode;
 
-use crate::{links, maps::is_bpffs, netdev};
+use crate::datapath::{links, maps::is_bpffs, netdev};
 
 /// Longest unix socket path (`sun_path` holds 108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;

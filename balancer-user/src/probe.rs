@@ -136,21 +136,21 @@ fn source_toward(to: IpAddr) -> io::Result<IpAddr> {
 }
 
 /// The interface and MACs of a frame to dsr backend `backend`: its
-/// neighbour entry, asked for ([`crate::netdev::resolve_neighbours`]) and
+/// neighbour entry, asked for ([`crate::datapath::netdev::resolve_neighbours`]) and
 /// waited for (every 20 ms, within the caller's timeout) when missing.
 async fn l2_hop(backend: IpAddr) -> Result<Hop, String> {
     let mut asked = false;
     loop {
-        match crate::netdev::neighbour(backend) {
+        match crate::datapath::netdev::neighbour(backend) {
             Ok(Some((ifindex, dst))) => {
-                let name = crate::netdev::ifname(ifindex).ok_or_else(|| {
+                let name = crate::datapath::netdev::ifname(ifindex).ok_or_else(|| {
                     format!("no interface {ifindex} (of {backend}'s neighbour entry)")
                 })?;
-                let src = crate::netdev::mac(&name).map_err(|e| e.to_string())?;
+                let src = crate::datapath::netdev::mac(&name).map_err(|e| e.to_string())?;
                 return Ok(Hop::L2 { ifindex, src, dst });
             }
             Ok(None) if !asked => {
-                crate::netdev::resolve_neighbours(&[backend]);
+                crate::datapath::netdev::resolve_neighbours(&[backend]);
                 asked = true;
             }
             Ok(None) => {}

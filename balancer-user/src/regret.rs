@@ -23,7 +23,7 @@ use balancer_common::{
     choice, load_bucket, rate::VipLimits, Backend, RegretSample, LOAD_BUCKETS, VIP_F_LIMITS,
 };
 
-use crate::{maps::Maps, model::error::Result};
+use crate::{datapath::maps::Maps, model::error::Result};
 
 /// One VIP's regret telemetry, kept by the daemon.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

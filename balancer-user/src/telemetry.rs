@@ -7,9 +7,11 @@ use balancer_common::{
 };
 
 use crate::{
+    datapath::{
+        gc::{datapath_now_ns, Reconciler},
+        maps::{flow_endpoints, Count, FlowTable, Maps, Traffic},
+    },
     eligibility::Eligibility,
-    gc::{datapath_now_ns, Reconciler},
-    maps::{flow_endpoints, Count, FlowTable, Maps, Traffic},
     model::{
         api::{
             BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, ProgramsView, RegretView,

@@ -50,7 +50,7 @@ use std::{
 
 use anyhow::{bail, ensure};
 use balancer::{
-    maps::FlowTable,
+    datapath::maps::FlowTable,
     model::prefix::{ip_be, ip_from_be},
 };
 use balancer_common::{flow_kind, FlowEntry, FlowKey, IPPROTO_TCP};

@@ -288,7 +288,7 @@ fn neigh(ip: IpAddr, dev: &str) -> anyhow::Result<()> {
 }
 
 fn mac_string(mac: [u8; 6]) -> String {
-    balancer::netdev::mac_string(&mac)
+    balancer::datapath::netdev::mac_string(&mac)
 }
 
 /// Adds (or replaces) a permanent neighbour entry `ip` -> `mac` on `dev`.

@@ -88,7 +88,7 @@ impl Balancer {
     /// Addresses of the backends of direct-return VIPs (L2 DSR, IP-in-IP,
     /// GUE): the kernel must know the next hop's MAC address towards each
     /// before the data path can send to it
-    /// ([`crate::netdev::resolve_neighbours`]). A NATed frame with no
+    /// ([`crate::datapath::netdev::resolve_neighbours`]). A NATed frame with no
     /// neighbour entry yet is handed to the kernel, which forwards it and
     /// resolves the next hop itself; an L2 DSR frame cannot be (its
     /// destination is the VIP), nor can a tunnel (its outer source is this
@@ -403,7 +403,7 @@ impl Balancer {
         // reset the backend).
         let freed: BTreeSet<(u32, u32)> = old_slots.difference(&new_slots).copied().collect();
         if !freed.is_empty() {
-            let at = crate::gc::datapath_now_ns();
+            let at = crate::datapath::gc::datapath_now_ns();
             for k in self.maps.live_flows_of(&freed) {
                 self.maps
                     .add_orphan(&k, orphan_reason::BACKEND_REMOVED, at)?;
@@ -422,7 +422,7 @@ impl Balancer {
         if freed.is_empty() {
             return Ok(());
         }
-        let at = crate::gc::datapath_now_ns();
+        let at = crate::datapath::gc::datapath_now_ns();
         for k in &self.maps.remove_flows_of(freed) {
             self.maps
                 .add_orphan(k, orphan_reason::BACKEND_REMOVED, at)?;
@@ -543,7 +543,7 @@ impl Balancer {
     ///
     /// # Errors
     /// Map failure.
-    pub(super) fn sync(&mut self) -> Result<crate::maps::SyncReport> {
+    pub(super) fn sync(&mut self) -> Result<crate::datapath::maps::SyncReport> {
         if self.host_addrs.is_none() {
             self.read_host_addrs();
         }

@@ -1,10 +1,10 @@
 //! [`Balancer`]: the facade that owns the XDP program, its maps and the
 //! desired state, and keeps the invariants between them. Each concern has
-//! its own module: [`crate::maps`] (the only code touching maps),
+//! its own module: [`crate::datapath::maps`] (the only code touching maps),
 //! [`crate::model::state`] (desired state, validation, persistence),
-//! [`crate::gc`] (expiry, reconciliation), [`crate::eligibility`] and
+//! [`crate::datapath::gc`] (expiry, reconciliation), [`crate::eligibility`] and
 //! [`crate::health`] (which backends take new flows), [`crate::telemetry`]
-//! (views), [`crate::netdev`] (interfaces).
+//! (views), [`crate::datapath::netdev`] (interfaces).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,11 +23,14 @@ use balancer_common::{
 };
 
 use crate::{
+    datapath::{
+        gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
+        links::{self, Attached, Held},
+        maps::{check_pins, Count, Maps, Traffic},
+        netdev,
+    },
     eligibility::{Changes, Eligibility, Note},
-    gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
     health::{Outcome, Target},
-    links::{self, Attached, Held},
-    maps::{check_pins, Count, Maps, Traffic},
     model::{
         api::{
             AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
@@ -40,7 +43,7 @@ use crate::{
         retired::Retired,
         state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
     },
-    netdev, telemetry,
+    telemetry,
 };
 
 mod changes;
@@ -48,7 +51,7 @@ mod specialise;
 
 pub use crate::model::config::{check_config, locate_config_error, ConfigFault};
 
-pub use crate::links::mode_name;
+pub use crate::datapath::links::mode_name;
 pub use specialise::names as feature_names;
 
 /// The compiled XDP program, built by build.rs.
@@ -543,7 +546,7 @@ impl Balancer {
     /// generic mode: `XdpMode::Skb`). With a pin directory the link is
     /// pinned at `{pin_dir}/links/{interface}` and outlives the daemon; an
     /// earlier run's link found there gets this program by atomic
-    /// replacement ([`crate::links`]).
+    /// replacement ([`crate::datapath::links`]).
     ///
     /// # Errors
     /// [`BalancerError::Program`] naming the interface, the mode and the
@@ -637,7 +640,7 @@ impl Balancer {
     pub fn remove_map_pins(&mut self) -> Result<Vec<String>> {
         match &self.pin_dir {
             Some(dir) => {
-                let removed = crate::maps::remove_pins(dir)?;
+                let removed = crate::datapath::maps::remove_pins(dir)?;
                 let _ = std::fs::remove_dir(links::link_dir(dir));
                 let _ = std::fs::remove_dir(dir);
                 Ok(removed)

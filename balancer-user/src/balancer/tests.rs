@@ -308,7 +308,7 @@ fn udp_vips_through_the_file_and_their_refusals() {
 
 #[test]
 fn udp_flow_timeouts_by_state() {
-    use crate::gc::udp_timeout;
+    use crate::datapath::gc::udp_timeout;
     use std::time::Duration;
     let t = Duration::from_secs(60);
     assert_eq!(udp_timeout(balancer_common::flow::F_ESTABLISHED, t), t);

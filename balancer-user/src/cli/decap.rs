@@ -4,8 +4,10 @@ use std::{net::IpAddr, path::PathBuf};
 
 use balancer::{
     daemon::ensure_bpffs,
-    decap::{self, DecapOptions, SourcePrefix},
-    links::Attached,
+    datapath::{
+        decap::{self, DecapOptions, SourcePrefix},
+        links::Attached,
+    },
     preflight,
 };
 use clap::Subcommand;

@@ -28,7 +28,7 @@ use std::{
 use anyhow::{ensure, Context as _};
 use aya::maps::{Array, IterableMap as _, MapData};
 use balancer::{
-    batch,
+    datapath::batch,
     model::api::{Request, Response},
 };
 use balancer_common::{flow as fl, flow_kind, map_names, FlowEntry, FlowKey, IPPROTO_TCP};
@@ -570,7 +570,7 @@ fn single_node(
     let d = Daemon::start(dir, "one", "sc0", table, &["--gc-interval", "1s"])?;
     d.configure(NAT_VIP, false)?;
     let t_inject = Instant::now();
-    d.inject(vip, 0, n, balancer::gc::datapath_now_ns())?;
+    d.inject(vip, 0, n, balancer::datapath::gc::datapath_now_ns())?;
     let inject_s = t_inject.elapsed().as_secs_f64();
     // The first whole round that saw them.
     // The first whole round that saw them (the LRU table may have
@@ -599,7 +599,7 @@ fn single_node(
     let rss = rss_kib(pid);
     let mem = map_memlock(pid);
     // Mass expiry.
-    let old = balancer::gc::datapath_now_ns().saturating_sub(11 * 60 * 1_000_000_000);
+    let old = balancer::datapath::gc::datapath_now_ns().saturating_sub(11 * 60 * 1_000_000_000);
     let poll = Poller::start(&d.socket);
     let cpu0 = proc_cpu_s(&[pid]);
     let t_rewrite = Instant::now();
@@ -687,7 +687,7 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
         ],
     )?;
     a.configure(DSR_VIP, true)?;
-    a.inject(vip, 0, n, balancer::gc::datapath_now_ns())?;
+    a.inject(vip, 0, n, balancer::datapath::gc::datapath_now_ns())?;
     // Its walks have sent them to no one yet: the peer is not up.
     thread::sleep(Duration::from_secs(2));
     let b = Daemon::start(

@@ -9,8 +9,10 @@ use balancer_common::{
 };
 
 use crate::{
-    batch::Cursor,
-    maps::{Count, FlowTable, FlowTables, Maps},
+    datapath::{
+        batch::Cursor,
+        maps::{Count, FlowTable, FlowTables, Maps},
+    },
     model::{error::Result, state::State},
 };
 
@@ -268,7 +270,7 @@ impl SweepInputs {
     }
 }
 
-/// Entries a sweep reads per system call (see [`crate::batch`]).
+/// Entries a sweep reads per system call (see [`crate::datapath::batch`]).
 const SWEEP_CHUNK: u32 = 4096;
 
 /// The stages of a sweep round, in order: the three flow tables, then the
@@ -310,14 +312,14 @@ pub struct Sweep {
     started: std::time::Instant,
     /// This round also refreshes the cluster's peers: the own flows in use
     /// since `Refresh::since_ns` are collected into `refreshed`.
-    refresh: Option<crate::wire::Refresh>,
+    refresh: Option<crate::datapath::wire::Refresh>,
     /// Flows collected for the refresh, until [`Sweep::take_refreshed`].
-    refreshed: Vec<crate::wire::WireFlow>,
+    refreshed: Vec<crate::datapath::wire::WireFlow>,
     /// Per stage: its last scan found no entry.
     found_none: [bool; STAGES],
     /// Entries this round's scan of the current stage found so far.
     stage_found: u64,
-    /// [`crate::maps::ORPHAN_WRITES`] when the orphan table's last scan
+    /// [`crate::datapath::maps::ORPHAN_WRITES`] when the orphan table's last scan
     /// started.
     orphan_writes_seen: u64,
     /// Time a slice may spend on batches that expire nothing (`None`: no
@@ -386,7 +388,7 @@ impl Sweep {
     /// last scan found it empty and nothing can have written to it since.
     /// The unproven table only takes direct-return flows (none while no
     /// such VIP exists); the orphan table only what this process writes
-    /// ([`crate::maps::ORPHAN_WRITES`]). Scanning an empty table costs its
+    /// ([`crate::datapath::maps::ORPHAN_WRITES`]). Scanning an empty table costs its
     /// every bucket (a table sized for millions: tens of ms a round).
     fn skippable(&self, inp: &SweepInputs) -> bool {
         if !self.found_none[self.stage] {
@@ -394,7 +396,7 @@ impl Sweep {
         }
         if self.stage == ORPHAN_STAGE {
             self.orphan_writes_seen
-                == crate::maps::ORPHAN_WRITES.load(std::sync::atomic::Ordering::Relaxed)
+                == crate::datapath::maps::ORPHAN_WRITES.load(std::sync::atomic::Ordering::Relaxed)
         } else {
             FlowTable::ALL[self.stage] == FlowTable::Unproven && !inp.direct_return
         }
@@ -410,12 +412,12 @@ impl Sweep {
 
     /// Makes this round a refresh round of the cluster sync (`None`: not
     /// one). Set at the round's start ([`Sweep::at_round_start`]).
-    pub fn set_refresh(&mut self, refresh: Option<crate::wire::Refresh>) {
+    pub fn set_refresh(&mut self, refresh: Option<crate::datapath::wire::Refresh>) {
         self.refresh = refresh;
     }
 
     /// The flows the refresh collected since the last call.
-    pub fn take_refreshed(&mut self) -> Vec<crate::wire::WireFlow> {
+    pub fn take_refreshed(&mut self) -> Vec<crate::datapath::wire::WireFlow> {
         std::mem::take(&mut self.refreshed)
     }
 
@@ -485,8 +487,8 @@ impl Sweep {
                     continue;
                 }
                 if self.stage == ORPHAN_STAGE {
-                    self.orphan_writes_seen =
-                        crate::maps::ORPHAN_WRITES.load(std::sync::atomic::Ordering::Relaxed);
+                    self.orphan_writes_seen = crate::datapath::maps::ORPHAN_WRITES
+                        .load(std::sync::atomic::Ordering::Relaxed);
                 }
             } else if self.time_cap.is_some_and(|cap| idle >= cap) {
                 // The CPU cap holds for buckets too: a table's empty

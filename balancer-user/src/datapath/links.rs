@@ -23,8 +23,8 @@ use aya::programs::{
 };
 
 use crate::{
+    datapath::netdev,
     model::error::{os_error, BalancerError, Result},
-    netdev,
 };
 
 /// The pin's name of interface `iface`: bpffs refuses names with a '.'

@@ -30,7 +30,7 @@ use balancer_common::{
 };
 
 use crate::{
-    batch,
+    datapath::batch,
     model::{
         error::{BalancerError, Result},
         prefix::{ip_be, ip_from_be},

@@ -25,12 +25,14 @@ use balancer_common::{
 };
 
 use crate::{
-    links::{self, Attached},
+    datapath::{
+        links::{self, Attached},
+        netdev,
+    },
     model::{
         error::{BalancerError, Result},
         prefix::ip_be,
     },
-    netdev,
 };
 
 /// The compiled decapsulation program, built by build.rs.

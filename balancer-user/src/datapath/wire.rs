@@ -1,14 +1,14 @@
 //! The cluster sync's form of one flow ([`WireFlow`]), and what turns a
 //! flow-table entry into it ([`SyncedSlots`]): shared by the sync
 //! ([`crate::cluster`]) and the expiry sweep that collects refreshes
-//! ([`crate::gc`]).
+//! ([`crate::datapath::gc`]).
 
 use std::net::SocketAddr;
 
 use balancer_common::{flow as fl, flow::SYNCED_BITS, flow_kind, FlowEntry, FlowKey};
 use serde::{Deserialize, Serialize};
 
-use crate::{maps::flow_endpoints, model::state::State};
+use crate::{datapath::maps::flow_endpoints, model::state::State};
 
 /// One flow as synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
