@@ -844,7 +844,7 @@ impl Sync {
         }
         self.peer_loads.retain(|_, l| !l.is_empty());
         // A server an agent reports for has its load from the report,
-        // which counts every balancer's connections (crate::agent).
+        // which counts every balancer's connections (crate::signals::agent).
         let agent = lb.agents().reporting();
         let (state, maps) = lb.cluster_parts();
         for (addr, server) in &state.servers {

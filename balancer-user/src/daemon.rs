@@ -26,13 +26,12 @@ use crate::{
         links::{self, Attached},
         maps::{check_pins, present_pins},
     },
-    eligibility::Note,
-    health::Monitor,
     http::{self, Access},
     metrics::{DaemonMetrics, Source},
     model::persist::read_state,
     preflight,
     services::Services,
+    signals::{eligibility::Note, health::Monitor},
 };
 
 pub use control::{error_chain, handle};
@@ -63,7 +62,7 @@ pub struct DaemonConfig {
     /// One choice in this many is compared with a full scan
     /// (`Settings::regret_sample`; 0: never).
     pub regret_sample: u32,
-    /// This balancer's zone (`crate::locality`).
+    /// This balancer's zone (`crate::signals::locality`).
     pub zone: Option<String>,
     /// Remove maps pinned by an earlier run and start empty.
     pub fresh: bool,
@@ -799,7 +798,7 @@ async fn eligibility_service(lb: Arc<Mutex<Balancer>>) {
     }
 }
 
-/// The agent signal (`crate::agent`): polls each agent-signal VIP's
+/// The agent signal (`crate::signals::agent`): polls each agent-signal VIP's
 /// backends' agents at the VIP's interval, a poll at a time per agent,
 /// each in a task of its own; a report goes into the maps as it arrives.
 async fn agent_service(lb: Arc<Mutex<Balancer>>) {
@@ -817,7 +816,7 @@ async fn agent_service(lb: Arc<Mutex<Balancer>>) {
                         let (server, addr) = (t.server, t.addr);
                         let timeout = t.interval.clamp(Duration::from_millis(50), Duration::from_secs(1));
                         tokio::spawn(async move {
-                            let r = crate::agent::poll(addr, timeout).await;
+                            let r = crate::signals::agent::poll(addr, timeout).await;
                             let _ = tx.send((server, r)).await;
                         });
                     }
@@ -833,8 +832,8 @@ async fn agent_service(lb: Arc<Mutex<Balancer>>) {
 }
 
 /// Every 20 ms, under one lock: the sampled choices' regret
-/// (`crate::regret`), the latency signal's samples
-/// (`crate::latency`), read from the data path's ring (it holds about
+/// (`crate::signals::regret`), the latency signal's samples
+/// (`crate::signals::latency`), read from the data path's ring (it holds about
 /// 32,000; a full ring drops samples, counted `latency_samples_lost`; the
 /// averages are updated by the eligibility poll, and here when a server's
 /// first samples come), and the zone preferences decided again

@@ -3,35 +3,27 @@
 //! [`Balancer`] is a facade over one module per concern: [`datapath::maps`] (typed
 //! handles, the only code touching the program's maps), [`model::state`] (the
 //! desired state, its validation and persistence), [`datapath::gc`] (flow expiry and
-//! count reconciliation), [`telemetry`] (counters into views) and
+//! count reconciliation), [`signals::telemetry`] (counters into views) and
 //! [`datapath::netdev`] (interfaces), [`model::config`] (the declarative configuration) and
 //! [`metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
 //! a unix socket ([`http`], [`control`]); the CLI ([`client`]) talks to the
 //! daemon with the [`model::api`] types.
 #![deny(missing_docs)]
 
-pub mod agent;
 pub mod balancer;
 pub mod bgp;
-pub mod candidates;
 pub mod client;
 pub mod cluster;
 pub mod control;
 pub mod daemon;
 pub mod datapath;
-pub mod eligibility;
-pub mod health;
 pub mod http;
-pub mod latency;
-pub mod locality;
 pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod preflight;
-pub mod probe;
-pub mod regret;
 pub mod services;
-pub mod telemetry;
+pub mod signals;
 
 pub use balancer::{Balancer, LoadOptions, PROGRAM};
 

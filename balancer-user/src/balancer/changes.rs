@@ -12,7 +12,7 @@ use balancer_common::{
 };
 
 use super::*;
-use crate::candidates::{CandidateTable, Member};
+use crate::signals::candidates::{CandidateTable, Member};
 
 /// A VIP's candidate table as last computed, with the rows in slots.
 #[derive(Debug)]

@@ -2,8 +2,8 @@
 //! desired state, and keeps the invariants between them. Each concern has
 //! its own module: [`crate::datapath::maps`] (the only code touching maps),
 //! [`crate::model::state`] (desired state, validation, persistence),
-//! [`crate::datapath::gc`] (expiry, reconciliation), [`crate::eligibility`] and
-//! [`crate::health`] (which backends take new flows), [`crate::telemetry`]
+//! [`crate::datapath::gc`] (expiry, reconciliation), [`crate::signals::eligibility`] and
+//! [`crate::signals::health`] (which backends take new flows), [`crate::signals::telemetry`]
 //! (views), [`crate::datapath::netdev`] (interfaces).
 
 use std::{
@@ -29,8 +29,6 @@ use crate::{
         maps::{check_pins, Count, Maps, Traffic},
         netdev,
     },
-    eligibility::{Changes, Eligibility, Note},
-    health::{Outcome, Target},
     model::{
         api::{
             AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
@@ -43,7 +41,11 @@ use crate::{
         retired::Retired,
         state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
     },
-    telemetry,
+    signals::{
+        eligibility::{Changes, Eligibility, Note},
+        health::{Outcome, Target},
+        telemetry,
+    },
 };
 
 mod changes;
@@ -213,15 +215,15 @@ pub struct Balancer {
     /// ([`balancer_common::consistent::vip_seed`]).
     candidate_secret: u64,
     /// The agents' load reports (the agent signal).
-    agents: crate::agent::Agents,
+    agents: crate::signals::agent::Agents,
     /// The backends' latencies (the latency signal).
-    latency: crate::latency::Latency,
-    /// The VIPs' zone preferences (`crate::locality`).
-    locality: crate::locality::Locality,
+    latency: crate::signals::latency::Latency,
+    /// The VIPs' zone preferences (`crate::signals::locality`).
+    locality: crate::signals::locality::Locality,
     /// The latency samples' ring buffer (`LATENCY_SAMPLES`).
     latency_samples: Option<aya::maps::RingBuf<MapData>>,
     /// The choices' regret, from the sampled choices' ring.
-    regret: crate::regret::Regret,
+    regret: crate::signals::regret::Regret,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -359,7 +361,7 @@ impl Balancer {
         };
         let flow_events = ring(map_names::FLOW_EVENTS)?;
         let latency_samples = ring(map_names::LATENCY_SAMPLES)?;
-        let regret = crate::regret::Regret::new(ring(map_names::REGRET_SAMPLES)?);
+        let regret = crate::signals::regret::Regret::new(ring(map_names::REGRET_SAMPLES)?);
         let mut maps = Maps::take(&mut ebpf)?;
         let settings = Settings {
             regret_sample: balancer_common::DEFAULT_REGRET_SAMPLE,
@@ -444,8 +446,10 @@ impl Balancer {
     ///
     /// # Errors
     /// Map write failure.
-    pub fn agent_tick(&mut self, now: Instant) -> Result<Vec<crate::agent::Target>> {
-        let t = self.agents.tick(crate::agent::targets(&self.state), now);
+    pub fn agent_tick(&mut self, now: Instant) -> Result<Vec<crate::signals::agent::Target>> {
+        let t = self
+            .agents
+            .tick(crate::signals::agent::targets(&self.state), now);
         for s in t.fallen_back {
             self.maps.set_peer_conns(s, 0)?;
         }
@@ -453,7 +457,7 @@ impl Balancer {
     }
 
     /// Records an agent poll's outcome for `server`: a report's correction
-    /// goes into `PEER_CONNS` at once (`crate::agent`).
+    /// goes into `PEER_CONNS` at once (`crate::signals::agent`).
     ///
     /// # Errors
     /// Map read or write failure.
@@ -484,7 +488,7 @@ impl Balancer {
 
     /// Reads the sampled choices the data path sent since the last call
     /// and adds each one's regret to its VIP's telemetry
-    /// ([`crate::regret`]); returns how many.
+    /// ([`crate::signals::regret`]); returns how many.
     ///
     /// # Errors
     /// Map read failure.
@@ -510,12 +514,12 @@ impl Balancer {
     }
 
     /// The latency signal's averages and counters.
-    pub fn latency(&self) -> &crate::latency::Latency {
+    pub fn latency(&self) -> &crate::signals::latency::Latency {
         &self.latency
     }
 
     /// The agent signal's reports and counters.
-    pub fn agents(&self) -> &crate::agent::Agents {
+    pub fn agents(&self) -> &crate::signals::agent::Agents {
         &self.agents
     }
 
@@ -1200,7 +1204,7 @@ impl Balancer {
         self.apply(ch, resync || ramped || latency)
     }
 
-    /// Decides each zone-preferring VIP again ([`crate::locality`]; run
+    /// Decides each zone-preferring VIP again ([`crate::signals::locality`]; run
     /// every 20 ms by the daemon, so that a zone passes its threshold by
     /// little) and, when a decision changed, syncs the maps to the new
     /// projection. Logs each spill.
@@ -1231,7 +1235,7 @@ impl Balancer {
         Ok(())
     }
 
-    /// Sets this balancer's zone (`balancer run --zone`; [`crate::locality`]).
+    /// Sets this balancer's zone (`balancer run --zone`; [`crate::signals::locality`]).
     ///
     /// # Errors
     /// An invalid zone name; map failure.
@@ -1239,7 +1243,7 @@ impl Balancer {
         if let Some(z) = &zone {
             crate::model::state::check_zone(z)?;
         }
-        self.locality = crate::locality::Locality::new(zone);
+        self.locality = crate::signals::locality::Locality::new(zone);
         self.sync()?;
         Ok(())
     }

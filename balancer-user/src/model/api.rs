@@ -744,7 +744,7 @@ pub struct VipView {
     pub locality: Option<LocalityView>,
 }
 
-/// A VIP's zone preference now (`crate::locality`).
+/// A VIP's zone preference now (`crate::signals::locality`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LocalityView {
     /// This balancer's zone (`run --zone`); without one, no preference
@@ -1028,7 +1028,7 @@ pub struct AgentStats {
     pub failed_polls: u64,
     /// Times a server's report went stale and its load fell back to
     /// connection counts, and agents that failed their first
-    /// [`STALE_POLLS`](crate::agent::STALE_POLLS) polls without ever reporting (once each until a
+    /// [`STALE_POLLS`](crate::signals::agent::STALE_POLLS) polls without ever reporting (once each until a
     /// report).
     pub stale_fallbacks: u64,
 }

@@ -263,7 +263,7 @@ impl State {
     }
 
     /// A server has one load: every agent-signal VIP it serves polls its
-    /// agent at the same port (`crate::agent::targets`).
+    /// agent at the same port (`crate::signals::agent::targets`).
     ///
     /// # Errors
     /// [`BalancerError::Invalid`] naming the backend and the two ports.

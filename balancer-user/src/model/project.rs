@@ -154,7 +154,7 @@ pub struct Inputs {
     /// (`BACKEND_F_ELIGIBLE`: session affinity keeps to them).
     pub lists: BTreeMap<SocketAddr, (Vec<u32>, bool)>,
     /// A VIP whose new flows choose among part of its list for now (its
-    /// zone, `crate::locality`): the list the data path draws from. Its
+    /// zone, `crate::signals::locality`): the list the data path draws from. Its
     /// other backends stay eligible, so a client's affinity to one holds.
     pub projected: BTreeMap<SocketAddr, Vec<u32>>,
     /// Each slot's effective weight, `WEIGHT_ONE` units (slow start
@@ -165,7 +165,7 @@ pub struct Inputs {
     /// prefix).
     pub host_addrs: BTreeSet<IpAddr>,
     /// Each VIP with consistent candidates: its seed and rows
-    /// (`crate::candidates`, in slots). A VIP missing here draws at
+    /// (`crate::signals::candidates`, in slots). A VIP missing here draws at
     /// random.
     pub candidates: BTreeMap<SocketAddr, (u64, Arc<Vec<CandidateRow>>)>,
 }

@@ -33,7 +33,7 @@ pub enum CheckKind {
     /// host within the timeout. A backend whose tunnel is dropped, or
     /// whose VIP address is missing, fails it while a plain TCP check to
     /// its own address passes. Only for dsr, ipip and gue VIPs
-    /// ([`crate::probe`]).
+    /// ([`crate::signals::probe`]).
     Path {},
     /// `GET path HTTP/1.1` is answered with `status` within the timeout.
     Http {
@@ -332,7 +332,7 @@ pub struct VipSettings {
     /// How a new flow's candidates are drawn: at random from the eligible
     /// list (default), or from the row its 5-tuple hashes to
     /// (`consistent`, the tunnel modes only: any balancer with the same
-    /// eligible set draws the same candidates; `crate::candidates`).
+    /// eligible set draws the same candidates; `crate::signals::candidates`).
     #[serde(default, skip_serializing_if = "Candidates::is_random")]
     pub candidates: Candidates,
     /// The transport protocols the VIP takes: `tcp` (default), `udp`, or
@@ -411,7 +411,7 @@ pub struct VipSettings {
     pub source_rate_prefix_v6: u8,
     /// The load a choice compares: the servers' active connections
     /// (default), or the load an agent on each backend reports
-    /// (`crate::agent`), polled over TCP at `agent_port`.
+    /// (`crate::signals::agent`), polled over TCP at `agent_port`.
     #[serde(default, skip_serializing_if = "LoadSignal::is_connections")]
     pub signal: LoadSignal,
     /// TCP port of the load agent on each backend's address (the agent
@@ -420,7 +420,7 @@ pub struct VipSettings {
     pub agent_port: Option<u16>,
     /// How often the daemon polls each backend's agent (the agent signal;
     /// 50 ms..=60 s, default 1 s). A report older than
-    /// [`crate::agent::STALE_POLLS`] intervals is stale: the server's
+    /// [`crate::signals::agent::STALE_POLLS`] intervals is stale: the server's
     /// load falls back to its connection count, counted.
     #[serde(
         default = "default_agent_interval",
@@ -434,7 +434,7 @@ pub struct VipSettings {
     /// connections per unit of weight than this, new flows choose among
     /// the backends of that zone alone; once every one holds this many,
     /// they spill over to all (seed 002: eligibility by locality). Checked
-    /// every 20 ms (`crate::locality`). 0 (the default): no preference.
+    /// every 20 ms (`crate::signals::locality`). 0 (the default): no preference.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub prefer_zone_below: u32,
 }
@@ -448,12 +448,12 @@ pub enum LoadSignal {
     #[default]
     Connections,
     /// The load each backend's agent reports, plus the connections this
-    /// balancer placed on it since that report (`crate::agent`).
+    /// balancer placed on it since that report (`crate::signals::agent`).
     Agent,
     /// Active connections, each weighted by the backend's latency as the
     /// balancer measures it (NAT only: the time from a flow's client's
     /// first data to its backend's first data, a peak-sensitive moving
-    /// average per backend; `crate::latency`): a backend twice as slow
+    /// average per backend; `crate::signals::latency`): a backend twice as slow
     /// as the fastest counts its connections twice (Finagle's and
     /// Linkerd's peak EWMA, `(connections + 1) x latency`).
     Latency,

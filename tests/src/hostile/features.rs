@@ -30,7 +30,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _};
-use balancer::candidates::{CandidateTable, Member};
+use balancer::signals::candidates::{CandidateTable, Member};
 use balancer_common::{
     consistent::{flow_hash, row_of, vip_seed},
     Addr,
@@ -431,7 +431,7 @@ pub(super) fn latency_poison(tb: &Testbed, failures: &mut Vec<String>) -> anyhow
                 tb,
                 LATENCY_CONTROL_VIP,
                 200,
-                Some((0, balancer::latency::MIN_SAMPLES as u64 + 1)),
+                Some((0, balancer::signals::latency::MIN_SAMPLES as u64 + 1)),
                 10 << 40,
             )?;
             crate::testbed::close_and_settle_on(tb, Some(LATENCY_CONTROL_VIP), conns)?;
@@ -475,7 +475,7 @@ pub(super) fn latency_poison(tb: &Testbed, failures: &mut Vec<String>) -> anyhow
 /// Time for the latency signal to fold in what it was sent: a few of its
 /// updates.
 fn latency_settle() -> Duration {
-    balancer::latency::UPDATE * 4
+    balancer::signals::latency::UPDATE * 4
 }
 
 /// A consistent VIP's candidate rows as computed from outside: its

@@ -11,7 +11,6 @@ use crate::{
         gc::{datapath_now_ns, Reconciler},
         maps::{flow_endpoints, Count, FlowTable, Maps, Traffic},
     },
-    eligibility::Eligibility,
     model::{
         api::{
             BackendView, ChoiceView, FlowFilter, FlowView, LoadHistogram, ProgramsView, RegretView,
@@ -21,6 +20,7 @@ use crate::{
         prefix::ip_from_be,
         state::{State, VipConfig},
     },
+    signals::eligibility::Eligibility,
 };
 
 /// What the views are read from.
@@ -34,13 +34,13 @@ pub struct View<'a> {
     /// Health, ejections, ramps.
     pub eligibility: &'a Eligibility,
     /// The agents' load reports.
-    pub agents: &'a crate::agent::Agents,
+    pub agents: &'a crate::signals::agent::Agents,
     /// The backends' latencies.
-    pub latency: &'a crate::latency::Latency,
+    pub latency: &'a crate::signals::latency::Latency,
     /// The VIPs' zone preferences.
-    pub locality: &'a crate::locality::Locality,
+    pub locality: &'a crate::signals::locality::Locality,
     /// The choices' regret, computed by the daemon.
-    pub regret: &'a crate::regret::Regret,
+    pub regret: &'a crate::signals::regret::Regret,
     /// The loaded programs' features and swaps.
     pub programs: ProgramsView,
     /// Now.
@@ -121,7 +121,7 @@ impl View<'_> {
     }
 
     /// A VIP's choice telemetry: the data path's counts and histograms
-    /// with the daemon's regret tally ([`crate::regret`]).
+    /// with the daemon's regret tally ([`crate::signals::regret`]).
     ///
     /// # Errors
     /// Map read failure.

@@ -63,7 +63,7 @@ pub struct PathProbe {
 
 /// Runs one probe of `backend` (its address; the port is not used: the
 /// probe goes to the VIP's port). No timeout of its own: the caller bounds
-/// it ([`crate::health::check_target`]).
+/// it ([`crate::signals::health::check_target`]).
 ///
 /// # Errors
 /// What failed, for a person: a socket the host refused (not root), no

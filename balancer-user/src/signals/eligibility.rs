@@ -13,12 +13,14 @@ use std::{
 use balancer_common::{ServerFails, WEIGHT_ONE};
 
 use crate::{
-    health::{BackendHealth, Outcome, Target},
     model::{
         api::{BackendState, HealthStatus, HealthView},
         state::{BackendConfig, CheckKind, NoHealthy, State, VipConfig},
     },
-    probe::PathProbe,
+    signals::{
+        health::{BackendHealth, Outcome, Target},
+        probe::PathProbe,
+    },
 };
 
 /// Smallest share of its weight a backend starts slow start with.

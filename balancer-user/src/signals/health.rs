@@ -16,7 +16,7 @@ use crate::{
         api::HealthStatus,
         state::{CheckKind, HealthCheck},
     },
-    probe::PathProbe,
+    signals::probe::PathProbe,
 };
 
 /// A backend's active-check state.
@@ -169,15 +169,18 @@ pub struct Target {
 }
 
 /// Runs `t`'s check once, within its timeout: [`check_once`], or for a path
-/// check [`crate::probe::path_check`].
+/// check [`crate::signals::probe::path_check`].
 ///
 /// # Errors
 /// What failed, for a person.
 pub async fn check_target(t: &Target) -> Result<(), String> {
     match (&t.check.kind, &t.path) {
         (CheckKind::Path {}, Some(p)) => {
-            match tokio::time::timeout(t.check.timeout, crate::probe::path_check(t.backend.ip(), p))
-                .await
+            match tokio::time::timeout(
+                t.check.timeout,
+                crate::signals::probe::path_check(t.backend.ip(), p),
+            )
+            .await
             {
                 Ok(r) => r,
                 Err(_) => Err(format!(
