@@ -1207,7 +1207,7 @@ pub async fn run(
     let walker = {
         let (lb, sync, cfg) = (lb.clone(), sync.clone(), cfg.clone());
         tokio::spawn(async move {
-            let mut log = crate::logs::RateLimitedLog::default();
+            let mut log = crate::serve::logs::RateLimitedLog::default();
             loop {
                 tokio::time::sleep(cfg.sync_interval).await;
                 let (now_slots, lost) = {
@@ -1283,7 +1283,7 @@ pub async fn run(
     let mut report = tokio::time::interval(report_every);
     report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 65536];
-    let mut log = crate::logs::RateLimitedLog::default();
+    let mut log = crate::serve::logs::RateLimitedLog::default();
     loop {
         tokio::select! {
             _ = pace.tick() => {
@@ -1438,7 +1438,7 @@ pub async fn keep_announced(
 ) {
     let mut announced: Option<BTreeSet<std::net::IpAddr>> = None;
     let mut bgp_error: Option<String> = None;
-    let mut log = crate::logs::RateLimitedLog::default();
+    let mut log = crate::serve::logs::RateLimitedLog::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tick.tick().await;

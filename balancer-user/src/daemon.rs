@@ -20,16 +20,18 @@ use tokio::{
 
 use crate::{
     balancer::{mode_name, Balancer, LoadOptions},
-    control,
     datapath::{
         gc::Timeouts,
         links::{self, Attached},
         maps::{check_pins, present_pins},
     },
-    http::{self, Access},
-    metrics::{DaemonMetrics, Source},
     model::persist::read_state,
     preflight,
+    serve::{
+        control,
+        http::{self, Access},
+        metrics::{DaemonMetrics, Source},
+    },
     services::Services,
     signals::{eligibility::Note, health::Monitor},
 };

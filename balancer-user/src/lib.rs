@@ -5,23 +5,19 @@
 //! desired state, its validation and persistence), [`datapath::gc`] (flow expiry and
 //! count reconciliation), [`signals::telemetry`] (counters into views) and
 //! [`datapath::netdev`] (interfaces), [`model::config`] (the declarative configuration) and
-//! [`metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
-//! a unix socket ([`http`], [`control`]); the CLI ([`client`]) talks to the
+//! [`serve::metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
+//! a unix socket ([`serve::http`], [`serve::control`]); the CLI ([`serve::client`]) talks to the
 //! daemon with the [`model::api`] types.
 #![deny(missing_docs)]
 
 pub mod balancer;
 pub mod bgp;
-pub mod client;
 pub mod cluster;
-pub mod control;
 pub mod daemon;
 pub mod datapath;
-pub mod http;
-pub mod logs;
-pub mod metrics;
 pub mod model;
 pub mod preflight;
+pub mod serve;
 pub mod services;
 pub mod signals;
 

@@ -7,8 +7,9 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::bail;
 use balancer::{
-    client, daemon,
+    daemon,
     model::api::{Request, Response},
+    serve::client,
 };
 use clap::{CommandFactory, Parser, Subcommand};
 

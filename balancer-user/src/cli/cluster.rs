@@ -49,8 +49,12 @@ pub async fn await_announcements(
 ) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let v = match balancer::client::call_with_timeout(socket, &Request::ClusterStatus, timeout)
-            .await?
+        let v = match balancer::serve::client::call_with_timeout(
+            socket,
+            &Request::ClusterStatus,
+            timeout,
+        )
+        .await?
         {
             balancer::model::api::Response::Cluster(v) => v,
             balancer::model::api::Response::Error { message, .. } => anyhow::bail!("{message}"),

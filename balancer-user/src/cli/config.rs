@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use balancer::{
-    client,
     model::{
         api::{Request, Response},
         config,
     },
+    serve::client,
 };
 
 /// `balancer apply` options.

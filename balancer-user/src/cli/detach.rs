@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use balancer::{
-    client,
     datapath::{links, maps},
     model::api::{Request, Response},
     preflight,
+    serve::client,
 };
 
 /// `balancer detach` options.

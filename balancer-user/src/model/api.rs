@@ -1,7 +1,7 @@
 //! The control API's types: what the CLI asks the daemon ([`Request`]) and
 //! what it answers ([`Response`]). On the wire each request is an HTTP/1.1
 //! request to a versioned resource of the daemon's unix socket (see
-//! [`crate::http`] for the routes and the OpenAPI description); the body of
+//! [`crate::serve::http`] for the routes and the OpenAPI description); the body of
 //! every answer is a [`Response`] in JSON: an object tagged by `result`.
 
 use std::{

@@ -246,7 +246,7 @@ impl Daemon {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        rt.block_on(balancer::client::call_with_timeout(
+        rt.block_on(balancer::serve::client::call_with_timeout(
             &self.socket,
             req,
             Duration::from_secs(120),
@@ -387,7 +387,7 @@ impl Poller {
                 k += 1;
                 let t = Instant::now();
                 let ok = rt
-                    .block_on(balancer::client::call_with_timeout(
+                    .block_on(balancer::serve::client::call_with_timeout(
                         &socket,
                         &req,
                         Duration::from_secs(120),

@@ -1,6 +1,6 @@
 //! The CLI side of the control API: one HTTP/1.1 request per connection
 //! to the daemon's unix socket (hyper's client), the route of each
-//! [`Request`] from [`crate::http::route`], the answer's body parsed as a
+//! [`Request`] from [`crate::serve::http::route`], the answer's body parsed as a
 //! [`Response`].
 
 use std::{path::Path, time::Duration};
@@ -12,8 +12,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 use crate::{
-    http::{route, DEADLINE_HEADER},
     model::api::{Request, Response},
+    serve::http::{route, DEADLINE_HEADER},
 };
 
 /// Default time the CLI waits for the daemon's answer.
@@ -325,7 +325,11 @@ mod wire_tests {
         let server = tokio::spawn(async move {
             for _ in 0..3 {
                 let (s, _) = l.accept().await.unwrap();
-                let _ = s.try_write(&crate::http::raw_answer(503, "Service Unavailable", "busy"));
+                let _ = s.try_write(&crate::serve::http::raw_answer(
+                    503,
+                    "Service Unavailable",
+                    "busy",
+                ));
             }
             let (mut s, _) = l.accept().await.unwrap();
             let mut buf = vec![0u8; 4096];
@@ -342,7 +346,11 @@ mod wire_tests {
             s.write_all(head.as_bytes()).await.unwrap();
             s.write_all(body).await.unwrap();
             let (s, _) = l.accept().await.unwrap();
-            let _ = s.try_write(&crate::http::raw_answer(403, "Forbidden", "root only"));
+            let _ = s.try_write(&crate::serve::http::raw_answer(
+                403,
+                "Forbidden",
+                "root only",
+            ));
         });
         let r = call_with_timeout(&path, &Request::ListVips, Duration::from_secs(5))
             .await

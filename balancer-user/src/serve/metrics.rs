@@ -782,7 +782,7 @@ mod tests {
         }
         // Every series the shipped alerting rules name is exported: a
         // renamed metric would silently disarm its alert.
-        let rules = include_str!("../../contrib/prometheus/alerts.yml");
+        let rules = include_str!("../../../contrib/prometheus/alerts.yml");
         let named: std::collections::BTreeSet<&str> = rules
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| w.starts_with("p2c_balancer_"))

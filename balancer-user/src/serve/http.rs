@@ -34,14 +34,14 @@ use tokio::net::{UnixListener, UnixStream};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::{
-    control::{
-        handle, past_deadline, req_name, RateLimitedLog, Shared, ANSWER_TIMEOUT, BUSY,
-        MAX_ACCEPT_BACKOFF, MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT,
-    },
     model::{
         api::{BackendPatch, FlowFilter, Request, Response, VipPatch},
         config::Config,
         state::VipSettings,
+    },
+    serve::control::{
+        handle, past_deadline, req_name, RateLimitedLog, Shared, ANSWER_TIMEOUT, BUSY,
+        MAX_ACCEPT_BACKOFF, MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT,
     },
 };
 
@@ -822,8 +822,8 @@ async fn serve(stream: UnixStream, app: Router, access: Access) -> anyhow::Resul
         ));
         return Ok(());
     }
-    let who = crate::control::describe_peer(cred.pid(), cred.uid());
-    crate::control::CALLER
+    let who = crate::serve::control::describe_peer(cred.pid(), cred.uid());
+    crate::serve::control::CALLER
         .scope(who, serve_io(stream, app))
         .await
 }
@@ -944,11 +944,11 @@ async fn json_errors(resp: axum::response::Response) -> axum::response::Response
 }
 
 /// `GET /metrics` (and `/`): the Prometheus text exposition.
-async fn scrape(State(src): State<Arc<crate::metrics::Source>>) -> axum::response::Response {
+async fn scrape(State(src): State<Arc<crate::serve::metrics::Source>>) -> axum::response::Response {
     let text = {
         let lb = src.lb.lock().await;
         lb.stats()
-            .map(|s| crate::metrics::render_all(&s, lb.cluster_view(), &src.daemon))
+            .map(|s| crate::serve::metrics::render_all(&s, lb.cluster_view(), &src.daemon))
     };
     match text {
         Ok(t) => (
@@ -970,7 +970,10 @@ async fn scrape(State(src): State<Arc<crate::metrics::Source>>) -> axum::respons
 /// Serves Prometheus scrapes on `listener` until the task is dropped: at
 /// most [`MAX_CONNECTIONS`] at once (more are closed at once), the same
 /// timeouts as the control socket.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, src: Arc<crate::metrics::Source>) {
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    src: Arc<crate::serve::metrics::Source>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut accept_log = RateLimitedLog::default();
     let app = Router::new()

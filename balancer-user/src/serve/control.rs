@@ -1,5 +1,5 @@
 //! What the control API does with a request ([`handle`]), and the limits
-//! its server ([`crate::http`]) keeps to stay responsive when abused: at
+//! its server ([`crate::serve::http`]) keeps to stay responsive when abused: at
 //! most [`MAX_CONNECTIONS`] connections are served at once (more are
 //! answered "busy" and closed at once), a connection that sends no request
 //! within [`REQUEST_TIMEOUT`] is closed, as is one that does not read its
@@ -18,7 +18,7 @@ use crate::{
         persist::StateFile,
     },
 };
-pub use crate::{logs::RateLimitedLog, model::error::error_chain};
+pub use crate::{model::error::error_chain, serve::logs::RateLimitedLog};
 
 /// Longest request line accepted, bytes (16,384 backends in one request
 /// take about 400 KB).
