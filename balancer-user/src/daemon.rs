@@ -80,9 +80,9 @@ pub struct DaemonConfig {
     pub metrics_address: Option<std::net::SocketAddr>,
     /// Flow sync and shared load with peer balancers (docs/cluster.md);
     /// none: a balancer on its own.
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    pub cluster: Option<crate::cluster::sync::ClusterConfig>,
     /// The BGP speaker (BIRD 2) announcing the VIPs; none: no announcements.
-    pub bgp: Option<crate::bgp::BgpConfig>,
+    pub bgp: Option<crate::cluster::bgp::BgpConfig>,
     /// The file of the consistent candidates' secret
     /// ([`candidate_secret`]); none: the cluster key's, else
     /// [`CANDIDATE_SECRET_FILE`] beside the state file.
@@ -119,21 +119,21 @@ pub fn candidate_secret(
         let b = std::fs::read(f)
             .with_context(|| format!("reading the candidate secret {}", f.display()))?;
         let b = b.trim_ascii();
-        if b.len() < crate::cluster::MIN_KEY_LEN {
+        if b.len() < crate::cluster::sync::MIN_KEY_LEN {
             anyhow::bail!(
                 "the candidate secret {} holds {} bytes, at least {} are needed",
                 f.display(),
                 b.len(),
-                crate::cluster::MIN_KEY_LEN
+                crate::cluster::sync::MIN_KEY_LEN
             );
         }
-        Ok(crate::cluster::candidate_secret(b))
+        Ok(crate::cluster::sync::candidate_secret(b))
     };
     if let Some(f) = file {
         return read(f);
     }
     if let Some(key) = cluster_key {
-        return Ok(crate::cluster::candidate_secret(key));
+        return Ok(crate::cluster::sync::candidate_secret(key));
     }
     let f = crate::model::state::dir_of(state_file).join(CANDIDATE_SECRET_FILE);
     if !f.exists() {
@@ -437,7 +437,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     let sync = cfg
         .cluster
         .as_ref()
-        .map(|_| Arc::new(Mutex::new(crate::cluster::Sync::new())));
+        .map(|_| Arc::new(Mutex::new(crate::cluster::sync::Sync::new())));
     {
         let refresh_every = cfg
             .cluster
@@ -471,7 +471,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         let sync = sync.clone().unwrap_or_default();
         services.start(
             "cluster sync",
-            crate::cluster::run(lb.clone(), sync.clone(), c, sock),
+            crate::cluster::sync::run(lb.clone(), sync.clone(), c, sock),
         );
         sync
     });
@@ -494,7 +494,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             None => None,
         };
         let drained = l.state().cluster_drained;
-        let v = crate::cluster::view(
+        let v = crate::cluster::sync::view(
             s.as_deref(),
             cfg.cluster.as_ref(),
             drained,
@@ -513,7 +513,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         }
         services.start(
             "announcements",
-            crate::cluster::keep_announced(
+            crate::cluster::sync::keep_announced(
                 lb.clone(),
                 cluster.clone(),
                 cfg.cluster.clone(),
@@ -660,7 +660,7 @@ async fn datapath_log_service(logger: crate::balancer::DatapathLog) {
 async fn sweep_service(
     lb: Arc<Mutex<Balancer>>,
     every: Duration,
-    sync: Option<Arc<Mutex<crate::cluster::Sync>>>,
+    sync: Option<Arc<Mutex<crate::cluster::sync::Sync>>>,
     refresh_every: Duration,
     metrics: Arc<DaemonMetrics>,
 ) {
@@ -677,7 +677,7 @@ async fn sweep_service(
             let inputs = lb.sweep_inputs();
             if let (Some(sync), Ok(s)) = (&sync, s.as_mut()) {
                 if s.at_round_start() {
-                    let slots = crate::cluster::SyncedSlots::of(lb.state());
+                    let slots = crate::cluster::sync::SyncedSlots::of(lb.state());
                     s.set_refresh(sync.lock().await.refresh_round(
                         inputs.now_ns,
                         refresh_every,
@@ -1273,7 +1273,7 @@ mod tests {
         let key = b"a cluster key of 32 bytes, at least";
         assert_eq!(
             candidate_secret(None, Some(key), &state(&b)).unwrap(),
-            crate::cluster::candidate_secret(key)
+            crate::cluster::sync::candidate_secret(key)
         );
         assert_eq!(
             candidate_secret(Some(&f), Some(key), &state(&b)).unwrap(),

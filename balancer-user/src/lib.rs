@@ -11,7 +11,6 @@
 #![deny(missing_docs)]
 
 pub mod balancer;
-pub mod bgp;
 pub mod cluster;
 pub mod daemon;
 pub mod datapath;

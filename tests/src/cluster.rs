@@ -852,8 +852,8 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         Ok(v["stats"]["not_from_peer"].as_u64().unwrap_or(0))
     };
     let before = not_from_peer(c)?;
-    let forged = balancer::cluster::encode(
-        &[balancer::cluster::WireFlow {
+    let forged = balancer::cluster::sync::encode(
+        &[balancer::cluster::sync::WireFlow {
             client: "10.0.8.2:1".parse()?,
             vip: VIP,
             backend: backend(0),
@@ -862,7 +862,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
             server_next_seq: 1,
             idle_ms: 0,
         }],
-        |flows| balancer::cluster::Message::Flows { node: 1, flows },
+        |flows| balancer::cluster::sync::Message::Flows { node: 1, flows },
     );
     let target = SocketAddr::new(IpAddr::V4(lb_ip(1)), SYNC_PORT);
     for (ns, bind) in [

@@ -777,7 +777,7 @@ impl Balancer {
     }
 
     /// The desired state and the maps, for the cluster sync
-    /// ([`crate::cluster`]), which reads and writes flow entries and counts.
+    /// ([`crate::cluster::sync`]), which reads and writes flow entries and counts.
     pub(crate) fn cluster_parts(&mut self) -> (&State, &mut Maps) {
         (&self.state, &mut self.maps)
     }

@@ -1,7 +1,7 @@
 //! `balancer cluster`: this balancer's place among its peers
 //! (docs/cluster.md).
 
-use balancer::{cluster::ClusterView, model::api::Request};
+use balancer::{cluster::sync::ClusterView, model::api::Request};
 
 /// `balancer cluster` verbs.
 #[derive(clap::Subcommand, Debug)]

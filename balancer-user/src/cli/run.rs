@@ -207,7 +207,7 @@ pub struct RunArgs {
     candidate_secret_file: Option<PathBuf>,
     /// The sync socket's receive and send buffers, bytes (tests only: a
     /// small one loses datagrams of a burst).
-    #[arg(long, default_value_t = balancer::cluster::SOCKET_BUFFER as u32, hide = true,
+    #[arg(long, default_value_t = balancer::cluster::sync::SOCKET_BUFFER as u32, hide = true,
           value_parser = clap::value_parser!(u32).range(1024..=(1 << 30)))]
     sync_socket_buffer: u32,
     /// The flow-event ring buffer the cluster sync reads, bytes (a power of
@@ -249,7 +249,7 @@ impl RunArgs {
             };
         let cluster = self
             .cluster_listen
-            .map(|listen| balancer::cluster::ClusterConfig {
+            .map(|listen| balancer::cluster::sync::ClusterConfig {
                 listen,
                 peers: self.peers.clone(),
                 sync_interval: self.sync_interval,
@@ -296,7 +296,7 @@ impl RunArgs {
             bgp: self
                 .bgp_dir
                 .zip(self.birdc_socket)
-                .map(|(dir, birdc_socket)| balancer::bgp::BgpConfig { dir, birdc_socket }),
+                .map(|(dir, birdc_socket)| balancer::cluster::bgp::BgpConfig { dir, birdc_socket }),
             candidate_secret_file: self.candidate_secret_file,
             force_config: self.force,
         })

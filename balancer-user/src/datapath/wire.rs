@@ -1,6 +1,6 @@
 //! The cluster sync's form of one flow ([`WireFlow`]), and what turns a
 //! flow-table entry into it ([`SyncedSlots`]): shared by the sync
-//! ([`crate::cluster`]) and the expiry sweep that collects refreshes
+//! ([`crate::cluster::sync`]) and the expiry sweep that collects refreshes
 //! ([`crate::datapath::gc`]).
 
 use std::net::SocketAddr;

@@ -577,7 +577,7 @@ pub struct ClusterStats {
     pub bad_auth: u64,
     /// Datagrams refused as replays (after authentication): a sequence
     /// number seen before from that peer, below its window, or more than
-    /// [`crate::cluster::MAX_SEQUENCE_AGE`] from this host's clock.
+    /// [`crate::cluster::sync::MAX_SEQUENCE_AGE`] from this host's clock.
     #[serde(default)]
     pub replayed: u64,
     /// Datagrams that could not be sent.
@@ -609,7 +609,7 @@ pub struct ClusterStats {
     #[serde(default)]
     pub flows_refreshed: u64,
     /// New, changed and closed flows' datagrams dropped because the send
-    /// queue was full ([`crate::cluster::MAX_URGENT_QUEUED`]); repaired like lost events.
+    /// queue was full ([`crate::cluster::sync::MAX_URGENT_QUEUED`]); repaired like lost events.
     #[serde(default)]
     pub queue_dropped: u64,
     /// Datagrams waiting for their turn under the pace.
@@ -618,7 +618,7 @@ pub struct ClusterStats {
 }
 
 /// The herd index of a cluster's placements, as one balancer measures it
-/// from its own and its peers' load reports (`crate::cluster::Herd`).
+/// from its own and its peers' load reports (`crate::cluster::sync::Herd`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HerdView {
     /// Report intervals compared (one per peer's report received during

@@ -205,7 +205,7 @@ pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
         };
         let mut drain = move || {
             if let Some(ring) = ring.as_mut() {
-                balancer::cluster::read_events(ring, usize::MAX);
+                balancer::cluster::sync::read_events(ring, usize::MAX);
             }
         };
         let mut pinned = Vec::new();

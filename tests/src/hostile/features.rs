@@ -578,7 +578,7 @@ pub(super) fn aimed_rows(tb: &Testbed, failures: &mut Vec<String>) -> anyhow::Re
     let bytes = std::fs::read(&secret_file)
         .with_context(|| format!("reading {}", secret_file.display()))?;
     let real = Rows::new(
-        balancer::cluster::candidate_secret(bytes.trim_ascii()),
+        balancer::cluster::sync::candidate_secret(bytes.trim_ascii()),
         &members,
         client,
         v.addr,

@@ -1429,12 +1429,12 @@ pub fn view(
 /// task is dropped: every 200 ms the VIPs to announce are worked out
 /// ([`to_announce`]) and, when they differ from what BIRD has (or the last
 /// attempt failed), written and BIRD reconfigured (each attempt bounded by
-/// [`crate::bgp::BIRDC_TIMEOUT`]).
+/// [`crate::cluster::bgp::BIRDC_TIMEOUT`]).
 pub async fn keep_announced(
     lb: Arc<Mutex<Balancer>>,
     sync: Option<Arc<Mutex<Sync>>>,
     cfg: Option<ClusterConfig>,
-    bgp: Option<crate::bgp::BgpConfig>,
+    bgp: Option<crate::cluster::bgp::BgpConfig>,
 ) {
     let mut announced: Option<BTreeSet<std::net::IpAddr>> = None;
     let mut bgp_error: Option<String> = None;
