@@ -5,7 +5,7 @@
 //! desired state, its validation and persistence), [`datapath::gc`] (flow expiry and
 //! count reconciliation), [`signals::telemetry`] (counters into views) and
 //! [`datapath::netdev`] (interfaces), [`model::config`] (the declarative configuration) and
-//! [`serve::metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
+//! [`serve::metrics`] (Prometheus). The daemon ([`daemon::runtime`]) serves it over HTTP on
 //! a unix socket ([`serve::http`], [`serve::control`]); the CLI ([`serve::client`]) talks to the
 //! daemon with the [`model::api`] types.
 #![deny(missing_docs)]
@@ -15,9 +15,7 @@ pub mod cluster;
 pub mod daemon;
 pub mod datapath;
 pub mod model;
-pub mod preflight;
 pub mod serve;
-pub mod services;
 pub mod signals;
 
 pub use balancer::{Balancer, LoadOptions, PROGRAM};

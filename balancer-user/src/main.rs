@@ -7,7 +7,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::bail;
 use balancer::{
-    daemon,
+    daemon::runtime,
     model::api::{Request, Response},
     serve::client,
 };
@@ -218,7 +218,7 @@ fn parse_limit(s: &str) -> Result<usize, String> {
 async fn real_main(cli: Cli) -> anyhow::Result<()> {
     let socket = cli.socket;
     let (req, json) = match cli.cmd {
-        Cmd::Run(a) => return daemon::run(a.config(socket)?).await,
+        Cmd::Run(a) => return runtime::run(a.config(socket)?).await,
         Cmd::Detach(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Decap(c) => return c.run(),
         Cmd::Agent(a) => return a.run().await,

@@ -3,12 +3,11 @@
 use std::{net::IpAddr, path::PathBuf};
 
 use balancer::{
-    daemon::ensure_bpffs,
+    daemon::{preflight, runtime::ensure_bpffs},
     datapath::{
         decap::{self, DecapOptions, SourcePrefix},
         links::Attached,
     },
-    preflight,
 };
 use clap::Subcommand;
 
@@ -91,7 +90,7 @@ impl DecapCmd {
         }
         preflight::check_privileges()?;
         if ensure_bpffs()? {
-            tracing::warn!("{}", balancer::daemon::PRIVATE_BPFFS);
+            tracing::warn!("{}", balancer::daemon::runtime::PRIVATE_BPFFS);
         }
         match self {
             DecapCmd::Attach {

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use balancer::{
+    daemon::preflight,
     datapath::{links, maps},
     model::api::{Request, Response},
-    preflight,
     serve::client,
 };
 

@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use aya::programs::XdpMode;
 use balancer::{
     balancer::{LoadOptions, MAX_TABLE_SIZE},
-    daemon::DaemonConfig,
+    daemon::runtime::DaemonConfig,
     Timeouts,
 };
 use balancer_common::{

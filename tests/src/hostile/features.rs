@@ -574,7 +574,9 @@ pub(super) fn aimed_rows(tb: &Testbed, failures: &mut Vec<String>) -> anyhow::Re
     let client = super::CLIENTS[0];
     // The daemon's own secret, from its state directory (what the test,
     // not an attacker, can read).
-    let secret_file = tb.dir().join(balancer::daemon::CANDIDATE_SECRET_FILE);
+    let secret_file = tb
+        .dir()
+        .join(balancer::daemon::runtime::CANDIDATE_SECRET_FILE);
     let bytes = std::fs::read(&secret_file)
         .with_context(|| format!("reading {}", secret_file.display()))?;
     let real = Rows::new(

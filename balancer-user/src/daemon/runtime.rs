@@ -20,19 +20,18 @@ use tokio::{
 
 use crate::{
     balancer::{mode_name, Balancer, LoadOptions},
+    daemon::{preflight, services::Services},
     datapath::{
         gc::Timeouts,
         links::{self, Attached},
         maps::{check_pins, present_pins},
     },
     model::persist::read_state,
-    preflight,
     serve::{
         control,
         http::{self, Access},
         metrics::{DaemonMetrics, Source},
     },
-    services::Services,
     signals::{eligibility::Note, health::Monitor},
 };
 
@@ -213,7 +212,7 @@ pub fn ensure_bpffs() -> anyhow::Result<bool> {
 /// Runs the daemon until SIGINT, SIGTERM or a `detach` request.
 ///
 /// Start-up decides every refusal before it changes anything (see
-/// [`crate::preflight`]); a start that fails after that undoes what it did.
+/// [`crate::daemon::preflight`]); a start that fails after that undoes what it did.
 /// Stopping leaves the program attached through its pinned links, so
 /// connections keep flowing until the next start takes over the links.
 ///
@@ -424,7 +423,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     tracing::info!("control socket {}", cfg.socket.display());
     let mut lb = lb;
     // Every long-running loop is a service of this set: one stop ends them
-    // all, and one that ends on its own stops the daemon (crate::services).
+    // all, and one that ends on its own stops the daemon (crate::daemon::services).
     let mut services = Services::new();
     if let Some(logger) = lb.take_datapath_log() {
         services.start_optional("data-path log", datapath_log_service(logger));
