@@ -1,13 +1,22 @@
 //! Userspace of the XDP power-of-two-choices TCP load balancer.
 //!
-//! [`Balancer`] is a facade over one module per concern: [`datapath::maps`] (typed
-//! handles, the only code touching the program's maps), [`model::state`] (the
-//! desired state, its validation and persistence), [`datapath::gc`] (flow expiry and
-//! count reconciliation), [`signals::telemetry`] (counters into views) and
-//! [`datapath::netdev`] (interfaces), [`model::config`] (the declarative configuration) and
-//! [`serve::metrics`] (Prometheus). The daemon ([`daemon::runtime`]) serves it over HTTP on
-//! a unix socket ([`serve::http`], [`serve::control`]); the CLI ([`serve::client`]) talks to the
-//! daemon with the [`model::api`] types.
+//! The library is in rooms, one folder each, lowest first; a module
+//! imports only from its own room and the rooms below it (checked by
+//! `balancer-user/tests/modules.rs`; docs/layout.md):
+//!
+//! 1. [`model`]: the desired state and its rules, the changes to it, its
+//!    forms (the configuration file, the API's types, the state file) and
+//!    its projection onto the maps;
+//! 2. [`datapath`]: the program's maps (the only code touching them),
+//!    expiry, interfaces, links, the decapsulation program;
+//! 3. [`signals`]: health checks, the load signals, eligibility, locality,
+//!    the views of counters and flows;
+//! 4. [`balancer`]: the facade, [`Balancer`];
+//! 5. [`serve`]: the control API over HTTP, metrics, the CLI's client;
+//! 6. [`cluster`]: the flow sync with peer balancers, BGP;
+//! 7. [`daemon`]: start-up, the daemon's services, shutdown.
+//!
+//! The `balancer` binary's CLI (`src/cli/`) uses it from above.
 #![deny(missing_docs)]
 
 pub mod balancer;

@@ -1289,7 +1289,7 @@ pub struct HerdRow {
     pub min: u64,
     /// The busiest backend's connections over the mean.
     pub busiest_over_mean: f64,
-    /// The first balancer's herd index (`cluster::Herd`); `None` without
+    /// The first balancer's herd index (`cluster::sync::Herd`); `None` without
     /// reports.
     pub index: Option<f64>,
 }

@@ -2,9 +2,10 @@
 //! desired state, and keeps the invariants between them. Each concern has
 //! its own module: [`crate::datapath::maps`] (the only code touching maps),
 //! [`crate::model::state`] (desired state, validation, persistence),
-//! [`crate::datapath::gc`] (expiry, reconciliation), [`crate::signals::eligibility`] and
-//! [`crate::signals::health`] (which backends take new flows), [`crate::signals::telemetry`]
-//! (views), [`crate::datapath::netdev`] (interfaces).
+//! [`crate::datapath::gc`] (expiry, reconciliation),
+//! [`crate::signals::eligibility`] and [`crate::signals::health`] (which
+//! backends take new flows), [`crate::signals::telemetry`] (views),
+//! [`crate::datapath::netdev`] (interfaces).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -239,7 +240,8 @@ pub struct ApplyHow {
     pub allow_empty: bool,
     /// Make the running state exactly the file (a two-way plan): runtime
     /// changes the file did not make are undone. Otherwise (and always
-    /// for the first file applied) the three-way [`crate::model::config::merge`].
+    /// for the first file applied) the three-way
+    /// [`crate::model::config::merge`].
     pub exact: bool,
     /// Which file it is (its absolute path; `-` for standard input): the
     /// base of the merge is that file as last applied, so a file applied
@@ -777,7 +779,8 @@ impl Balancer {
     }
 
     /// The desired state and the maps, for the cluster sync
-    /// ([`crate::cluster::sync`]), which reads and writes flow entries and counts.
+    /// ([`crate::cluster::sync`]), which reads and writes flow entries and
+    /// counts.
     pub(crate) fn cluster_parts(&mut self) -> (&State, &mut Maps) {
         (&self.state, &mut self.maps)
     }
@@ -1235,7 +1238,8 @@ impl Balancer {
         Ok(())
     }
 
-    /// Sets this balancer's zone (`balancer run --zone`; [`crate::signals::locality`]).
+    /// Sets this balancer's zone (`balancer run --zone`;
+    /// [`crate::signals::locality`]).
     ///
     /// # Errors
     /// An invalid zone name; map failure.

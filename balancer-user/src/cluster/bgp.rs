@@ -19,9 +19,9 @@
 //!
 //! A VIP is announced while the program is attached, the balancer is not
 //! drained (`balancer cluster drain`), its flow table has been filled by
-//! its peers (`cluster::Sync::ready`), and the VIP has an eligible backend
-//! (not only the fallback to unhealthy ones). Everything is withdrawn when
-//! the daemon stops.
+//! its peers (`cluster::sync::Sync::ready`), and the VIP has an eligible
+//! backend (not only the fallback to unhealthy ones). Everything is
+//! withdrawn when the daemon stops.
 
 use std::{
     collections::BTreeSet,

@@ -103,12 +103,12 @@ pub const CANDIDATE_SECRET_FILE: &str = "candidate-secret";
 /// the state file, generated when absent. Never the public constant: with
 /// it, anyone could choose source ports offline that land on a chosen
 /// pair of backends (issue 41, item 8). Each is read through
-/// `cluster::candidate_secret` (an HKDF-style expansion), so the file
+/// `cluster::sync::candidate_secret` (an HKDF-style expansion), so the file
 /// never shows the seed itself.
 ///
 /// # Errors
 /// A file that cannot be read or written, or holds under
-/// `cluster::MIN_KEY_LEN` bytes.
+/// `cluster::sync::MIN_KEY_LEN` bytes.
 pub fn candidate_secret(
     file: Option<&Path>,
     cluster_key: Option<&[u8]>,
@@ -212,8 +212,8 @@ pub fn ensure_bpffs() -> anyhow::Result<bool> {
 /// Runs the daemon until SIGINT, SIGTERM or a `detach` request.
 ///
 /// Start-up decides every refusal before it changes anything (see
-/// [`crate::daemon::preflight`]); a start that fails after that undoes what it did.
-/// Stopping leaves the program attached through its pinned links, so
+/// [`crate::daemon::preflight`]); a start that fails after that undoes what
+/// it did. Stopping leaves the program attached through its pinned links, so
 /// connections keep flowing until the next start takes over the links.
 ///
 /// # Errors
@@ -423,7 +423,8 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     tracing::info!("control socket {}", cfg.socket.display());
     let mut lb = lb;
     // Every long-running loop is a service of this set: one stop ends them
-    // all, and one that ends on its own stops the daemon (crate::daemon::services).
+    // all, and one that ends on its own stops the daemon
+    // (crate::daemon::services).
     let mut services = Services::new();
     if let Some(logger) = lb.take_datapath_log() {
         services.start_optional("data-path log", datapath_log_service(logger));
@@ -655,7 +656,7 @@ async fn datapath_log_service(logger: crate::balancer::DatapathLog) {
 /// core) that reads and expires without the balancer's lock, which it takes
 /// only to read its inputs and to settle what it did (count releases; at a
 /// round's end, the reconciliation); its rounds refresh the cluster's
-/// peers (cluster::Sync::refresh_round).
+/// peers (cluster::sync::Sync::refresh_round).
 async fn sweep_service(
     lb: Arc<Mutex<Balancer>>,
     every: Duration,

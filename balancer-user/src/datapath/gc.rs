@@ -319,8 +319,8 @@ pub struct Sweep {
     found_none: [bool; STAGES],
     /// Entries this round's scan of the current stage found so far.
     stage_found: u64,
-    /// [`crate::datapath::maps::ORPHAN_WRITES`] when the orphan table's last scan
-    /// started.
+    /// [`crate::datapath::maps::ORPHAN_WRITES`] when the orphan table's last
+    /// scan started.
     orphan_writes_seen: u64,
     /// Time a slice may spend on batches that expire nothing (`None`: no
     /// limit): the CPU cap counts empty buckets too, which yield no
@@ -388,8 +388,9 @@ impl Sweep {
     /// last scan found it empty and nothing can have written to it since.
     /// The unproven table only takes direct-return flows (none while no
     /// such VIP exists); the orphan table only what this process writes
-    /// ([`crate::datapath::maps::ORPHAN_WRITES`]). Scanning an empty table costs its
-    /// every bucket (a table sized for millions: tens of ms a round).
+    /// ([`crate::datapath::maps::ORPHAN_WRITES`]). Scanning an empty table
+    /// costs its every bucket (a table sized for millions: tens of ms a
+    /// round).
     fn skippable(&self, inp: &SweepInputs) -> bool {
         if !self.found_none[self.stage] {
             return false;

@@ -1,8 +1,9 @@
 //! The control API's types: what the CLI asks the daemon ([`Request`]) and
 //! what it answers ([`Response`]). On the wire each request is an HTTP/1.1
 //! request to a versioned resource of the daemon's unix socket (see
-//! [`crate::serve::http`] for the routes and the OpenAPI description); the body of
-//! every answer is a [`Response`] in JSON: an object tagged by `result`.
+//! [`crate::serve::http`] for the routes and the OpenAPI description); the
+//! body of every answer is a [`Response`] in JSON: an object tagged by
+//! `result`.
 
 use std::{
     collections::BTreeMap,
@@ -609,7 +610,8 @@ pub struct ClusterStats {
     #[serde(default)]
     pub flows_refreshed: u64,
     /// New, changed and closed flows' datagrams dropped because the send
-    /// queue was full ([`crate::cluster::sync::MAX_URGENT_QUEUED`]); repaired like lost events.
+    /// queue was full ([`crate::cluster::sync::MAX_URGENT_QUEUED`]); repaired
+    /// like lost events.
     #[serde(default)]
     pub queue_dropped: u64,
     /// Datagrams waiting for their turn under the pace.
@@ -1028,8 +1030,8 @@ pub struct AgentStats {
     pub failed_polls: u64,
     /// Times a server's report went stale and its load fell back to
     /// connection counts, and agents that failed their first
-    /// [`STALE_POLLS`](crate::signals::agent::STALE_POLLS) polls without ever reporting (once each until a
-    /// report).
+    /// [`STALE_POLLS`](crate::signals::agent::STALE_POLLS) polls without ever
+    /// reporting (once each until a report).
     pub stale_fallbacks: u64,
 }
 

@@ -704,7 +704,8 @@ pub fn plan(current: &Config, desired: &Config) -> Vec<Command> {
 /// for the VIPs when more than half of them (two or more) would go. Empty
 /// for any other plan. A file cut short (at a line boundary it still
 /// parses) asks for exactly this; the daemon applies such a file at start
-/// only with `run --force` (`daemon::run`), and says what it would remove.
+/// only with `run --force` (`daemon::runtime::run`), and says what it would
+/// remove.
 pub fn sweeping_removals(current: &Config, changes: &[Command]) -> Vec<String> {
     let mut out = Vec::new();
     let removed_vips: Vec<SocketAddr> = changes

@@ -97,9 +97,9 @@ pub fn req_name(r: &Request) -> String {
 /// that cannot be persisted is rolled back (the maps return to the state
 /// before it) and reported as not applied, so the maps never hold what the
 /// state file does not, with one exception: a change that takes traffic
-/// away ([`crate::model::command::Command::takes_traffic_away`]) stays applied, the write stays owed and
-/// is retried ([`StateFile::check`]), and the answer is
-/// [`Response::Unsaved`].
+/// away ([`crate::model::command::Command::takes_traffic_away`]) stays
+/// applied, the write stays owed and is retried ([`StateFile::check`]), and
+/// the answer is [`Response::Unsaved`].
 pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Response {
     let changes = !matches!(
         req,

@@ -41,7 +41,7 @@
 //! | `cluster_ready`, `cluster_drained` (0 or 1) | gauge | |
 //! | `cluster_announced` (1 per VIP address announced by BGP), `cluster_bgp_error` (0 or 1) | gauge | vip / |
 //! | `cluster_peer_synced` (0 or 1), `cluster_peer_last_heard_seconds` | gauge | peer |
-//! | `cluster_herd_pairs_total`, `cluster_herd_same_total`, `cluster_herd_index` (see `cluster::Herd`) | counter, gauge | |
+//! | `cluster_herd_pairs_total`, `cluster_herd_same_total`, `cluster_herd_index` (see `cluster::sync::Herd`) | counter, gauge | |
 //! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`, `events`, `events_lost`, `repairs`, `flows_refreshed`, `queue_dropped`) |
 //!
 //! The `cluster_*` series exist only on a daemon run with `--cluster-listen`

@@ -136,8 +136,9 @@ fn source_toward(to: IpAddr) -> io::Result<IpAddr> {
 }
 
 /// The interface and MACs of a frame to dsr backend `backend`: its
-/// neighbour entry, asked for ([`crate::datapath::netdev::resolve_neighbours`]) and
-/// waited for (every 20 ms, within the caller's timeout) when missing.
+/// neighbour entry, asked for
+/// ([`crate::datapath::netdev::resolve_neighbours`]) and waited for (every 20
+/// ms, within the caller's timeout) when missing.
 async fn l2_hop(backend: IpAddr) -> Result<Hop, String> {
     let mut asked = false;
     loop {

@@ -281,7 +281,7 @@ pub fn flows(maps: &Maps, limit: usize, filter: &FlowFilter) -> (Vec<FlowView>, 
 }
 
 /// Flow entries `flows` reads at most (or `limit`, if larger): the API's
-/// limit is at most [`crate::model::api::MAX_FLOWS_LISTED`], so a request walks a
-/// bounded part of the tables under the API's lock; more are reported as
-/// `truncated`.
+/// limit is at most [`crate::model::api::MAX_FLOWS_LISTED`], so a request
+/// walks a bounded part of the tables under the API's lock; more are reported
+/// as `truncated`.
 pub const FLOWS_SCANNED: usize = 65_536;
