@@ -214,35 +214,6 @@ pub struct Tcp {
 }
 
 impl Tcp {
-    /// Where the headers are, for the forward stage
-    /// ([`crate::plan::SegInfo`]).
-    #[inline(always)]
-    pub fn info(&self) -> crate::plan::SegInfo {
-        crate::plan::SegInfo {
-            l3_off: self.l3_off as u16,
-            l4_off: self.l4_off as u16,
-            ip_total_len: self.ip_total_len,
-            v6: self.v6 as u8,
-            udp: self.udp as u8,
-            _pad: 0,
-            _pad2: 0,
-        }
-    }
-
-    /// The segment of the headers `s` says (the rest zero), its offsets
-    /// masked to their largest values for the verifier.
-    #[inline(always)]
-    pub fn of_info(s: &crate::plan::SegInfo) -> Tcp {
-        Tcp {
-            l3_off: (s.l3_off & crate::plan::SegInfo::L3_MASK) as usize,
-            l4_off: (s.l4_off & crate::plan::SegInfo::L4_MASK) as usize,
-            ip_total_len: s.ip_total_len,
-            v6: s.v6 != 0,
-            udp: s.udp != 0,
-            ..Tcp::default()
-        }
-    }
-
     /// The frame's length on the wire, bytes: `linear` (what the first
     /// buffer holds) or, for a multi-buffer frame, up to the end of the IP
     /// packet (for byte counters without asking for the whole length).

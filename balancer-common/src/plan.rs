@@ -19,7 +19,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::Addr;
+use crate::{parse::Tcp, Addr};
 
 /// What [`Rewrite::kind`] can be.
 pub mod kind {
@@ -228,6 +228,38 @@ impl SegInfo {
     /// extension headers of at most 2,048 bytes each, after 22 bytes of
     /// Ethernet and tags, fit in 8,191.
     pub const L4_MASK: u16 = 0x1fff;
+}
+
+/// The plan's form of a parsed segment's headers and back (`Tcp` is
+/// `parse`'s).
+impl Tcp {
+    /// Where the headers are, for the forward stage ([`SegInfo`]).
+    #[inline(always)]
+    pub fn info(&self) -> SegInfo {
+        SegInfo {
+            l3_off: self.l3_off as u16,
+            l4_off: self.l4_off as u16,
+            ip_total_len: self.ip_total_len,
+            v6: self.v6 as u8,
+            udp: self.udp as u8,
+            _pad: 0,
+            _pad2: 0,
+        }
+    }
+
+    /// The segment of the headers `s` says (the rest zero), its offsets
+    /// masked to their largest values for the verifier.
+    #[inline(always)]
+    pub fn of_info(s: &SegInfo) -> Tcp {
+        Tcp {
+            l3_off: (s.l3_off & SegInfo::L3_MASK) as usize,
+            l4_off: (s.l4_off & SegInfo::L4_MASK) as usize,
+            ip_total_len: s.ip_total_len,
+            v6: s.v6 != 0,
+            udp: s.udp != 0,
+            ..Tcp::default()
+        }
+    }
 }
 
 /// Value of the `FORWARD_PLAN` per-CPU array: how the frame leaves, where

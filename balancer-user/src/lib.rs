@@ -1,51 +1,31 @@
 //! Userspace of the XDP power-of-two-choices TCP load balancer.
 //!
-//! [`Balancer`] is a facade over one module per concern: [`maps`] (typed
-//! handles, the only code touching the program's maps), [`state`] (the
-//! desired state, its validation and persistence), [`gc`] (flow expiry and
-//! count reconciliation), [`telemetry`] (counters into views) and
-//! [`netdev`] (interfaces), [`config`] (the declarative configuration) and
-//! [`metrics`] (Prometheus). The daemon ([`daemon`]) serves it over HTTP on
-//! a unix socket ([`http`], [`control`]); the CLI ([`client`]) talks to the
-//! daemon with the [`api`] types.
+//! The library is in rooms, one folder each, lowest first; a module
+//! imports only from its own room and the rooms below it (checked by
+//! `balancer-user/tests/modules.rs`; docs/layout.md):
+//!
+//! 1. [`model`]: the desired state and its rules, the changes to it, its
+//!    forms (the configuration file, the API's types, the state file) and
+//!    its projection onto the maps;
+//! 2. [`datapath`]: the program's maps (the only code touching them),
+//!    expiry, interfaces, links, the decapsulation program;
+//! 3. [`signals`]: health checks, the load signals, eligibility, locality,
+//!    the views of counters and flows;
+//! 4. [`balancer`]: the facade, [`Balancer`];
+//! 5. [`serve`]: the control API over HTTP, metrics, the CLI's client;
+//! 6. [`cluster`]: the flow sync with peer balancers, BGP;
+//! 7. [`daemon`]: start-up, the daemon's services, shutdown.
+//!
+//! The `balancer` binary's CLI (`src/cli/`) uses it from above.
 #![deny(missing_docs)]
 
-pub mod agent;
-pub mod api;
 pub mod balancer;
-pub mod batch;
-pub mod bgp;
-pub mod candidates;
-pub mod client;
 pub mod cluster;
-pub mod command;
-pub mod config;
-pub mod control;
 pub mod daemon;
-pub mod decap;
-pub mod eligibility;
-pub mod error;
-pub mod gc;
-pub mod health;
-pub mod http;
-pub mod latency;
-pub mod links;
-pub mod locality;
-pub mod logs;
-pub mod maps;
-pub mod metrics;
-pub mod netdev;
-pub mod persist;
-pub mod prefix;
-pub mod preflight;
-pub mod probe;
-pub mod project;
-pub mod regret;
-pub mod retired;
-pub mod services;
-pub mod state;
-pub mod telemetry;
-pub mod wire;
+pub mod datapath;
+pub mod model;
+pub mod serve;
+pub mod signals;
 
 pub use balancer::{Balancer, LoadOptions, PROGRAM};
 
@@ -56,6 +36,6 @@ pub use balancer::{Balancer, LoadOptions, PROGRAM};
 #[doc(hidden)]
 pub static FAULTS_PROGRAM: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/balancer-faults"));
-pub use error::{BalancerError, Result};
-pub use state::State;
-pub use state::Timeouts;
+pub use model::error::{BalancerError, Result};
+pub use model::state::State;
+pub use model::state::Timeouts;

@@ -7,8 +7,9 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::bail;
 use balancer::{
-    api::{Request, Response},
-    client, daemon,
+    daemon::runtime,
+    model::api::{Request, Response},
+    serve::client,
 };
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -142,7 +143,7 @@ enum Cmd {
         #[arg(long)]
         backend: Option<SocketAddr>,
         /// Only flows in this state.
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(balancer::api::FLOW_KINDS))]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(balancer::model::api::FLOW_KINDS))]
         state: Option<String>,
         /// Print JSON.
         #[arg(long)]
@@ -201,15 +202,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// `flows --limit`: 1..=10,000 ([`balancer::api::MAX_FLOWS_LISTED`]).
+/// `flows --limit`: 1..=10,000 ([`balancer::model::api::MAX_FLOWS_LISTED`]).
 fn parse_limit(s: &str) -> Result<usize, String> {
     let n: usize = s.parse().map_err(|e| format!("{e}"))?;
-    if (1..=balancer::api::MAX_FLOWS_LISTED).contains(&n) {
+    if (1..=balancer::model::api::MAX_FLOWS_LISTED).contains(&n) {
         Ok(n)
     } else {
         Err(format!(
             "{n} is not in 1..={}",
-            balancer::api::MAX_FLOWS_LISTED
+            balancer::model::api::MAX_FLOWS_LISTED
         ))
     }
 }
@@ -217,7 +218,7 @@ fn parse_limit(s: &str) -> Result<usize, String> {
 async fn real_main(cli: Cli) -> anyhow::Result<()> {
     let socket = cli.socket;
     let (req, json) = match cli.cmd {
-        Cmd::Run(a) => return daemon::run(a.config(socket)?).await,
+        Cmd::Run(a) => return runtime::run(a.config(socket)?).await,
         Cmd::Detach(a) => return a.run(&socket, cli.timeout).await,
         Cmd::Decap(c) => return c.run(),
         Cmd::Agent(a) => return a.run().await,
@@ -253,7 +254,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         } => (
             Request::Flows {
                 limit,
-                filter: balancer::api::FlowFilter {
+                filter: balancer::model::api::FlowFilter {
                     vip,
                     backend,
                     kind: state,

@@ -357,16 +357,18 @@ fn first_data(flows: &[(SocketAddr, SocketAddr)], backend: bool) -> Vec<Vec<u8>>
 /// are read off the ring after.
 fn latency_costs(rig: &mut Rig, aux: &Aux, sc: Scale, first: u32) -> anyhow::Result<[Cost; 4]> {
     let per = (sc.rounds * sc.calls) as u32;
-    let signal = |s| balancer::api::VipPatch {
+    let signal = |s| balancer::model::api::VipPatch {
         signal: Some(s),
         ..Default::default()
     };
     let plain = place(rig, first, per)?;
     rig.lb
-        .set_vip(VIP, &signal(balancer::state::LoadSignal::Latency))?;
+        .set_vip(VIP, &signal(balancer::model::state::LoadSignal::Latency))?;
     let measured = place(rig, first + per, per)?;
-    rig.lb
-        .set_vip(VIP, &signal(balancer::state::LoadSignal::Connections))?;
+    rig.lb.set_vip(
+        VIP,
+        &signal(balancer::model::state::LoadSignal::Connections),
+    )?;
     let round = |flows: &[(SocketAddr, SocketAddr)], r: usize| -> Vec<(SocketAddr, SocketAddr)> {
         flows
             .iter()
@@ -799,13 +801,13 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             // client and 63 denied prefixes elsewhere, against "new-flow
             // SYN" (a VIP without lists never looks them up).
             let prefix = |s: String| {
-                s.parse::<balancer::prefix::SourcePrefix>()
+                s.parse::<balancer::model::prefix::SourcePrefix>()
                     .map_err(anyhow::Error::msg)
             };
             let deny = (0..63u32)
                 .map(|k| prefix(format!("10.2.{k}.0/24")))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let lists = |allow: Vec<_>, deny: Vec<_>| balancer::api::VipPatch {
+            let lists = |allow: Vec<_>, deny: Vec<_>| balancer::model::api::VipPatch {
                 allow_sources: Some(allow),
                 deny_sources: Some(deny),
                 ..Default::default()
@@ -821,7 +823,7 @@ fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<BTreeMap<S
             // made, every candidate below the cap, every source's bucket
             // read and found absent): their cost alone, against
             // "new-flow SYN".
-            let limits = |cap: u32, rate: u32| balancer::api::VipPatch {
+            let limits = |cap: u32, rate: u32| balancer::model::api::VipPatch {
                 backend_max_conns: Some(cap),
                 source_rate: Some(rate),
                 source_burst: Some(rate),
@@ -972,8 +974,8 @@ fn udp_paths(rig: &mut Rig, aux: &Aux, sc: Scale, n: u32, first: u32) -> anyhow:
     use crate::fixtures::udp::{cid, dst_of, quic_short, Dgram};
     rig.lb.set_vip(
         VIP,
-        &balancer::api::VipPatch {
-            protocol: Some(balancer::state::Protocol::Both),
+        &balancer::model::api::VipPatch {
+            protocol: Some(balancer::model::state::Protocol::Both),
             quic_server_id_len: Some(2),
             ..Default::default()
         },
@@ -1032,11 +1034,11 @@ fn loads_with(n: u32, flows: u32, choices: u32, consistent: bool) -> anyhow::Res
         let mut rig = Rig::new(table)?;
         rig.lb.add_vip_with(
             VIP,
-            balancer::state::VipSettings {
+            balancer::model::state::VipSettings {
                 choices,
-                mode: balancer::state::ForwardingMode::Ipip,
+                mode: balancer::model::state::ForwardingMode::Ipip,
                 encap_source: Some(std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 2, 1))),
-                candidates: balancer::state::Candidates::Consistent,
+                candidates: balancer::model::state::Candidates::Consistent,
                 health: None,
                 ..Default::default()
             },

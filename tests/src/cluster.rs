@@ -836,7 +836,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     // The router learns lb3 once lb3 has its peers' flows; lb1 marks lb3
     // synced when lb3's own batch arrives, which a loaded machine may
     // deliver a little later (a CI run saw it after the route).
-    crate::scenario::wait_until(Duration::from_secs(10), || {
+    testbed::wait_until(Duration::from_secs(10), || {
         let status = c.json(1, &["cluster", "status", "--json"])?;
         Ok(
             if status["announced"][0] == VIP.ip().to_string()
@@ -860,8 +860,8 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         Ok(v["stats"]["not_from_peer"].as_u64().unwrap_or(0))
     };
     let before = not_from_peer(c)?;
-    let forged = balancer::cluster::encode(
-        &[balancer::cluster::WireFlow {
+    let forged = balancer::cluster::sync::encode(
+        &[balancer::cluster::sync::WireFlow {
             client: "10.0.8.2:1".parse()?,
             vip: VIP,
             backend: backend(0),
@@ -870,7 +870,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
             server_next_seq: 1,
             idle_ms: 0,
         }],
-        |flows| balancer::cluster::Message::Flows { node: 1, flows },
+        |flows| balancer::cluster::sync::Message::Flows { node: 1, flows },
     );
     let target = SocketAddr::new(IpAddr::V4(lb_ip(1)), SYNC_PORT);
     for (ns, bind) in [
@@ -1008,7 +1008,7 @@ fn shift(c: &Cluster, back: &[usize], out: &[usize], then: &[usize]) -> anyhow::
 /// synced) carry their next requests. Returns what the probe saw.
 fn quic_probe(c: &Cluster) -> anyhow::Result<crate::quic::Probed> {
     // An earlier run's flows expire by the VIP's UDP timeout (5 s).
-    crate::scenario::wait_until(Duration::from_secs(15), || {
+    testbed::wait_until(Duration::from_secs(15), || {
         let left = quic_flows(c, 2)? + quic_flows(c, 3)?;
         Ok(if left == 0 {
             Ok(())
@@ -1135,7 +1135,7 @@ fn quic(c: &mut Cluster) -> anyhow::Result<()> {
         "control: the quinn servers are not seen while they run"
     );
     drop(servers);
-    crate::scenario::wait_until(Duration::from_secs(5), || {
+    testbed::wait_until(Duration::from_secs(5), || {
         let left = processes_in(&c.backends, "balancer-testbe")?;
         Ok(if left.is_empty() {
             Ok(())
@@ -1297,7 +1297,7 @@ pub struct HerdRow {
     pub min: u64,
     /// The busiest backend's connections over the mean.
     pub busiest_over_mean: f64,
-    /// The first balancer's herd index (`cluster::Herd`); `None` without
+    /// The first balancer's herd index (`cluster::sync::Herd`); `None` without
     /// reports.
     pub index: Option<f64>,
 }

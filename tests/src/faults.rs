@@ -519,7 +519,10 @@ struct Settled {
 /// the connection, until the backend speaks (nginx's keep-alive timeout)
 /// or the established timeout. Any other state (none, or one after the
 /// backend's own FIN) is `None`: the balancer should have seen the close.
-fn held_by_backend(tb: &Testbed, f: &balancer::api::FlowView) -> anyhow::Result<Option<String>> {
+fn held_by_backend(
+    tb: &Testbed,
+    f: &balancer::model::api::FlowView,
+) -> anyhow::Result<Option<String>> {
     let Some(backend) = f.backend else {
         return Ok(None);
     };

@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _};
-use balancer::{maps::FlowTable, Timeouts};
+use balancer::{datapath::maps::FlowTable, Timeouts};
 use etherparse::{Ethernet2Header, IpNumber, Ipv4Header, PacketBuilder};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -836,14 +836,15 @@ fn table_pressure() -> anyhow::Result<usize> {
 
     let name = "sweep: a table found empty is skipped while nothing can fill it (the orphan table until an orphan is written, the unproven table while no direct-return VIP exists); the rounds still settle";
     let timeouts = Timeouts::default();
-    let inputs = balancer::gc::SweepInputs::of(r.lb.state(), &timeouts);
+    let inputs = balancer::datapath::gc::SweepInputs::of(r.lb.state(), &timeouts);
     let mut sweep = r.lb.new_sweep()?;
-    let round =
-        |r: &mut Rig, sweep: &mut balancer::gc::Sweep| -> anyhow::Result<balancer::gc::GcReport> {
-            sweep.slice(&inputs, u64::MAX)?;
-            r.lb.settle_sweep(sweep)?
-                .ok_or_else(|| anyhow::anyhow!("[{name}] the round did not end"))
-        };
+    let round = |r: &mut Rig,
+                 sweep: &mut balancer::datapath::gc::Sweep|
+     -> anyhow::Result<balancer::datapath::gc::GcReport> {
+        sweep.slice(&inputs, u64::MAX)?;
+        r.lb.settle_sweep(sweep)?
+            .ok_or_else(|| anyhow::anyhow!("[{name}] the round did not end"))
+    };
     let first = round(&mut r, &mut sweep)?;
     ensure!(first.tables_skipped == 0, "[{name}] first round {first:?}");
     let unproven_empty = !r
@@ -866,7 +867,7 @@ fn table_pressure() -> anyhow::Result<usize> {
     ft.add_orphans(
         &[keys[0]],
         balancer_common::orphan_reason::EXPIRED,
-        balancer::gc::datapath_now_ns(),
+        balancer::datapath::gc::datapath_now_ns(),
     )?;
     let third = round(&mut r, &mut sweep)?;
     ensure!(

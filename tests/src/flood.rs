@@ -18,8 +18,8 @@ use etherparse::PacketBuilder;
 
 use crate::{
     netns::{enter_ns, Netns},
-    scenario::{counts_match_servers, run_batch, wait_until},
-    testbed::{Conn, Testbed, VIP},
+    scenario::{counts_match_servers, run_batch},
+    testbed::{wait_until, Conn, Testbed, VIP},
 };
 
 /// Established connections held idle through the flood.

@@ -49,7 +49,10 @@ use std::{
 };
 
 use anyhow::{bail, ensure};
-use balancer::maps::{ip_be, ip_from_be, FlowTable};
+use balancer::{
+    datapath::maps::FlowTable,
+    model::prefix::{ip_be, ip_from_be},
+};
 use balancer_common::{flow_kind, FlowEntry, FlowKey, IPPROTO_TCP};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 

@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _};
-use balancer::api::{HealthStatus, Response};
+use balancer::model::api::{HealthStatus, Response};
 
 use crate::{
     netns::enter_ns,
@@ -68,7 +68,7 @@ fn sequential(tb: &Testbed, n: u64, id_base: u64) -> anyhow::Result<Sequential> 
 }
 
 /// The backends as `backend list --json` shows them.
-fn backends(tb: &Testbed) -> anyhow::Result<Vec<balancer::api::BackendView>> {
+fn backends(tb: &Testbed) -> anyhow::Result<Vec<balancer::model::api::BackendView>> {
     let out = tb.cli(&["backend", "list", "--json"])?;
     match serde_json::from_str::<Response>(&out)? {
         Response::Backends { backends } => Ok(backends),

@@ -15,12 +15,11 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _};
-use balancer::api::LocalityView;
+use balancer::model::api::LocalityView;
 
 use crate::{
-    scenario::wait_until,
     signals::open_paced,
-    testbed::{backend_addr, close_and_settle, Testbed, VIP},
+    testbed::{backend_addr, close_and_settle, wait_until, Testbed, VIP},
 };
 
 const BACKENDS: usize = 4;

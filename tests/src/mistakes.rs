@@ -200,7 +200,7 @@ fn unsaved_change_rolled_back(tb: &Testbed) -> anyhow::Result<()> {
         ))?;
         let ghost: SocketAddr = "10.0.0.41:80".parse()?;
         m.insert(
-            balancer::maps::vip_key(&ghost),
+            balancer::datapath::maps::vip_key(&ghost),
             VipInfo {
                 index: 5,
                 ..VipInfo::default()
@@ -297,7 +297,7 @@ fn refused_fresh_keeps_pins(tb: &Testbed) -> anyhow::Result<()> {
     let o = Other::new(tb, "fresh", "ma0");
     let mut d = o.start(tb)?;
     sigterm(&mut d)?;
-    let before = balancer::maps::present_pins(&o.pins).len();
+    let before = balancer::datapath::maps::present_pins(&o.pins).len();
     let mut bad = Other::new(tb, "fresh", "ma0");
     bad.sock = tb.dir().join("x".repeat(120));
     bad.extra = vec!["--fresh".into()];
@@ -306,7 +306,7 @@ fn refused_fresh_keeps_pins(tb: &Testbed) -> anyhow::Result<()> {
         err.contains("bytes long"),
         "refused for another reason: {err}"
     );
-    let after = balancer::maps::present_pins(&o.pins).len();
+    let after = balancer::datapath::maps::present_pins(&o.pins).len();
     ensure!(
         before == after && before > 0,
         "{before} map pins before, {after} after"

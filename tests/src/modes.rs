@@ -30,8 +30,7 @@ use etherparse::{IpNumber, Ipv4Header, PacketBuilder};
 
 use crate::{
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{backend_ip6, Conn, Testbed},
+    testbed::{backend_ip6, wait_until, Conn, Testbed},
 };
 
 /// Port of the VIPs and of the backends (the packet arrives unchanged).

@@ -16,7 +16,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _};
-use balancer::config;
+use balancer::model::config;
 use serde_json::Value;
 
 use crate::{
@@ -699,7 +699,7 @@ fn metrics_and_top(tb: &Testbed) -> anyhow::Result<()> {
 /// `balancer top` under tmux: the table with every backend and its active
 /// connections as the API counts them; `q` ends it. Mistakes end it
 /// before it takes the screen.
-fn top(tb: &Testbed, stats: &balancer::api::StatsView) -> anyhow::Result<()> {
+fn top(tb: &Testbed, stats: &balancer::model::api::StatsView) -> anyhow::Result<()> {
     let server = format!("p2c-top-{}", std::process::id());
     let tmux = |args: &[&str]| {
         Command::new("tmux")
@@ -935,7 +935,7 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         .iter_mut()
         .find(|v| v.address == VIP)
         .context("VIP")?
-        .mode = balancer::state::ForwardingMode::Dsr;
+        .mode = balancer::model::state::ForwardingMode::Dsr;
     let half = write(tb, "half.toml", &config::to_toml(&c2)?)?;
     let e = tb
         .cli(&["apply", "-f", &half.display().to_string()])
@@ -967,7 +967,7 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         .iter_mut()
         .find(|v| v.address.port() == 81)
         .context("VIP :81")?
-        .mode = balancer::state::ForwardingMode::Dsr;
+        .mode = balancer::model::state::ForwardingMode::Dsr;
     let cut = write(tb, "cut.toml", &config::to_toml(&c4)?)?;
     let dry = tb
         .cli(&["apply", "-f", &cut.display().to_string(), "--dry-run"])

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 
-use balancer::api::Response;
+use balancer::model::api::Response;
 
 use crate::{
     netns::enter_ns,
@@ -99,7 +99,7 @@ fn time_namespace_on(tb: &mut Testbed) -> anyhow::Result<()> {
         .context("unshare has no child")?;
     let offsets = std::fs::read_to_string(format!("/proc/{daemon}/timens_offsets"))?;
     ensure!(
-        balancer::gc::timens_monotonic_offset_ns(&offsets)
+        balancer::datapath::gc::timens_monotonic_offset_ns(&offsets)
             == Some(TIMENS_OFFSET_S as i64 * 1_000_000_000),
         "the daemon's time namespace is not offset by {TIMENS_OFFSET_S} s: {offsets:?}"
     );

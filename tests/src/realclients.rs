@@ -16,7 +16,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _};
-use balancer::api::{FlowView, Response};
+use balancer::model::api::{FlowView, Response};
 
 use crate::{
     netns::Netns,

@@ -11,13 +11,13 @@ use std::{thread, time::Duration};
 
 use anyhow::{bail, ensure, Context as _};
 use aya::maps::{Array, MapData};
-use balancer::api::AttachmentView;
+use balancer::model::api::AttachmentView;
 use balancer_common::map_names;
 
 use crate::{
     netns::enter_ns,
-    scenario::{counts_match_servers, wait_until},
-    testbed::{Conn, Testbed},
+    scenario::counts_match_servers,
+    testbed::{wait_until, Conn, Testbed},
     traffic::Movers,
 };
 

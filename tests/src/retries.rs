@@ -32,8 +32,7 @@ use crate::{
     faults::{Injector, Rates},
     modes::{backend_ip, direct_return_backends},
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{backend_addr, broken, Conn, Testbed, VIP},
+    testbed::{backend_addr, broken, wait_until, Conn, Testbed, VIP},
 };
 
 const BACKENDS: usize = 4;

@@ -288,7 +288,7 @@ fn neigh(ip: IpAddr, dev: &str) -> anyhow::Result<()> {
 }
 
 fn mac_string(mac: [u8; 6]) -> String {
-    balancer::netdev::mac_string(&mac)
+    balancer::datapath::netdev::mac_string(&mac)
 }
 
 /// Adds (or replaces) a permanent neighbour entry `ip` -> `mac` on `dev`.
@@ -368,7 +368,7 @@ impl Rig {
     pub fn specialised(flow_table: u32) -> anyhow::Result<Rig> {
         // The loads that follow share the maps through a bpffs (the
         // daemon's own set-up mounts one when none is there).
-        balancer::daemon::ensure_bpffs()?;
+        balancer::daemon::runtime::ensure_bpffs()?;
         Rig::load(flow_table, flow_table, Some(0))
     }
 

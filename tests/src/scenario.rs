@@ -7,11 +7,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{ensure, Context as _};
 
 use crate::{
     netns::enter_ns,
-    testbed::{backend_addr, Conn, Testbed, VIP},
+    testbed::{backend_addr, wait_until, Conn, Testbed, VIP},
 };
 
 /// Payload bytes per request: varied so segments of many sizes cross the
@@ -89,25 +89,6 @@ pub fn run_batch(
         }
     }
     Ok(batch)
-}
-
-/// Polls until `check` returns `Ok(Ok(()))` or `timeout` passes; returns
-/// the last explanation on time-out.
-///
-/// # Errors
-/// `check` fails, or the time-out with its last explanation.
-pub fn wait_until(
-    timeout: Duration,
-    mut check: impl FnMut() -> anyhow::Result<Result<(), String>>,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check()? {
-            Ok(()) => return Ok(()),
-            Err(why) if Instant::now() >= deadline => bail!("timed out: {why}"),
-            Err(_) => thread::sleep(Duration::from_millis(100)),
-        }
-    }
 }
 
 /// Makes one more request on every held connection (from the client

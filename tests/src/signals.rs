@@ -27,8 +27,7 @@ use anyhow::{ensure, Context as _};
 
 use crate::{
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{close_and_settle, dies_with_us, Conn, Testbed, BACKEND_PORT, VIP},
+    testbed::{close_and_settle, dies_with_us, wait_until, Conn, Testbed, BACKEND_PORT, VIP},
 };
 
 const BACKENDS: usize = 4;
@@ -154,7 +153,7 @@ fn latency(tb: &mut Testbed) -> anyhow::Result<()> {
     // (before, it keeps at least half its weight: one slow exchange must
     // not send a backend to the floor): up to that many go to backend 0
     // first.
-    let warm_up = balancer::latency::MIN_SAMPLES as u64;
+    let warm_up = balancer::signals::latency::MIN_SAMPLES as u64;
     ensure!(
         with[0] <= control[0] / 2 + warm_up,
         "with the latency signal backend 0 (slow) got {} of {REQUESTS} requests, more than half of the {} it got with connections alone and the {warm_up} of the signal's warm-up",

@@ -15,8 +15,8 @@ use anyhow::ensure;
 
 use crate::{
     chance::flush_flows,
-    scenario::{counts_match_servers, wait_until},
-    testbed::{broken, open_held, Testbed, VIP},
+    scenario::counts_match_servers,
+    testbed::{broken, open_held, wait_until, Testbed, VIP},
 };
 
 /// Connections held across the swap.

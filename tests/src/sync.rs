@@ -83,13 +83,15 @@ fn tables(pins: &Path) -> anyhow::Result<Vec<(FlowKey, FlowEntry)>> {
         let map: aya::maps::HashMap<MapData, FlowKey, FlowEntry> =
             aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data)?)?;
         let fd = std::os::fd::AsFd::as_fd(map.map().fd());
-        out.extend(balancer::batch::lookup_all::<FlowKey, FlowEntry>(fd, 8192)?);
+        out.extend(balancer::datapath::batch::lookup_all::<FlowKey, FlowEntry>(
+            fd, 8192,
+        )?);
     }
     Ok(out)
 }
 
 fn vip_key(k: &FlowKey) -> bool {
-    k.kind == flow_kind::LIVE && balancer::maps::flow_endpoints(k).1 == VIP
+    k.kind == flow_kind::LIVE && balancer::datapath::maps::flow_endpoints(k).1 == VIP
 }
 
 /// The VIP's flows a balancer counts (placed or adopted there), by client.
@@ -97,7 +99,7 @@ fn own(pins: &Path) -> anyhow::Result<BTreeMap<SocketAddr, FlowEntry>> {
     Ok(tables(pins)?
         .into_iter()
         .filter(|(k, e)| vip_key(k) && fl::counted(e.state))
-        .map(|(k, e)| (balancer::maps::flow_endpoints(&k).0, e))
+        .map(|(k, e)| (balancer::datapath::maps::flow_endpoints(&k).0, e))
         .collect())
 }
 
@@ -106,7 +108,7 @@ fn synced(pins: &Path) -> anyhow::Result<BTreeSet<SocketAddr>> {
     Ok(tables(pins)?
         .into_iter()
         .filter(|(k, e)| vip_key(k) && !fl::counted(e.state))
-        .map(|(k, _)| balancer::maps::flow_endpoints(&k).0)
+        .map(|(k, _)| balancer::datapath::maps::flow_endpoints(&k).0)
         .collect())
 }
 

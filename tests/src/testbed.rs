@@ -29,7 +29,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use balancer::api::{BackendView, Response, StatsView};
+use balancer::model::api::{BackendView, Response, StatsView};
 
 use crate::netns::{enter_ns, sh, Netns};
 
@@ -1203,6 +1203,25 @@ pub fn close_and_settle(tb: &Testbed, conns: Vec<Conn>) -> anyhow::Result<()> {
     close_and_settle_on(tb, None, conns)
 }
 
+/// Polls until `check` returns `Ok(Ok(()))` or `timeout` passes; returns
+/// the last explanation on time-out.
+///
+/// # Errors
+/// `check` fails, or the time-out with its last explanation.
+pub fn wait_until(
+    timeout: Duration,
+    mut check: impl FnMut() -> anyhow::Result<Result<(), String>>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check()? {
+            Ok(()) => return Ok(()),
+            Err(why) if Instant::now() >= deadline => bail!("timed out: {why}"),
+            Err(_) => thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// [`close_and_settle`] counting only `vip`'s backends when given.
 ///
 /// # Errors
@@ -1215,7 +1234,7 @@ pub fn close_and_settle_on(
     for c in conns {
         c.close();
     }
-    crate::scenario::wait_until(Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), || {
         let a: u64 = tb
             .backends()?
             .iter()

@@ -25,7 +25,7 @@
 use std::{net::SocketAddr, path::Path, thread, time::Duration};
 
 use anyhow::{ensure, Context as _};
-use balancer::{api::Response, config};
+use balancer::model::{api::Response, config};
 
 use crate::{
     netns::sh,
@@ -223,7 +223,7 @@ fn deleted_state_file(tb: &mut Testbed) -> anyhow::Result<()> {
     // to start from; written again too.
     std::fs::write(&path, b"garbage")?;
     ensure!(
-        wait_for(5, || balancer::persist::read_state(&path)
+        wait_for(5, || balancer::model::persist::read_state(&path)
             .is_ok_and(|s| s.is_some())),
         "the state file written over with garbage was not written again within 5 s"
     );
@@ -408,7 +408,7 @@ fn clean_restart_after_removals(tb: &mut Testbed) -> anyhow::Result<()> {
 const DEAD_VIP: &str = "10.0.0.10:82";
 
 /// `vip list --json`.
-fn vips(tb: &Testbed) -> anyhow::Result<Vec<balancer::api::VipView>> {
+fn vips(tb: &Testbed) -> anyhow::Result<Vec<balancer::model::api::VipView>> {
     match serde_json::from_str::<Response>(&tb.cli(&["vip", "list", "--json"])?)? {
         Response::Vips { vips } => Ok(vips),
         other => anyhow::bail!("unexpected answer {other:?}"),
@@ -416,7 +416,7 @@ fn vips(tb: &Testbed) -> anyhow::Result<Vec<balancer::api::VipView>> {
 }
 
 /// `flows --json` with `args`.
-fn flows(tb: &Testbed, args: &[&str]) -> anyhow::Result<Vec<balancer::api::FlowView>> {
+fn flows(tb: &Testbed, args: &[&str]) -> anyhow::Result<Vec<balancer::model::api::FlowView>> {
     let mut a = vec!["flows", "--json"];
     a.extend_from_slice(args);
     match serde_json::from_str::<Response>(&tb.cli(&a)?)? {

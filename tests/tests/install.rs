@@ -68,7 +68,7 @@ fn the_install_steps_install_a_release_build_its_man_page_and_a_clean_unit() {
         .exists());
     // The default configuration is one the daemon reads.
     let conf = std::fs::read_to_string(dest.path().join("etc/p2c-balancer/balancer.toml")).unwrap();
-    balancer::config::parse(&conf).expect("the default configuration parses");
+    balancer::model::config::parse(&conf).expect("the default configuration parses");
     let unit = dest.path().join("etc/systemd/system/p2c-balancer.service");
     let text = std::fs::read_to_string(&unit).unwrap();
     assert!(

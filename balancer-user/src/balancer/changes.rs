@@ -12,7 +12,7 @@ use balancer_common::{
 };
 
 use super::*;
-use crate::candidates::{CandidateTable, Member};
+use crate::signals::candidates::{CandidateTable, Member};
 
 /// A VIP's candidate table as last computed, with the rows in slots.
 #[derive(Debug)]
@@ -88,7 +88,7 @@ impl Balancer {
     /// Addresses of the backends of direct-return VIPs (L2 DSR, IP-in-IP,
     /// GUE): the kernel must know the next hop's MAC address towards each
     /// before the data path can send to it
-    /// ([`crate::netdev::resolve_neighbours`]). A NATed frame with no
+    /// ([`crate::datapath::netdev::resolve_neighbours`]). A NATed frame with no
     /// neighbour entry yet is handed to the kernel, which forwards it and
     /// resolves the next hop itself; an L2 DSR frame cannot be (its
     /// destination is the VIP), nor can a tunnel (its outer source is this
@@ -321,7 +321,7 @@ impl Balancer {
     fn prepare(&mut self, prev: &State) -> Result<BTreeSet<(u32, u32)>> {
         let now = Instant::now();
         for (addr, old) in &prev.vips {
-            let nat = old.settings.mode == crate::state::ForwardingMode::Nat;
+            let nat = old.settings.mode == crate::model::state::ForwardingMode::Nat;
             let Some(new) = self.state.vips.get(addr) else {
                 // No tombstone for a host address: its own service gets the
                 // port back at once.
@@ -403,7 +403,7 @@ impl Balancer {
         // reset the backend).
         let freed: BTreeSet<(u32, u32)> = old_slots.difference(&new_slots).copied().collect();
         if !freed.is_empty() {
-            let at = crate::gc::datapath_now_ns();
+            let at = crate::datapath::gc::datapath_now_ns();
             for k in self.maps.live_flows_of(&freed) {
                 self.maps
                     .add_orphan(&k, orphan_reason::BACKEND_REMOVED, at)?;
@@ -422,7 +422,7 @@ impl Balancer {
         if freed.is_empty() {
             return Ok(());
         }
-        let at = crate::gc::datapath_now_ns();
+        let at = crate::datapath::gc::datapath_now_ns();
         for k in &self.maps.remove_flows_of(freed) {
             self.maps
                 .add_orphan(k, orphan_reason::BACKEND_REMOVED, at)?;
@@ -538,12 +538,12 @@ impl Balancer {
     }
 
     /// Makes the maps the projection of the desired state
-    /// ([`crate::project::project`], [`Maps::sync`]), and warns of VIPs
+    /// ([`crate::model::project::project`], [`Maps::sync`]), and warns of VIPs
     /// left with no backend taking new connections.
     ///
     /// # Errors
     /// Map failure.
-    pub(super) fn sync(&mut self) -> Result<crate::maps::SyncReport> {
+    pub(super) fn sync(&mut self) -> Result<crate::datapath::maps::SyncReport> {
         if self.host_addrs.is_none() {
             self.read_host_addrs();
         }

@@ -1,10 +1,11 @@
 //! [`Balancer`]: the facade that owns the XDP program, its maps and the
 //! desired state, and keeps the invariants between them. Each concern has
-//! its own module: [`crate::maps`] (the only code touching maps),
-//! [`crate::state`] (desired state, validation, persistence),
-//! [`crate::gc`] (expiry, reconciliation), [`crate::eligibility`] and
-//! [`crate::health`] (which backends take new flows), [`crate::telemetry`]
-//! (views), [`crate::netdev`] (interfaces).
+//! its own module: [`crate::datapath::maps`] (the only code touching maps),
+//! [`crate::model::state`] (desired state, validation, persistence),
+//! [`crate::datapath::gc`] (expiry, reconciliation),
+//! [`crate::signals::eligibility`] and [`crate::signals::health`] (which
+//! backends take new flows), [`crate::signals::telemetry`] (views),
+//! [`crate::datapath::netdev`] (interfaces).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,31 +24,37 @@ use balancer_common::{
 };
 
 use crate::{
-    api::{
-        AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
-        VipView,
+    datapath::{
+        gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
+        links::{self, Attached, Held},
+        maps::{check_pins, Count, Maps, Traffic},
+        netdev,
     },
-    command::{Command, Rules},
-    eligibility::{Changes, Eligibility, Note},
-    error::{BalancerError, Result},
-    gc::{GcReport, Reconciler, Sweep, SweepInputs, Timeouts},
-    health::{Outcome, Target},
-    links::{self, Attached, Held},
-    maps::{check_pins, Count, Maps, Traffic},
-    netdev,
-    persist::Persisted,
-    project::{project, Inputs},
-    retired::Retired,
-    state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
-    telemetry,
+    model::{
+        api::{
+            AttachmentView, BackendPatch, BackendState, BackendView, FlowView, StatsView, VipPatch,
+            VipView,
+        },
+        command::{Command, Rules},
+        error::{BalancerError, Result},
+        persist::Persisted,
+        project::{project, Inputs},
+        retired::Retired,
+        state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
+    },
+    signals::{
+        eligibility::{Changes, Eligibility, Note},
+        health::{Outcome, Target},
+        telemetry,
+    },
 };
 
 mod changes;
 mod specialise;
 
-pub use crate::config::{check_config, locate_config_error, ConfigFault};
+pub use crate::model::config::{check_config, locate_config_error, ConfigFault};
 
-pub use crate::links::mode_name;
+pub use crate::datapath::links::mode_name;
 pub use specialise::names as feature_names;
 
 /// The compiled XDP program, built by build.rs.
@@ -106,7 +113,7 @@ impl Default for LoadOptions {
 /// The kernel's refusal to create the maps or load the object, in an
 /// operator's terms where the cause is known.
 fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
-    match crate::error::os_error(&e) {
+    match crate::model::error::os_error(&e) {
         Some(libc::EPERM) | Some(libc::EACCES) => BalancerError::Invalid {
             what: "privileges",
             reason: format!(
@@ -191,7 +198,7 @@ pub struct Balancer {
     /// Capacity of the flow table and of the half-open table, entries.
     table_sizes: (u32, u32),
     /// The cluster as its tasks last saw it (none: a balancer on its own).
-    cluster_view: Option<crate::api::ClusterView>,
+    cluster_view: Option<crate::model::api::ClusterView>,
     /// The addresses of the balancer's host ([`netdev::host_addresses`];
     /// tests give their own, [`Balancer::set_host_addresses`]).
     host_addresses: HostAddresses,
@@ -202,22 +209,22 @@ pub struct Balancer {
     starved: BTreeSet<SocketAddr>,
     /// Each configuration file as last applied, by source
     /// ([`Persisted::applied`]).
-    applied: BTreeMap<String, crate::config::Config>,
+    applied: BTreeMap<String, crate::model::config::Config>,
     /// The candidate table of each VIP with consistent candidates.
     tables: BTreeMap<SocketAddr, changes::VipTable>,
     /// The cluster-wide secret of the candidate tables' seeds
     /// ([`balancer_common::consistent::vip_seed`]).
     candidate_secret: u64,
     /// The agents' load reports (the agent signal).
-    agents: crate::agent::Agents,
+    agents: crate::signals::agent::Agents,
     /// The backends' latencies (the latency signal).
-    latency: crate::latency::Latency,
-    /// The VIPs' zone preferences (`crate::locality`).
-    locality: crate::locality::Locality,
+    latency: crate::signals::latency::Latency,
+    /// The VIPs' zone preferences (`crate::signals::locality`).
+    locality: crate::signals::locality::Locality,
     /// The latency samples' ring buffer (`LATENCY_SAMPLES`).
     latency_samples: Option<aya::maps::RingBuf<MapData>>,
     /// The choices' regret, from the sampled choices' ring.
-    regret: crate::regret::Regret,
+    regret: crate::signals::regret::Regret,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -233,7 +240,8 @@ pub struct ApplyHow {
     pub allow_empty: bool,
     /// Make the running state exactly the file (a two-way plan): runtime
     /// changes the file did not make are undone. Otherwise (and always
-    /// for the first file applied) the three-way [`crate::config::merge`].
+    /// for the first file applied) the three-way
+    /// [`crate::model::config::merge`].
     pub exact: bool,
     /// Which file it is (its absolute path; `-` for standard input): the
     /// base of the merge is that file as last applied, so a file applied
@@ -355,7 +363,7 @@ impl Balancer {
         };
         let flow_events = ring(map_names::FLOW_EVENTS)?;
         let latency_samples = ring(map_names::LATENCY_SAMPLES)?;
-        let regret = crate::regret::Regret::new(ring(map_names::REGRET_SAMPLES)?);
+        let regret = crate::signals::regret::Regret::new(ring(map_names::REGRET_SAMPLES)?);
         let mut maps = Maps::take(&mut ebpf)?;
         let settings = Settings {
             regret_sample: balancer_common::DEFAULT_REGRET_SAMPLE,
@@ -427,9 +435,9 @@ impl Balancer {
     }
 
     /// The projection of the desired state now: what every control-plane
-    /// map must hold ([`crate::project::project`]; the maps' active list
+    /// map must hold ([`crate::model::project::project`]; the maps' active list
     /// halves are 0 in it).
-    pub fn projection(&self) -> crate::project::ConfigMaps {
+    pub fn projection(&self) -> crate::model::project::ConfigMaps {
         project(&self.state, &self.retired, &self.inputs())
     }
 
@@ -440,8 +448,10 @@ impl Balancer {
     ///
     /// # Errors
     /// Map write failure.
-    pub fn agent_tick(&mut self, now: Instant) -> Result<Vec<crate::agent::Target>> {
-        let t = self.agents.tick(crate::agent::targets(&self.state), now);
+    pub fn agent_tick(&mut self, now: Instant) -> Result<Vec<crate::signals::agent::Target>> {
+        let t = self
+            .agents
+            .tick(crate::signals::agent::targets(&self.state), now);
         for s in t.fallen_back {
             self.maps.set_peer_conns(s, 0)?;
         }
@@ -449,7 +459,7 @@ impl Balancer {
     }
 
     /// Records an agent poll's outcome for `server`: a report's correction
-    /// goes into `PEER_CONNS` at once (`crate::agent`).
+    /// goes into `PEER_CONNS` at once (`crate::signals::agent`).
     ///
     /// # Errors
     /// Map read or write failure.
@@ -480,7 +490,7 @@ impl Balancer {
 
     /// Reads the sampled choices the data path sent since the last call
     /// and adds each one's regret to its VIP's telemetry
-    /// ([`crate::regret`]); returns how many.
+    /// ([`crate::signals::regret`]); returns how many.
     ///
     /// # Errors
     /// Map read failure.
@@ -506,12 +516,12 @@ impl Balancer {
     }
 
     /// The latency signal's averages and counters.
-    pub fn latency(&self) -> &crate::latency::Latency {
+    pub fn latency(&self) -> &crate::signals::latency::Latency {
         &self.latency
     }
 
     /// The agent signal's reports and counters.
-    pub fn agents(&self) -> &crate::agent::Agents {
+    pub fn agents(&self) -> &crate::signals::agent::Agents {
         &self.agents
     }
 
@@ -542,7 +552,7 @@ impl Balancer {
     /// generic mode: `XdpMode::Skb`). With a pin directory the link is
     /// pinned at `{pin_dir}/links/{interface}` and outlives the daemon; an
     /// earlier run's link found there gets this program by atomic
-    /// replacement ([`crate::links`]).
+    /// replacement ([`crate::datapath::links`]).
     ///
     /// # Errors
     /// [`BalancerError::Program`] naming the interface, the mode and the
@@ -636,7 +646,7 @@ impl Balancer {
     pub fn remove_map_pins(&mut self) -> Result<Vec<String>> {
         match &self.pin_dir {
             Some(dir) => {
-                let removed = crate::maps::remove_pins(dir)?;
+                let removed = crate::datapath::maps::remove_pins(dir)?;
                 let _ = std::fs::remove_dir(links::link_dir(dir));
                 let _ = std::fs::remove_dir(dir);
                 Ok(removed)
@@ -748,12 +758,12 @@ impl Balancer {
     }
 
     /// The cluster as its tasks last saw it (none: not in a cluster).
-    pub fn cluster_view(&self) -> Option<&crate::api::ClusterView> {
+    pub fn cluster_view(&self) -> Option<&crate::model::api::ClusterView> {
         self.cluster_view.as_ref()
     }
 
     /// Records the cluster's view (the cluster tasks).
-    pub fn set_cluster_view(&mut self, v: crate::api::ClusterView) {
+    pub fn set_cluster_view(&mut self, v: crate::model::api::ClusterView) {
         self.cluster_view = Some(v);
     }
 
@@ -769,7 +779,8 @@ impl Balancer {
     }
 
     /// The desired state and the maps, for the cluster sync
-    /// ([`crate::cluster`]), which reads and writes flow entries and counts.
+    /// ([`crate::cluster::sync`]), which reads and writes flow entries and
+    /// counts.
     pub(crate) fn cluster_parts(&mut self) -> (&State, &mut Maps) {
         (&self.state, &mut self.maps)
     }
@@ -796,15 +807,15 @@ impl Balancer {
     }
 
     /// The running state in the declarative form (`balancer export`).
-    pub fn export_config(&self) -> crate::config::Config {
-        crate::config::export(&self.state, &self.timeouts())
+    pub fn export_config(&self) -> crate::model::config::Config {
+        crate::model::config::export(&self.state, &self.timeouts())
     }
 
     /// Applies the configuration file `desired` (`balancer apply`, `run
     /// --config`): what the file changed since it was last applied, merged
-    /// into the running state ([`crate::config::merge`]; the whole file
+    /// into the running state ([`crate::model::config::merge`]; the whole file
     /// with `exact` or for a first file), then the changes
-    /// [`crate::config::plan`] lists, in its order, each as its own API
+    /// [`crate::model::config::plan`] lists, in its order, each as its own API
     /// call would make it. Returns them, one line each, and the runtime
     /// values kept against the file's. With `dry_run` nothing changes; the
     /// configuration is still checked. All of the
@@ -822,7 +833,7 @@ impl Balancer {
     /// set, map failure.
     pub fn apply_config(
         &mut self,
-        desired: &crate::config::Config,
+        desired: &crate::model::config::Config,
         how: ApplyHow,
     ) -> Result<Applied> {
         let ApplyHow {
@@ -835,13 +846,13 @@ impl Balancer {
         check_config(desired)?;
         let current = self.export_config();
         let merged = match self.applied.get(&source) {
-            Some(last) if !exact => crate::config::merge(last, desired, &current),
-            _ => crate::config::Merged {
+            Some(last) if !exact => crate::model::config::merge(last, desired, &current),
+            _ => crate::model::config::Merged {
                 target: desired.clone(),
                 kept: Vec::new(),
             },
         };
-        let changes = crate::config::plan(&current, &merged.target);
+        let changes = crate::model::config::plan(&current, &merged.target);
         let removes_vips = changes.iter().any(|c| matches!(c, Command::RemoveVip(_)));
         if desired.vips.is_empty() && removes_vips && !allow_empty {
             return Err(BalancerError::Invalid {
@@ -856,7 +867,7 @@ impl Balancer {
         }
         let lines: Vec<String> = changes.iter().map(Command::describe).collect();
         if refuse_sweep {
-            let swept = crate::config::sweeping_removals(&current, &changes);
+            let swept = crate::model::config::sweeping_removals(&current, &changes);
             if !swept.is_empty() {
                 return Ok(Applied {
                     changes: lines,
@@ -905,8 +916,8 @@ impl Balancer {
     ///
     /// # Errors
     /// An unknown VIP or backend named by a patch.
-    pub fn command_of(&self, req: &crate::api::Request) -> Option<Result<Command>> {
-        use crate::api::Request as R;
+    pub fn command_of(&self, req: &crate::model::api::Request) -> Option<Result<Command>> {
+        use crate::model::api::Request as R;
         Some(match req {
             R::AddVip { vip, settings } => Ok(Command::AddVip(*vip, settings.clone())),
             R::SetVip { vip, patch } => self
@@ -1103,7 +1114,11 @@ impl Balancer {
     }
 
     /// Up to `limit` flows of the flow table (live and closed).
-    pub fn flows(&self, limit: usize, filter: &crate::api::FlowFilter) -> (Vec<FlowView>, bool) {
+    pub fn flows(
+        &self,
+        limit: usize,
+        filter: &crate::model::api::FlowFilter,
+    ) -> (Vec<FlowView>, bool) {
         telemetry::flows(&self.maps, limit, filter)
     }
 
@@ -1117,7 +1132,7 @@ impl Balancer {
             latency: &self.latency,
             locality: &self.locality,
             regret: &self.regret,
-            programs: crate::api::ProgramsView {
+            programs: crate::model::api::ProgramsView {
                 features: specialise::names(self.loaded.features),
                 swaps: self.loaded.swaps,
             },
@@ -1192,7 +1207,7 @@ impl Balancer {
         self.apply(ch, resync || ramped || latency)
     }
 
-    /// Decides each zone-preferring VIP again ([`crate::locality`]; run
+    /// Decides each zone-preferring VIP again ([`crate::signals::locality`]; run
     /// every 20 ms by the daemon, so that a zone passes its threshold by
     /// little) and, when a decision changed, syncs the maps to the new
     /// projection. Logs each spill.
@@ -1223,15 +1238,16 @@ impl Balancer {
         Ok(())
     }
 
-    /// Sets this balancer's zone (`balancer run --zone`; [`crate::locality`]).
+    /// Sets this balancer's zone (`balancer run --zone`;
+    /// [`crate::signals::locality`]).
     ///
     /// # Errors
     /// An invalid zone name; map failure.
     pub fn set_zone(&mut self, zone: Option<String>) -> Result<()> {
         if let Some(z) = &zone {
-            crate::state::check_zone(z)?;
+            crate::model::state::check_zone(z)?;
         }
-        self.locality = crate::locality::Locality::new(zone);
+        self.locality = crate::signals::locality::Locality::new(zone);
         self.sync()?;
         Ok(())
     }

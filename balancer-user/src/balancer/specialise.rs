@@ -31,8 +31,8 @@ use balancer_common::{features, map_names, programs};
 
 use super::{program_missing, program_open_failed, Balancer, LoadOptions, PROGRAM};
 use crate::{
-    error::{BalancerError, Result},
-    links::Held,
+    datapath::links::Held,
+    model::error::{BalancerError, Result},
 };
 
 /// How the programs running now were loaded, and what the next load
@@ -90,7 +90,7 @@ pub(super) fn open(
                 // Only maps named here are pinned (the object declares none
                 // as pinned, so a load without a pin directory shares
                 // nothing).
-                for name in crate::maps::PINNED_MAPS {
+                for name in crate::datapath::maps::PINNED_MAPS {
                     loader.map_pin_path(name, dir.join(name));
                 }
             }
@@ -217,7 +217,7 @@ pub(super) fn pin_root(opts: &LoadOptions) -> Option<PathBuf> {
         .pin_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/sys/fs/bpf"));
-    crate::preflight::is_bpffs(&root).then_some(root)
+    crate::datapath::maps::is_bpffs(&root).then_some(root)
 }
 
 /// Removes the load directories an earlier process left (it ended during

@@ -1,5 +1,5 @@
 use super::*;
-use crate::{
+use crate::model::{
     command::{check_new_backends, check_new_vip, check_settings_change},
     state::{BackendConfig, VipConfig},
 };
@@ -20,7 +20,7 @@ fn ipv4_mapped_addresses_in_a_file_are_refused() {
             "encap source",
         ),
     ] {
-        let c = crate::config::parse(text).unwrap();
+        let c = crate::model::config::parse(text).unwrap();
         let e = check_config(&c).unwrap_err().to_string();
         assert!(e.contains("IPv4-mapped") && e.contains(at), "{e}");
     }
@@ -180,7 +180,7 @@ fn the_hosts_addresses_need_saying_so() {
 
 #[test]
 fn a_configuration_file_with_a_loop_is_refused() {
-    let c = crate::config::parse(
+    let c = crate::model::config::parse(
         "[[vip]]\naddress = \"10.0.0.10:80\"\n[[vip.backend]]\naddress = \"10.0.0.20:80\"\n\
          [[vip]]\naddress = \"10.0.0.20:80\"\n[[vip.backend]]\naddress = \"10.0.0.10:80\"\n",
     )
@@ -193,17 +193,19 @@ fn a_configuration_file_with_a_loop_is_refused() {
         &["is the address of VIP 10.0.0.20:80", "forwarding loop"],
     );
     // allow_host_address round-trips through the file.
-    let c = crate::config::parse("[[vip]]\naddress = \"10.0.1.1:80\"\nallow_host_address = true\n")
-        .unwrap();
+    let c = crate::model::config::parse(
+        "[[vip]]\naddress = \"10.0.1.1:80\"\nallow_host_address = true\n",
+    )
+    .unwrap();
     assert!(c.vips[0].settings().allow_host_address);
-    assert!(crate::config::to_toml(&c)
+    assert!(crate::model::config::to_toml(&c)
         .unwrap()
         .contains("allow_host_address = true"));
 }
 
 #[test]
 fn consistent_candidates_only_in_the_tunnel_modes_and_through_the_file() {
-    use crate::state::{Candidates, ForwardingMode};
+    use crate::model::state::{Candidates, ForwardingMode};
     let consistent = |mode| VipSettings {
         mode,
         encap_source: Some("10.0.2.1".parse().unwrap()),
@@ -227,48 +229,49 @@ fn consistent_candidates_only_in_the_tunnel_modes_and_through_the_file() {
     VipSettings::default()
         .validate_for(addr("10.0.0.10:80"))
         .unwrap();
-    let c = crate::config::parse(
+    let c = crate::model::config::parse(
         "[[vip]]\naddress = \"10.0.0.10:80\"\nmode = \"ipip\"\nencap_source = \"10.0.2.1\"\ncandidates = \"consistent\"\n",
     )
     .unwrap();
     assert_eq!(c.vips[0].settings().candidates, Candidates::Consistent);
-    let text = crate::config::to_toml(&c).unwrap();
+    let text = crate::model::config::to_toml(&c).unwrap();
     assert!(text.contains("candidates = \"consistent\""), "{text}");
     // The default is not written out.
-    let plain = crate::config::parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
-    assert!(!crate::config::to_toml(&plain)
+    let plain = crate::model::config::parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
+    assert!(!crate::model::config::to_toml(&plain)
         .unwrap()
         .contains("candidates"));
 }
 
 #[test]
 fn udp_vips_through_the_file_and_their_refusals() {
-    use crate::state::{HealthCheck, Protocol, DEFAULT_UDP_TIMEOUT};
+    use crate::model::state::{HealthCheck, Protocol, DEFAULT_UDP_TIMEOUT};
     use std::time::Duration;
-    let c = crate::config::parse(
+    let c = crate::model::config::parse(
         "[[vip]]\naddress = \"10.0.0.10:53\"\nprotocol = \"both\"\nudp_timeout = \"2m\"\n",
     )
     .unwrap();
     let s = c.vips[0].settings();
     assert_eq!(s.protocol, Protocol::Both);
     assert_eq!(s.udp_timeout, Duration::from_secs(120));
-    let text = crate::config::to_toml(&c).unwrap();
+    let text = crate::model::config::to_toml(&c).unwrap();
     assert!(
         text.contains("protocol = \"both\"") && text.contains("udp_timeout = \"2m\""),
         "{text}"
     );
     // The defaults are not written out.
-    let plain = crate::config::parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
+    let plain = crate::model::config::parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
     assert_eq!(plain.vips[0].settings().udp_timeout, DEFAULT_UDP_TIMEOUT);
-    let text = crate::config::to_toml(&plain).unwrap();
+    let text = crate::model::config::to_toml(&plain).unwrap();
     assert!(
         !text.contains("protocol") && !text.contains("udp_timeout"),
         "{text}"
     );
     // An unknown protocol is refused by the file's parser.
-    assert!(
-        crate::config::parse("[[vip]]\naddress = \"10.0.0.10:53\"\nprotocol = \"sctp\"\n").is_err()
-    );
+    assert!(crate::model::config::parse(
+        "[[vip]]\naddress = \"10.0.0.10:53\"\nprotocol = \"sctp\"\n"
+    )
+    .is_err());
     // A UDP timeout out of range, and a UDP-only VIP's TCP check on the
     // backends' own port, are refused; with a port of their own, accepted.
     let udp = |udp_timeout, health| VipSettings {
@@ -305,7 +308,7 @@ fn udp_vips_through_the_file_and_their_refusals() {
 
 #[test]
 fn udp_flow_timeouts_by_state() {
-    use crate::gc::udp_timeout;
+    use crate::datapath::gc::udp_timeout;
     use std::time::Duration;
     let t = Duration::from_secs(60);
     assert_eq!(udp_timeout(balancer_common::flow::F_ESTABLISHED, t), t);

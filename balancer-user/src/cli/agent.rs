@@ -1,10 +1,10 @@
 //! `balancer agent`: the backends' side of the agent load signal
-//! (`--signal agent`, `balancer::agent`).
+//! (`--signal agent`, `balancer::signals::agent`).
 
 use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::Context as _;
-use balancer::agent::{self, LoadSource};
+use balancer::signals::agent::{self, LoadSource};
 use clap::Args;
 
 /// `balancer agent ...`.

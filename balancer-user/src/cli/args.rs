@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use balancer::state::{check_choices, CheckKind, HealthCheck};
+use balancer::model::state::{check_choices, CheckKind, HealthCheck};
 use balancer_common::CHOICES_FULL_SCAN;
 
 /// Number of choices: 1..=16 or `all` (full least-connections scan).

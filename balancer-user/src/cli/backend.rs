@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use balancer::api::{BackendPatch, BackendView, HealthSetting, HealthStatus, Request};
+use balancer::model::api::{BackendPatch, BackendView, HealthSetting, HealthStatus, Request};
 use clap::Subcommand;
 
 use super::args::{parse_endpoint, HealthArgs};

@@ -1,7 +1,7 @@
 //! `balancer cluster`: this balancer's place among its peers
 //! (docs/cluster.md).
 
-use balancer::{api::Request, cluster::ClusterView};
+use balancer::{cluster::sync::ClusterView, model::api::Request};
 
 /// `balancer cluster` verbs.
 #[derive(clap::Subcommand, Debug)]
@@ -49,11 +49,15 @@ pub async fn await_announcements(
 ) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let v = match balancer::client::call_with_timeout(socket, &Request::ClusterStatus, timeout)
-            .await?
+        let v = match balancer::serve::client::call_with_timeout(
+            socket,
+            &Request::ClusterStatus,
+            timeout,
+        )
+        .await?
         {
-            balancer::api::Response::Cluster(v) => v,
-            balancer::api::Response::Error { message, .. } => anyhow::bail!("{message}"),
+            balancer::model::api::Response::Cluster(v) => v,
+            balancer::model::api::Response::Error { message, .. } => anyhow::bail!("{message}"),
             other => anyhow::bail!("unexpected answer {other:?}"),
         };
         let done = if drained {

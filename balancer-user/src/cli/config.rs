@@ -1,12 +1,15 @@
 //! `balancer apply` and `balancer export`: the declarative configuration
-//! (see `balancer::config` for the file's form).
+//! (see `balancer::model::config` for the file's form).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use balancer::{
-    api::{Request, Response},
-    client, config,
+    model::{
+        api::{Request, Response},
+        config,
+    },
+    serve::client,
 };
 
 /// `balancer apply` options.

@@ -3,10 +3,11 @@
 use std::{net::IpAddr, path::PathBuf};
 
 use balancer::{
-    daemon::ensure_bpffs,
-    decap::{self, DecapOptions, SourcePrefix},
-    links::Attached,
-    preflight,
+    daemon::{preflight, runtime::ensure_bpffs},
+    datapath::{
+        decap::{self, DecapOptions, SourcePrefix},
+        links::Attached,
+    },
 };
 use clap::Subcommand;
 
@@ -89,7 +90,7 @@ impl DecapCmd {
         }
         preflight::check_privileges()?;
         if ensure_bpffs()? {
-            tracing::warn!("{}", balancer::daemon::PRIVATE_BPFFS);
+            tracing::warn!("{}", balancer::daemon::runtime::PRIVATE_BPFFS);
         }
         match self {
             DecapCmd::Attach {

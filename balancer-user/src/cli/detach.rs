@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use balancer::{
-    api::{Request, Response},
-    client, links, maps, preflight,
+    daemon::preflight,
+    datapath::{links, maps},
+    model::api::{Request, Response},
+    serve::client,
 };
 
 /// `balancer detach` options.
@@ -74,7 +76,7 @@ impl DetachArgs {
         for i in &interfaces {
             let pin = link_dir.join(links::pin_name(i));
             let name = links::pinned_link(&pin)?
-                .and_then(|l| balancer::netdev::program_name(l.program_id))
+                .and_then(|l| balancer::datapath::netdev::program_name(l.program_id))
                 .unwrap_or_default();
             if name != balancer_common::programs::ENTRY {
                 bail!(

@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use aya::programs::XdpMode;
 use balancer::{
     balancer::{LoadOptions, MAX_TABLE_SIZE},
-    daemon::DaemonConfig,
+    daemon::runtime::DaemonConfig,
     Timeouts,
 };
 use balancer_common::{
@@ -207,7 +207,7 @@ pub struct RunArgs {
     candidate_secret_file: Option<PathBuf>,
     /// The sync socket's receive and send buffers, bytes (tests only: a
     /// small one loses datagrams of a burst).
-    #[arg(long, default_value_t = balancer::cluster::SOCKET_BUFFER as u32, hide = true,
+    #[arg(long, default_value_t = balancer::cluster::sync::SOCKET_BUFFER as u32, hide = true,
           value_parser = clap::value_parser!(u32).range(1024..=(1 << 30)))]
     sync_socket_buffer: u32,
     /// The flow-event ring buffer the cluster sync reads, bytes (a power of
@@ -249,7 +249,7 @@ impl RunArgs {
             };
         let cluster = self
             .cluster_listen
-            .map(|listen| balancer::cluster::ClusterConfig {
+            .map(|listen| balancer::cluster::sync::ClusterConfig {
                 listen,
                 peers: self.peers.clone(),
                 sync_interval: self.sync_interval,
@@ -296,7 +296,7 @@ impl RunArgs {
             bgp: self
                 .bgp_dir
                 .zip(self.birdc_socket)
-                .map(|(dir, birdc_socket)| balancer::bgp::BgpConfig { dir, birdc_socket }),
+                .map(|(dir, birdc_socket)| balancer::cluster::bgp::BgpConfig { dir, birdc_socket }),
             candidate_secret_file: self.candidate_secret_file,
             force_config: self.force,
         })
@@ -315,7 +315,7 @@ fn parse_ring_size(s: &str) -> Result<u32, String> {
 
 /// A zone name (`state::check_zone`).
 fn parse_zone(s: &str) -> Result<String, String> {
-    balancer::state::check_zone(s)
+    balancer::model::state::check_zone(s)
         .map(|()| s.to_string())
         .map_err(|e| e.to_string())
 }

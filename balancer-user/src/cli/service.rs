@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use balancer::{
-    api::{Request, Response, VersionView},
-    client,
+    model::api::{Request, Response, VersionView},
+    serve::client,
 };
 
 /// `X.Y.Z (commit C)` for `-V`.

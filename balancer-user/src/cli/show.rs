@@ -1,6 +1,6 @@
 //! `balancer stats` and `balancer flows`: reading counters and flows.
 
-use balancer::api::{FlowView, LoadHistogram, StatsView};
+use balancer::model::api::{FlowView, LoadHistogram, StatsView};
 
 use super::{args::choices_name, backend};
 

@@ -18,8 +18,8 @@ use std::{
 
 use anyhow::bail;
 use balancer::{
-    api::{BackendView, Request, Response, StatsView},
-    client,
+    model::api::{BackendView, Request, Response, StatsView},
+    serve::client,
 };
 use crossterm::event::{self, Event, KeyCode, KeyModifiers};
 use ratatui::{

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use balancer::{
+use balancer::model::{
     api::{HealthSetting, Request, VipPatch, VipView},
     prefix::SourcePrefix,
     state::{ForwardingMode, NoHealthy, VipSettings},
@@ -213,12 +213,12 @@ pub enum SignalArg {
     Latency,
 }
 
-impl From<SignalArg> for balancer::state::LoadSignal {
+impl From<SignalArg> for balancer::model::state::LoadSignal {
     fn from(s: SignalArg) -> Self {
         match s {
-            SignalArg::Connections => balancer::state::LoadSignal::Connections,
-            SignalArg::Agent => balancer::state::LoadSignal::Agent,
-            SignalArg::Latency => balancer::state::LoadSignal::Latency,
+            SignalArg::Connections => balancer::model::state::LoadSignal::Connections,
+            SignalArg::Agent => balancer::model::state::LoadSignal::Agent,
+            SignalArg::Latency => balancer::model::state::LoadSignal::Latency,
         }
     }
 }
@@ -234,12 +234,12 @@ pub enum ProtocolArg {
     Both,
 }
 
-impl From<ProtocolArg> for balancer::state::Protocol {
+impl From<ProtocolArg> for balancer::model::state::Protocol {
     fn from(p: ProtocolArg) -> Self {
         match p {
-            ProtocolArg::Tcp => balancer::state::Protocol::Tcp,
-            ProtocolArg::Udp => balancer::state::Protocol::Udp,
-            ProtocolArg::Both => balancer::state::Protocol::Both,
+            ProtocolArg::Tcp => balancer::model::state::Protocol::Tcp,
+            ProtocolArg::Udp => balancer::model::state::Protocol::Udp,
+            ProtocolArg::Both => balancer::model::state::Protocol::Both,
         }
     }
 }
@@ -253,11 +253,11 @@ pub enum CandidatesArg {
     Consistent,
 }
 
-impl From<CandidatesArg> for balancer::state::Candidates {
+impl From<CandidatesArg> for balancer::model::state::Candidates {
     fn from(c: CandidatesArg) -> Self {
         match c {
-            CandidatesArg::Random => balancer::state::Candidates::Random,
-            CandidatesArg::Consistent => balancer::state::Candidates::Consistent,
+            CandidatesArg::Random => balancer::model::state::Candidates::Random,
+            CandidatesArg::Consistent => balancer::model::state::Candidates::Consistent,
         }
     }
 }
@@ -392,7 +392,7 @@ impl VipCmd {
                 Request::AddVip {
                     vip,
                     settings: settings.patch().apply(&VipSettings {
-                        health: balancer::state::default_health(),
+                        health: balancer::model::state::default_health(),
                         ..VipSettings::default()
                     }),
                 },
@@ -457,7 +457,7 @@ pub fn print(vips: &[VipView]) {
             )
         };
         let signal = match (s.signal, s.agent_port) {
-            (balancer::state::LoadSignal::Agent, Some(p)) => format!("agent:{p}"),
+            (balancer::model::state::LoadSignal::Agent, Some(p)) => format!("agent:{p}"),
             (sig, _) => sig.name().to_string(),
         };
         println!(

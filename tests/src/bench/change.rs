@@ -10,7 +10,7 @@
 use std::{fmt::Write as _, net::SocketAddr, path::Path, time::Instant};
 
 use anyhow::{ensure, Context as _};
-use balancer::api::{Request, Response};
+use balancer::model::api::{Request, Response};
 use serde_json::json;
 
 use super::{

@@ -9,8 +9,8 @@ use std::{
 };
 
 use balancer::{
-    health::{Monitor, Target},
-    state::{CheckKind, HealthCheck},
+    model::state::{CheckKind, HealthCheck},
+    signals::health::{Monitor, Target},
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::ensure;
 use aya::programs::XdpMode;
-use balancer::state::{ForwardingMode, VipSettings};
+use balancer::model::state::{ForwardingMode, VipSettings};
 use serde_json::{json, Value};
 
 use super::{
@@ -66,9 +66,9 @@ impl Case {
                 IpAddr::V4(encap_v4)
             }),
             candidates: if self.consistent {
-                balancer::state::Candidates::Consistent
+                balancer::model::state::Candidates::Consistent
             } else {
-                balancer::state::Candidates::Random
+                balancer::model::state::Candidates::Random
             },
             ..VipSettings::default()
         }
@@ -205,7 +205,7 @@ pub fn datapath(rep: &mut Report, aux: &Aux, sc: Scale) -> anyhow::Result<()> {
         };
         let mut drain = move || {
             if let Some(ring) = ring.as_mut() {
-                balancer::cluster::read_events(ring, usize::MAX);
+                balancer::cluster::sync::read_events(ring, usize::MAX);
             }
         };
         let mut pinned = Vec::new();
@@ -423,7 +423,7 @@ pub fn rate(rep: &mut Report, aux: &mut Aux, sc: Scale) -> anyhow::Result<()> {
         lb.add_vip_with(
             vip,
             VipSettings {
-                protocol: balancer::state::Protocol::Udp,
+                protocol: balancer::model::state::Protocol::Udp,
                 ..VipSettings::default()
             },
         )?;

@@ -24,7 +24,7 @@ use std::{
 };
 
 use anyhow::ensure;
-use balancer::state::{Candidates, ForwardingMode, VipSettings};
+use balancer::model::state::{Candidates, ForwardingMode, VipSettings};
 
 use super::{time_path, Aux, Cost, Scale};
 use crate::{
@@ -46,7 +46,7 @@ const VIP6: SocketAddr = SocketAddr::new(
 /// The main VIP of section 1 (NAT, IPv4), here with [`BACKENDS`].
 const VIP4: SocketAddr = super::VIP;
 
-fn prefixes(list: &[String]) -> anyhow::Result<Vec<balancer::prefix::SourcePrefix>> {
+fn prefixes(list: &[String]) -> anyhow::Result<Vec<balancer::model::prefix::SourcePrefix>> {
     list.iter()
         .map(|s| s.parse().map_err(anyhow::Error::msg))
         .collect()
@@ -97,7 +97,7 @@ pub fn costs(aux: &Aux, sc: Scale) -> anyhow::Result<Vec<(&'static str, Cost)>> 
     // SYN's source-list row.
     let deny: Vec<String> = (0..63).map(|k| format!("10.3.{k}.0/24")).collect();
     let lists = |allow: &[String], deny: &[String]| -> anyhow::Result<_> {
-        Ok(balancer::api::VipPatch {
+        Ok(balancer::model::api::VipPatch {
             allow_sources: Some(prefixes(allow)?),
             deny_sources: Some(prefixes(deny)?),
             ..Default::default()
@@ -145,7 +145,7 @@ pub fn costs(aux: &Aux, sc: Scale) -> anyhow::Result<Vec<(&'static str, Cost)>> 
         "new-flow SYN, IPv6 NAT VIP",
         time_path(&r, aux, Side::Client, sc.rounds, |k| syns(k as u32 * calls))?,
     ));
-    let rate = |rate: u32| balancer::api::VipPatch {
+    let rate = |rate: u32| balancer::model::api::VipPatch {
         source_rate: Some(rate),
         source_burst: Some(rate),
         source_rate_prefix_v6: Some(64),

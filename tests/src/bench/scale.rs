@@ -28,8 +28,8 @@ use std::{
 use anyhow::{ensure, Context as _};
 use aya::maps::{Array, IterableMap as _, MapData};
 use balancer::{
-    api::{Request, Response},
-    batch,
+    datapath::batch,
+    model::api::{Request, Response},
 };
 use balancer_common::{flow as fl, flow_kind, map_names, FlowEntry, FlowKey, IPPROTO_TCP};
 use serde_json::{json, Value};
@@ -76,8 +76,8 @@ fn table_for(n: u64) -> u32 {
 fn key(i: u64, vip: SocketAddr) -> FlowKey {
     let a = 0x0b00_0000u32 + (i >> 4) as u32;
     FlowKey {
-        src_addr: balancer::maps::ip_be(IpAddr::V4(Ipv4Addr::from(a))),
-        dst_addr: balancer::maps::ip_be(vip.ip()),
+        src_addr: balancer::model::prefix::ip_be(IpAddr::V4(Ipv4Addr::from(a))),
+        dst_addr: balancer::model::prefix::ip_be(vip.ip()),
         src_port: (1024 + (i & 15) as u16).to_be(),
         dst_port: vip.port().to_be(),
         proto: IPPROTO_TCP,
@@ -246,7 +246,7 @@ impl Daemon {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        rt.block_on(balancer::client::call_with_timeout(
+        rt.block_on(balancer::serve::client::call_with_timeout(
             &self.socket,
             req,
             Duration::from_secs(120),
@@ -280,7 +280,7 @@ impl Daemon {
     /// and adds them to the counts. Returns the (slot, server) per backend
     /// index used.
     fn inject(&self, vip: SocketAddr, from: u64, n: u64, last_seen: u64) -> anyhow::Result<()> {
-        let st = balancer::persist::read_state(&self.state)?
+        let st = balancer::model::persist::read_state(&self.state)?
             .context("no state file")?
             .state;
         let v = st.vips.get(&vip).context("VIP not in the state file")?;
@@ -387,7 +387,7 @@ impl Poller {
                 k += 1;
                 let t = Instant::now();
                 let ok = rt
-                    .block_on(balancer::client::call_with_timeout(
+                    .block_on(balancer::serve::client::call_with_timeout(
                         &socket,
                         &req,
                         Duration::from_secs(120),
@@ -570,7 +570,7 @@ fn single_node(
     let d = Daemon::start(dir, "one", "sc0", table, &["--gc-interval", "1s"])?;
     d.configure(NAT_VIP, false)?;
     let t_inject = Instant::now();
-    d.inject(vip, 0, n, balancer::gc::datapath_now_ns())?;
+    d.inject(vip, 0, n, balancer::datapath::gc::datapath_now_ns())?;
     let inject_s = t_inject.elapsed().as_secs_f64();
     // The first whole round that saw them.
     // The first whole round that saw them (the LRU table may have
@@ -599,7 +599,7 @@ fn single_node(
     let rss = rss_kib(pid);
     let mem = map_memlock(pid);
     // Mass expiry.
-    let old = balancer::gc::datapath_now_ns().saturating_sub(11 * 60 * 1_000_000_000);
+    let old = balancer::datapath::gc::datapath_now_ns().saturating_sub(11 * 60 * 1_000_000_000);
     let poll = Poller::start(&d.socket);
     let cpu0 = proc_cpu_s(&[pid]);
     let t_rewrite = Instant::now();
@@ -654,7 +654,7 @@ fn single_node(
 /// Flows per (slot, server) of `n` injected flows, as [`Daemon::inject`]
 /// spread them.
 fn per_slot_of(d: &Daemon, vip: SocketAddr, n: u64) -> anyhow::Result<BTreeMap<(u32, u32), u64>> {
-    let st = balancer::persist::read_state(&d.state)?
+    let st = balancer::model::persist::read_state(&d.state)?
         .context("no state file")?
         .state;
     let v = st.vips.get(&vip).context("VIP")?;
@@ -687,7 +687,7 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
         ],
     )?;
     a.configure(DSR_VIP, true)?;
-    a.inject(vip, 0, n, balancer::gc::datapath_now_ns())?;
+    a.inject(vip, 0, n, balancer::datapath::gc::datapath_now_ns())?;
     // Its walks have sent them to no one yet: the peer is not up.
     thread::sleep(Duration::from_secs(2));
     let b = Daemon::start(

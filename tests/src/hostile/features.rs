@@ -30,7 +30,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _};
-use balancer::candidates::{CandidateTable, Member};
+use balancer::signals::candidates::{CandidateTable, Member};
 use balancer_common::{
     consistent::{flow_hash, row_of, vip_seed},
     Addr,
@@ -40,8 +40,7 @@ use etherparse::PacketBuilder;
 use super::{backend_ip, spoofed, Link, BACKENDS, VIPS};
 use crate::{
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{Conn, Testbed},
+    testbed::{wait_until, Conn, Testbed},
 };
 
 /// Class m's VIP (UDP, QUIC-LB server IDs of 2 octets).
@@ -432,7 +431,7 @@ pub(super) fn latency_poison(tb: &Testbed, failures: &mut Vec<String>) -> anyhow
                 tb,
                 LATENCY_CONTROL_VIP,
                 200,
-                Some((0, balancer::latency::MIN_SAMPLES as u64 + 1)),
+                Some((0, balancer::signals::latency::MIN_SAMPLES as u64 + 1)),
                 10 << 40,
             )?;
             crate::testbed::close_and_settle_on(tb, Some(LATENCY_CONTROL_VIP), conns)?;
@@ -476,7 +475,7 @@ pub(super) fn latency_poison(tb: &Testbed, failures: &mut Vec<String>) -> anyhow
 /// Time for the latency signal to fold in what it was sent: a few of its
 /// updates.
 fn latency_settle() -> Duration {
-    balancer::latency::UPDATE * 4
+    balancer::signals::latency::UPDATE * 4
 }
 
 /// A consistent VIP's candidate rows as computed from outside: its
@@ -575,11 +574,13 @@ pub(super) fn aimed_rows(tb: &Testbed, failures: &mut Vec<String>) -> anyhow::Re
     let client = super::CLIENTS[0];
     // The daemon's own secret, from its state directory (what the test,
     // not an attacker, can read).
-    let secret_file = tb.dir().join(balancer::daemon::CANDIDATE_SECRET_FILE);
+    let secret_file = tb
+        .dir()
+        .join(balancer::daemon::runtime::CANDIDATE_SECRET_FILE);
     let bytes = std::fs::read(&secret_file)
         .with_context(|| format!("reading {}", secret_file.display()))?;
     let real = Rows::new(
-        balancer::cluster::candidate_secret(bytes.trim_ascii()),
+        balancer::cluster::sync::candidate_secret(bytes.trim_ascii()),
         &members,
         client,
         v.addr,

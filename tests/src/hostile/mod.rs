@@ -75,7 +75,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _};
-use balancer::api::BackendView;
+use balancer::model::api::BackendView;
 use etherparse::{IpNumber, Ipv4Header, PacketBuilder};
 
 mod features;
@@ -84,8 +84,7 @@ use crate::{
     flood::mac_in,
     modes::{decap_stats, keep_vip_off_the_segment},
     netns::enter_ns,
-    scenario::wait_until,
-    testbed::{Conn, PeerPrograms, Testbed},
+    testbed::{wait_until, Conn, PeerPrograms, Testbed},
 };
 
 const BACKENDS: usize = 4;
@@ -1606,8 +1605,8 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
         // source.
         if key == 'h' || key == 'j' {
             let out = tb.cli(&["flows", "--limit", "10000", "--json"])?;
-            let flows = match serde_json::from_str::<balancer::api::Response>(&out)? {
-                balancer::api::Response::Flows { flows, .. } => flows,
+            let flows = match serde_json::from_str::<balancer::model::api::Response>(&out)? {
+                balancer::model::api::Response::Flows { flows, .. } => flows,
                 other => bail!("unexpected answer {other:?}"),
             };
             let forged = flows

@@ -1,0 +1,1287 @@
+//! The daemon: loads and attaches the program, serves the control API on a
+//! root-only unix socket (and, optionally, a read-only one for a monitoring
+//! group and Prometheus metrics on TCP), expires idle flows, reconciles
+//! counts, polls stats. It tells systemd when it is ready (`Type=notify`,
+//! see `contrib/p2c-balancer.service`).
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{bail, Context as _};
+use aya::programs::XdpMode;
+use tokio::{
+    net::UnixListener,
+    sync::{Mutex, Notify},
+};
+
+use crate::{
+    balancer::{mode_name, Balancer, LoadOptions},
+    daemon::{preflight, services::Services},
+    datapath::{
+        gc::Timeouts,
+        links::{self, Attached},
+        maps::{check_pins, present_pins},
+    },
+    model::persist::read_state,
+    serve::{
+        control,
+        http::{self, Access},
+        metrics::{DaemonMetrics, Source},
+    },
+    signals::{eligibility::Note, health::Monitor},
+};
+
+pub use control::{error_chain, handle};
+/// Period of the passive-detection and slow-start poll.
+const ELIGIBILITY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Daemon settings; every field has a documented default in the CLI.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// Interfaces to attach to.
+    pub interfaces: Vec<String>,
+    /// Attach mode.
+    pub mode: XdpMode,
+    /// Control socket path.
+    pub socket: PathBuf,
+    /// State file (VIPs and backends), rewritten after every change.
+    pub state_file: PathBuf,
+    /// Program load options (flow-table size, pin directory).
+    pub load: LoadOptions,
+    /// Idle timeouts.
+    pub timeouts: Timeouts,
+    /// Period of the expiry and reconciliation pass.
+    pub gc_interval: Duration,
+    /// Period of the stats log line (0: never).
+    pub stats_interval: Duration,
+    /// Deterministic random seed for tests (0: kernel random).
+    pub test_seed: u64,
+    /// One choice in this many is compared with a full scan
+    /// (`Settings::regret_sample`; 0: never).
+    pub regret_sample: u32,
+    /// This balancer's zone (`crate::signals::locality`).
+    pub zone: Option<String>,
+    /// Remove maps pinned by an earlier run and start empty.
+    pub fresh: bool,
+    /// A declarative configuration to apply at start (after the state
+    /// file is restored): the running state then matches it.
+    pub config_file: Option<PathBuf>,
+    /// A second control socket serving only `GET` requests.
+    pub read_only_socket: Option<PathBuf>,
+    /// The group (name or number) the read-only socket is opened to (mode
+    /// 0660); without one it is root's only.
+    pub read_only_group: Option<String>,
+    /// Where Prometheus metrics are served (`GET /metrics`); none: off.
+    pub metrics_address: Option<std::net::SocketAddr>,
+    /// Flow sync and shared load with peer balancers (docs/cluster.md);
+    /// none: a balancer on its own.
+    pub cluster: Option<crate::cluster::sync::ClusterConfig>,
+    /// The BGP speaker (BIRD 2) announcing the VIPs; none: no announcements.
+    pub bgp: Option<crate::cluster::bgp::BgpConfig>,
+    /// The file of the consistent candidates' secret
+    /// ([`candidate_secret`]); none: the cluster key's, else
+    /// [`CANDIDATE_SECRET_FILE`] beside the state file.
+    pub candidate_secret_file: Option<PathBuf>,
+    /// Apply `config_file` at start even when it would sweep most of a
+    /// VIP's backends away (`run --force`; `ApplyHow::refuse_sweep`).
+    pub force_config: bool,
+}
+
+/// The file, beside the state file, that keeps the consistent candidates'
+/// secret of a balancer given neither `--candidate-secret-file` nor a
+/// cluster key: 32 random bytes in hex, written (mode 0600) at the first
+/// start and read at every start after, so the rows survive restarts.
+pub const CANDIDATE_SECRET_FILE: &str = "candidate-secret";
+
+/// The secret the consistent candidates' rows are drawn with
+/// (`consistent::vip_seed`): from `--candidate-secret-file` when given,
+/// else from the cluster key, else from [`CANDIDATE_SECRET_FILE`] beside
+/// the state file, generated when absent. Never the public constant: with
+/// it, anyone could choose source ports offline that land on a chosen
+/// pair of backends (issue 41, item 8). Each is read through
+/// `cluster::sync::candidate_secret` (an HKDF-style expansion), so the file
+/// never shows the seed itself.
+///
+/// # Errors
+/// A file that cannot be read or written, or holds under
+/// `cluster::sync::MIN_KEY_LEN` bytes.
+pub fn candidate_secret(
+    file: Option<&Path>,
+    cluster_key: Option<&[u8]>,
+    state_file: &Path,
+) -> anyhow::Result<u64> {
+    let read = |f: &Path| -> anyhow::Result<u64> {
+        let b = std::fs::read(f)
+            .with_context(|| format!("reading the candidate secret {}", f.display()))?;
+        let b = b.trim_ascii();
+        if b.len() < crate::cluster::sync::MIN_KEY_LEN {
+            anyhow::bail!(
+                "the candidate secret {} holds {} bytes, at least {} are needed",
+                f.display(),
+                b.len(),
+                crate::cluster::sync::MIN_KEY_LEN
+            );
+        }
+        Ok(crate::cluster::sync::candidate_secret(b))
+    };
+    if let Some(f) = file {
+        return read(f);
+    }
+    if let Some(key) = cluster_key {
+        return Ok(crate::cluster::sync::candidate_secret(key));
+    }
+    let f = crate::model::state::dir_of(state_file).join(CANDIDATE_SECRET_FILE);
+    if !f.exists() {
+        use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+        let bytes: [u8; 32] = rand::random();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        // create_new: a file another start wrote meanwhile is read below.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&f)
+        {
+            Ok(mut w) => {
+                w.write_all(format!("{hex}\n").as_bytes())
+                    .and_then(|_| w.sync_all())
+                    .with_context(|| format!("writing the candidate secret {}", f.display()))?;
+                tracing::info!(
+                    "generated the consistent candidates' secret in {} (give other balancers \
+                     that must draw the same rows a copy, or --cluster-key-file)",
+                    f.display()
+                );
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("creating the candidate secret {}", f.display()))
+            }
+        }
+    }
+    read(&f)
+}
+
+/// What pins under a bpffs this process mounted itself are worth when
+/// it runs in a mount namespace of its own (`ip netns exec` makes one and
+/// mounts a fresh /sys in it): that bpffs, and every pin in it, ends with
+/// the process.
+pub const PRIVATE_BPFFS: &str = "bpffs was mounted at /sys/fs/bpf in this process's own mount \
+     namespace (`ip netns exec` makes one, with a fresh /sys): its pins, and the programs \
+     attached through them, end when this process ends. To keep them, mount a bpffs the host \
+     sees outside /sys (`mount -t bpf bpf /run/bpffs`) and pass --pin-dir under it";
+
+/// Mounts bpffs at /sys/fs/bpf when nothing is mounted there. Returns
+/// `true` when it did so in a mount namespace other than init's: then the
+/// pins end with this process ([`PRIVATE_BPFFS`]).
+///
+/// # Errors
+/// The mount fails.
+pub fn ensure_bpffs() -> anyhow::Result<bool> {
+    let mounts =
+        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    if mounts.lines().any(|l| {
+        l.split_whitespace().nth(1) == Some("/sys/fs/bpf")
+            && l.split_whitespace().nth(2) == Some("bpf")
+    }) {
+        return Ok(false);
+    }
+    std::fs::create_dir_all("/sys/fs/bpf").ok();
+    // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            c"/sys/fs/bpf".as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("mounting bpffs at /sys/fs/bpf");
+    }
+    tracing::info!("mounted bpffs at /sys/fs/bpf");
+    let ns = |p: &str| std::fs::read_link(p).ok();
+    Ok(ns("/proc/self/ns/mnt") != ns("/proc/1/ns/mnt"))
+}
+
+/// Runs the daemon until SIGINT, SIGTERM or a `detach` request.
+///
+/// Start-up decides every refusal before it changes anything (see
+/// [`crate::daemon::preflight`]); a start that fails after that undoes what
+/// it did. Stopping leaves the program attached through its pinned links, so
+/// connections keep flowing until the next start takes over the links.
+///
+/// # Errors
+/// Refusals and load, attach, socket or state-file failures at start.
+pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
+    if cfg.interfaces.is_empty() {
+        bail!("no interface given: pass at least one --iface");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
+        bail!("interface {dup} given twice");
+    }
+    tracing::info!(
+        "starting on {} (pins {}, state {})",
+        cfg.interfaces.join(", "),
+        cfg.load
+            .pin_dir
+            .as_deref()
+            .map_or("none".into(), |d| d.display().to_string()),
+        cfg.state_file.display()
+    );
+    // Signals are handled from here on: a SIGTERM during a long start
+    // (large tables) stops the daemon once the start is complete, cleanly.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+
+    for w in preflight::forwarding_warnings() {
+        tracing::warn!("{w}");
+    }
+    // --- Refusals, reading only.
+    let Prepared {
+        state,
+        desired,
+        socket,
+        read_only,
+        read_only_gid,
+        metrics_listener,
+        cluster_socket,
+        pin_dir_plan,
+        link_dir,
+    } = refusals(&cfg).await?;
+
+    // --- Directories and locks (undone if anything below refuses).
+    let mut undo = Undo::default();
+    undo.created_dirs = preflight::create_dirs(crate::model::state::dir_of(&cfg.state_file))?;
+    let lock_existed = preflight::lock_path(&cfg.state_file).exists();
+    let _state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
+    if !lock_existed {
+        undo.created_files
+            .push(preflight::lock_path(&cfg.state_file));
+    }
+    let mut pin_lock = None;
+    let mut private_pins = false;
+    if let Some(dir) = &cfg.load.pin_dir {
+        if pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) && ensure_bpffs()? {
+            tracing::warn!("{PRIVATE_BPFFS}");
+            private_pins = true;
+        }
+        undo.created_pin_dirs = preflight::create_dirs(dir)?;
+        pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
+        let maps_were_pinned = !present_pins(dir).is_empty();
+        if maps_were_pinned && !cfg.fresh {
+            if state.is_none() {
+                bail!(
+                    "maps are pinned in {} but there is no state file {}: they may belong to \
+                     another state file. Point --state-file at the right file, or pass --fresh \
+                     to remove the pinned maps (their established connections are lost)",
+                    dir.display(),
+                    cfg.state_file.display()
+                );
+            }
+            check_pins(
+                dir,
+                cfg.load.flow_table_size,
+                cfg.load.half_open_table_size,
+                cfg.load.affinity_table_size,
+            )?;
+        }
+        if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.state.vips.is_empty()) {
+            tracing::warn!(
+                "state file {} found but no pinned maps in {} (bpffs remounted or pins \
+                 removed): connections established before this start will miss and be passed",
+                cfg.state_file.display(),
+                dir.display()
+            );
+        }
+        if maps_were_pinned && cfg.fresh {
+            undo.fresh = Some(dir.clone());
+        }
+        if !maps_were_pinned {
+            undo.new_map_pins = Some(dir.clone());
+        }
+    }
+    raise_fd_limit();
+
+    // --- Changes.
+    if let Some(dir) = cfg.socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        undo.created_dirs.extend(preflight::create_dirs(dir)?);
+    }
+    if socket == preflight::SocketPath::Stale {
+        std::fs::remove_file(&cfg.socket)
+            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
+    }
+    let listener = bind_socket(&cfg.socket)?;
+    let socket_guard = RemoveOnDrop(cfg.socket.clone());
+    let mut read_only_guard = None;
+    let read_only_listener = match &read_only {
+        Some((path, state)) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                undo.created_dirs.extend(preflight::create_dirs(dir)?);
+            }
+            if *state == preflight::SocketPath::Stale {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing the stale socket {}", path.display()))?;
+            }
+            let l = bind_read_only(path, read_only_gid)?;
+            read_only_guard = Some(RemoveOnDrop(path.clone()));
+            Some(l)
+        }
+        None => None,
+    };
+    // Only now, with the socket ours: --fresh discards the pinned maps.
+    if let Some(dir) = undo.fresh.take() {
+        let removed = crate::datapath::maps::remove_pins(dir.as_path())?;
+        tracing::warn!(
+            "--fresh: removed {} map pins in {} (the running program keeps its maps until \
+             the new one replaces it)",
+            removed.len(),
+            dir.display()
+        );
+        undo.new_map_pins = Some(dir);
+    }
+    let mut lb = start_data_path(&cfg, state)?;
+    lb.set_default_timeouts(cfg.timeouts);
+    let mut store = crate::model::persist::StateFile::new(cfg.state_file.clone());
+    if let Some((file, desired)) = cfg.config_file.as_ref().zip(desired.as_ref()) {
+        // A restart is not a reload: what the file changed since it was
+        // last applied is applied, and what was changed at runtime (a
+        // drain, a weight) is kept unless the file changed it too.
+        let how = crate::balancer::ApplyHow {
+            source: crate::model::config::source_name(file),
+            refuse_sweep: !cfg.force_config,
+            ..Default::default()
+        };
+        let applied = if desired.vips.is_empty() && !lb.state().vips.is_empty() {
+            // An empty or truncated file never removes every VIP at a
+            // start: `apply --allow-empty` does, if that is what is meant.
+            tracing::warn!(
+                "config {}: it holds no VIP: not applied, the {} running VIPs are kept \
+                 (`balancer apply --allow-empty -f {}` removes them)",
+                file.display(),
+                lb.state().vips.len(),
+                file.display()
+            );
+            Ok(Default::default())
+        } else {
+            lb.apply_config(desired, how)
+        };
+        match applied {
+            Ok(applied) if !applied.swept.is_empty() => {
+                // A file cut short still parses: one that would take most
+                // of a VIP's backends away is not applied at a start.
+                tracing::warn!(
+                    "config {}: not applied, the running state is kept: it would remove {} \
+                     (a file cut short is the usual cause; `run --force`, or `balancer apply \
+                     -f {}`, applies it)",
+                    file.display(),
+                    applied.swept.join("; "),
+                    file.display()
+                );
+            }
+            Ok(applied) => {
+                for c in &applied.changes {
+                    tracing::info!("config {}: {c}", file.display());
+                }
+                for k in &applied.kept {
+                    tracing::info!("config {}: {k}", file.display());
+                }
+                store
+                    .save(&lb.snapshot())
+                    .context("writing the state file after applying the configuration")?;
+            }
+            Err(e) => {
+                lb.detach_new();
+                return Err(anyhow::Error::new(e)
+                    .context(format!("applying the configuration {}", file.display())));
+            }
+        }
+    }
+    if store.owed().is_none() {
+        // The next start then finds the state that goes with the pins (and
+        // the file is this daemon's from now on: StateFile::check).
+        store
+            .save(&lb.snapshot())
+            .context("writing the state file")?;
+    }
+    let store = Arc::new(std::sync::Mutex::new(store));
+    undo.disarm();
+    if let Some(dir) = &link_dir {
+        for stale in links::pinned_interfaces(dir)? {
+            if !cfg.interfaces.contains(&stale) {
+                links::unpin(&dir.join(links::pin_name(&stale)))?;
+                tracing::info!("detached from {stale}: not among the interfaces of this run");
+            }
+        }
+    }
+    tracing::info!("control socket {}", cfg.socket.display());
+    let mut lb = lb;
+    // Every long-running loop is a service of this set: one stop ends them
+    // all, and one that ends on its own stops the daemon
+    // (crate::daemon::services).
+    let mut services = Services::new();
+    if let Some(logger) = lb.take_datapath_log() {
+        services.start_optional("data-path log", datapath_log_service(logger));
+    }
+    let lb = Arc::new(Mutex::new(lb));
+
+    let daemon_metrics = Arc::new(DaemonMetrics::default());
+    // The cluster sync's state: shared with the sweep, whose rounds
+    // refresh the peers.
+    let sync = cfg
+        .cluster
+        .as_ref()
+        .map(|_| Arc::new(Mutex::new(crate::cluster::sync::Sync::new())));
+    {
+        let refresh_every = cfg
+            .cluster
+            .as_ref()
+            .map_or(Duration::from_secs(60), |c| c.refresh_interval);
+        services.start(
+            "expiry sweep",
+            sweep_service(
+                lb.clone(),
+                cfg.gc_interval,
+                sync.clone(),
+                refresh_every,
+                daemon_metrics.clone(),
+            ),
+        );
+    }
+    services.start("health checks", health_service(lb.clone()));
+    services.start("eligibility", eligibility_service(lb.clone()));
+    services.start("load agents", agent_service(lb.clone()));
+    services.start("latency samples and locality", fast_service(lb.clone()));
+    services.start("stats", watch(lb.clone(), cfg.stats_interval));
+    let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
+        tracing::info!(
+            "cluster sync on {} with peers {:?} (flows every {:?}, all every {:?}, load every {:?})",
+            c.listen,
+            c.peers,
+            c.sync_interval,
+            c.refresh_interval,
+            c.load_report_interval
+        );
+        let sync = sync.clone().unwrap_or_default();
+        services.start(
+            "cluster sync",
+            crate::cluster::sync::run(lb.clone(), sync.clone(), c, sock),
+        );
+        sync
+    });
+    if let Some(c) = &cfg.cluster {
+        if c.key.is_none() {
+            tracing::warn!(
+                "cluster sync is not authenticated: any host that can send from a peer's address \
+                 and port can write flows here; give every balancer the same --cluster-key-file"
+            );
+        }
+    }
+    if cluster.is_some() || cfg.bgp.is_some() {
+        // The view exists from the first request on (`cluster status`,
+        // `cluster drain` right after a start).
+        // The balancer's lock first, then the sync's (the order every
+        // cluster task takes them in).
+        let mut l = lb.lock().await;
+        let s = match &cluster {
+            Some(s) => Some(s.lock().await),
+            None => None,
+        };
+        let drained = l.state().cluster_drained;
+        let v = crate::cluster::sync::view(
+            s.as_deref(),
+            cfg.cluster.as_ref(),
+            drained,
+            &Default::default(),
+            None,
+        );
+        l.set_cluster_view(v);
+    }
+    if cluster.is_some() || cfg.bgp.is_some() {
+        if let Some(b) = &cfg.bgp {
+            tracing::info!(
+                "bgp: announcing through BIRD at {} (routes in {})",
+                b.birdc_socket.display(),
+                b.dir.display()
+            );
+        }
+        services.start(
+            "announcements",
+            crate::cluster::sync::keep_announced(
+                lb.clone(),
+                cluster.clone(),
+                cfg.cluster.clone(),
+                cfg.bgp.clone(),
+            ),
+        );
+    }
+    services.start("state file", state_file_service(lb.clone(), store.clone()));
+    let stop = Arc::new(Notify::new());
+    let shared = Arc::new(control::Shared {
+        lb: lb.clone(),
+        store: store.clone(),
+        stop: stop.clone(),
+    });
+    services.start(
+        "control API",
+        http::serve_forever(listener, shared.clone(), Access::Root),
+    );
+    if let Some(l) = read_only_listener {
+        services.start(
+            "read-only API",
+            http::serve_forever(l, shared.clone(), Access::ReadOnly),
+        );
+    }
+    if let Some(p) = &cfg.read_only_socket {
+        tracing::info!("read-only control socket {}", p.display());
+    }
+    if let Some(l) = metrics_listener {
+        if let Ok(a) = l.local_addr() {
+            tracing::info!("metrics on http://{a}/metrics");
+        }
+        services.start(
+            "metrics",
+            http::serve_metrics(
+                l,
+                Arc::new(Source {
+                    lb: lb.clone(),
+                    daemon: daemon_metrics.clone(),
+                }),
+            ),
+        );
+    }
+    // systemd (Type=notify): serving from here on. Without NOTIFY_SOCKET
+    // this does nothing.
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("telling systemd the daemon is ready failed: {e}");
+    }
+    tracing::debug!("services: {}", services.running().join(", "));
+    let mut fault = None;
+    let detached = tokio::select! {
+        _ = sigint.recv() => false,
+        _ = sigterm.recv() => false,
+        _ = stop.notified() => true,
+        f = services.fault() => {
+            tracing::error!("{f}: stopping (the data path keeps forwarding)");
+            fault = Some(f);
+            false
+        }
+    };
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    // One stop for every service, the announcements' included, before the
+    // VIPs are withdrawn.
+    services.stop().await;
+    if let Some(b) = &cfg.bgp {
+        // Withdrawn before the daemon goes: the routers move the flows to
+        // the other balancers (which hold them, synced) while this one
+        // still forwards what reaches it.
+        match b.announce(&Default::default()) {
+            Ok(()) => tracing::info!("bgp: every VIP withdrawn"),
+            Err(e) => tracing::warn!("bgp: withdrawing at stop failed: {e:#}"),
+        }
+    }
+    let lb = lb.lock().await;
+    // Written once more at a clean stop, whatever happened to it.
+    {
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = store.save(&lb.snapshot()) {
+            tracing::error!(
+                "writing the state file {} at stop failed: {}; the next start begins from its \
+                 older state",
+                cfg.state_file.display(),
+                error_chain(&e)
+            );
+        }
+    }
+    let interfaces = lb.interfaces();
+    if detached {
+        tracing::info!("detached; stopping");
+    } else if private_pins {
+        tracing::info!(
+            "stopping; the pins were in this process's own mount namespace, so the program is \
+             detached from {} as it ends",
+            interfaces.join(", ")
+        );
+    } else if cfg.load.pin_dir.is_some() {
+        tracing::info!(
+            "stopping; the program stays attached to {} through its pinned links (the next \
+             start takes them over; `balancer detach` removes them)",
+            interfaces.join(", ")
+        );
+    } else {
+        tracing::info!("stopping; detaching from {}", interfaces.join(", "));
+    }
+    drop(lb);
+    drop(socket_guard);
+    drop(read_only_guard);
+    drop(pin_lock);
+    match fault {
+        // A non-zero exit: the service manager restarts the daemon.
+        Some(f) => bail!("{f}"),
+        None => Ok(()),
+    }
+}
+
+/// Hands the data path's log records to the log as they come.
+async fn datapath_log_service(logger: crate::balancer::DatapathLog) {
+    // SAFETY: the logger owns its ring buffer's descriptor for as
+    // long as it lives, and the AsyncFd owns the logger.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+    };
+    let mut fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("the data-path log cannot be read: {}", e.into_parts().1);
+            return;
+        }
+    };
+    loop {
+        let Ok(mut ready) = fd.readable_mut().await else {
+            return;
+        };
+        ready.get_inner_mut().flush();
+        ready.clear_ready();
+    }
+}
+
+/// Housekeeping: an incremental sweep of the flow tables (a slice per
+/// tick, a round per gc::SWEEP_ROUND or longer, at most gc::SWEEP_CPU of a
+/// core) that reads and expires without the balancer's lock, which it takes
+/// only to read its inputs and to settle what it did (count releases; at a
+/// round's end, the reconciliation); its rounds refresh the cluster's
+/// peers (cluster::sync::Sync::refresh_round).
+async fn sweep_service(
+    lb: Arc<Mutex<Balancer>>,
+    every: Duration,
+    sync: Option<Arc<Mutex<crate::cluster::sync::Sync>>>,
+    refresh_every: Duration,
+    metrics: Arc<DaemonMetrics>,
+) {
+    let mut failures = control::RateLimitedLog::default();
+    let mut sweep: Option<crate::datapath::gc::Sweep> = None;
+    loop {
+        tokio::time::sleep(every).await;
+        let (inputs, capacity, s) = {
+            let lb = lb.lock().await;
+            let mut s = match sweep.take() {
+                Some(s) => Ok(s),
+                None => lb.new_sweep(),
+            };
+            let inputs = lb.sweep_inputs();
+            if let (Some(sync), Ok(s)) = (&sync, s.as_mut()) {
+                if s.at_round_start() {
+                    let slots = crate::cluster::sync::SyncedSlots::of(lb.state());
+                    s.set_refresh(sync.lock().await.refresh_round(
+                        inputs.now_ns,
+                        refresh_every,
+                        slots,
+                    ));
+                }
+            }
+            (inputs, lb.table_capacity(), s)
+        };
+        let mut s = match s {
+            Ok(s) => s,
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("opening the flow tables for expiry failed: {e:#}")
+                });
+                continue;
+            }
+        };
+        let budget = s.budget(every, capacity);
+        s.time_cap = Some(every.mul_f64(crate::datapath::gc::SWEEP_CPU));
+        let started = std::time::Instant::now();
+        let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
+            let r = s.slice(&inputs, budget);
+            (s, r)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("the expiry sweep failed: {e}")
+                });
+                continue;
+            }
+        };
+        metrics.gc_pass.observe(started.elapsed().as_secs_f64());
+        if let Some(sync) = &sync {
+            let flows = s.take_refreshed();
+            if !flows.is_empty() {
+                sync.lock().await.refreshed(&flows);
+            }
+        }
+        s.account(s.last_slice(), started.elapsed());
+        if let Err(e) = sliced {
+            failures.warn(std::time::Instant::now(), || {
+                format!("expiry sweep failed: {e:#}")
+            });
+        }
+        let mut lb = lb.lock().await;
+        match lb.settle_sweep(&mut s) {
+            Ok(Some(r)) => tracing::debug!("gc round: {r:?}"),
+            Ok(None) => {}
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("settling the expiry sweep failed: {e:#}")
+                });
+            }
+        }
+        sweep = Some(s);
+        match lb.refresh_interfaces() {
+            Ok(changed) if !changed.is_empty() => {
+                tracing::info!("interface MAC changed: {}", changed.join(", "))
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("refreshing interface MACs failed: {e:#}")
+                });
+            }
+        }
+        let probed = crate::datapath::netdev::resolve_neighbours(&lb.direct_return_backend_addrs());
+        if !probed.is_empty() {
+            tracing::debug!("resolving the next hops of direct-return backends {probed:?}");
+        }
+    }
+}
+
+/// Active health checks: one task per checked backend, kept in line with
+/// the configuration; their results change eligibility at once.
+async fn health_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let (mut monitor, mut outcomes) = Monitor::new();
+    let mut resync = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = resync.tick() => {
+                let targets = lb.lock().await.health_targets();
+                monitor.sync(targets);
+            }
+            Some(o) = outcomes.recv() => {
+                let mut lb = lb.lock().await;
+                match lb.record_check(&o) {
+                    Ok(msgs) => msgs.iter().for_each(Note::log),
+                    Err(e) => {
+                        failures.warn(std::time::Instant::now(), || {
+                            format!("applying a health check result failed: {e:#}")
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Passive detection and slow start: often, and cheap (one map read per
+/// server, one write per ramping backend).
+async fn eligibility_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let mut tick = tokio::time::interval(ELIGIBILITY_INTERVAL);
+    loop {
+        tick.tick().await;
+        match lb.lock().await.poll_eligibility() {
+            Ok(msgs) => msgs.iter().for_each(Note::log),
+            Err(e) => {
+                failures.warn(std::time::Instant::now(), || {
+                    format!("eligibility poll failed: {e:#}")
+                });
+            }
+        }
+    }
+}
+
+/// The agent signal (`crate::signals::agent`): polls each agent-signal VIP's
+/// backends' agents at the VIP's interval, a poll at a time per agent,
+/// each in a task of its own; a report goes into the maps as it arrives.
+async fn agent_service(lb: Arc<Mutex<Balancer>>) {
+    let mut failures = control::RateLimitedLog::default();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Result<u64, String>)>(1024);
+    let mut tick = tokio::time::interval(AGENT_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let r = tokio::select! {
+            _ = tick.tick() => {
+                let due = lb.lock().await.agent_tick(std::time::Instant::now());
+                if let Ok(due) = &due {
+                    for t in due {
+                        let tx = tx.clone();
+                        let (server, addr) = (t.server, t.addr);
+                        let timeout = t.interval.clamp(Duration::from_millis(50), Duration::from_secs(1));
+                        tokio::spawn(async move {
+                            let r = crate::signals::agent::poll(addr, timeout).await;
+                            let _ = tx.send((server, r)).await;
+                        });
+                    }
+                }
+                due.map(|_| ())
+            }
+            Some((server, r)) = rx.recv() => lb.lock().await.record_agent(server, r),
+        };
+        if let Err(e) = r {
+            failures.warn(std::time::Instant::now(), || format!("load agents: {e:#}"));
+        }
+    }
+}
+
+/// Every 20 ms, under one lock: the sampled choices' regret
+/// (`crate::signals::regret`), the latency signal's samples
+/// (`crate::signals::latency`), read from the data path's ring (it holds about
+/// 32,000; a full ring drops samples, counted `latency_samples_lost`; the
+/// averages are updated by the eligibility poll, and here when a server's
+/// first samples come), and the zone preferences decided again
+/// (`Balancer::poll_locality`).
+async fn fast_service(lb: Arc<Mutex<Balancer>>) {
+    let (mut failures, mut locality_failures) = (
+        control::RateLimitedLog::default(),
+        control::RateLimitedLog::default(),
+    );
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut lb = lb.lock().await;
+        if let Err(e) = lb.drain_latency() {
+            failures.warn(std::time::Instant::now(), || {
+                format!("latency samples: {e:#}")
+            });
+        }
+        if let Err(e) = lb.drain_regret() {
+            failures.warn(std::time::Instant::now(), || {
+                format!("regret samples: {e:#}")
+            });
+        }
+        if let Err(e) = lb.poll_locality() {
+            locality_failures.warn(std::time::Instant::now(), || format!("locality: {e:#}"));
+        }
+    }
+}
+
+/// How often the agent service looks for agents due a poll (the shortest
+/// interval a VIP may set, 50 ms, is a few of these).
+const AGENT_TICK: Duration = Duration::from_millis(10);
+
+/// The state file: written again when deleted or replaced, an owed write
+/// retried (crate::model::persist), every second.
+async fn state_file_service(
+    lb: Arc<Mutex<Balancer>>,
+    store: Arc<std::sync::Mutex<crate::model::persist::StateFile>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut owed_log = control::RateLimitedLog::default();
+    loop {
+        tick.tick().await;
+        keep_state_file(&lb, &store, &mut owed_log).await;
+    }
+}
+
+/// One check of the state file ([`crate::model::persist::StateFile::check`]),
+/// logged.
+async fn keep_state_file(
+    lb: &Mutex<Balancer>,
+    store: &std::sync::Mutex<crate::model::persist::StateFile>,
+    owed_log: &mut control::RateLimitedLog,
+) {
+    use crate::model::persist::Checked;
+    let mut lb = lb.lock().await;
+    let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+    let checked = store.check(&lb.snapshot());
+    lb.set_state_unsaved(store.owed());
+    let path = store.path().display();
+    match checked {
+        Checked::Fine => {}
+        Checked::Rewritten(how) => {
+            tracing::warn!("the state file {path} was {how} while the daemon ran: written again")
+        }
+        Checked::Caught => tracing::warn!("the state file {path} is written again: up to date"),
+        Checked::StillOwed(e) => {
+            // Once per 10 s with a count, not every second.
+            owed_log.warn(std::time::Instant::now(), || {
+                format!(
+                    "the state file {path} still cannot be written ({e}); retrying every second"
+                )
+            });
+        }
+    }
+}
+
+/// What the start's refusals read and bound ([`refusals`]).
+struct Prepared {
+    state: Option<crate::model::persist::Persisted>,
+    desired: Option<crate::model::config::Config>,
+    socket: preflight::SocketPath,
+    read_only: Option<(PathBuf, preflight::SocketPath)>,
+    read_only_gid: Option<u32>,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    cluster_socket: Option<tokio::net::UdpSocket>,
+    pin_dir_plan: Option<preflight::PinDir>,
+    link_dir: Option<PathBuf>,
+}
+
+/// Every refusal that needs no change: privileges, the state and
+/// configuration files, the sockets, the addresses to bind (bound now, so
+/// an address in use refuses the start), the pin directory and the
+/// interfaces.
+///
+/// # Errors
+/// The first refusal, with what to do about it.
+async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Prepared> {
+    preflight::check_privileges()?;
+    let state = read_state(&cfg.state_file)?;
+    if let Some(s) = &state {
+        s.state.validate().context("checking the state file")?;
+    }
+    preflight::check_state_file(&cfg.state_file)?;
+    let desired = match &cfg.config_file {
+        Some(f) => Some(read_config(f)?),
+        None => None,
+    };
+    let socket = preflight::check_socket(&cfg.socket)?;
+    let read_only = match &cfg.read_only_socket {
+        Some(p) if *p == cfg.socket => {
+            bail!("--read-only-socket is the control socket {}", p.display())
+        }
+        Some(p) => Some((p.clone(), preflight::check_socket(p)?)),
+        None => None,
+    };
+    let read_only_gid = match &cfg.read_only_group {
+        Some(g) if cfg.read_only_socket.is_none() => {
+            bail!("--read-only-group {g} given without --read-only-socket")
+        }
+        Some(g) => Some(group_id(g)?),
+        None => None,
+    };
+    // Bound now, before anything changes: an address in use refuses the
+    // start.
+    let metrics_listener = match cfg.metrics_address {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding the metrics address {a}"))?,
+        ),
+        None => None,
+    };
+    let cluster_socket = match &cfg.cluster {
+        Some(c) => Some(
+            tokio::net::UdpSocket::bind(c.listen)
+                .await
+                .with_context(|| format!("binding the cluster sync address {}", c.listen))?,
+        ),
+        None => None,
+    };
+    let pin_dir_plan = match &cfg.load.pin_dir {
+        Some(dir) => Some(preflight::check_pin_dir(dir)?),
+        None => None,
+    };
+    let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
+    for iface in &cfg.interfaces {
+        let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
+        tracing::debug!("{iface}: {plan:?}");
+    }
+    Ok(Prepared {
+        state,
+        desired,
+        socket,
+        read_only,
+        read_only_gid,
+        metrics_listener,
+        cluster_socket,
+        pin_dir_plan,
+        link_dir,
+    })
+}
+
+/// Loads the program, restores the state and attaches.
+fn start_data_path(
+    cfg: &DaemonConfig,
+    state: Option<crate::model::persist::Persisted>,
+) -> anyhow::Result<Balancer> {
+    let mut lb = Balancer::load(&cfg.load)?;
+    // The candidate tables' seeds: always secret (`candidate_secret`).
+    lb.set_candidate_secret(candidate_secret(
+        cfg.candidate_secret_file.as_deref(),
+        cfg.cluster.as_ref().and_then(|c| c.key.as_deref()),
+        &cfg.state_file,
+    )?);
+    if let Some(s) = state {
+        lb.restore(s).context("restoring the state file")?;
+        tracing::info!(
+            "restored {} VIPs from {}",
+            lb.state().vips.len(),
+            cfg.state_file.display()
+        );
+    }
+    if cfg.test_seed != 0 {
+        lb.set_test_seed(cfg.test_seed)?;
+    }
+    lb.set_regret_sample(cfg.regret_sample)?;
+    lb.set_zone(cfg.zone.clone())?;
+    for iface in &cfg.interfaces {
+        match lb.attach(iface, cfg.mode) {
+            Ok(Attached::New { link_id }) => tracing::info!(
+                "attached to {iface} in {} mode (link {link_id})",
+                mode_name(cfg.mode)
+            ),
+            Ok(Attached::Replaced {
+                link_id,
+                old_program_id,
+            }) => tracing::info!(
+                "took over {iface}: link {link_id} now runs this program instead of program \
+                 {old_program_id} (atomic replacement)"
+            ),
+            Err(e) => {
+                // Links this start created end; links taken over keep this
+                // program (same maps, same layout).
+                lb.detach_new();
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(lb)
+}
+
+/// Raises the soft limit of open descriptors to the hard limit (health
+/// checks and control connections each take one).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// What a start created before it could serve, removed on drop unless
+/// the start succeeded ([`Undo::disarm`]).
+#[derive(Default)]
+struct Undo {
+    /// Directories it created for the state file and the socket (removed
+    /// when empty, innermost first).
+    created_dirs: Vec<PathBuf>,
+    /// Files it created (the state file's lock).
+    created_files: Vec<PathBuf>,
+    /// Directories it created for the pins (removed with what they hold).
+    created_pin_dirs: Vec<PathBuf>,
+    /// The map pins in this directory are this start's: remove them.
+    new_map_pins: Option<PathBuf>,
+    /// `--fresh` is to remove the existing map pins (a step, not an undo).
+    fresh: Option<PathBuf>,
+}
+
+impl Undo {
+    /// The start succeeded: keep everything. (Fields are cleared one by
+    /// one: assigning a new `Undo` would drop, and so run, the old one.)
+    fn disarm(&mut self) {
+        self.created_dirs.clear();
+        self.created_files.clear();
+        self.created_pin_dirs.clear();
+        self.new_map_pins = None;
+        self.fresh = None;
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.new_map_pins {
+            let _ = crate::datapath::maps::remove_pins(dir);
+        }
+        preflight::remove_created(&self.created_pin_dirs);
+        for f in &self.created_files {
+            let _ = std::fs::remove_file(f);
+        }
+        for d in self.created_dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Removes a file when dropped (the control socket).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Reads and checks a declarative configuration file.
+///
+/// # Errors
+/// The file cannot be read; a mistake in it (named with its line).
+pub fn read_config(path: &Path) -> anyhow::Result<crate::model::config::Config> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the configuration {}", path.display()))?;
+    let c = crate::model::config::parse(&text)
+        .map_err(anyhow::Error::new)
+        .with_context(|| format!("in {}", path.display()))?;
+    crate::balancer::check_config(&c)
+        .map_err(anyhow::Error::new)
+        .with_context(|| format!("in {}", path.display()))?;
+    Ok(c)
+}
+
+/// The id of group `g` (a name, or a number).
+fn group_id(g: &str) -> anyhow::Result<u32> {
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(n);
+    }
+    let name = std::ffi::CString::new(g).context("a group name with a NUL byte")?;
+    // SAFETY: getgrnam returns a pointer into static storage or null; the
+    // gid is copied out at once, before any other call could reuse it.
+    let gr = unsafe { libc::getgrnam(name.as_ptr()) };
+    if gr.is_null() {
+        bail!("--read-only-group {g}: no such group");
+    }
+    // SAFETY: not null (checked above), as getgrnam left it.
+    Ok(unsafe { (*gr).gr_gid })
+}
+
+/// Binds the read-only socket: mode 0660 and group `gid` when given (its
+/// members may read state and counters), else 0600.
+fn bind_read_only(path: &Path, gid: Option<u32>) -> anyhow::Result<UnixListener> {
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    if let Some(gid) = gid {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("chown :{gid} {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .with_context(|| format!("chmod 660 {}", path.display()))?;
+    } else {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("chmod 600 {}", path.display()))?;
+    }
+    Ok(l)
+}
+
+/// Every second: warns (rate-limited) when flow inserts fail (a table
+/// full), when live flows vanished unseen (evicted from a full table: the
+/// reconciliation released their counts), or when the flow table passes
+/// 90 % of its size; every `stats_every` (0: never) logs one stats line.
+async fn watch(lb: Arc<Mutex<Balancer>>, stats_every: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_insert_failures = None;
+    let mut last_reconciled = None;
+    let mut evicted_log = control::RateLimitedLog::default();
+    let mut last_stats = std::time::Instant::now();
+    let mut full_log = control::RateLimitedLog::default();
+    let mut occupancy_log = control::RateLimitedLog::default();
+    let mut poll_log = control::RateLimitedLog::default();
+    loop {
+        tick.tick().await;
+        let s = match lb.lock().await.stats() {
+            Ok(s) => s,
+            Err(e) => {
+                poll_log.warn(std::time::Instant::now(), || {
+                    format!("stats poll failed: {e:#}")
+                });
+                continue;
+            }
+        };
+        let now = std::time::Instant::now();
+        let failed = s.counter("drop_flow_insert");
+        if let Some(before) = last_insert_failures.filter(|b| failed > *b) {
+            full_log.warn(now, || {
+                format!(
+                    "map full: {} new flows could not be inserted (drop_flow_insert {failed}); raise --flow-table-size or --half-open-table-size",
+                    failed - before
+                )
+            });
+        }
+        last_insert_failures = Some(failed);
+        // A count above the live flows found, twice in a row: flows went
+        // without their close being seen, most often evicted from a full
+        // LRU flow table (which evicts before it holds its maximum: its
+        // free entries are kept in per-CPU lists).
+        if let Some(before) = last_reconciled.filter(|b| s.reconciled > *b) {
+            evicted_log.warn(now, || {
+                format!(
+                    "{} active connections had no live flow and were released: flows were evicted from a full flow table ({} entries of {}; raise --flow-table-size) or lost",
+                    s.reconciled - before,
+                    s.flow_table_entries.saturating_sub(s.half_open_entries),
+                    s.flow_table_size
+                )
+            });
+        }
+        last_reconciled = Some(s.reconciled);
+        let established = s.flow_table_entries.saturating_sub(s.half_open_entries);
+        if s.flow_table_size > 0 && established * 10 >= s.flow_table_size * 9 {
+            occupancy_log.warn(now, || {
+                format!(
+                    "the flow table holds {established} of {} entries: the oldest flows are evicted when it is full",
+                    s.flow_table_size
+                )
+            });
+        }
+        if !stats_every.is_zero() && now.duration_since(last_stats) >= stats_every {
+            last_stats = now;
+            tracing::info!(
+                "stats: rx {} new_flows {} misses {} live {} drops no_backend {} fib {}",
+                s.counter("rx_packets"),
+                s.counter("new_flows"),
+                s.counter("flow_misses"),
+                s.live_flows,
+                s.counter("drop_no_backend"),
+                s.counter("drop_fib")
+            );
+        }
+    }
+}
+
+fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 600 {}", path.display()))?;
+    Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_candidate_secret_is_generated_kept_and_private() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let state = |d: &tempfile::TempDir| d.path().join("state.json");
+        // Generated at the first start, the same at the next.
+        let first = candidate_secret(None, None, &state(&a)).unwrap();
+        assert_eq!(candidate_secret(None, None, &state(&a)).unwrap(), first);
+        let f = a.path().join(CANDIDATE_SECRET_FILE);
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // Another balancer's is its own, and neither is the public seed's.
+        let second = candidate_secret(None, None, &state(&b)).unwrap();
+        assert_ne!(first, second);
+        assert_ne!(first, 0);
+        // The cluster key's when there is one; a given file before both,
+        // shared by copying it.
+        let key = b"a cluster key of 32 bytes, at least";
+        assert_eq!(
+            candidate_secret(None, Some(key), &state(&b)).unwrap(),
+            crate::cluster::sync::candidate_secret(key)
+        );
+        assert_eq!(
+            candidate_secret(Some(&f), Some(key), &state(&b)).unwrap(),
+            first
+        );
+        // A short file is refused.
+        let short = b.path().join("short");
+        std::fs::write(&short, "0123456789\n").unwrap();
+        assert!(candidate_secret(Some(&short), None, &state(&b)).is_err());
+    }
+}

@@ -1,0 +1,1448 @@
+//! The declarative configuration: every VIP with its settings and
+//! backends, and the flow table's timeouts, in one TOML file (`run
+//! --config`, `apply -f`, `export`). [`export`] writes the running state in
+//! this form; [`plan`] lists what makes a running state match a file;
+//! `Balancer::apply_config` carries it out, all of it or nothing.
+//!
+//! ```toml
+//! [timeouts]
+//! established = "15m"
+//!
+//! [[vip]]
+//! address = "192.0.2.10:443"
+//! choices = 2
+//! mode = "nat"
+//!
+//! [[vip.backend]]
+//! address = "10.1.0.11:8443"
+//! weight = 2
+//! ```
+//!
+//! Every key is checked: a key that is not one of the above is an error
+//! naming its line, like any other mistake in the file.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    command::Command,
+    error::{BalancerError, Result},
+    state::{
+        check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendState,
+        Candidates, ForwardingMode, HealthCheck, NoHealthy, Protocol, State, Timeouts, VipSettings,
+    },
+};
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Idle timeouts of the flow table. Absent: `apply` leaves the running
+    /// ones as they are; each one missing from the table takes the
+    /// built-in default (`balancer run --help`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<TimeoutsEntry>,
+    /// The VIPs, in address order on export.
+    #[serde(default, rename = "vip", skip_serializing_if = "Vec::is_empty")]
+    pub vips: Vec<VipEntry>,
+}
+
+/// The `[timeouts]` table.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsEntry {
+    /// A SYN seen, the handshake not completed.
+    #[serde(default = "d_half_open", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub half_open: Duration,
+    /// Handshake completed, no FIN.
+    #[serde(default = "d_established", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub established: Duration,
+    /// One FIN seen, or closed and kept for late segments.
+    #[serde(default = "d_closing", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub closing: Duration,
+    /// How long an expired or removed flow is remembered for its reset.
+    #[serde(default = "d_orphan", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub orphan: Duration,
+    /// A direct-return flow not proven (its client silent since its first
+    /// second).
+    #[serde(default = "d_unproven", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub unproven: Duration,
+}
+
+fn d_half_open() -> Duration {
+    Timeouts::default().half_open
+}
+fn d_established() -> Duration {
+    Timeouts::default().established
+}
+fn d_closing() -> Duration {
+    Timeouts::default().closing
+}
+fn d_orphan() -> Duration {
+    Timeouts::default().orphan
+}
+fn d_unproven() -> Duration {
+    Timeouts::default().unproven
+}
+
+impl Default for TimeoutsEntry {
+    fn default() -> Self {
+        TimeoutsEntry::from(Timeouts::default())
+    }
+}
+
+impl From<Timeouts> for TimeoutsEntry {
+    fn from(t: Timeouts) -> Self {
+        TimeoutsEntry {
+            half_open: t.half_open,
+            established: t.established,
+            closing: t.closing,
+            orphan: t.orphan,
+            unproven: t.unproven,
+        }
+    }
+}
+
+impl From<TimeoutsEntry> for Timeouts {
+    fn from(t: TimeoutsEntry) -> Self {
+        Timeouts {
+            half_open: t.half_open,
+            established: t.established,
+            closing: t.closing,
+            orphan: t.orphan,
+            unproven: t.unproven,
+        }
+    }
+}
+
+fn d_settings() -> VipSettings {
+    VipSettings::default()
+}
+
+/// One `[[vip]]`: its address, its settings (the keys of `vip add`'s
+/// options; each missing one takes `vip add`'s default) and its backends.
+/// The settings are [`VipSettings`]'s fields written out rather than a
+/// flattened `VipSettings`: serde cannot refuse unknown keys through a
+/// flattened struct, and a misspelt key must be an error.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VipEntry {
+    /// Address and port.
+    #[schema(value_type = String)]
+    pub address: SocketAddr,
+    /// Backends compared per new flow: 1..=16, or `"all"`.
+    #[serde(default = "d_choices", with = "crate::model::state::choices_serde")]
+    #[schema(value_type = crate::model::state::ChoicesValue)]
+    pub choices: u32,
+    /// How packets reach the backends.
+    #[serde(default)]
+    pub mode: ForwardingMode,
+    /// Outer source of encapsulated packets (`ipip`, `gue`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub encap_source: Option<IpAddr>,
+    /// GUE's UDP destination port.
+    #[serde(default = "d_gue_port")]
+    pub gue_port: u16,
+    /// Active health check of the backends: a table, or `"off"`; left out,
+    /// a TCP check ([`crate::model::state::default_health`]).
+    #[serde(
+        default = "crate::model::state::default_health",
+        with = "health_or_off",
+        skip_serializing_if = "is_default_health"
+    )]
+    #[schema(value_type = Option<HealthCheck>)]
+    pub health: Option<HealthCheck>,
+    /// What new connections do when no backend is healthy.
+    #[serde(default)]
+    pub no_healthy: NoHealthy,
+    /// Weight ramp of a joining backend.
+    #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub slow_start: Duration,
+    /// Passive detection: failed new flows in a row (0: off).
+    #[serde(default = "d_eject_after")]
+    pub eject_after: u32,
+    /// Passive detection: distinct client prefixes a streak needs.
+    #[serde(default = "d_eject_min_sources")]
+    pub eject_min_sources: u32,
+    /// Passive detection: largest share of the backends ejected at once, %.
+    #[serde(default = "d_max_ejection_percent")]
+    pub max_ejection_percent: u32,
+    /// Ejection time without an active check.
+    #[serde(default = "d_ejection_time", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub ejection_time: Duration,
+    /// Session affinity time (0: off).
+    #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub persistence: Duration,
+    /// Prefix length grouping clients for affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_netmask: Option<u8>,
+    /// The VIP may be an address of the balancer's host (`vip add
+    /// --allow-host-address`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_host_address: bool,
+    /// How new flows draw their candidates (`"random"`, the default, or
+    /// `"consistent"` in the ipip and gue modes).
+    #[serde(default, skip_serializing_if = "Candidates::is_random")]
+    pub candidates: Candidates,
+    /// The transport protocols: `"tcp"` (default), `"udp"` or `"both"`.
+    #[serde(default, skip_serializing_if = "Protocol::is_tcp")]
+    pub protocol: Protocol,
+    /// Idle timeout of an established UDP flow (default 60 s).
+    #[serde(
+        default = "d_udp_timeout",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_udp_timeout"
+    )]
+    #[schema(value_type = String)]
+    pub udp_timeout: Duration,
+    /// QUIC-LB server ID length, octets (0: off).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub quic_server_id_len: u8,
+    /// Client sources whose new flows are accepted (`"ADDR[/LEN]"`; empty:
+    /// every source).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub allow_sources: Vec<crate::model::prefix::SourcePrefix>,
+    /// Client sources whose new flows are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub deny_sources: Vec<crate::model::prefix::SourcePrefix>,
+    /// The connection cap per backend (0: none).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub backend_max_conns: u32,
+    /// New flows per second per client source (0: no limit).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_rate: u32,
+    /// The per-source burst (0: one second of the rate).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_burst: u32,
+    /// The IPv4 prefix length whose addresses share one source rate (0:
+    /// 32).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v4: u8,
+    /// The IPv6 prefix length whose addresses share one source rate (0:
+    /// 64).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v6: u8,
+    /// The load signal the choice compares (default `connections`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::model::state::LoadSignal::is_connections"
+    )]
+    pub signal: crate::model::state::LoadSignal,
+    /// The load agent's TCP port on each backend (the agent signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_port: Option<u16>,
+    /// How often each backend's agent is polled (default 1 s).
+    #[serde(
+        default = "d_agent_interval",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_agent_interval"
+    )]
+    #[schema(value_type = String)]
+    pub agent_interval: Duration,
+    /// Locality: new flows stay in the balancer's zone while one of its
+    /// backends there holds fewer connections per unit of weight (0: no
+    /// preference).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub prefer_zone_below: u32,
+    /// The backends, in the order they were added.
+    #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<BackendEntry>,
+}
+
+fn is_default_health(h: &Option<HealthCheck>) -> bool {
+    *h == crate::model::state::default_health()
+}
+
+/// A VIP's `health`: a table, or the string `"off"` for none.
+mod health_or_off {
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::model::state::HealthCheck;
+
+    pub fn serialize<S: Serializer>(h: &Option<HealthCheck>, s: S) -> Result<S::Ok, S::Error> {
+        match h {
+            Some(h) => h.serialize(s),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    struct Visitor;
+
+    impl<'de> de::Visitor<'de> for Visitor {
+        type Value = Option<HealthCheck>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a health check table, \"tcp\" or \"off\"")
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            match v {
+                "off" => Ok(None),
+                // As `--health tcp`: a TCP check with every default.
+                "tcp" => Ok(Some(HealthCheck::default())),
+                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
+
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            // The table's own errors (an unknown key) keep their words.
+            HealthCheck::deserialize(de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HealthCheck>, D::Error> {
+        d.deserialize_any(Visitor)
+    }
+}
+
+fn d_choices() -> u32 {
+    d_settings().choices
+}
+fn d_gue_port() -> u16 {
+    d_settings().gue_port
+}
+fn d_eject_after() -> u32 {
+    d_settings().eject_after
+}
+fn d_eject_min_sources() -> u32 {
+    d_settings().eject_min_sources
+}
+fn d_max_ejection_percent() -> u32 {
+    d_settings().max_ejection_percent
+}
+fn d_ejection_time() -> Duration {
+    d_settings().ejection_time
+}
+fn d_udp_timeout() -> Duration {
+    d_settings().udp_timeout
+}
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
+}
+fn is_default_udp_timeout(d: &Duration) -> bool {
+    *d == d_udp_timeout()
+}
+fn d_agent_interval() -> Duration {
+    d_settings().agent_interval
+}
+fn is_default_agent_interval(d: &Duration) -> bool {
+    *d == d_agent_interval()
+}
+
+impl VipEntry {
+    /// The VIP's settings.
+    pub fn settings(&self) -> VipSettings {
+        VipSettings {
+            choices: self.choices,
+            health: self.health.clone(),
+            no_healthy: self.no_healthy,
+            slow_start: self.slow_start,
+            eject_after: self.eject_after,
+            eject_min_sources: self.eject_min_sources,
+            max_ejection_percent: self.max_ejection_percent,
+            ejection_time: self.ejection_time,
+            persistence: self.persistence,
+            persistence_netmask: self.persistence_netmask,
+            mode: self.mode,
+            encap_source: self.encap_source,
+            gue_port: self.gue_port,
+            allow_host_address: self.allow_host_address,
+            candidates: self.candidates,
+            protocol: self.protocol,
+            udp_timeout: self.udp_timeout,
+            quic_server_id_len: self.quic_server_id_len,
+            allow_sources: self.allow_sources.clone(),
+            deny_sources: self.deny_sources.clone(),
+            backend_max_conns: self.backend_max_conns,
+            source_rate: self.source_rate,
+            source_burst: self.source_burst,
+            source_rate_prefix_v4: self.source_rate_prefix_v4,
+            source_rate_prefix_v6: self.source_rate_prefix_v6,
+            signal: self.signal,
+            agent_port: self.agent_port,
+            agent_interval: self.agent_interval,
+            prefer_zone_below: self.prefer_zone_below,
+        }
+    }
+
+    fn of(address: SocketAddr, s: &VipSettings, backends: Vec<BackendEntry>) -> VipEntry {
+        VipEntry {
+            address,
+            choices: s.choices,
+            mode: s.mode,
+            encap_source: s.encap_source,
+            gue_port: s.gue_port,
+            health: s.health.clone(),
+            no_healthy: s.no_healthy,
+            slow_start: s.slow_start,
+            eject_after: s.eject_after,
+            eject_min_sources: s.eject_min_sources,
+            max_ejection_percent: s.max_ejection_percent,
+            ejection_time: s.ejection_time,
+            persistence: s.persistence,
+            persistence_netmask: s.persistence_netmask,
+            allow_host_address: s.allow_host_address,
+            candidates: s.candidates,
+            protocol: s.protocol,
+            udp_timeout: s.udp_timeout,
+            quic_server_id_len: s.quic_server_id_len,
+            allow_sources: s.allow_sources.clone(),
+            deny_sources: s.deny_sources.clone(),
+            backend_max_conns: s.backend_max_conns,
+            source_rate: s.source_rate,
+            source_burst: s.source_burst,
+            source_rate_prefix_v4: s.source_rate_prefix_v4,
+            source_rate_prefix_v6: s.source_rate_prefix_v6,
+            signal: s.signal,
+            agent_port: s.agent_port,
+            agent_interval: s.agent_interval,
+            prefer_zone_below: s.prefer_zone_below,
+            backends,
+        }
+    }
+}
+
+/// One `[[vip.backend]]`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackendEntry {
+    /// Address and port.
+    #[schema(value_type = String)]
+    pub address: SocketAddr,
+    /// Weight, 1..=1000.
+    #[serde(default = "d_weight")]
+    pub weight: u32,
+    /// Drained: no new flows; its flows continue.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drained: bool,
+    /// A health check of its own instead of the VIP's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
+    /// Its zone (for a VIP's `prefer_zone_below`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+fn d_weight() -> u32 {
+    1
+}
+
+/// The running state in the declarative form: VIPs in address order,
+/// backends in the order they were added, every setting written out.
+pub fn export(state: &State, timeouts: &Timeouts) -> Config {
+    Config {
+        timeouts: Some((*timeouts).into()),
+        vips: state
+            .vips
+            .values()
+            .map(|v| {
+                let backends = v
+                    .backends
+                    .iter()
+                    .map(|b| BackendEntry {
+                        address: b.addr,
+                        weight: b.weight,
+                        drained: b.state == BackendState::Draining,
+                        health: b.health.clone(),
+                        zone: b.zone.clone(),
+                    })
+                    .collect();
+                VipEntry::of(v.addr, &v.settings, backends)
+            })
+            .collect(),
+    }
+}
+
+/// Checks a whole configuration as the API would check each VIP and
+/// backend, before anything is changed.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the first value the API would refuse,
+/// with the VIP and backend it belongs to ([`locate_config_error`] gives
+/// them apart).
+pub fn check_config(c: &Config) -> Result<()> {
+    locate_config_error(c).map_err(|f| BalancerError::Invalid {
+        what: "configuration",
+        reason: f.to_string(),
+    })
+}
+
+/// The first value of a configuration the API would refuse, and where it is.
+#[derive(Debug)]
+pub struct ConfigFault {
+    /// The `[[vip]]` it is in (none: `[timeouts]`, or the list as a whole).
+    pub vip: Option<SocketAddr>,
+    /// The `[[vip.backend]]` it is in.
+    pub backend: Option<SocketAddr>,
+    /// What is wrong.
+    pub error: BalancerError,
+}
+
+impl std::fmt::Display for ConfigFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.vip, self.backend) {
+            (None, _) => write!(f, "{}", self.error),
+            (Some(v), None) => write!(f, "VIP {v}: {}", self.error),
+            (Some(v), Some(b)) => write!(f, "VIP {v} backend {b}: {}", self.error),
+        }
+    }
+}
+
+/// [`check_config`], keeping the VIP and backend of the fault apart (the
+/// CLI finds their line in the file with them).
+///
+/// # Errors
+/// The first fault.
+pub fn locate_config_error(c: &Config) -> std::result::Result<(), Box<ConfigFault>> {
+    let at = |vip, backend| {
+        move |error| ConfigFault {
+            vip,
+            backend,
+            error,
+        }
+    };
+    check_unique(c).map_err(at(None, None))?;
+    if let Some(t) = c.timeouts {
+        Timeouts::from(t).validate().map_err(at(None, None))?;
+    }
+    for v in &c.vips {
+        let s = v.settings();
+        let here = at(Some(v.address), None);
+        check_endpoint("VIP", v.address).map_err(here)?;
+        s.validate_for(v.address).map_err(here)?;
+        for b in &v.backends {
+            let here = at(Some(v.address), Some(b.address));
+            check_backend_for(v.address, &s, b.address).map_err(here)?;
+            check_weight(b.weight).map_err(here)?;
+            if let Some(h) = &b.health {
+                h.validate().map_err(here)?;
+            }
+            if let Some(z) = &b.zone {
+                crate::model::state::check_zone(z).map_err(here)?;
+            }
+            check_backend_not_vip(v.address, b.address, c.vips.iter().map(|v| v.address))
+                .map_err(here)?;
+        }
+    }
+    Ok(())
+}
+
+/// The name a configuration file is known by in the state file (the base
+/// of its next merge): its absolute path, symbolic links resolved; `-`
+/// (standard input) as it is.
+pub fn source_name(path: &std::path::Path) -> String {
+    if path == std::path::Path::new("-") {
+        return "-".into();
+    }
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// Reads a TOML configuration.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] with the parser's message, which names the
+/// line and column of the first mistake (a syntax error, an unknown key, a
+/// value of the wrong type); a VIP or a backend listed twice.
+pub fn parse(text: &str) -> Result<Config> {
+    let c: Config = toml::from_str(text).map_err(|e| BalancerError::Invalid {
+        what: "configuration",
+        reason: e.to_string().trim_end().to_string(),
+    })?;
+    check_unique(&c).map_err(|e| match e {
+        BalancerError::Invalid { what, reason } => BalancerError::Invalid {
+            what,
+            reason: match second_listing(text, &c) {
+                Some(line) => format!("{reason} (again at line {line})"),
+                None => reason,
+            },
+        },
+        other => other,
+    })?;
+    Ok(c)
+}
+
+/// The line (from 1) where the first VIP, or backend of a VIP, listed a
+/// second time is listed again: the second `address` line naming it (a
+/// backend's within its VIP's entries).
+fn second_listing(text: &str, c: &Config) -> Option<usize> {
+    // The address on each `address = ...` line, however it is spelt.
+    let addrs: Vec<(usize, SocketAddr)> = text
+        .lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (k, v) = l.split_once('=')?;
+            if k.trim().trim_matches(['"', '\'']) != "address" {
+                return None;
+            }
+            let v = v.split('#').next()?.trim().trim_matches(['"', '\'']);
+            Some((i, v.parse().ok()?))
+        })
+        .collect();
+    let nth = |from: usize, a: SocketAddr, n: usize| {
+        addrs
+            .iter()
+            .filter(|(i, x)| *i >= from && *x == a)
+            .nth(n)
+            .map(|(i, _)| *i)
+    };
+    let mut vips = BTreeSet::new();
+    for v in &c.vips {
+        if !vips.insert(v.address) {
+            return nth(0, v.address, 1).map(|i| i + 1);
+        }
+        let mut bs = BTreeSet::new();
+        for b in &v.backends {
+            if !bs.insert(b.address) {
+                let at = nth(0, v.address, 0)?;
+                return nth(at, b.address, 1).map(|i| i + 1);
+            }
+        }
+    }
+    None
+}
+
+/// Checks that no VIP, and no backend of a VIP, is listed twice (the CLI
+/// on the file, the daemon on what the API receives).
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the address listed twice.
+pub fn check_unique(c: &Config) -> Result<()> {
+    let mut vips = BTreeSet::new();
+    for v in &c.vips {
+        if !vips.insert(v.address) {
+            return Err(BalancerError::Invalid {
+                what: "configuration",
+                reason: format!("VIP {} is listed twice", v.address),
+            });
+        }
+        let mut bs = BTreeSet::new();
+        for b in &v.backends {
+            if !bs.insert(b.address) {
+                return Err(BalancerError::Invalid {
+                    what: "configuration",
+                    reason: format!("VIP {}: backend {} is listed twice", v.address, b.address),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The configuration as TOML.
+///
+/// # Errors
+/// Serialization failure (none for a configuration [`export`] wrote).
+pub fn to_toml(c: &Config) -> Result<String> {
+    toml::to_string(c).map_err(|e| BalancerError::Invalid {
+        what: "configuration",
+        reason: e.to_string(),
+    })
+}
+
+/// The changes that take `current` to `desired`, in the order they are
+/// applied: timeouts; VIPs that go; changed VIPs (the backends that go,
+/// then the settings, so a VIP whose backends are all replaced may change
+/// its mode; then the backends that come, changed ones, drain states);
+/// VIPs that come with their backends. Nothing for two equal
+/// configurations.
+pub fn plan(current: &Config, desired: &Config) -> Vec<Command> {
+    let mut out = Vec::new();
+    if let Some(t) = desired.timeouts.filter(|t| Some(*t) != current.timeouts) {
+        out.push(Command::Timeouts(t.into()));
+    }
+    let cur: BTreeMap<SocketAddr, &VipEntry> =
+        current.vips.iter().map(|v| (v.address, v)).collect();
+    let want: BTreeMap<SocketAddr, &VipEntry> =
+        desired.vips.iter().map(|v| (v.address, v)).collect();
+    for v in cur.keys().filter(|v| !want.contains_key(v)) {
+        out.push(Command::RemoveVip(*v));
+    }
+    for (addr, w) in &want {
+        match cur.get(addr) {
+            Some(c) => {
+                backend_removals(&mut out, *addr, &c.backends, &w.backends);
+                if c.settings() != w.settings() {
+                    out.push(Command::SetVip(*addr, w.settings()));
+                }
+                backend_changes(&mut out, *addr, &c.backends, &w.backends);
+            }
+            None => {
+                out.push(Command::AddVip(*addr, w.settings()));
+                backend_changes(&mut out, *addr, &[], &w.backends);
+            }
+        }
+    }
+    out
+}
+
+/// What of `current` the plan `changes` sweeps away: one line per VIP
+/// that would lose more than half of its backends (two or more), and one
+/// for the VIPs when more than half of them (two or more) would go. Empty
+/// for any other plan. A file cut short (at a line boundary it still
+/// parses) asks for exactly this; the daemon applies such a file at start
+/// only with `run --force` (`daemon::runtime::run`), and says what it would
+/// remove.
+pub fn sweeping_removals(current: &Config, changes: &[Command]) -> Vec<String> {
+    let mut out = Vec::new();
+    let removed_vips: Vec<SocketAddr> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Command::RemoveVip(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    let n = current.vips.len();
+    if removed_vips.len() >= 2 && 2 * removed_vips.len() > n {
+        let names: Vec<String> = removed_vips.iter().map(|v| v.to_string()).collect();
+        out.push(format!(
+            "{} of {n} VIPs and their backends ({})",
+            removed_vips.len(),
+            names.join(", ")
+        ));
+    }
+    for v in &current.vips {
+        let gone: Vec<String> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Command::RemoveBackend(x, b) if *x == v.address => Some(b.to_string()),
+                _ => None,
+            })
+            .collect();
+        let total = v.backends.len();
+        if gone.len() >= 2 && 2 * gone.len() > total {
+            out.push(format!(
+                "{} of the {total} backends of VIP {} ({})",
+                gone.len(),
+                v.address,
+                gone.join(", ")
+            ));
+        }
+    }
+    out
+}
+
+fn backend_removals(
+    out: &mut Vec<Command>,
+    vip: SocketAddr,
+    cur: &[BackendEntry],
+    want: &[BackendEntry],
+) {
+    let w: BTreeSet<SocketAddr> = want.iter().map(|b| b.address).collect();
+    for b in cur.iter().filter(|b| !w.contains(&b.address)) {
+        out.push(Command::RemoveBackend(vip, b.address));
+    }
+}
+
+/// The backends of `want` that come or change (those that go are
+/// [`backend_removals`]).
+fn backend_changes(
+    out: &mut Vec<Command>,
+    vip: SocketAddr,
+    cur: &[BackendEntry],
+    want: &[BackendEntry],
+) {
+    let c: BTreeMap<SocketAddr, &BackendEntry> = cur.iter().map(|b| (b.address, b)).collect();
+    // In the file's order: the order backends were added is kept.
+    for b in want {
+        match c.get(&b.address) {
+            None => {
+                out.push(Command::AddBackends(
+                    vip,
+                    vec![b.address],
+                    b.weight,
+                    b.zone.clone(),
+                ));
+                if b.health.is_some() {
+                    out.push(Command::SetBackend(
+                        vip,
+                        b.address,
+                        b.weight,
+                        b.health.clone(),
+                        b.zone.clone(),
+                    ));
+                }
+                if b.drained {
+                    out.push(Command::Drain(vip, b.address, true));
+                }
+            }
+            Some(old) => {
+                if (old.weight, &old.health, &old.zone) != (b.weight, &b.health, &b.zone) {
+                    out.push(Command::SetBackend(
+                        vip,
+                        b.address,
+                        b.weight,
+                        b.health.clone(),
+                        b.zone.clone(),
+                    ));
+                }
+                if old.drained != b.drained {
+                    out.push(Command::Drain(vip, b.address, b.drained));
+                }
+            }
+        }
+    }
+}
+
+/// The configuration a file asks for once the running state's own changes
+/// are kept: the result of [`merge`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Merged {
+    /// What the running state is to become ([`plan`] from the running
+    /// state to it gives the changes).
+    pub target: Config,
+    /// One line per runtime change kept against the file's value, `=`
+    /// first.
+    pub kept: Vec<String>,
+}
+
+/// A three-way merge (the model is `kubectl apply`'s last-applied
+/// configuration): what the file changed since it was `last` applied is
+/// applied to the `current` running state; what the file did not change
+/// keeps its running value, whatever the file says. A drain or a weight
+/// set at runtime, a backend or a VIP added or removed at runtime, are
+/// therefore kept by a restart with `--config` and by `apply`, unless the
+/// file itself changes that item (then the file, the newer word, wins).
+/// Item by item:
+/// - a VIP or a backend in `last` and not in `desired` goes;
+/// - one in `desired` and not in `last` comes with the file's values (a
+///   running one of the same address takes them);
+/// - one in both: each value (a VIP's settings; a backend's weight, drain
+///   and own health check) is the file's if the file changed it, the
+///   running one otherwise; if it is no longer running (removed at
+///   runtime) it stays removed unless the file changed it;
+/// - one in neither (added at runtime) stays;
+/// - the timeouts are the file's if the file changed them.
+///
+/// Nothing is dropped silently: every running value kept against the
+/// file's is a line of [`Merged::kept`].
+pub fn merge(last: &Config, desired: &Config, current: &Config) -> Merged {
+    let mut kept = Vec::new();
+    let timeouts = if desired.timeouts != last.timeouts {
+        desired.timeouts
+    } else {
+        if desired.timeouts.is_some() && current.timeouts != desired.timeouts {
+            kept.push("= timeouts set at runtime, kept (the file did not change them)".into());
+        }
+        None
+    };
+    let by = |c: &Config| -> BTreeMap<SocketAddr, VipEntry> {
+        c.vips.iter().map(|v| (v.address, v.clone())).collect()
+    };
+    let (l, d, c) = (by(last), by(desired), by(current));
+    let addrs: BTreeSet<SocketAddr> = l.keys().chain(d.keys()).chain(c.keys()).copied().collect();
+    let mut vips = Vec::new();
+    for a in addrs {
+        match (l.get(&a), d.get(&a), c.get(&a)) {
+            (_, None, None) | (Some(_), None, Some(_)) => {}
+            (None, None, Some(cv)) => {
+                kept.push(format!(
+                    "= vip {a} added at runtime, kept (not in the file)"
+                ));
+                vips.push(cv.clone());
+            }
+            (None, Some(dv), None) => vips.push(dv.clone()),
+            (Some(lv), Some(dv), None) => {
+                if lv == dv {
+                    kept.push(format!(
+                        "= vip {a} removed at runtime, not added back (the file did not change it)"
+                    ));
+                } else {
+                    vips.push(dv.clone());
+                }
+            }
+            (lv, Some(dv), Some(cv)) => {
+                let settings = merge_settings(a, lv, dv, cv, &mut kept);
+                let backends = merge_backends(
+                    a,
+                    lv.map_or(&[][..], |v| &v.backends),
+                    &dv.backends,
+                    &cv.backends,
+                    &mut kept,
+                );
+                vips.push(VipEntry::of(a, &settings, backends));
+            }
+        }
+    }
+    Merged {
+        target: Config { timeouts, vips },
+        kept,
+    }
+}
+
+/// A VIP's settings merged field by field: each the file's if the file
+/// changed it since `last` (or has no base for the VIP), the running one
+/// otherwise (listed in `kept` when it differs from the file's).
+fn merge_settings(
+    vip: SocketAddr,
+    last: Option<&VipEntry>,
+    desired: &VipEntry,
+    current: &VipEntry,
+    kept: &mut Vec<String>,
+) -> VipSettings {
+    let fields = |v: &VipEntry| -> serde_json::Map<String, serde_json::Value> {
+        let mut e = v.clone();
+        e.backends.clear();
+        match serde_json::to_value(e) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        }
+    };
+    let (d, c) = (fields(desired), fields(current));
+    let l = last.map(fields);
+    let mut out = d.clone();
+    for (k, dv) in &d {
+        let file_changed = l.as_ref().is_none_or(|l| l.get(k) != Some(dv));
+        if file_changed {
+            continue;
+        }
+        if let Some(cv) = c.get(k) {
+            if cv != dv {
+                kept.push(format!(
+                    "= vip {vip}: {k} set at runtime, kept (the file's value is unchanged since \
+                     its last apply)"
+                ));
+            }
+            out.insert(k.clone(), cv.clone());
+        } else {
+            // Left out of the running form (a default): the running value
+            // is the default.
+            out.remove(k);
+        }
+    }
+    // Keys the running form has and the file's form leaves out (defaults
+    // on the file's side): the file did not change them if the base left
+    // them out too.
+    for (k, cv) in &c {
+        if !d.contains_key(k) && l.as_ref().is_some_and(|l| !l.contains_key(k)) {
+            kept.push(format!(
+                "= vip {vip}: {k} set at runtime, kept (the file's value is unchanged since its \
+                 last apply)"
+            ));
+            out.insert(k.clone(), cv.clone());
+        }
+    }
+    serde_json::from_value::<VipEntry>(serde_json::Value::Object(out))
+        .map(|e| e.settings())
+        .unwrap_or_else(|_| desired.settings())
+}
+
+fn merge_backends(
+    vip: SocketAddr,
+    last: &[BackendEntry],
+    desired: &[BackendEntry],
+    current: &[BackendEntry],
+    kept: &mut Vec<String>,
+) -> Vec<BackendEntry> {
+    let find = |bs: &[BackendEntry], a: SocketAddr| bs.iter().find(|b| b.address == a).cloned();
+    let mut out = Vec::new();
+    for cb in current {
+        let a = cb.address;
+        match (find(last, a), find(desired, a)) {
+            (Some(_), None) => {}
+            (None, None) => {
+                kept.push(format!(
+                    "= backend {a} of {vip} added at runtime, kept (not in the file)"
+                ));
+                out.push(cb.clone());
+            }
+            (lb, Some(db)) => {
+                // Each value: the file's if the file changed it.
+                let w_changed = lb.as_ref().map(|l| l.weight) != Some(db.weight);
+                let d_changed = lb.as_ref().map(|l| l.drained) != Some(db.drained);
+                let h_changed = lb.as_ref().map(|l| &l.health) != Some(&db.health);
+                let z_changed = lb.as_ref().map(|l| &l.zone) != Some(&db.zone);
+                let weight = if w_changed { db.weight } else { cb.weight };
+                // A drain made at runtime is undone only by a file that
+                // itself changed the backend from drained to in service.
+                let drained = match &lb {
+                    None => db.drained || cb.drained,
+                    Some(_) if d_changed => db.drained,
+                    Some(_) => cb.drained,
+                };
+                let health = if h_changed {
+                    db.health.clone()
+                } else {
+                    cb.health.clone()
+                };
+                if weight != db.weight {
+                    kept.push(format!(
+                        "= backend {a} of {vip}: weight {weight} set at runtime, kept (the file's \
+                         {} is unchanged since its last apply)",
+                        db.weight
+                    ));
+                }
+                if drained != db.drained {
+                    kept.push(format!(
+                        "= backend {a} of {vip}: {} at runtime, kept (the file's value is \
+                         unchanged since its last apply)",
+                        if drained {
+                            "drained"
+                        } else {
+                            "put back into service"
+                        }
+                    ));
+                }
+                if health != db.health {
+                    kept.push(format!(
+                        "= backend {a} of {vip}: own health check set at runtime, kept"
+                    ));
+                }
+                let zone = if z_changed {
+                    db.zone.clone()
+                } else {
+                    cb.zone.clone()
+                };
+                if zone != db.zone {
+                    kept.push(format!("= backend {a} of {vip}: zone set at runtime, kept"));
+                }
+                out.push(BackendEntry {
+                    address: a,
+                    weight,
+                    drained,
+                    health,
+                    zone,
+                });
+            }
+        }
+    }
+    for db in desired {
+        if current.iter().any(|b| b.address == db.address) {
+            continue;
+        }
+        if find(last, db.address).as_ref() == Some(db) {
+            kept.push(format!(
+                "= backend {} of {vip} removed at runtime, not added back (the file did not \
+                 change it)",
+                db.address
+            ));
+        } else {
+            out.push(db.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn a_plan_that_sweeps_most_backends_away_is_named() {
+        let text = |backends: &[&str]| {
+            let mut t = String::from("[[vip]]\naddress = \"10.0.0.10:80\"\n");
+            for b in backends {
+                t.push_str(&format!("[[vip.backend]]\naddress = \"{b}\"\n"));
+            }
+            t
+        };
+        let five = [
+            "10.0.2.1:8080",
+            "10.0.2.2:8080",
+            "10.0.2.3:8080",
+            "10.0.2.4:8080",
+            "10.0.2.5:8080",
+        ];
+        let current: Config = toml::from_str(&text(&five)).unwrap();
+        // A file cut after its first backend: 4 of 5 go.
+        let cut: Config = toml::from_str(&text(&five[..1])).unwrap();
+        let sweep = sweeping_removals(&current, &plan(&current, &cut));
+        assert_eq!(sweep.len(), 1, "{sweep:?}");
+        assert!(
+            sweep[0].starts_with("4 of the 5 backends of VIP 10.0.0.10:80"),
+            "{sweep:?}"
+        );
+        // Control: two of five (not most) go without a word.
+        let three: Config = toml::from_str(&text(&five[..3])).unwrap();
+        assert!(sweeping_removals(&current, &plan(&current, &three)).is_empty());
+    }
+    use super::*;
+
+    const SAMPLE: &str = r#"
+[timeouts]
+established = "10m"
+
+[[vip]]
+address = "10.0.0.10:80"
+choices = "all"
+
+[[vip.backend]]
+address = "10.0.2.10:8080"
+weight = 3
+
+[[vip.backend]]
+address = "10.0.2.11:8080"
+drained = true
+
+[[vip]]
+address = "[2001:db8::10]:443"
+mode = "dsr"
+persistence = "5m"
+persistence_netmask = 64
+
+[vip.health]
+interval = "2s"
+timeout = "1s"
+rise = 2
+fall = 3
+kind = { type = "http", path = "/health", status = 200 }
+
+[[vip.backend]]
+address = "[2001:db8:2::10]:443"
+"#;
+
+    #[test]
+    fn parses_defaults_and_round_trips() {
+        let c = parse(SAMPLE).unwrap();
+        let t = c.timeouts.unwrap();
+        assert_eq!(t.established, Duration::from_secs(600));
+        assert_eq!(t.half_open, Timeouts::default().half_open);
+        assert_eq!(c.vips.len(), 2);
+        assert_eq!(c.vips[0].choices, balancer_common::CHOICES_FULL_SCAN);
+        assert_eq!(c.vips[0].backends[0].weight, 3);
+        assert!(c.vips[0].backends[1].drained);
+        assert_eq!(c.vips[1].mode, ForwardingMode::Dsr);
+        assert!(c.vips[1].health.is_some());
+        // TOML out and back: the same configuration, and the same text.
+        let text = to_toml(&c).unwrap();
+        let back = parse(&text).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(to_toml(&back).unwrap(), text);
+    }
+
+    #[test]
+    fn mistakes_name_their_line() {
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\nchoice = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 3"), "{e}");
+        assert!(e.contains("choice"), "{e}");
+        let e = parse("[[vip]]\naddress = \"10.0.0.10\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[[vip]]\naddress = \"10.0.0.10:80\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("twice"), "{e}");
+        let e = parse("[timeouts\n").unwrap_err().to_string();
+        assert!(e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn a_vip_loses_its_backends_before_its_settings_change() {
+        // So a mode change with every backend replaced can be applied.
+        let a = parse(SAMPLE).unwrap();
+        let mut b = a.clone();
+        b.vips[0].mode = ForwardingMode::Dsr;
+        b.vips[0].backends = vec![BackendEntry {
+            address: "10.0.2.20:80".parse().unwrap(),
+            weight: 1,
+            drained: false,
+            health: None,
+            zone: None,
+        }];
+        let kinds: Vec<&str> = plan(&a, &b)
+            .iter()
+            .filter(|c| !matches!(c, Command::Timeouts(_)))
+            .map(|c| match c {
+                Command::RemoveBackend(..) => "remove",
+                Command::SetVip(..) => "set",
+                Command::AddBackends(..) => "add",
+                _ => "other",
+            })
+            .collect();
+        let set = kinds.iter().position(|k| *k == "set").unwrap();
+        assert!(
+            kinds[..set].iter().all(|k| *k == "remove") && set > 0,
+            "{kinds:?}"
+        );
+        assert!(kinds[set + 1..].iter().all(|k| *k == "add"), "{kinds:?}");
+    }
+
+    #[test]
+    fn an_address_listed_twice_is_named_with_its_line() {
+        let e = parse(
+            "[[vip]]\naddress = \"10.0.0.10:80\"\n[[vip.backend]]\naddress = \"10.0.2.1:80\"\n\
+             [[vip.backend]]\naddress = \"10.0.2.1:80\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("listed twice") && e.contains("line 6"), "{e}");
+        let e =
+            parse("[[vip]]\naddress = \"10.0.0.10:80\"\n\n[[vip]]\naddress = \"10.0.0.10:80\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("listed twice") && e.contains("line 5"), "{e}");
+        // However the second is spelt.
+        let e = parse(
+            "[[vip]]\naddress = \"[2001:db8::10]:80\"\n[[vip.backend]]\naddress = \"[2001:db8::5]:80\"\n\
+             [[vip.backend]]\n\"address\" = '[2001:db8:0::5]:80'\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("listed twice") && e.contains("line 6"), "{e}");
+    }
+
+    #[test]
+    fn health_is_a_tcp_check_unless_off() {
+        let c = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
+        assert_eq!(c.vips[0].health, Some(HealthCheck::default()));
+        let off = parse("[[vip]]\naddress = \"10.0.0.10:80\"\nhealth = \"off\"\n").unwrap();
+        assert_eq!(off.vips[0].health, None);
+        // Round trips: "off" is written, the default is left out.
+        let text = to_toml(&off).unwrap();
+        assert!(text.contains("health = \"off\""), "{text}");
+        assert_eq!(parse(&text).unwrap(), off);
+        let text = to_toml(&c).unwrap();
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("health") || l.starts_with("[vip.health")),
+            "{text}"
+        );
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\nhealth = \"no\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("off") && e.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn health_fields_take_defaults_and_unknown_ones_are_refused() {
+        let c = parse(
+            "[[vip]]\naddress = \"10.0.0.10:80\"\nchoices = \"ALL\"\n[vip.health]\ninterval = \"5s\"\n",
+        )
+        .unwrap();
+        let h = c.vips[0].health.clone().unwrap();
+        assert_eq!(h.interval, Duration::from_secs(5));
+        assert_eq!(
+            (h.rise, h.fall, h.kind),
+            (2, 3, crate::model::state::CheckKind::Tcp {})
+        );
+        assert_eq!(c.vips[0].choices, balancer_common::CHOICES_FULL_SCAN);
+        let e = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health]\nintervall = \"5s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intervall") && e.contains("line 4"), "{e}");
+        let e = parse(
+            "[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health.kind]\ntype = \"tcp\"\nzzz = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("zzz"), "{e}");
+        let c = parse("[[vip]]\naddress = \"10.0.0.10:80\"\n[vip.health.kind]\ntype = \"http\"\n")
+            .unwrap();
+        assert_eq!(
+            c.vips[0].health.clone().unwrap().kind,
+            crate::model::state::CheckKind::Http {
+                path: "/".into(),
+                status: 200
+            }
+        );
+    }
+
+    #[test]
+    fn plans_only_what_differs() {
+        let a = parse(SAMPLE).unwrap();
+        assert!(plan(&a, &a).is_empty());
+        let mut b = a.clone();
+        b.vips[0].backends[0].weight = 1;
+        b.vips[0].backends[1].drained = false;
+        b.vips[0].backends.push(BackendEntry {
+            address: "10.0.2.12:8080".parse().unwrap(),
+            weight: 1,
+            drained: false,
+            health: None,
+            zone: None,
+        });
+        b.vips.remove(1);
+        let lines: Vec<String> = plan(&a, &b).iter().map(Command::describe).collect();
+        assert_eq!(
+            lines,
+            [
+                "- vip [2001:db8::10]:443 (and its backends)",
+                "~ backend 10.0.2.10:8080 of 10.0.0.10:80 weight 1",
+                "~ backend 10.0.2.11:8080 of 10.0.0.10:80 back in service",
+                "+ backend 10.0.2.12:8080 of 10.0.0.10:80 weight 1",
+            ]
+        );
+    }
+
+    #[test]
+    fn merge_takes_a_vips_settings_field_by_field() {
+        let file = parse(SAMPLE).unwrap();
+        // At runtime: the first VIP's health check and slow start.
+        let mut running = file.clone();
+        running.vips[0].health = None;
+        running.vips[0].slow_start = Duration::from_secs(9);
+        // The file changes only its choices.
+        let mut edited = file.clone();
+        edited.vips[0].choices = 3;
+        let m = merge(&file, &edited, &running);
+        let t = &m.target.vips[0];
+        assert_eq!(
+            (t.choices, t.health.clone(), t.slow_start),
+            (3, None, Duration::from_secs(9)),
+            "{:?}",
+            m.kept
+        );
+        assert!(m.kept.iter().any(|k| k.contains("health")), "{:?}", m.kept);
+        assert!(
+            m.kept.iter().any(|k| k.contains("slow_start")),
+            "{:?}",
+            m.kept
+        );
+        // Control: the file changing the health check too takes it.
+        let http = HealthCheck {
+            kind: crate::model::state::CheckKind::Http {
+                path: "/h".into(),
+                status: 200,
+            },
+            ..HealthCheck::default()
+        };
+        edited.vips[0].health = Some(http.clone());
+        let m = merge(&file, &edited, &running);
+        assert_eq!(m.target.vips[0].health, Some(http));
+    }
+
+    #[test]
+    fn a_runtime_drain_survives_a_file_that_lists_its_backend_anew() {
+        let file = parse(SAMPLE).unwrap();
+        let mut running = file.clone();
+        let b = BackendEntry {
+            address: "10.0.2.99:8080".parse().unwrap(),
+            weight: 1,
+            drained: true,
+            health: None,
+            zone: None,
+        };
+        running.vips[0].backends.push(b.clone());
+        let mut listed = file.clone();
+        listed.vips[0].backends.push(BackendEntry {
+            drained: false,
+            ..b.clone()
+        });
+        let m = merge(&file, &listed, &running);
+        assert!(
+            plan(&running, &m.target).is_empty(),
+            "{:?}",
+            plan(&running, &m.target)
+        );
+        // Control: a file that had it in service and now drains it, then
+        // puts it back, is obeyed.
+        let mut drained = listed.clone();
+        drained.vips[0].backends.last_mut().unwrap().drained = true;
+        let m = merge(&drained, &listed, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Command::describe)
+            .collect();
+        assert_eq!(
+            lines,
+            ["~ backend 10.0.2.99:8080 of 10.0.0.10:80 back in service"]
+        );
+    }
+
+    #[test]
+    fn merge_keeps_what_only_the_runtime_changed() {
+        let file = parse(SAMPLE).unwrap();
+        // The running state: the file applied, then at runtime a drain, a
+        // weight, a backend added and one removed.
+        let mut running = file.clone();
+        let v = &mut running.vips[0];
+        v.backends[0].drained = true;
+        v.backends[1].weight = 7;
+        v.backends.push(BackendEntry {
+            address: "10.0.2.99:8080".parse().unwrap(),
+            weight: 1,
+            drained: false,
+            health: None,
+            zone: None,
+        });
+        running.vips[1].backends.clear();
+        // A restart with the same file changes nothing.
+        let m = merge(&file, &file, &running);
+        assert!(
+            plan(&running, &m.target).is_empty(),
+            "{:?}",
+            plan(&running, &m.target)
+        );
+        assert_eq!(m.kept.len(), 4, "{:#?}", m.kept);
+        assert!(m
+            .kept
+            .iter()
+            .any(|k| k.contains("10.0.2.10:8080") && k.contains("drained")));
+        // Without a last applied file (the first apply) the file is taken
+        // whole (no merge): the runtime changes are undone.
+        let lines: Vec<String> = plan(&running, &file)
+            .iter()
+            .map(Command::describe)
+            .collect();
+        assert!(
+            lines.contains(&"~ backend 10.0.2.10:8080 of 10.0.0.10:80 back in service".into()),
+            "{lines:?}"
+        );
+        // The file changes the drained backend's drain and another one's
+        // weight: the file wins there only.
+        let mut edited = file.clone();
+        edited.vips[0].backends[0].drained = true;
+        edited.vips[0].backends[0].weight = 4;
+        let m = merge(&file, &edited, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Command::describe)
+            .collect();
+        assert_eq!(lines, ["~ backend 10.0.2.10:8080 of 10.0.0.10:80 weight 4"]);
+        // The file removes the runtime-weighted backend and a VIP: gone.
+        let mut cut = file.clone();
+        cut.vips[0].backends.remove(1);
+        cut.vips.remove(1);
+        let m = merge(&file, &cut, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Command::describe)
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "- vip [2001:db8::10]:443 (and its backends)",
+                "- backend 10.0.2.11:8080 of 10.0.0.10:80",
+            ]
+        );
+        // A file that lists anew a backend removed at runtime (changed)
+        // adds it back.
+        let mut back = file.clone();
+        back.vips[1].backends[0].weight = 2;
+        let m = merge(&file, &back, &running);
+        let lines: Vec<String> = plan(&running, &m.target)
+            .iter()
+            .map(Command::describe)
+            .collect();
+        assert_eq!(
+            lines,
+            ["+ backend [2001:db8:2::10]:443 of [2001:db8::10]:443 weight 2"]
+        );
+    }
+}

@@ -1,0 +1,22 @@
+//! The model: what the balancer is told and what it keeps, as data and
+//! rules, with no kernel and no network: errors ([`error`]), addresses and
+//! prefixes in the maps' form ([`prefix`]), the desired state, its types
+//! and rules ([`state`]), [`command`] (`Command`, the one vocabulary of
+//! changes, and `State::apply`), the declarative configuration
+//! ([`config`]), the API's requests, answers and views ([`api`]), what is
+//! remembered of removed VIPs and backends ([`retired`]), the pure
+//! projection of a state onto the control-plane maps ([`project`]) and the
+//! state file ([`persist`]).
+//!
+//! The lowest room: its modules import only each other (the rooms' order
+//! is checked by `balancer-user/tests/modules.rs`).
+
+pub mod api;
+pub mod command;
+pub mod config;
+pub mod error;
+pub mod persist;
+pub mod prefix;
+pub mod project;
+pub mod retired;
+pub mod state;

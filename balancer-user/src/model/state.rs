@@ -1,0 +1,2089 @@
+//! The desired state: VIPs and backends as the operator configured them,
+//! its validation, and its persistence (the state file).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    time::Duration,
+};
+
+use balancer_common::{
+    BACKEND_SLOTS, CHOICES_FULL_SCAN, DEFAULT_CHOICES, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND,
+    MAX_WEIGHT,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    error::{BalancerError, Result},
+    prefix::SourcePrefix,
+};
+
+/// What an active health check does.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CheckKind {
+    /// A TCP connection is accepted within the timeout.
+    Tcp {},
+    /// The path the VIP's traffic takes (`--health path`): a TCP SYN to
+    /// the VIP's own address and port (or the check's port) sent to the
+    /// backend the way the VIP forwards (ipip and gue: encapsulated from
+    /// the VIP's `encap_source`; dsr: a frame to the backend's MAC), passing when
+    /// the backend's SYN-ACK from the VIP's address comes back to this
+    /// host within the timeout. A backend whose tunnel is dropped, or
+    /// whose VIP address is missing, fails it while a plain TCP check to
+    /// its own address passes. Only for dsr, ipip and gue VIPs
+    /// ([`crate::signals::probe`]).
+    Path {},
+    /// `GET path HTTP/1.1` is answered with `status` within the timeout.
+    Http {
+        /// Request path, starting with `/` (default `/`).
+        #[serde(default = "d_http_path")]
+        path: String,
+        /// Expected status code (default 200).
+        #[serde(default = "d_http_status")]
+        status: u16,
+    },
+}
+
+/// An active health check: what, how often, and how many results in a row
+/// change a backend's state (HAProxy's `inter`, `rise` and `fall`). Each
+/// field left out takes its value from [`HealthCheck::default`] (a TCP
+/// connect every 2 s, 1 s to answer, rise 2, fall 3); unknown fields are
+/// refused.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    /// What the check does.
+    #[serde(default = "d_kind")]
+    pub kind: CheckKind,
+    /// Port to check (default: the backend's port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Time between checks (each check's start is spread by up to 10 %).
+    #[serde(default = "d_interval", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub interval: Duration,
+    /// Time a check may take.
+    #[serde(default = "d_timeout", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub timeout: Duration,
+    /// Passes in a row that make an unhealthy backend healthy.
+    #[serde(default = "d_rise")]
+    pub rise: u32,
+    /// Failures in a row that make a healthy backend unhealthy.
+    #[serde(default = "d_fall")]
+    pub fall: u32,
+}
+
+fn d_kind() -> CheckKind {
+    HealthCheck::default().kind
+}
+fn d_interval() -> Duration {
+    HealthCheck::default().interval
+}
+fn d_timeout() -> Duration {
+    HealthCheck::default().timeout
+}
+fn d_rise() -> u32 {
+    HealthCheck::default().rise
+}
+fn d_fall() -> u32 {
+    HealthCheck::default().fall
+}
+fn d_http_path() -> String {
+    "/".into()
+}
+fn d_http_status() -> u16 {
+    200
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        HealthCheck {
+            kind: CheckKind::Tcp {},
+            port: None,
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+        }
+    }
+}
+
+/// The health check a VIP gets when `vip add` or the configuration file
+/// does not say (`--health off`, `health = "off"` turn it off): a TCP
+/// connect to each backend's port ([`HealthCheck::default`]), so an
+/// unreachable backend is taken out by its checks rather than by the
+/// connections it breaks first.
+pub fn default_health() -> Option<HealthCheck> {
+    Some(HealthCheck::default())
+}
+
+impl HealthCheck {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "health check",
+            reason,
+        };
+        if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
+            return Err(bad(format!(
+                "interval {} is outside 10ms..=1h",
+                humantime::format_duration(self.interval)
+            )));
+        }
+        if self.timeout.is_zero() || self.timeout > self.interval {
+            return Err(bad(format!(
+                "timeout {} must be above 0 and at most the interval {}",
+                humantime::format_duration(self.timeout),
+                humantime::format_duration(self.interval)
+            )));
+        }
+        if !(1..=100).contains(&self.rise) || !(1..=100).contains(&self.fall) {
+            return Err(bad(format!(
+                "rise {} and fall {} must be in 1..=100",
+                self.rise, self.fall
+            )));
+        }
+        if self.port == Some(0) {
+            return Err(bad("port 0".into()));
+        }
+        if let CheckKind::Http { path, status } = &self.kind {
+            if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(bad(format!(
+                    "HTTP path {path:?} must start with / and hold no spaces"
+                )));
+            }
+            if !(100..=599).contains(status) {
+                return Err(bad(format!("HTTP status {status} is not in 100..=599")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What new connections to a VIP with no healthy backend do.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NoHealthy {
+    /// Fall back to every backend that is not drained, healthy or not
+    /// (Envoy's panic mode), so misconfigured checks do not take a service
+    /// down. Counted `fallback_flows`. The default.
+    #[default]
+    Fallback,
+    /// Drop new SYNs (`drop_no_backend`).
+    Drop,
+}
+
+/// `choices` as the API and the state file write it: a number of
+/// candidates, or `"all"` for a full scan ([`CHOICES_FULL_SCAN`]), as the
+/// CLI shows it; a number is read either way (state files written before
+/// wrote the full scan as 4294967295).
+pub mod choices_serde {
+    use balancer_common::CHOICES_FULL_SCAN;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Choices {
+        Number(u32),
+        Word(String),
+    }
+
+    /// Serializes `choices`.
+    pub fn serialize<S: Serializer>(c: &u32, s: S) -> Result<S::Ok, S::Error> {
+        if *c == CHOICES_FULL_SCAN {
+            s.serialize_str("all")
+        } else {
+            s.serialize_u32(*c)
+        }
+    }
+
+    /// Deserializes `choices`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        match Choices::deserialize(d)? {
+            Choices::Number(n) => Ok(n),
+            Choices::Word(w) if w.eq_ignore_ascii_case("all") => Ok(CHOICES_FULL_SCAN),
+            Choices::Word(w) => Err(serde::de::Error::custom(format!(
+                "choices {w:?}: a number of candidates, or \"all\""
+            ))),
+        }
+    }
+
+    /// For `Option<u32>` fields.
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        /// Serializes an optional `choices`.
+        pub fn serialize<S: Serializer>(c: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+            match c {
+                Some(c) => super::serialize(c, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        /// Deserializes an optional `choices`.
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+            #[derive(Deserialize)]
+            struct W(#[serde(with = "super")] u32);
+            Ok(Option::<W>::deserialize(d)?.map(|w| w.0))
+        }
+    }
+}
+
+/// The JSON (and TOML) form of `choices`, for the API's description: a
+/// number of candidates (1..=16), or `"all"` for a full scan.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ChoicesValue {
+    /// Candidates compared per new flow.
+    Count(u32),
+    /// `"all"`: every eligible backend (least connections).
+    All(String),
+}
+
+fn default_choices() -> u32 {
+    DEFAULT_CHOICES
+}
+
+/// `choices` as the CLI writes it: the number, or `all` for a full scan.
+pub fn choices_word(c: u32) -> String {
+    if c == CHOICES_FULL_SCAN {
+        "all".into()
+    } else {
+        c.to_string()
+    }
+}
+
+/// Per-VIP settings.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct VipSettings {
+    /// Backends compared per new flow: 1..=16, or `"all"` for a full
+    /// least-connections scan.
+    #[serde(with = "choices_serde", default = "default_choices")]
+    #[schema(value_type = ChoicesValue)]
+    pub choices: u32,
+    /// Active health check of its backends (`None`: no active checks).
+    #[serde(default)]
+    pub health: Option<HealthCheck>,
+    /// What new connections do when no backend is healthy.
+    #[serde(default)]
+    pub no_healthy: NoHealthy,
+    /// A backend that joins or returns to health has its weight ramped up
+    /// over this time (0: at once).
+    #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub slow_start: Duration,
+    /// Passive detection: a server that fails this many new flows in a row
+    /// (its backend refuses the SYN or resets a proven handshake before any
+    /// data, or a flow's SYN is retransmitted unanswered) ranks below every
+    /// other candidate at once, and is ejected by the daemon (0: never).
+    #[serde(default = "default_eject_after")]
+    pub eject_after: u32,
+    /// Passive detection: how many distinct client prefixes (/24, /48) a
+    /// streak's failures must come from before it counts, so that one
+    /// client, however many tuples it forges, never speaks for many.
+    #[serde(default = "default_eject_min_sources")]
+    pub eject_min_sources: u32,
+    /// Passive detection ejects at most this share of the VIP's backends
+    /// at once, percent (at least one; Envoy's `max_ejection_percent`).
+    #[serde(default = "default_max_ejection_percent")]
+    pub max_ejection_percent: u32,
+    /// How long a server ejected by passive detection stays out when the
+    /// VIP has no active check (with one, until the check passes).
+    #[serde(default = "default_ejection_time", with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub ejection_time: Duration,
+    /// Session affinity: later connections from a client seen within this
+    /// time go to the backend its earlier connection got, while that
+    /// backend is eligible (0: off, every connection is placed on its own).
+    #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = String)]
+    pub persistence: Duration,
+    /// Prefix length grouping client addresses for affinity (none: each
+    /// address on its own, as /32 for an IPv4 VIP and /128 for an IPv6
+    /// one; 24: an IPv4 /24 shares one backend). Clients are of the VIP's
+    /// family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_netmask: Option<u8>,
+    /// How packets reach the backends.
+    #[serde(default)]
+    pub mode: ForwardingMode,
+    /// Outer source address of encapsulated packets (required by the
+    /// `ipip` and `gue` modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub encap_source: Option<IpAddr>,
+    /// GUE's UDP destination port on the backends (the `gue` mode).
+    #[serde(default = "default_gue_port")]
+    pub gue_port: u16,
+    /// The VIP may be an address of the balancer's own host (an address
+    /// of one of the daemon's network namespace's interfaces): the
+    /// operator means the balancer to take that address and port over from
+    /// the host's own service. Refused without it (default false). Such a
+    /// VIP leaves no tombstone when removed: the host's service gets its
+    /// port back at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_host_address: bool,
+    /// How a new flow's candidates are drawn: at random from the eligible
+    /// list (default), or from the row its 5-tuple hashes to
+    /// (`consistent`, the tunnel modes only: any balancer with the same
+    /// eligible set draws the same candidates; `crate::signals::candidates`).
+    #[serde(default, skip_serializing_if = "Candidates::is_random")]
+    pub candidates: Candidates,
+    /// The transport protocols the VIP takes: `tcp` (default), `udp`, or
+    /// `both` (one VIP, one backend list, the same port in both
+    /// protocols, as DNS serves). UDP flows are placed by the same rule on
+    /// the same per-server counts as TCP's (docs/udp.md).
+    #[serde(default, skip_serializing_if = "Protocol::is_tcp")]
+    pub protocol: Protocol,
+    /// Idle timeout of an established UDP flow (one its backend answered
+    /// and its client used again; default 60 s, as Cilium's for non-TCP
+    /// services). A flow of one exchange (a DNS query and its answer) or
+    /// that no backend answered expires after at most
+    /// `gc::UDP_HALF_OPEN_TIMEOUT` (5 s). 1 s..=7 days.
+    #[serde(
+        default = "default_udp_timeout",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_udp_timeout"
+    )]
+    #[schema(value_type = String)]
+    pub udp_timeout: Duration,
+    /// QUIC-LB (draft-ietf-quic-load-balancers, the plaintext algorithm):
+    /// the length, in octets, of the server ID the backends encode in
+    /// their QUIC connection IDs after its first octet (1..=4; 0, the
+    /// default: off). A backend's server ID is the last this many octets
+    /// of its address. A UDP datagram of no flow whose connection ID names
+    /// a backend goes to it (a client that migrated, or a connection
+    /// another balancer placed). Needs UDP (`protocol`).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub quic_server_id_len: u8,
+    /// Client sources (addresses or prefixes of the VIP's family) whose
+    /// new flows the VIP accepts. With any entry, a new flow from a source
+    /// that matches none of the VIP's prefixes is refused (dropped, counted
+    /// `source_not_allowed`); empty, every source is. Cilium's
+    /// `loadBalancerSourceRanges`. Flows already placed are not affected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub allow_sources: Vec<SourcePrefix>,
+    /// Client sources whose new flows the VIP refuses (dropped, counted
+    /// `source_denied`). Where an allow prefix and a deny prefix both match
+    /// a source, the longer one decides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>)]
+    pub deny_sources: Vec<SourcePrefix>,
+    /// A connection cap per backend (IPVS's `-x`): a backend whose server
+    /// holds this many active connections (every VIP's on this balancer,
+    /// plus the cluster peers' as last reported: a cap on the cluster's
+    /// sum) is not a candidate for the VIP's new flows; when every
+    /// candidate is, the new flow is dropped and counted `backend_full`.
+    /// 0 (the default): none.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub backend_max_conns: u32,
+    /// New TCP flows per second each client address may open at the VIP
+    /// (a token bucket, `balancer_common::rate`); past it, a SYN is
+    /// dropped and counted `rate_limited`. Only a proven flow (handshake
+    /// completed in NAT mode; graduated in the direct-return modes) spends
+    /// a token, so forged SYNs cannot spend a source's budget. Refused on
+    /// a UDP-only VIP, and UDP flows of a VIP taking both are not limited:
+    /// a UDP flow has no proof a blind forger cannot give. 0 (the
+    /// default): no limit.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_rate: u32,
+    /// The flows a source may open at once above the rate (its bucket's
+    /// depth). 0: as many as one second of the rate. Without a rate it is
+    /// kept and means nothing.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub source_burst: u32,
+    /// The IPv4 prefix length a source's rate is kept under: every
+    /// address of one such prefix shares one budget. 1-32; 0 (the
+    /// default): 32, one address.
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v4: u8,
+    /// The IPv6 prefix length a source's rate is kept under. 1-128; 0 (the
+    /// default): 64 (`balancer_common::rate::DEFAULT_SOURCE_PREFIX_V6`:
+    /// a host picks new addresses in its /64 at will, RFC 8981).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub source_rate_prefix_v6: u8,
+    /// The load a choice compares: the servers' active connections
+    /// (default), or the load an agent on each backend reports
+    /// (`crate::signals::agent`), polled over TCP at `agent_port`.
+    #[serde(default, skip_serializing_if = "LoadSignal::is_connections")]
+    pub signal: LoadSignal,
+    /// TCP port of the load agent on each backend's address (the agent
+    /// signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_port: Option<u16>,
+    /// How often the daemon polls each backend's agent (the agent signal;
+    /// 50 ms..=60 s, default 1 s). A report older than
+    /// [`crate::signals::agent::STALE_POLLS`] intervals is stale: the server's
+    /// load falls back to its connection count, counted.
+    #[serde(
+        default = "default_agent_interval",
+        with = "humantime_serde",
+        skip_serializing_if = "is_default_agent_interval"
+    )]
+    #[schema(value_type = String)]
+    pub agent_interval: Duration,
+    /// Locality: while one of the VIP's eligible backends in this
+    /// balancer's zone (`balancer run --zone`) holds fewer active
+    /// connections per unit of weight than this, new flows choose among
+    /// the backends of that zone alone; once every one holds this many,
+    /// they spill over to all (seed 002: eligibility by locality). Checked
+    /// every 20 ms (`crate::signals::locality`). 0 (the default): no preference.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub prefer_zone_below: u32,
+}
+
+/// The load a VIP's choice compares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadSignal {
+    /// Active connections: this balancer's own, counted as they open and
+    /// close, plus its cluster peers' as last reported.
+    #[default]
+    Connections,
+    /// The load each backend's agent reports, plus the connections this
+    /// balancer placed on it since that report (`crate::signals::agent`).
+    Agent,
+    /// Active connections, each weighted by the backend's latency as the
+    /// balancer measures it (NAT only: the time from a flow's client's
+    /// first data to its backend's first data, a peak-sensitive moving
+    /// average per backend; `crate::signals::latency`): a backend twice as slow
+    /// as the fastest counts its connections twice (Finagle's and
+    /// Linkerd's peak EWMA, `(connections + 1) x latency`).
+    Latency,
+}
+
+impl LoadSignal {
+    /// The default.
+    pub fn is_connections(&self) -> bool {
+        *self == LoadSignal::Connections
+    }
+
+    /// Its name on the command line and in files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LoadSignal::Connections => "connections",
+            LoadSignal::Agent => "agent",
+            LoadSignal::Latency => "latency",
+        }
+    }
+}
+
+fn default_agent_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn is_default_agent_interval(d: &Duration) -> bool {
+    *d == default_agent_interval()
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+impl VipSettings {
+    /// The limits: a rate and burst of at most `rate::MAX_RATE`, a rate
+    /// only on a VIP that takes TCP, a cap of at most `choice::MAX_CAP`.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the setting.
+    pub fn validate_limits(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "limits",
+            reason,
+        };
+        let max = balancer_common::rate::MAX_RATE;
+        if self.source_rate_prefix_v4 > 32 || self.source_rate_prefix_v6 > 128 {
+            return Err(bad(format!(
+                "source rate prefixes /{} (IPv4, 1-32) and /{} (IPv6, 1-128) are out of range",
+                self.source_rate_prefix_v4, self.source_rate_prefix_v6
+            )));
+        }
+        if self.source_rate > max || self.source_burst > max {
+            return Err(bad(format!(
+                "source rate {} and burst {} must be at most {max}",
+                self.source_rate, self.source_burst
+            )));
+        }
+        // A burst without a rate is kept and means nothing until a rate
+        // is set: `--source-rate 0` alone turns the limit off, and a file
+        // and runtime changes merged field by field never conflict.
+        if self.source_rate != 0 && !self.protocol.tcp() {
+            return Err(bad(format!(
+                "a source rate ({}/s) counts completed TCP handshakes; a {} VIP has none (a \
+                 UDP flow has no proof a forger cannot give)",
+                self.source_rate,
+                self.protocol.name()
+            )));
+        }
+        if self.source_rate != 0 && self.mode != ForwardingMode::Nat {
+            return Err(bad(format!(
+                "a source rate ({}/s) is spent by handshakes seen completing, and a {} VIP \
+                 never sees its backends' answers: nothing it sees proves a source (a blind \
+                 forger can wait out a direct-return flow's proof age with anyone's address), \
+                 so the rate would be the forger's to spend; use NAT, or no source rate",
+                self.source_rate,
+                self.mode.name()
+            )));
+        }
+        if self.backend_max_conns > balancer_common::choice::MAX_CAP {
+            return Err(bad(format!(
+                "backend max conns {} is above {}",
+                self.backend_max_conns,
+                balancer_common::choice::MAX_CAP
+            )));
+        }
+        Ok(())
+    }
+
+    /// The load signal: the agent signal needs an agent port; its interval
+    /// is 50 ms..=60 s; a connection cap needs the connections signal (the
+    /// cap counts connections; with an agent the data path compares the
+    /// agent's units). An agent port without the agent signal is kept and
+    /// means nothing, as a burst without a rate.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the setting.
+    pub fn validate_signal(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "load signal",
+            reason,
+        };
+        if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&self.agent_interval) {
+            return Err(bad(format!(
+                "agent interval {} is outside 50ms..=60s",
+                humantime::format_duration(self.agent_interval)
+            )));
+        }
+        if self.signal == LoadSignal::Latency && !self.protocol.tcp() {
+            return Err(bad(
+                "the latency signal measures TCP connections; a udp VIP has none".into(),
+            ));
+        }
+        if self.signal == LoadSignal::Latency && self.mode != ForwardingMode::Nat {
+            return Err(bad(format!(
+                "the latency signal is measured where both directions pass the balancer (mode \
+                 nat); a {} VIP's backends answer the clients directly",
+                self.mode.name()
+            )));
+        }
+        if self.prefer_zone_below != 0 {
+            if self.candidates == Candidates::Consistent {
+                return Err(BalancerError::Invalid {
+                    what: "locality",
+                    reason: "a zone preference changes the eligible backends with the load; \
+                             consistent candidates keep each client's two for as long as \
+                             the backends stay (use random candidates)"
+                        .into(),
+                });
+            }
+            if self.prefer_zone_below > balancer_common::choice::MAX_CAP {
+                return Err(BalancerError::Invalid {
+                    what: "locality",
+                    reason: format!(
+                        "prefer zone below {} is above {}",
+                        self.prefer_zone_below,
+                        balancer_common::choice::MAX_CAP
+                    ),
+                });
+            }
+        }
+        if self.signal == LoadSignal::Agent {
+            if matches!(self.agent_port, None | Some(0)) {
+                return Err(bad(
+                    "the agent signal needs --agent-port (the agent's TCP port on each backend)"
+                        .into(),
+                ));
+            }
+            if self.backend_max_conns != 0 {
+                return Err(bad(format!(
+                    "a connection cap ({} per backend) counts connections, and the agent \
+                     signal compares the agents' reported load: use one or the other",
+                    self.backend_max_conns
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `VIP_LIMITS` entry of these settings; `None` without limits.
+    pub fn limits(&self) -> Option<balancer_common::rate::VipLimits> {
+        if self.backend_max_conns == 0 && self.source_rate == 0 {
+            return None;
+        }
+        Some(balancer_common::rate::VipLimits {
+            backend_max_conns: self.backend_max_conns,
+            source_rate: self.source_rate,
+            source_burst: match (self.source_rate, self.source_burst) {
+                (0, _) => 0,
+                (r, 0) => r,
+                (_, b) => b,
+            },
+            source_prefixes: balancer_common::rate::VipLimits::prefixes(
+                self.source_rate_prefix_v4,
+                self.source_rate_prefix_v6,
+            ),
+        })
+    }
+}
+
+/// Source prefixes one VIP may hold, its allow and deny lists together:
+/// every VIP at its most fills half of `VIP_SOURCES`, whose other half
+/// takes the new entries of a change before the old ones leave.
+pub const MAX_SOURCES_PER_VIP: usize = (balancer_common::VIP_SOURCES_LEN / 2 / MAX_VIPS) as usize;
+
+const _: () = assert!(
+    MAX_SOURCES_PER_VIP == 128
+        && 2 * MAX_SOURCES_PER_VIP * MAX_VIPS as usize <= balancer_common::VIP_SOURCES_LEN as usize
+);
+
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
+}
+
+/// [`VipSettings::udp_timeout`]'s default: 60 s.
+pub const DEFAULT_UDP_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn default_udp_timeout() -> Duration {
+    DEFAULT_UDP_TIMEOUT
+}
+
+fn is_default_udp_timeout(d: &Duration) -> bool {
+    *d == DEFAULT_UDP_TIMEOUT
+}
+
+/// The transport protocols a VIP takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP only.
+    #[default]
+    Tcp,
+    /// UDP only.
+    Udp,
+    /// TCP and UDP on the same port.
+    Both,
+}
+
+impl Protocol {
+    /// The default.
+    pub fn is_tcp(&self) -> bool {
+        *self == Protocol::Tcp
+    }
+    /// Takes UDP.
+    pub fn udp(&self) -> bool {
+        *self != Protocol::Tcp
+    }
+    /// Takes TCP.
+    pub fn tcp(&self) -> bool {
+        *self != Protocol::Udp
+    }
+    /// Its name on the command line and in files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Both => "both",
+        }
+    }
+}
+
+/// How a VIP's new flows draw their candidates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Candidates {
+    /// Uniformly at random from the eligible list (the power of d
+    /// choices as the seeds describe it).
+    #[default]
+    Random,
+    /// The top two of the VIP's eligible set by weighted rendezvous
+    /// hashing for the row the flow's 5-tuple hashes to: the same on every
+    /// balancer with the same eligible set (the ipip and gue modes).
+    Consistent,
+}
+
+impl Candidates {
+    /// The default.
+    pub fn is_random(&self) -> bool {
+        *self == Candidates::Random
+    }
+
+    /// Its name on the command line and in files.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Candidates::Random => "random",
+            Candidates::Consistent => "consistent",
+        }
+    }
+}
+
+fn default_gue_port() -> u16 {
+    balancer_common::encap::DEFAULT_GUE_PORT
+}
+
+/// How a VIP's packets reach its backends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ForwardingMode {
+    /// Destination NAT: the backends route their replies through the
+    /// balancer, which rewrites them back.
+    #[default]
+    Nat,
+    /// L2 direct server return: the destination MAC becomes the backend's;
+    /// backends on the same segment hold the VIP on loopback and reply
+    /// directly.
+    Dsr,
+    /// IP-in-IP to the backend, which decapsulates (`balancer decap`) and
+    /// replies directly.
+    Ipip,
+    /// GUE (IPv4 in UDP) to the backend, likewise.
+    Gue,
+}
+
+impl ForwardingMode {
+    /// The data path's value (`balancer_common::encap::mode`).
+    pub fn code(self) -> u16 {
+        use balancer_common::encap::mode;
+        match self {
+            ForwardingMode::Nat => mode::NAT,
+            ForwardingMode::Dsr => mode::DSR,
+            ForwardingMode::Ipip => mode::IPIP,
+            ForwardingMode::Gue => mode::GUE,
+        }
+    }
+
+    /// The name the CLI uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardingMode::Nat => "nat",
+            ForwardingMode::Dsr => "dsr",
+            ForwardingMode::Ipip => "ipip",
+            ForwardingMode::Gue => "gue",
+        }
+    }
+
+    /// `true` for the modes whose replies go straight to the client: the
+    /// packet reaches the backend unchanged, so its port must be the VIP's.
+    pub fn direct_return(self) -> bool {
+        self != ForwardingMode::Nat
+    }
+
+    /// `true` for the modes that encapsulate (ipip, gue).
+    pub fn encapsulates(self) -> bool {
+        matches!(self, ForwardingMode::Ipip | ForwardingMode::Gue)
+    }
+}
+
+fn default_eject_after() -> u32 {
+    5
+}
+
+fn default_eject_min_sources() -> u32 {
+    3
+}
+
+fn default_max_ejection_percent() -> u32 {
+    50
+}
+
+fn default_ejection_time() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl Default for VipSettings {
+    fn default() -> Self {
+        VipSettings {
+            choices: DEFAULT_CHOICES,
+            health: None,
+            no_healthy: NoHealthy::default(),
+            slow_start: Duration::ZERO,
+            eject_after: default_eject_after(),
+            eject_min_sources: default_eject_min_sources(),
+            max_ejection_percent: default_max_ejection_percent(),
+            ejection_time: default_ejection_time(),
+            persistence: Duration::ZERO,
+            persistence_netmask: None,
+            mode: ForwardingMode::Nat,
+            encap_source: None,
+            gue_port: default_gue_port(),
+            allow_host_address: false,
+            candidates: Candidates::Random,
+            protocol: Protocol::Tcp,
+            udp_timeout: DEFAULT_UDP_TIMEOUT,
+            quic_server_id_len: 0,
+            allow_sources: Vec::new(),
+            deny_sources: Vec::new(),
+            backend_max_conns: 0,
+            source_rate: 0,
+            source_burst: 0,
+            source_rate_prefix_v4: 0,
+            source_rate_prefix_v6: 0,
+            signal: LoadSignal::Connections,
+            agent_port: None,
+            agent_interval: default_agent_interval(),
+            prefer_zone_below: 0,
+        }
+    }
+}
+
+impl VipSettings {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        check_choices(self.choices)?;
+        if let Some(h) = &self.health {
+            h.validate()?;
+        }
+        if self.slow_start > Duration::from_secs(3600) {
+            return Err(BalancerError::Invalid {
+                what: "slow start",
+                reason: format!(
+                    "{} is longer than an hour",
+                    humantime::format_duration(self.slow_start)
+                ),
+            });
+        }
+        if self.eject_after > 1000 {
+            return Err(BalancerError::Invalid {
+                what: "eject-after",
+                reason: format!("{} is above 1000", self.eject_after),
+            });
+        }
+        if !(1..=64).contains(&self.eject_min_sources) {
+            return Err(BalancerError::Invalid {
+                what: "eject-min-sources",
+                reason: format!(
+                    "{} is outside 1..=64 (distinct client prefixes)",
+                    self.eject_min_sources
+                ),
+            });
+        }
+        if !(1..=100).contains(&self.max_ejection_percent) {
+            return Err(BalancerError::Invalid {
+                what: "max-ejection-percent",
+                reason: format!("{} is outside 1..=100", self.max_ejection_percent),
+            });
+        }
+        if self.ejection_time < Duration::from_secs(1)
+            || self.ejection_time > Duration::from_secs(3600)
+        {
+            return Err(BalancerError::Invalid {
+                what: "ejection time",
+                reason: format!(
+                    "{} is outside 1s..=1h",
+                    humantime::format_duration(self.ejection_time)
+                ),
+            });
+        }
+        if self.udp_timeout < Duration::from_secs(1) || self.udp_timeout > MAX_TIMEOUT {
+            return Err(BalancerError::Invalid {
+                what: "udp timeout",
+                reason: format!(
+                    "{} is outside 1s..=7days",
+                    humantime::format_duration(self.udp_timeout)
+                ),
+            });
+        }
+        if u32::from(self.quic_server_id_len) > balancer_common::quic::MAX_SERVER_ID_LEN {
+            return Err(BalancerError::Invalid {
+                what: "quic server id length",
+                reason: format!(
+                    "{} octets: at most {}",
+                    self.quic_server_id_len,
+                    balancer_common::quic::MAX_SERVER_ID_LEN
+                ),
+            });
+        }
+        if self.quic_server_id_len != 0 && !self.protocol.udp() {
+            return Err(BalancerError::Invalid {
+                what: "quic server id length",
+                reason: "QUIC runs over UDP: give the VIP --protocol udp or both".into(),
+            });
+        }
+        if self.protocol == Protocol::Udp {
+            if let Some(h) = &self.health {
+                if h.port.is_none() {
+                    return Err(BalancerError::Invalid {
+                        what: "health check",
+                        reason: "a UDP-only VIP's backends take no TCP on their port: \
+                                 give the check a TCP port of theirs (--health-port)"
+                            .into(),
+                    });
+                }
+            }
+        }
+        if self.persistence > Duration::from_secs(24 * 3600) {
+            return Err(BalancerError::Invalid {
+                what: "persistence",
+                reason: format!(
+                    "{} is longer than a day",
+                    humantime::format_duration(self.persistence)
+                ),
+            });
+        }
+        if let Some(m) = self.persistence_netmask {
+            if !(1..=128).contains(&m) {
+                return Err(BalancerError::Invalid {
+                    what: "persistence netmask",
+                    reason: format!(
+                        "/{m} is outside /1../128 (/0 would send every client to one backend)"
+                    ),
+                });
+            }
+        }
+        match (self.mode, self.encap_source) {
+            (ForwardingMode::Ipip | ForwardingMode::Gue, None) => {
+                return Err(BalancerError::Invalid {
+                    what: "encap source",
+                    reason: format!(
+                        "mode {} needs --encap-source, the outer source address of the \
+                         encapsulated packets (an address of this host the backends can reach)",
+                        self.mode.name()
+                    ),
+                })
+            }
+            (_, Some(a)) if !is_unicast(&a) => {
+                return Err(BalancerError::Invalid {
+                    what: "encap source",
+                    reason: format!("{a} is not a unicast address"),
+                })
+            }
+            (_, Some(a)) if mapped_ipv4(&a).is_some() => check_not_mapped("encap source", a)?,
+            _ => {}
+        }
+        if self.gue_port == 0 {
+            return Err(BalancerError::Invalid {
+                what: "GUE port",
+                reason: "port 0".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Validates a backend weight: 1..=[`MAX_WEIGHT`].
+///
+/// # Errors
+/// [`BalancerError::Invalid`] otherwise.
+pub fn check_weight(w: u32) -> Result<()> {
+    if (1..=MAX_WEIGHT).contains(&w) {
+        Ok(())
+    } else if w == 0 {
+        Err(BalancerError::Invalid {
+            what: "weight",
+            reason: format!(
+                "0 is not in 1..={MAX_WEIGHT}: to stop new connections to a backend while its \
+                 connections finish (IPVS's weight 0), drain it: `balancer backend drain VIP \
+                 BACKEND` (or `drained = true` in the configuration)"
+            ),
+        })
+    } else {
+        Err(BalancerError::Invalid {
+            what: "weight",
+            reason: format!("{w} is not in 1..={MAX_WEIGHT}"),
+        })
+    }
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// Desired state of one backend.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendConfig {
+    /// Address and port.
+    pub addr: SocketAddr,
+    /// Lifecycle state.
+    pub state: BackendState,
+    /// Slot in the backend arrays.
+    pub slot: u32,
+    /// Generation of the slot.
+    pub generation: u32,
+    /// Weight, 1..=[`MAX_WEIGHT`] (capacity relative to the VIP's other
+    /// backends).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// A health check of its own instead of the VIP's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
+    /// Its zone (a failure domain, a rack, a site: [`check_zone`]), for
+    /// the VIP's locality preference (`VipSettings::prefer_zone_below`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+/// Longest zone name, bytes.
+pub const MAX_ZONE_LEN: usize = 64;
+
+/// A zone name: 1..=[`MAX_ZONE_LEN`] ASCII letters, digits, `.`, `_` or
+/// `-` (`eu-west-1a`, `rack12`).
+///
+/// # Errors
+/// [`BalancerError::Invalid`] saying what is wrong.
+pub fn check_zone(z: &str) -> Result<()> {
+    if z.is_empty()
+        || z.len() > MAX_ZONE_LEN
+        || !z
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+    {
+        return Err(BalancerError::Invalid {
+            what: "zone",
+            reason: format!(
+                "{z:?}: a zone is 1 to {MAX_ZONE_LEN} ASCII letters, digits, '.', '_' or '-'"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Desired state of one VIP.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VipConfig {
+    /// Address and port.
+    pub addr: SocketAddr,
+    /// Index in the per-VIP arrays.
+    pub index: u32,
+    /// Settings.
+    #[serde(flatten)]
+    pub settings: VipSettings,
+    /// Backends in the order they were added.
+    pub backends: Vec<BackendConfig>,
+}
+
+impl VipConfig {
+    /// The health check that applies to backend `b`: its own, else the
+    /// VIP's.
+    pub fn check_for<'a>(&'a self, b: &'a BackendConfig) -> Option<&'a HealthCheck> {
+        b.health.as_ref().or(self.settings.health.as_ref())
+    }
+}
+
+/// Everything the daemon persists to rebuild the same state after a restart.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct State {
+    /// VIPs by address.
+    pub vips: BTreeMap<SocketAddr, VipConfig>,
+    /// Generation of each backend slot that has ever been used.
+    pub slot_generations: BTreeMap<u32, u32>,
+    /// Where the slot allocator continues.
+    pub next_slot: u32,
+    /// Server index of each backend address and port in use (the index of
+    /// the `SERVER_*` arrays: one active count per server across VIPs).
+    #[serde(default)]
+    pub servers: BTreeMap<SocketAddr, u32>,
+    /// The flow table's idle timeouts, once set by a configuration (`run
+    /// --config`, `apply`); until then the daemon's command line's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<Timeouts>,
+    /// Drained from the cluster (`balancer cluster drain`): no VIP is
+    /// announced by BGP.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cluster_drained: bool,
+}
+
+/// Where one backend address and port is used: what the data path's
+/// backend tables are derived from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BackendUse {
+    /// The VIPs it serves, in address order.
+    pub vips: Vec<SocketAddr>,
+    /// Its slot under each of them (same order).
+    pub configs: Vec<BackendConfig>,
+    /// Each VIP's settings (same order).
+    pub settings: Vec<VipSettings>,
+}
+
+impl BackendUse {
+    /// The VIPs it serves in NAT mode (the only ones whose replies come
+    /// back through the balancer).
+    pub fn nat_vips(&self) -> Vec<SocketAddr> {
+        self.vips
+            .iter()
+            .zip(&self.settings)
+            .filter(|(_, s)| s.mode == ForwardingMode::Nat)
+            .map(|(v, _)| *v)
+            .collect()
+    }
+}
+
+impl State {
+    /// Drops the source rate of every direct-return VIP (accepted by
+    /// builds before `VipSettings::validate_limits` refused it: a
+    /// direct-return VIP never sees its backends' answers, so nothing
+    /// proves a source); returns one line per VIP changed, for the log.
+    pub fn drop_direct_return_rates(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        for v in self.vips.values_mut() {
+            if v.settings.source_rate != 0 && v.settings.mode != ForwardingMode::Nat {
+                out.push(format!(
+                    "VIP {}: its source rate ({}/s) is dropped: a {} VIP never sees its \
+                     backends' answers, so nothing proves a source (docs/operations.md, Limits)",
+                    v.addr,
+                    v.settings.source_rate,
+                    v.settings.mode.name()
+                ));
+                v.settings.source_rate = 0;
+            }
+        }
+        out
+    }
+
+    /// Checks everything the API would have refused: addresses, choices,
+    /// VIP indexes, duplicate backends, slots used twice or out of range.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the first problem.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "state file",
+            reason,
+        };
+        if self.vips.len() > MAX_VIPS as usize {
+            return Err(bad(format!("{} VIPs, at most {MAX_VIPS}", self.vips.len())));
+        }
+        if let Some(t) = &self.timeouts {
+            t.validate()?;
+        }
+        let mut indexes = BTreeSet::new();
+        let mut slots = BTreeSet::new();
+        for (addr, u) in self.backend_uses() {
+            if u.vips.len() > MAX_VIPS_PER_BACKEND as usize {
+                return Err(bad(format!(
+                    "backend {addr} serves more than {MAX_VIPS_PER_BACKEND} VIPs"
+                )));
+            }
+        }
+        for (addr, v) in &self.vips {
+            if *addr != v.addr {
+                return Err(bad(format!("VIP {addr} stored as {}", v.addr)));
+            }
+            check_endpoint("VIP", v.addr).map_err(|e| bad(e.to_string()))?;
+            v.settings
+                .validate_for(v.addr)
+                .map_err(|e| bad(format!("VIP {addr}: {e}")))?;
+            if v.index >= MAX_VIPS || !indexes.insert(v.index) {
+                return Err(bad(format!(
+                    "VIP {addr}: index {} out of range or used twice",
+                    v.index
+                )));
+            }
+            let mut seen = BTreeSet::new();
+            for b in &v.backends {
+                if let Some(h) = &b.health {
+                    check_path_mode(h, v.settings.mode)
+                        .map_err(|e| bad(format!("VIP {addr}, backend {}: {e}", b.addr)))?;
+                }
+                check_backend_for(v.addr, &v.settings, b.addr).map_err(|e| bad(e.to_string()))?;
+                check_backend_not_vip(v.addr, b.addr, self.vips.keys().copied())
+                    .map_err(|e| bad(e.to_string()))?;
+                if !seen.insert(b.addr) {
+                    return Err(bad(format!("VIP {addr}: backend {} listed twice", b.addr)));
+                }
+                if b.slot >= BACKEND_SLOTS || !slots.insert(b.slot) {
+                    return Err(bad(format!(
+                        "backend {}: slot {} out of range or used twice",
+                        b.addr, b.slot
+                    )));
+                }
+                check_weight(b.weight).map_err(|e| bad(format!("backend {}: {e}", b.addr)))?;
+                if let Some(h) = &b.health {
+                    h.validate()
+                        .map_err(|e| bad(format!("backend {}: {e}", b.addr)))?;
+                }
+            }
+        }
+        let uses = self.backend_uses();
+        let mut servers = BTreeSet::new();
+        for (addr, server) in &self.servers {
+            if !uses.contains_key(addr) || *server >= BACKEND_SLOTS || !servers.insert(*server) {
+                return Err(bad(format!(
+                    "server {addr}: index {server} unused, out of range or used twice"
+                )));
+            }
+        }
+        if let Some(a) = uses.keys().find(|a| !self.servers.contains_key(a)) {
+            return Err(bad(format!("backend {a} has no server index")));
+        }
+        Ok(())
+    }
+
+    /// The server index of `addr`, allocating a free one when the address
+    /// has none; `true` when it was allocated now (its counts must start at
+    /// zero).
+    ///
+    /// # Errors
+    /// [`BalancerError::Full`] when every index is taken.
+    pub fn server_for(&mut self, addr: SocketAddr) -> Result<(u32, bool)> {
+        if let Some(s) = self.servers.get(&addr) {
+            return Ok((*s, false));
+        }
+        let mut used = vec![false; BACKEND_SLOTS as usize];
+        for s in self.servers.values() {
+            if let Some(u) = used.get_mut(*s as usize) {
+                *u = true;
+            }
+        }
+        let free = (0..BACKEND_SLOTS)
+            .find(|i| !used[*i as usize])
+            .ok_or(BalancerError::Full {
+                what: "server table",
+                capacity: BACKEND_SLOTS,
+            })?;
+        self.servers.insert(addr, free);
+        Ok((free, true))
+    }
+
+    /// Forgets the server index of every address no VIP uses any more.
+    pub fn release_servers(&mut self) {
+        let uses = self.backend_uses();
+        self.servers.retain(|a, _| uses.contains_key(a));
+    }
+
+    /// The server index of a backend address in use.
+    pub fn server(&self, addr: &SocketAddr) -> Option<u32> {
+        self.servers.get(addr).copied()
+    }
+
+    /// The VIP at `addr`.
+    ///
+    /// # Errors
+    /// [`BalancerError::UnknownVip`].
+    pub fn vip(&self, addr: &SocketAddr) -> Result<&VipConfig> {
+        self.vips
+            .get(addr)
+            .ok_or(BalancerError::UnknownVip { vip: *addr })
+    }
+
+    /// The VIP at `addr`, mutable.
+    ///
+    /// # Errors
+    /// [`BalancerError::UnknownVip`].
+    pub fn vip_mut(&mut self, addr: &SocketAddr) -> Result<&mut VipConfig> {
+        self.vips
+            .get_mut(addr)
+            .ok_or(BalancerError::UnknownVip { vip: *addr })
+    }
+
+    /// Backend `b` of VIP `vip`.
+    ///
+    /// # Errors
+    /// [`BalancerError::UnknownVip`], [`BalancerError::UnknownBackend`].
+    pub fn backend(&self, vip: &SocketAddr, b: &SocketAddr) -> Result<&BackendConfig> {
+        self.vip(vip)?
+            .backends
+            .iter()
+            .find(|x| x.addr == *b)
+            .ok_or(BalancerError::UnknownBackend {
+                vip: *vip,
+                backend: *b,
+            })
+    }
+
+    /// Backend `b` of VIP `vip`, mutable.
+    ///
+    /// # Errors
+    /// [`BalancerError::UnknownVip`], [`BalancerError::UnknownBackend`].
+    pub fn backend_mut(&mut self, vip: &SocketAddr, b: &SocketAddr) -> Result<&mut BackendConfig> {
+        self.vip_mut(vip)?
+            .backends
+            .iter_mut()
+            .find(|x| x.addr == *b)
+            .ok_or(BalancerError::UnknownBackend {
+                vip: *vip,
+                backend: *b,
+            })
+    }
+
+    /// Every backend address and port with the VIPs it serves.
+    pub fn backend_uses(&self) -> BTreeMap<SocketAddr, BackendUse> {
+        let mut m: BTreeMap<SocketAddr, BackendUse> = BTreeMap::new();
+        for v in self.vips.values() {
+            for b in &v.backends {
+                let u = m.entry(b.addr).or_default();
+                u.vips.push(v.addr);
+                u.configs.push(b.clone());
+                u.settings.push(v.settings.clone());
+            }
+        }
+        m
+    }
+
+    /// The NAT VIP indexes each backend host (address, any port) serves
+    /// (a connection from such a host to such a VIP is a hairpin the
+    /// balancer refuses; in the direct-return modes it works).
+    pub fn backend_hosts(&self) -> BTreeMap<IpAddr, Vec<u32>> {
+        let mut m: BTreeMap<IpAddr, Vec<u32>> = BTreeMap::new();
+        for v in self
+            .vips
+            .values()
+            .filter(|v| v.settings.mode == ForwardingMode::Nat)
+        {
+            for b in &v.backends {
+                m.entry(b.addr.ip()).or_default().push(v.index);
+            }
+        }
+        m
+    }
+
+    /// Every backend slot in use, with its generation.
+    pub fn slots(&self) -> BTreeMap<u32, u32> {
+        self.vips
+            .values()
+            .flat_map(|v| v.backends.iter().map(|b| (b.slot, b.generation)))
+            .collect()
+    }
+
+    /// Picks `n` free slots, continuing after the last one handed out so a
+    /// freed slot is reused as late as possible.
+    ///
+    /// # Errors
+    /// [`BalancerError::Full`] when fewer than `n` are free.
+    pub fn allocate_slots(&self, n: usize) -> Result<Vec<u32>> {
+        // A flag per slot: one pass over the backends, no allocation per
+        // backend (a file of thousands of backends is thousands of calls).
+        let mut used = vec![false; BACKEND_SLOTS as usize];
+        for b in self.vips.values().flat_map(|v| v.backends.iter()) {
+            if let Some(u) = used.get_mut(b.slot as usize) {
+                *u = true;
+            }
+        }
+        let free: Vec<u32> = (0..BACKEND_SLOTS)
+            .map(|i| (self.next_slot + i) % BACKEND_SLOTS)
+            .filter(|s| !used[*s as usize])
+            .take(n)
+            .collect();
+        if free.len() < n {
+            return Err(BalancerError::Full {
+                what: "backend slot table",
+                capacity: BACKEND_SLOTS,
+            });
+        }
+        Ok(free)
+    }
+}
+
+/// Validates a `choices` value: 1..=16, or [`CHOICES_FULL_SCAN`].
+///
+/// # Errors
+/// [`BalancerError::Invalid`] otherwise.
+pub fn check_choices(choices: u32) -> Result<()> {
+    if (1..=MAX_CHOICES).contains(&choices) || choices == CHOICES_FULL_SCAN {
+        Ok(())
+    } else {
+        Err(BalancerError::Invalid {
+            what: "choices",
+            reason: format!("{choices} is not in 1..={MAX_CHOICES} (or \"all\" for a full scan)"),
+        })
+    }
+}
+
+/// `true` for a unicast address: not unspecified, multicast or (IPv4)
+/// broadcast.
+pub fn is_unicast(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast()),
+        IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast()),
+    }
+}
+
+/// The family's name, for messages.
+pub fn family(a: &IpAddr) -> &'static str {
+    if a.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    }
+}
+
+impl VipSettings {
+    /// The source lists: prefixes of the VIP's family, none twice, none in
+    /// both lists, at most [`MAX_SOURCES_PER_VIP`] together.
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the prefix.
+    pub fn validate_sources(&self, vip: SocketAddr) -> Result<()> {
+        let bad = |reason: String| BalancerError::Invalid {
+            what: "source list",
+            reason,
+        };
+        let n = self.allow_sources.len() + self.deny_sources.len();
+        if n > MAX_SOURCES_PER_VIP {
+            return Err(bad(format!(
+                "{n} prefixes: a VIP holds at most {MAX_SOURCES_PER_VIP}"
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for p in self.allow_sources.iter().chain(&self.deny_sources) {
+            if p.addr.is_ipv4() != vip.is_ipv4() {
+                return Err(bad(format!(
+                    "{p} is not of the VIP {vip}'s family: a VIP's clients come from its own"
+                )));
+            }
+            if !seen.insert(*p) {
+                let both = self.allow_sources.contains(p) && self.deny_sources.contains(p);
+                return Err(bad(if both {
+                    format!("{p} is both allowed and denied")
+                } else {
+                    format!("{p} is listed twice")
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A path check ([`CheckKind::Path`]) needs a mode whose backends answer
+/// for the VIP themselves (dsr, ipip, gue): a NAT backend does not hold
+/// the VIP.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] for a path check on a NAT VIP.
+pub fn check_path_mode(h: &HealthCheck, mode: ForwardingMode) -> Result<()> {
+    if h.kind == (CheckKind::Path {}) && mode == ForwardingMode::Nat {
+        return Err(BalancerError::Invalid {
+            what: "health check",
+            reason: "a path check needs a dsr, ipip or gue VIP: a NAT backend does not \
+                     answer for the VIP's address (use tcp or http)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+impl VipSettings {
+    /// [`VipSettings::validate`], and what depends on the VIP's family: the
+    /// persistence netmask fits it (/1../32 for IPv4, /1../128 for IPv6).
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the setting.
+    pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
+        self.validate()?;
+        self.validate_sources(vip)?;
+        self.validate_limits()?;
+        self.validate_signal()?;
+        if let Some(h) = &self.health {
+            check_path_mode(h, self.mode)?;
+        }
+        if self.candidates == Candidates::Consistent && !self.mode.encapsulates() {
+            return Err(BalancerError::Invalid {
+                what: "candidates",
+                reason: format!(
+                    "consistent candidates need an encapsulating mode (ipip or gue), not {}: \
+                     only there does the backends' side (the decapsulation program) take part",
+                    self.mode.name()
+                ),
+            });
+        }
+        if let Some(m) = self.persistence_netmask {
+            let max = if vip.is_ipv4() { 32 } else { 128 };
+            if m > max {
+                return Err(BalancerError::Invalid {
+                    what: "persistence netmask",
+                    reason: format!(
+                        "/{m} is longer than an {} address (/{max})",
+                        family(&vip.ip())
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The affinity prefix for clients of `vip`: the netmask, or the whole
+    /// address.
+    pub fn persistence_prefix(&self, vip: &SocketAddr) -> u8 {
+        self.persistence_netmask
+            .unwrap_or(if vip.is_ipv4() { 32 } else { 128 })
+    }
+}
+
+/// Validates backend `b` of `vip` under `settings`: an endpoint other than
+/// the VIP, of the VIP's family in the NAT and L2 DSR modes (the packet
+/// reaches it with its own header rewritten or untouched), of the outer
+/// source's family in the encapsulating modes (the inner packet keeps the
+/// VIP's family; the outer header is the backend's).
+///
+/// # Errors
+/// [`BalancerError::Invalid`].
+pub fn check_backend_for(vip: SocketAddr, settings: &VipSettings, b: SocketAddr) -> Result<()> {
+    check_backend(vip, b)?;
+    match (settings.mode, settings.encap_source) {
+        (ForwardingMode::Nat | ForwardingMode::Dsr, _) if b.is_ipv4() != vip.is_ipv4() => {
+            Err(BalancerError::Invalid {
+                what: "backend",
+                reason: format!(
+                    "{b} is {} but the VIP {vip} is {}: in {} mode a VIP's backends are of its family (the encapsulating modes, ipip and gue, carry one family in the other)",
+                    family(&b.ip()),
+                    family(&vip.ip()),
+                    settings.mode.name()
+                ),
+            })
+        }
+        (ForwardingMode::Ipip | ForwardingMode::Gue, Some(src)) if src.is_ipv4() != b.is_ipv4() => {
+            Err(BalancerError::Invalid {
+                what: "backend",
+                reason: format!(
+                    "{b} is {} but the encapsulation's outer source {src} is {}: the outer header is of the backend's family",
+                    family(&b.ip()),
+                    family(&src)
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Validates a VIP or backend address: unicast, not loopback, port not 0.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming `what`.
+pub fn check_endpoint(what: &'static str, a: SocketAddr) -> Result<()> {
+    if a.port() == 0 {
+        return Err(BalancerError::Invalid {
+            what,
+            reason: format!("{a}: port 0"),
+        });
+    }
+    if !is_unicast(&a.ip()) {
+        return Err(BalancerError::Invalid {
+            what,
+            reason: format!("{a}: not a unicast address"),
+        });
+    }
+    if a.ip().is_loopback() {
+        return Err(BalancerError::Invalid {
+            what,
+            reason: format!("{a}: a loopback address never reaches XDP on a NIC"),
+        });
+    }
+    check_not_mapped(what, a.ip())
+}
+
+/// `Some` with the IPv4 address when `a` is an IPv4-mapped IPv6 address
+/// (`::ffff:0:0/96`).
+pub fn mapped_ipv4(a: &IpAddr) -> Option<std::net::Ipv4Addr> {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V4(_) => None,
+    }
+}
+
+/// Refuses an IPv4-mapped IPv6 address (`::ffff:0:0/96`): no IPv6 packet
+/// carries one on the wire, and as a configured address it names the IPv4
+/// address it maps, under a second spelling the checks for a duplicate
+/// VIP, a backend of another family or a forwarding loop would miss.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming `what` and the IPv4 spelling.
+pub fn check_not_mapped(what: &'static str, a: IpAddr) -> Result<()> {
+    match mapped_ipv4(&a) {
+        Some(v4) => Err(BalancerError::Invalid {
+            what,
+            reason: format!(
+                "{a} is an IPv4-mapped IPv6 address (::ffff:0:0/96), which never appears in an \
+                 IPv6 packet: write the IPv4 address {v4}"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Validates a backend of `vip`.
+///
+/// # Errors
+/// [`BalancerError::Invalid`].
+pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
+    check_endpoint("backend", b)?;
+    if b == vip {
+        return Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!("{b} is the VIP itself"),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses backend `b` of VIP `vip` on the address (any port) of one of
+/// `vips`: the balancer would forward that VIP's connections to a VIP
+/// (possibly its own), a forwarding loop, or two VIPs each other's
+/// backends.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the backend and the VIP it is.
+pub fn check_backend_not_vip(
+    vip: SocketAddr,
+    b: SocketAddr,
+    vips: impl IntoIterator<Item = SocketAddr>,
+) -> Result<()> {
+    match vips.into_iter().find(|v| v.ip() == b.ip()) {
+        Some(v) => Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!(
+                "backend {b} of VIP {vip} is the address of VIP {v}: a forwarding loop"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses VIP `vip` on the address (any port) of a backend among
+/// `backends` (pairs of a VIP and one of its backends): that VIP would
+/// forward to this one, a forwarding loop.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the VIP and the backend it is.
+pub fn check_vip_not_backend(
+    vip: SocketAddr,
+    backends: impl IntoIterator<Item = (SocketAddr, SocketAddr)>,
+) -> Result<()> {
+    match backends.into_iter().find(|(_, b)| b.ip() == vip.ip()) {
+        Some((v, b)) => Err(BalancerError::Invalid {
+            what: "VIP",
+            reason: format!(
+                "VIP {vip} is the address of backend {b} of VIP {v}: a forwarding loop"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses an address of the balancer's own host (`host`: its network
+/// namespace's interface addresses) as backend `b` of `vip`: the balancer
+/// would forward to itself.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the backend.
+pub fn check_backend_not_host(
+    vip: SocketAddr,
+    b: SocketAddr,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    if host.contains(&b.ip()) {
+        return Err(BalancerError::Invalid {
+            what: "backend",
+            reason: format!(
+                "backend {b} of VIP {vip} is {}, an address of the balancer's own host: a \
+                 forwarding loop",
+                b.ip()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses an address of the balancer's own host (`host`) as VIP `vip`
+/// unless its settings allow it (`allow_host_address`): the VIP would take
+/// the port over from the host's own service without the operator saying
+/// so.
+///
+/// # Errors
+/// [`BalancerError::Invalid`] naming the VIP and the setting that allows it.
+pub fn check_vip_not_host(
+    vip: SocketAddr,
+    settings: &VipSettings,
+    host: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    if host.contains(&vip.ip()) && !settings.allow_host_address {
+        return Err(BalancerError::Invalid {
+            what: "VIP",
+            reason: format!(
+                "VIP {vip} is on {}, an address of the balancer's own host: it would take port {} \
+                 over from the host's own service; if that is meant, say so with \
+                 --allow-host-address (allow_host_address = true)",
+                vip.ip(),
+                vip.port()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The directory of a file path (a relative name without a directory has
+/// "" as its parent: the current directory).
+pub fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Idle timeouts of the flow table, by flow state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeouts {
+    /// A SYN seen, the handshake not completed (default 30 s).
+    #[serde(with = "humantime_serde")]
+    pub half_open: Duration,
+    /// Handshake completed, no FIN (default 900 s).
+    #[serde(with = "humantime_serde")]
+    pub established: Duration,
+    /// One FIN seen, or closed and kept for late segments (default 30 s).
+    #[serde(with = "humantime_serde")]
+    pub closing: Duration,
+    /// How long a flow the daemon expired or removed is remembered, so
+    /// that its client's next segment gets a reset (default 120 s).
+    #[serde(default = "default_orphan", with = "humantime_serde")]
+    pub orphan: Duration,
+    /// A direct-return flow in the unproven table: its client ACKed, and
+    /// has sent nothing since its first second (default 300 s: longer than
+    /// the usual keep-alive idle times of HTTP servers and browsers, so a
+    /// real connection idle between requests keeps its backend; a forged
+    /// handshake's count is held at most this long).
+    #[serde(default = "default_unproven", with = "humantime_serde")]
+    pub unproven: Duration,
+}
+
+fn default_orphan() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_unproven() -> Duration {
+    Duration::from_secs(300)
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            half_open: Duration::from_secs(30),
+            established: Duration::from_secs(900),
+            closing: Duration::from_secs(30),
+            orphan: default_orphan(),
+            unproven: default_unproven(),
+        }
+    }
+}
+
+/// Longest idle timeout accepted: a week.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl Timeouts {
+    /// Checks that every timeout is above zero and at most [`MAX_TIMEOUT`].
+    ///
+    /// # Errors
+    /// [`crate::BalancerError::Invalid`] naming the first one outside.
+    pub fn validate(&self) -> Result<()> {
+        for (what, d) in [
+            ("half-open timeout", self.half_open),
+            ("established timeout", self.established),
+            ("closing timeout", self.closing),
+            ("orphan timeout", self.orphan),
+            ("unproven timeout", self.unproven),
+        ] {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(BalancerError::Invalid {
+                    what,
+                    reason: format!("{} is outside 1ms..=7days", humantime::format_duration(d)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Backend lifecycle state.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendState {
+    /// Receives new flows.
+    Active,
+    /// Receives no new flows; existing flows continue.
+    Draining,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_bounds() {
+        assert!(check_choices(0).is_err());
+        assert!(check_choices(1).is_ok());
+        assert!(check_choices(16).is_ok());
+        assert!(check_choices(17).is_err());
+        assert!(check_choices(CHOICES_FULL_SCAN).is_ok());
+    }
+
+    #[test]
+    fn load_signals_are_checked() {
+        let vip: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        let ok = |s: &VipSettings| s.validate_for(vip).is_ok();
+        let mut s = VipSettings {
+            signal: LoadSignal::Agent,
+            ..VipSettings::default()
+        };
+        assert!(!ok(&s), "the agent signal without a port");
+        s.agent_port = Some(5555);
+        assert!(ok(&s));
+        s.backend_max_conns = 10;
+        assert!(!ok(&s), "a connection cap with the agent signal");
+        s.backend_max_conns = 0;
+        s.agent_interval = Duration::from_millis(10);
+        assert!(!ok(&s), "an interval below 50 ms");
+        let mut s = VipSettings {
+            signal: LoadSignal::Latency,
+            ..VipSettings::default()
+        };
+        assert!(ok(&s), "latency in NAT");
+        s.mode = ForwardingMode::Dsr;
+        assert!(!ok(&s), "latency in a direct-return mode");
+        s.mode = ForwardingMode::Nat;
+        s.protocol = Protocol::Udp;
+        assert!(!ok(&s), "latency on a UDP-only VIP");
+        s.protocol = Protocol::Tcp;
+        s.signal = LoadSignal::Connections;
+        s.agent_port = Some(5555);
+        assert!(ok(&s), "an agent port without the agent signal is kept");
+    }
+
+    #[test]
+    fn a_restored_direct_return_rate_is_dropped_not_refused() {
+        let mut st = State::default();
+        let rules = crate::model::command::Rules::default();
+        let (nat, dsr): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+        );
+        st.apply(
+            &crate::model::command::Command::AddVip(
+                nat,
+                VipSettings {
+                    source_rate: 10,
+                    ..VipSettings::default()
+                },
+            ),
+            &rules,
+        )
+        .unwrap();
+        st.apply(
+            &crate::model::command::Command::AddVip(
+                dsr,
+                VipSettings {
+                    mode: ForwardingMode::Dsr,
+                    ..VipSettings::default()
+                },
+            ),
+            &rules,
+        )
+        .unwrap();
+        // As an earlier build wrote it.
+        st.vips.get_mut(&dsr).unwrap().settings.source_rate = 10;
+        assert!(st.validate().is_err(), "refused as it stands");
+        let w = st.drop_direct_return_rates();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("10.0.0.2:80"), "{w:?}");
+        st.validate().unwrap();
+        // The NAT VIP keeps its rate.
+        assert_eq!(st.vips[&nat].settings.source_rate, 10);
+        assert_eq!(st.vips[&dsr].settings.source_rate, 0);
+    }
+
+    #[test]
+    fn a_source_rate_needs_nat() {
+        // The direct-return modes never see a backend's answer: nothing
+        // proves a source there, so a rate would be a blind forger's to
+        // spend (issue 41, item 2). NAT is the control.
+        let vip: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        for (mode, ok) in [
+            (ForwardingMode::Nat, true),
+            (ForwardingMode::Dsr, false),
+            (ForwardingMode::Ipip, false),
+            (ForwardingMode::Gue, false),
+        ] {
+            let s = VipSettings {
+                mode,
+                encap_source: (mode != ForwardingMode::Nat && mode != ForwardingMode::Dsr)
+                    .then(|| "10.0.0.2".parse().unwrap()),
+                source_rate: 10,
+                ..VipSettings::default()
+            };
+            let r = s.validate_for(vip);
+            assert_eq!(r.is_ok(), ok, "{mode:?}: {r:?}");
+            if let Err(e) = r {
+                assert!(
+                    e.to_string().contains("never sees its backends' answers"),
+                    "{e}"
+                );
+            }
+            // Without the rate the mode is accepted.
+            let s = VipSettings {
+                source_rate: 0,
+                ..s
+            };
+            assert!(s.validate_for(vip).is_ok(), "{mode:?} without a rate");
+        }
+    }
+
+    #[test]
+    fn limits_are_checked_and_projected() {
+        let with = |cap, rate, burst| VipSettings {
+            backend_max_conns: cap,
+            source_rate: rate,
+            source_burst: burst,
+            ..VipSettings::default()
+        };
+        assert_eq!(with(0, 0, 0).limits(), None);
+        assert!(with(0, 0, 0).validate_limits().is_ok());
+        // A burst defaults to one second of the rate.
+        let l = with(0, 20, 0).limits().expect("limits");
+        assert_eq!((l.source_rate, l.source_burst), (20, 20));
+        let l = with(50, 0, 0).limits().expect("limits");
+        assert_eq!(
+            (l.backend_max_conns, l.source_rate, l.source_burst),
+            (50, 0, 0)
+        );
+        // A burst without a rate is kept, and means nothing.
+        assert!(with(0, 0, 5).validate_limits().is_ok());
+        assert_eq!(with(0, 0, 5).limits(), None);
+        let udp = VipSettings {
+            protocol: Protocol::Udp,
+            ..with(0, 5, 0)
+        };
+        assert!(udp.validate_limits().is_err(), "a rate on a UDP-only VIP");
+        assert!(with(0, balancer_common::rate::MAX_RATE + 1, 0)
+            .validate_limits()
+            .is_err());
+        assert!(with(balancer_common::choice::MAX_CAP + 1, 0, 0)
+            .validate_limits()
+            .is_err());
+        assert!(with(balancer_common::choice::MAX_CAP, 1, 1)
+            .validate_limits()
+            .is_ok());
+    }
+
+    #[test]
+    fn endpoints() {
+        assert!(check_endpoint("VIP", "10.0.0.10:80".parse().unwrap()).is_ok());
+        assert!(check_endpoint("VIP", "10.0.0.10:0".parse().unwrap()).is_err());
+        assert!(check_endpoint("VIP", "0.0.0.0:80".parse().unwrap()).is_err());
+        assert!(check_endpoint("VIP", "224.0.0.1:80".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_refused_everywhere() {
+        let refused = |r: Result<()>| {
+            let e = r
+                .expect_err("an IPv4-mapped address was accepted")
+                .to_string();
+            assert!(e.contains("IPv4-mapped"), "{e}");
+        };
+        // A VIP beside the IPv4 one it maps, a backend of an IPv6 VIP.
+        refused(check_endpoint(
+            "VIP",
+            "[::ffff:10.0.0.10]:80".parse().unwrap(),
+        ));
+        refused(check_backend_for(
+            "[2001:db8::10]:80".parse().unwrap(),
+            &VipSettings::default(),
+            "[::ffff:10.1.0.11]:8080".parse().unwrap(),
+        ));
+        // The encapsulation's outer source.
+        refused(
+            VipSettings {
+                mode: ForwardingMode::Ipip,
+                encap_source: Some("::ffff:10.0.9.1".parse().unwrap()),
+                ..VipSettings::default()
+            }
+            .validate(),
+        );
+        // Neighbours of ::ffff:0:0/96 are ordinary IPv6 addresses.
+        assert!(check_endpoint("VIP", "[::fffe:a00:a]:80".parse().unwrap()).is_ok());
+        assert!(check_endpoint("VIP", "[64:ff9b::a00:a]:80".parse().unwrap()).is_ok());
+        // A state file holding one is refused at start.
+        let mut s = State::default();
+        let v = vip("[::ffff:10.0.0.10]:80", 0, &[]);
+        s.vips.insert(v.addr, v);
+        refused(s.validate());
+        let mut s = State::default();
+        let v = vip("[2001:db8::10]:80", 0, &[("[::ffff:10.1.0.11]:8080", 0)]);
+        s.vips.insert(v.addr, v);
+        s.servers
+            .insert("[::ffff:10.1.0.11]:8080".parse().unwrap(), 0);
+        refused(s.validate());
+    }
+
+    #[test]
+    fn allow_host_address_defaults_to_false_in_older_state_files() {
+        let v = vip("10.0.0.10:80", 0, &[]);
+        let text = serde_json::to_string(&v).unwrap();
+        // Written only when set: files stay as before for every other VIP.
+        assert!(!text.contains("allow_host_address"), "{text}");
+        let back: VipConfig = serde_json::from_str(&text).unwrap();
+        assert!(!back.settings.allow_host_address);
+        let on = text.replacen('{', "{\"allow_host_address\":true,", 1);
+        let back: VipConfig = serde_json::from_str(&on).unwrap();
+        assert!(back.settings.allow_host_address);
+    }
+
+    #[test]
+    fn a_relative_name_lives_in_the_current_directory() {
+        assert_eq!(dir_of(Path::new("state.json")), Path::new("."));
+        assert_eq!(dir_of(Path::new("a/state.json")), Path::new("a"));
+        assert_eq!(dir_of(Path::new("/state.json")), Path::new("/"));
+    }
+
+    fn vip(addr: &str, index: u32, backends: &[(&str, u32)]) -> VipConfig {
+        VipConfig {
+            addr: addr.parse().unwrap(),
+            index,
+            settings: VipSettings::default(),
+            backends: backends
+                .iter()
+                .map(|(a, slot)| BackendConfig {
+                    addr: a.parse().unwrap(),
+                    state: BackendState::Active,
+                    slot: *slot,
+                    generation: 1,
+                    weight: 1,
+                    health: None,
+                    zone: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn backend_uses_and_hosts() {
+        let mut s = State::default();
+        for v in [
+            vip(
+                "10.0.0.40:80",
+                0,
+                &[("10.0.2.36:8080", 0), ("10.0.2.37:8080", 1)],
+            ),
+            vip(
+                "10.0.0.41:80",
+                3,
+                &[("10.0.2.36:8080", 2), ("10.0.2.36:9090", 4)],
+            ),
+        ] {
+            s.vips.insert(v.addr, v);
+        }
+        assert!(s.validate().is_err(), "backends without server indexes");
+        for a in ["10.0.2.36:8080", "10.0.2.37:8080", "10.0.2.36:9090"] {
+            s.server_for(a.parse().unwrap()).unwrap();
+        }
+        s.validate().unwrap();
+        assert_eq!(s.server(&"10.0.2.36:9090".parse().unwrap()), Some(2));
+        let uses = s.backend_uses();
+        let shared = &uses[&"10.0.2.36:8080".parse().unwrap()];
+        assert_eq!(shared.vips.len(), 2);
+        assert_eq!(
+            shared.configs.iter().map(|c| c.slot).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        assert_eq!(uses[&"10.0.2.37:8080".parse().unwrap()].vips.len(), 1);
+        let hosts = s.backend_hosts();
+        assert_eq!(hosts[&"10.0.2.36".parse::<IpAddr>().unwrap()], [0, 3, 3]);
+        assert_eq!(hosts[&"10.0.2.37".parse::<IpAddr>().unwrap()], [0]);
+        assert_eq!(s.allocate_slots(2).unwrap(), [3, 5]);
+    }
+}
