@@ -178,7 +178,7 @@ pub fn echo(ctx: XdpContext) -> u32 {
     if let Err(action) = guard::addressed_here(ctx, &frame) {
         return action;
     }
-    if crate::client::martian(&e.src_addr) {
+    if guard::martian(&e.src_addr) {
         return xdp_action::XDP_DROP;
     }
     if turn_around(&frame, &e).is_none() {

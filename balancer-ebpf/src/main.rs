@@ -68,11 +68,15 @@ mod loops;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod quic;
+#[cfg(target_arch = "bpf")]
 mod reply;
 #[cfg(target_arch = "bpf")]
 mod rewrite;
 #[cfg(target_arch = "bpf")]
 mod scratch;
+#[cfg(target_arch = "bpf")]
+mod server;
 #[cfg(target_arch = "bpf")]
 mod stats;
 #[cfg(target_arch = "bpf")]
