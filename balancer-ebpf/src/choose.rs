@@ -175,21 +175,23 @@ fn move_flow(key: &FlowKey, old: u32, b: &Backend, slot: u32) -> bool {
     // the entry program looked).
     let was = unsafe { atomic::fetch_or_state(e, flow::F_RESAMPLED) };
     if was & (flow::F_RESAMPLED | flow::F_SERVER_SEQ_KNOWN | flow::F_ESTABLISHED) != 0
+        // SAFETY: as above; a plain read of a whole word.
         || unsafe { (*e).backend_slot } != old
     {
         return false;
     }
     // Slot and generation in one 8-byte exchange: a reader never sees one
     // without the other, and (a full barrier) the state is read after it.
+    let word = e as *mut u64;
     // SAFETY: `backend_slot` and `backend_generation` are the entry's
     // first 8 bytes, 8-aligned.
-    let word = e as *mut u64;
     let before = unsafe { atomic::swap_at(word, u64::from(slot) | u64::from(b.generation) << 32) };
     // The old backend's SYN-ACK set its bit after ours and was tracked
     // against the old slot before this exchange (`track` drops it only
     // when it sees the new one): it went to the client, so the flow stays.
     // SAFETY: as above; a plain read of the state after the barrier.
     if unsafe { core::ptr::read_volatile(&(*e).state) } & flow::F_SERVER_SEQ_KNOWN != 0 {
+        // SAFETY: as above: the entry's first 8 bytes, put back.
         unsafe { atomic::swap_at(word, before) };
         return false;
     }
@@ -453,7 +455,7 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     };
     if telemetry {
         let decisions = record(vip, chooser);
-        if regret_sample != 0 && decisions % regret_sample == 0 {
+        if regret_sample != 0 && decisions.is_multiple_of(regret_sample) {
             sample_regret(vip.index, slot, chooser.chosen_key());
         }
     }

@@ -79,7 +79,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         track::track(
             key,
             e,
-            &b,
+            b,
             seg,
             track::How {
                 table,
@@ -89,7 +89,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         )
     };
     event.log(key, now, b.server);
-    to_backend(frame, seg, &b, slot, vip_index, false, now, None)
+    to_backend(frame, seg, b, slot, vip_index, false, now, None)
 }
 
 /// The client retransmitted the SYN of the flow at `e` (client `client`,
@@ -170,6 +170,7 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
             count(Counter::RefusedVipRemoved, 1);
             return Next::Reset;
         }
+        // SAFETY: only the presence is read.
         if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
             count(Counter::ResetOrphaned, 1);
             return Next::Reset;
@@ -182,13 +183,14 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
         // main function).
         return Next::Action(crate::forward::CODE_NEW_FLOW);
     }
-    // SAFETY: the entries are only read.
     let closed = key.with_kind(flow_kind::CLOSED);
     // A two-sided VIP's closed flows are never in the unproven table.
+    // SAFETY: the entries are only read.
     let found = unsafe { FLOWS.get(&closed) }.or_else(|| {
         if vip.flags & VIP_F_TWO_SIDED != 0 {
             None
         } else {
+            // SAFETY: as above.
             unsafe { UNPROVEN.get(&closed) }
         }
     });
@@ -205,7 +207,7 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
             return Next::Reset;
         };
         count(Counter::ClosedFlowPackets, 1);
-        return to_backend(frame, seg, &b, e.backend_slot, vip.index, false, now, None);
+        return to_backend(frame, seg, b, e.backend_slot, vip.index, false, now, None);
     }
     // SAFETY: only the presence is read.
     if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
@@ -335,7 +337,7 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
         seg.src_port,
         &seg.dst_addr,
         seg.dst_port,
-        balancer_common::flow_kind::LIVE,
+        flow_kind::LIVE,
     ) else {
         return xdp_action::XDP_PASS;
     };
@@ -412,7 +414,7 @@ pub fn place(ctx: XdpContext) -> u32 {
             }
             // A retransmitted SYN placed again is the flow its first SYN
             // was (counted `syn_resampled`), not a new one.
-            let new_flow = crate::scratch::resample() == crate::choose::NO_SLOT;
+            let new_flow = crate::scratch::resample() == choose::NO_SLOT;
             to_backend(&frame, seg, b, slot, vip.index, new_flow, now, None).code()
         }
         Err(Refusal::Again(slot)) => {

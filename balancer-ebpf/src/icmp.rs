@@ -76,6 +76,7 @@ pub fn to_backend(ctx: XdpContext) -> u32 {
     };
     // SAFETY: pointer from a successful lookup, only read.
     let (b, slot) = match backend_of(unsafe { &*e }) {
+        // SAFETY: as above.
         Some(b) => (b, unsafe { (*e).backend_slot }),
         None => {
             count(Counter::IcmpNoFlow, 1);

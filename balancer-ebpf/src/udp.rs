@@ -139,8 +139,8 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
         // its VIP's UDP idle timeout. A flow routed by its QUIC
         // connection ID is never counted (`flow::counted`): a forged ID
         // would otherwise aim counts at the backend it names.
-        // SAFETY: `e` points to the half-open value of `key`.
         if proven
+            // SAFETY: `e` points to the half-open value of `key`.
             && unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED) } & flow::F_ESTABLISHED == 0
         {
             count(Counter::UdpPromoted, 1);
