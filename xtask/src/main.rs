@@ -20,7 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install the toolchain pieces (nightly rust-src, bpf-linker, ethtool).
+    /// Install the toolchain pieces (the pinned nightly with rust-src and
+    /// clippy, bpf-linker, ethtool).
     Setup,
     /// Build everything (userspace, XDP object, test bed).
     Build,
