@@ -1,5 +1,6 @@
 //! Builds the XDP program (balancer-ebpf) for bpfel-unknown-none with the
-//! nightly toolchain and bpf-linker (see scripts/setup.sh), and leaves the
+//! nightly toolchain pinned in balancer-ebpf/rust-toolchain.toml and
+//! bpf-linker (see scripts/setup.sh), and leaves the
 //! objects in OUT_DIR (balancer-xdp, balancer-decap, and the test bed's
 //! fault injector balancer-faults) for
 //! `include_bytes_aligned!`.
@@ -41,6 +42,23 @@ fn commit(root: &std::path::Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// The toolchain that builds the eBPF objects: `channel` in
+/// balancer-ebpf/rust-toolchain.toml. aya-build runs `rustup run
+/// <toolchain> cargo build ...`, which ignores toolchain files, so the
+/// channel is named here.
+fn ebpf_toolchain(ebpf_dir: &std::path::Path) -> anyhow::Result<String> {
+    let file = ebpf_dir.join("rust-toolchain.toml");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.trim_start().strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .find(|v| !v.is_empty())
+        .ok_or_else(|| anyhow!("no `channel = \"...\"` in {}", file.display()))
+}
+
 fn main() -> anyhow::Result<()> {
     let manifest = std::env::var("CARGO_MANIFEST_DIR")?;
     println!(
@@ -61,8 +79,11 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let root = std::env::var("CARGO_MANIFEST_DIR")?;
-    let ebpf_dir = std::path::Path::new(&root).join("../balancer-ebpf");
-    let ebpf_dir = ebpf_dir.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?;
+    let ebpf_path = std::path::Path::new(&root).join("../balancer-ebpf");
+    let toolchain = ebpf_toolchain(&ebpf_path)?;
+    let ebpf_dir = ebpf_path
+        .to_str()
+        .ok_or_else(|| anyhow!("non-UTF-8 path"))?;
     println!("cargo:rerun-if-changed=../balancer-common/src");
     aya_build::build_ebpf(
         [aya_build::Package {
@@ -70,6 +91,6 @@ fn main() -> anyhow::Result<()> {
             root_dir: ebpf_dir,
             ..Default::default()
         }],
-        aya_build::Toolchain::default(),
+        aya_build::Toolchain::Custom(&toolchain),
     )
 }

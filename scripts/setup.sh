@@ -15,9 +15,11 @@
 #     rules' tests; the server is not started); with --bench also
 #     haproxy, nginx's stream
 #     module, a font
-#   - the nightly toolchain's rust-src (for -Z build-std=core on bpfel-unknown-none)
-#   - bpf-linker 0.13 linked against the LLVM 22 shared library that the nightly
-#     toolchain ships (Debian has only LLVM 14, and bpf-linker's default
+#   - the nightly toolchain pinned in balancer-ebpf/rust-toolchain.toml (the
+#     eBPF build's), with its components: rust-src (for -Z build-std=core on
+#     bpfel-unknown-none) and clippy (`cargo xtask lint-ebpf`)
+#   - bpf-linker 0.13 linked against the LLVM 22 shared library that the pinned
+#     nightly ships (Debian has only LLVM 14, and bpf-linker's default
 #     feature wants a system LLVM of its own version)
 #   - cargo-nextest (the test runner), when the machine lacks it
 #   - cargo-deb 3.8.0 (the Debian package)
@@ -90,25 +92,40 @@ if [ "${#need_apt[@]}" -gt 0 ] || [ "$need_promtool" = 1 ]; then
   [ "$own_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
 fi
 
-if ! rustup toolchain list | grep -q '^nightly'; then
-  log "installing the nightly toolchain"
-  rustup toolchain install nightly --profile minimal
-fi
 if ! rustup component list --installed | grep -q '^clippy'; then
   log "adding clippy (CI runs it)"
   rustup component add clippy
 fi
-if ! rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
-  log "adding rust-src to nightly"
-  rustup component add rust-src --toolchain nightly
+# The eBPF build's nightly, by name: `rustup run` (aya-build) and the
+# RUSTUP_TOOLCHAIN that cargo sets for `cargo xtask` both override toolchain
+# files, so the file's `channel` is read and named wherever it is used.
+ebpf_toolchain_file="$(dirname "$0")/../balancer-ebpf/rust-toolchain.toml"
+ebpf_toolchain="$(sed -n 's/^channel *= *"\(.*\)".*/\1/p' "$ebpf_toolchain_file")"
+if [ -z "$ebpf_toolchain" ]; then
+  echo "setup: no channel in $ebpf_toolchain_file" >&2
+  exit 1
 fi
+if ! rustup toolchain list | grep -q "^$ebpf_toolchain-"; then
+  log "installing the eBPF build's toolchain $ebpf_toolchain"
+  rustup toolchain install "$ebpf_toolchain" --profile minimal \
+    --component rust-src --component clippy
+fi
+for component in rust-src clippy; do
+  if ! rustup component list --toolchain "$ebpf_toolchain" --installed | grep -q "^$component"; then
+    log "adding $component to $ebpf_toolchain"
+    rustup component add "$component" --toolchain "$ebpf_toolchain"
+  fi
+done
 
 CARGO_HOME_DIR="${CARGO_HOME:-$HOME/.cargo}"
-if ! command -v bpf-linker >/dev/null 2>&1 && [ ! -x "$CARGO_HOME_DIR/bin/bpf-linker" ]; then
-  sysroot="$(rustc +nightly --print sysroot)"
+bpf_linker="$(command -v bpf-linker 2>/dev/null || echo "$CARGO_HOME_DIR/bin/bpf-linker")"
+# Built once; again only if it no longer runs (the LLVM library it was
+# linked against is gone, e.g. with the toolchain that shipped it).
+if ! "$bpf_linker" --version >/dev/null 2>&1; then
+  sysroot="$(rustc +"$ebpf_toolchain" --print sysroot)"
   llvm_so="$(ls "$sysroot"/lib/libLLVM.so.* 2>/dev/null | head -n1)"
   if [ -z "$llvm_so" ]; then
-    echo "setup: no libLLVM.so.* in the nightly sysroot $sysroot" >&2
+    echo "setup: no libLLVM.so.* in the $ebpf_toolchain sysroot $sysroot" >&2
     exit 1
   fi
   prefix="$CARGO_HOME_DIR/bpf-linker-llvm"
@@ -116,7 +133,7 @@ if ! command -v bpf-linker >/dev/null 2>&1 && [ ! -x "$CARGO_HOME_DIR/bin/bpf-li
   ln -sf "$llvm_so" "$prefix/lib/libLLVM.so"
   ln -sf "$llvm_so" "$prefix/lib/$(basename "$llvm_so")"
   log "building bpf-linker against $(basename "$llvm_so") (about 90 s)"
-  LLVM_PREFIX="$prefix" cargo install bpf-linker --version 0.13.0 --locked \
+  LLVM_PREFIX="$prefix" cargo install bpf-linker --version 0.13.0 --locked --force \
     --no-default-features --features llvm-22
 fi
 

@@ -12,6 +12,7 @@ use balancer_common::{
 
 use crate::{
     maps::{AFFINITY, BACKENDS},
+    server::{server_failing, server_full},
     stats::count,
 };
 
@@ -54,8 +55,8 @@ pub fn lookup(vip: &VipInfo, client_addr: &Addr, now: u64) -> Affinity {
         b.generation == e.backend_generation
             && b.flags & (BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE)
                 == BACKEND_F_IN_USE | BACKEND_F_ELIGIBLE
-            && !crate::choose::server_failing(b.server, vip.eject_after, vip.eject_min_sources)
-            && !crate::choose::server_full(vip, b.server)
+            && !server_failing(b.server, vip.eject_after, vip.eject_min_sources)
+            && !server_full(vip, b.server)
     });
     match usable {
         Some(b) => {

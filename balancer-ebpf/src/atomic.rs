@@ -55,6 +55,8 @@ pub unsafe fn or_at(p: *mut u64, v: u64) {
 pub unsafe fn clear_state(entry: *mut FlowEntry, bits: u32) {
     // SAFETY: as in `fetch_or_state`.
     let word = unsafe { (entry as *mut u8).add(FlowEntry::STATE_WORD_OFFSET) as *mut u64 };
+    // SAFETY: `word` is the entry's state word (above), a live map value
+    // (the caller's contract).
     unsafe {
         core::intrinsics::atomic_and::<u64, u64, { AtomicOrdering::SeqCst }>(
             word,
@@ -75,6 +77,8 @@ pub unsafe fn fetch_or_state(entry: *mut FlowEntry, bits: u32) -> u32 {
     // SAFETY: the word lies inside the entry, 8-byte aligned (asserted in
     // balancer-common).
     let word = unsafe { (entry as *mut u8).add(FlowEntry::STATE_WORD_OFFSET) as *mut u64 };
+    // SAFETY: `word` is the entry's state word (above), a live map value
+    // (the caller's contract).
     let old = unsafe {
         core::intrinsics::atomic_or::<u64, u64, { AtomicOrdering::SeqCst }>(
             word,
@@ -97,6 +101,8 @@ pub unsafe fn cas_seqs(entry: *mut FlowEntry, expected: u64, new: u64) -> u64 {
     // SAFETY: the word lies inside the entry, 8-byte aligned (asserted in
     // balancer-common).
     let word = unsafe { (entry as *mut u8).add(FlowEntry::SEQ_WORD_OFFSET) as *mut u64 };
+    // SAFETY: `word` is the entry's sequence word (above), a live map
+    // value (the caller's contract).
     unsafe {
         core::intrinsics::atomic_cxchg::<
             u64,

@@ -18,24 +18,25 @@ use balancer_common::{
     consistent::{candidate_index, flow_hash, row_of, CandidateRow},
     flow, hist, load_bucket,
     parse::Tcp,
-    rate::{self, RateKey, VipLimits},
+    rate::{self, RateKey},
     refusal, source_key_bits, source_refusal, Addr, Backend, Counter, FlowEntry, FlowKey,
     RegretSample, SourceKey, VipInfo, BACKEND_F_IN_USE, BACKEND_F_SHARED, IPPROTO_TCP,
-    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LATENCY, VIP_F_LIMITS,
-    VIP_F_SOURCES,
+    SETTINGS_F_NO_CHOICE_TELEMETRY, VIP_F_CONSISTENT, VIP_F_FALLBACK, VIP_F_LATENCY, VIP_F_SOURCES,
 };
 
 use crate::{
     affinity::{self, Affinity},
     atomic,
     frame::precise_ns,
+    guard,
     lookup::{backend_of, live_elsewhere},
     loops::bpf_loop,
     maps::{
         BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, CANDIDATES, CHOICE_HIST, CHOICE_STATS, HALF_OPEN,
-        PEER_CONNS, REGRET_SAMPLES, RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SERVER_FAILS,
-        SETTINGS, SOURCE_RATES, VIP_BACKENDS, VIP_LIMITS, VIP_REFUSALS, VIP_SEEDS, VIP_SOURCES,
+        PEER_CONNS, REGRET_SAMPLES, RNG_STATE, SERVER_CONNS, SERVER_CONN_ADJUST, SETTINGS,
+        SOURCE_RATES, VIP_BACKENDS, VIP_REFUSALS, VIP_SEEDS, VIP_SOURCES,
     },
+    server::{limits_of, server_failing, vip_cap},
     stats::count,
 };
 
@@ -154,38 +155,6 @@ fn load_of(c: &mut ChooseCtx, slot: u32) -> Option<(u64, u32, bool)> {
     Some((load, weight, failing))
 }
 
-/// `vip`'s limits (`VIP_LIMITS`), `None` for a VIP without
-/// `VIP_F_LIMITS`.
-#[inline(always)]
-fn limits_of(vip: &VipInfo) -> Option<&'static VipLimits> {
-    if !crate::features::on(balancer_common::features::LIMITS) || vip.flags & VIP_F_LIMITS == 0 {
-        return None;
-    }
-    VIP_LIMITS.get(vip.index)
-}
-
-/// `true` when `server`'s load (as [`load_of`] reads it) is at `vip`'s
-/// connection cap: a client's session affinity does not send it there
-/// (`affinity::lookup`). The load is read as in `load_of`, not through a
-/// helper shared with it: such a helper returning an `Option` let the
-/// compiler compare an unset register on the miss path inside the
-/// choice's loop, which the verifier refused ("R2 !read_ok").
-#[inline(never)]
-pub fn server_full(vip: &VipInfo, server: u32) -> bool {
-    let cap = vip_cap(vip);
-    if cap == 0 {
-        return false;
-    }
-    let (Some(conns), Some(adjust), Some(peers)) = (
-        SERVER_CONNS.get(server),
-        SERVER_CONN_ADJUST.get(server),
-        PEER_CONNS.get(server),
-    ) else {
-        return false;
-    };
-    choice::active_connections(*conns, adjust.wrapping_add(*peers)) >= u64::from(cap)
-}
-
 /// Moves the half-open flow `key` from slot `old` to backend `b` in
 /// `slot` ("retries need fresh sampling", seed 002): its count moves with
 /// it, and the first backend's late SYN-ACK is dropped by the reply side
@@ -206,21 +175,23 @@ fn move_flow(key: &FlowKey, old: u32, b: &Backend, slot: u32) -> bool {
     // the entry program looked).
     let was = unsafe { atomic::fetch_or_state(e, flow::F_RESAMPLED) };
     if was & (flow::F_RESAMPLED | flow::F_SERVER_SEQ_KNOWN | flow::F_ESTABLISHED) != 0
+        // SAFETY: as above; a plain read of a whole word.
         || unsafe { (*e).backend_slot } != old
     {
         return false;
     }
     // Slot and generation in one 8-byte exchange: a reader never sees one
     // without the other, and (a full barrier) the state is read after it.
+    let word = e as *mut u64;
     // SAFETY: `backend_slot` and `backend_generation` are the entry's
     // first 8 bytes, 8-aligned.
-    let word = e as *mut u64;
     let before = unsafe { atomic::swap_at(word, u64::from(slot) | u64::from(b.generation) << 32) };
     // The old backend's SYN-ACK set its bit after ours and was tracked
     // against the old slot before this exchange (`track` drops it only
     // when it sees the new one): it went to the client, so the flow stays.
     // SAFETY: as above; a plain read of the state after the barrier.
     if unsafe { core::ptr::read_volatile(&(*e).state) } & flow::F_SERVER_SEQ_KNOWN != 0 {
+        // SAFETY: as above: the entry's first 8 bytes, put back.
         unsafe { atomic::swap_at(word, before) };
         return false;
     }
@@ -232,24 +203,6 @@ fn move_flow(key: &FlowKey, old: u32, b: &Backend, slot: u32) -> bool {
     atomic::add(&SERVER_CONNS, b.server, 1);
     count(Counter::SynResampled, 1);
     true
-}
-
-/// `VipLimits::backend_max_conns` of `vip` (0: none, or no limits). Not
-/// inlined: a value, not a branch of the new-flow stage.
-#[inline(never)]
-fn vip_cap(vip: &VipInfo) -> u32 {
-    limits_of(vip).map_or(0, |l| l.backend_max_conns)
-}
-
-/// `true` when `server`'s failure evidence reaches a VIP's thresholds
-/// (`ServerFails::failing`). Not inlined: the new-flow stage's stack has
-/// no room for the evidence's arithmetic.
-#[inline(never)]
-pub fn server_failing(server: u32, eject_after: u32, min_sources: u32) -> bool {
-    eject_after != 0
-        && SERVER_FAILS
-            .get(server)
-            .is_some_and(|f| f.failing(eject_after, min_sources))
 }
 
 /// One step of the choice rule, called by `bpf_loop` (kernel 5.17+), so the
@@ -502,7 +455,7 @@ fn choose(vip: &VipInfo, key: &FlowKey, exclude: u32) -> Option<(&'static Backen
     };
     if telemetry {
         let decisions = record(vip, chooser);
-        if regret_sample != 0 && decisions % regret_sample == 0 {
+        if regret_sample != 0 && decisions.is_multiple_of(regret_sample) {
             sample_regret(vip.index, slot, chooser.chosen_key());
         }
     }
@@ -716,7 +669,7 @@ fn place_inner(
     now: u64,
     routed: Option<(&'static Backend, u32)>,
 ) -> Result<(&'static Backend, u32), Refusal> {
-    if crate::client::martian(&seg.src_addr) {
+    if guard::martian(&seg.src_addr) {
         return Err(Refusal::Drop);
     }
     if crate::features::on(balancer_common::features::SOURCES)

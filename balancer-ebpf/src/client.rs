@@ -1,10 +1,10 @@
 //! The client side: segments to a VIP, of a pinned flow or new.
 
-use aya_ebpf::{bindings::xdp_action, maps::lpm_trie::Key, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use balancer_common::{
     encap::{entropy_port, mode},
     flow::{self, Direction},
-    flow_kind, martian_class,
+    flow_kind,
     parse::{Frame, Parsed, Tcp, TCP_RST},
     programs, Addr, Backend, Counter, FlowEntry, FlowKey, VipInfo, VipKey, BACKEND_F_IN_USE,
     IPPROTO_TCP, IPPROTO_UDP, VIP_F_CONSISTENT, VIP_F_REMOVED, VIP_F_SOURCES, VIP_F_TWO_SIDED,
@@ -15,10 +15,11 @@ use crate::{
     choose::{self, Refusal},
     forward::{Dest, HopCache, Next},
     frame::{now_ns, XdpFrame},
+    guard,
     lookup::{backend_of, Table},
     maps::{
-        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, BACKEND_STATS, FLOWS, MARTIAN_SOURCES, ORPHANS,
-        SERVER_CONNS, STAGES, UNPROVEN, VIPS, VIP_STATS,
+        BACKENDS, BACKEND_CONNS, BACKEND_HOSTS, BACKEND_STATS, FLOWS, ORPHANS, SERVER_CONNS,
+        STAGES, UNPROVEN, VIPS, VIP_STATS,
     },
     rewrite::{encap::Encap, kind, nat::Nat, Rewrite},
     stats::{count, traffic, Failure},
@@ -78,7 +79,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         track::track(
             key,
             e,
-            &b,
+            b,
             seg,
             track::How {
                 table,
@@ -88,7 +89,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
         )
     };
     event.log(key, now, b.server);
-    to_backend(frame, seg, &b, slot, vip_index, false, now, None)
+    to_backend(frame, seg, b, slot, vip_index, false, now, None)
 }
 
 /// The client retransmitted the SYN of the flow at `e` (client `client`,
@@ -169,6 +170,7 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
             count(Counter::RefusedVipRemoved, 1);
             return Next::Reset;
         }
+        // SAFETY: only the presence is read.
         if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
             count(Counter::ResetOrphaned, 1);
             return Next::Reset;
@@ -181,13 +183,14 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
         // main function).
         return Next::Action(crate::forward::CODE_NEW_FLOW);
     }
-    // SAFETY: the entries are only read.
     let closed = key.with_kind(flow_kind::CLOSED);
     // A two-sided VIP's closed flows are never in the unproven table.
+    // SAFETY: the entries are only read.
     let found = unsafe { FLOWS.get(&closed) }.or_else(|| {
         if vip.flags & VIP_F_TWO_SIDED != 0 {
             None
         } else {
+            // SAFETY: as above.
             unsafe { UNPROVEN.get(&closed) }
         }
     });
@@ -204,7 +207,7 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
             return Next::Reset;
         };
         count(Counter::ClosedFlowPackets, 1);
-        return to_backend(frame, seg, &b, e.backend_slot, vip.index, false, now, None);
+        return to_backend(frame, seg, b, e.backend_slot, vip.index, false, now, None);
     }
     // SAFETY: only the presence is read.
     if !seg.has(TCP_RST) && unsafe { ORPHANS.get(key) }.is_some() {
@@ -266,7 +269,7 @@ fn recompute(ctx: &XdpContext, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64
 
 #[inline(always)]
 fn recompute_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo, now: u64) -> Next {
-    if martian(&seg.src_addr) {
+    if guard::martian(&seg.src_addr) {
         return Next::Action(xdp_action::XDP_DROP);
     }
     // The VIP's source lists hold on this path as on a SYN's: a refused
@@ -334,7 +337,7 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
         seg.src_port,
         &seg.dst_addr,
         seg.dst_port,
-        balancer_common::flow_kind::LIVE,
+        flow_kind::LIVE,
     ) else {
         return xdp_action::XDP_PASS;
     };
@@ -364,7 +367,7 @@ pub fn new_flow(ctx: XdpContext) -> u32 {
     // A QUIC VIP's datagram whose connection ID names a backend goes to
     // it; any other is placed by the choice rule.
     let routed = if crate::features::on(balancer_common::features::UDP) && seg.udp {
-        crate::udp::quic_backend(&frame, seg, &vip)
+        crate::quic::backend(&frame, seg, &vip)
     } else {
         None
     };
@@ -411,7 +414,7 @@ pub fn place(ctx: XdpContext) -> u32 {
             }
             // A retransmitted SYN placed again is the flow its first SYN
             // was (counted `syn_resampled`), not a new one.
-            let new_flow = crate::scratch::resample() == crate::choose::NO_SLOT;
+            let new_flow = crate::scratch::resample() == choose::NO_SLOT;
             to_backend(&frame, seg, b, slot, vip.index, new_flow, now, None).code()
         }
         Err(Refusal::Again(slot)) => {
@@ -427,30 +430,6 @@ pub fn place(ctx: XdpContext) -> u32 {
             xdp_action::XDP_DROP
         }
     }
-}
-
-/// `true` (counted under its class) when a SYN's source is one no real
-/// client can have: a special-purpose prefix, an address of the balancer
-/// host or a VIP's (the `MARTIAN_SOURCES` trie the daemon writes; one
-/// lookup, made for SYNs only). Each arm counts its own constant counter:
-/// an index computed from the class would be unbounded for the verifier.
-/// (The classes computed here by comparisons instead, in any stage or
-/// function, made Linux 6.18's verifier fail its precision backtracking:
-/// "verifier bug: stack slot ..., total slots ...".)
-#[inline(always)]
-pub fn martian(src: &Addr) -> bool {
-    let Some(class) = MARTIAN_SOURCES.get(Key::new(128, *src)).copied() else {
-        return false;
-    };
-    match class {
-        martian_class::UNSPECIFIED => count(Counter::DropMartianUnspecified, 1),
-        martian_class::LOOPBACK => count(Counter::DropMartianLoopback, 1),
-        martian_class::MULTICAST => count(Counter::DropMartianMulticast, 1),
-        martian_class::BROADCAST => count(Counter::DropMartianBroadcast, 1),
-        martian_class::LOCAL => count(Counter::DropMartianLocal, 1),
-        _ => count(Counter::DropMartianVip, 1),
-    }
-    true
 }
 
 /// Counts and forwards a client segment to its backend, by the backend's

@@ -176,14 +176,14 @@ mod prog {
                 a.daddr = t.dst.0;
                 a.sport = t.sport;
                 a.dport = t.dport;
-                core::mem::size_of_val(a)
+                size_of_val(a)
             } else {
                 let a = &mut tuple.__bindgen_anon_1.ipv4;
                 a.saddr = t.src.v4_be();
                 a.daddr = t.dst.v4_be();
                 a.sport = t.sport;
                 a.dport = t.dport;
-                core::mem::size_of_val(a)
+                size_of_val(a)
             }
         };
         // SAFETY: valid context; the tuple lives on the stack for the
@@ -197,6 +197,7 @@ mod prog {
         // SAFETY: a socket the lookup returned (its common part, where
         // `state` is); released right after.
         let state = unsafe { (*sk).state };
+        // SAFETY: the socket the lookup returned, released once.
         unsafe { bpf_sk_release(sk as *mut _) };
         state != TCP_LISTEN
     }
@@ -235,14 +236,8 @@ mod prog {
             p.__bindgen_anon_4.ipv4_dst = c.next.v4_be();
         }
         // SAFETY: valid context and parameters, the parameters' size.
-        let rc = unsafe {
-            bpf_fib_lookup(
-                ctx.ctx as *mut _,
-                &mut p,
-                core::mem::size_of::<FibParams>() as i32,
-                0,
-            )
-        };
+        let rc =
+            unsafe { bpf_fib_lookup(ctx.ctx as *mut _, &mut p, size_of::<FibParams>() as i32, 0) };
         if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
             return None;
         }

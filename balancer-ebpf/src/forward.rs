@@ -282,14 +282,7 @@ fn forward(ctx: &XdpContext, seg: &Tcp, rw: &Rewrite, to: &Dest) -> u32 {
             p.__bindgen_anon_4.ipv4_dst = to.dst.v4_be();
         }
         // SAFETY: valid context and params pointers, size of the params struct.
-        let rc = unsafe {
-            bpf_fib_lookup(
-                ctx.ctx as *mut _,
-                pp,
-                core::mem::size_of::<FibParams>() as i32,
-                0,
-            )
-        };
+        let rc = unsafe { bpf_fib_lookup(ctx.ctx as *mut _, pp, size_of::<FibParams>() as i32, 0) };
         if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
             // SAFETY: union field of a plain struct, set by the helper.
             let mtu = unsafe { p.__bindgen_anon_1.mtu_result };

@@ -48,6 +48,10 @@ fn bounded(off: usize) -> usize {
 /// check of a global function's pointer argument is then kept (the
 /// compiler would drop it for a reference).
 #[inline(always)]
+#[expect(
+    clippy::pointers_in_nomem_asm_block,
+    reason = "the asm reads no memory: it only hides the pointer's value"
+)]
 pub fn opaque<T>(p: *const T) -> *const T {
     let mut p = p;
     // SAFETY: an empty instruction sequence; `p` comes back unchanged.

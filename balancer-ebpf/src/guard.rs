@@ -1,13 +1,17 @@
 //! Before acting on a frame: is it addressed to this interface at L2, and
 //! may a router forward it (TTL)? A frame that fails either is passed
-//! untouched before any flow is looked up, placed or tracked.
+//! untouched before any flow is looked up, placed or tracked. And is a
+//! new flow's or a ping's source one a real client can have
+//! ([`martian`])?
 
-use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use balancer_common::{nat, parse::Frame, parse::Tcp, Counter, LOCAL_MAC_SLOTS};
+use aya_ebpf::{bindings::xdp_action, maps::lpm_trie::Key, programs::XdpContext};
+use balancer_common::{
+    martian_class, nat, parse::Frame, parse::Tcp, Addr, Counter, LOCAL_MAC_SLOTS,
+};
 
 use crate::{
     frame::XdpFrame,
-    maps::{LOCAL_MACS, LOCAL_MAC_SLOTS as LOCAL_MAC_SLOTS_MAP},
+    maps::{LOCAL_MACS, LOCAL_MAC_SLOTS as LOCAL_MAC_SLOTS_MAP, MARTIAN_SOURCES},
     stats::count,
 };
 
@@ -71,4 +75,28 @@ pub fn addressed_here(ctx: &XdpContext, frame: &XdpFrame) -> Result<(), u32> {
         return Err(xdp_action::XDP_PASS);
     }
     Ok(())
+}
+
+/// `true` (counted under its class) when a SYN's source is one no real
+/// client can have: a special-purpose prefix, an address of the balancer
+/// host or a VIP's (the `MARTIAN_SOURCES` trie the daemon writes; one
+/// lookup, made for SYNs only). Each arm counts its own constant counter:
+/// an index computed from the class would be unbounded for the verifier.
+/// (The classes computed here by comparisons instead, in any stage or
+/// function, made Linux 6.18's verifier fail its precision backtracking:
+/// "verifier bug: stack slot ..., total slots ...".)
+#[inline(always)]
+pub fn martian(src: &Addr) -> bool {
+    let Some(class) = MARTIAN_SOURCES.get(Key::new(128, *src)).copied() else {
+        return false;
+    };
+    match class {
+        martian_class::UNSPECIFIED => count(Counter::DropMartianUnspecified, 1),
+        martian_class::LOOPBACK => count(Counter::DropMartianLoopback, 1),
+        martian_class::MULTICAST => count(Counter::DropMartianMulticast, 1),
+        martian_class::BROADCAST => count(Counter::DropMartianBroadcast, 1),
+        martian_class::LOCAL => count(Counter::DropMartianLocal, 1),
+        _ => count(Counter::DropMartianVip, 1),
+    }
+    true
 }

@@ -76,6 +76,7 @@ pub fn to_backend(ctx: XdpContext) -> u32 {
     };
     // SAFETY: pointer from a successful lookup, only read.
     let (b, slot) = match backend_of(unsafe { &*e }) {
+        // SAFETY: as above.
         Some(b) => (b, unsafe { (*e).backend_slot }),
         None => {
             count(Counter::IcmpNoFlow, 1);
@@ -178,7 +179,7 @@ pub fn echo(ctx: XdpContext) -> u32 {
     if let Err(action) = guard::addressed_here(ctx, &frame) {
         return action;
     }
-    if crate::client::martian(&e.src_addr) {
+    if guard::martian(&e.src_addr) {
         return xdp_action::XDP_DROP;
     }
     if turn_around(&frame, &e).is_none() {

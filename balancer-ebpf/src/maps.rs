@@ -75,7 +75,7 @@ pub static SOURCE_RATES: LruHashMap<
 /// Flows of latency-signal VIPs (`VIP_F_LATENCY`) whose client's first
 /// data went through and whose backend has not answered yet: when, ns.
 #[map]
-pub static LATENCY_PENDING: LruHashMap<balancer_common::FlowKey, u64> =
+pub static LATENCY_PENDING: LruHashMap<FlowKey, u64> =
     LruHashMap::with_max_entries(balancer_common::LATENCY_PENDING_LEN, 0);
 /// The latency signal's samples for the daemon
 /// (`balancer_common::LatencySample` records).

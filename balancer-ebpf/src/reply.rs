@@ -118,6 +118,7 @@ unsafe fn lost_move(e: *mut FlowEntry, seg: &Tcp) -> bool {
     // SAFETY: the caller's contract; read after `track`'s atomic OR.
     let state = unsafe { core::ptr::read_volatile(&(*e).state) };
     if state & flow::F_RESAMPLED == 0
+        // SAFETY: as above; only read.
         || crate::lookup::pinned_to(unsafe { &*e }, &seg.src_addr, seg.src_port).is_some()
     {
         return false;

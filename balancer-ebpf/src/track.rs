@@ -259,10 +259,12 @@ unsafe fn track_flow(
     let old = if step.set != 0 {
         // Checked once more right before the OR, whose bits another flow
         // must not receive.
+        // SAFETY: as above.
         if !unsafe { same_flow(e, snapshot) } {
             count(Counter::FlowEntryReused, 1);
             return Event::NONE;
         }
+        // SAFETY: as above.
         unsafe { atomic::fetch_or_state(e, step.set) }
     } else {
         snapshot.state

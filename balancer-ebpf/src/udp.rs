@@ -31,9 +31,8 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use balancer_common::{
     encap::mode,
     flow, flow_kind,
-    parse::{self, Frame, Parsed, Tcp, UDP_HLEN},
-    programs, quic, Backend, BackendVips, Counter, FlowEntry, FlowKey, QuicServerKey, VipInfo,
-    VipKey, BACKEND_F_IN_USE, IPPROTO_UDP, MAX_VIPS_PER_BACKEND,
+    parse::{self, Frame, Parsed, Tcp},
+    programs, BackendVips, Counter, FlowEntry, FlowKey, VipKey, IPPROTO_UDP, MAX_VIPS_PER_BACKEND,
 };
 
 use crate::{
@@ -42,10 +41,7 @@ use crate::{
     frame::{now_ns, XdpFrame},
     guard,
     lookup::{self, backend_of, pinned_to, port_listed, Table},
-    maps::{
-        BACKENDS, BACKEND_PORTS, BACKEND_STATS, QUIC_SERVERS, STAGES, VIPS, VIP_ADDRS, VIP_PORTS,
-        VIP_STATS,
-    },
+    maps::{BACKEND_PORTS, BACKEND_STATS, STAGES, VIPS, VIP_ADDRS, VIP_PORTS, VIP_STATS},
     rewrite::{nat::Nat, Rewrite},
     stats::{count, traffic},
     track,
@@ -143,8 +139,8 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
         // its VIP's UDP idle timeout. A flow routed by its QUIC
         // connection ID is never counted (`flow::counted`): a forged ID
         // would otherwise aim counts at the backend it names.
-        // SAFETY: `e` points to the half-open value of `key`.
         if proven
+            // SAFETY: `e` points to the half-open value of `key`.
             && unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED) } & flow::F_ESTABLISHED == 0
         {
             count(Counter::UdpPromoted, 1);
@@ -154,30 +150,6 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
     unsafe { (*e).last_seen_ns = now };
     count(Counter::UdpDatagrams, 1);
     client::to_backend(frame, seg, b, slot, vip_index, false, now, None).code()
-}
-
-/// The backend a QUIC VIP's datagram of no flow goes to by its
-/// connection ID (`balancer_common::quic::server_id`, its server ID looked
-/// up in `QUIC_SERVERS`), when the ID names one in use; `None` for any
-/// other VIP or datagram (placed by the choice rule).
-#[inline(always)]
-pub fn quic_backend(frame: &XdpFrame, seg: &Tcp, vip: &VipInfo) -> Option<(&'static Backend, u32)> {
-    let sid_len = vip.quic_sid_len();
-    if sid_len == 0 {
-        return None;
-    }
-    let sid = quic::server_id(frame, seg.l4_off + UDP_HLEN, sid_len)?;
-    let key = QuicServerKey {
-        vip_index: vip.index,
-        server_id: sid,
-    };
-    // SAFETY: copied out at once.
-    let slot = *unsafe { QUIC_SERVERS.get(&key) }?;
-    let b = BACKENDS.get(slot)?;
-    if b.flags & BACKEND_F_IN_USE == 0 {
-        return None;
-    }
-    Some((b, slot))
 }
 
 /// A datagram from a backend address and port: the live UDP flow of its

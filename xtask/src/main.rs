@@ -20,7 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install the toolchain pieces (nightly rust-src, bpf-linker, ethtool).
+    /// Install the toolchain pieces (the pinned nightly with rust-src and
+    /// clippy, bpf-linker, ethtool).
     Setup,
     /// Build everything (userspace, XDP object, test bed).
     Build,
@@ -105,8 +106,14 @@ enum Cmd {
         #[arg(long, default_value_t = 300_000)]
         budget: u32,
     },
-    /// Run `cargo fmt --check` and `cargo clippy` on the workspace.
+    /// Run `cargo fmt --check` and `cargo clippy` on the workspace, then
+    /// clippy on the XDP crate for the BPF target (`lint-ebpf`).
     Lint,
+    /// Run clippy on the XDP crate (balancer-ebpf) as its build compiles
+    /// it: the pinned nightly, bpfel-unknown-none, `-Z build-std=core`,
+    /// the same flags; warnings are errors. (On the host the crate is an
+    /// empty stub: the workspace's clippy reads none of its code.)
+    LintEbpf,
     /// Build the Debian package with cargo-deb: a stripped release build of
     /// `balancer` (daemon, CLI and the backends' `decap`), its man pages and
     /// completions, the systemd unit (installed, not enabled), the default
@@ -446,6 +453,69 @@ fn kernel_report(runs: &[KernelRun], budget: u32) -> String {
     md
 }
 
+/// The toolchain that builds the eBPF objects: `channel` in
+/// balancer-ebpf/rust-toolchain.toml, which balancer-user/build.rs and
+/// scripts/setup.sh read too. Named explicitly: `rustup run` ignores
+/// toolchain files, and cargo sets RUSTUP_TOOLCHAIN (stable) for xtask.
+fn ebpf_toolchain() -> anyhow::Result<String> {
+    let file = root().join("balancer-ebpf/rust-toolchain.toml");
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.trim_start().strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .find(|v| !v.is_empty())
+        .with_context(|| format!("no `channel = \"...\"` in {}", file.display()))
+}
+
+/// clippy on balancer-ebpf the way aya-build's `build_ebpf` compiles it
+/// (balancer-user/build.rs): `rustup run <pinned nightly> cargo clippy
+/// --package balancer-ebpf --bins --release --target bpfel-unknown-none
+/// -Z build-std=core` with the same `CARGO_ENCODED_RUSTFLAGS` (the
+/// `bpf_target_arch` cfg, debug info, BTF), in a target directory of its
+/// own (target/ebpf-clippy), warnings as errors. It also checks
+/// balancer-common as compiled for BPF.
+fn lint_ebpf() -> anyhow::Result<()> {
+    let toolchain = ebpf_toolchain()?;
+    let target = if cfg!(target_endian = "big") {
+        "bpfeb-unknown-none"
+    } else {
+        "bpfel-unknown-none"
+    };
+    let rustflags = [
+        format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
+        "-Cdebuginfo=2".to_string(),
+        "-Clink-arg=--btf".to_string(),
+    ]
+    .join("\x1f");
+    run(Command::new("rustup")
+        .current_dir(root())
+        .args([
+            "run",
+            &toolchain,
+            "cargo",
+            "clippy",
+            "--package",
+            "balancer-ebpf",
+        ])
+        .args([
+            "--bins",
+            "--release",
+            "--target",
+            target,
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir().join("ebpf-clippy"))
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+        // As aya-build: the toolchain's own compiler.
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER"))
+}
+
 fn setup() -> anyhow::Result<()> {
     run(Command::new("bash").arg(root().join("scripts/setup.sh")))
 }
@@ -630,7 +700,12 @@ fn main() -> anyhow::Result<()> {
                 "--",
                 "-D",
                 "warnings",
-            ]))
+            ]))?;
+            lint_ebpf()
+        }
+        Cmd::LintEbpf => {
+            setup()?;
+            lint_ebpf()
         }
     }
 }
