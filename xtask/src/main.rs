@@ -36,8 +36,7 @@ enum Cmd {
     /// BPF_PROG_TEST_RUN, the short fuzz run and the end-to-end test bed.
     Test {
         /// Extra arguments for `cargo nextest run` (a filter such as
-        /// `--test hostile` or `-E 'binary(udp)'`; the doc tests then do
-        /// not run).
+        /// `--test hostile` or `-E 'binary(udp)'`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -602,17 +601,12 @@ fn main() -> anyhow::Result<()> {
         Cmd::Test { args } => {
             build()?;
             // Test binaries at once, in cargo-nextest's process per test
-            // (.config/nextest.toml: how many, and which run alone); then
-            // the doc tests, which nextest does not run.
-            let tests = run(cargo()
+            // (.config/nextest.toml: how many, and which run alone). The
+            // crates have no doc tests (`doctest = false`: nextest runs
+            // none).
+            run(cargo()
                 .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-                .args(&args));
-            let doc = if args.is_empty() {
-                run(cargo().args(["test", "--workspace", "--doc"]))
-            } else {
-                Ok(())
-            };
-            tests.and(doc)
+                .args(&args))
         }
         Cmd::Long => {
             build()?;
