@@ -5,6 +5,15 @@
 //! (`testdata/settings`; `UPDATE_GOLDEN=1` writes them). The CLI's faces
 //! (`vip add --help`, `vip set --help`, the requests they send) are the
 //! binary's test (`main.rs`, `vip_settings_goldens`).
+//!
+//! They were written by the code before the settings' table
+//! (`src/settings.rs`), and hold what every setting then looked like. A
+//! setting added since adds to the faces that list every setting (a
+//! property of the OpenAPI schemas, a key in the list an unknown key's
+//! error gives): what a golden file does not have is left out of the
+//! comparison there, and everything it has must be as it was, in the same
+//! order. (A new setting is left out of files and answers while it has its
+//! default, `#[omit_default]`, so the other golden files do not change.)
 
 use std::path::PathBuf;
 
@@ -24,6 +33,12 @@ fn dir() -> PathBuf {
 /// Compares `got` with the golden file `name`, or writes it with
 /// `UPDATE_GOLDEN=1`.
 fn golden(name: &str, got: &str) {
+    golden_with(name, got, |got, _| got.to_string());
+}
+
+/// [`golden`], comparing `added(got, golden)`: `got` without what was
+/// added since the golden file was written.
+fn golden_with(name: &str, got: &str, added: impl Fn(&str, &str) -> String) {
     let file = dir().join(name);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::create_dir_all(dir()).unwrap();
@@ -32,11 +47,58 @@ fn golden(name: &str, got: &str) {
     }
     let want = std::fs::read_to_string(&file)
         .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", file.display()));
+    let got = added(got, &want);
     assert!(
         got == want,
         "{} differs from its golden file (UPDATE_GOLDEN=1 rewrites it); now:\n{got}",
         file.display()
     );
+}
+
+/// The schemas `got` (JSON) without the properties the golden `want`'s
+/// same schema does not have (settings added since).
+fn without_new_properties(got: &str, want: &str) -> String {
+    let mut got: serde_json::Value = serde_json::from_str(got).unwrap();
+    let want: serde_json::Value = serde_json::from_str(want).unwrap();
+    if let Some(schemas) = got.as_object_mut() {
+        for (name, s) in schemas.iter_mut() {
+            let w = &want[name];
+            if let Some(props) = s.get_mut("properties").and_then(|p| p.as_object_mut()) {
+                props.retain(|k, _| !w["properties"][k].is_null());
+            }
+            if let Some(req) = s.get_mut("required").and_then(|r| r.as_array_mut()) {
+                let had = w["required"].as_array().cloned().unwrap_or_default();
+                req.retain(|k| had.contains(k));
+            }
+        }
+    }
+    serde_json::to_string_pretty(&got).unwrap() + "\n"
+}
+
+/// `got` without the names in its lists of known keys ("expected one of
+/// `a`, `b`") that the same line of the golden `want` does not have.
+fn without_new_keys(got: &str, want: &str) -> String {
+    const LIST: &str = "expected one of ";
+    let want: Vec<&str> = want.split_inclusive('\n').collect();
+    got.split_inclusive('\n')
+        .enumerate()
+        .map(|(i, line)| {
+            let (Some((head, list)), Some((_, had))) = (
+                line.split_once(LIST),
+                want.get(i).and_then(|w| w.split_once(LIST)),
+            ) else {
+                return line.to_string();
+            };
+            let had: Vec<&str> = had.trim_end().split(", ").collect();
+            let end = if line.ends_with('\n') { "\n" } else { "" };
+            let kept: Vec<&str> = list
+                .trim_end()
+                .split(", ")
+                .filter(|k| had.contains(k))
+                .collect();
+            format!("{head}{LIST}{}{end}", kept.join(", "))
+        })
+        .collect()
 }
 
 /// Every VIP setting away from its default, over four VIPs (some settings
@@ -163,9 +225,35 @@ fn openapi_schemas_of_the_settings() {
         assert!(!s.is_null(), "no schema {name}");
         out.insert(name.into(), s.clone());
     }
-    golden(
+    // Every setting has its three faces: the state's, the patch's, the
+    // file's (beside the entry's address and backends).
+    let keys = |name: &str, but: &[&str]| -> Vec<String> {
+        let props = schemas[name]["properties"].as_object().unwrap();
+        let mut k: Vec<String> = props
+            .keys()
+            .filter(|k| !but.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        k.sort();
+        k
+    };
+    let state = keys("VipSettings", &[]);
+    assert!(state.len() >= 29, "{state:?}");
+    assert_eq!(keys("VipPatch", &[]), state);
+    assert_eq!(keys("VipEntry", &["address", "backend"]), state);
+    golden_with(
         "openapi-schemas.json",
         &(serde_json::to_string_pretty(&out).unwrap() + "\n"),
+        |got, want| {
+            // Control: a property added is left out; one changed is not.
+            let mut added: serde_json::Value = serde_json::from_str(want).unwrap();
+            added["VipPatch"]["properties"]["zzz"] = serde_json::json!({"type": "string"});
+            let added = serde_json::to_string_pretty(&added).unwrap() + "\n";
+            assert_eq!(without_new_properties(&added, want), want);
+            let changed = want.replacen("Choices per new flow", "Choices", 1);
+            assert_ne!(without_new_properties(&changed, want), want);
+            without_new_properties(got, want)
+        },
     );
 }
 
@@ -209,7 +297,14 @@ fn a_misspelt_key_is_refused_by_name() {
         errors.push_str(&format!("# {what}\n{e}\n\n"));
     }
     assert!(errors.contains("prefer_zone_bellow"), "{errors}");
-    golden("misspelt.txt", &errors);
+    golden_with("misspelt.txt", &errors, |got, want| {
+        // Control: a key added is left out; one gone is not.
+        let added = want.replace("`backend`", "`zzz`, `backend`");
+        assert_eq!(without_new_keys(&added, want), want);
+        let gone = want.replace("`signal`, ", "");
+        assert_ne!(without_new_keys(&gone, want), want);
+        without_new_keys(got, want)
+    });
 }
 
 #[test]

@@ -20,7 +20,11 @@
 //!
 //! A new setting with no data-path part is an entry in a group here (its
 //! rule in the group's `validate_*`), its use, and its docs
-//! (docs/cli.md). The grammar of the table is `balancer-macros`'s crate
+//! (docs/cli.md). Give it `#[omit_default]`: state files, exported
+//! configurations and the API's answers without it then read as they did
+//! (and the golden files of `tests/settings.rs` and `main.rs`, which
+//! leave out the flags, keys and schema properties added since they were
+//! written, stay as they are). The grammar of the table is `balancer-macros`'s crate
 //! docs; in short, after the setting's own docs and
 //! `NAME: TYPE = DEFAULT;`:
 //! - `#[serde(with = "..")]` names its encoding in the state and the file
