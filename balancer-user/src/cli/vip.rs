@@ -299,5 +299,8 @@ pub fn print(vips: &[VipView]) {
                 locality_note(v)
             }
         );
+        if !s.description.is_empty() {
+            println!("  description: {}", s.description);
+        }
     }
 }

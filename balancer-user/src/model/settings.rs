@@ -706,6 +706,27 @@ macro_rules! vip_settings {
                     Option<u32>
                 }
             }
+
+            /// About: what the VIP is, for the people who run it
+            /// (`validate_about`).
+            group about {
+                /// What the VIP is, for the people who run it (its service, its
+                /// owner, a ticket): free text of at most 200 characters, printable
+                /// (no control or bidirectional formatting characters); shown by `vip
+                /// list`. Empty (the default): none.
+                #[omit_default]
+                description: String = String::new();
+                patch {
+                    /// The VIP's description, replacing it (`""`: none).
+                }
+                cli {
+                    /// What the VIP is, for the people who run it: free text of at most
+                    /// 200 characters, no control characters; shown by `vip list`
+                    /// (`--description ''` removes it).
+                    #[arg(long, value_name = "TEXT")]
+                    Option<String>
+                }
+            }
         }
     };
 }
@@ -723,7 +744,8 @@ impl VipSettings {
         self.validate_forwarding()?;
         self.validate_limits()?;
         self.validate_signal()?;
-        self.validate_locality()
+        self.validate_locality()?;
+        self.validate_about()
     }
 
     /// [`VipSettings::validate`], and what depends on the VIP's family: the
@@ -1153,5 +1175,109 @@ impl VipSettings {
             }
         }
         Ok(())
+    }
+}
+
+// ---- about ----
+
+/// The longest description of a VIP, characters.
+pub const MAX_DESCRIPTION_LEN: usize = 200;
+
+impl VipSettings {
+    /// About: the description is at most [`MAX_DESCRIPTION_LEN`]
+    /// characters of printable text: no control characters (a line break,
+    /// an escape sequence to the terminal `vip list` prints to) and no
+    /// bidirectional formatting characters (which reorder the text shown
+    /// around them).
+    ///
+    /// # Errors
+    /// [`BalancerError::Invalid`] naming the setting and the character.
+    pub fn validate_about(&self) -> Result<()> {
+        let d = &self.description;
+        let n = d.chars().count();
+        if n > MAX_DESCRIPTION_LEN {
+            return Err(BalancerError::Invalid {
+                what: "description",
+                reason: format!("{n} characters: at most {MAX_DESCRIPTION_LEN}"),
+            });
+        }
+        let bidi = |c: char| matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if let Some((at, c)) = d
+            .chars()
+            .enumerate()
+            .find(|(_, c)| c.is_control() || bidi(*c))
+        {
+            return Err(BalancerError::Invalid {
+                what: "description",
+                reason: format!(
+                    "character {} is {c:?}: a description is printable text, one line",
+                    at + 1
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{api::VipPatch, config};
+
+    #[test]
+    fn a_description_is_printable_text_of_200_characters_at_most() {
+        let with = |d: &str| VipSettings {
+            description: d.into(),
+            ..VipSettings::default()
+        };
+        let vip: SocketAddr = "10.0.0.10:80".parse().unwrap();
+        for ok in [
+            "",
+            "payments API (team billing), ticket OPS-12",
+            "café — été 名前",
+        ] {
+            with(ok).validate_for(vip).unwrap();
+        }
+        with(&"é".repeat(MAX_DESCRIPTION_LEN))
+            .validate_for(vip)
+            .unwrap();
+        for bad in [
+            "é".repeat(MAX_DESCRIPTION_LEN + 1),
+            "two\nlines".into(),
+            "a\ttab".into(),
+            "\u{1b}[31mred".into(),
+            "del\u{7f}".into(),
+            "\u{202e}reversed".into(),
+        ] {
+            let e = with(&bad).validate_for(vip).unwrap_err().to_string();
+            assert!(e.contains("description"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_description_has_every_face() {
+        // The file: a key of its own, left out while empty.
+        let text = "[[vip]]\naddress = \"10.0.0.10:80\"\ndescription = \"payments API\"\n";
+        let c = config::parse(text).unwrap();
+        assert_eq!(c.vips[0].settings().description, "payments API");
+        let out = config::to_toml(&c).unwrap();
+        assert!(out.contains("description = \"payments API\""), "{out}");
+        let plain = config::parse("[[vip]]\naddress = \"10.0.0.10:80\"\n").unwrap();
+        assert!(!config::to_toml(&plain).unwrap().contains("description"));
+        // The state: written when set, read back, left out while empty.
+        let s = c.vips[0].settings();
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"description\":\"payments API\""), "{json}");
+        assert_eq!(serde_json::from_str::<VipSettings>(&json).unwrap(), s);
+        let json = serde_json::to_string(&VipSettings::default()).unwrap();
+        assert!(!json.contains("description"), "{json}");
+        // The patch: replaces it, `""` removes it, absent keeps it.
+        let set = |d: Option<&str>| VipPatch {
+            description: d.map(Into::into),
+            ..VipPatch::default()
+        };
+        assert_eq!(set(Some("other")).apply(&s).description, "other");
+        assert_eq!(set(Some("")).apply(&s).description, "");
+        assert_eq!(set(None).apply(&s).description, "payments API");
     }
 }
