@@ -430,6 +430,132 @@ mod tests {
         );
     }
 
+    /// The help of `vip add` and `vip set`, and the requests command lines
+    /// with every setting send, as golden files (`testdata/settings`;
+    /// `UPDATE_GOLDEN=1` writes them): a change to a flag, its help or what
+    /// it asks shows as a diff. A flag added since a help file was written
+    /// is left out of the comparison (`without_new_flags`): every flag the
+    /// file has must read as it did, in the same order.
+    #[test]
+    fn vip_settings_goldens() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/settings");
+        let mut got: Vec<(String, String)> = Vec::new();
+        let mut cli = Cli::command();
+        cli.build();
+        let vip = cli.find_subcommand_mut("vip").unwrap();
+        for verb in ["add", "set"] {
+            let c = vip.find_subcommand_mut(verb).unwrap();
+            got.push((format!("vip-{verb}.help"), c.render_long_help().to_string()));
+        }
+        let every = "--choices all --health http:/healthz=204 --health-port 8081 \
+                     --health-interval 5s --health-timeout 2s --health-rise 3 --health-fall 4 \
+                     --no-healthy drop --slow-start 30s --eject-after 7 --eject-min-sources 2 \
+                     --max-ejection-percent 34 --ejection-time 45s --persistence 10m \
+                     --persistence-netmask 24 --mode gue --encap-source 10.0.9.1 --gue-port 7000 \
+                     --allow-host-address --candidates consistent --protocol both \
+                     --udp-timeout 2m --quic-server-id-len 2 --allow-source 10.0.0.0/8 \
+                     --allow-source 192.0.2.7 --deny-source 10.9.0.0/16 --backend-max-conns 500 \
+                     --source-rate 20 --source-burst 40 --source-rate-prefix-v4 24 \
+                     --source-rate-prefix-v6 56 --signal agent --agent-port 5555 \
+                     --agent-interval 500ms --prefer-zone-below 8";
+        for (name, line) in [
+            (
+                "vip-add-every.json",
+                format!("vip add 10.0.0.10:80 {every}"),
+            ),
+            ("vip-add-none.json", "vip add 10.0.0.10:80".to_string()),
+            (
+                "vip-set-every.json",
+                format!("vip set 10.0.0.10:80 {every}"),
+            ),
+            (
+                "vip-set-off.json",
+                "vip set 10.0.0.10:80 --health off --clear-sources --agent-port 0 \
+                 --allow-host-address false"
+                    .to_string(),
+            ),
+            (
+                "vip-set-choices.json",
+                "vip set-choices 10.0.0.10:80 all".to_string(),
+            ),
+        ] {
+            let words = std::iter::once("balancer").chain(line.split_whitespace());
+            let cli = Cli::try_parse_from(words).unwrap_or_else(|e| panic!("{line}: {e}"));
+            let Cmd::Vip(v) = cli.cmd else {
+                panic!("{line}: not a vip command")
+            };
+            let (request, _) = v.request();
+            got.push((
+                name.to_string(),
+                serde_json::to_string_pretty(&request).unwrap() + "\n",
+            ));
+        }
+        let mut differ = Vec::new();
+        for (name, text) in got {
+            let file = dir.join(&name);
+            if std::env::var_os("UPDATE_GOLDEN").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&file, &text).unwrap();
+                continue;
+            }
+            let want = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", file.display()));
+            let text = if name.ends_with(".help") {
+                // Control: a flag added is left out; a flag's help changed
+                // is not.
+                let added = want.replacen(
+                    "      --choices",
+                    "      --zzz <Z>\n          Added\n\n      --choices",
+                    1,
+                );
+                assert_eq!(without_new_flags(&added, &want), want, "{name}");
+                let changed = want.replacen("Backends compared", "Backends Compared", 1);
+                assert_ne!(without_new_flags(&changed, &want), want, "{name}");
+                without_new_flags(&text, &want)
+            } else {
+                text
+            };
+            if text != want {
+                differ.push(format!("--- {} ---\n{text}", file.display()));
+            }
+        }
+        assert!(
+            differ.is_empty(),
+            "differ from their golden files (UPDATE_GOLDEN=1 rewrites them):\n{}",
+            differ.join("\n")
+        );
+    }
+
+    /// `help` without the blocks of the options (`--flag` and its help)
+    /// that the golden help `want` does not list.
+    fn without_new_flags(help: &str, want: &str) -> String {
+        // The flag an option's first line names (`--flag <V>`, `-h, --help`).
+        let flag = |line: &str| -> Option<String> {
+            let t = line.trim_start();
+            if !(2..=6).contains(&(line.len() - t.len())) {
+                return None;
+            }
+            let t = t.split_once(", ").map_or(t, |(_, long)| long);
+            let name = t.strip_prefix("--")?;
+            Some(name.split([' ', '[', '\n']).next()?.to_string())
+        };
+        let known: Vec<String> = want.lines().filter_map(flag).collect();
+        let mut out = String::new();
+        let mut keep = true;
+        for line in help.split_inclusive('\n') {
+            if let Some(f) = flag(line) {
+                keep = known.contains(&f);
+            } else if !line.starts_with(' ') && !line.trim().is_empty() {
+                // A heading: `Options:`, `Example:`.
+                keep = true;
+            }
+            if keep {
+                out.push_str(line);
+            }
+        }
+        out
+    }
+
     /// Every verb's `--help` ends with an example, and every example
     /// parses with these very definitions.
     #[test]

@@ -23,18 +23,20 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     time::Duration,
 };
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(test)]
+use crate::model::state::ForwardingMode;
 use crate::model::{
     command::Command,
     error::{BalancerError, Result},
     state::{
         check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendState,
-        Candidates, ForwardingMode, HealthCheck, NoHealthy, Protocol, State, Timeouts, VipSettings,
+        HealthCheck, State, Timeouts, VipSettings,
     },
 };
 
@@ -125,149 +127,25 @@ impl From<TimeoutsEntry> for Timeouts {
     }
 }
 
-fn d_settings() -> VipSettings {
-    VipSettings::default()
-}
-
-/// One `[[vip]]`: its address, its settings (the keys of `vip add`'s
-/// options; each missing one takes `vip add`'s default) and its backends.
-/// The settings are [`VipSettings`]'s fields written out rather than a
-/// flattened `VipSettings`: serde cannot refuse unknown keys through a
-/// flattened struct, and a misspelt key must be an error.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct VipEntry {
-    /// Address and port.
-    #[schema(value_type = String)]
-    pub address: SocketAddr,
-    /// Backends compared per new flow: 1..=16, or `"all"`.
-    #[serde(default = "d_choices", with = "crate::model::state::choices_serde")]
-    #[schema(value_type = crate::model::state::ChoicesValue)]
-    pub choices: u32,
-    /// How packets reach the backends.
-    #[serde(default)]
-    pub mode: ForwardingMode,
-    /// Outer source of encapsulated packets (`ipip`, `gue`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub encap_source: Option<IpAddr>,
-    /// GUE's UDP destination port.
-    #[serde(default = "d_gue_port")]
-    pub gue_port: u16,
-    /// Active health check of the backends: a table, or `"off"`; left out,
-    /// a TCP check ([`crate::model::state::default_health`]).
-    #[serde(
-        default = "crate::model::state::default_health",
-        with = "health_or_off",
-        skip_serializing_if = "is_default_health"
-    )]
-    #[schema(value_type = Option<HealthCheck>)]
-    pub health: Option<HealthCheck>,
-    /// What new connections do when no backend is healthy.
-    #[serde(default)]
-    pub no_healthy: NoHealthy,
-    /// Weight ramp of a joining backend.
-    #[serde(default, with = "humantime_serde")]
-    #[schema(value_type = String)]
-    pub slow_start: Duration,
-    /// Passive detection: failed new flows in a row (0: off).
-    #[serde(default = "d_eject_after")]
-    pub eject_after: u32,
-    /// Passive detection: distinct client prefixes a streak needs.
-    #[serde(default = "d_eject_min_sources")]
-    pub eject_min_sources: u32,
-    /// Passive detection: largest share of the backends ejected at once, %.
-    #[serde(default = "d_max_ejection_percent")]
-    pub max_ejection_percent: u32,
-    /// Ejection time without an active check.
-    #[serde(default = "d_ejection_time", with = "humantime_serde")]
-    #[schema(value_type = String)]
-    pub ejection_time: Duration,
-    /// Session affinity time (0: off).
-    #[serde(default, with = "humantime_serde")]
-    #[schema(value_type = String)]
-    pub persistence: Duration,
-    /// Prefix length grouping clients for affinity.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistence_netmask: Option<u8>,
-    /// The VIP may be an address of the balancer's host (`vip add
-    /// --allow-host-address`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub allow_host_address: bool,
-    /// How new flows draw their candidates (`"random"`, the default, or
-    /// `"consistent"` in the ipip and gue modes).
-    #[serde(default, skip_serializing_if = "Candidates::is_random")]
-    pub candidates: Candidates,
-    /// The transport protocols: `"tcp"` (default), `"udp"` or `"both"`.
-    #[serde(default, skip_serializing_if = "Protocol::is_tcp")]
-    pub protocol: Protocol,
-    /// Idle timeout of an established UDP flow (default 60 s).
-    #[serde(
-        default = "d_udp_timeout",
-        with = "humantime_serde",
-        skip_serializing_if = "is_default_udp_timeout"
-    )]
-    #[schema(value_type = String)]
-    pub udp_timeout: Duration,
-    /// QUIC-LB server ID length, octets (0: off).
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
-    pub quic_server_id_len: u8,
-    /// Client sources whose new flows are accepted (`"ADDR[/LEN]"`; empty:
-    /// every source).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<String>)]
-    pub allow_sources: Vec<crate::model::prefix::SourcePrefix>,
-    /// Client sources whose new flows are refused.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<String>)]
-    pub deny_sources: Vec<crate::model::prefix::SourcePrefix>,
-    /// The connection cap per backend (0: none).
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub backend_max_conns: u32,
-    /// New flows per second per client source (0: no limit).
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub source_rate: u32,
-    /// The per-source burst (0: one second of the rate).
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub source_burst: u32,
-    /// The IPv4 prefix length whose addresses share one source rate (0:
-    /// 32).
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
-    pub source_rate_prefix_v4: u8,
-    /// The IPv6 prefix length whose addresses share one source rate (0:
-    /// 64).
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
-    pub source_rate_prefix_v6: u8,
-    /// The load signal the choice compares (default `connections`).
-    #[serde(
-        default,
-        skip_serializing_if = "crate::model::state::LoadSignal::is_connections"
-    )]
-    pub signal: crate::model::state::LoadSignal,
-    /// The load agent's TCP port on each backend (the agent signal).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_port: Option<u16>,
-    /// How often each backend's agent is polled (default 1 s).
-    #[serde(
-        default = "d_agent_interval",
-        with = "humantime_serde",
-        skip_serializing_if = "is_default_agent_interval"
-    )]
-    #[schema(value_type = String)]
-    pub agent_interval: Duration,
-    /// Locality: new flows stay in the balancer's zone while one of its
-    /// backends there holds fewer connections per unit of weight (0: no
-    /// preference).
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub prefer_zone_below: u32,
-    /// The backends, in the order they were added.
-    #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
-    pub backends: Vec<BackendEntry>,
-}
-
-fn is_default_health(h: &Option<HealthCheck>) -> bool {
-    *h == crate::model::state::default_health()
-}
+// The settings' keys are declared in `crate::model::settings`.
+vip_settings!(balancer_macros::settings_file {
+    /// One `[[vip]]`: its address, its settings (the keys of `vip add`'s
+    /// options; each missing one takes `vip add`'s default) and its backends.
+    /// The settings are [`VipSettings`]'s fields written out rather than a
+    /// flattened `VipSettings`: serde cannot refuse unknown keys through a
+    /// flattened struct, and a misspelt key must be an error.
+    #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct VipEntry {
+        /// Address and port.
+        #[schema(value_type = String)]
+        pub address: SocketAddr,
+        pub ..,
+        /// The backends, in the order they were added.
+        #[serde(default, rename = "backend", skip_serializing_if = "Vec::is_empty")]
+        pub backends: Vec<BackendEntry>,
+    }
+});
 
 /// A VIP's `health`: a table, or the string `"off"` for none.
 mod health_or_off {
@@ -308,117 +186,6 @@ mod health_or_off {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HealthCheck>, D::Error> {
         d.deserialize_any(Visitor)
-    }
-}
-
-fn d_choices() -> u32 {
-    d_settings().choices
-}
-fn d_gue_port() -> u16 {
-    d_settings().gue_port
-}
-fn d_eject_after() -> u32 {
-    d_settings().eject_after
-}
-fn d_eject_min_sources() -> u32 {
-    d_settings().eject_min_sources
-}
-fn d_max_ejection_percent() -> u32 {
-    d_settings().max_ejection_percent
-}
-fn d_ejection_time() -> Duration {
-    d_settings().ejection_time
-}
-fn d_udp_timeout() -> Duration {
-    d_settings().udp_timeout
-}
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-
-fn is_zero_u8(v: &u8) -> bool {
-    *v == 0
-}
-fn is_default_udp_timeout(d: &Duration) -> bool {
-    *d == d_udp_timeout()
-}
-fn d_agent_interval() -> Duration {
-    d_settings().agent_interval
-}
-fn is_default_agent_interval(d: &Duration) -> bool {
-    *d == d_agent_interval()
-}
-
-impl VipEntry {
-    /// The VIP's settings.
-    pub fn settings(&self) -> VipSettings {
-        VipSettings {
-            choices: self.choices,
-            health: self.health.clone(),
-            no_healthy: self.no_healthy,
-            slow_start: self.slow_start,
-            eject_after: self.eject_after,
-            eject_min_sources: self.eject_min_sources,
-            max_ejection_percent: self.max_ejection_percent,
-            ejection_time: self.ejection_time,
-            persistence: self.persistence,
-            persistence_netmask: self.persistence_netmask,
-            mode: self.mode,
-            encap_source: self.encap_source,
-            gue_port: self.gue_port,
-            allow_host_address: self.allow_host_address,
-            candidates: self.candidates,
-            protocol: self.protocol,
-            udp_timeout: self.udp_timeout,
-            quic_server_id_len: self.quic_server_id_len,
-            allow_sources: self.allow_sources.clone(),
-            deny_sources: self.deny_sources.clone(),
-            backend_max_conns: self.backend_max_conns,
-            source_rate: self.source_rate,
-            source_burst: self.source_burst,
-            source_rate_prefix_v4: self.source_rate_prefix_v4,
-            source_rate_prefix_v6: self.source_rate_prefix_v6,
-            signal: self.signal,
-            agent_port: self.agent_port,
-            agent_interval: self.agent_interval,
-            prefer_zone_below: self.prefer_zone_below,
-        }
-    }
-
-    fn of(address: SocketAddr, s: &VipSettings, backends: Vec<BackendEntry>) -> VipEntry {
-        VipEntry {
-            address,
-            choices: s.choices,
-            mode: s.mode,
-            encap_source: s.encap_source,
-            gue_port: s.gue_port,
-            health: s.health.clone(),
-            no_healthy: s.no_healthy,
-            slow_start: s.slow_start,
-            eject_after: s.eject_after,
-            eject_min_sources: s.eject_min_sources,
-            max_ejection_percent: s.max_ejection_percent,
-            ejection_time: s.ejection_time,
-            persistence: s.persistence,
-            persistence_netmask: s.persistence_netmask,
-            allow_host_address: s.allow_host_address,
-            candidates: s.candidates,
-            protocol: s.protocol,
-            udp_timeout: s.udp_timeout,
-            quic_server_id_len: s.quic_server_id_len,
-            allow_sources: s.allow_sources.clone(),
-            deny_sources: s.deny_sources.clone(),
-            backend_max_conns: s.backend_max_conns,
-            source_rate: s.source_rate,
-            source_burst: s.source_burst,
-            source_rate_prefix_v4: s.source_rate_prefix_v4,
-            source_rate_prefix_v6: s.source_rate_prefix_v6,
-            signal: s.signal,
-            agent_port: s.agent_port,
-            agent_interval: s.agent_interval,
-            prefer_zone_below: s.prefer_zone_below,
-            backends,
-        }
     }
 }
 

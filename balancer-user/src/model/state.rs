@@ -9,15 +9,11 @@ use std::{
 };
 
 use balancer_common::{
-    BACKEND_SLOTS, CHOICES_FULL_SCAN, DEFAULT_CHOICES, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND,
-    MAX_WEIGHT,
+    BACKEND_SLOTS, CHOICES_FULL_SCAN, MAX_CHOICES, MAX_VIPS, MAX_VIPS_PER_BACKEND, MAX_WEIGHT,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::model::{
-    error::{BalancerError, Result},
-    prefix::SourcePrefix,
-};
+use crate::model::error::{BalancerError, Result};
 
 /// What an active health check does.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -246,10 +242,6 @@ pub enum ChoicesValue {
     All(String),
 }
 
-fn default_choices() -> u32 {
-    DEFAULT_CHOICES
-}
-
 /// `choices` as the CLI writes it: the number, or `all` for a full scan.
 pub fn choices_word(c: u32) -> String {
     if c == CHOICES_FULL_SCAN {
@@ -259,185 +251,14 @@ pub fn choices_word(c: u32) -> String {
     }
 }
 
-/// Per-VIP settings.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct VipSettings {
-    /// Backends compared per new flow: 1..=16, or `"all"` for a full
-    /// least-connections scan.
-    #[serde(with = "choices_serde", default = "default_choices")]
-    #[schema(value_type = ChoicesValue)]
-    pub choices: u32,
-    /// Active health check of its backends (`None`: no active checks).
-    #[serde(default)]
-    pub health: Option<HealthCheck>,
-    /// What new connections do when no backend is healthy.
-    #[serde(default)]
-    pub no_healthy: NoHealthy,
-    /// A backend that joins or returns to health has its weight ramped up
-    /// over this time (0: at once).
-    #[serde(default, with = "humantime_serde")]
-    #[schema(value_type = String)]
-    pub slow_start: Duration,
-    /// Passive detection: a server that fails this many new flows in a row
-    /// (its backend refuses the SYN or resets a proven handshake before any
-    /// data, or a flow's SYN is retransmitted unanswered) ranks below every
-    /// other candidate at once, and is ejected by the daemon (0: never).
-    #[serde(default = "default_eject_after")]
-    pub eject_after: u32,
-    /// Passive detection: how many distinct client prefixes (/24, /48) a
-    /// streak's failures must come from before it counts, so that one
-    /// client, however many tuples it forges, never speaks for many.
-    #[serde(default = "default_eject_min_sources")]
-    pub eject_min_sources: u32,
-    /// Passive detection ejects at most this share of the VIP's backends
-    /// at once, percent (at least one; Envoy's `max_ejection_percent`).
-    #[serde(default = "default_max_ejection_percent")]
-    pub max_ejection_percent: u32,
-    /// How long a server ejected by passive detection stays out when the
-    /// VIP has no active check (with one, until the check passes).
-    #[serde(default = "default_ejection_time", with = "humantime_serde")]
-    #[schema(value_type = String)]
-    pub ejection_time: Duration,
-    /// Session affinity: later connections from a client seen within this
-    /// time go to the backend its earlier connection got, while that
-    /// backend is eligible (0: off, every connection is placed on its own).
-    #[serde(default, with = "humantime_serde")]
-    #[schema(value_type = String)]
-    pub persistence: Duration,
-    /// Prefix length grouping client addresses for affinity (none: each
-    /// address on its own, as /32 for an IPv4 VIP and /128 for an IPv6
-    /// one; 24: an IPv4 /24 shares one backend). Clients are of the VIP's
-    /// family.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistence_netmask: Option<u8>,
-    /// How packets reach the backends.
-    #[serde(default)]
-    pub mode: ForwardingMode,
-    /// Outer source address of encapsulated packets (required by the
-    /// `ipip` and `gue` modes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>)]
-    pub encap_source: Option<IpAddr>,
-    /// GUE's UDP destination port on the backends (the `gue` mode).
-    #[serde(default = "default_gue_port")]
-    pub gue_port: u16,
-    /// The VIP may be an address of the balancer's own host (an address
-    /// of one of the daemon's network namespace's interfaces): the
-    /// operator means the balancer to take that address and port over from
-    /// the host's own service. Refused without it (default false). Such a
-    /// VIP leaves no tombstone when removed: the host's service gets its
-    /// port back at once.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub allow_host_address: bool,
-    /// How a new flow's candidates are drawn: at random from the eligible
-    /// list (default), or from the row its 5-tuple hashes to
-    /// (`consistent`, the tunnel modes only: any balancer with the same
-    /// eligible set draws the same candidates; `crate::signals::candidates`).
-    #[serde(default, skip_serializing_if = "Candidates::is_random")]
-    pub candidates: Candidates,
-    /// The transport protocols the VIP takes: `tcp` (default), `udp`, or
-    /// `both` (one VIP, one backend list, the same port in both
-    /// protocols, as DNS serves). UDP flows are placed by the same rule on
-    /// the same per-server counts as TCP's (docs/udp.md).
-    #[serde(default, skip_serializing_if = "Protocol::is_tcp")]
-    pub protocol: Protocol,
-    /// Idle timeout of an established UDP flow (one its backend answered
-    /// and its client used again; default 60 s, as Cilium's for non-TCP
-    /// services). A flow of one exchange (a DNS query and its answer) or
-    /// that no backend answered expires after at most
-    /// `gc::UDP_HALF_OPEN_TIMEOUT` (5 s). 1 s..=7 days.
-    #[serde(
-        default = "default_udp_timeout",
-        with = "humantime_serde",
-        skip_serializing_if = "is_default_udp_timeout"
-    )]
-    #[schema(value_type = String)]
-    pub udp_timeout: Duration,
-    /// QUIC-LB (draft-ietf-quic-load-balancers, the plaintext algorithm):
-    /// the length, in octets, of the server ID the backends encode in
-    /// their QUIC connection IDs after its first octet (1..=4; 0, the
-    /// default: off). A backend's server ID is the last this many octets
-    /// of its address. A UDP datagram of no flow whose connection ID names
-    /// a backend goes to it (a client that migrated, or a connection
-    /// another balancer placed). Needs UDP (`protocol`).
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
-    pub quic_server_id_len: u8,
-    /// Client sources (addresses or prefixes of the VIP's family) whose
-    /// new flows the VIP accepts. With any entry, a new flow from a source
-    /// that matches none of the VIP's prefixes is refused (dropped, counted
-    /// `source_not_allowed`); empty, every source is. Cilium's
-    /// `loadBalancerSourceRanges`. Flows already placed are not affected.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<String>)]
-    pub allow_sources: Vec<SourcePrefix>,
-    /// Client sources whose new flows the VIP refuses (dropped, counted
-    /// `source_denied`). Where an allow prefix and a deny prefix both match
-    /// a source, the longer one decides.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<String>)]
-    pub deny_sources: Vec<SourcePrefix>,
-    /// A connection cap per backend (IPVS's `-x`): a backend whose server
-    /// holds this many active connections (every VIP's on this balancer,
-    /// plus the cluster peers' as last reported: a cap on the cluster's
-    /// sum) is not a candidate for the VIP's new flows; when every
-    /// candidate is, the new flow is dropped and counted `backend_full`.
-    /// 0 (the default): none.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub backend_max_conns: u32,
-    /// New TCP flows per second each client address may open at the VIP
-    /// (a token bucket, `balancer_common::rate`); past it, a SYN is
-    /// dropped and counted `rate_limited`. Only a proven flow (handshake
-    /// completed in NAT mode; graduated in the direct-return modes) spends
-    /// a token, so forged SYNs cannot spend a source's budget. Refused on
-    /// a UDP-only VIP, and UDP flows of a VIP taking both are not limited:
-    /// a UDP flow has no proof a blind forger cannot give. 0 (the
-    /// default): no limit.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub source_rate: u32,
-    /// The flows a source may open at once above the rate (its bucket's
-    /// depth). 0: as many as one second of the rate. Without a rate it is
-    /// kept and means nothing.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub source_burst: u32,
-    /// The IPv4 prefix length a source's rate is kept under: every
-    /// address of one such prefix shares one budget. 1-32; 0 (the
-    /// default): 32, one address.
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
-    pub source_rate_prefix_v4: u8,
-    /// The IPv6 prefix length a source's rate is kept under. 1-128; 0 (the
-    /// default): 64 (`balancer_common::rate::DEFAULT_SOURCE_PREFIX_V6`:
-    /// a host picks new addresses in its /64 at will, RFC 8981).
-    #[serde(default, skip_serializing_if = "is_zero_u8")]
-    pub source_rate_prefix_v6: u8,
-    /// The load a choice compares: the servers' active connections
-    /// (default), or the load an agent on each backend reports
-    /// (`crate::signals::agent`), polled over TCP at `agent_port`.
-    #[serde(default, skip_serializing_if = "LoadSignal::is_connections")]
-    pub signal: LoadSignal,
-    /// TCP port of the load agent on each backend's address (the agent
-    /// signal).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_port: Option<u16>,
-    /// How often the daemon polls each backend's agent (the agent signal;
-    /// 50 ms..=60 s, default 1 s). A report older than
-    /// [`crate::signals::agent::STALE_POLLS`] intervals is stale: the server's
-    /// load falls back to its connection count, counted.
-    #[serde(
-        default = "default_agent_interval",
-        with = "humantime_serde",
-        skip_serializing_if = "is_default_agent_interval"
-    )]
-    #[schema(value_type = String)]
-    pub agent_interval: Duration,
-    /// Locality: while one of the VIP's eligible backends in this
-    /// balancer's zone (`balancer run --zone`) holds fewer active
-    /// connections per unit of weight than this, new flows choose among
-    /// the backends of that zone alone; once every one holds this many,
-    /// they spill over to all (seed 002: eligibility by locality). Checked
-    /// every 20 ms (`crate::signals::locality`). 0 (the default): no preference.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub prefer_zone_below: u32,
-}
+// The settings are declared, with their rules, in `crate::model::settings`.
+vip_settings!(balancer_macros::settings_state {
+    /// Per-VIP settings.
+    #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+    pub struct VipSettings {
+        pub ..
+    }
+});
 
 /// The load a VIP's choice compares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -475,164 +296,6 @@ impl LoadSignal {
     }
 }
 
-fn default_agent_interval() -> Duration {
-    Duration::from_secs(1)
-}
-
-fn is_default_agent_interval(d: &Duration) -> bool {
-    *d == default_agent_interval()
-}
-
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-
-impl VipSettings {
-    /// The limits: a rate and burst of at most `rate::MAX_RATE`, a rate
-    /// only on a VIP that takes TCP, a cap of at most `choice::MAX_CAP`.
-    ///
-    /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
-    pub fn validate_limits(&self) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "limits",
-            reason,
-        };
-        let max = balancer_common::rate::MAX_RATE;
-        if self.source_rate_prefix_v4 > 32 || self.source_rate_prefix_v6 > 128 {
-            return Err(bad(format!(
-                "source rate prefixes /{} (IPv4, 1-32) and /{} (IPv6, 1-128) are out of range",
-                self.source_rate_prefix_v4, self.source_rate_prefix_v6
-            )));
-        }
-        if self.source_rate > max || self.source_burst > max {
-            return Err(bad(format!(
-                "source rate {} and burst {} must be at most {max}",
-                self.source_rate, self.source_burst
-            )));
-        }
-        // A burst without a rate is kept and means nothing until a rate
-        // is set: `--source-rate 0` alone turns the limit off, and a file
-        // and runtime changes merged field by field never conflict.
-        if self.source_rate != 0 && !self.protocol.tcp() {
-            return Err(bad(format!(
-                "a source rate ({}/s) counts completed TCP handshakes; a {} VIP has none (a \
-                 UDP flow has no proof a forger cannot give)",
-                self.source_rate,
-                self.protocol.name()
-            )));
-        }
-        if self.source_rate != 0 && self.mode != ForwardingMode::Nat {
-            return Err(bad(format!(
-                "a source rate ({}/s) is spent by handshakes seen completing, and a {} VIP \
-                 never sees its backends' answers: nothing it sees proves a source (a blind \
-                 forger can wait out a direct-return flow's proof age with anyone's address), \
-                 so the rate would be the forger's to spend; use NAT, or no source rate",
-                self.source_rate,
-                self.mode.name()
-            )));
-        }
-        if self.backend_max_conns > balancer_common::choice::MAX_CAP {
-            return Err(bad(format!(
-                "backend max conns {} is above {}",
-                self.backend_max_conns,
-                balancer_common::choice::MAX_CAP
-            )));
-        }
-        Ok(())
-    }
-
-    /// The load signal: the agent signal needs an agent port; its interval
-    /// is 50 ms..=60 s; a connection cap needs the connections signal (the
-    /// cap counts connections; with an agent the data path compares the
-    /// agent's units). An agent port without the agent signal is kept and
-    /// means nothing, as a burst without a rate.
-    ///
-    /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
-    pub fn validate_signal(&self) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "load signal",
-            reason,
-        };
-        if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&self.agent_interval) {
-            return Err(bad(format!(
-                "agent interval {} is outside 50ms..=60s",
-                humantime::format_duration(self.agent_interval)
-            )));
-        }
-        if self.signal == LoadSignal::Latency && !self.protocol.tcp() {
-            return Err(bad(
-                "the latency signal measures TCP connections; a udp VIP has none".into(),
-            ));
-        }
-        if self.signal == LoadSignal::Latency && self.mode != ForwardingMode::Nat {
-            return Err(bad(format!(
-                "the latency signal is measured where both directions pass the balancer (mode \
-                 nat); a {} VIP's backends answer the clients directly",
-                self.mode.name()
-            )));
-        }
-        if self.prefer_zone_below != 0 {
-            if self.candidates == Candidates::Consistent {
-                return Err(BalancerError::Invalid {
-                    what: "locality",
-                    reason: "a zone preference changes the eligible backends with the load; \
-                             consistent candidates keep each client's two for as long as \
-                             the backends stay (use random candidates)"
-                        .into(),
-                });
-            }
-            if self.prefer_zone_below > balancer_common::choice::MAX_CAP {
-                return Err(BalancerError::Invalid {
-                    what: "locality",
-                    reason: format!(
-                        "prefer zone below {} is above {}",
-                        self.prefer_zone_below,
-                        balancer_common::choice::MAX_CAP
-                    ),
-                });
-            }
-        }
-        if self.signal == LoadSignal::Agent {
-            if matches!(self.agent_port, None | Some(0)) {
-                return Err(bad(
-                    "the agent signal needs --agent-port (the agent's TCP port on each backend)"
-                        .into(),
-                ));
-            }
-            if self.backend_max_conns != 0 {
-                return Err(bad(format!(
-                    "a connection cap ({} per backend) counts connections, and the agent \
-                     signal compares the agents' reported load: use one or the other",
-                    self.backend_max_conns
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The `VIP_LIMITS` entry of these settings; `None` without limits.
-    pub fn limits(&self) -> Option<balancer_common::rate::VipLimits> {
-        if self.backend_max_conns == 0 && self.source_rate == 0 {
-            return None;
-        }
-        Some(balancer_common::rate::VipLimits {
-            backend_max_conns: self.backend_max_conns,
-            source_rate: self.source_rate,
-            source_burst: match (self.source_rate, self.source_burst) {
-                (0, _) => 0,
-                (r, 0) => r,
-                (_, b) => b,
-            },
-            source_prefixes: balancer_common::rate::VipLimits::prefixes(
-                self.source_rate_prefix_v4,
-                self.source_rate_prefix_v6,
-            ),
-        })
-    }
-}
-
 /// Source prefixes one VIP may hold, its allow and deny lists together:
 /// every VIP at its most fills half of `VIP_SOURCES`, whose other half
 /// takes the new entries of a change before the old ones leave.
@@ -643,20 +306,8 @@ const _: () = assert!(
         && 2 * MAX_SOURCES_PER_VIP * MAX_VIPS as usize <= balancer_common::VIP_SOURCES_LEN as usize
 );
 
-fn is_zero_u8(v: &u8) -> bool {
-    *v == 0
-}
-
 /// [`VipSettings::udp_timeout`]'s default: 60 s.
 pub const DEFAULT_UDP_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn default_udp_timeout() -> Duration {
-    DEFAULT_UDP_TIMEOUT
-}
-
-fn is_default_udp_timeout(d: &Duration) -> bool {
-    *d == DEFAULT_UDP_TIMEOUT
-}
 
 /// The transport protocols a VIP takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -723,10 +374,6 @@ impl Candidates {
     }
 }
 
-fn default_gue_port() -> u16 {
-    balancer_common::encap::DEFAULT_GUE_PORT
-}
-
 /// How a VIP's packets reach its backends.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -777,195 +424,6 @@ impl ForwardingMode {
     /// `true` for the modes that encapsulate (ipip, gue).
     pub fn encapsulates(self) -> bool {
         matches!(self, ForwardingMode::Ipip | ForwardingMode::Gue)
-    }
-}
-
-fn default_eject_after() -> u32 {
-    5
-}
-
-fn default_eject_min_sources() -> u32 {
-    3
-}
-
-fn default_max_ejection_percent() -> u32 {
-    50
-}
-
-fn default_ejection_time() -> Duration {
-    Duration::from_secs(30)
-}
-
-impl Default for VipSettings {
-    fn default() -> Self {
-        VipSettings {
-            choices: DEFAULT_CHOICES,
-            health: None,
-            no_healthy: NoHealthy::default(),
-            slow_start: Duration::ZERO,
-            eject_after: default_eject_after(),
-            eject_min_sources: default_eject_min_sources(),
-            max_ejection_percent: default_max_ejection_percent(),
-            ejection_time: default_ejection_time(),
-            persistence: Duration::ZERO,
-            persistence_netmask: None,
-            mode: ForwardingMode::Nat,
-            encap_source: None,
-            gue_port: default_gue_port(),
-            allow_host_address: false,
-            candidates: Candidates::Random,
-            protocol: Protocol::Tcp,
-            udp_timeout: DEFAULT_UDP_TIMEOUT,
-            quic_server_id_len: 0,
-            allow_sources: Vec::new(),
-            deny_sources: Vec::new(),
-            backend_max_conns: 0,
-            source_rate: 0,
-            source_burst: 0,
-            source_rate_prefix_v4: 0,
-            source_rate_prefix_v6: 0,
-            signal: LoadSignal::Connections,
-            agent_port: None,
-            agent_interval: default_agent_interval(),
-            prefer_zone_below: 0,
-        }
-    }
-}
-
-impl VipSettings {
-    /// Checks the values.
-    ///
-    /// # Errors
-    /// [`BalancerError::Invalid`] naming the field.
-    pub fn validate(&self) -> Result<()> {
-        check_choices(self.choices)?;
-        if let Some(h) = &self.health {
-            h.validate()?;
-        }
-        if self.slow_start > Duration::from_secs(3600) {
-            return Err(BalancerError::Invalid {
-                what: "slow start",
-                reason: format!(
-                    "{} is longer than an hour",
-                    humantime::format_duration(self.slow_start)
-                ),
-            });
-        }
-        if self.eject_after > 1000 {
-            return Err(BalancerError::Invalid {
-                what: "eject-after",
-                reason: format!("{} is above 1000", self.eject_after),
-            });
-        }
-        if !(1..=64).contains(&self.eject_min_sources) {
-            return Err(BalancerError::Invalid {
-                what: "eject-min-sources",
-                reason: format!(
-                    "{} is outside 1..=64 (distinct client prefixes)",
-                    self.eject_min_sources
-                ),
-            });
-        }
-        if !(1..=100).contains(&self.max_ejection_percent) {
-            return Err(BalancerError::Invalid {
-                what: "max-ejection-percent",
-                reason: format!("{} is outside 1..=100", self.max_ejection_percent),
-            });
-        }
-        if self.ejection_time < Duration::from_secs(1)
-            || self.ejection_time > Duration::from_secs(3600)
-        {
-            return Err(BalancerError::Invalid {
-                what: "ejection time",
-                reason: format!(
-                    "{} is outside 1s..=1h",
-                    humantime::format_duration(self.ejection_time)
-                ),
-            });
-        }
-        if self.udp_timeout < Duration::from_secs(1) || self.udp_timeout > MAX_TIMEOUT {
-            return Err(BalancerError::Invalid {
-                what: "udp timeout",
-                reason: format!(
-                    "{} is outside 1s..=7days",
-                    humantime::format_duration(self.udp_timeout)
-                ),
-            });
-        }
-        if u32::from(self.quic_server_id_len) > balancer_common::quic::MAX_SERVER_ID_LEN {
-            return Err(BalancerError::Invalid {
-                what: "quic server id length",
-                reason: format!(
-                    "{} octets: at most {}",
-                    self.quic_server_id_len,
-                    balancer_common::quic::MAX_SERVER_ID_LEN
-                ),
-            });
-        }
-        if self.quic_server_id_len != 0 && !self.protocol.udp() {
-            return Err(BalancerError::Invalid {
-                what: "quic server id length",
-                reason: "QUIC runs over UDP: give the VIP --protocol udp or both".into(),
-            });
-        }
-        if self.protocol == Protocol::Udp {
-            if let Some(h) = &self.health {
-                if h.port.is_none() {
-                    return Err(BalancerError::Invalid {
-                        what: "health check",
-                        reason: "a UDP-only VIP's backends take no TCP on their port: \
-                                 give the check a TCP port of theirs (--health-port)"
-                            .into(),
-                    });
-                }
-            }
-        }
-        if self.persistence > Duration::from_secs(24 * 3600) {
-            return Err(BalancerError::Invalid {
-                what: "persistence",
-                reason: format!(
-                    "{} is longer than a day",
-                    humantime::format_duration(self.persistence)
-                ),
-            });
-        }
-        if let Some(m) = self.persistence_netmask {
-            if !(1..=128).contains(&m) {
-                return Err(BalancerError::Invalid {
-                    what: "persistence netmask",
-                    reason: format!(
-                        "/{m} is outside /1../128 (/0 would send every client to one backend)"
-                    ),
-                });
-            }
-        }
-        match (self.mode, self.encap_source) {
-            (ForwardingMode::Ipip | ForwardingMode::Gue, None) => {
-                return Err(BalancerError::Invalid {
-                    what: "encap source",
-                    reason: format!(
-                        "mode {} needs --encap-source, the outer source address of the \
-                         encapsulated packets (an address of this host the backends can reach)",
-                        self.mode.name()
-                    ),
-                })
-            }
-            (_, Some(a)) if !is_unicast(&a) => {
-                return Err(BalancerError::Invalid {
-                    what: "encap source",
-                    reason: format!("{a} is not a unicast address"),
-                })
-            }
-            (_, Some(a)) if mapped_ipv4(&a).is_some() => check_not_mapped("encap source", a)?,
-            _ => {}
-        }
-        if self.gue_port == 0 {
-            return Err(BalancerError::Invalid {
-                what: "GUE port",
-                reason: "port 0".into(),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -1405,43 +863,6 @@ pub fn family(a: &IpAddr) -> &'static str {
     }
 }
 
-impl VipSettings {
-    /// The source lists: prefixes of the VIP's family, none twice, none in
-    /// both lists, at most [`MAX_SOURCES_PER_VIP`] together.
-    ///
-    /// # Errors
-    /// [`BalancerError::Invalid`] naming the prefix.
-    pub fn validate_sources(&self, vip: SocketAddr) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "source list",
-            reason,
-        };
-        let n = self.allow_sources.len() + self.deny_sources.len();
-        if n > MAX_SOURCES_PER_VIP {
-            return Err(bad(format!(
-                "{n} prefixes: a VIP holds at most {MAX_SOURCES_PER_VIP}"
-            )));
-        }
-        let mut seen = BTreeSet::new();
-        for p in self.allow_sources.iter().chain(&self.deny_sources) {
-            if p.addr.is_ipv4() != vip.is_ipv4() {
-                return Err(bad(format!(
-                    "{p} is not of the VIP {vip}'s family: a VIP's clients come from its own"
-                )));
-            }
-            if !seen.insert(*p) {
-                let both = self.allow_sources.contains(p) && self.deny_sources.contains(p);
-                return Err(bad(if both {
-                    format!("{p} is both allowed and denied")
-                } else {
-                    format!("{p} is listed twice")
-                }));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A path check ([`CheckKind::Path`]) needs a mode whose backends answer
 /// for the VIP themselves (dsr, ipip, gue): a NAT backend does not hold
 /// the VIP.
@@ -1458,53 +879,6 @@ pub fn check_path_mode(h: &HealthCheck, mode: ForwardingMode) -> Result<()> {
         });
     }
     Ok(())
-}
-
-impl VipSettings {
-    /// [`VipSettings::validate`], and what depends on the VIP's family: the
-    /// persistence netmask fits it (/1../32 for IPv4, /1../128 for IPv6).
-    ///
-    /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
-    pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
-        self.validate()?;
-        self.validate_sources(vip)?;
-        self.validate_limits()?;
-        self.validate_signal()?;
-        if let Some(h) = &self.health {
-            check_path_mode(h, self.mode)?;
-        }
-        if self.candidates == Candidates::Consistent && !self.mode.encapsulates() {
-            return Err(BalancerError::Invalid {
-                what: "candidates",
-                reason: format!(
-                    "consistent candidates need an encapsulating mode (ipip or gue), not {}: \
-                     only there does the backends' side (the decapsulation program) take part",
-                    self.mode.name()
-                ),
-            });
-        }
-        if let Some(m) = self.persistence_netmask {
-            let max = if vip.is_ipv4() { 32 } else { 128 };
-            if m > max {
-                return Err(BalancerError::Invalid {
-                    what: "persistence netmask",
-                    reason: format!(
-                        "/{m} is longer than an {} address (/{max})",
-                        family(&vip.ip())
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The affinity prefix for clients of `vip`: the netmask, or the whole
-    /// address.
-    pub fn persistence_prefix(&self, vip: &SocketAddr) -> u8 {
-        self.persistence_netmask
-            .unwrap_or(if vip.is_ipv4() { 32 } else { 128 })
-    }
 }
 
 /// Validates backend `b` of `vip` under `settings`: an endpoint other than
