@@ -86,7 +86,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("balancer-user/src/datapath/maps.rs", "sync"),
     ("balancer-user/src/cluster/sync.rs", "run"),
     ("balancer-user/src/serve/control.rs", "handle"),
-    ("balancer-user/src/model/project.rs", "project"),
 ];
 
 /// The roots of the product crates' module trees.
