@@ -85,7 +85,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("balancer-user/src/serve/metrics.rs", "registry"),
     ("balancer-user/src/datapath/maps.rs", "sync"),
     ("balancer-user/src/cluster/sync.rs", "run"),
-    ("balancer-user/src/serve/control.rs", "handle"),
 ];
 
 /// The roots of the product crates' module trees.
