@@ -83,7 +83,6 @@ const KNOWN_LONG: &[(&str, &str)] = &[
     ("balancer-ebpf/src/choose.rs", "place_inner"),
     ("balancer-user/src/daemon/runtime.rs", "run"),
     ("balancer-user/src/serve/metrics.rs", "registry"),
-    ("balancer-user/src/datapath/maps.rs", "sync"),
     ("balancer-user/src/cluster/sync.rs", "run"),
 ];
 
