@@ -82,7 +82,6 @@ const DATA_TABLES: &[(&str, &str)] = &[("balancer-common/src/layout.rs", "finger
 const KNOWN_LONG: &[(&str, &str)] = &[
     ("balancer-ebpf/src/choose.rs", "place_inner"),
     ("balancer-user/src/daemon/runtime.rs", "run"),
-    ("balancer-user/src/cluster/sync.rs", "run"),
 ];
 
 /// The roots of the product crates' module trees.
