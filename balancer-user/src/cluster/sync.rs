@@ -36,6 +36,7 @@ use balancer_common::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
+use tokio_util::sync::CancellationToken;
 
 pub use crate::{
     datapath::wire::{Refresh, SyncedSlots, WireFlow},
@@ -1142,24 +1143,32 @@ impl Queue {
     }
 }
 
-/// Runs the sync until the task is dropped: says hello, then ticks, reports
-/// and receives. A tick reads the desired state under the balancer's lock,
-/// walks the flow tables (batched reads, on descriptors of its own) with no
-/// lock held, and takes only the sync's lock to decide what to send; the
-/// datagrams go out paced ([`PACE_PER_SECOND`]). Received datagrams are
-/// read in batches and applied under one hold of both locks. Where both
-/// locks are held, the balancer's is taken before the sync's (as
-/// [`keep_announced`] does): the one order, no deadlock.
+/// Runs the sync until `shutdown` is cancelled (it then returns after the
+/// step it is in, and its walker after its walk): says hello, then ticks,
+/// reports and receives. A tick reads the desired state under the
+/// balancer's lock, walks the flow tables (batched reads, on descriptors
+/// of its own) with no lock held, and takes only the sync's lock to decide
+/// what to send; the datagrams go out paced ([`PACE_PER_SECOND`]).
+/// Received datagrams are read in batches and applied under one hold of
+/// both locks. Where both locks are held, the balancer's is taken before
+/// the sync's (as [`keep_announced`] does): the one order, no deadlock.
 pub async fn run(
     lb: Arc<Mutex<Balancer>>,
     sync: Arc<Mutex<Sync>>,
     cfg: ClusterConfig,
     sock: UdpSocket,
+    shutdown: CancellationToken,
 ) {
     let Some((mut link, tables)) = Link::open(&lb, &sync, cfg, sock).await else {
         return;
     };
-    let walker = spawn_walker(lb.clone(), sync.clone(), link.cfg.clone(), tables);
+    let walker = spawn_walker(
+        lb.clone(),
+        sync.clone(),
+        link.cfg.clone(),
+        tables,
+        shutdown.clone(),
+    );
     // Aborted with this task.
     struct AbortOnDrop(tokio::task::JoinHandle<()>);
     impl Drop for AbortOnDrop {
@@ -1167,7 +1176,7 @@ pub async fn run(
             self.0.abort();
         }
     }
-    let _walker = AbortOnDrop(walker);
+    let mut walker = AbortOnDrop(walker);
     const PACE_EVERY: Duration = Duration::from_millis(10);
     let mut pace = tokio::time::interval(PACE_EVERY);
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1187,6 +1196,7 @@ pub async fn run(
     let mut log = crate::serve::logs::RateLimitedLog::default();
     loop {
         tokio::select! {
+            _ = shutdown.cancelled() => break,
             _ = pace.tick() => link.pace(&lb, &sync, per_pace, bulk_per_pace).await,
             _ = report.tick(), if !link.cfg.load_report_interval.is_zero() => {
                 link.report(&lb, &sync, stale_after).await;
@@ -1199,22 +1209,29 @@ pub async fn run(
         }
         link.account(&sync).await;
     }
+    // The walker stops at the same signal, after the walk it is in.
+    let _ = (&mut walker.0).await;
 }
 
 /// The walker: every sync interval it reads the data path's lost-event
 /// count, and walks the whole table only when it is due (a peer's hello,
 /// this start, lost events); [`run`]'s loop reads the events and sends
-/// from the queue at the pace, whatever a walk costs.
+/// from the queue at the pace, whatever a walk costs. It returns at
+/// `shutdown`.
 fn spawn_walker(
     lb: Arc<Mutex<Balancer>>,
     sync: Arc<Mutex<Sync>>,
     cfg: ClusterConfig,
     tables: Arc<std::sync::Mutex<crate::datapath::maps::FlowTables>>,
+    shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut log = crate::serve::logs::RateLimitedLog::default();
         loop {
-            tokio::time::sleep(cfg.sync_interval).await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(cfg.sync_interval) => {}
+            }
             let (now_slots, lost) = {
                 let lb = lb.lock().await;
                 (
@@ -1510,8 +1527,9 @@ pub fn view(
     }
 }
 
-/// Keeps the cluster's view and the BGP announcements current until the
-/// task is dropped: every 200 ms the VIPs to announce are worked out
+/// Keeps the cluster's view and the BGP announcements current until
+/// `shutdown` is cancelled (it then returns after the round it is in):
+/// every 200 ms the VIPs to announce are worked out
 /// ([`to_announce`]) and, when they differ from what BIRD has (or the last
 /// attempt failed), written and BIRD reconfigured (each attempt bounded by
 /// [`crate::cluster::bgp::BIRDC_TIMEOUT`]).
@@ -1520,13 +1538,17 @@ pub async fn keep_announced(
     sync: Option<Arc<Mutex<Sync>>>,
     cfg: Option<ClusterConfig>,
     bgp: Option<crate::cluster::bgp::BgpConfig>,
+    shutdown: CancellationToken,
 ) {
     let mut announced: Option<BTreeSet<std::net::IpAddr>> = None;
     let mut bgp_error: Option<String> = None;
     let mut log = crate::serve::logs::RateLimitedLog::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
         let ready = match &sync {
             Some(s) => {
                 let s = s.lock().await;

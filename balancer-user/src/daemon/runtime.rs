@@ -20,7 +20,10 @@ use tokio::{
 
 use crate::{
     balancer::{mode_name, Balancer, LoadOptions},
-    daemon::{preflight, services::Services},
+    daemon::{
+        preflight,
+        services::{self, Services},
+    },
     datapath::{
         gc::Timeouts,
         links::{self, Attached},
@@ -29,15 +32,12 @@ use crate::{
     model::persist::read_state,
     serve::{
         control,
-        http::{self, Access},
+        http::Access,
         metrics::{DaemonMetrics, Source},
     },
-    signals::{eligibility::Note, health::Monitor},
 };
 
 pub use control::{error_chain, handle};
-/// Period of the passive-detection and slow-start poll.
-const ELIGIBILITY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Daemon settings; every field has a documented default in the CLI.
 #[derive(Clone, Debug)]
@@ -427,7 +427,7 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     // (crate::daemon::services).
     let mut services = Services::new();
     if let Some(logger) = lb.take_datapath_log() {
-        services.start_optional("data-path log", datapath_log_service(logger));
+        services.add_optional(services::datapath_log::DatapathLog { logger });
     }
     let lb = Arc::new(Mutex::new(lb));
 
@@ -438,27 +438,24 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         .cluster
         .as_ref()
         .map(|_| Arc::new(Mutex::new(crate::cluster::sync::Sync::new())));
-    {
-        let refresh_every = cfg
+    services.add(services::sweep::Sweep {
+        lb: lb.clone(),
+        every: cfg.gc_interval,
+        sync: sync.clone(),
+        refresh_every: cfg
             .cluster
             .as_ref()
-            .map_or(Duration::from_secs(60), |c| c.refresh_interval);
-        services.start(
-            "expiry sweep",
-            sweep_service(
-                lb.clone(),
-                cfg.gc_interval,
-                sync.clone(),
-                refresh_every,
-                daemon_metrics.clone(),
-            ),
-        );
-    }
-    services.start("health checks", health_service(lb.clone()));
-    services.start("eligibility", eligibility_service(lb.clone()));
-    services.start("load agents", agent_service(lb.clone()));
-    services.start("latency samples and locality", fast_service(lb.clone()));
-    services.start("stats", watch(lb.clone(), cfg.stats_interval));
+            .map_or(Duration::from_secs(60), |c| c.refresh_interval),
+        metrics: daemon_metrics.clone(),
+    });
+    services.add(services::health::HealthChecks { lb: lb.clone() });
+    services.add(services::eligibility::EligibilityPoll { lb: lb.clone() });
+    services.add(services::agents::LoadAgents { lb: lb.clone() });
+    services.add(services::samples::Samples { lb: lb.clone() });
+    services.add(services::stats::Stats {
+        lb: lb.clone(),
+        stats_every: cfg.stats_interval,
+    });
     let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
         tracing::info!(
             "cluster sync on {} with peers {:?} (flows every {:?}, all every {:?}, load every {:?})",
@@ -469,10 +466,12 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             c.load_report_interval
         );
         let sync = sync.clone().unwrap_or_default();
-        services.start(
-            "cluster sync",
-            crate::cluster::sync::run(lb.clone(), sync.clone(), c, sock),
-        );
+        services.add(services::cluster::ClusterSync {
+            lb: lb.clone(),
+            sync: sync.clone(),
+            cfg: c,
+            sock,
+        });
         sync
     });
     if let Some(c) = &cfg.cluster {
@@ -511,32 +510,34 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
                 b.dir.display()
             );
         }
-        services.start(
-            "announcements",
-            crate::cluster::sync::keep_announced(
-                lb.clone(),
-                cluster.clone(),
-                cfg.cluster.clone(),
-                cfg.bgp.clone(),
-            ),
-        );
+        services.add(services::cluster::Announcements {
+            lb: lb.clone(),
+            sync: cluster.clone(),
+            cfg: cfg.cluster.clone(),
+            bgp: cfg.bgp.clone(),
+        });
     }
-    services.start("state file", state_file_service(lb.clone(), store.clone()));
+    services.add(services::state_file::StateFileKeeper {
+        lb: lb.clone(),
+        store: store.clone(),
+    });
     let stop = Arc::new(Notify::new());
     let shared = Arc::new(control::Shared {
         lb: lb.clone(),
         store: store.clone(),
         stop: stop.clone(),
     });
-    services.start(
-        "control API",
-        http::serve_forever(listener, shared.clone(), Access::Root),
-    );
+    services.add(services::api::ControlApi {
+        listener,
+        shared: shared.clone(),
+        access: Access::Root,
+    });
     if let Some(l) = read_only_listener {
-        services.start(
-            "read-only API",
-            http::serve_forever(l, shared.clone(), Access::ReadOnly),
-        );
+        services.add(services::api::ControlApi {
+            listener: l,
+            shared: shared.clone(),
+            access: Access::ReadOnly,
+        });
     }
     if let Some(p) = &cfg.read_only_socket {
         tracing::info!("read-only control socket {}", p.display());
@@ -545,16 +546,13 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         if let Ok(a) = l.local_addr() {
             tracing::info!("metrics on http://{a}/metrics");
         }
-        services.start(
-            "metrics",
-            http::serve_metrics(
-                l,
-                Arc::new(Source {
-                    lb: lb.clone(),
-                    daemon: daemon_metrics.clone(),
-                }),
-            ),
-        );
+        services.add(services::api::Metrics {
+            listener: l,
+            source: Arc::new(Source {
+                lb: lb.clone(),
+                daemon: daemon_metrics.clone(),
+            }),
+        });
     }
     // systemd (Type=notify): serving from here on. Without NOTIFY_SOCKET
     // this does nothing.
@@ -575,7 +573,8 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     };
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     // One stop for every service, the announcements' included, before the
-    // VIPs are withdrawn.
+    // VIPs are withdrawn: each is told to stop and ends after the step it
+    // is in; one still running after services::STOP_GRACE is aborted.
     services.stop().await;
     if let Some(b) = &cfg.bgp {
         // Withdrawn before the daemon goes: the routers move the flows to
@@ -625,292 +624,6 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         // A non-zero exit: the service manager restarts the daemon.
         Some(f) => bail!("{f}"),
         None => Ok(()),
-    }
-}
-
-/// Hands the data path's log records to the log as they come.
-async fn datapath_log_service(logger: crate::balancer::DatapathLog) {
-    // SAFETY: the logger owns its ring buffer's descriptor for as
-    // long as it lives, and the AsyncFd owns the logger.
-    let registered = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
-    };
-    let mut fd = match registered {
-        Ok(fd) => fd,
-        Err(e) => {
-            tracing::warn!("the data-path log cannot be read: {}", e.into_parts().1);
-            return;
-        }
-    };
-    loop {
-        let Ok(mut ready) = fd.readable_mut().await else {
-            return;
-        };
-        ready.get_inner_mut().flush();
-        ready.clear_ready();
-    }
-}
-
-/// Housekeeping: an incremental sweep of the flow tables (a slice per
-/// tick, a round per gc::SWEEP_ROUND or longer, at most gc::SWEEP_CPU of a
-/// core) that reads and expires without the balancer's lock, which it takes
-/// only to read its inputs and to settle what it did (count releases; at a
-/// round's end, the reconciliation); its rounds refresh the cluster's
-/// peers (cluster::sync::Sync::refresh_round).
-async fn sweep_service(
-    lb: Arc<Mutex<Balancer>>,
-    every: Duration,
-    sync: Option<Arc<Mutex<crate::cluster::sync::Sync>>>,
-    refresh_every: Duration,
-    metrics: Arc<DaemonMetrics>,
-) {
-    let mut failures = control::RateLimitedLog::default();
-    let mut sweep: Option<crate::datapath::gc::Sweep> = None;
-    loop {
-        tokio::time::sleep(every).await;
-        let (inputs, capacity, s) = {
-            let lb = lb.lock().await;
-            let mut s = match sweep.take() {
-                Some(s) => Ok(s),
-                None => lb.new_sweep(),
-            };
-            let inputs = lb.sweep_inputs();
-            if let (Some(sync), Ok(s)) = (&sync, s.as_mut()) {
-                if s.at_round_start() {
-                    let slots = crate::cluster::sync::SyncedSlots::of(lb.state());
-                    s.set_refresh(sync.lock().await.refresh_round(
-                        inputs.now_ns,
-                        refresh_every,
-                        slots,
-                    ));
-                }
-            }
-            (inputs, lb.table_capacity(), s)
-        };
-        let mut s = match s {
-            Ok(s) => s,
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("opening the flow tables for expiry failed: {e:#}")
-                });
-                continue;
-            }
-        };
-        let budget = s.budget(every, capacity);
-        s.time_cap = Some(every.mul_f64(crate::datapath::gc::SWEEP_CPU));
-        let started = std::time::Instant::now();
-        let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
-            let r = s.slice(&inputs, budget);
-            (s, r)
-        })
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("the expiry sweep failed: {e}")
-                });
-                continue;
-            }
-        };
-        metrics.gc_pass.observe(started.elapsed().as_secs_f64());
-        if let Some(sync) = &sync {
-            let flows = s.take_refreshed();
-            if !flows.is_empty() {
-                sync.lock().await.refreshed(&flows);
-            }
-        }
-        s.account(s.last_slice(), started.elapsed());
-        if let Err(e) = sliced {
-            failures.warn(std::time::Instant::now(), || {
-                format!("expiry sweep failed: {e:#}")
-            });
-        }
-        let mut lb = lb.lock().await;
-        match lb.settle_sweep(&mut s) {
-            Ok(Some(r)) => tracing::debug!("gc round: {r:?}"),
-            Ok(None) => {}
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("settling the expiry sweep failed: {e:#}")
-                });
-            }
-        }
-        sweep = Some(s);
-        match lb.refresh_interfaces() {
-            Ok(changed) if !changed.is_empty() => {
-                tracing::info!("interface MAC changed: {}", changed.join(", "))
-            }
-            Ok(_) => {}
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("refreshing interface MACs failed: {e:#}")
-                });
-            }
-        }
-        let probed = crate::datapath::netdev::resolve_neighbours(&lb.direct_return_backend_addrs());
-        if !probed.is_empty() {
-            tracing::debug!("resolving the next hops of direct-return backends {probed:?}");
-        }
-    }
-}
-
-/// Active health checks: one task per checked backend, kept in line with
-/// the configuration; their results change eligibility at once.
-async fn health_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
-    let (mut monitor, mut outcomes) = Monitor::new();
-    let mut resync = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            _ = resync.tick() => {
-                let targets = lb.lock().await.health_targets();
-                monitor.sync(targets);
-            }
-            Some(o) = outcomes.recv() => {
-                let mut lb = lb.lock().await;
-                match lb.record_check(&o) {
-                    Ok(msgs) => msgs.iter().for_each(Note::log),
-                    Err(e) => {
-                        failures.warn(std::time::Instant::now(), || {
-                            format!("applying a health check result failed: {e:#}")
-                        });
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Passive detection and slow start: often, and cheap (one map read per
-/// server, one write per ramping backend).
-async fn eligibility_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
-    let mut tick = tokio::time::interval(ELIGIBILITY_INTERVAL);
-    loop {
-        tick.tick().await;
-        match lb.lock().await.poll_eligibility() {
-            Ok(msgs) => msgs.iter().for_each(Note::log),
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("eligibility poll failed: {e:#}")
-                });
-            }
-        }
-    }
-}
-
-/// The agent signal (`crate::signals::agent`): polls each agent-signal VIP's
-/// backends' agents at the VIP's interval, a poll at a time per agent,
-/// each in a task of its own; a report goes into the maps as it arrives.
-async fn agent_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Result<u64, String>)>(1024);
-    let mut tick = tokio::time::interval(AGENT_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let r = tokio::select! {
-            _ = tick.tick() => {
-                let due = lb.lock().await.agent_tick(std::time::Instant::now());
-                if let Ok(due) = &due {
-                    for t in due {
-                        let tx = tx.clone();
-                        let (server, addr) = (t.server, t.addr);
-                        let timeout = t.interval.clamp(Duration::from_millis(50), Duration::from_secs(1));
-                        tokio::spawn(async move {
-                            let r = crate::signals::agent::poll(addr, timeout).await;
-                            let _ = tx.send((server, r)).await;
-                        });
-                    }
-                }
-                due.map(|_| ())
-            }
-            Some((server, r)) = rx.recv() => lb.lock().await.record_agent(server, r),
-        };
-        if let Err(e) = r {
-            failures.warn(std::time::Instant::now(), || format!("load agents: {e:#}"));
-        }
-    }
-}
-
-/// Every 20 ms, under one lock: the sampled choices' regret
-/// (`crate::signals::regret`), the latency signal's samples
-/// (`crate::signals::latency`), read from the data path's ring (it holds about
-/// 32,000; a full ring drops samples, counted `latency_samples_lost`; the
-/// averages are updated by the eligibility poll, and here when a server's
-/// first samples come), and the zone preferences decided again
-/// (`Balancer::poll_locality`).
-async fn fast_service(lb: Arc<Mutex<Balancer>>) {
-    let (mut failures, mut locality_failures) = (
-        control::RateLimitedLog::default(),
-        control::RateLimitedLog::default(),
-    );
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let mut lb = lb.lock().await;
-        if let Err(e) = lb.drain_latency() {
-            failures.warn(std::time::Instant::now(), || {
-                format!("latency samples: {e:#}")
-            });
-        }
-        if let Err(e) = lb.drain_regret() {
-            failures.warn(std::time::Instant::now(), || {
-                format!("regret samples: {e:#}")
-            });
-        }
-        if let Err(e) = lb.poll_locality() {
-            locality_failures.warn(std::time::Instant::now(), || format!("locality: {e:#}"));
-        }
-    }
-}
-
-/// How often the agent service looks for agents due a poll (the shortest
-/// interval a VIP may set, 50 ms, is a few of these).
-const AGENT_TICK: Duration = Duration::from_millis(10);
-
-/// The state file: written again when deleted or replaced, an owed write
-/// retried (crate::model::persist), every second.
-async fn state_file_service(
-    lb: Arc<Mutex<Balancer>>,
-    store: Arc<std::sync::Mutex<crate::model::persist::StateFile>>,
-) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut owed_log = control::RateLimitedLog::default();
-    loop {
-        tick.tick().await;
-        keep_state_file(&lb, &store, &mut owed_log).await;
-    }
-}
-
-/// One check of the state file ([`crate::model::persist::StateFile::check`]),
-/// logged.
-async fn keep_state_file(
-    lb: &Mutex<Balancer>,
-    store: &std::sync::Mutex<crate::model::persist::StateFile>,
-    owed_log: &mut control::RateLimitedLog,
-) {
-    use crate::model::persist::Checked;
-    let mut lb = lb.lock().await;
-    let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-    let checked = store.check(&lb.snapshot());
-    lb.set_state_unsaved(store.owed());
-    let path = store.path().display();
-    match checked {
-        Checked::Fine => {}
-        Checked::Rewritten(how) => {
-            tracing::warn!("the state file {path} was {how} while the daemon ran: written again")
-        }
-        Checked::Caught => tracing::warn!("the state file {path} is written again: up to date"),
-        Checked::StillOwed(e) => {
-            // Once per 10 s with a count, not every second.
-            owed_log.warn(std::time::Instant::now(), || {
-                format!(
-                    "the state file {path} still cannot be written ({e}); retrying every second"
-                )
-            });
-        }
     }
 }
 
@@ -1164,80 +877,6 @@ fn bind_read_only(path: &Path, gid: Option<u32>) -> anyhow::Result<UnixListener>
             .with_context(|| format!("chmod 600 {}", path.display()))?;
     }
     Ok(l)
-}
-
-/// Every second: warns (rate-limited) when flow inserts fail (a table
-/// full), when live flows vanished unseen (evicted from a full table: the
-/// reconciliation released their counts), or when the flow table passes
-/// 90 % of its size; every `stats_every` (0: never) logs one stats line.
-async fn watch(lb: Arc<Mutex<Balancer>>, stats_every: Duration) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut last_insert_failures = None;
-    let mut last_reconciled = None;
-    let mut evicted_log = control::RateLimitedLog::default();
-    let mut last_stats = std::time::Instant::now();
-    let mut full_log = control::RateLimitedLog::default();
-    let mut occupancy_log = control::RateLimitedLog::default();
-    let mut poll_log = control::RateLimitedLog::default();
-    loop {
-        tick.tick().await;
-        let s = match lb.lock().await.stats() {
-            Ok(s) => s,
-            Err(e) => {
-                poll_log.warn(std::time::Instant::now(), || {
-                    format!("stats poll failed: {e:#}")
-                });
-                continue;
-            }
-        };
-        let now = std::time::Instant::now();
-        let failed = s.counter("drop_flow_insert");
-        if let Some(before) = last_insert_failures.filter(|b| failed > *b) {
-            full_log.warn(now, || {
-                format!(
-                    "map full: {} new flows could not be inserted (drop_flow_insert {failed}); raise --flow-table-size or --half-open-table-size",
-                    failed - before
-                )
-            });
-        }
-        last_insert_failures = Some(failed);
-        // A count above the live flows found, twice in a row: flows went
-        // without their close being seen, most often evicted from a full
-        // LRU flow table (which evicts before it holds its maximum: its
-        // free entries are kept in per-CPU lists).
-        if let Some(before) = last_reconciled.filter(|b| s.reconciled > *b) {
-            evicted_log.warn(now, || {
-                format!(
-                    "{} active connections had no live flow and were released: flows were evicted from a full flow table ({} entries of {}; raise --flow-table-size) or lost",
-                    s.reconciled - before,
-                    s.flow_table_entries.saturating_sub(s.half_open_entries),
-                    s.flow_table_size
-                )
-            });
-        }
-        last_reconciled = Some(s.reconciled);
-        let established = s.flow_table_entries.saturating_sub(s.half_open_entries);
-        if s.flow_table_size > 0 && established * 10 >= s.flow_table_size * 9 {
-            occupancy_log.warn(now, || {
-                format!(
-                    "the flow table holds {established} of {} entries: the oldest flows are evicted when it is full",
-                    s.flow_table_size
-                )
-            });
-        }
-        if !stats_every.is_zero() && now.duration_since(last_stats) >= stats_every {
-            last_stats = now;
-            tracing::info!(
-                "stats: rx {} new_flows {} misses {} live {} drops no_backend {} fib {}",
-                s.counter("rx_packets"),
-                s.counter("new_flows"),
-                s.counter("flow_misses"),
-                s.live_flows,
-                s.counter("drop_no_backend"),
-                s.counter("drop_fib")
-            );
-        }
-    }
 }
 
 fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
