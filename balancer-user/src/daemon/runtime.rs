@@ -219,13 +219,7 @@ pub fn ensure_bpffs() -> anyhow::Result<bool> {
 /// # Errors
 /// Refusals and load, attach, socket or state-file failures at start.
 pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
-    if cfg.interfaces.is_empty() {
-        bail!("no interface given: pass at least one --iface");
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
-        bail!("interface {dup} given twice");
-    }
+    check_interfaces(&cfg)?;
     tracing::info!(
         "starting on {} (pins {}, state {})",
         cfg.interfaces.join(", "),
@@ -244,164 +238,30 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     // --- Refusals, reading only.
-    let Prepared {
-        state,
-        desired,
-        socket,
-        read_only,
-        read_only_gid,
-        metrics_listener,
-        cluster_socket,
-        pin_dir_plan,
-        link_dir,
-    } = refusals(&cfg).await?;
+    let prepared = refusals(&cfg).await?;
 
     // --- Directories and locks (undone if anything below refuses).
     let mut undo = Undo::default();
-    undo.created_dirs = preflight::create_dirs(crate::model::state::dir_of(&cfg.state_file))?;
-    let lock_existed = preflight::lock_path(&cfg.state_file).exists();
-    let _state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
-    if !lock_existed {
-        undo.created_files
-            .push(preflight::lock_path(&cfg.state_file));
-    }
-    let mut pin_lock = None;
-    let mut private_pins = false;
-    if let Some(dir) = &cfg.load.pin_dir {
-        if pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) && ensure_bpffs()? {
-            tracing::warn!("{PRIVATE_BPFFS}");
-            private_pins = true;
-        }
-        undo.created_pin_dirs = preflight::create_dirs(dir)?;
-        pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
-        let maps_were_pinned = !present_pins(dir).is_empty();
-        if maps_were_pinned && !cfg.fresh {
-            if state.is_none() {
-                bail!(
-                    "maps are pinned in {} but there is no state file {}: they may belong to \
-                     another state file. Point --state-file at the right file, or pass --fresh \
-                     to remove the pinned maps (their established connections are lost)",
-                    dir.display(),
-                    cfg.state_file.display()
-                );
-            }
-            check_pins(
-                dir,
-                cfg.load.flow_table_size,
-                cfg.load.half_open_table_size,
-                cfg.load.affinity_table_size,
-            )?;
-        }
-        if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.state.vips.is_empty()) {
-            tracing::warn!(
-                "state file {} found but no pinned maps in {} (bpffs remounted or pins \
-                 removed): connections established before this start will miss and be passed",
-                cfg.state_file.display(),
-                dir.display()
-            );
-        }
-        if maps_were_pinned && cfg.fresh {
-            undo.fresh = Some(dir.clone());
-        }
-        if !maps_were_pinned {
-            undo.new_map_pins = Some(dir.clone());
-        }
-    }
+    let locks = take_locks(&cfg, &prepared, &mut undo)?;
     raise_fd_limit();
 
     // --- Changes.
-    if let Some(dir) = cfg.socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-        undo.created_dirs.extend(preflight::create_dirs(dir)?);
-    }
-    if socket == preflight::SocketPath::Stale {
-        std::fs::remove_file(&cfg.socket)
-            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
-    }
-    let listener = bind_socket(&cfg.socket)?;
-    let socket_guard = RemoveOnDrop(cfg.socket.clone());
-    let mut read_only_guard = None;
-    let read_only_listener = match &read_only {
-        Some((path, state)) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                undo.created_dirs.extend(preflight::create_dirs(dir)?);
-            }
-            if *state == preflight::SocketPath::Stale {
-                std::fs::remove_file(path)
-                    .with_context(|| format!("removing the stale socket {}", path.display()))?;
-            }
-            let l = bind_read_only(path, read_only_gid)?;
-            read_only_guard = Some(RemoveOnDrop(path.clone()));
-            Some(l)
-        }
-        None => None,
-    };
+    let sockets = bind_sockets(&cfg, &prepared, &mut undo)?;
     // Only now, with the socket ours: --fresh discards the pinned maps.
-    if let Some(dir) = undo.fresh.take() {
-        let removed = crate::datapath::maps::remove_pins(dir.as_path())?;
-        tracing::warn!(
-            "--fresh: removed {} map pins in {} (the running program keeps its maps until \
-             the new one replaces it)",
-            removed.len(),
-            dir.display()
-        );
-        undo.new_map_pins = Some(dir);
-    }
+    discard_fresh_pins(&mut undo)?;
+    let Prepared {
+        state,
+        desired,
+        metrics_listener,
+        cluster_socket,
+        link_dir,
+        ..
+    } = prepared;
     let mut lb = start_data_path(&cfg, state)?;
     lb.set_default_timeouts(cfg.timeouts);
     let mut store = crate::model::persist::StateFile::new(cfg.state_file.clone());
     if let Some((file, desired)) = cfg.config_file.as_ref().zip(desired.as_ref()) {
-        // A restart is not a reload: what the file changed since it was
-        // last applied is applied, and what was changed at runtime (a
-        // drain, a weight) is kept unless the file changed it too.
-        let how = crate::balancer::ApplyHow {
-            source: crate::model::config::source_name(file),
-            refuse_sweep: !cfg.force_config,
-            ..Default::default()
-        };
-        let applied = if desired.vips.is_empty() && !lb.state().vips.is_empty() {
-            // An empty or truncated file never removes every VIP at a
-            // start: `apply --allow-empty` does, if that is what is meant.
-            tracing::warn!(
-                "config {}: it holds no VIP: not applied, the {} running VIPs are kept \
-                 (`balancer apply --allow-empty -f {}` removes them)",
-                file.display(),
-                lb.state().vips.len(),
-                file.display()
-            );
-            Ok(Default::default())
-        } else {
-            lb.apply_config(desired, how)
-        };
-        match applied {
-            Ok(applied) if !applied.swept.is_empty() => {
-                // A file cut short still parses: one that would take most
-                // of a VIP's backends away is not applied at a start.
-                tracing::warn!(
-                    "config {}: not applied, the running state is kept: it would remove {} \
-                     (a file cut short is the usual cause; `run --force`, or `balancer apply \
-                     -f {}`, applies it)",
-                    file.display(),
-                    applied.swept.join("; "),
-                    file.display()
-                );
-            }
-            Ok(applied) => {
-                for c in &applied.changes {
-                    tracing::info!("config {}: {c}", file.display());
-                }
-                for k in &applied.kept {
-                    tracing::info!("config {}: {k}", file.display());
-                }
-                store
-                    .save(&lb.snapshot())
-                    .context("writing the state file after applying the configuration")?;
-            }
-            Err(e) => {
-                lb.detach_new();
-                return Err(anyhow::Error::new(e)
-                    .context(format!("applying the configuration {}", file.display())));
-            }
-        }
+        apply_config_at_start(&cfg, &mut lb, &mut store, file, desired)?;
     }
     if store.owed().is_none() {
         // The next start then finds the state that goes with the pins (and
@@ -412,7 +272,315 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     let store = Arc::new(std::sync::Mutex::new(store));
     undo.disarm();
-    if let Some(dir) = &link_dir {
+    unpin_other_interfaces(&cfg, link_dir.as_deref())?;
+    tracing::info!("control socket {}", cfg.socket.display());
+    let Sockets {
+        listener,
+        socket_guard,
+        read_only_listener,
+        read_only_guard,
+    } = sockets;
+    let (mut services, lb, stop) = start_services(
+        &cfg,
+        lb,
+        &store,
+        Listeners {
+            control: listener,
+            read_only: read_only_listener,
+            metrics: metrics_listener,
+            cluster: cluster_socket,
+        },
+    )
+    .await;
+    // systemd (Type=notify): serving from here on. Without NOTIFY_SOCKET
+    // this does nothing.
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("telling systemd the daemon is ready failed: {e}");
+    }
+    tracing::debug!("services: {}", services.running().join(", "));
+    let mut fault = None;
+    let detached = tokio::select! {
+        _ = sigint.recv() => false,
+        _ = sigterm.recv() => false,
+        _ = stop.notified() => true,
+        f = services.fault() => {
+            tracing::error!("{f}: stopping (the data path keeps forwarding)");
+            fault = Some(f);
+            false
+        }
+    };
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    // One stop for every service, the announcements' included, before the
+    // VIPs are withdrawn: each is told to stop and ends after the step it
+    // is in; one still running after services::STOP_GRACE is aborted.
+    services.stop().await;
+    finish(&cfg, &lb, &store, detached, locks.private_pins).await;
+    drop(socket_guard);
+    drop(read_only_guard);
+    drop(locks.pin);
+    match fault {
+        // A non-zero exit: the service manager restarts the daemon.
+        Some(f) => bail!("{f}"),
+        None => Ok(()),
+    }
+}
+
+/// At least one interface, none twice.
+///
+/// # Errors
+/// No interface, or one given twice.
+fn check_interfaces(cfg: &DaemonConfig) -> anyhow::Result<()> {
+    if cfg.interfaces.is_empty() {
+        bail!("no interface given: pass at least one --iface");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
+        bail!("interface {dup} given twice");
+    }
+    Ok(())
+}
+
+/// The locks a start holds for the daemon's life ([`take_locks`]); the
+/// pin directory's is released first.
+struct Locks {
+    /// The pin directory's lock.
+    pin: Option<preflight::Lock>,
+    /// The state file's lock.
+    _state: preflight::Lock,
+    /// bpffs was mounted in this process's own mount namespace: the pins
+    /// end with it ([`PRIVATE_BPFFS`]).
+    private_pins: bool,
+}
+
+/// The directories of the state file and of the pins created, their
+/// locks taken, bpffs mounted when the pin directory needs it, and the
+/// pinned maps checked against the state file and the table sizes; what
+/// is created is recorded in `undo`.
+///
+/// # Errors
+/// A directory or a lock refused, a mount failure, pins that do not go
+/// with the state file or the sizes.
+fn take_locks(cfg: &DaemonConfig, prepared: &Prepared, undo: &mut Undo) -> anyhow::Result<Locks> {
+    undo.created_dirs = preflight::create_dirs(crate::model::state::dir_of(&cfg.state_file))?;
+    let lock_existed = preflight::lock_path(&cfg.state_file).exists();
+    let state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
+    if !lock_existed {
+        undo.created_files
+            .push(preflight::lock_path(&cfg.state_file));
+    }
+    let mut pin_lock = None;
+    let mut private_pins = false;
+    if let Some(dir) = &cfg.load.pin_dir {
+        if prepared.pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) && ensure_bpffs()? {
+            tracing::warn!("{PRIVATE_BPFFS}");
+            private_pins = true;
+        }
+        undo.created_pin_dirs = preflight::create_dirs(dir)?;
+        pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
+        check_pinned_maps(cfg, dir, prepared.state.as_ref(), undo)?;
+    }
+    Ok(Locks {
+        pin: pin_lock,
+        _state: state_lock,
+        private_pins,
+    })
+}
+
+/// The maps pinned in `dir` (under its lock) against the state file and
+/// the table sizes; with `--fresh`, or none pinned, `undo` is told what
+/// to remove.
+///
+/// # Errors
+/// Pins without a state file, or of other sizes.
+fn check_pinned_maps(
+    cfg: &DaemonConfig,
+    dir: &Path,
+    state: Option<&crate::model::persist::Persisted>,
+    undo: &mut Undo,
+) -> anyhow::Result<()> {
+    let maps_were_pinned = !present_pins(dir).is_empty();
+    if maps_were_pinned && !cfg.fresh {
+        if state.is_none() {
+            bail!(
+                "maps are pinned in {} but there is no state file {}: they may belong to \
+                 another state file. Point --state-file at the right file, or pass --fresh \
+                 to remove the pinned maps (their established connections are lost)",
+                dir.display(),
+                cfg.state_file.display()
+            );
+        }
+        check_pins(
+            dir,
+            cfg.load.flow_table_size,
+            cfg.load.half_open_table_size,
+            cfg.load.affinity_table_size,
+        )?;
+    }
+    if !maps_were_pinned && state.is_some_and(|s| !s.state.vips.is_empty()) {
+        tracing::warn!(
+            "state file {} found but no pinned maps in {} (bpffs remounted or pins \
+             removed): connections established before this start will miss and be passed",
+            cfg.state_file.display(),
+            dir.display()
+        );
+    }
+    if maps_were_pinned && cfg.fresh {
+        undo.fresh = Some(dir.to_path_buf());
+    }
+    if !maps_were_pinned {
+        undo.new_map_pins = Some(dir.to_path_buf());
+    }
+    Ok(())
+}
+
+/// The control sockets, bound, each removed when its guard is dropped.
+struct Sockets {
+    listener: UnixListener,
+    socket_guard: RemoveOnDrop,
+    read_only_listener: Option<UnixListener>,
+    read_only_guard: Option<RemoveOnDrop>,
+}
+
+/// Binds the control socket and the read-only one (their directories
+/// created, stale sockets removed; recorded in `undo`).
+///
+/// # Errors
+/// A directory, a removal or a bind refused.
+fn bind_sockets(
+    cfg: &DaemonConfig,
+    prepared: &Prepared,
+    undo: &mut Undo,
+) -> anyhow::Result<Sockets> {
+    if let Some(dir) = cfg.socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        undo.created_dirs.extend(preflight::create_dirs(dir)?);
+    }
+    if prepared.socket == preflight::SocketPath::Stale {
+        std::fs::remove_file(&cfg.socket)
+            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
+    }
+    let listener = bind_socket(&cfg.socket)?;
+    let socket_guard = RemoveOnDrop(cfg.socket.clone());
+    let mut read_only_guard = None;
+    let read_only_listener = match &prepared.read_only {
+        Some((path, state)) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                undo.created_dirs.extend(preflight::create_dirs(dir)?);
+            }
+            if *state == preflight::SocketPath::Stale {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing the stale socket {}", path.display()))?;
+            }
+            let l = bind_read_only(path, prepared.read_only_gid)?;
+            read_only_guard = Some(RemoveOnDrop(path.clone()));
+            Some(l)
+        }
+        None => None,
+    };
+    Ok(Sockets {
+        listener,
+        socket_guard,
+        read_only_listener,
+        read_only_guard,
+    })
+}
+
+/// `--fresh`: removes the maps pinned by an earlier run (the running
+/// program keeps its maps until the new one replaces it); the pins made
+/// from here on are this start's.
+///
+/// # Errors
+/// A pin that cannot be removed.
+fn discard_fresh_pins(undo: &mut Undo) -> anyhow::Result<()> {
+    if let Some(dir) = undo.fresh.take() {
+        let removed = crate::datapath::maps::remove_pins(dir.as_path())?;
+        tracing::warn!(
+            "--fresh: removed {} map pins in {} (the running program keeps its maps until \
+             the new one replaces it)",
+            removed.len(),
+            dir.display()
+        );
+        undo.new_map_pins = Some(dir);
+    }
+    Ok(())
+}
+
+/// Applies the configuration file `file` (read as `desired`) at a start:
+/// what the file changed since it was last applied, the runtime changes
+/// kept (a restart is not a reload); never an empty file over running
+/// VIPs, nor one that sweeps most of a VIP's backends away without
+/// `--force`. The state file is written after.
+///
+/// # Errors
+/// The configuration refused (the links this start created end), the
+/// state file not written.
+fn apply_config_at_start(
+    cfg: &DaemonConfig,
+    lb: &mut Balancer,
+    store: &mut crate::model::persist::StateFile,
+    file: &Path,
+    desired: &crate::model::config::Config,
+) -> anyhow::Result<()> {
+    // A restart is not a reload: what the file changed since it was
+    // last applied is applied, and what was changed at runtime (a
+    // drain, a weight) is kept unless the file changed it too.
+    let how = crate::balancer::ApplyHow {
+        source: crate::model::config::source_name(file),
+        refuse_sweep: !cfg.force_config,
+        ..Default::default()
+    };
+    let applied = if desired.vips.is_empty() && !lb.state().vips.is_empty() {
+        // An empty or truncated file never removes every VIP at a
+        // start: `apply --allow-empty` does, if that is what is meant.
+        tracing::warn!(
+            "config {}: it holds no VIP: not applied, the {} running VIPs are kept \
+             (`balancer apply --allow-empty -f {}` removes them)",
+            file.display(),
+            lb.state().vips.len(),
+            file.display()
+        );
+        Ok(Default::default())
+    } else {
+        lb.apply_config(desired, how)
+    };
+    match applied {
+        Ok(applied) if !applied.swept.is_empty() => {
+            // A file cut short still parses: one that would take most
+            // of a VIP's backends away is not applied at a start.
+            tracing::warn!(
+                "config {}: not applied, the running state is kept: it would remove {} \
+                 (a file cut short is the usual cause; `run --force`, or `balancer apply \
+                 -f {}`, applies it)",
+                file.display(),
+                applied.swept.join("; "),
+                file.display()
+            );
+        }
+        Ok(applied) => {
+            for c in &applied.changes {
+                tracing::info!("config {}: {c}", file.display());
+            }
+            for k in &applied.kept {
+                tracing::info!("config {}: {k}", file.display());
+            }
+            store
+                .save(&lb.snapshot())
+                .context("writing the state file after applying the configuration")?;
+        }
+        Err(e) => {
+            lb.detach_new();
+            return Err(anyhow::Error::new(e)
+                .context(format!("applying the configuration {}", file.display())));
+        }
+    }
+    Ok(())
+}
+
+/// Ends the pinned links of interfaces that are not among this run's.
+///
+/// # Errors
+/// The link directory cannot be read, or a pin removed.
+fn unpin_other_interfaces(cfg: &DaemonConfig, link_dir: Option<&Path>) -> anyhow::Result<()> {
+    if let Some(dir) = link_dir {
         for stale in links::pinned_interfaces(dir)? {
             if !cfg.interfaces.contains(&stale) {
                 links::unpin(&dir.join(links::pin_name(&stale)))?;
@@ -420,17 +588,32 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             }
         }
     }
-    tracing::info!("control socket {}", cfg.socket.display());
-    let mut lb = lb;
-    // Every long-running loop is a service of this set: one stop ends them
-    // all, and one that ends on its own stops the daemon
-    // (crate::daemon::services).
+    Ok(())
+}
+
+/// What the services serve on, bound at start.
+struct Listeners {
+    control: UnixListener,
+    read_only: Option<UnixListener>,
+    metrics: Option<tokio::net::TcpListener>,
+    cluster: Option<tokio::net::UdpSocket>,
+}
+
+/// Starts every long-running loop as a service of one set
+/// (crate::daemon::services): one stop ends them all, and one that ends on
+/// its own stops the daemon. Returns them, the balancer as they share it,
+/// and what a `detach` request notifies.
+async fn start_services(
+    cfg: &DaemonConfig,
+    mut lb: Balancer,
+    store: &Arc<std::sync::Mutex<crate::model::persist::StateFile>>,
+    listeners: Listeners,
+) -> (Services, Arc<Mutex<Balancer>>, Arc<Notify>) {
     let mut services = Services::new();
     if let Some(logger) = lb.take_datapath_log() {
         services.add_optional(services::datapath_log::DatapathLog { logger });
     }
     let lb = Arc::new(Mutex::new(lb));
-
     let daemon_metrics = Arc::new(DaemonMetrics::default());
     // The cluster sync's state: shared with the sweep, whose rounds
     // refresh the peers.
@@ -456,7 +639,58 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         lb: lb.clone(),
         stats_every: cfg.stats_interval,
     });
-    let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
+    start_cluster(cfg, &mut services, &lb, sync, listeners.cluster).await;
+    services.add(services::state_file::StateFileKeeper {
+        lb: lb.clone(),
+        store: store.clone(),
+    });
+    let stop = Arc::new(Notify::new());
+    let shared = Arc::new(control::Shared {
+        lb: lb.clone(),
+        store: store.clone(),
+        stop: stop.clone(),
+    });
+    services.add(services::api::ControlApi {
+        listener: listeners.control,
+        shared: shared.clone(),
+        access: Access::Root,
+    });
+    if let Some(l) = listeners.read_only {
+        services.add(services::api::ControlApi {
+            listener: l,
+            shared: shared.clone(),
+            access: Access::ReadOnly,
+        });
+    }
+    if let Some(p) = &cfg.read_only_socket {
+        tracing::info!("read-only control socket {}", p.display());
+    }
+    if let Some(l) = listeners.metrics {
+        if let Ok(a) = l.local_addr() {
+            tracing::info!("metrics on http://{a}/metrics");
+        }
+        services.add(services::api::Metrics {
+            listener: l,
+            source: Arc::new(Source {
+                lb: lb.clone(),
+                daemon: daemon_metrics.clone(),
+            }),
+        });
+    }
+    (services, lb, stop)
+}
+
+/// The cluster's services: the flow sync (with `--cluster-listen`) and the
+/// announcements (with it or `--bgp-dir`), the cluster's view set before
+/// the first request.
+async fn start_cluster(
+    cfg: &DaemonConfig,
+    services: &mut Services,
+    lb: &Arc<Mutex<Balancer>>,
+    sync: Option<Arc<Mutex<crate::cluster::sync::Sync>>>,
+    socket: Option<tokio::net::UdpSocket>,
+) {
+    let cluster = cfg.cluster.clone().zip(socket).map(|(c, sock)| {
         tracing::info!(
             "cluster sync on {} with peers {:?} (flows every {:?}, all every {:?}, load every {:?})",
             c.listen,
@@ -482,7 +716,10 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
             );
         }
     }
-    if cluster.is_some() || cfg.bgp.is_some() {
+    if cluster.is_none() && cfg.bgp.is_none() {
+        return;
+    }
+    {
         // The view exists from the first request on (`cluster status`,
         // `cluster drain` right after a start).
         // The balancer's lock first, then the sync's (the order every
@@ -502,80 +739,30 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         );
         l.set_cluster_view(v);
     }
-    if cluster.is_some() || cfg.bgp.is_some() {
-        if let Some(b) = &cfg.bgp {
-            tracing::info!(
-                "bgp: announcing through BIRD at {} (routes in {})",
-                b.birdc_socket.display(),
-                b.dir.display()
-            );
-        }
-        services.add(services::cluster::Announcements {
-            lb: lb.clone(),
-            sync: cluster.clone(),
-            cfg: cfg.cluster.clone(),
-            bgp: cfg.bgp.clone(),
-        });
+    if let Some(b) = &cfg.bgp {
+        tracing::info!(
+            "bgp: announcing through BIRD at {} (routes in {})",
+            b.birdc_socket.display(),
+            b.dir.display()
+        );
     }
-    services.add(services::state_file::StateFileKeeper {
+    services.add(services::cluster::Announcements {
         lb: lb.clone(),
-        store: store.clone(),
+        sync: cluster.clone(),
+        cfg: cfg.cluster.clone(),
+        bgp: cfg.bgp.clone(),
     });
-    let stop = Arc::new(Notify::new());
-    let shared = Arc::new(control::Shared {
-        lb: lb.clone(),
-        store: store.clone(),
-        stop: stop.clone(),
-    });
-    services.add(services::api::ControlApi {
-        listener,
-        shared: shared.clone(),
-        access: Access::Root,
-    });
-    if let Some(l) = read_only_listener {
-        services.add(services::api::ControlApi {
-            listener: l,
-            shared: shared.clone(),
-            access: Access::ReadOnly,
-        });
-    }
-    if let Some(p) = &cfg.read_only_socket {
-        tracing::info!("read-only control socket {}", p.display());
-    }
-    if let Some(l) = metrics_listener {
-        if let Ok(a) = l.local_addr() {
-            tracing::info!("metrics on http://{a}/metrics");
-        }
-        services.add(services::api::Metrics {
-            listener: l,
-            source: Arc::new(Source {
-                lb: lb.clone(),
-                daemon: daemon_metrics.clone(),
-            }),
-        });
-    }
-    // systemd (Type=notify): serving from here on. Without NOTIFY_SOCKET
-    // this does nothing.
-    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
-        tracing::warn!("telling systemd the daemon is ready failed: {e}");
-    }
-    tracing::debug!("services: {}", services.running().join(", "));
-    let mut fault = None;
-    let detached = tokio::select! {
-        _ = sigint.recv() => false,
-        _ = sigterm.recv() => false,
-        _ = stop.notified() => true,
-        f = services.fault() => {
-            tracing::error!("{f}: stopping (the data path keeps forwarding)");
-            fault = Some(f);
-            false
-        }
-    };
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-    // One stop for every service, the announcements' included, before the
-    // VIPs are withdrawn: each is told to stop and ends after the step it
-    // is in; one still running after services::STOP_GRACE is aborted.
-    services.stop().await;
+}
+
+/// After the services stopped: the VIPs withdrawn from BGP, the state file
+/// written once more, what happens to the program said.
+async fn finish(
+    cfg: &DaemonConfig,
+    lb: &Mutex<Balancer>,
+    store: &std::sync::Mutex<crate::model::persist::StateFile>,
+    detached: bool,
+    private_pins: bool,
+) {
     if let Some(b) = &cfg.bgp {
         // Withdrawn before the daemon goes: the routers move the flows to
         // the other balancers (which hold them, synced) while this one
@@ -615,15 +802,6 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         );
     } else {
         tracing::info!("stopping; detaching from {}", interfaces.join(", "));
-    }
-    drop(lb);
-    drop(socket_guard);
-    drop(read_only_guard);
-    drop(pin_lock);
-    match fault {
-        // A non-zero exit: the service manager restarts the daemon.
-        Some(f) => bail!("{f}"),
-        None => Ok(()),
     }
 }
 
