@@ -11,7 +11,9 @@
 //! 3. no function of the product crates (balancer-common, the eBPF
 //!    crate's programs, this crate's library and binary) is over
 //!    [`MAX_FN_LINES`] lines, from its `fn` line to its closing brace
-//!    (test items left out), but the data tables of [`DATA_TABLES`].
+//!    (test items left out), but the data tables of [`DATA_TABLES`];
+//! 4. the facade, `Balancer`, has fewer than [`MAX_BALANCER_FIELDS`]
+//!    fields: each concern is a part of its own (issue 42).
 //!
 //! An import is any path in the code that names a module of the crate:
 //! `crate::a::b` paths, `super::` and `self::` paths, paths that start with
@@ -89,6 +91,9 @@ const PRODUCT_ROOTS: &[&str] = &[
     "balancer-user/src/lib.rs",
     "balancer-user/src/main.rs",
 ];
+
+/// `Balancer` has fewer fields than this.
+const MAX_BALANCER_FIELDS: usize = 12;
 
 /// A module path in its crate (`["model", "state"]`; the root is `[]`).
 type ModPath = Vec<String>;
@@ -1079,4 +1084,105 @@ fn the_length_check_catches_a_long_function() {
         no_longer_long(base, &["lib.rs"], &[("a.rs", "table"), ("lib.rs", "fine")]),
         ["lib.rs: fn fine"]
     );
+}
+
+/// The fields of the struct `name` defined in `code` (braced; `None`
+/// when it is not defined there).
+fn struct_fields(code: &str, name: &str) -> Option<Vec<String>> {
+    let b = code.as_bytes();
+    let k = code.match_indices("struct").find_map(|(k, _)| {
+        let keyword = (k == 0 || !(b[k - 1].is_ascii_alphanumeric() || b[k - 1] == b'_'))
+            && b.get(k + 6).is_some_and(u8::is_ascii_whitespace);
+        let rest = code[k + 6..].trim_start();
+        let named =
+            rest.starts_with(name) && !rest[name.len()..].starts_with(|c: char| ident_char(c));
+        (keyword && named).then_some(k)
+    })?;
+    let open = k + code[k..].find(['{', ';', '('])?;
+    if b[open] != b'{' {
+        return Some(Vec::new());
+    }
+    let end = item_end(code, open);
+    let body = &code[open + 1..end - 1];
+    // Split at the commas outside brackets of any kind; attributes go.
+    let mut fields = Vec::new();
+    let mut depth = 0i32;
+    let mut field = String::new();
+    for c in body.chars() {
+        match c {
+            '(' | '[' | '{' | '<' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            '>' if !field.ends_with('-') => depth -= 1,
+            _ => {}
+        }
+        if c == ',' && depth == 0 {
+            fields.push(std::mem::take(&mut field));
+        } else {
+            field.push(c);
+        }
+    }
+    fields.push(field);
+    Some(
+        fields
+            .into_iter()
+            .map(|f| {
+                let mut f = f.trim().to_string();
+                while f.starts_with("#[") {
+                    let e = f.find(']').map_or(f.len(), |e| e + 1);
+                    f = f[e..].trim().to_string();
+                }
+                f
+            })
+            .filter(|f| !f.is_empty())
+            .map(|f| f.split(':').next().unwrap_or_default().trim().to_string())
+            .collect(),
+    )
+}
+
+/// The fields of `Balancer` in this crate's library.
+fn balancer_fields(base: &Path) -> Vec<String> {
+    read_crate(&base.join("balancer-user/src/lib.rs"))
+        .values()
+        .find_map(|f| struct_fields(&f.code, "Balancer"))
+        .expect("pub struct Balancer is defined in the library")
+}
+
+#[test]
+fn the_balancer_has_few_fields() {
+    let fields = balancer_fields(&workspace());
+    assert!(fields.len() > 2, "{fields:?} read");
+    assert!(
+        fields.len() < MAX_BALANCER_FIELDS,
+        "Balancer has {} fields (fewer than {MAX_BALANCER_FIELDS}: give a concern a part of its \
+         own): {}",
+        fields.len(),
+        fields.join(", ")
+    );
+}
+
+#[test]
+fn the_field_check_catches_a_wide_balancer() {
+    // Eleven fields pass, twelve do not; attributes and types with
+    // commas and arrows are read as one field each.
+    let fields = |n: usize| -> String {
+        (0..n)
+            .map(|i| {
+                format!("    #[allow(dead_code)]\n    f{i}: BTreeMap<u8, fn(u8) -> (u8, u8)>,\n")
+            })
+            .collect()
+    };
+    for (n, ok) in [(11, true), (12, false)] {
+        let lib = format!(
+            "pub struct Other {{ a: u8 }}\npub struct Balancer {{\n{}}}\n",
+            fields(n)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("balancer-user/src");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("lib.rs"), lib).unwrap();
+        let f = balancer_fields(dir.path());
+        assert_eq!(f.len(), n, "{f:?}");
+        assert_eq!(f[n - 1], format!("f{}", n - 1));
+        assert_eq!(f.len() < MAX_BALANCER_FIELDS, ok);
+    }
 }
