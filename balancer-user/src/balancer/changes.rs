@@ -1,31 +1,11 @@
 //! The changes of the desired state as the balancer makes them: the
-//! public verbs (each one [`Command`] through [`Balancer::execute`]), the
-//! writers [`Balancer::write`] calls once a command is checked, and the
-//! map publication they share (slots and reply tables before the VIP's
-//! list names them; orphans before a slot is cleared).
-
-use std::sync::Arc;
-
-use balancer_common::{
-    consistent::{vip_seed, CandidateRow, CANDIDATE_ROWS},
-    Addr,
-};
+//! public verbs (each one [`Command`] through [`Balancer::execute`]), a
+//! configuration file's plan ([`Balancer::apply_config`]), a persisted
+//! state restored or rolled back to, and the one transaction they all
+//! take: validate -> prepare -> project -> sync (docs/design.md, "The
+//! control plane: one transaction").
 
 use super::*;
-use crate::signals::candidates::{CandidateTable, Member};
-
-/// A VIP's candidate table as last computed, with the rows in slots.
-#[derive(Debug)]
-pub(super) struct VipTable {
-    table: CandidateTable,
-    /// The members it was computed for (sorted).
-    members: Vec<Member>,
-    /// The slot of each backend of the VIP.
-    slots: BTreeMap<SocketAddr, u32>,
-    seed: u64,
-    /// The rows in slots; `None` when they must be computed again.
-    rows: Option<Arc<Vec<CandidateRow>>>,
-}
 
 impl Balancer {
     // ---- VIPs ----
@@ -72,7 +52,7 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, an invalid value, map failure.
     pub fn set_vip(&mut self, addr: SocketAddr, patch: &VipPatch) -> Result<()> {
-        let new = patch.apply(&self.state.vip(&addr)?.settings);
+        let new = patch.apply(&self.desired.state.vip(&addr)?.settings);
         self.execute(&[Command::SetVip(addr, new)])
     }
 
@@ -85,51 +65,12 @@ impl Balancer {
         self.execute(&[Command::SetVip(addr, new)])
     }
 
-    /// Addresses of the backends of direct-return VIPs (L2 DSR, IP-in-IP,
-    /// GUE): the kernel must know the next hop's MAC address towards each
-    /// before the data path can send to it
-    /// ([`crate::datapath::netdev::resolve_neighbours`]). A NATed frame with no
-    /// neighbour entry yet is handed to the kernel, which forwards it and
-    /// resolves the next hop itself; an L2 DSR frame cannot be (its
-    /// destination is the VIP), nor can a tunnel (its outer source is this
-    /// host's own address, which the kernel drops as a martian on input).
-    pub fn direct_return_backend_addrs(&self) -> Vec<IpAddr> {
-        let set: BTreeSet<IpAddr> = self
-            .state
-            .vips
-            .values()
-            .filter(|v| v.settings.mode.direct_return())
-            .flat_map(|v| v.backends.iter().map(|b| b.addr.ip()))
-            .collect();
-        set.into_iter().collect()
-    }
-
     /// Removes a VIP with its backends and flows.
     ///
     /// # Errors
     /// Unknown VIP, map failure.
     pub fn remove_vip(&mut self, addr: SocketAddr) -> Result<()> {
         self.execute(&[Command::RemoveVip(addr)])
-    }
-
-    /// The VIPs.
-    pub fn list_vips(&self) -> Vec<VipView> {
-        self.state
-            .vips
-            .values()
-            .map(|v| {
-                let (list, fallback) = self.eligibility.list(&self.state, v);
-                VipView {
-                    vip: v.addr,
-                    settings: v.settings.clone(),
-                    backends: v.backends.len(),
-                    eligible: if fallback { 0 } else { list.len() },
-                    receiving: list.len(),
-                    fallback,
-                    locality: self.telemetry().locality(v),
-                }
-            })
-            .collect()
     }
 
     // ---- backends ----
@@ -177,36 +118,8 @@ impl Balancer {
         addr: SocketAddr,
         patch: &BackendPatch,
     ) -> Result<()> {
-        let c = self.backend_command(vip, addr, patch)?;
+        let c = self.desired.backend_command(vip, addr, patch)?;
         self.execute(&[c])
-    }
-
-    /// The [`Command::SetBackend`] of a patch: the fields it leaves out
-    /// keep their running values.
-    ///
-    /// # Errors
-    /// Unknown VIP or backend.
-    pub(super) fn backend_command(
-        &self,
-        vip: SocketAddr,
-        addr: SocketAddr,
-        patch: &BackendPatch,
-    ) -> Result<Command> {
-        let b = self.state.backend(&vip, &addr)?;
-        Ok(Command::SetBackend(
-            vip,
-            addr,
-            patch.weight.unwrap_or(b.weight),
-            match &patch.health {
-                Some(h) => h.clone().into_option(),
-                None => b.health.clone(),
-            },
-            match &patch.zone {
-                Some(z) if z.is_empty() => None,
-                Some(z) => Some(z.clone()),
-                None => b.zone.clone(),
-            },
-        ))
     }
 
     /// Drains a backend: no new flows, existing flows continue.
@@ -262,11 +175,11 @@ impl Balancer {
         cmds: &[Command],
     ) -> std::result::Result<State, (usize, BalancerError)> {
         let rules = Rules {
-            host: (self.host_addresses)().map_err(|e| (0, e))?,
-            tombstones: self.retired.vip_indexes_oldest_first(),
+            host: self.host.now().map_err(|e| (0, e))?,
+            tombstones: self.desired.retired.vip_indexes_oldest_first(),
             clustered: self.cluster_view.is_some(),
         };
-        let mut next = self.state.clone();
+        let mut next = self.desired.state.clone();
         for (k, c) in cmds.iter().enumerate() {
             next.apply(c, &rules).map_err(|e| (k, e))?;
         }
@@ -285,7 +198,7 @@ impl Balancer {
     /// Map failure.
     pub(super) fn commit(&mut self, next: State) -> Result<()> {
         let before = self.snapshot();
-        let prev = std::mem::replace(&mut self.state, next);
+        let prev = std::mem::replace(&mut self.desired.state, next);
         let done = self.prepare(&prev).and_then(|freed| {
             self.sync()?;
             Ok(freed)
@@ -300,7 +213,7 @@ impl Balancer {
             }
         };
         if let Some(v) = &mut self.cluster_view {
-            v.drained = self.state.cluster_drained;
+            v.drained = self.desired.state.cluster_drained;
         }
         self.remove_flows_of(&freed)
     }
@@ -320,59 +233,80 @@ impl Balancer {
     /// Map failure.
     fn prepare(&mut self, prev: &State) -> Result<BTreeSet<(u32, u32)>> {
         let now = Instant::now();
-        for (addr, old) in &prev.vips {
-            let nat = old.settings.mode == crate::model::state::ForwardingMode::Nat;
-            let Some(new) = self.state.vips.get(addr) else {
-                // No tombstone for a host address: its own service gets the
-                // port back at once.
-                if !old.settings.allow_host_address {
-                    self.retired.add_vip(*addr, old.index, now);
-                }
-                if nat {
-                    for b in &old.backends {
-                        self.retired.add_backend(b.addr, *addr, now);
-                    }
-                }
-                continue;
-            };
-            if nat {
-                for b in &old.backends {
-                    if !new.backends.iter().any(|x| x.addr == b.addr) {
-                        self.retired.add_backend(b.addr, *addr, now);
-                    }
-                }
-            }
-        }
-        self.retired.forget_present(&self.state);
-        for gone in self.retired.forget_overtaken(&self.state) {
-            tracing::info!(
-                "VIP table full: the slot of {gone}, removed earlier and kept for its late \
-                 segments' resets, goes to a new VIP"
-            );
-        }
-        for v in self.state.vips.values() {
-            if prev.vips.get(&v.addr).map(|o| o.index) != Some(v.index) {
-                self.maps.reset_traffic(Traffic::Vip, v.index)?;
-                self.maps.reset_choice_stats(v.index)?;
-                self.regret.reset(v.index);
-            }
-        }
-        for (addr, server) in &self.state.servers {
-            if prev.servers.get(addr) != Some(server) {
-                self.maps.set_count(Count::Server(*server), 0)?;
-                self.maps.clear_server_fails(*server)?;
-            }
-        }
+        self.desired.retire(prev, now);
+        self.zero_new_indexes(prev)?;
         let old_slots: BTreeSet<(u32, u32)> = prev.slots().into_iter().collect();
-        let new_slots: BTreeSet<(u32, u32)> = self.state.slots().into_iter().collect();
+        let new_slots: BTreeSet<(u32, u32)> = self.desired.state.slots().into_iter().collect();
+        let dsr = self.join(prev, &old_slots, now)?;
+        self.signals
+            .eligibility_mut()
+            .forget_gone(&self.desired.state);
+        if !dsr.is_empty() {
+            // The first SYN must find their MACs known.
+            netdev::resolve_neighbours(&dsr);
+        }
+        // Orphans first, while the flows still work: from the moment a slot
+        // is cleared, a segment of its flows must find its orphan (a
+        // backend's segment passed un-rewritten meanwhile would reach the
+        // client with the backend's address, and the client's kernel would
+        // reset the backend).
+        let freed: BTreeSet<(u32, u32)> = old_slots.difference(&new_slots).copied().collect();
+        if !freed.is_empty() {
+            let at = crate::datapath::gc::datapath_now_ns();
+            for k in self.kernel.maps.live_flows_of(&freed) {
+                self.kernel
+                    .maps
+                    .add_orphan(&k, orphan_reason::BACKEND_REMOVED, at)?;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// [`Balancer::prepare`]'s new VIP indexes and server indexes: each
+    /// starts at zero counters (traffic, choices, regret; connections,
+    /// failure streaks) whatever an earlier holder left.
+    ///
+    /// # Errors
+    /// Map failure.
+    fn zero_new_indexes(&mut self, prev: &State) -> Result<()> {
+        let maps = &mut self.kernel.maps;
+        for v in self.desired.state.vips.values() {
+            if prev.vips.get(&v.addr).map(|o| o.index) != Some(v.index) {
+                maps.reset_traffic(Traffic::Vip, v.index)?;
+                maps.reset_choice_stats(v.index)?;
+                self.signals.regret_mut().reset(v.index);
+            }
+        }
+        for (addr, server) in &self.desired.state.servers {
+            if prev.servers.get(addr) != Some(server) {
+                maps.set_count(Count::Server(*server), 0)?;
+                maps.clear_server_fails(*server)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Balancer::prepare`]'s joining backends: a new slot (not in
+    /// `old_slots`) starts at zero counters; new and undrained backends
+    /// start slow start. Returns the addresses of the new backends of
+    /// direct-return VIPs (their neighbours are to be resolved).
+    ///
+    /// # Errors
+    /// Map failure.
+    fn join(
+        &mut self,
+        prev: &State,
+        old_slots: &BTreeSet<(u32, u32)>,
+        now: Instant,
+    ) -> Result<Vec<IpAddr>> {
         let mut dsr = Vec::new();
-        for v in self.state.vips.values() {
+        for v in self.desired.state.vips.values() {
             let was = prev.vips.get(&v.addr);
             let mut joining = Vec::new();
             for b in &v.backends {
                 if !old_slots.contains(&(b.slot, b.generation)) {
-                    self.maps.set_count(Count::Slot(b.slot), 0)?;
-                    self.maps.reset_traffic(Traffic::Backend, b.slot)?;
+                    self.kernel.maps.set_count(Count::Slot(b.slot), 0)?;
+                    self.kernel.maps.reset_traffic(Traffic::Backend, b.slot)?;
                     joining.push(b.addr);
                     if v.settings.mode.direct_return() {
                         dsr.push(b.addr.ip());
@@ -388,28 +322,12 @@ impl Balancer {
                 }
             }
             if !joining.is_empty() {
-                self.eligibility.start_ramp(&self.state, v, &joining, now);
+                self.signals
+                    .eligibility_mut()
+                    .start_ramp(&self.desired.state, v, &joining, now);
             }
         }
-        self.eligibility.forget_gone(&self.state);
-        if !dsr.is_empty() {
-            // The first SYN must find their MACs known.
-            netdev::resolve_neighbours(&dsr);
-        }
-        // Orphans first, while the flows still work: from the moment a slot
-        // is cleared, a segment of its flows must find its orphan (a
-        // backend's segment passed un-rewritten meanwhile would reach the
-        // client with the backend's address, and the client's kernel would
-        // reset the backend).
-        let freed: BTreeSet<(u32, u32)> = old_slots.difference(&new_slots).copied().collect();
-        if !freed.is_empty() {
-            let at = crate::datapath::gc::datapath_now_ns();
-            for k in self.maps.live_flows_of(&freed) {
-                self.maps
-                    .add_orphan(&k, orphan_reason::BACKEND_REMOVED, at)?;
-            }
-        }
-        Ok(freed)
+        Ok(dsr)
     }
 
     /// Removes the flows pinned to freed slots (their orphans were written
@@ -423,117 +341,25 @@ impl Balancer {
             return Ok(());
         }
         let at = crate::datapath::gc::datapath_now_ns();
-        for k in &self.maps.remove_flows_of(freed) {
-            self.maps
+        for k in &self.kernel.maps.remove_flows_of(freed) {
+            self.kernel
+                .maps
                 .add_orphan(k, orphan_reason::BACKEND_REMOVED, at)?;
         }
         Ok(())
     }
 
-    /// Brings the candidate table of each VIP with consistent candidates
-    /// up to its eligible set (members: the eligible backends with their
-    /// configured weights, not slow start's, which moves every 100 ms and
-    /// differs between balancers): incrementally when the set changed
-    /// ([`CandidateTable::update`]), its rows in slots when either changed.
-    fn refresh_tables(&mut self) {
-        let secret = self.candidate_secret;
-        self.tables.retain(|a, _| {
-            self.state
-                .vips
-                .get(a)
-                .is_some_and(|v| !v.settings.candidates.is_random())
-        });
-        for v in self.state.vips.values() {
-            if v.settings.candidates.is_random() {
-                continue;
-            }
-            let (list, _) = self.eligibility.list(&self.state, v);
-            let mut members: Vec<Member> = v
-                .backends
-                .iter()
-                .filter(|b| list.contains(&b.slot))
-                .map(|b| Member {
-                    addr: b.addr,
-                    weight: b.weight,
-                })
-                .collect();
-            members.sort();
-            let slots: BTreeMap<SocketAddr, u32> =
-                v.backends.iter().map(|b| (b.addr, b.slot)).collect();
-            let seed = vip_seed(secret, &Addr::from(v.addr.ip()), v.addr.port());
-            let t = match self.tables.remove(&v.addr) {
-                Some(mut t) if t.seed == seed => {
-                    if t.members != members {
-                        t.table.update(&members);
-                        t.members = members;
-                        t.rows = None;
-                    }
-                    if t.slots != slots {
-                        t.slots = slots;
-                        t.rows = None;
-                    }
-                    t
-                }
-                _ => VipTable {
-                    table: CandidateTable::new(seed, &members),
-                    members,
-                    slots,
-                    seed,
-                    rows: None,
-                },
-            };
-            self.tables.insert(v.addr, t);
-        }
-        for t in self.tables.values_mut() {
-            if t.rows.is_none() {
-                let rows = (0..CANDIDATE_ROWS)
-                    .map(|r| {
-                        let row = t.table.row(r);
-                        match (row.first().and_then(|a| t.slots.get(a)), row.get(1)) {
-                            (Some(s0), second) => {
-                                CandidateRow::new(*s0, second.and_then(|a| t.slots.get(a)).copied())
-                            }
-                            (None, _) => CandidateRow::default(),
-                        }
-                    })
-                    .collect();
-                t.rows = Some(Arc::new(rows));
-            }
-        }
-    }
-
-    /// The inputs of the projection now: each VIP's eligible list, each
-    /// slot's weight (slow start), the host's addresses as last read, the
-    /// candidate rows.
+    /// The inputs of the projection now: the host's addresses as last
+    /// read, the candidate rows, each VIP's eligible list and each slot's
+    /// weight (slow start, the latency signal).
     pub(super) fn inputs(&self) -> Inputs {
-        let now = Instant::now();
         let mut inputs = Inputs {
-            host_addrs: self.host_addrs.iter().flatten().copied().collect(),
+            host_addrs: self.host.addrs().collect(),
             ..Inputs::default()
         };
-        for (a, t) in &self.tables {
-            if let Some(rows) = &t.rows {
-                inputs.candidates.insert(*a, (t.seed, rows.clone()));
-            }
-        }
-        for v in self.state.vips.values() {
-            let (list, fallback) = self.eligibility.list(&self.state, v);
-            if !fallback && self.locality.keeps_to_zone(v) {
-                inputs
-                    .projected
-                    .insert(v.addr, self.locality.project(v, list.clone()));
-            }
-            inputs.lists.insert(v.addr, (list, fallback));
-            let fastest = self.latency.fastest(&self.state, v);
-            for b in &v.backends {
-                let w = self.latency.weight(
-                    self.eligibility.weight_units(v, b, now),
-                    fastest,
-                    self.state.server(&b.addr),
-                );
-                inputs.weights.insert(b.slot, w);
-            }
-        }
+        self.candidates.fill_inputs(&mut inputs);
+        self.signals
+            .fill_inputs(&self.desired.state, &mut inputs, Instant::now());
         inputs
     }
 
@@ -544,59 +370,183 @@ impl Balancer {
     /// # Errors
     /// Map failure.
     pub(super) fn sync(&mut self) -> Result<crate::datapath::maps::SyncReport> {
-        if self.host_addrs.is_none() {
-            self.read_host_addrs();
-        }
-        self.refresh_tables();
+        self.host.read_if_unknown();
+        self.candidates
+            .refresh(&self.desired.state, self.signals.eligibility());
         let inputs = self.inputs();
-        self.warn_starved(&inputs);
-        let want = project(&self.state, &self.retired, &inputs);
+        self.signals.warn_starved(&self.desired.state, &inputs);
+        let want = project(&self.desired.state, &self.desired.retired, &inputs);
         // The programs first: a map entry asks for nothing they lack.
-        self.specialise(want.features())?;
-        self.maps.sync(&want)
+        self.kernel.specialise(want.features())?;
+        self.kernel.maps.sync(&want)
     }
 
-    /// Reads the host's addresses again (a failed read keeps the last
-    /// list).
-    pub(super) fn read_host_addrs(&mut self) {
-        if let Ok(a) = (self.host_addresses)() {
-            self.host_addrs = Some(a.into_iter().collect());
+    /// Applies the configuration file `desired` (`balancer apply`, `run
+    /// --config`): what the file changed since it was last applied, merged
+    /// into the running state ([`crate::model::config::merge`]; the whole file
+    /// with `exact` or for a first file), then the changes
+    /// [`crate::model::config::plan`] lists, in its order, each as its own API
+    /// call would make it. Returns them, one line each, and the runtime
+    /// values kept against the file's. With `dry_run` nothing changes; the
+    /// configuration is still checked. All of the
+    /// changes, or none: every change is first checked against the running
+    /// state as changed by the ones before it ([`Balancer::check_plan`]:
+    /// values, duplicates, room in every table), so a refusal comes before
+    /// anything is touched and no connection of a VIP or backend the plan
+    /// removes is lost to a change that is then refused. A map failure
+    /// half-way rolls the maps and the timeouts back.
+    ///
+    /// # Errors
+    /// An invalid configuration (the VIP or backend named), a change
+    /// refused (a mode change of a VIP with backends, a full table), a
+    /// configuration without VIPs while VIPs run and `allow_empty` is not
+    /// set, map failure.
+    pub fn apply_config(
+        &mut self,
+        desired: &crate::model::config::Config,
+        how: ApplyHow,
+    ) -> Result<Applied> {
+        let ApplyHow {
+            dry_run,
+            allow_empty,
+            exact,
+            source,
+            refuse_sweep,
+        } = how;
+        check_config(desired)?;
+        let current = self.export_config();
+        let merged = match self.desired.applied.get(&source) {
+            Some(last) if !exact => crate::model::config::merge(last, desired, &current),
+            _ => crate::model::config::Merged {
+                target: desired.clone(),
+                kept: Vec::new(),
+            },
+        };
+        let changes = crate::model::config::plan(&current, &merged.target);
+        let removes_vips = changes.iter().any(|c| matches!(c, Command::RemoveVip(_)));
+        if desired.vips.is_empty() && removes_vips && !allow_empty {
+            return Err(BalancerError::Invalid {
+                what: "configuration",
+                reason: format!(
+                    "it holds no VIP: applying it would remove all {} running VIPs and every \
+                     connection through them; nothing was applied (an empty or truncated file is \
+                     usually a mistake: `apply --allow-empty` means it)",
+                    self.desired.state.vips.len()
+                ),
+            });
         }
-    }
-
-    /// A VIP whose backends are all out of new connections is worth a
-    /// warning when it happens, and a line when it ends.
-    fn warn_starved(&mut self, inputs: &Inputs) {
-        self.starved.retain(|a| self.state.vips.contains_key(a));
-        for v in self.state.vips.values() {
-            let Some((list, fallback)) = inputs.lists.get(&v.addr) else {
-                continue;
-            };
-            let none_left = match (fallback, list.is_empty(), v.backends.is_empty()) {
-                (true, _, _) => Some(format!(
-                    "VIP {}: no backend is healthy: new connections go to all {} backends in \
-                     service (no_healthy = fallback)",
-                    v.addr,
-                    list.len()
-                )),
-                (false, true, false) => Some(format!(
-                    "VIP {}: no backend takes new connections (all drained, unhealthy or \
-                     ejected): new connections are refused",
-                    v.addr
-                )),
-                _ => None,
-            };
-            match (none_left, self.starved.contains(&v.addr)) {
-                (Some(m), false) => {
-                    tracing::warn!("{m}");
-                    self.starved.insert(v.addr);
-                }
-                (None, true) => {
-                    tracing::info!("VIP {}: backends take new connections again", v.addr);
-                    self.starved.remove(&v.addr);
-                }
-                _ => {}
+        let lines: Vec<String> = changes.iter().map(Command::describe).collect();
+        if refuse_sweep {
+            let swept = crate::model::config::sweeping_removals(&current, &changes);
+            if !swept.is_empty() {
+                return Ok(Applied {
+                    changes: lines,
+                    swept,
+                    ..Applied::default()
+                });
             }
         }
+        let next = self
+            .validate(&changes)
+            .map_err(|(k, e)| BalancerError::Invalid {
+                what: "configuration",
+                reason: format!(
+                    "change {} of {} ({}): {e}; nothing was applied",
+                    k + 1,
+                    changes.len(),
+                    lines[k]
+                ),
+            })?;
+        let done = Applied {
+            changes: lines,
+            kept: merged.kept,
+            takes_away_only: changes.iter().all(Command::takes_traffic_away),
+            swept: Vec::new(),
+        };
+        if dry_run {
+            return Ok(done);
+        }
+        if !changes.is_empty() {
+            self.commit(next).map_err(|e| BalancerError::Invalid {
+                what: "configuration",
+                reason: format!(
+                    "writing its {} changes: {e}; nothing was applied",
+                    changes.len()
+                ),
+            })?;
+        }
+        self.desired.applied.insert(source, desired.clone());
+        Ok(done)
+    }
+
+    /// Re-applies a persisted state to the maps: after a restart, or to
+    /// roll back to a [`Balancer::snapshot`].
+    ///
+    /// # Errors
+    /// When the state does not fit the tables or a map write fails; the maps
+    /// may then hold part of it and the caller should not serve.
+    pub fn restore(&mut self, persisted: Persisted) -> Result<()> {
+        self.restore_with(persisted, true)
+    }
+
+    /// [`Balancer::restore`] of a [`Balancer::snapshot`] taken before a
+    /// change that is undone: the entries the change wrote are removed
+    /// without the warning a start gives for entries the state file lacks.
+    ///
+    /// # Errors
+    /// As [`Balancer::restore`].
+    pub fn rollback(&mut self, before: Persisted) -> Result<()> {
+        self.restore_with(before, false)
+    }
+
+    fn restore_with(&mut self, persisted: Persisted, at_start: bool) -> Result<()> {
+        let Persisted {
+            mut state,
+            applied,
+            retired,
+        } = persisted;
+        // A state file written before server indexes existed gets them now.
+        for a in state.backend_uses().into_keys() {
+            state.server_for(a)?;
+        }
+        // A source rate on a direct-return VIP, accepted by earlier builds,
+        // is refused now: dropped with a warning rather than refusing to
+        // serve every VIP.
+        for w in state.drop_direct_return_rates() {
+            tracing::warn!("state file: {w}");
+        }
+        state.validate()?;
+        // The host's addresses change outside the balancer's control: one
+        // that came to hold a VIP or a backend since the change that added
+        // it is worth a warning, not a refusal to serve every VIP.
+        match self.host.now() {
+            Ok(host) => {
+                for v in state.vips.values() {
+                    if let Err(e) = check_vip_not_host(v.addr, &v.settings, &host) {
+                        tracing::warn!("state file: {e}");
+                    }
+                    for b in &v.backends {
+                        if let Err(e) = check_backend_not_host(v.addr, b.addr, &host) {
+                            tracing::warn!("state file: {e}");
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+        self.desired.restore(state, applied, &retired);
+        self.signals
+            .eligibility_mut()
+            .forget_gone(&self.desired.state);
+        // One sync to the state's projection: entries no state accounts
+        // for (a change the state file never received) go, so the maps
+        // hold the state file's content.
+        let gone = self.sync()?.removed;
+        if gone > 0 && at_start {
+            tracing::warn!("removed {gone} map entries the state file does not hold");
+        } else if gone > 0 {
+            tracing::debug!("rollback: removed {gone} map entries");
+        }
+        Ok(())
     }
 }

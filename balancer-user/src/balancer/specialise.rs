@@ -29,7 +29,10 @@ use aya::{
 };
 use balancer_common::{features, map_names, programs};
 
-use super::{program_missing, program_open_failed, Balancer, LoadOptions, PROGRAM};
+use super::{
+    kernel::{program_missing, program_mut, program_open_failed, Attachment, Kernel},
+    LoadOptions, PROGRAM,
+};
 use crate::{
     datapath::links::Held,
     model::error::{BalancerError, Result},
@@ -288,7 +291,7 @@ fn pin_error(path: &Path, e: aya::pin::PinError) -> BalancerError {
     }
 }
 
-impl Balancer {
+impl Kernel {
     /// The features the loaded programs carry (`balancer_common::features`).
     pub fn features(&self) -> u64 {
         self.loaded.features
@@ -304,7 +307,7 @@ impl Balancer {
     /// far and `want`'s (never fewer: a feature goes with a restart),
     /// reusing every map, and swaps the new programs in: the stages'
     /// entries, then each interface's link (atomic replacements). Logged
-    /// and counted ([`Balancer::program_swaps`]).
+    /// and counted ([`Kernel::program_swaps`]).
     ///
     /// # Errors
     /// The load refused (nothing changed), or a link replacement refused
@@ -358,8 +361,8 @@ impl Balancer {
     /// attach type never meet, would leave that one interface without
     /// the balancer when its link was not pinned.)
     fn move_links(&mut self, new: &mut Ebpf) -> Result<()> {
-        let new_prog = super::program_mut(new)?;
-        let old_prog = super::program_mut(&mut self.ebpf)?;
+        let new_prog = program_mut(new)?;
+        let old_prog = program_mut(&mut self.ebpf)?;
         let all = std::mem::take(&mut self.attached);
         let (attached, failed) = swap_links(all, usize::MAX, old_prog, new_prog);
         let Some((done, e)) = failed else {
@@ -377,11 +380,11 @@ impl Balancer {
 /// list back (a refused attachment left out: its link is gone unless
 /// pinned), and the refusal with how many moved before it.
 fn swap_links(
-    list: Vec<super::Attachment>,
+    list: Vec<Attachment>,
     n: usize,
     from: &mut Xdp,
     to: &mut Xdp,
-) -> (Vec<super::Attachment>, Option<(usize, BalancerError)>) {
+) -> (Vec<Attachment>, Option<(usize, BalancerError)>) {
     let mut out = Vec::with_capacity(list.len());
     let mut failed = None;
     for (i, mut a) in list.into_iter().enumerate() {

@@ -36,6 +36,7 @@ use balancer_common::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
+use tokio_util::sync::CancellationToken;
 
 pub use crate::{
     datapath::wire::{Refresh, SyncedSlots, WireFlow},
@@ -1142,123 +1143,32 @@ impl Queue {
     }
 }
 
-/// Runs the sync until the task is dropped: says hello, then ticks, reports
-/// and receives. A tick reads the desired state under the balancer's lock,
-/// walks the flow tables (batched reads, on descriptors of its own) with no
-/// lock held, and takes only the sync's lock to decide what to send; the
-/// datagrams go out paced ([`PACE_PER_SECOND`]). Received datagrams are
-/// read in batches and applied under one hold of both locks. Where both
-/// locks are held, the balancer's is taken before the sync's (as
-/// [`keep_announced`] does): the one order, no deadlock.
+/// Runs the sync until `shutdown` is cancelled (it then returns after the
+/// step it is in, and its walker after its walk): says hello, then ticks,
+/// reports and receives. A tick reads the desired state under the
+/// balancer's lock, walks the flow tables (batched reads, on descriptors
+/// of its own) with no lock held, and takes only the sync's lock to decide
+/// what to send; the datagrams go out paced ([`PACE_PER_SECOND`]).
+/// Received datagrams are read in batches and applied under one hold of
+/// both locks. Where both locks are held, the balancer's is taken before
+/// the sync's (as [`keep_announced`] does): the one order, no deadlock.
 pub async fn run(
     lb: Arc<Mutex<Balancer>>,
     sync: Arc<Mutex<Sync>>,
     cfg: ClusterConfig,
     sock: UdpSocket,
+    shutdown: CancellationToken,
 ) {
-    let node = {
-        let mut s = sync.lock().await;
-        s.use_peer_loads = !cfg.load_report_interval.is_zero();
-        s.node
+    let Some((mut link, tables)) = Link::open(&lb, &sync, cfg, sock).await else {
+        return;
     };
-    let granted = size_buffers(&sock, cfg.socket_buffer);
-    if granted < cfg.socket_buffer {
-        tracing::warn!(
-            "cluster sync: the socket's receive buffer is {granted} bytes, not {} \
-             (no CAP_NET_ADMIN?): a peer's whole table may overflow it",
-            cfg.socket_buffer
-        );
-    }
-    // The data path's flow events: this task's from now on (turned on
-    // as it is taken).
-    let mut ring = match lb.lock().await.take_flow_events() {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!("cluster sync: the flow events cannot be turned on: {e}");
-            None
-        }
-    };
-    let tables = match lb.lock().await.maps().flow_tables() {
-        Ok(t) => Arc::new(std::sync::Mutex::new(t)),
-        Err(e) => {
-            tracing::error!("cluster sync: the flow tables cannot be opened: {e}");
-            return;
-        }
-    };
-    let hello = postcard::to_allocvec(&Message::Hello { node }).unwrap_or_default();
-    let mut tally = Tally::default();
-    // Sequence numbers start at this start's CLOCK_REALTIME.
-    let mut seq = Sequencer::default();
-    send_all(
-        &sock,
-        &cfg.peers,
-        cfg.key.as_deref(),
-        &mut seq,
-        &[hello],
-        &mut tally,
-    )
-    .await;
-    // The walker: every sync interval it reads the data path's lost-event
-    // count, and walks
-    // the whole table only when it is due (a peer's hello, this start,
-    // lost events); the loop below reads the events and sends from the
-    // queue at the pace, whatever a walk costs.
-    let queue = Arc::new(std::sync::Mutex::new(Queue::default()));
-    let walker = {
-        let (lb, sync, cfg) = (lb.clone(), sync.clone(), cfg.clone());
-        tokio::spawn(async move {
-            let mut log = crate::serve::logs::RateLimitedLog::default();
-            loop {
-                tokio::time::sleep(cfg.sync_interval).await;
-                let (now_slots, lost) = {
-                    let lb = lb.lock().await;
-                    (
-                        SyncedSlots::of(lb.state()),
-                        lb.maps().counter(balancer_common::Counter::FlowEventsLost),
-                    )
-                };
-                let full = {
-                    let mut s = sync.lock().await;
-                    s.stats.ticks += 1;
-                    if let Ok(n) = lost {
-                        s.events_lost(n);
-                    }
-                    s.take_full(cfg.refresh_interval)
-                };
-                if !full {
-                    continue;
-                }
-                let tables = tables.clone();
-                let walked =
-                    tokio::task::spawn_blocking(move || -> Result<(Vec<WireFlow>, u64)> {
-                        let started = Instant::now();
-                        let now_ns = datapath_now_ns();
-                        let mut t = tables.lock().unwrap_or_else(|p| p.into_inner());
-                        let mut own = Vec::new();
-                        for table in FlowTable::ALL {
-                            own.extend(own_flows(t.read_all(table)?, &now_slots, now_ns));
-                        }
-                        Ok((own, started.elapsed().as_micros() as u64))
-                    })
-                    .await;
-                match walked {
-                    Ok(Ok((own, us))) => {
-                        let mut s = sync.lock().await;
-                        s.stats.last_walk_us = us;
-                        s.full(own);
-                    }
-                    Ok(Err(e)) => {
-                        sync.lock().await.full_requested = true;
-                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
-                    }
-                    Err(e) => {
-                        sync.lock().await.full_requested = true;
-                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
-                    }
-                }
-            }
-        })
-    };
+    let walker = spawn_walker(
+        lb.clone(),
+        sync.clone(),
+        link.cfg.clone(),
+        tables,
+        shutdown.clone(),
+    );
     // Aborted with this task.
     struct AbortOnDrop(tokio::task::JoinHandle<()>);
     impl Drop for AbortOnDrop {
@@ -1266,7 +1176,7 @@ pub async fn run(
             self.0.abort();
         }
     }
-    let _walker = AbortOnDrop(walker);
+    let mut walker = AbortOnDrop(walker);
     const PACE_EVERY: Duration = Duration::from_millis(10);
     let mut pace = tokio::time::interval(PACE_EVERY);
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1274,10 +1184,10 @@ pub async fn run(
         ((PACE_PER_SECOND as u128 * PACE_EVERY.as_nanos() / 1_000_000_000) as usize).max(1);
     let bulk_per_pace =
         ((BULK_PACE_PER_SECOND as u128 * PACE_EVERY.as_nanos() / 1_000_000_000) as usize).max(1);
-    let report_every = if cfg.load_report_interval.is_zero() {
+    let report_every = if link.cfg.load_report_interval.is_zero() {
         Duration::from_secs(3600)
     } else {
-        cfg.load_report_interval
+        link.cfg.load_report_interval
     };
     let stale_after = report_every * 3;
     let mut report = tokio::time::interval(report_every);
@@ -1286,103 +1196,295 @@ pub async fn run(
     let mut log = crate::serve::logs::RateLimitedLog::default();
     loop {
         tokio::select! {
-            _ = pace.tick() => {
-                let events = match ring.as_mut() {
-                    Some(r) => read_events(r, EVENTS_PER_READ),
-                    None => Vec::new(),
-                };
-                let out = if events.is_empty() {
-                    sync.lock().await.take_outbox()
-                } else {
-                    // The desired state now (a backend added since the
-                    // walker's last look has flows already): the balancer's
-                    // lock first, as everywhere.
-                    let lb = lb.lock().await;
-                    let slots = SyncedSlots::of(lb.state());
-                    let mut s = sync.lock().await;
-                    s.on_events(&events, &slots, datapath_now_ns());
-                    s.take_outbox()
-                };
-                if !out.urgent.is_empty() || !out.bulk.is_empty() {
-                    let dropped = queue.lock().unwrap_or_else(|p| p.into_inner()).push(out);
-                    if dropped > 0 {
-                        let mut s = sync.lock().await;
-                        s.stats.queue_dropped += dropped as u64;
-                        s.repair_requested = true;
-                    }
-                }
-                let d = queue.lock().unwrap_or_else(|p| p.into_inner()).take(per_pace, bulk_per_pace);
-                if !d.is_empty() {
-                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut tally).await;
-                }
+            _ = shutdown.cancelled() => break,
+            _ = pace.tick() => link.pace(&lb, &sync, per_pace, bulk_per_pace).await,
+            _ = report.tick(), if !link.cfg.load_report_interval.is_zero() => {
+                link.report(&lb, &sync, stale_after).await;
             }
-            _ = report.tick(), if !cfg.load_report_interval.is_zero() => {
-                let out = {
-                    let mut lb = lb.lock().await;
-                    let mut s = sync.lock().await;
-                    let _ = s.publish_peer_loads(&mut lb, stale_after);
-                    s.load_report(&mut lb)
-                };
-                if let Ok(d) = out {
-                    send_all(&sock, &cfg.peers, cfg.key.as_deref(), &mut seq, &d, &mut tally)
-                        .await;
-                }
-            }
-            r = sock.recv_from(&mut buf) => {
+            r = link.sock.recv_from(&mut buf) => {
                 let Ok((n, from)) = r else { continue };
-                // This one and whatever else is queued, up to a batch.
-                let mut got = vec![(buf[..n].to_vec(), from)];
-                while got.len() < RECEIVE_BATCH {
-                    match sock.try_recv_from(&mut buf) {
-                        Ok((n, from)) => got.push((buf[..n].to_vec(), from)),
-                        Err(_) => break,
-                    }
-                }
-                let mut admitted = Vec::with_capacity(got.len());
-                let (mut not_from_peer, mut bad_auth) = (0, 0);
-                for (d, from) in got {
-                    let from = canonical(from);
-                    // Only the configured peers, from their sync port (a
-                    // peer sends from the socket it listens on), may write
-                    // here.
-                    let Some(peer) = cfg.peers.iter().copied().find(|p| canonical(*p) == from)
-                    else {
-                        not_from_peer += 1;
-                        continue;
-                    };
-                    let payload = match &cfg.key {
-                        Some(k) => match open(k, &d) {
-                            Some(p) => p.to_vec(),
-                            None => {
-                                bad_auth += 1;
-                                continue;
-                            }
-                        },
-                        None => d,
-                    };
-                    admitted.push((peer, payload));
-                }
-                let mut lb = lb.lock().await;
+                link.receive(&lb, &sync, &mut buf, (n, from), stale_after, &mut log)
+                    .await;
+            }
+        }
+        link.account(&sync).await;
+    }
+    // The walker stops at the same signal, after the walk it is in.
+    let _ = (&mut walker.0).await;
+}
+
+/// The walker: every sync interval it reads the data path's lost-event
+/// count, and walks the whole table only when it is due (a peer's hello,
+/// this start, lost events); [`run`]'s loop reads the events and sends
+/// from the queue at the pace, whatever a walk costs. It returns at
+/// `shutdown`.
+fn spawn_walker(
+    lb: Arc<Mutex<Balancer>>,
+    sync: Arc<Mutex<Sync>>,
+    cfg: ClusterConfig,
+    tables: Arc<std::sync::Mutex<crate::datapath::maps::FlowTables>>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut log = crate::serve::logs::RateLimitedLog::default();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(cfg.sync_interval) => {}
+            }
+            let (now_slots, lost) = {
+                let lb = lb.lock().await;
+                (
+                    SyncedSlots::of(lb.state()),
+                    lb.maps().counter(balancer_common::Counter::FlowEventsLost),
+                )
+            };
+            let full = {
                 let mut s = sync.lock().await;
-                s.stats.not_from_peer += not_from_peer;
-                s.stats.bad_auth += bad_auth;
-                for (peer, payload) in admitted {
-                    if let Err(e) = s.receive(&mut lb, peer, &payload, stale_after) {
-                        log.warn(Instant::now(), || format!("cluster sync: {e}"));
-                    }
+                s.stats.ticks += 1;
+                if let Ok(n) = lost {
+                    s.events_lost(n);
+                }
+                s.take_full(cfg.refresh_interval)
+            };
+            if !full {
+                continue;
+            }
+            let tables = tables.clone();
+            let walked = tokio::task::spawn_blocking(move || -> Result<(Vec<WireFlow>, u64)> {
+                let started = Instant::now();
+                let now_ns = datapath_now_ns();
+                let mut t = tables.lock().unwrap_or_else(|p| p.into_inner());
+                let mut own = Vec::new();
+                for table in FlowTable::ALL {
+                    own.extend(own_flows(t.read_all(table)?, &now_slots, now_ns));
+                }
+                Ok((own, started.elapsed().as_micros() as u64))
+            })
+            .await;
+            match walked {
+                Ok(Ok((own, us))) => {
+                    let mut s = sync.lock().await;
+                    s.stats.last_walk_us = us;
+                    s.full(own);
+                }
+                Ok(Err(e)) => {
+                    sync.lock().await.full_requested = true;
+                    log.warn(Instant::now(), || format!("cluster sync: {e}"));
+                }
+                Err(e) => {
+                    sync.lock().await.full_requested = true;
+                    log.warn(Instant::now(), || format!("cluster sync: {e}"));
                 }
             }
         }
-        if tally.errors + tally.datagrams > 0 {
+    })
+}
+
+/// The sync's side of the socket: the peers, what was sent (sequence
+/// numbers, counts), the datagrams waiting for their turn under the pace,
+/// and the data path's flow events this task reads.
+struct Link {
+    sock: UdpSocket,
+    cfg: ClusterConfig,
+    seq: Sequencer,
+    tally: Tally,
+    queue: Queue,
+    ring: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+}
+
+impl Link {
+    /// Takes the flow events (turned on as they are taken) and opens the
+    /// flow tables for the walker, then says hello to the peers; `None`
+    /// (logged) when the tables cannot be opened.
+    async fn open(
+        lb: &Mutex<Balancer>,
+        sync: &Mutex<Sync>,
+        cfg: ClusterConfig,
+        sock: UdpSocket,
+    ) -> Option<(
+        Link,
+        Arc<std::sync::Mutex<crate::datapath::maps::FlowTables>>,
+    )> {
+        let node = {
             let mut s = sync.lock().await;
-            s.stats.send_errors += tally.errors;
-            s.stats.datagrams_sent += tally.datagrams;
-            s.stats.bytes_sent += tally.bytes;
-            s.stats.queued = queue
-                .lock()
-                .map(|q| (q.urgent.len() + q.bulk.len()) as u64)
-                .unwrap_or(0);
-            tally = Tally::default();
+            s.use_peer_loads = !cfg.load_report_interval.is_zero();
+            s.node
+        };
+        let granted = size_buffers(&sock, cfg.socket_buffer);
+        if granted < cfg.socket_buffer {
+            tracing::warn!(
+                "cluster sync: the socket's receive buffer is {granted} bytes, not {} \
+                 (no CAP_NET_ADMIN?): a peer's whole table may overflow it",
+                cfg.socket_buffer
+            );
+        }
+        // The data path's flow events: this task's from now on (turned on
+        // as it is taken).
+        let ring = match lb.lock().await.take_flow_events() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cluster sync: the flow events cannot be turned on: {e}");
+                None
+            }
+        };
+        let tables = match lb.lock().await.maps().flow_tables() {
+            Ok(t) => Arc::new(std::sync::Mutex::new(t)),
+            Err(e) => {
+                tracing::error!("cluster sync: the flow tables cannot be opened: {e}");
+                return None;
+            }
+        };
+        let hello = postcard::to_allocvec(&Message::Hello { node }).unwrap_or_default();
+        let mut link = Link {
+            sock,
+            cfg,
+            seq: Sequencer::default(),
+            tally: Tally::default(),
+            queue: Queue::default(),
+            ring,
+        };
+        // Sequence numbers start at this start's CLOCK_REALTIME.
+        link.send(&[hello]).await;
+        Some((link, tables))
+    }
+
+    /// Sends `datagrams` to every peer ([`send_all`]).
+    async fn send(&mut self, datagrams: &[Vec<u8>]) {
+        send_all(
+            &self.sock,
+            &self.cfg.peers,
+            self.cfg.key.as_deref(),
+            &mut self.seq,
+            datagrams,
+            &mut self.tally,
+        )
+        .await;
+    }
+
+    /// A pace tick: the flow events read and turned into datagrams, which
+    /// join the queue; then up to `per_pace` of the queue sent (at most
+    /// `bulk_per_pace` of them bulk).
+    async fn pace(
+        &mut self,
+        lb: &Mutex<Balancer>,
+        sync: &Mutex<Sync>,
+        per_pace: usize,
+        bulk_per_pace: usize,
+    ) {
+        let events = match self.ring.as_mut() {
+            Some(r) => read_events(r, EVENTS_PER_READ),
+            None => Vec::new(),
+        };
+        let out = if events.is_empty() {
+            sync.lock().await.take_outbox()
+        } else {
+            // The desired state now (a backend added since the walker's
+            // last look has flows already): the balancer's lock first, as
+            // everywhere.
+            let lb = lb.lock().await;
+            let slots = SyncedSlots::of(lb.state());
+            let mut s = sync.lock().await;
+            s.on_events(&events, &slots, datapath_now_ns());
+            s.take_outbox()
+        };
+        if !out.urgent.is_empty() || !out.bulk.is_empty() {
+            let dropped = self.queue.push(out);
+            if dropped > 0 {
+                let mut s = sync.lock().await;
+                s.stats.queue_dropped += dropped as u64;
+                s.repair_requested = true;
+            }
+        }
+        let d = self.queue.take(per_pace, bulk_per_pace);
+        if !d.is_empty() {
+            self.send(&d).await;
+        }
+    }
+
+    /// A report tick: the peers' last reports published, this balancer's
+    /// load sent.
+    async fn report(&mut self, lb: &Mutex<Balancer>, sync: &Mutex<Sync>, stale_after: Duration) {
+        let out = {
+            let mut lb = lb.lock().await;
+            let mut s = sync.lock().await;
+            let _ = s.publish_peer_loads(&mut lb, stale_after);
+            s.load_report(&mut lb)
+        };
+        if let Ok(d) = out {
+            self.send(&d).await;
+        }
+    }
+
+    /// The datagram `got` (its length in `buf`, its sender) and whatever
+    /// else is queued, up to a batch: those from configured peers (and
+    /// authentic, with a key) applied under one hold of both locks.
+    async fn receive(
+        &mut self,
+        lb: &Mutex<Balancer>,
+        sync: &Mutex<Sync>,
+        buf: &mut [u8],
+        got: (usize, SocketAddr),
+        stale_after: Duration,
+        log: &mut crate::serve::logs::RateLimitedLog,
+    ) {
+        let (n, from) = got;
+        // This one and whatever else is queued, up to a batch.
+        let mut got = vec![(buf[..n].to_vec(), from)];
+        while got.len() < RECEIVE_BATCH {
+            match self.sock.try_recv_from(buf) {
+                Ok((n, from)) => got.push((buf[..n].to_vec(), from)),
+                Err(_) => break,
+            }
+        }
+        let mut admitted = Vec::with_capacity(got.len());
+        let (mut not_from_peer, mut bad_auth) = (0, 0);
+        for (d, from) in got {
+            let from = canonical(from);
+            // Only the configured peers, from their sync port (a peer
+            // sends from the socket it listens on), may write here.
+            let Some(peer) = self
+                .cfg
+                .peers
+                .iter()
+                .copied()
+                .find(|p| canonical(*p) == from)
+            else {
+                not_from_peer += 1;
+                continue;
+            };
+            let payload = match &self.cfg.key {
+                Some(k) => match open(k, &d) {
+                    Some(p) => p.to_vec(),
+                    None => {
+                        bad_auth += 1;
+                        continue;
+                    }
+                },
+                None => d,
+            };
+            admitted.push((peer, payload));
+        }
+        let mut lb = lb.lock().await;
+        let mut s = sync.lock().await;
+        s.stats.not_from_peer += not_from_peer;
+        s.stats.bad_auth += bad_auth;
+        for (peer, payload) in admitted {
+            if let Err(e) = s.receive(&mut lb, peer, &payload, stale_after) {
+                log.warn(Instant::now(), || format!("cluster sync: {e}"));
+            }
+        }
+    }
+
+    /// What was sent since the last call, into the sync's counts.
+    async fn account(&mut self, sync: &Mutex<Sync>) {
+        if self.tally.errors + self.tally.datagrams > 0 {
+            let mut s = sync.lock().await;
+            s.stats.send_errors += self.tally.errors;
+            s.stats.datagrams_sent += self.tally.datagrams;
+            s.stats.bytes_sent += self.tally.bytes;
+            s.stats.queued = (self.queue.urgent.len() + self.queue.bulk.len()) as u64;
+            self.tally = Tally::default();
         }
     }
 }
@@ -1425,8 +1527,9 @@ pub fn view(
     }
 }
 
-/// Keeps the cluster's view and the BGP announcements current until the
-/// task is dropped: every 200 ms the VIPs to announce are worked out
+/// Keeps the cluster's view and the BGP announcements current until
+/// `shutdown` is cancelled (it then returns after the round it is in):
+/// every 200 ms the VIPs to announce are worked out
 /// ([`to_announce`]) and, when they differ from what BIRD has (or the last
 /// attempt failed), written and BIRD reconfigured (each attempt bounded by
 /// [`crate::cluster::bgp::BIRDC_TIMEOUT`]).
@@ -1435,13 +1538,17 @@ pub async fn keep_announced(
     sync: Option<Arc<Mutex<Sync>>>,
     cfg: Option<ClusterConfig>,
     bgp: Option<crate::cluster::bgp::BgpConfig>,
+    shutdown: CancellationToken,
 ) {
     let mut announced: Option<BTreeSet<std::net::IpAddr>> = None;
     let mut bgp_error: Option<String> = None;
     let mut log = crate::serve::logs::RateLimitedLog::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
         let ready = match &sync {
             Some(s) => {
                 let s = s.lock().await;

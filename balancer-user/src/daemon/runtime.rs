@@ -20,7 +20,10 @@ use tokio::{
 
 use crate::{
     balancer::{mode_name, Balancer, LoadOptions},
-    daemon::{preflight, services::Services},
+    daemon::{
+        preflight,
+        services::{self, Services},
+    },
     datapath::{
         gc::Timeouts,
         links::{self, Attached},
@@ -29,15 +32,12 @@ use crate::{
     model::persist::read_state,
     serve::{
         control,
-        http::{self, Access},
+        http::Access,
         metrics::{DaemonMetrics, Source},
     },
-    signals::{eligibility::Note, health::Monitor},
 };
 
 pub use control::{error_chain, handle};
-/// Period of the passive-detection and slow-start poll.
-const ELIGIBILITY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Daemon settings; every field has a documented default in the CLI.
 #[derive(Clone, Debug)]
@@ -219,13 +219,7 @@ pub fn ensure_bpffs() -> anyhow::Result<bool> {
 /// # Errors
 /// Refusals and load, attach, socket or state-file failures at start.
 pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
-    if cfg.interfaces.is_empty() {
-        bail!("no interface given: pass at least one --iface");
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
-        bail!("interface {dup} given twice");
-    }
+    check_interfaces(&cfg)?;
     tracing::info!(
         "starting on {} (pins {}, state {})",
         cfg.interfaces.join(", "),
@@ -244,164 +238,30 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     // --- Refusals, reading only.
-    let Prepared {
-        state,
-        desired,
-        socket,
-        read_only,
-        read_only_gid,
-        metrics_listener,
-        cluster_socket,
-        pin_dir_plan,
-        link_dir,
-    } = refusals(&cfg).await?;
+    let prepared = refusals(&cfg).await?;
 
     // --- Directories and locks (undone if anything below refuses).
     let mut undo = Undo::default();
-    undo.created_dirs = preflight::create_dirs(crate::model::state::dir_of(&cfg.state_file))?;
-    let lock_existed = preflight::lock_path(&cfg.state_file).exists();
-    let _state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
-    if !lock_existed {
-        undo.created_files
-            .push(preflight::lock_path(&cfg.state_file));
-    }
-    let mut pin_lock = None;
-    let mut private_pins = false;
-    if let Some(dir) = &cfg.load.pin_dir {
-        if pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) && ensure_bpffs()? {
-            tracing::warn!("{PRIVATE_BPFFS}");
-            private_pins = true;
-        }
-        undo.created_pin_dirs = preflight::create_dirs(dir)?;
-        pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
-        let maps_were_pinned = !present_pins(dir).is_empty();
-        if maps_were_pinned && !cfg.fresh {
-            if state.is_none() {
-                bail!(
-                    "maps are pinned in {} but there is no state file {}: they may belong to \
-                     another state file. Point --state-file at the right file, or pass --fresh \
-                     to remove the pinned maps (their established connections are lost)",
-                    dir.display(),
-                    cfg.state_file.display()
-                );
-            }
-            check_pins(
-                dir,
-                cfg.load.flow_table_size,
-                cfg.load.half_open_table_size,
-                cfg.load.affinity_table_size,
-            )?;
-        }
-        if !maps_were_pinned && state.as_ref().is_some_and(|s| !s.state.vips.is_empty()) {
-            tracing::warn!(
-                "state file {} found but no pinned maps in {} (bpffs remounted or pins \
-                 removed): connections established before this start will miss and be passed",
-                cfg.state_file.display(),
-                dir.display()
-            );
-        }
-        if maps_were_pinned && cfg.fresh {
-            undo.fresh = Some(dir.clone());
-        }
-        if !maps_were_pinned {
-            undo.new_map_pins = Some(dir.clone());
-        }
-    }
+    let locks = take_locks(&cfg, &prepared, &mut undo)?;
     raise_fd_limit();
 
     // --- Changes.
-    if let Some(dir) = cfg.socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-        undo.created_dirs.extend(preflight::create_dirs(dir)?);
-    }
-    if socket == preflight::SocketPath::Stale {
-        std::fs::remove_file(&cfg.socket)
-            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
-    }
-    let listener = bind_socket(&cfg.socket)?;
-    let socket_guard = RemoveOnDrop(cfg.socket.clone());
-    let mut read_only_guard = None;
-    let read_only_listener = match &read_only {
-        Some((path, state)) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                undo.created_dirs.extend(preflight::create_dirs(dir)?);
-            }
-            if *state == preflight::SocketPath::Stale {
-                std::fs::remove_file(path)
-                    .with_context(|| format!("removing the stale socket {}", path.display()))?;
-            }
-            let l = bind_read_only(path, read_only_gid)?;
-            read_only_guard = Some(RemoveOnDrop(path.clone()));
-            Some(l)
-        }
-        None => None,
-    };
+    let sockets = bind_sockets(&cfg, &prepared, &mut undo)?;
     // Only now, with the socket ours: --fresh discards the pinned maps.
-    if let Some(dir) = undo.fresh.take() {
-        let removed = crate::datapath::maps::remove_pins(dir.as_path())?;
-        tracing::warn!(
-            "--fresh: removed {} map pins in {} (the running program keeps its maps until \
-             the new one replaces it)",
-            removed.len(),
-            dir.display()
-        );
-        undo.new_map_pins = Some(dir);
-    }
+    discard_fresh_pins(&mut undo)?;
+    let Prepared {
+        state,
+        desired,
+        metrics_listener,
+        cluster_socket,
+        link_dir,
+        ..
+    } = prepared;
     let mut lb = start_data_path(&cfg, state)?;
     lb.set_default_timeouts(cfg.timeouts);
     let mut store = crate::model::persist::StateFile::new(cfg.state_file.clone());
     if let Some((file, desired)) = cfg.config_file.as_ref().zip(desired.as_ref()) {
-        // A restart is not a reload: what the file changed since it was
-        // last applied is applied, and what was changed at runtime (a
-        // drain, a weight) is kept unless the file changed it too.
-        let how = crate::balancer::ApplyHow {
-            source: crate::model::config::source_name(file),
-            refuse_sweep: !cfg.force_config,
-            ..Default::default()
-        };
-        let applied = if desired.vips.is_empty() && !lb.state().vips.is_empty() {
-            // An empty or truncated file never removes every VIP at a
-            // start: `apply --allow-empty` does, if that is what is meant.
-            tracing::warn!(
-                "config {}: it holds no VIP: not applied, the {} running VIPs are kept \
-                 (`balancer apply --allow-empty -f {}` removes them)",
-                file.display(),
-                lb.state().vips.len(),
-                file.display()
-            );
-            Ok(Default::default())
-        } else {
-            lb.apply_config(desired, how)
-        };
-        match applied {
-            Ok(applied) if !applied.swept.is_empty() => {
-                // A file cut short still parses: one that would take most
-                // of a VIP's backends away is not applied at a start.
-                tracing::warn!(
-                    "config {}: not applied, the running state is kept: it would remove {} \
-                     (a file cut short is the usual cause; `run --force`, or `balancer apply \
-                     -f {}`, applies it)",
-                    file.display(),
-                    applied.swept.join("; "),
-                    file.display()
-                );
-            }
-            Ok(applied) => {
-                for c in &applied.changes {
-                    tracing::info!("config {}: {c}", file.display());
-                }
-                for k in &applied.kept {
-                    tracing::info!("config {}: {k}", file.display());
-                }
-                store
-                    .save(&lb.snapshot())
-                    .context("writing the state file after applying the configuration")?;
-            }
-            Err(e) => {
-                lb.detach_new();
-                return Err(anyhow::Error::new(e)
-                    .context(format!("applying the configuration {}", file.display())));
-            }
-        }
+        apply_config_at_start(&cfg, &mut lb, &mut store, file, desired)?;
     }
     if store.owed().is_none() {
         // The next start then finds the state that goes with the pins (and
@@ -412,150 +272,26 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     }
     let store = Arc::new(std::sync::Mutex::new(store));
     undo.disarm();
-    if let Some(dir) = &link_dir {
-        for stale in links::pinned_interfaces(dir)? {
-            if !cfg.interfaces.contains(&stale) {
-                links::unpin(&dir.join(links::pin_name(&stale)))?;
-                tracing::info!("detached from {stale}: not among the interfaces of this run");
-            }
-        }
-    }
+    unpin_other_interfaces(&cfg, link_dir.as_deref())?;
     tracing::info!("control socket {}", cfg.socket.display());
-    let mut lb = lb;
-    // Every long-running loop is a service of this set: one stop ends them
-    // all, and one that ends on its own stops the daemon
-    // (crate::daemon::services).
-    let mut services = Services::new();
-    if let Some(logger) = lb.take_datapath_log() {
-        services.start_optional("data-path log", datapath_log_service(logger));
-    }
-    let lb = Arc::new(Mutex::new(lb));
-
-    let daemon_metrics = Arc::new(DaemonMetrics::default());
-    // The cluster sync's state: shared with the sweep, whose rounds
-    // refresh the peers.
-    let sync = cfg
-        .cluster
-        .as_ref()
-        .map(|_| Arc::new(Mutex::new(crate::cluster::sync::Sync::new())));
-    {
-        let refresh_every = cfg
-            .cluster
-            .as_ref()
-            .map_or(Duration::from_secs(60), |c| c.refresh_interval);
-        services.start(
-            "expiry sweep",
-            sweep_service(
-                lb.clone(),
-                cfg.gc_interval,
-                sync.clone(),
-                refresh_every,
-                daemon_metrics.clone(),
-            ),
-        );
-    }
-    services.start("health checks", health_service(lb.clone()));
-    services.start("eligibility", eligibility_service(lb.clone()));
-    services.start("load agents", agent_service(lb.clone()));
-    services.start("latency samples and locality", fast_service(lb.clone()));
-    services.start("stats", watch(lb.clone(), cfg.stats_interval));
-    let cluster = cfg.cluster.clone().zip(cluster_socket).map(|(c, sock)| {
-        tracing::info!(
-            "cluster sync on {} with peers {:?} (flows every {:?}, all every {:?}, load every {:?})",
-            c.listen,
-            c.peers,
-            c.sync_interval,
-            c.refresh_interval,
-            c.load_report_interval
-        );
-        let sync = sync.clone().unwrap_or_default();
-        services.start(
-            "cluster sync",
-            crate::cluster::sync::run(lb.clone(), sync.clone(), c, sock),
-        );
-        sync
-    });
-    if let Some(c) = &cfg.cluster {
-        if c.key.is_none() {
-            tracing::warn!(
-                "cluster sync is not authenticated: any host that can send from a peer's address \
-                 and port can write flows here; give every balancer the same --cluster-key-file"
-            );
-        }
-    }
-    if cluster.is_some() || cfg.bgp.is_some() {
-        // The view exists from the first request on (`cluster status`,
-        // `cluster drain` right after a start).
-        // The balancer's lock first, then the sync's (the order every
-        // cluster task takes them in).
-        let mut l = lb.lock().await;
-        let s = match &cluster {
-            Some(s) => Some(s.lock().await),
-            None => None,
-        };
-        let drained = l.state().cluster_drained;
-        let v = crate::cluster::sync::view(
-            s.as_deref(),
-            cfg.cluster.as_ref(),
-            drained,
-            &Default::default(),
-            None,
-        );
-        l.set_cluster_view(v);
-    }
-    if cluster.is_some() || cfg.bgp.is_some() {
-        if let Some(b) = &cfg.bgp {
-            tracing::info!(
-                "bgp: announcing through BIRD at {} (routes in {})",
-                b.birdc_socket.display(),
-                b.dir.display()
-            );
-        }
-        services.start(
-            "announcements",
-            crate::cluster::sync::keep_announced(
-                lb.clone(),
-                cluster.clone(),
-                cfg.cluster.clone(),
-                cfg.bgp.clone(),
-            ),
-        );
-    }
-    services.start("state file", state_file_service(lb.clone(), store.clone()));
-    let stop = Arc::new(Notify::new());
-    let shared = Arc::new(control::Shared {
-        lb: lb.clone(),
-        store: store.clone(),
-        stop: stop.clone(),
-    });
-    services.start(
-        "control API",
-        http::serve_forever(listener, shared.clone(), Access::Root),
-    );
-    if let Some(l) = read_only_listener {
-        services.start(
-            "read-only API",
-            http::serve_forever(l, shared.clone(), Access::ReadOnly),
-        );
-    }
-    if let Some(p) = &cfg.read_only_socket {
-        tracing::info!("read-only control socket {}", p.display());
-    }
-    if let Some(l) = metrics_listener {
-        if let Ok(a) = l.local_addr() {
-            tracing::info!("metrics on http://{a}/metrics");
-        }
-        services.start(
-            "metrics",
-            http::serve_metrics(
-                l,
-                Arc::new(Source {
-                    lb: lb.clone(),
-                    daemon: daemon_metrics.clone(),
-                }),
-            ),
-        );
-    }
+    let Sockets {
+        listener,
+        socket_guard,
+        read_only_listener,
+        read_only_guard,
+    } = sockets;
+    let (mut services, lb, stop) = start_services(
+        &cfg,
+        lb,
+        &store,
+        Listeners {
+            control: listener,
+            read_only: read_only_listener,
+            metrics: metrics_listener,
+            cluster: cluster_socket,
+        },
+    )
+    .await;
     // systemd (Type=notify): serving from here on. Without NOTIFY_SOCKET
     // this does nothing.
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
@@ -575,8 +311,458 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     };
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     // One stop for every service, the announcements' included, before the
-    // VIPs are withdrawn.
+    // VIPs are withdrawn: each is told to stop and ends after the step it
+    // is in; one still running after services::STOP_GRACE is aborted.
     services.stop().await;
+    finish(&cfg, &lb, &store, detached, locks.private_pins).await;
+    drop(socket_guard);
+    drop(read_only_guard);
+    drop(locks.pin);
+    match fault {
+        // A non-zero exit: the service manager restarts the daemon.
+        Some(f) => bail!("{f}"),
+        None => Ok(()),
+    }
+}
+
+/// At least one interface, none twice.
+///
+/// # Errors
+/// No interface, or one given twice.
+fn check_interfaces(cfg: &DaemonConfig) -> anyhow::Result<()> {
+    if cfg.interfaces.is_empty() {
+        bail!("no interface given: pass at least one --iface");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(dup) = cfg.interfaces.iter().find(|i| !seen.insert(*i)) {
+        bail!("interface {dup} given twice");
+    }
+    Ok(())
+}
+
+/// The locks a start holds for the daemon's life ([`take_locks`]); the
+/// pin directory's is released first.
+struct Locks {
+    /// The pin directory's lock.
+    pin: Option<preflight::Lock>,
+    /// The state file's lock.
+    _state: preflight::Lock,
+    /// bpffs was mounted in this process's own mount namespace: the pins
+    /// end with it ([`PRIVATE_BPFFS`]).
+    private_pins: bool,
+}
+
+/// The directories of the state file and of the pins created, their
+/// locks taken, bpffs mounted when the pin directory needs it, and the
+/// pinned maps checked against the state file and the table sizes; what
+/// is created is recorded in `undo`.
+///
+/// # Errors
+/// A directory or a lock refused, a mount failure, pins that do not go
+/// with the state file or the sizes.
+fn take_locks(cfg: &DaemonConfig, prepared: &Prepared, undo: &mut Undo) -> anyhow::Result<Locks> {
+    undo.created_dirs = preflight::create_dirs(crate::model::state::dir_of(&cfg.state_file))?;
+    let lock_existed = preflight::lock_path(&cfg.state_file).exists();
+    let state_lock = preflight::lock_beside(&cfg.state_file, "the state file")?;
+    if !lock_existed {
+        undo.created_files
+            .push(preflight::lock_path(&cfg.state_file));
+    }
+    let mut pin_lock = None;
+    let mut private_pins = false;
+    if let Some(dir) = &cfg.load.pin_dir {
+        if prepared.pin_dir_plan == Some(preflight::PinDir::MountSysFsBpf) && ensure_bpffs()? {
+            tracing::warn!("{PRIVATE_BPFFS}");
+            private_pins = true;
+        }
+        undo.created_pin_dirs = preflight::create_dirs(dir)?;
+        pin_lock = Some(preflight::lock_dir(dir, "the pin directory")?);
+        check_pinned_maps(cfg, dir, prepared.state.as_ref(), undo)?;
+    }
+    Ok(Locks {
+        pin: pin_lock,
+        _state: state_lock,
+        private_pins,
+    })
+}
+
+/// The maps pinned in `dir` (under its lock) against the state file and
+/// the table sizes; with `--fresh`, or none pinned, `undo` is told what
+/// to remove.
+///
+/// # Errors
+/// Pins without a state file, or of other sizes.
+fn check_pinned_maps(
+    cfg: &DaemonConfig,
+    dir: &Path,
+    state: Option<&crate::model::persist::Persisted>,
+    undo: &mut Undo,
+) -> anyhow::Result<()> {
+    let maps_were_pinned = !present_pins(dir).is_empty();
+    if maps_were_pinned && !cfg.fresh {
+        if state.is_none() {
+            bail!(
+                "maps are pinned in {} but there is no state file {}: they may belong to \
+                 another state file. Point --state-file at the right file, or pass --fresh \
+                 to remove the pinned maps (their established connections are lost)",
+                dir.display(),
+                cfg.state_file.display()
+            );
+        }
+        check_pins(
+            dir,
+            cfg.load.flow_table_size,
+            cfg.load.half_open_table_size,
+            cfg.load.affinity_table_size,
+        )?;
+    }
+    if !maps_were_pinned && state.is_some_and(|s| !s.state.vips.is_empty()) {
+        tracing::warn!(
+            "state file {} found but no pinned maps in {} (bpffs remounted or pins \
+             removed): connections established before this start will miss and be passed",
+            cfg.state_file.display(),
+            dir.display()
+        );
+    }
+    if maps_were_pinned && cfg.fresh {
+        undo.fresh = Some(dir.to_path_buf());
+    }
+    if !maps_were_pinned {
+        undo.new_map_pins = Some(dir.to_path_buf());
+    }
+    Ok(())
+}
+
+/// The control sockets, bound, each removed when its guard is dropped.
+struct Sockets {
+    listener: UnixListener,
+    socket_guard: RemoveOnDrop,
+    read_only_listener: Option<UnixListener>,
+    read_only_guard: Option<RemoveOnDrop>,
+}
+
+/// Binds the control socket and the read-only one (their directories
+/// created, stale sockets removed; recorded in `undo`).
+///
+/// # Errors
+/// A directory, a removal or a bind refused.
+fn bind_sockets(
+    cfg: &DaemonConfig,
+    prepared: &Prepared,
+    undo: &mut Undo,
+) -> anyhow::Result<Sockets> {
+    if let Some(dir) = cfg.socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        undo.created_dirs.extend(preflight::create_dirs(dir)?);
+    }
+    if prepared.socket == preflight::SocketPath::Stale {
+        std::fs::remove_file(&cfg.socket)
+            .with_context(|| format!("removing the stale socket {}", cfg.socket.display()))?;
+    }
+    let listener = bind_socket(&cfg.socket)?;
+    let socket_guard = RemoveOnDrop(cfg.socket.clone());
+    let mut read_only_guard = None;
+    let read_only_listener = match &prepared.read_only {
+        Some((path, state)) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                undo.created_dirs.extend(preflight::create_dirs(dir)?);
+            }
+            if *state == preflight::SocketPath::Stale {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing the stale socket {}", path.display()))?;
+            }
+            let l = bind_read_only(path, prepared.read_only_gid)?;
+            read_only_guard = Some(RemoveOnDrop(path.clone()));
+            Some(l)
+        }
+        None => None,
+    };
+    Ok(Sockets {
+        listener,
+        socket_guard,
+        read_only_listener,
+        read_only_guard,
+    })
+}
+
+/// `--fresh`: removes the maps pinned by an earlier run (the running
+/// program keeps its maps until the new one replaces it); the pins made
+/// from here on are this start's.
+///
+/// # Errors
+/// A pin that cannot be removed.
+fn discard_fresh_pins(undo: &mut Undo) -> anyhow::Result<()> {
+    if let Some(dir) = undo.fresh.take() {
+        let removed = crate::datapath::maps::remove_pins(dir.as_path())?;
+        tracing::warn!(
+            "--fresh: removed {} map pins in {} (the running program keeps its maps until \
+             the new one replaces it)",
+            removed.len(),
+            dir.display()
+        );
+        undo.new_map_pins = Some(dir);
+    }
+    Ok(())
+}
+
+/// Applies the configuration file `file` (read as `desired`) at a start:
+/// what the file changed since it was last applied, the runtime changes
+/// kept (a restart is not a reload); never an empty file over running
+/// VIPs, nor one that sweeps most of a VIP's backends away without
+/// `--force`. The state file is written after.
+///
+/// # Errors
+/// The configuration refused (the links this start created end), the
+/// state file not written.
+fn apply_config_at_start(
+    cfg: &DaemonConfig,
+    lb: &mut Balancer,
+    store: &mut crate::model::persist::StateFile,
+    file: &Path,
+    desired: &crate::model::config::Config,
+) -> anyhow::Result<()> {
+    // A restart is not a reload: what the file changed since it was
+    // last applied is applied, and what was changed at runtime (a
+    // drain, a weight) is kept unless the file changed it too.
+    let how = crate::balancer::ApplyHow {
+        source: crate::model::config::source_name(file),
+        refuse_sweep: !cfg.force_config,
+        ..Default::default()
+    };
+    let applied = if desired.vips.is_empty() && !lb.state().vips.is_empty() {
+        // An empty or truncated file never removes every VIP at a
+        // start: `apply --allow-empty` does, if that is what is meant.
+        tracing::warn!(
+            "config {}: it holds no VIP: not applied, the {} running VIPs are kept \
+             (`balancer apply --allow-empty -f {}` removes them)",
+            file.display(),
+            lb.state().vips.len(),
+            file.display()
+        );
+        Ok(Default::default())
+    } else {
+        lb.apply_config(desired, how)
+    };
+    match applied {
+        Ok(applied) if !applied.swept.is_empty() => {
+            // A file cut short still parses: one that would take most
+            // of a VIP's backends away is not applied at a start.
+            tracing::warn!(
+                "config {}: not applied, the running state is kept: it would remove {} \
+                 (a file cut short is the usual cause; `run --force`, or `balancer apply \
+                 -f {}`, applies it)",
+                file.display(),
+                applied.swept.join("; "),
+                file.display()
+            );
+        }
+        Ok(applied) => {
+            for c in &applied.changes {
+                tracing::info!("config {}: {c}", file.display());
+            }
+            for k in &applied.kept {
+                tracing::info!("config {}: {k}", file.display());
+            }
+            store
+                .save(&lb.snapshot())
+                .context("writing the state file after applying the configuration")?;
+        }
+        Err(e) => {
+            lb.detach_new();
+            return Err(anyhow::Error::new(e)
+                .context(format!("applying the configuration {}", file.display())));
+        }
+    }
+    Ok(())
+}
+
+/// Ends the pinned links of interfaces that are not among this run's.
+///
+/// # Errors
+/// The link directory cannot be read, or a pin removed.
+fn unpin_other_interfaces(cfg: &DaemonConfig, link_dir: Option<&Path>) -> anyhow::Result<()> {
+    if let Some(dir) = link_dir {
+        for stale in links::pinned_interfaces(dir)? {
+            if !cfg.interfaces.contains(&stale) {
+                links::unpin(&dir.join(links::pin_name(&stale)))?;
+                tracing::info!("detached from {stale}: not among the interfaces of this run");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the services serve on, bound at start.
+struct Listeners {
+    control: UnixListener,
+    read_only: Option<UnixListener>,
+    metrics: Option<tokio::net::TcpListener>,
+    cluster: Option<tokio::net::UdpSocket>,
+}
+
+/// Starts every long-running loop as a service of one set
+/// (crate::daemon::services): one stop ends them all, and one that ends on
+/// its own stops the daemon. Returns them, the balancer as they share it,
+/// and what a `detach` request notifies.
+async fn start_services(
+    cfg: &DaemonConfig,
+    mut lb: Balancer,
+    store: &Arc<std::sync::Mutex<crate::model::persist::StateFile>>,
+    listeners: Listeners,
+) -> (Services, Arc<Mutex<Balancer>>, Arc<Notify>) {
+    let mut services = Services::new();
+    if let Some(logger) = lb.take_datapath_log() {
+        services.add_optional(services::datapath_log::DatapathLog { logger });
+    }
+    let lb = Arc::new(Mutex::new(lb));
+    let daemon_metrics = Arc::new(DaemonMetrics::default());
+    // The cluster sync's state: shared with the sweep, whose rounds
+    // refresh the peers.
+    let sync = cfg
+        .cluster
+        .as_ref()
+        .map(|_| Arc::new(Mutex::new(crate::cluster::sync::Sync::new())));
+    services.add(services::sweep::Sweep {
+        lb: lb.clone(),
+        every: cfg.gc_interval,
+        sync: sync.clone(),
+        refresh_every: cfg
+            .cluster
+            .as_ref()
+            .map_or(Duration::from_secs(60), |c| c.refresh_interval),
+        metrics: daemon_metrics.clone(),
+    });
+    services.add(services::health::HealthChecks { lb: lb.clone() });
+    services.add(services::eligibility::EligibilityPoll { lb: lb.clone() });
+    services.add(services::agents::LoadAgents { lb: lb.clone() });
+    services.add(services::samples::Samples { lb: lb.clone() });
+    services.add(services::stats::Stats {
+        lb: lb.clone(),
+        stats_every: cfg.stats_interval,
+    });
+    start_cluster(cfg, &mut services, &lb, sync, listeners.cluster).await;
+    services.add(services::state_file::StateFileKeeper {
+        lb: lb.clone(),
+        store: store.clone(),
+    });
+    let stop = Arc::new(Notify::new());
+    let shared = Arc::new(control::Shared {
+        lb: lb.clone(),
+        store: store.clone(),
+        stop: stop.clone(),
+    });
+    services.add(services::api::ControlApi {
+        listener: listeners.control,
+        shared: shared.clone(),
+        access: Access::Root,
+    });
+    if let Some(l) = listeners.read_only {
+        services.add(services::api::ControlApi {
+            listener: l,
+            shared: shared.clone(),
+            access: Access::ReadOnly,
+        });
+    }
+    if let Some(p) = &cfg.read_only_socket {
+        tracing::info!("read-only control socket {}", p.display());
+    }
+    if let Some(l) = listeners.metrics {
+        if let Ok(a) = l.local_addr() {
+            tracing::info!("metrics on http://{a}/metrics");
+        }
+        services.add(services::api::Metrics {
+            listener: l,
+            source: Arc::new(Source {
+                lb: lb.clone(),
+                daemon: daemon_metrics.clone(),
+            }),
+        });
+    }
+    (services, lb, stop)
+}
+
+/// The cluster's services: the flow sync (with `--cluster-listen`) and the
+/// announcements (with it or `--bgp-dir`), the cluster's view set before
+/// the first request.
+async fn start_cluster(
+    cfg: &DaemonConfig,
+    services: &mut Services,
+    lb: &Arc<Mutex<Balancer>>,
+    sync: Option<Arc<Mutex<crate::cluster::sync::Sync>>>,
+    socket: Option<tokio::net::UdpSocket>,
+) {
+    let cluster = cfg.cluster.clone().zip(socket).map(|(c, sock)| {
+        tracing::info!(
+            "cluster sync on {} with peers {:?} (flows every {:?}, all every {:?}, load every {:?})",
+            c.listen,
+            c.peers,
+            c.sync_interval,
+            c.refresh_interval,
+            c.load_report_interval
+        );
+        let sync = sync.clone().unwrap_or_default();
+        services.add(services::cluster::ClusterSync {
+            lb: lb.clone(),
+            sync: sync.clone(),
+            cfg: c,
+            sock,
+        });
+        sync
+    });
+    if let Some(c) = &cfg.cluster {
+        if c.key.is_none() {
+            tracing::warn!(
+                "cluster sync is not authenticated: any host that can send from a peer's address \
+                 and port can write flows here; give every balancer the same --cluster-key-file"
+            );
+        }
+    }
+    if cluster.is_none() && cfg.bgp.is_none() {
+        return;
+    }
+    {
+        // The view exists from the first request on (`cluster status`,
+        // `cluster drain` right after a start).
+        // The balancer's lock first, then the sync's (the order every
+        // cluster task takes them in).
+        let mut l = lb.lock().await;
+        let s = match &cluster {
+            Some(s) => Some(s.lock().await),
+            None => None,
+        };
+        let drained = l.state().cluster_drained;
+        let v = crate::cluster::sync::view(
+            s.as_deref(),
+            cfg.cluster.as_ref(),
+            drained,
+            &Default::default(),
+            None,
+        );
+        l.set_cluster_view(v);
+    }
+    if let Some(b) = &cfg.bgp {
+        tracing::info!(
+            "bgp: announcing through BIRD at {} (routes in {})",
+            b.birdc_socket.display(),
+            b.dir.display()
+        );
+    }
+    services.add(services::cluster::Announcements {
+        lb: lb.clone(),
+        sync: cluster.clone(),
+        cfg: cfg.cluster.clone(),
+        bgp: cfg.bgp.clone(),
+    });
+}
+
+/// After the services stopped: the VIPs withdrawn from BGP, the state file
+/// written once more, what happens to the program said.
+async fn finish(
+    cfg: &DaemonConfig,
+    lb: &Mutex<Balancer>,
+    store: &std::sync::Mutex<crate::model::persist::StateFile>,
+    detached: bool,
+    private_pins: bool,
+) {
     if let Some(b) = &cfg.bgp {
         // Withdrawn before the daemon goes: the routers move the flows to
         // the other balancers (which hold them, synced) while this one
@@ -616,301 +802,6 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
         );
     } else {
         tracing::info!("stopping; detaching from {}", interfaces.join(", "));
-    }
-    drop(lb);
-    drop(socket_guard);
-    drop(read_only_guard);
-    drop(pin_lock);
-    match fault {
-        // A non-zero exit: the service manager restarts the daemon.
-        Some(f) => bail!("{f}"),
-        None => Ok(()),
-    }
-}
-
-/// Hands the data path's log records to the log as they come.
-async fn datapath_log_service(logger: crate::balancer::DatapathLog) {
-    // SAFETY: the logger owns its ring buffer's descriptor for as
-    // long as it lives, and the AsyncFd owns the logger.
-    let registered = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
-    };
-    let mut fd = match registered {
-        Ok(fd) => fd,
-        Err(e) => {
-            tracing::warn!("the data-path log cannot be read: {}", e.into_parts().1);
-            return;
-        }
-    };
-    loop {
-        let Ok(mut ready) = fd.readable_mut().await else {
-            return;
-        };
-        ready.get_inner_mut().flush();
-        ready.clear_ready();
-    }
-}
-
-/// Housekeeping: an incremental sweep of the flow tables (a slice per
-/// tick, a round per gc::SWEEP_ROUND or longer, at most gc::SWEEP_CPU of a
-/// core) that reads and expires without the balancer's lock, which it takes
-/// only to read its inputs and to settle what it did (count releases; at a
-/// round's end, the reconciliation); its rounds refresh the cluster's
-/// peers (cluster::sync::Sync::refresh_round).
-async fn sweep_service(
-    lb: Arc<Mutex<Balancer>>,
-    every: Duration,
-    sync: Option<Arc<Mutex<crate::cluster::sync::Sync>>>,
-    refresh_every: Duration,
-    metrics: Arc<DaemonMetrics>,
-) {
-    let mut failures = control::RateLimitedLog::default();
-    let mut sweep: Option<crate::datapath::gc::Sweep> = None;
-    loop {
-        tokio::time::sleep(every).await;
-        let (inputs, capacity, s) = {
-            let lb = lb.lock().await;
-            let mut s = match sweep.take() {
-                Some(s) => Ok(s),
-                None => lb.new_sweep(),
-            };
-            let inputs = lb.sweep_inputs();
-            if let (Some(sync), Ok(s)) = (&sync, s.as_mut()) {
-                if s.at_round_start() {
-                    let slots = crate::cluster::sync::SyncedSlots::of(lb.state());
-                    s.set_refresh(sync.lock().await.refresh_round(
-                        inputs.now_ns,
-                        refresh_every,
-                        slots,
-                    ));
-                }
-            }
-            (inputs, lb.table_capacity(), s)
-        };
-        let mut s = match s {
-            Ok(s) => s,
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("opening the flow tables for expiry failed: {e:#}")
-                });
-                continue;
-            }
-        };
-        let budget = s.budget(every, capacity);
-        s.time_cap = Some(every.mul_f64(crate::datapath::gc::SWEEP_CPU));
-        let started = std::time::Instant::now();
-        let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
-            let r = s.slice(&inputs, budget);
-            (s, r)
-        })
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("the expiry sweep failed: {e}")
-                });
-                continue;
-            }
-        };
-        metrics.gc_pass.observe(started.elapsed().as_secs_f64());
-        if let Some(sync) = &sync {
-            let flows = s.take_refreshed();
-            if !flows.is_empty() {
-                sync.lock().await.refreshed(&flows);
-            }
-        }
-        s.account(s.last_slice(), started.elapsed());
-        if let Err(e) = sliced {
-            failures.warn(std::time::Instant::now(), || {
-                format!("expiry sweep failed: {e:#}")
-            });
-        }
-        let mut lb = lb.lock().await;
-        match lb.settle_sweep(&mut s) {
-            Ok(Some(r)) => tracing::debug!("gc round: {r:?}"),
-            Ok(None) => {}
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("settling the expiry sweep failed: {e:#}")
-                });
-            }
-        }
-        sweep = Some(s);
-        match lb.refresh_interfaces() {
-            Ok(changed) if !changed.is_empty() => {
-                tracing::info!("interface MAC changed: {}", changed.join(", "))
-            }
-            Ok(_) => {}
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("refreshing interface MACs failed: {e:#}")
-                });
-            }
-        }
-        let probed = crate::datapath::netdev::resolve_neighbours(&lb.direct_return_backend_addrs());
-        if !probed.is_empty() {
-            tracing::debug!("resolving the next hops of direct-return backends {probed:?}");
-        }
-    }
-}
-
-/// Active health checks: one task per checked backend, kept in line with
-/// the configuration; their results change eligibility at once.
-async fn health_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
-    let (mut monitor, mut outcomes) = Monitor::new();
-    let mut resync = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            _ = resync.tick() => {
-                let targets = lb.lock().await.health_targets();
-                monitor.sync(targets);
-            }
-            Some(o) = outcomes.recv() => {
-                let mut lb = lb.lock().await;
-                match lb.record_check(&o) {
-                    Ok(msgs) => msgs.iter().for_each(Note::log),
-                    Err(e) => {
-                        failures.warn(std::time::Instant::now(), || {
-                            format!("applying a health check result failed: {e:#}")
-                        });
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Passive detection and slow start: often, and cheap (one map read per
-/// server, one write per ramping backend).
-async fn eligibility_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
-    let mut tick = tokio::time::interval(ELIGIBILITY_INTERVAL);
-    loop {
-        tick.tick().await;
-        match lb.lock().await.poll_eligibility() {
-            Ok(msgs) => msgs.iter().for_each(Note::log),
-            Err(e) => {
-                failures.warn(std::time::Instant::now(), || {
-                    format!("eligibility poll failed: {e:#}")
-                });
-            }
-        }
-    }
-}
-
-/// The agent signal (`crate::signals::agent`): polls each agent-signal VIP's
-/// backends' agents at the VIP's interval, a poll at a time per agent,
-/// each in a task of its own; a report goes into the maps as it arrives.
-async fn agent_service(lb: Arc<Mutex<Balancer>>) {
-    let mut failures = control::RateLimitedLog::default();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Result<u64, String>)>(1024);
-    let mut tick = tokio::time::interval(AGENT_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let r = tokio::select! {
-            _ = tick.tick() => {
-                let due = lb.lock().await.agent_tick(std::time::Instant::now());
-                if let Ok(due) = &due {
-                    for t in due {
-                        let tx = tx.clone();
-                        let (server, addr) = (t.server, t.addr);
-                        let timeout = t.interval.clamp(Duration::from_millis(50), Duration::from_secs(1));
-                        tokio::spawn(async move {
-                            let r = crate::signals::agent::poll(addr, timeout).await;
-                            let _ = tx.send((server, r)).await;
-                        });
-                    }
-                }
-                due.map(|_| ())
-            }
-            Some((server, r)) = rx.recv() => lb.lock().await.record_agent(server, r),
-        };
-        if let Err(e) = r {
-            failures.warn(std::time::Instant::now(), || format!("load agents: {e:#}"));
-        }
-    }
-}
-
-/// Every 20 ms, under one lock: the sampled choices' regret
-/// (`crate::signals::regret`), the latency signal's samples
-/// (`crate::signals::latency`), read from the data path's ring (it holds about
-/// 32,000; a full ring drops samples, counted `latency_samples_lost`; the
-/// averages are updated by the eligibility poll, and here when a server's
-/// first samples come), and the zone preferences decided again
-/// (`Balancer::poll_locality`).
-async fn fast_service(lb: Arc<Mutex<Balancer>>) {
-    let (mut failures, mut locality_failures) = (
-        control::RateLimitedLog::default(),
-        control::RateLimitedLog::default(),
-    );
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let mut lb = lb.lock().await;
-        if let Err(e) = lb.drain_latency() {
-            failures.warn(std::time::Instant::now(), || {
-                format!("latency samples: {e:#}")
-            });
-        }
-        if let Err(e) = lb.drain_regret() {
-            failures.warn(std::time::Instant::now(), || {
-                format!("regret samples: {e:#}")
-            });
-        }
-        if let Err(e) = lb.poll_locality() {
-            locality_failures.warn(std::time::Instant::now(), || format!("locality: {e:#}"));
-        }
-    }
-}
-
-/// How often the agent service looks for agents due a poll (the shortest
-/// interval a VIP may set, 50 ms, is a few of these).
-const AGENT_TICK: Duration = Duration::from_millis(10);
-
-/// The state file: written again when deleted or replaced, an owed write
-/// retried (crate::model::persist), every second.
-async fn state_file_service(
-    lb: Arc<Mutex<Balancer>>,
-    store: Arc<std::sync::Mutex<crate::model::persist::StateFile>>,
-) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut owed_log = control::RateLimitedLog::default();
-    loop {
-        tick.tick().await;
-        keep_state_file(&lb, &store, &mut owed_log).await;
-    }
-}
-
-/// One check of the state file ([`crate::model::persist::StateFile::check`]),
-/// logged.
-async fn keep_state_file(
-    lb: &Mutex<Balancer>,
-    store: &std::sync::Mutex<crate::model::persist::StateFile>,
-    owed_log: &mut control::RateLimitedLog,
-) {
-    use crate::model::persist::Checked;
-    let mut lb = lb.lock().await;
-    let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-    let checked = store.check(&lb.snapshot());
-    lb.set_state_unsaved(store.owed());
-    let path = store.path().display();
-    match checked {
-        Checked::Fine => {}
-        Checked::Rewritten(how) => {
-            tracing::warn!("the state file {path} was {how} while the daemon ran: written again")
-        }
-        Checked::Caught => tracing::warn!("the state file {path} is written again: up to date"),
-        Checked::StillOwed(e) => {
-            // Once per 10 s with a count, not every second.
-            owed_log.warn(std::time::Instant::now(), || {
-                format!(
-                    "the state file {path} still cannot be written ({e}); retrying every second"
-                )
-            });
-        }
     }
 }
 
@@ -1164,80 +1055,6 @@ fn bind_read_only(path: &Path, gid: Option<u32>) -> anyhow::Result<UnixListener>
             .with_context(|| format!("chmod 600 {}", path.display()))?;
     }
     Ok(l)
-}
-
-/// Every second: warns (rate-limited) when flow inserts fail (a table
-/// full), when live flows vanished unseen (evicted from a full table: the
-/// reconciliation released their counts), or when the flow table passes
-/// 90 % of its size; every `stats_every` (0: never) logs one stats line.
-async fn watch(lb: Arc<Mutex<Balancer>>, stats_every: Duration) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut last_insert_failures = None;
-    let mut last_reconciled = None;
-    let mut evicted_log = control::RateLimitedLog::default();
-    let mut last_stats = std::time::Instant::now();
-    let mut full_log = control::RateLimitedLog::default();
-    let mut occupancy_log = control::RateLimitedLog::default();
-    let mut poll_log = control::RateLimitedLog::default();
-    loop {
-        tick.tick().await;
-        let s = match lb.lock().await.stats() {
-            Ok(s) => s,
-            Err(e) => {
-                poll_log.warn(std::time::Instant::now(), || {
-                    format!("stats poll failed: {e:#}")
-                });
-                continue;
-            }
-        };
-        let now = std::time::Instant::now();
-        let failed = s.counter("drop_flow_insert");
-        if let Some(before) = last_insert_failures.filter(|b| failed > *b) {
-            full_log.warn(now, || {
-                format!(
-                    "map full: {} new flows could not be inserted (drop_flow_insert {failed}); raise --flow-table-size or --half-open-table-size",
-                    failed - before
-                )
-            });
-        }
-        last_insert_failures = Some(failed);
-        // A count above the live flows found, twice in a row: flows went
-        // without their close being seen, most often evicted from a full
-        // LRU flow table (which evicts before it holds its maximum: its
-        // free entries are kept in per-CPU lists).
-        if let Some(before) = last_reconciled.filter(|b| s.reconciled > *b) {
-            evicted_log.warn(now, || {
-                format!(
-                    "{} active connections had no live flow and were released: flows were evicted from a full flow table ({} entries of {}; raise --flow-table-size) or lost",
-                    s.reconciled - before,
-                    s.flow_table_entries.saturating_sub(s.half_open_entries),
-                    s.flow_table_size
-                )
-            });
-        }
-        last_reconciled = Some(s.reconciled);
-        let established = s.flow_table_entries.saturating_sub(s.half_open_entries);
-        if s.flow_table_size > 0 && established * 10 >= s.flow_table_size * 9 {
-            occupancy_log.warn(now, || {
-                format!(
-                    "the flow table holds {established} of {} entries: the oldest flows are evicted when it is full",
-                    s.flow_table_size
-                )
-            });
-        }
-        if !stats_every.is_zero() && now.duration_since(last_stats) >= stats_every {
-            last_stats = now;
-            tracing::info!(
-                "stats: rx {} new_flows {} misses {} live {} drops no_backend {} fib {}",
-                s.counter("rx_packets"),
-                s.counter("new_flows"),
-                s.counter("flow_misses"),
-                s.live_flows,
-                s.counter("drop_no_backend"),
-                s.counter("drop_fib")
-            );
-        }
-    }
 }
 
 fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {

@@ -888,6 +888,36 @@ impl Maps {
         // 1. Bitmaps: the union of what is and what will be.
         self.write_ports(|have, i| have | want.ports_word(i), &mut r)?;
         // 2. Slots, eligibility withdrawn only in step 6.
+        self.sync_slots_in(want, &mut r)?;
+        // 3, 4. Reply and hairpin tables.
+        self.sync_replies_in(want, &mut r)?;
+        // 5. Candidate rows and seeds before the entries that flag their
+        // VIPs consistent.
+        self.sync_candidates_in(want, &mut r)?;
+        // Source prefixes in before the entries that flag their VIPs (out
+        // at the end, after them): a VIP never has its flag without them.
+        // Limits in before the entries that flag their VIPs (zeroed at the
+        // end, after them).
+        self.sync_limits_sources_in(want, &mut r)?;
+        // QUIC server IDs before the entries that flag their VIPs.
+        self.sync_hashes(want, &mut r)?;
+        // Lists, then the entries that switch to them.
+        self.sync_vips(want, &mut r)?;
+        // 6. What goes.
+        self.sync_vips_slots_out(want, &mut r)?;
+        self.sync_replies_out(want, &mut r)?;
+        // 7. Bitmaps: exactly what will be.
+        self.write_ports(|_, i| want.ports_word(i), &mut r)?;
+        // 8. Martian sources: the old out first, to make room.
+        self.sync_martians(want, &mut r)?;
+        // 9. Source prefixes no VIP holds any more.
+        self.sync_limits_sources_out(want, &mut r)?;
+        Ok(r)
+    }
+
+    /// Step 2 of [`Maps::sync`]: the slots written, each keeping
+    /// `BACKEND_F_ELIGIBLE` until step 6.
+    fn sync_slots_in(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         for (slot, w) in &want.slots {
             let have = self.synced.slots.get(slot);
             let mut first = *w;
@@ -899,7 +929,12 @@ impl Maps {
                 r.writes += 1;
             }
         }
-        // 3, 4. Reply and hairpin tables.
+        Ok(())
+    }
+
+    /// Steps 3 and 4 of [`Maps::sync`]: `BACKEND_VIPS` and
+    /// `BACKEND_HOSTS` written.
+    fn sync_replies_in(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         for (a, w) in &want.backend_vips {
             if self.synced.backend_vips.get(a) != Some(w) {
                 self.backend_vips
@@ -918,8 +953,12 @@ impl Maps {
                 r.writes += 1;
             }
         }
-        // 5. Candidate rows and seeds before the entries that flag their
-        // VIPs consistent.
+        Ok(())
+    }
+
+    /// Step 5 of [`Maps::sync`], first: the candidate rows and seeds,
+    /// row by row (the cache says what a failed write left).
+    fn sync_candidates_in(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         for (index, (seed, rows)) in &want.candidates {
             let have = self.synced.candidates.get(index);
             if have.is_some_and(|h| h.0 == *seed && (Arc::ptr_eq(&h.1, rows) || h.1 == *rows)) {
@@ -964,10 +1003,12 @@ impl Maps {
                 return Err(map_err(map_names::CANDIDATES, "write")(e));
             }
         }
-        // Source prefixes in before the entries that flag their VIPs (out
-        // at the end, after them): a VIP never has its flag without them.
-        // Limits in before the entries that flag their VIPs (zeroed at the
-        // end, after them).
+        Ok(())
+    }
+
+    /// Step 5 of [`Maps::sync`]: limits and source prefixes, before
+    /// the entries that flag their VIPs.
+    fn sync_limits_sources_in(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         for (k, v) in &want.vip_limits {
             if self.synced.vip_limits.get(k) == Some(v) {
                 continue;
@@ -988,7 +1029,12 @@ impl Maps {
             self.synced.vip_sources.insert(*k, *v);
             r.writes += 1;
         }
-        // QUIC server IDs before the entries that flag their VIPs.
+        Ok(())
+    }
+
+    /// Step 5 of [`Maps::sync`]: QUIC server IDs and the VIP
+    /// addresses' counts, before the entries that flag their VIPs.
+    fn sync_hashes(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         let (w, gone) = sync_hash(
             &mut self.quic_servers,
             map_names::QUIC_SERVERS,
@@ -1005,7 +1051,12 @@ impl Maps {
         )?;
         r.writes += w;
         r.removed += gone;
-        // Lists, then the entries that switch to them.
+        Ok(())
+    }
+
+    /// Step 5 of [`Maps::sync`]: each changed list into its VIP's
+    /// inactive half, then the entry that switches to it.
+    fn sync_vips(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         for (addr, w) in &want.vips {
             let have = self.synced.vips.get(addr);
             let same_list = have.is_some_and(|h| h.list == w.list && h.info.index == w.info.index);
@@ -1050,7 +1101,12 @@ impl Maps {
             );
             r.writes += 1;
         }
-        // 6. What goes.
+        Ok(())
+    }
+
+    /// Step 6 of [`Maps::sync`], first: VIP entries that go, the
+    /// slots' final form (eligibility withdrawn), slots that go (zeroed).
+    fn sync_vips_slots_out(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         let gone: Vec<SocketAddr> = self
             .synced
             .vips
@@ -1086,6 +1142,12 @@ impl Maps {
             self.synced.slots.remove(&slot);
             r.removed += 1;
         }
+        Ok(())
+    }
+
+    /// Step 6 of [`Maps::sync`], then: reply entries, candidate rows
+    /// (zeroed) and hairpin entries that go.
+    fn sync_replies_out(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         let gone: Vec<SocketAddr> = self
             .synced
             .backend_vips
@@ -1139,9 +1201,12 @@ impl Maps {
             self.synced.backend_hosts.remove(&ip);
             r.removed += 1;
         }
-        // 7. Bitmaps: exactly what will be.
-        self.write_ports(|_, i| want.ports_word(i), &mut r)?;
-        // 8. Martian sources: the old out first, to make room.
+        Ok(())
+    }
+
+    /// Step 8 of [`Maps::sync`]: `MARTIAN_SOURCES`, the old out first
+    /// (at most `MARTIAN_SOURCES_LEN` entries, in `want`'s order).
+    fn sync_martians(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         let gone: Vec<((Addr, u32), u32)> = self
             .synced
             .martians
@@ -1168,7 +1233,12 @@ impl Maps {
             self.synced.martians.insert(*k, *v);
             r.writes += 1;
         }
-        // 9. Source prefixes no VIP holds any more.
+        Ok(())
+    }
+
+    /// Steps 9 and 10 of [`Maps::sync`]: source prefixes and limits no
+    /// VIP holds any more.
+    fn sync_limits_sources_out(&mut self, want: &ConfigMaps, r: &mut SyncReport) -> Result<()> {
         let gone: Vec<(u32, SourceKey)> = self
             .synced
             .vip_sources
@@ -1197,7 +1267,7 @@ impl Maps {
             self.synced.vip_limits.remove(&k);
             r.removed += 1;
         }
-        Ok(r)
+        Ok(())
     }
 
     fn write_slot(&mut self, slot: u32, b: Backend) -> Result<()> {

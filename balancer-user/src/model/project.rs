@@ -290,6 +290,16 @@ fn backend_vips(vips: &[SocketAddr]) -> BackendVips {
 ///   VIP) and the host's addresses but loopback (class LOCAL).
 pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps {
     let mut out = ConfigMaps::default();
+    project_vips(&mut out, state, retired, inputs);
+    project_backends(&mut out, state, retired, inputs);
+    project_bitmaps(&mut out, state, retired);
+    project_martians(&mut out, state, inputs);
+    out
+}
+
+/// [`project`]'s VIPs: each live VIP's entry and list, limits, source
+/// lists and QUIC server IDs; a tombstone for each retired one.
+fn project_vips(out: &mut ConfigMaps, state: &State, retired: &Retired, inputs: &Inputs) {
     let empty = (Vec::new(), false);
     for v in state.vips.values() {
         let (list, fallback) = inputs.lists.get(&v.addr).unwrap_or(&empty);
@@ -338,7 +348,12 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
             list: Vec::new(),
         });
     }
+}
 
+/// [`project`]'s backends: a slot per backend of each VIP, the VIPs of
+/// each backend (`BACKEND_VIPS`, retired ones' included) and the NAT VIP
+/// indexes of each backend host.
+fn project_backends(out: &mut ConfigMaps, state: &State, retired: &Retired, inputs: &Inputs) {
     for (addr, u) in state.backend_uses() {
         let nat = u.nat_vips();
         let server = state.server(&addr).unwrap_or(0);
@@ -400,7 +415,11 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
         }
         out.backend_hosts.insert(ip, h);
     }
+}
 
+/// [`project`]'s bitmaps: every VIP's (and tombstone's) port and address
+/// low bits, every NAT backend's and retired backend's port.
+fn project_bitmaps(out: &mut ConfigMaps, state: &State, retired: &Retired) {
     let mut set = |which: usize, key: u16| {
         let k = usize::from(key);
         out.ports[which][k / 64] |= 1 << (k % 64);
@@ -424,7 +443,11 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
     for b in retired.backends() {
         set(BACKEND_PORTS, b.port());
     }
+}
 
+/// [`project`]'s `MARTIAN_SOURCES`: the fixed prefixes, every VIP's
+/// address and the host's addresses but loopback.
+fn project_martians(out: &mut ConfigMaps, state: &State, inputs: &Inputs) {
     out.martians = MARTIAN_PREFIXES
         .iter()
         .map(|(a, len, class)| ((*a, *len), *class))
@@ -437,7 +460,6 @@ pub fn project(state: &State, retired: &Retired, inputs: &Inputs) -> ConfigMaps 
         out.martians
             .insert((Addr::from(*a), 128), martian_class::LOCAL);
     }
-    out
 }
 
 #[cfg(test)]

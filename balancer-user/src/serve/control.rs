@@ -116,7 +116,6 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
     );
     let before = changes.then(|| lb.snapshot());
     let owed_before = store.owed().is_some();
-    let mut apply_takes_away = false;
     // Every change is logged with what it changes (as the request says it).
     let what = changes.then(|| describe(&req));
     // A change of the desired state is one command: checked on a copy,
@@ -124,6 +123,43 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
     // own operations.
     let command = lb.command_of(&req);
     let keep_unsaved = matches!(&command, Some(Ok(c)) if c.takes_traffic_away());
+    let (result, apply_takes_away) = respond(lb, command, req, store);
+    match result {
+        Ok(r) => match before {
+            Some(before) => persist(
+                lb,
+                store,
+                r,
+                before,
+                owed_before,
+                keep_unsaved || apply_takes_away,
+                what.as_deref(),
+            ),
+            None => {
+                log_done(&r, what.as_deref());
+                r
+            }
+        },
+        Err(e) => {
+            if let Some(w) = &what {
+                tracing::info!("control: refused: {w}{}: {}", caller(), error_chain(&e));
+            }
+            Response::error(status_of(&e), error_chain(&e))
+        }
+    }
+}
+
+/// What `req` answers: its command carried out (`command`,
+/// [`Balancer::command_of`]), or the read or the daemon's own operation it
+/// asks for; with whether it was an apply whose every change takes
+/// traffic away.
+fn respond(
+    lb: &mut Balancer,
+    command: Option<crate::model::error::Result<crate::model::command::Command>>,
+    req: Request,
+    store: &StateFile,
+) -> (crate::model::error::Result<Response>, bool) {
+    let mut apply_takes_away = false;
     let result = match (command, req) {
         (Some(cmd), _) => cmd.and_then(|c| lb.execute(&[c])).map(|()| Response::Ok),
         (None, Request::ListVips) => Ok(Response::Vips {
@@ -233,72 +269,76 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             reason: format!("{} changes nothing here", req_name(&other)),
         }),
     };
-    match result {
-        Ok(r) => {
-            if let Some(before) = before {
-                let saved = store.save(&lb.snapshot());
-                lb.set_state_unsaved(store.owed());
-                if let Err(e) = saved {
-                    if keep_unsaved || apply_takes_away {
-                        let warning = format!(
-                            "applied, but the state file {} could not be written ({}): the \
-                             daemon retries every second; a restart before it succeeds starts \
-                             from the file's older state",
-                            store.path().display(),
-                            error_chain(&e)
-                        );
-                        tracing::error!("{warning}");
-                        log_done(&r, what.as_deref());
-                        return match r {
-                            Response::Applied {
-                                changes,
-                                kept,
-                                dry_run,
-                                ..
-                            } => Response::Applied {
-                                changes,
-                                kept,
-                                dry_run,
-                                warning: Some(warning),
-                            },
-                            _ => Response::Unsaved { warning },
-                        };
-                    }
-                    let undone = match lb.rollback(before) {
-                        Ok(()) => {
-                            // What is on disk is the state again.
-                            if !owed_before {
-                                store.forgive();
-                                lb.set_state_unsaved(None);
-                            }
-                            "the change was rolled back".to_string()
-                        }
-                        Err(r) => format!(
-                            "rolling the change back failed too ({}); restart the daemon to \
-                             return to the state file",
-                            error_chain(&r)
-                        ),
-                    };
-                    tracing::warn!("persisting the state failed: {}; {undone}", error_chain(&e));
-                    return Response::error(
-                        500,
-                        format!(
-                            "not applied: persisting the state failed: {}; {undone}",
-                            error_chain(&e)
-                        ),
-                    );
-                }
-            }
-            log_done(&r, what.as_deref());
-            r
-        }
-        Err(e) => {
-            if let Some(w) = &what {
-                tracing::info!("control: refused: {w}{}: {}", caller(), error_chain(&e));
-            }
-            Response::error(status_of(&e), error_chain(&e))
-        }
+    (result, apply_takes_away)
+}
+
+/// A change made (`r`, its answer): the state file written; when it
+/// cannot be, the change is kept with a warning when it only takes
+/// traffic away (`keep`), else rolled back to `before` (the state file is
+/// then forgiven unless a write was owed before the change).
+fn persist(
+    lb: &mut Balancer,
+    store: &mut StateFile,
+    r: Response,
+    before: crate::model::persist::Persisted,
+    owed_before: bool,
+    keep: bool,
+    what: Option<&str>,
+) -> Response {
+    let saved = store.save(&lb.snapshot());
+    lb.set_state_unsaved(store.owed());
+    let Err(e) = saved else {
+        log_done(&r, what);
+        return r;
+    };
+    if keep {
+        let warning = format!(
+            "applied, but the state file {} could not be written ({}): the \
+             daemon retries every second; a restart before it succeeds starts \
+             from the file's older state",
+            store.path().display(),
+            error_chain(&e)
+        );
+        tracing::error!("{warning}");
+        log_done(&r, what);
+        return match r {
+            Response::Applied {
+                changes,
+                kept,
+                dry_run,
+                ..
+            } => Response::Applied {
+                changes,
+                kept,
+                dry_run,
+                warning: Some(warning),
+            },
+            _ => Response::Unsaved { warning },
+        };
     }
+    let undone = match lb.rollback(before) {
+        Ok(()) => {
+            // What is on disk is the state again.
+            if !owed_before {
+                store.forgive();
+                lb.set_state_unsaved(None);
+            }
+            "the change was rolled back".to_string()
+        }
+        Err(r) => format!(
+            "rolling the change back failed too ({}); restart the daemon to \
+             return to the state file",
+            error_chain(&r)
+        ),
+    };
+    tracing::warn!("persisting the state failed: {}; {undone}", error_chain(&e));
+    Response::error(
+        500,
+        format!(
+            "not applied: persisting the state failed: {}; {undone}",
+            error_chain(&e)
+        ),
+    )
 }
 
 /// Logs a change that was made (`what`: the request's description; none

@@ -31,6 +31,7 @@ use axum::{
 use hyper_util::{rt::TokioIo, rt::TokioTimer};
 use serde::{Deserialize, Serialize};
 use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
 use utoipa::{OpenApi, ToSchema};
 
 use crate::{
@@ -767,15 +768,25 @@ pub(crate) fn raw_answer(status: u16, reason: &str, message: &str) -> Vec<u8> {
     out
 }
 
-/// Accepts and serves connections on `listener` until the task is dropped.
-pub async fn serve_forever(listener: UnixListener, shared: St, access: Access) {
+/// Accepts and serves connections on `listener` until `shutdown` is
+/// cancelled; the connections being served then finish on their own.
+pub async fn serve_control(
+    listener: UnixListener,
+    shared: St,
+    access: Access,
+    shutdown: CancellationToken,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut backoff = std::time::Duration::from_millis(10);
     let mut accept_log = RateLimitedLog::default();
     let mut busy_log = RateLimitedLog::default();
     let app = router(shared, access);
     loop {
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
             Ok((s, _)) => {
                 backoff = std::time::Duration::from_millis(10);
                 s
@@ -967,12 +978,13 @@ async fn scrape(State(src): State<Arc<crate::serve::metrics::Source>>) -> axum::
     }
 }
 
-/// Serves Prometheus scrapes on `listener` until the task is dropped: at
-/// most [`MAX_CONNECTIONS`] at once (more are closed at once), the same
+/// Serves Prometheus scrapes on `listener` until `shutdown` is cancelled:
+/// at most [`MAX_CONNECTIONS`] at once (more are closed at once), the same
 /// timeouts as the control socket.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     src: Arc<crate::serve::metrics::Source>,
+    shutdown: CancellationToken,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut accept_log = RateLimitedLog::default();
@@ -981,7 +993,11 @@ pub async fn serve_metrics(
         .route("/", get(scrape))
         .with_state(src);
     loop {
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
             Ok((s, _)) => s,
             Err(e) => {
                 accept_log.warn(Instant::now(), || {

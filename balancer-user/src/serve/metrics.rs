@@ -246,9 +246,26 @@ pub fn render(stats: &StatsView, daemon: &DaemonMetrics) -> String {
 
 fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
     let mut reg = Registry::with_prefix("p2c_balancer");
+    backend_counters(&mut reg, &stats.backends);
+    backend_gauges(&mut reg, &stats.backends);
+    vip_series(&mut reg, &stats.vips);
+    vip_locality(&mut reg, &stats.vips);
+    vip_choices(&mut reg, &stats.vips);
+    datapath_counters(&mut reg, stats);
+    daemon_series(&mut reg, stats, daemon);
+    host_series(&mut reg, stats);
+    reg
+}
 
-    // Per backend: (name, help, value) of each counter and each gauge.
-    type Of<T> = fn(&BackendView) -> T;
+/// A backend's value of a series.
+type Of<T> = fn(&BackendView) -> T;
+
+/// A VIP's value of a series.
+type OfVip<T> = fn(&VipStatsView) -> T;
+
+/// The backends' counters (`backend_*_total`).
+fn backend_counters(reg: &mut Registry, backends: &[BackendView]) {
+    // Per backend: (name, help, value) of each counter.
     let backend_counters: [(&str, &str, Of<u64>); 8] = [
         (
             "backend_connections",
@@ -299,6 +316,17 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             |b| b.health.failed_checks,
         ),
     ];
+    for (name, help, value) in backend_counters.iter().chain(&backend_more_counters) {
+        let f = Counters::new(reg, name, help);
+        for b in backends {
+            f.set(vb(&b.vip, &b.backend), value(b));
+        }
+    }
+}
+
+/// The backends' gauges: reported load, connections, weights, ejection,
+/// draining, health status.
+fn backend_gauges(reg: &mut Registry, backends: &[BackendView]) {
     let backend_gauges: [(&str, &str, Of<f64>); 5] = [
         (
             "backend_active_connections",
@@ -324,34 +352,28 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             ))
         }),
     ];
-    for (name, help, value) in backend_counters.iter().chain(&backend_more_counters) {
-        let f = Counters::new(&mut reg, name, help);
-        for b in &stats.backends {
-            f.set(vb(&b.vip, &b.backend), value(b));
-        }
-    }
     let reported = Gauges::new(
-        &mut reg,
+        reg,
         "backend_reported_load",
         "The load the backend's agent last reported, while fresh (VIPs with --signal agent)",
     );
-    for b in &stats.backends {
+    for b in backends {
         if let Some(l) = b.reported_load {
             reported.set(vb(&b.vip, &b.backend), l as f64);
         }
     }
     for (name, help, value) in &backend_gauges {
-        let f = Gauges::new(&mut reg, name, help);
-        for b in &stats.backends {
+        let f = Gauges::new(reg, name, help);
+        for b in backends {
             f.set(vb(&b.vip, &b.backend), value(b));
         }
     }
     let b_health = Gauges::new(
-        &mut reg,
+        reg,
         "backend_health",
         "1 for the backend's active-check status",
     );
-    for b in &stats.backends {
+    for b in backends {
         for s in [
             HealthStatus::Unchecked,
             HealthStatus::Unknown,
@@ -363,8 +385,10 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             b_health.set(ls, f64::from(u8::from(b.health.status == s)));
         }
     }
+}
 
-    type OfVip<T> = fn(&VipStatsView) -> T;
+/// The VIPs' counters and gauges, and their refused flows by reason.
+fn vip_series(reg: &mut Registry, vips: &[VipStatsView]) {
     let vip_counters: [(&str, &str, OfVip<u64>); 8] = [
         ("vip_connections", "Connections placed", |v| v.new_flows),
         ("vip_packets", "Frames forwarded (both directions)", |v| {
@@ -426,46 +450,50 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
         ),
     ];
     for (name, help, value) in &vip_counters {
-        let f = Counters::new(&mut reg, name, help);
-        for x in &stats.vips {
+        let f = Counters::new(reg, name, help);
+        for x in vips {
             f.set(v(&x.vip), value(x));
         }
     }
     for (name, help, value) in &vip_gauges {
-        let f = Gauges::new(&mut reg, name, help);
-        for x in &stats.vips {
+        let f = Gauges::new(reg, name, help);
+        for x in vips {
             f.set(v(&x.vip), value(x));
         }
     }
     let v_refused = Counters::new(
-        &mut reg,
+        reg,
         "vip_refused_flows",
         "New flows the VIP refused, by reason (its source lists, the per-source rate, every backend at its cap)",
     );
-    for x in &stats.vips {
+    for x in vips {
         for (reason, n) in &x.refused {
             let mut ls = v(&x.vip);
             ls.push(("reason", reason.clone()));
             v_refused.set(ls, *n);
         }
     }
+}
+
+/// The zone preference's series (only VIPs with one).
+fn vip_locality(reg: &mut Registry, vips: &[VipStatsView]) {
     // Locality: only VIPs with a zone preference.
     let zone_flows = Counters::new(
-        &mut reg,
+        reg,
         "vip_zone_connections",
         "Connections placed on the backends of this balancer's zone and elsewhere (VIPs preferring their zone)",
     );
     let zone_spills = Counters::new(
-        &mut reg,
+        reg,
         "vip_zone_spills",
         "Times the VIP's zone was full and its new connections spilled over to every backend",
     );
     let in_zone = Gauges::new(
-        &mut reg,
+        reg,
         "vip_in_zone",
         "1 while the VIP's new connections keep to this balancer's zone",
     );
-    for x in &stats.vips {
+    for x in vips {
         let Some(l) = &x.locality else { continue };
         for (placed, n) in [
             ("in_zone", l.new_flows_in_zone),
@@ -478,12 +506,16 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
         zone_spills.set(v(&x.vip), l.spills);
         in_zone.set(v(&x.vip), f64::from(u8::from(l.in_zone)));
     }
+}
+
+/// The choices' loads and sampled regrets, by bucket.
+fn vip_choices(reg: &mut Registry, vips: &[VipStatsView]) {
     let v_load = Counters::new(
-        &mut reg,
+        reg,
         "vip_choice_load",
         "Candidates compared, chosen and best rejected, by their load at the choice",
     );
-    for x in &stats.vips {
+    for x in vips {
         for (role, h) in [
             ("candidate", &x.choice.candidates),
             ("chosen", &x.choice.chosen),
@@ -498,11 +530,11 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
         }
     }
     let v_regret = Counters::new(
-        &mut reg,
+        reg,
         "vip_choice_regret",
         "Sampled choices by their regret: active connections (per unit of weight) above the least loaded eligible backend",
     );
-    for x in &stats.vips {
+    for x in vips {
         let h = &x.choice.regret.histogram;
         for (k, n) in h.counts.iter().enumerate() {
             let mut ls = v(&x.vip);
@@ -510,14 +542,18 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             v_regret.set(ls, *n);
         }
     }
+}
 
+/// The data path's counters: drops and passes by reason, the others one
+/// series each.
+fn datapath_counters(reg: &mut Registry, stats: &StatsView) {
     let dropped = Counters::new(
-        &mut reg,
+        reg,
         "dropped_packets",
         "Frames dropped by the data path, by reason",
     );
     let passed = Counters::new(
-        &mut reg,
+        reg,
         "passed_packets",
         "Frames passed to the kernel's stack, by reason",
     );
@@ -532,7 +568,11 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             reg.register(name.as_str(), format!("The data path's {name} counter"), c);
         }
     }
+}
 
+/// The tables' occupancy, the daemon's and the signals' totals, the
+/// expiry sweep's durations.
+fn daemon_series(reg: &mut Registry, stats: &StatsView, daemon: &DaemonMetrics) {
     for (name, help, value) in [
         (
             "flow_table_entries",
@@ -625,8 +665,12 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
         "Duration of the slices of the daemon's expiry sweep (each reads part of the flow tables without the API's lock)",
         daemon.gc_pass.clone(),
     );
+}
+
+/// The attachments and the build.
+fn host_series(reg: &mut Registry, stats: &StatsView) {
     let attached = Gauges::new(
-        &mut reg,
+        reg,
         "attached",
         "1 per interface the program runs on, with its XDP mode",
     );
@@ -636,7 +680,7 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
             f64::from(u8::from(a.program_id != 0)),
         );
     }
-    let build = Gauges::new(&mut reg, "build_info", "The daemon's build (value 1)");
+    let build = Gauges::new(reg, "build_info", "The daemon's build (value 1)");
     let ver = VersionView::this_build();
     build.set(
         vec![
@@ -646,7 +690,6 @@ fn registry(stats: &StatsView, daemon: &DaemonMetrics) -> Registry {
         ],
         1.0,
     );
-    reg
 }
 
 fn status_name(s: HealthStatus) -> &'static str {
