@@ -660,6 +660,45 @@ fn place_word(key: &FlowKey, seg: &Tcp, vip: &VipInfo, now: u64, routed: u32) ->
     }
 }
 
+/// The half-open entry of a new flow of `vip` placed on backend `b` in
+/// `slot` (`routed`: by its QUIC connection ID), with its state's flags
+/// and its creation time (ns, the precise clock).
+#[inline(always)]
+fn new_entry(
+    key: &FlowKey,
+    seg: &Tcp,
+    vip: &VipInfo,
+    b: &Backend,
+    slot: u32,
+    now: u64,
+    routed: bool,
+) -> FlowEntry {
+    let mut entry = FlowEntry {
+        backend_slot: slot,
+        backend_generation: b.generation,
+        vip_index: vip.index,
+        ..FlowEntry::default()
+    };
+    flow::start(&mut entry, seg, now);
+    if crate::features::on(balancer_common::features::CONSISTENT)
+        && vip.flags & VIP_F_CONSISTENT != 0
+    {
+        entry.state = flow::F_CONSISTENT;
+    }
+    if routed {
+        entry.state |= flow::F_CID_ROUTED;
+    }
+    entry.state |= rate_flag(vip, key.proto);
+    // The same bit in both words (checked below): no branch.
+    if crate::features::on(balancer_common::features::LATENCY) {
+        entry.state |= vip.flags & VIP_F_LATENCY;
+    }
+    // Full resolution: of several closed flows of one backend tuple, the
+    // newest is the one the backend's socket belongs to (lookup::find_reply).
+    entry.created_ns = precise_ns();
+    entry
+}
+
 /// [`place`]'s body, in [`place_word`].
 #[inline(always)]
 fn place_inner(
@@ -756,29 +795,7 @@ fn place_inner(
     if crate::scratch::avoid() != NO_SLOT {
         count(Counter::TupleInUseAvoided, 1);
     }
-    let mut entry = FlowEntry {
-        backend_slot: slot,
-        backend_generation: b.generation,
-        vip_index: vip.index,
-        ..FlowEntry::default()
-    };
-    flow::start(&mut entry, seg, now);
-    if crate::features::on(balancer_common::features::CONSISTENT)
-        && vip.flags & VIP_F_CONSISTENT != 0
-    {
-        entry.state = flow::F_CONSISTENT;
-    }
-    if routed.is_some() {
-        entry.state |= flow::F_CID_ROUTED;
-    }
-    entry.state |= rate_flag(vip, key.proto);
-    // The same bit in both words (checked below): no branch.
-    if crate::features::on(balancer_common::features::LATENCY) {
-        entry.state |= vip.flags & VIP_F_LATENCY;
-    }
-    // Full resolution: of several closed flows of one backend tuple, the
-    // newest is the one the backend's socket belongs to (lookup::find_reply).
-    entry.created_ns = precise_ns();
+    let entry = new_entry(key, seg, vip, b, slot, now, routed.is_some());
     if HALF_OPEN.insert(key, &entry, BPF_NOEXIST as u64).is_err() {
         // A retransmitted SYN whose backend stayed silent, chosen away
         // from it: its flow moves.
