@@ -295,14 +295,40 @@ fn numbered(
 ) -> anyhow::Result<Vec<u32>> {
     let (rx_path, tx_path) = (to_ns.path(), from_ns.path());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    // Set by the sender once its last datagram is out: the receiver ends
+    // only after that and a quiet half second (the reordering fault's slow
+    // class drains at 0.8 ms a datagram), never on a pause of the sender's,
+    // which other tests on the cores can make as long as they like.
+    let sent = std::sync::atomic::AtomicBool::new(false);
+    let sent = &sent;
     thread::scope(|s| {
         let rx = s.spawn(move || -> anyhow::Result<Vec<u32>> {
             enter_ns(&rx_path)?;
             let sock = UdpSocket::bind(to)?;
+            // Room for every datagram (SO_RCVBUFFORCE, past rmem_max: the
+            // test runs as root), so that a receiver kept off the cores
+            // drops none the count would blame on the fault injector.
+            let room: libc::c_int = 16 << 20;
+            // SAFETY: a valid socket, a c_int option and its size.
+            let r = unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&sock),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUFFORCE,
+                    (&room as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            ensure!(
+                r == 0,
+                "SO_RCVBUFFORCE: {}",
+                std::io::Error::last_os_error()
+            );
             sock.set_read_timeout(Some(Duration::from_millis(500)))?;
             let _ = ready_tx.send(());
             let mut got = Vec::new();
             let mut buf = [0u8; 2048];
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
             loop {
                 match sock.recv(&mut buf) {
                     Ok(DATAGRAM) => got.push(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])),
@@ -313,7 +339,14 @@ fn numbered(
                             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                         ) =>
                     {
-                        return Ok(got)
+                        if sent.load(std::sync::atomic::Ordering::Acquire) {
+                            return Ok(got);
+                        }
+                        ensure!(
+                            std::time::Instant::now() < deadline,
+                            "the sender was not done after 120 s ({} received)",
+                            got.len()
+                        );
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -323,15 +356,22 @@ fn numbered(
             .recv_timeout(Duration::from_secs(5))
             .context("receiver not ready")?;
         let tx = s.spawn(move || -> anyhow::Result<()> {
-            enter_ns(&tx_path)?;
-            let sock = UdpSocket::bind(from)?;
-            let mut d = [0u8; DATAGRAM];
-            for i in 0..n {
-                d[..4].copy_from_slice(&i.to_be_bytes());
-                sock.send_to(&d, to)?;
-                thread::sleep(Duration::from_micros(50));
-            }
-            Ok(())
+            let send = || -> anyhow::Result<()> {
+                enter_ns(&tx_path)?;
+                let sock = UdpSocket::bind(from)?;
+                let mut d = [0u8; DATAGRAM];
+                for i in 0..n {
+                    d[..4].copy_from_slice(&i.to_be_bytes());
+                    sock.send_to(&d, to)?;
+                    thread::sleep(Duration::from_micros(50));
+                }
+                Ok(())
+            };
+            let r = send();
+            // Also when sending failed: the receiver ends, the error is
+            // the sender's.
+            sent.store(true, std::sync::atomic::Ordering::Release);
+            r
         });
         tx.join().map_err(|_| anyhow!("sender panicked"))??;
         rx.join().map_err(|_| anyhow!("receiver panicked"))?
