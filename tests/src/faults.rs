@@ -316,7 +316,7 @@ fn numbered(
                     libc::SOL_SOCKET,
                     libc::SO_RCVBUFFORCE,
                     (&room as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    size_of::<libc::c_int>() as libc::socklen_t,
                 )
             };
             ensure!(
@@ -328,7 +328,7 @@ fn numbered(
             let _ = ready_tx.send(());
             let mut got = Vec::new();
             let mut buf = [0u8; 2048];
-            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            let deadline = Instant::now() + Duration::from_secs(120);
             loop {
                 match sock.recv(&mut buf) {
                     Ok(DATAGRAM) => got.push(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])),
@@ -343,7 +343,7 @@ fn numbered(
                             return Ok(got);
                         }
                         ensure!(
-                            std::time::Instant::now() < deadline,
+                            Instant::now() < deadline,
                             "the sender was not done after 120 s ({} received)",
                             got.len()
                         );
