@@ -599,7 +599,12 @@ fn main() -> anyhow::Result<()> {
                 .args(args))
         }
         Cmd::Test { args } => {
-            build()?;
+            setup()?;
+            // The binaries and the tests in one build: the dev-dependencies'
+            // features (serde_json's preserve_order among them) unify only
+            // in a build that compiles the tests, so a `--bins` build first
+            // would compile balancer-user and the test bed twice.
+            run(cargo().args(["build", "--workspace", "--bins", "--tests"]))?;
             // Test binaries at once, in cargo-nextest's process per test
             // (.config/nextest.toml: how many, and which run alone). The
             // crates have no doc tests (`doctest = false`: nextest runs
