@@ -51,12 +51,22 @@ fn ebpf_toolchain(ebpf_dir: &std::path::Path) -> anyhow::Result<String> {
     println!("cargo:rerun-if-changed={}", file.display());
     let text =
         std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix("channel"))
-        .filter_map(|rest| rest.trim_start().strip_prefix('='))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .find(|v| !v.is_empty())
-        .ok_or_else(|| anyhow!("no `channel = \"...\"` in {}", file.display()))
+    let parsed: ToolchainFile =
+        toml::from_str(&text).with_context(|| format!("reading {}", file.display()))?;
+    Ok(parsed.toolchain.channel)
+}
+
+/// The part of a rust-toolchain.toml read here: `[toolchain] channel`.
+#[derive(serde::Deserialize)]
+struct ToolchainFile {
+    toolchain: ToolchainSection,
+}
+
+/// `[toolchain]` of a rust-toolchain.toml.
+#[derive(serde::Deserialize)]
+struct ToolchainSection {
+    /// The toolchain's name for rustup, e.g. `nightly-2026-05-20`.
+    channel: String,
 }
 
 fn main() -> anyhow::Result<()> {

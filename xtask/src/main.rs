@@ -457,15 +457,22 @@ fn kernel_report(runs: &[KernelRun], budget: u32) -> String {
 /// scripts/setup.sh read too. Named explicitly: `rustup run` ignores
 /// toolchain files, and cargo sets RUSTUP_TOOLCHAIN (stable) for xtask.
 fn ebpf_toolchain() -> anyhow::Result<String> {
+    /// The part of the file read here: `[toolchain] channel`.
+    #[derive(serde::Deserialize)]
+    struct File {
+        toolchain: Section,
+    }
+    /// `[toolchain]`.
+    #[derive(serde::Deserialize)]
+    struct Section {
+        channel: String,
+    }
     let file = root().join("balancer-ebpf/rust-toolchain.toml");
     let text =
         std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix("channel"))
-        .filter_map(|rest| rest.trim_start().strip_prefix('='))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .find(|v| !v.is_empty())
-        .with_context(|| format!("no `channel = \"...\"` in {}", file.display()))
+    let parsed: File =
+        toml::from_str(&text).with_context(|| format!("reading {}", file.display()))?;
+    Ok(parsed.toolchain.channel)
 }
 
 /// clippy on balancer-ebpf the way aya-build's `build_ebpf` compiles it
