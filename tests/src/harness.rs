@@ -47,8 +47,16 @@ pub fn scenario(exe: &str, args: &[&str], markers: &[&str]) -> String {
             kept.join("\n")
         )
     };
+    // The scenario's own words on stderr (why a connection broke, which
+    // check failed), which the daemons' and BIRD's timestamped log lines
+    // printed after them would push out of the tail.
+    let own: String = stderr
+        .lines()
+        .filter(|l| !is_log_line(l))
+        .collect::<Vec<_>>()
+        .join("\n");
     panic!(
-        "balancer-testbed {args:?}: {}{}\n--- stderr, {}\n--- stdout, {}",
+        "balancer-testbed {args:?}: {}{}\n--- stderr without log lines, {}\n--- stderr, {}\n--- stdout, {}",
         if out.status.success() {
             "exited 0".to_string()
         } else {
@@ -59,7 +67,41 @@ pub fn scenario(exe: &str, args: &[&str], markers: &[&str]) -> String {
         } else {
             format!(", lacks {missing:?} in its output")
         },
+        tail(&own),
         tail(&stderr),
         tail(&stdout),
     );
+}
+
+/// A line of a daemon's or BIRD's log, which begins with its timestamp
+/// (`2026-12-05T22:19:57.572280Z` or `2026-12-05 22:22:06.436`).
+fn is_log_line(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 10
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && (b[10] == b'T' || b[10] == b' ')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_log_line;
+
+    #[test]
+    fn log_lines_are_told_from_the_scenarios_own() {
+        assert!(is_log_line(
+            "2026-12-05T22:19:57.572280Z  INFO balancer::cluster::sync: bgp: withdrawing"
+        ));
+        assert!(is_log_line(
+            "2026-12-05 22:22:06.436 <RMT> lb3: Error: Hold timer expired"
+        ));
+        assert!(!is_log_line(
+            "cluster: broken: request 7 from 10.0.1.2:40000: reset"
+        ));
+        assert!(!is_log_line(
+            "error: lb3's host cut off broke 2 held connections"
+        ));
+        assert!(!is_log_line("2026"));
+    }
 }
