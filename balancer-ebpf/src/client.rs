@@ -195,7 +195,11 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
         }
     });
     let found = found.filter(|e| {
-        let stale = flow::stale(e, seg);
+        // Only a VIP of consistent candidates marks its flows
+        // (`flow::F_CONSISTENT`): without the feature the check is not
+        // compiled in.
+        let stale =
+            crate::features::on(balancer_common::features::CONSISTENT) && flow::stale(e, seg);
         if stale {
             count(Counter::StaleRecomputed, 1);
         }

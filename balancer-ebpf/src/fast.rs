@@ -108,7 +108,9 @@ fn client(ctx: &XdpContext, frame: &XdpFrame, seg: &Tcp) -> u32 {
     };
     // SAFETY: a pointer from a successful lookup, valid for this run.
     let entry = unsafe { &*e };
-    if client::synced_only(entry) || flow::stale(entry, seg) {
+    if client::synced_only(entry)
+        || (crate::features::on(balancer_common::features::CONSISTENT) && flow::stale(entry, seg))
+    {
         return SLOW;
     }
     let Some(b) = backend_of(entry) else {
