@@ -245,42 +245,50 @@ fn choice_rule() -> anyhow::Result<usize> {
     Ok(count)
 }
 
-/// Case 9: a removed backend's slot reused by a new backend.
+/// Case 9: a removed backend's slot reused by a new backend, as rows of a
+/// table ([`table`]): the slot of B2 (10.0.2.34) remembered, B5
+/// (10.0.2.35) added in it.
 fn slot_reuse() -> anyhow::Result<usize> {
     let mut r = Rig::new(4096)?;
     let v = vip(80);
     r.lb.add_vip(v, 2)?;
     r.lb.add_backend(v, backend(34))?;
-    let name = "case 9: flow T pinned to B2";
     let c = client(8, 7000);
-    let b = r.expect_to_backend(name, &Seg::new(c, v, SYN))?;
-    ensure!(b == backend(34), "[{name}] {b}");
-    ok(name);
-    let slot = r.lb.list_backends(Some(v))?[0].slot;
-    r.lb.remove_backend(v, backend(34))?;
-    r.lb.set_next_slot(slot);
-    r.lb.add_backend(v, backend(35))?;
-    let name = "case 9: B2 removed, B5 added in the same slot: an ACK on T never reaches B5, its client gets a reset";
-    ensure!(
-        r.lb.list_backends(Some(v))?[0].slot == slot,
-        "[{name}] slot not reused"
-    );
     let mut ack = Seg::new(c, v, ACK);
     ack.seq = 1001;
-    r.expect_counters("setup", &[])?;
-    r.expect_reset(name, &ack, Side::Client)?;
-    r.expect_counters(name, &[("reset_orphaned", 1), ("tx_rst", 1)])?;
-    ok(name);
-    let name = "case 9: a new SYN never picks the removed B2";
-    let got = syns(&mut r, name, v, 10, 7100)?;
-    ensure!(got.iter().all(|b| *b == backend(35)), "[{name}] {got:?}");
-    ensure!(
-        r.active(v, backend(35))? == 10,
-        "[{name}] B5 count {}",
-        r.active(v, backend(35))?
-    );
-    ok(name);
-    Ok(3)
+    let mut syns = table::Row::new("case 9: a new SYN never picks the removed B2");
+    for i in 0..10 {
+        syns = syns.client(
+            Seg::new(client(7, 7100 + i), v, SYN),
+            table::same(|_: &u32| backend(35)),
+        );
+    }
+    let rows = [
+        table::Row::new("case 9: flow T pinned to B2")
+            .client(Seg::new(c, v, SYN), table::same(|_: &u32| backend(34))),
+        table::Row::new(
+            "case 9: B2 removed, B5 added in the same slot: an ACK on T never reaches B5, its \
+             client gets a reset",
+        )
+        .change(move |r, slot| {
+            *slot = r.lb.list_backends(Some(v))?[0].slot;
+            r.lb.remove_backend(v, backend(34))?;
+            r.lb.set_next_slot(*slot);
+            r.lb.add_backend(v, backend(35))?;
+            let now = r.lb.list_backends(Some(v))?[0].slot;
+            ensure!(now == *slot, "slot not reused: {now}, not {slot}");
+            Ok(())
+        })
+        .counters(&[])
+        .client(ack, table::Expect::Reset)
+        .counters(&[("reset_orphaned", 1), ("tx_rst", 1)]),
+        syns.check(move |r, _| {
+            let n = r.active(v, backend(35))?;
+            ensure!(n == 10, "B5 count {n}");
+            Ok(())
+        }),
+    ];
+    table::run(&mut r, &mut 0u32, &rows)
 }
 
 /// Case 8: a small flow table under pressure.
