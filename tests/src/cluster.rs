@@ -821,6 +821,22 @@ pub fn run(long: bool, tunnel: bool) -> anyhow::Result<()> {
 }
 
 fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
+    form(c)?;
+    strangers_refused(c)?;
+    let held = 1000;
+    drain_and_back(c, held)?;
+    quic(c)?;
+    cap(c, &[1, 2, 3])?;
+    if !long {
+        return Ok(());
+    }
+    cut_and_join(c, held)?;
+    herd(c, &[1, 2, 4]).map(|_| ())
+}
+
+/// lb1, lb2 and lb3 started and configured: the router learns the VIP
+/// from the three, and lb1 sees both peers synced.
+fn form(c: &mut Cluster) -> anyhow::Result<()> {
     let first = [1, 2, 3];
     for n in first {
         c.start_bird(n)?;
@@ -852,6 +868,12 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
             },
         )
     })?;
+    Ok(())
+}
+
+/// Datagrams from a stranger's address and from a peer's host on another
+/// port are counted as not from a peer.
+fn strangers_refused(c: &Cluster) -> anyhow::Result<()> {
     // Datagrams from a stranger's address and from a peer's host on another
     // port write nothing (and a peer's port without the key's tag is
     // refused by the tag check, tested on its own).
@@ -896,7 +918,12 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         after == before + 2,
         "forged datagrams counted not from a peer: {before} -> {after}"
     );
-    let held = 1000;
+    Ok(())
+}
+
+/// lb2 drained and put back in service, `held` connections held: none
+/// broken, the status and the metrics saying so.
+fn drain_and_back(c: &mut Cluster, held: u64) -> anyhow::Result<()> {
     // Drain lb2: its VIP is withdrawn, its flows move to lb1 and lb3.
     let o = measure(c, held, 1 << 32, &[1, 3], |c| {
         c.cli(2, &["cluster", "drain"])?;
@@ -949,11 +976,11 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         o.broken,
         o.new_failed
     );
-    quic(c)?;
-    cap(c, &[1, 2, 3])?;
-    if !long {
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// The long run's changes: lb3's host cut off, a fourth balancer added.
+fn cut_and_join(c: &mut Cluster, held: u64) -> anyhow::Result<()> {
     // lb3's host cut off: the router notices when the BGP hold time (3 s)
     // expires.
     let o = measure(c, held, 3 << 32, &[1, 2], |c| {
@@ -971,7 +998,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
         Ok(t0.elapsed())
     })?;
     report("lb4 added", &o);
-    herd(c, &[1, 2, 4]).map(|_| ())
+    Ok(())
 }
 
 /// Flows of [`QUIC_VIP`] in balancer `n`'s tables.

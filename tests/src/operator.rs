@@ -148,6 +148,18 @@ fn expect(
 /// removed; every kind of mistake answered with its status; the OpenAPI
 /// description well formed and covering every route.
 fn api(tb: &mut Testbed) -> anyhow::Result<()> {
+    api_resources(tb)?;
+    api_mistakes(tb)?;
+    api_reads(tb)?;
+    api_description(tb)
+}
+
+/// The second VIP of [`api`], for the changes and the mistakes.
+const OTHER: &str = "10.0.0.10:81";
+
+/// The VIP with its backends, a second VIP whose backends are weighted,
+/// changed and drained; both read back.
+fn api_resources(tb: &Testbed) -> anyhow::Result<()> {
     let vip = VIP.to_string();
     // Settings not given take their defaults.
     expect(
@@ -174,37 +186,35 @@ fn api(tb: &mut Testbed) -> anyhow::Result<()> {
         "GET /v1/vips/{vip}: {v}"
     );
     // A second VIP for the changes: choices "all" reads back as "all".
-    let other = "10.0.0.10:81";
-    expect(
-        tb,
-        "POST",
-        "/v1/vips",
-        Some(&format!(
-            r#"{{"vip":"{other}","settings":{{"choices":"all"}}}}"#
-        )),
-        200,
-    )?;
-    expect(
-        tb,
-        "POST",
-        &format!("/v1/vips/{other}/backends"),
-        Some(r#"{"backends":["10.0.2.10:81","10.0.2.11:81"],"weight":2}"#),
-        200,
-    )?;
-    expect(
-        tb,
-        "PATCH",
-        &format!("/v1/vips/{other}/backends/10.0.2.10:81"),
-        Some(r#"{"weight":5}"#),
-        200,
-    )?;
-    expect(
-        tb,
-        "POST",
-        &format!("/v1/vips/{other}/backends/10.0.2.11:81/drain"),
-        None,
-        200,
-    )?;
+    let other = OTHER;
+    // (method, path, body): each answered 200.
+    let changes: [(&str, String, Option<String>); 4] = [
+        (
+            "POST",
+            "/v1/vips".into(),
+            Some(format!(
+                r#"{{"vip":"{other}","settings":{{"choices":"all"}}}}"#
+            )),
+        ),
+        (
+            "POST",
+            format!("/v1/vips/{other}/backends"),
+            Some(r#"{"backends":["10.0.2.10:81","10.0.2.11:81"],"weight":2}"#.into()),
+        ),
+        (
+            "PATCH",
+            format!("/v1/vips/{other}/backends/10.0.2.10:81"),
+            Some(r#"{"weight":5}"#.into()),
+        ),
+        (
+            "POST",
+            format!("/v1/vips/{other}/backends/10.0.2.11:81/drain"),
+            None,
+        ),
+    ];
+    for (method, path, body) in &changes {
+        expect(tb, method, path, body.as_deref(), 200)?;
+    }
     let v = expect(tb, "GET", &format!("/v1/vips/{other}/backends"), None, 200)?;
     let list = v["backends"].as_array().context("backends")?;
     ensure!(
@@ -223,71 +233,73 @@ fn api(tb: &mut Testbed) -> anyhow::Result<()> {
         all["settings"]["choices"] == "all",
         "choices of {other}: {all}"
     );
-    // Mistakes: each with its status and a message, nothing changed.
-    expect(tb, "GET", "/v1/vips/10.0.0.99:80", None, 404)?;
-    expect(tb, "GET", "/v1/vips/not-an-address", None, 400)?;
-    expect(tb, "POST", "/v1/vips", Some("{\"vip\":"), 400)?;
-    expect(
-        tb,
+    Ok(())
+}
+
+/// Mistakes, a table of (method, path, body, status): each answered with
+/// its status and an error object, nothing changed. `{other}` in a path or
+/// a body is [`OTHER`].
+const MISTAKES: &[(&str, &str, Option<&str>, u16)] = &[
+    ("GET", "/v1/vips/10.0.0.99:80", None, 404),
+    ("GET", "/v1/vips/not-an-address", None, 400),
+    ("POST", "/v1/vips", Some("{\"vip\":"), 400),
+    ("POST", "/v1/vips", Some(r#"{"vip":"{other}"}"#), 409),
+    ("PATCH", "/v1/vips/{other}", Some(r#"{"choices":17}"#), 400),
+    (
         "POST",
-        "/v1/vips",
-        Some(&format!(r#"{{"vip":"{other}"}}"#)),
-        409,
-    )?;
-    expect(
-        tb,
-        "PATCH",
-        &format!("/v1/vips/{other}"),
-        Some(r#"{"choices":17}"#),
-        400,
-    )?;
-    expect(
-        tb,
-        "POST",
-        &format!("/v1/vips/{other}/backends"),
+        "/v1/vips/{other}/backends",
         Some(r#"{"backends":["10.0.2.12:81"],"weight":0}"#),
         400,
-    )?;
-    expect(
-        tb,
+    ),
+    (
         "DELETE",
-        &format!("/v1/vips/{other}/backends/10.0.2.99:81"),
+        "/v1/vips/{other}/backends/10.0.2.99:81",
         None,
         404,
-    )?;
-    expect(tb, "GET", "/v2/vips", None, 404)?;
+    ),
+    ("GET", "/v2/vips", None, 404),
     // Unknown fields, at any depth, and an empty list are refused.
-    for body in [
-        r#"{"backends":[]}"#,
-        r#"{"backends":["10.0.2.12:81"],"wieght":2}"#,
-    ] {
-        expect(
-            tb,
-            "POST",
-            &format!("/v1/vips/{other}/backends"),
-            Some(body),
-            400,
-        )?;
-    }
-    expect(
-        tb,
+    (
+        "POST",
+        "/v1/vips/{other}/backends",
+        Some(r#"{"backends":[]}"#),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/vips/{other}/backends",
+        Some(r#"{"backends":["10.0.2.12:81"],"wieght":2}"#),
+        400,
+    ),
+    (
         "PATCH",
-        &format!("/v1/vips/{other}"),
+        "/v1/vips/{other}",
         Some(r#"{"choices":2,"health":{"check":{"intervall":"1s"}}}"#),
         400,
-    )?;
-    expect(
-        tb,
+    ),
+    (
         "POST",
         "/v1/vips",
         Some(r#"{"vip":"10.0.0.10:82","settings":{"chioces":2}}"#),
         400,
-    )?;
-    expect(tb, "GET", "/v1/vips/10.0.0.10:82", None, 404)?;
+    ),
+    ("GET", "/v1/vips/10.0.0.10:82", None, 404),
     // The router's own refusals are error objects too: a method a path
-    // does not serve, a query that does not parse, a body too large.
-    expect(tb, "DELETE", "/v1/stats", None, 405)?;
-    expect(tb, "GET", "/v1/flows?limit=many", None, 400)?;
+    // does not serve, a query that does not parse (a body too large:
+    // below).
+    ("DELETE", "/v1/stats", None, 405),
+    ("GET", "/v1/flows?limit=many", None, 400),
+];
+
+/// The rows of [`MISTAKES`], then a body too large; the second VIP's
+/// backends unchanged; then the VIP removed.
+fn api_mistakes(tb: &Testbed) -> anyhow::Result<()> {
+    let other = OTHER;
+    for (method, path, body, status) in MISTAKES {
+        let path = path.replace("{other}", other);
+        let body = body.map(|b| b.replace("{other}", other));
+        expect(tb, method, &path, body.as_deref(), *status)?;
+    }
     let big = format!(r#"{{"backends":["{}"]}}"#, "x".repeat(2 << 20));
     let bigf = tb.dir().join("big.json");
     std::fs::write(&bigf, &big)?;
@@ -307,6 +319,11 @@ fn api(tb: &mut Testbed) -> anyhow::Result<()> {
     expect(tb, "GET", "/v1/vips/%5B2001:db8::10%5D:80", None, 404)?;
     expect(tb, "DELETE", &format!("/v1/vips/{other}"), None, 200)?;
     expect(tb, "GET", &format!("/v1/vips/{other}"), None, 404)?;
+    Ok(())
+}
+
+/// Stats, health, flows and the version, read.
+fn api_reads(tb: &Testbed) -> anyhow::Result<()> {
     // Stats: counters by name (`.counters.new_flows` is a number).
     let v = expect(tb, "GET", "/v1/stats", None, 200)?;
     ensure!(
@@ -332,7 +349,11 @@ fn api(tb: &mut Testbed) -> anyhow::Result<()> {
                 .is_some_and(|f| cli_version.contains(f)),
         "the daemon's version {v} is not the CLI's {cli_version}"
     );
-    // The description: parsed as OpenAPI 3.1, every route in it.
+    Ok(())
+}
+
+/// The description: parsed as OpenAPI 3.1, every route in it.
+fn api_description(tb: &Testbed) -> anyhow::Result<()> {
     let out = Command::new("curl")
         .args(["-sS", "--unix-socket"])
         .arg(tb.socket())
