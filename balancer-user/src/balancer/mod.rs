@@ -66,7 +66,7 @@ mod specialise;
 
 use self::{candidates::Candidates, desired::Desired, host::Host};
 pub use self::{kernel::Kernel, signals::Signals};
-pub use crate::model::config::{check_config, locate_config_error, ConfigFault};
+pub use crate::model::config::check_config;
 
 pub use crate::datapath::links::mode_name;
 pub use specialise::names as feature_names;

@@ -48,41 +48,9 @@ fn read(file: &Path) -> anyhow::Result<config::Config> {
     } else {
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
     };
-    // Checked here first: a mistake is named with its line, and the daemon
-    // is not asked at all.
-    let c = config::parse(&text).with_context(|| format!("in {}", file.display()))?;
-    if let Err(f) = balancer::balancer::locate_config_error(&c) {
-        let line = f
-            .vip
-            .and_then(|v| line_of(&text, v, f.backend))
-            .map(|n| format!(", line {n}"))
-            .unwrap_or_default();
-        bail!("in {}{line}: {f}", file.display());
-    }
-    Ok(c)
-}
-
-/// The line (from 1) of the `address` of VIP `vip` in `text`, or of its
-/// backend `backend`: the first line naming the VIP's address, then the
-/// first after it naming the backend's. `None` when the file writes the
-/// address in another form.
-fn line_of(
-    text: &str,
-    vip: std::net::SocketAddr,
-    backend: Option<std::net::SocketAddr>,
-) -> Option<usize> {
-    let names = |a: std::net::SocketAddr, l: &str| {
-        l.contains(&format!("\"{a}\"")) || l.contains(&format!("'{a}'"))
-    };
-    let lines: Vec<&str> = text.lines().collect();
-    let v = lines.iter().position(|l| names(vip, l))?;
-    match backend {
-        None => Some(v + 1),
-        Some(b) => lines[v..]
-            .iter()
-            .position(|l| names(b, l))
-            .map(|i| v + i + 1),
-    }
+    // Checked here first: a mistake is named with its file, line and
+    // column, and the daemon is not asked at all.
+    config::read(&text).map_err(|e| anyhow::Error::new(e.in_file(file.display().to_string())))
 }
 
 fn applied(r: Response) -> anyhow::Result<(Vec<String>, Vec<String>)> {

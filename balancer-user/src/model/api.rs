@@ -320,16 +320,18 @@ impl FlowFilter {
     /// Checks the kind.
     ///
     /// # Errors
-    /// [`crate::model::error::BalancerError::Invalid`] for a kind not in
-    /// [`FLOW_KINDS`].
+    /// [`crate::model::error::BalancerError::Refused`] of `kind` for a kind
+    /// not in [`FLOW_KINDS`].
     pub fn validate(&self) -> crate::model::error::Result<()> {
+        use crate::model::error::{BalancerError, Field, Reason};
         match &self.kind {
-            Some(k) if !FLOW_KINDS.contains(&k.as_str()) => {
-                Err(crate::model::error::BalancerError::Invalid {
-                    what: "flow kind",
-                    reason: format!("{k:?} is not one of {}", FLOW_KINDS.join(", ")),
-                })
-            }
+            Some(k) if !FLOW_KINDS.contains(&k.as_str()) => Err(BalancerError::refused(
+                Field::key("kind"),
+                Reason::Unknown {
+                    got: format!("{k:?}"),
+                    expected: FLOW_KINDS.iter().map(|k| k.to_string()).collect(),
+                },
+            )),
             _ => Ok(()),
         }
     }

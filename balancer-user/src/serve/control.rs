@@ -368,7 +368,10 @@ pub fn status_of(e: &BalancerError) -> u16 {
         BalancerError::DuplicateVip { .. }
         | BalancerError::DuplicateBackend { .. }
         | BalancerError::Full { .. } => 409,
-        BalancerError::Invalid { .. } => 400,
+        BalancerError::Invalid { .. }
+        | BalancerError::Refused(_)
+        | BalancerError::Config(_)
+        | BalancerError::Apply { .. } => 400,
         _ => 500,
     }
 }
