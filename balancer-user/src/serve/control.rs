@@ -144,7 +144,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             if let Some(w) = &what {
                 tracing::info!("control: refused: {w}{}: {}", caller(), error_chain(&e));
             }
-            Response::error(status_of(&e), error_chain(&e))
+            Response::refused(status_of(&e), error_chain(&e), e.refusal())
         }
     }
 }
