@@ -2,7 +2,8 @@
 //! operation can refuse or fail with, and the model's refusal of a value,
 //! [`Refusal`]: where the value is ([`Field`]: the VIP, the backend, the
 //! key path) and why it is refused ([`Reason`]), as data; a configuration
-//! file's refusal adds the file and the line ([`ConfigError`]).
+//! file's refusal adds the file and the line ([`ConfigError`]). The data
+//! path's failures are [`DatapathError`]s.
 
 use std::{fmt, net::SocketAddr};
 
@@ -357,6 +358,26 @@ pub enum BalancerError {
         /// Why.
         reason: String,
     },
+    /// The data path failed: the object, a program, a map.
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    /// A file or system call failed.
+    #[error("{action} failed")]
+    Io {
+        /// What was being done.
+        action: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A failure of the data path: the kernel's answer to loading the object,
+/// to a program's load, attach or detach, to a map's read or write (aya's
+/// errors, as sources). Declared here, the lowest room, so that
+/// [`BalancerError`] can wrap it; built by `datapath/` and `balancer/`.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
     /// Loading the XDP program or its maps failed.
     #[error("loading the XDP program failed")]
     Load(#[source] aya::EbpfError),
@@ -379,15 +400,6 @@ pub enum BalancerError {
         /// The underlying error.
         #[source]
         source: aya::maps::MapError,
-    },
-    /// A file or system call failed.
-    #[error("{action} failed")]
-    Io {
-        /// What was being done.
-        action: String,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
     },
 }
 
