@@ -1097,7 +1097,7 @@ pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
 /// backends.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the backend and the VIP it is.
+/// [`BalancerError::Refused`] naming the backend and the VIP it is.
 pub fn check_backend_not_vip(
     vip: SocketAddr,
     b: SocketAddr,
@@ -1124,7 +1124,7 @@ pub fn check_backend_not_vip(
 /// forward to this one, a forwarding loop.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the VIP and the backend it is.
+/// [`BalancerError::Refused`] naming the VIP and the backend it is.
 pub fn check_vip_not_backend(
     vip: SocketAddr,
     backends: impl IntoIterator<Item = (SocketAddr, SocketAddr)>,
@@ -1149,7 +1149,7 @@ pub fn check_vip_not_backend(
 /// would forward to itself.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the backend.
+/// [`BalancerError::Refused`] naming the backend.
 pub fn check_backend_not_host(
     vip: SocketAddr,
     b: SocketAddr,
@@ -1177,7 +1177,7 @@ pub fn check_backend_not_host(
 /// so.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the VIP and the setting that allows it.
+/// [`BalancerError::Refused`] naming the VIP and the setting that allows it.
 pub fn check_vip_not_host(
     vip: SocketAddr,
     settings: &VipSettings,
