@@ -6,8 +6,9 @@
 //! face lives:
 //!
 //! - [`settings_state`]: the desired state's struct (`VipSettings`: the
-//!   state file, the API's answers), its `Default`, and its serde defaults
-//!   and omissions;
+//!   state file, the API's answers), its `Default`, its serde defaults
+//!   and omissions, and `Setting`, the settings' names as data (the field
+//!   path of an error);
 //! - [`settings_file`]: the configuration file's `[[vip]]` entry
 //!   (`VipEntry`): every setting a field of its own, so that serde can
 //!   refuse an unknown key (it cannot through `#[serde(flatten)]`), with
@@ -651,14 +652,63 @@ fn state(t: &Target, table: &Table) -> syn::Result<Tokens> {
         inits.push(quote!(#f: Self::#d(),));
     }
     let s = write_struct(t, &fields);
+    let names = setting_names(table, vis)?;
     Ok(quote! {
         #s
+        #names
         impl #name {
             #(#fns)*
         }
         impl ::core::default::Default for #name {
             fn default() -> Self {
                 Self { #(#inits)* }
+            }
+        }
+    })
+}
+
+/// `Setting`: every setting's name as data, in the table's order (an
+/// error's field path names a setting by it, so that no name is written
+/// twice).
+fn setting_names(table: &Table, vis: &Visibility) -> syn::Result<Tokens> {
+    let (mut variants, mut arms, mut all) = (Vec::new(), Vec::new(), Vec::new());
+    for s in table.settings_in(&table.order)? {
+        let key = s.name.to_string();
+        let camel: String = key
+            .split('_')
+            .map(|w| {
+                let mut c = w.chars();
+                c.next()
+                    .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let v = Ident::new(&camel, s.name.span());
+        let doc = format!("`{key}`.");
+        variants.push(quote!(#[doc = #doc] #v,));
+        arms.push(quote!(Setting::#v => #key,));
+        all.push(quote!(Setting::#v,));
+    }
+    Ok(quote! {
+        /// A VIP setting's name, as data: its key in the state, the
+        /// configuration file and the API (the table's name).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #vis enum Setting {
+            #(#variants)*
+        }
+        impl Setting {
+            /// Every setting, in the state's order.
+            #vis const ALL: &'static [Setting] = &[#(#all)*];
+            /// The setting's key (`choices`, `health`, `source_rate`).
+            #vis const fn name(self) -> &'static str {
+                match self {
+                    #(#arms)*
+                }
+            }
+        }
+        impl ::core::fmt::Display for Setting {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.write_str(self.name())
             }
         }
     })

@@ -300,6 +300,7 @@ fn api_mistakes(tb: &Testbed) -> anyhow::Result<()> {
         let body = body.map(|b| b.replace("{other}", other));
         expect(tb, method, &path, body.as_deref(), *status)?;
     }
+    refusals_as_data(tb, other)?;
     let big = format!(r#"{{"backends":["{}"]}}"#, "x".repeat(2 << 20));
     let bigf = tb.dir().join("big.json");
     std::fs::write(&bigf, &big)?;
@@ -319,6 +320,43 @@ fn api_mistakes(tb: &Testbed) -> anyhow::Result<()> {
     expect(tb, "GET", "/v1/vips/%5B2001:db8::10%5D:80", None, 404)?;
     expect(tb, "DELETE", &format!("/v1/vips/{other}"), None, 200)?;
     expect(tb, "GET", &format!("/v1/vips/{other}"), None, 404)?;
+    Ok(())
+}
+
+/// Two of the refused values again: their VIP, field and reason as keys of
+/// the error object's own, besides its message.
+fn refusals_as_data(tb: &Testbed, other: &str) -> anyhow::Result<()> {
+    let v = expect(
+        tb,
+        "PATCH",
+        &format!("/v1/vips/{other}"),
+        Some(r#"{"choices":17}"#),
+        400,
+    )?;
+    ensure!(
+        v["vip"] == other
+            && v["field"] == "choices"
+            && v["reason"]
+                == serde_json::json!({"kind": "out_of_range", "got": "17", "min": "1", "max": "16"})
+            && v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(&format!("VIP {other}: choices: 17 is outside"))),
+        "choices 17: {v}"
+    );
+    let v = expect(
+        tb,
+        "POST",
+        &format!("/v1/vips/{other}/backends"),
+        Some(r#"{"backends":["10.0.2.12:81"],"weight":0}"#),
+        400,
+    )?;
+    ensure!(
+        v["vip"] == other
+            && v["field"] == "weight"
+            && v["reason"]["kind"] == "out_of_range"
+            && v["reason"]["got"] == "0",
+        "weight 0: {v}"
+    );
     Ok(())
 }
 
@@ -931,7 +969,7 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         .unwrap_err()
         .to_string();
     ensure!(
-        e.contains(&format!("line {}", at + 2)) && e.contains("wieght"),
+        e.contains(&format!("typo.toml:{}:1: unknown field `wieght`", at + 2)),
         "a typo at line {}: {e}",
         at + 2
     );
@@ -944,7 +982,10 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         .cli(&["apply", "-f", &bad.display().to_string()])
         .unwrap_err()
         .to_string();
-    ensure!(e.contains("line 2"), "an unclosed string at line 2: {e}");
+    ensure!(
+        e.contains("syntax.toml:2:"),
+        "an unclosed string at line 2: {e}"
+    );
     // A change refused half-way (a VIP that comes first, then a mode change
     // of a VIP with backends): all of it rolled back.
     let mut c2 = config::parse(&changed)?;
@@ -1042,15 +1083,22 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         .to_string();
     ensure!(e.contains("--allow-empty"), "an empty file, dry run: {e}");
     ensure!(export(tb)? == changed, "an empty file changed something");
-    // A value error names its VIP, its backend and its line.
+    // A value error names its VIP, its backend, its key and its line:
+    // the line of the backend's `weight`.
     let mut c5 = config::parse(&changed)?;
-    let b1 = c5.vips[0].backends[1].address;
+    let (v1, b1) = (c5.vips[0].address, c5.vips[0].backends[1].address);
     c5.vips[0].backends[1].weight = 5000;
     let text5 = config::to_toml(&c5)?;
-    let line5 = text5
+    let at_b1 = text5
         .lines()
         .position(|l| l.contains(&format!("\"{b1}\"")))
-        .context("backend line")?
+        .context("backend line")?;
+    let line5 = text5
+        .lines()
+        .skip(at_b1)
+        .position(|l| l.starts_with("weight = 5000"))
+        .context("weight line")?
+        + at_b1
         + 1;
     let w = write(tb, "weight.toml", &text5)?;
     let e = tb
@@ -1058,9 +1106,9 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         .unwrap_err()
         .to_string();
     ensure!(
-        e.contains(&format!("line {line5}"))
-            && e.contains(&format!("backend {b1}"))
-            && e.contains("weight"),
+        e.contains(&format!(
+            "weight.toml:{line5}:1: VIP {v1} backend {b1}: weight: 5000 is outside 1..=1000"
+        )),
         "weight 5000 at line {line5}: {e}"
     );
     // An invalid value is refused before anything is tried.
@@ -1103,7 +1151,7 @@ fn declarative(tb: &mut Testbed) -> anyhow::Result<()> {
         &tb.dir().join("bpffs").join("other").display().to_string(),
     ])?;
     ensure!(
-        !ok && err.contains("line 2"),
+        !ok && err.contains("syntax.toml:2:"),
         "a start with a broken file: {ok} {err}"
     );
     println!(

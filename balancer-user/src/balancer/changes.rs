@@ -448,14 +448,11 @@ impl Balancer {
         }
         let next = self
             .validate(&changes)
-            .map_err(|(k, e)| BalancerError::Invalid {
-                what: "configuration",
-                reason: format!(
-                    "change {} of {} ({}): {e}; nothing was applied",
-                    k + 1,
-                    changes.len(),
-                    lines[k]
-                ),
+            .map_err(|(k, e)| BalancerError::Apply {
+                index: k + 1,
+                count: changes.len(),
+                change: lines[k].clone(),
+                source: Box::new(e),
             })?;
         let done = Applied {
             changes: lines,

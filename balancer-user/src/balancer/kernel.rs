@@ -22,7 +22,7 @@ use crate::{
     },
     model::{
         api::AttachmentView,
-        error::{BalancerError, Result},
+        error::{BalancerError, DatapathError, Result},
     },
 };
 
@@ -71,7 +71,7 @@ impl Kernel {
     /// read.
     ///
     /// # Errors
-    /// [`BalancerError::Load`] / [`BalancerError::Program`] when the kernel
+    /// [`DatapathError::Load`] / [`DatapathError::Program`] when the kernel
     /// refuses the object (the verifier log is in the error).
     pub(super) fn load(opts: &LoadOptions) -> Result<(Kernel, SignalRings)> {
         check_options(opts)?;
@@ -125,10 +125,12 @@ impl Kernel {
             ebpf.take_map(name)
                 .map(RingBuf::try_from)
                 .transpose()
-                .map_err(|source| BalancerError::Map {
-                    map: name,
-                    action: "open",
-                    source,
+                .map_err(|source| {
+                    BalancerError::from(DatapathError::Map {
+                        map: name,
+                        action: "open",
+                        source,
+                    })
                 })
         };
         let flow_events = ring(map_names::FLOW_EVENTS)?;
@@ -202,7 +204,7 @@ impl Kernel {
     /// [`super::Balancer::attach`]).
     ///
     /// # Errors
-    /// [`BalancerError::Program`] naming the interface, the mode and the
+    /// [`DatapathError::Program`] naming the interface, the mode and the
     /// kernel's reason in an operator's terms; the interface is then not
     /// registered.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<Attached> {
@@ -239,16 +241,18 @@ impl Kernel {
     /// (pinned links: the pin is removed and the link ends).
     ///
     /// # Errors
-    /// [`BalancerError::Program`] or [`BalancerError::Io`] when the kernel
+    /// [`DatapathError::Program`] or [`BalancerError::Io`] when the kernel
     /// or the file system refuses.
     pub fn detach_all(&mut self) -> Result<()> {
         let attached = std::mem::take(&mut self.attached);
         let prog = program_mut(&mut self.ebpf)?;
         for a in attached {
             match a.held {
-                Held::Owned(id) => prog.detach(id).map_err(|source| BalancerError::Program {
-                    action: format!("detaching XDP from {}", a.name),
-                    source,
+                Held::Owned(id) => prog.detach(id).map_err(|source| {
+                    BalancerError::from(DatapathError::Program {
+                        action: format!("detaching XDP from {}", a.name),
+                        source,
+                    })
                 })?,
                 Held::Pinned { path, link } => {
                     links::unpin(&path)?;
@@ -467,8 +471,8 @@ pub(super) fn program_missing() -> BalancerError {
 }
 
 pub(super) fn program_open_failed(source: aya::programs::ProgramError) -> BalancerError {
-    BalancerError::Program {
+    BalancerError::from(DatapathError::Program {
         action: "opening the XDP program".into(),
         source,
-    }
+    })
 }

@@ -44,7 +44,7 @@ use crate::{
             VipView,
         },
         command::{Command, Rules},
-        error::{BalancerError, Result},
+        error::{BalancerError, DatapathError, Result},
         persist::Persisted,
         project::{project, Inputs},
         state::{check_backend_not_host, check_vip_not_host, State, VipSettings},
@@ -66,7 +66,7 @@ mod specialise;
 
 use self::{candidates::Candidates, desired::Desired, host::Host};
 pub use self::{kernel::Kernel, signals::Signals};
-pub use crate::model::config::{check_config, locate_config_error, ConfigFault};
+pub use crate::model::config::check_config;
 
 pub use crate::datapath::links::mode_name;
 pub use specialise::names as feature_names;
@@ -148,7 +148,7 @@ fn explain_load_error(e: aya::EbpfError, opts: &LoadOptions) -> BalancerError {
                 table_mib(opts.half_open_table_size),
             ),
         },
-        _ => BalancerError::Load(e),
+        _ => DatapathError::Load(e).into(),
     }
 }
 
@@ -246,7 +246,7 @@ impl Balancer {
     /// so flows and counts survive a restart.
     ///
     /// # Errors
-    /// [`BalancerError::Load`] / [`BalancerError::Program`] when the kernel
+    /// [`DatapathError::Load`] / [`DatapathError::Program`] when the kernel
     /// refuses the object (the verifier log is in the error).
     pub fn load(opts: &LoadOptions) -> Result<Self> {
         let (kernel, rings) = Kernel::load(opts)?;
@@ -312,7 +312,7 @@ impl Balancer {
     /// replacement ([`crate::datapath::links`]).
     ///
     /// # Errors
-    /// [`BalancerError::Program`] naming the interface, the mode and the
+    /// [`DatapathError::Program`] naming the interface, the mode and the
     /// kernel's reason in an operator's terms; the interface is then not
     /// registered.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<Attached> {
@@ -324,7 +324,7 @@ impl Balancer {
     /// dropped balancer leaves pinned attachments running.
     ///
     /// # Errors
-    /// [`BalancerError::Program`] or [`BalancerError::Io`] when the kernel
+    /// [`DatapathError::Program`] or [`BalancerError::Io`] when the kernel
     /// or the file system refuses.
     pub fn detach_all(&mut self) -> Result<()> {
         self.kernel.detach_all()

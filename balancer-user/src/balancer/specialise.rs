@@ -35,7 +35,7 @@ use super::{
 };
 use crate::{
     datapath::links::Held,
-    model::error::{BalancerError, Result},
+    model::error::{BalancerError, DatapathError, Result},
 };
 
 /// How the programs running now were loaded, and what the next load
@@ -59,7 +59,7 @@ pub(super) struct Loaded {
 /// `opts.pin_dir` where they exist.
 ///
 /// # Errors
-/// [`BalancerError::Load`] / [`BalancerError::Program`] when the kernel
+/// [`DatapathError::Load`] / [`DatapathError::Program`] when the kernel
 /// refuses the object (the verifier log is in the error).
 pub(super) fn open(
     opts: &LoadOptions,
@@ -112,12 +112,14 @@ pub(super) fn open(
             .ok_or_else(program_missing)?
             .try_into()
             .map_err(program_open_failed)?;
-        prog.load().map_err(|source| BalancerError::Program {
-            action: format!(
-                "loading the XDP program {name} into the kernel (verifier), features: {}",
-                names(features)
-            ),
-            source,
+        prog.load().map_err(|source| {
+            BalancerError::from(DatapathError::Program {
+                action: format!(
+                    "loading the XDP program {name} into the kernel (verifier), features: {}",
+                    names(features)
+                ),
+                source,
+            })
         })?;
     }
     Ok(ebpf)
@@ -134,10 +136,12 @@ pub(super) fn take_stages(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
             reason: format!("map {} missing", map_names::STAGES),
         })?
         .try_into()
-        .map_err(|source| BalancerError::Map {
-            map: map_names::STAGES,
-            action: "open",
-            source,
+        .map_err(|source| {
+            BalancerError::from(DatapathError::Map {
+                map: map_names::STAGES,
+                action: "open",
+                source,
+            })
         })
 }
 
@@ -163,13 +167,13 @@ pub(super) fn set_stages(ebpf: &Ebpf, stages: &mut ProgramArray<MapData>) -> Res
             .try_into()
             .map_err(program_open_failed)?;
         let fd = stage.fd().map_err(program_open_failed)?;
-        stages
-            .set(index, fd, 0)
-            .map_err(|source| BalancerError::Map {
+        stages.set(index, fd, 0).map_err(|source| {
+            BalancerError::from(DatapathError::Map {
                 map: map_names::STAGES,
                 action: "write",
                 source,
-            })?;
+            })
+        })?;
     }
     Ok(())
 }
@@ -410,9 +414,11 @@ fn swap_links(
 /// replacement: the interface never goes without a program).
 /// (`from` holds an unpinned link; a pinned one is opened from its pin.)
 fn swap_link(held: Held, from: &mut Xdp, to: &mut Xdp) -> Result<Held> {
-    let refused = |source| BalancerError::Program {
-        action: "replacing the program on an interface's link".into(),
-        source,
+    let refused = |source| {
+        BalancerError::from(DatapathError::Program {
+            action: "replacing the program on an interface's link".into(),
+            source,
+        })
     };
     match held {
         Held::Owned(id) => {

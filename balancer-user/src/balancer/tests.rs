@@ -17,7 +17,7 @@ fn ipv4_mapped_addresses_in_a_file_are_refused() {
         ),
         (
             "[[vip]]\naddress = \"[2001:db8::10]:80\"\nmode = \"ipip\"\nencap_source = \"::ffff:10.0.9.1\"\n",
-            "encap source",
+            "encap_source",
         ),
     ] {
         let c = crate::model::config::parse(text).unwrap();
@@ -86,7 +86,7 @@ fn a_backend_on_a_vips_address_is_a_loop() {
     refused(
         check_new_backends(&st, addr("10.0.0.20:80"), &[addr("10.0.0.10:80")], 1, &none),
         &[
-            "backend 10.0.0.10:80 of VIP 10.0.0.20:80 is the address of VIP 10.0.0.10:80",
+            "VIP 10.0.0.20:80 backend 10.0.0.10:80: address: 10.0.0.10:80 is the address of VIP 10.0.0.10:80",
             "forwarding loop",
         ],
     );
@@ -128,7 +128,7 @@ fn a_vip_on_a_backends_address_is_a_loop() {
     refused(
         check_new_vip(&st, addr("10.0.2.10:80"), &s, &host(&[])),
         &[
-            "VIP 10.0.2.10:80 is the address of backend 10.0.2.10:8080 of VIP 10.0.0.20:80",
+            "VIP 10.0.2.10:80: address: 10.0.2.10:80 is the address of backend 10.0.2.10:8080 of VIP 10.0.0.20:80",
             "forwarding loop",
         ],
     );
@@ -150,7 +150,7 @@ fn the_hosts_addresses_need_saying_so() {
     refused(
         check_new_backends(&st, addr("10.0.0.20:80"), &[addr("10.0.1.1:8080")], 1, &h),
         &[
-            "backend 10.0.1.1:8080 of VIP 10.0.0.20:80",
+            "VIP 10.0.0.20:80 backend 10.0.1.1:8080: address",
             "own host",
             "forwarding loop",
         ],
@@ -185,9 +185,11 @@ fn a_configuration_file_with_a_loop_is_refused() {
          [[vip]]\naddress = \"10.0.0.20:80\"\n[[vip.backend]]\naddress = \"10.0.0.10:80\"\n",
     )
     .unwrap();
-    let f = locate_config_error(&c).unwrap_err();
+    let e = check_config(&c).unwrap_err();
+    let f = &e.refusal().expect("a refusal").field;
     assert_eq!(f.vip, Some(addr("10.0.0.10:80")));
     assert_eq!(f.backend, Some(addr("10.0.0.20:80")));
+    assert_eq!(f.path, ["address"]);
     refused(
         check_config(&c),
         &["is the address of VIP 10.0.0.20:80", "forwarding loop"],
@@ -282,7 +284,7 @@ fn udp_vips_through_the_file_and_their_refusals() {
     };
     refused(
         udp(Duration::from_millis(500), None).validate_for(addr("10.0.0.10:53")),
-        &["udp timeout"],
+        &["udp_timeout: 500ms is outside 1s..=7days"],
     );
     refused(
         udp(DEFAULT_UDP_TIMEOUT, Some(HealthCheck::default())).validate_for(addr("10.0.0.10:53")),

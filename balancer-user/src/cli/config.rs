@@ -42,50 +42,51 @@ pub struct ExportArgs {
     output: Option<PathBuf>,
 }
 
-fn read(file: &Path) -> anyhow::Result<config::Config> {
+/// The file's configuration and its text.
+fn read(file: &Path) -> anyhow::Result<(config::Config, String)> {
     let text = if file == Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("reading standard input")?
     } else {
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
     };
-    // Checked here first: a mistake is named with its line, and the daemon
-    // is not asked at all.
-    let c = config::parse(&text).with_context(|| format!("in {}", file.display()))?;
-    if let Err(f) = balancer::balancer::locate_config_error(&c) {
-        let line = f
-            .vip
-            .and_then(|v| line_of(&text, v, f.backend))
-            .map(|n| format!(", line {n}"))
-            .unwrap_or_default();
-        bail!("in {}{line}: {f}", file.display());
-    }
-    Ok(c)
+    // Checked here first: a mistake is named with its file, line and
+    // column, and the daemon is not asked at all.
+    let c = config::read(&text)
+        .map_err(|e| anyhow::Error::new(e.in_file(file.display().to_string())))?;
+    Ok((c, text))
 }
 
-/// The line (from 1) of the `address` of VIP `vip` in `text`, or of its
-/// backend `backend`: the first line naming the VIP's address, then the
-/// first after it naming the backend's. `None` when the file writes the
-/// address in another form.
-fn line_of(
-    text: &str,
-    vip: std::net::SocketAddr,
-    backend: Option<std::net::SocketAddr>,
-) -> Option<usize> {
-    let names = |a: std::net::SocketAddr, l: &str| {
-        l.contains(&format!("\"{a}\"")) || l.contains(&format!("'{a}'"))
+/// The daemon's refusal of a file's change, with the file, line and
+/// column of the refused key when the answer names a VIP in it
+/// (`balancer.toml:14:1: ...`).
+fn located(message: &str, r: &Response, file: &Path, text: &str) -> String {
+    let Response::Error {
+        vip: Some(vip),
+        backend,
+        field,
+        ..
+    } = r
+    else {
+        return message.to_string();
     };
-    let lines: Vec<&str> = text.lines().collect();
-    let v = lines.iter().position(|l| names(vip, l))?;
-    match backend {
-        None => Some(v + 1),
-        Some(b) => lines[v..]
-            .iter()
-            .position(|l| names(b, l))
-            .map(|i| v + i + 1),
+    let path: Vec<&str> = field
+        .as_deref()
+        .map_or(Vec::new(), |f| f.split('.').collect());
+    let at = vip.parse().ok().and_then(|v| {
+        config::locate_path(
+            text,
+            Some(v),
+            backend.as_deref().and_then(|b| b.parse().ok()),
+            &path,
+        )
+    });
+    match at {
+        Some((line, column)) => format!("{}:{line}:{column}: {message}", file.display()),
+        None => format!("{}: {message}", file.display()),
     }
 }
 
-fn applied(r: Response) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+fn applied(r: Response, file: &Path, text: &str) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     match r {
         Response::Applied {
             changes,
@@ -98,7 +99,7 @@ fn applied(r: Response) -> anyhow::Result<(Vec<String>, Vec<String>)> {
             }
             Ok((changes, kept))
         }
-        Response::Error { message, .. } => bail!("{message}"),
+        Response::Error { ref message, .. } => bail!("{}", located(message, &r, file, text)),
         other => bail!("unexpected answer {other:?}"),
     }
 }
@@ -120,7 +121,7 @@ impl ApplyArgs {
     /// A file that does not parse (its line named), a change the daemon
     /// refuses (nothing is applied), no daemon.
     pub async fn run(self, socket: &Path, timeout: std::time::Duration) -> anyhow::Result<()> {
-        let desired = read(&self.file)?;
+        let (desired, text) = read(&self.file)?;
         let request = |dry_run| Request::Apply {
             config: desired.clone(),
             dry_run,
@@ -128,8 +129,11 @@ impl ApplyArgs {
             exact: self.exact,
             source: Some(config::source_name(&self.file)),
         };
-        let (plan, kept) =
-            applied(client::call_with_timeout(socket, &request(true), timeout).await?)?;
+        let (plan, kept) = applied(
+            client::call_with_timeout(socket, &request(true), timeout).await?,
+            &self.file,
+            &text,
+        )?;
         for line in &kept {
             println!("{line}");
         }
@@ -155,8 +159,11 @@ impl ApplyArgs {
             println!("{} (dry run: nothing applied)", changes_word(plan.len()));
             return Ok(());
         }
-        let (done, _) =
-            applied(client::call_with_timeout(socket, &request(false), timeout).await?)?;
+        let (done, _) = applied(
+            client::call_with_timeout(socket, &request(false), timeout).await?,
+            &self.file,
+            &text,
+        )?;
         if done.is_empty() {
             // Applied all the same: the file becomes the base of the next
             // apply's merge.

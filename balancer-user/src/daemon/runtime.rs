@@ -1016,12 +1016,8 @@ impl Drop for RemoveOnDrop {
 pub fn read_config(path: &Path) -> anyhow::Result<crate::model::config::Config> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the configuration {}", path.display()))?;
-    let c = crate::model::config::parse(&text)
-        .map_err(anyhow::Error::new)
-        .with_context(|| format!("in {}", path.display()))?;
-    crate::balancer::check_config(&c)
-        .map_err(anyhow::Error::new)
-        .with_context(|| format!("in {}", path.display()))?;
+    let c = crate::model::config::read(&text)
+        .map_err(|e| anyhow::Error::new(e.in_file(path.display().to_string())))?;
     Ok(c)
 }
 

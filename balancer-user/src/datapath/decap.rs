@@ -30,7 +30,7 @@ use crate::{
         netdev,
     },
     model::{
-        error::{BalancerError, Result},
+        error::{BalancerError, DatapathError, Result},
         prefix::ip_be,
     },
 };
@@ -78,10 +78,12 @@ pub fn set_sources(ebpf: &mut Ebpf, sources: &[SourcePrefix]) -> Result<()> {
         });
     }
     let map_err = |action| {
-        move |source| BalancerError::Map {
-            map: map_names::DECAP_SOURCES,
-            action,
-            source,
+        move |source| {
+            BalancerError::from(DatapathError::Map {
+                map: map_names::DECAP_SOURCES,
+                action,
+                source,
+            })
         }
     };
     let mut trie: LpmTrie<_, Addr, u8> = ebpf
@@ -153,16 +155,20 @@ pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) ->
     ] {
         loader.map_pin_path(name, pin_dir.join(name));
     }
-    let mut ebpf = loader.load(DECAP_PROGRAM).map_err(BalancerError::Load)?;
+    let mut ebpf = loader
+        .load(DECAP_PROGRAM)
+        .map_err(|e| BalancerError::from(DatapathError::Load(e)))?;
     set_sources(&mut ebpf, &opts.sources)?;
     let mut config: Array<_, DecapConfig> = ebpf
         .map_mut(map_names::DECAP_CONFIG)
         .ok_or_else(|| missing(map_names::DECAP_CONFIG))?
         .try_into()
-        .map_err(|source| BalancerError::Map {
-            map: map_names::DECAP_CONFIG,
-            action: "open",
-            source,
+        .map_err(|source| {
+            BalancerError::from(DatapathError::Map {
+                map: map_names::DECAP_CONFIG,
+                action: "open",
+                source,
+            })
         })?;
     config
         .set(
@@ -174,22 +180,28 @@ pub fn attach(iface: &str, mode: XdpMode, opts: DecapOptions, pin_dir: &Path) ->
             },
             0,
         )
-        .map_err(|source| BalancerError::Map {
-            map: map_names::DECAP_CONFIG,
-            action: "write",
-            source,
+        .map_err(|source| {
+            BalancerError::from(DatapathError::Map {
+                map: map_names::DECAP_CONFIG,
+                action: "write",
+                source,
+            })
         })?;
     let prog: &mut Xdp = ebpf
         .program_mut(programs::DECAP)
         .ok_or_else(|| missing(programs::DECAP))?
         .try_into()
-        .map_err(|source| BalancerError::Program {
-            action: "opening the decapsulation program".into(),
-            source,
+        .map_err(|source| {
+            BalancerError::from(DatapathError::Program {
+                action: "opening the decapsulation program".into(),
+                source,
+            })
         })?;
-    prog.load().map_err(|source| BalancerError::Program {
-        action: "loading the decapsulation program (verifier)".into(),
-        source,
+    prog.load().map_err(|source| {
+        BalancerError::from(DatapathError::Program {
+            action: "loading the decapsulation program (verifier)".into(),
+            source,
+        })
     })?;
     let (_held, how) = links::attach_pinned(prog, iface, mode, &link_pin)?;
     Ok(how)
@@ -258,25 +270,29 @@ pub struct DecapStats {
 /// Nothing pinned there, or a map failure.
 pub fn stats(pin_dir: &Path) -> Result<DecapStats> {
     let data = MapData::from_pin(pin_dir.join(map_names::DECAP_STATS)).map_err(|source| {
-        BalancerError::Map {
+        BalancerError::from(DatapathError::Map {
             map: map_names::DECAP_STATS,
             action: "open pin",
             source,
-        }
+        })
     })?;
     let arr: PerCpuArray<MapData, u64> = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))
-        .map_err(|source| BalancerError::Map {
-        map: map_names::DECAP_STATS,
-        action: "open",
-        source,
+        .map_err(|source| {
+        BalancerError::from(DatapathError::Map {
+            map: map_names::DECAP_STATS,
+            action: "open",
+            source,
+        })
     })?;
     let sum = |i: u32| -> Result<u64> {
         Ok(arr
             .get(&i, 0)
-            .map_err(|source| BalancerError::Map {
-                map: map_names::DECAP_STATS,
-                action: "read",
-                source,
+            .map_err(|source| {
+                BalancerError::from(DatapathError::Map {
+                    map: map_names::DECAP_STATS,
+                    action: "read",
+                    source,
+                })
             })?
             .iter()
             .sum())
@@ -284,10 +300,12 @@ pub fn stats(pin_dir: &Path) -> Result<DecapStats> {
     let mut sources = Vec::new();
     if let Ok(data) = MapData::from_pin(pin_dir.join(map_names::DECAP_SOURCES)) {
         let trie: LpmTrie<MapData, Addr, u8> = LpmTrie::try_from(aya::maps::Map::LpmTrie(data))
-            .map_err(|source| BalancerError::Map {
-                map: map_names::DECAP_SOURCES,
-                action: "open",
-                source,
+            .map_err(|source| {
+                BalancerError::from(DatapathError::Map {
+                    map: map_names::DECAP_SOURCES,
+                    action: "open",
+                    source,
+                })
             })?;
         sources = trie
             .keys()

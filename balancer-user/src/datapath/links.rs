@@ -24,7 +24,7 @@ use aya::programs::{
 
 use crate::{
     datapath::netdev,
-    model::error::{os_error, BalancerError, Result},
+    model::error::{os_error, BalancerError, DatapathError, Result},
 };
 
 /// The pin's name of interface `iface`: bpffs refuses names with a '.'
@@ -129,7 +129,7 @@ pub enum Attached {
 /// swapped into it instead (the interface never goes without a program).
 ///
 /// # Errors
-/// [`BalancerError::Program`] with the kernel's refusal explained (see
+/// [`DatapathError::Program`] with the kernel's refusal explained (see
 /// [`explain_attach_error`]); a pin that cannot be written.
 pub fn attach_pinned(
     prog: &mut Xdp,
@@ -146,10 +146,10 @@ pub fn attach_pinned(
         match prog.attach_to_link(xdp) {
             Ok(id) => {
                 let link = FdLink::try_from(prog.take_link(id).map_err(|source| {
-                    BalancerError::Program {
+                    BalancerError::from(DatapathError::Program {
                         action: format!("taking the link of {interface}"),
                         source,
-                    }
+                    })
                 })?)
                 .map_err(|e| link_err(pin, "holding", e))?;
                 return Ok((
@@ -176,25 +176,25 @@ pub fn attach_pinned(
                 })?;
             }
             Err(source) => {
-                return Err(BalancerError::Program {
+                return Err(BalancerError::from(DatapathError::Program {
                     action: format!(
                         "replacing the program on {interface}'s pinned link {}",
                         pin.display()
                     ),
                     source,
-                })
+                }))
             }
         }
     }
     let id = prog
         .attach(interface, mode)
         .map_err(|source| explain_attach_error(interface, mode, source))?;
-    let link = prog
-        .take_link(id)
-        .map_err(|source| BalancerError::Program {
+    let link = prog.take_link(id).map_err(|source| {
+        BalancerError::from(DatapathError::Program {
             action: format!("taking the link of {interface}"),
             source,
-        })?;
+        })
+    })?;
     let Ok(fd) = FdLink::try_from(link) else {
         // aya fell back to a netlink attachment: the kernel has no XDP
         // links (before 5.9). Nothing could keep it past the daemon.
@@ -298,7 +298,7 @@ pub fn explain_attach_error(
         ),
         _ => format!("attaching XDP to interface {interface} in {mode_name} mode"),
     };
-    BalancerError::Program { action, source }
+    BalancerError::from(DatapathError::Program { action, source })
 }
 
 /// The BPF link through which program `program_id` is attached, if it is

@@ -32,7 +32,7 @@ use balancer_common::{
 use crate::{
     datapath::batch,
     model::{
-        error::{BalancerError, Result},
+        error::{BalancerError, DatapathError, Result},
         prefix::{ip_be, ip_from_be},
         project::{self, ConfigMaps, VipEntry},
     },
@@ -165,10 +165,12 @@ pub(crate) fn map_err(
     map: &'static str,
     action: &'static str,
 ) -> impl FnOnce(MapError) -> BalancerError {
-    move |source| BalancerError::Map {
-        map,
-        action,
-        source,
+    move |source| {
+        BalancerError::from(DatapathError::Map {
+            map,
+            action,
+            source,
+        })
     }
 }
 

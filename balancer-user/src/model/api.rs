@@ -210,6 +210,30 @@ impl Response {
         Response::Error {
             message: message.into(),
             status,
+            vip: None,
+            backend: None,
+            field: None,
+            reason: None,
+        }
+    }
+
+    /// An error answer of `message`, with the refusal's place and reason
+    /// as data when there is one.
+    pub fn refused(
+        status: u16,
+        message: impl Into<String>,
+        refusal: Option<&crate::model::error::Refusal>,
+    ) -> Response {
+        let Some(r) = refusal else {
+            return Response::error(status, message);
+        };
+        Response::Error {
+            message: message.into(),
+            status,
+            vip: r.field.vip.map(|v| v.to_string()),
+            backend: r.field.backend.map(|b| b.to_string()),
+            field: r.field.path_text(),
+            reason: Some(Box::new(r.reason.clone())),
         }
     }
 }
@@ -230,6 +254,20 @@ pub enum Response {
         /// a failure of the kernel or the disk, 503 busy.
         #[serde(default = "internal_error")]
         status: u16,
+        /// The VIP of the refused value (`ADDR:PORT`), when a refusal of a
+        /// value names one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<String>,
+        /// The backend of the refused value (`ADDR:PORT`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backend: Option<String>,
+        /// The refused value's key path, as the file and the API write it
+        /// (`health.interval`, `choices`, `weight`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        field: Option<String>,
+        /// Why the value is refused, as data (an object tagged by `kind`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<Box<crate::model::error::Reason>>,
     },
     /// VIPs.
     Vips {
@@ -320,16 +358,18 @@ impl FlowFilter {
     /// Checks the kind.
     ///
     /// # Errors
-    /// [`crate::model::error::BalancerError::Invalid`] for a kind not in
-    /// [`FLOW_KINDS`].
+    /// [`crate::model::error::BalancerError::Refused`] of `kind` for a kind
+    /// not in [`FLOW_KINDS`].
     pub fn validate(&self) -> crate::model::error::Result<()> {
+        use crate::model::error::{BalancerError, Field, Reason};
         match &self.kind {
-            Some(k) if !FLOW_KINDS.contains(&k.as_str()) => {
-                Err(crate::model::error::BalancerError::Invalid {
-                    what: "flow kind",
-                    reason: format!("{k:?} is not one of {}", FLOW_KINDS.join(", ")),
-                })
-            }
+            Some(k) if !FLOW_KINDS.contains(&k.as_str()) => Err(BalancerError::refused(
+                Field::key("kind"),
+                Reason::Unknown {
+                    got: format!("{k:?}"),
+                    expected: FLOW_KINDS.iter().map(|k| k.to_string()).collect(),
+                },
+            )),
             _ => Ok(()),
         }
     }

@@ -12,11 +12,11 @@ use std::{
 use balancer_common::{BACKEND_SLOTS, MAX_BACKENDS_PER_VIP, MAX_VIPS, MAX_VIPS_PER_BACKEND};
 
 use crate::model::{
-    error::{BalancerError, Result},
+    error::{BalancerError, Field, Reason, Result},
     state::{
         check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
         check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, BackendState,
-        HealthCheck, State, Timeouts, VipConfig, VipSettings,
+        HealthCheck, Setting, State, Timeouts, VipConfig, VipSettings,
     },
 };
 
@@ -51,6 +51,18 @@ pub enum Command {
 }
 
 impl Command {
+    /// `e` placed in this command's VIP, and its backend when it names
+    /// one (a refusal that names its own keeps them).
+    pub fn place(&self, e: BalancerError) -> BalancerError {
+        match self {
+            Command::AddVip(v, _) | Command::SetVip(v, _) | Command::AddBackends(v, ..) => {
+                e.in_vip(*v)
+            }
+            Command::SetBackend(v, b, ..) => e.in_backend(*b).in_vip(*v),
+            _ => e,
+        }
+    }
+
     /// It only takes traffic away (a drain, a removal, a cluster drain):
     /// such a change stays applied when the state file cannot be written
     /// (`control::handle`), since refusing it would keep traffic on what
@@ -215,7 +227,7 @@ impl State {
         // A pair an earlier build accepted stays (no other change is
         // refused for it); a change that makes a new one is refused.
         let before = self.agent_cap_pairs();
-        self.apply_one(c, rules)?;
+        self.apply_one(c, rules).map_err(|e| c.place(e))?;
         self.check_agent_ports()?;
         match self
             .agent_cap_pairs()
@@ -223,15 +235,22 @@ impl State {
             .find(|p| !before.contains(p))
         {
             None => Ok(()),
-            Some((b, a, v, cap)) => Err(BalancerError::Invalid {
-                what: "load signal",
-                reason: format!(
-                    "backend {b} has one load: VIP {a} reads it from the backend's agent, so \
-                     VIP {v}'s --backend-max-conns {cap} would cap the agent's units, not \
-                     connections; give the backend to only one of them, or drop the cap or \
-                     the agent signal"
+            Some((b, a, v, cap)) => Err(BalancerError::refused(
+                Field {
+                    vip: Some(v),
+                    backend: Some(b),
+                    path: vec![Setting::BackendMaxConns.name()],
+                },
+                Reason::conflicts(
+                    format!("VIP {a}: {}", Setting::Signal.name()),
+                    format!(
+                        "backend {b} has one load: VIP {a} reads it from the backend's agent, \
+                         so VIP {v}'s --backend-max-conns {cap} would cap the agent's units, \
+                         not connections; give the backend to only one of them, or drop the \
+                         cap or the agent signal"
+                    ),
                 ),
-            }),
+            )),
         }
     }
 
@@ -266,7 +285,7 @@ impl State {
     /// agent at the same port (`crate::signals::agent::targets`).
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the backend and the two ports.
+    /// [`BalancerError::Refused`] naming the backend and the two ports.
     fn check_agent_ports(&self) -> Result<()> {
         let mut port_of: std::collections::BTreeMap<SocketAddr, (u16, SocketAddr)> =
             Default::default();
@@ -279,14 +298,21 @@ impl State {
             for b in &v.backends {
                 match port_of.get(&b.addr) {
                     Some((q, w)) if *q != p => {
-                        return Err(BalancerError::Invalid {
-                            what: "load signal",
-                            reason: format!(
-                                "backend {} has one load, polled from one agent: VIP {w} polls \
-                                 it at port {q}, VIP {} at port {p}",
-                                b.addr, v.addr
+                        return Err(BalancerError::refused(
+                            Field {
+                                vip: Some(v.addr),
+                                backend: Some(b.addr),
+                                path: vec![Setting::AgentPort.name()],
+                            },
+                            Reason::conflicts(
+                                format!("VIP {w}: {}", Setting::AgentPort.name()),
+                                format!(
+                                    "backend {} has one load, polled from one agent: VIP {w} \
+                                     polls it at port {q}, VIP {} at port {p}",
+                                    b.addr, v.addr
+                                ),
                             ),
-                        });
+                        ));
                     }
                     Some(_) => {}
                     None => {
@@ -431,7 +457,7 @@ pub(crate) fn check_new_backends(
     weight: u32,
     host: &BTreeSet<IpAddr>,
 ) -> Result<()> {
-    check_weight(weight)?;
+    check_weight(weight).map_err(|e| e.in_vip(vip))?;
     let v = state.vip(&vip)?;
     let mut seen: BTreeSet<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
     let mut listed = BTreeSet::new();
@@ -441,21 +467,31 @@ pub(crate) fn check_new_backends(
         check_backend_not_vip(vip, *a, state.vips.keys().copied())?;
         check_backend_not_host(vip, *a, host)?;
         if mode.direct_return() && a.port() != vip.port() {
-            return Err(BalancerError::Invalid {
-                what: "backend",
-                reason: format!(
-                    "{a}: in {} mode the packet reaches the backend unchanged, so it must \
-                     listen on the VIP's port {} (and hold the VIP on a loopback address)",
-                    mode.name(),
-                    vip.port()
+            return Err(BalancerError::refused(
+                Field {
+                    vip: Some(vip),
+                    backend: Some(*a),
+                    path: vec!["address"],
+                },
+                Reason::conflicts(
+                    Setting::Mode.name(),
+                    format!(
+                        "{a}: in {} mode the packet reaches the backend unchanged, so it must \
+                         listen on the VIP's port {} (and hold the VIP on a loopback address)",
+                        mode.name(),
+                        vip.port()
+                    ),
                 ),
-            });
+            ));
         }
         if !listed.insert(*a) {
-            return Err(BalancerError::Invalid {
-                what: "backend list",
-                reason: format!("{a} is listed twice"),
-            });
+            return Err(BalancerError::refused(
+                Field {
+                    vip: Some(vip),
+                    ..Field::key("backends")
+                },
+                Reason::Duplicate { got: a.to_string() },
+            ));
         }
         if !seen.insert(*a) {
             return Err(BalancerError::DuplicateBackend { vip, backend: *a });
@@ -467,7 +503,8 @@ pub(crate) fn check_new_backends(
             .iter()
             .map(|b| b.addr)
             .chain(addrs.iter().copied()),
-    )?;
+    )
+    .map_err(|e| e.in_vip(vip))?;
     // VIPs each new address serves already (one pass, nothing cloned).
     let mut serves: std::collections::BTreeMap<SocketAddr, usize> =
         addrs.iter().map(|a| (*a, 0)).collect();
@@ -499,15 +536,16 @@ pub(crate) fn check_new_backends(
 /// it, and that the VIP is new.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`], [`BalancerError::DuplicateVip`].
+/// [`BalancerError::Refused`], [`BalancerError::DuplicateVip`].
 pub(crate) fn check_new_vip(
     state: &State,
     addr: SocketAddr,
     settings: &VipSettings,
     host: &BTreeSet<IpAddr>,
 ) -> Result<()> {
-    check_endpoint("VIP", addr)?;
-    settings.validate_for(addr)?;
+    let here = |e: BalancerError| e.in_vip(addr);
+    check_endpoint("address", addr).map_err(here)?;
+    settings.validate_for(addr).map_err(here)?;
     check_vip_not_backend(
         addr,
         state
@@ -528,13 +566,13 @@ pub(crate) fn check_new_vip(
 /// that the mode of a VIP with backends stays.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the value.
+/// [`BalancerError::Refused`] naming the value.
 /// The QUIC-LB server IDs of a VIP's backends `addrs` (each the last
 /// `quic_server_id_len` octets of its address,
 /// `balancer_common::quic::server_id_of`) are distinct.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the two backends.
+/// [`BalancerError::Refused`] naming the two backends.
 fn check_quic_server_ids(s: &VipSettings, addrs: impl Iterator<Item = SocketAddr>) -> Result<()> {
     let len = u32::from(s.quic_server_id_len);
     if len == 0 {
@@ -545,13 +583,19 @@ fn check_quic_server_ids(s: &VipSettings, addrs: impl Iterator<Item = SocketAddr
         let sid = balancer_common::quic::server_id_of(&crate::model::prefix::ip_be(a.ip()), len);
         if let Some(other) = seen.insert(sid, a) {
             if other != a {
-                return Err(BalancerError::Invalid {
-                    what: "backend",
-                    reason: format!(
-                        "{a} and {other} have the same QUIC server ID {sid:#x} (the last {len} \
-                         octets of their addresses): raise --quic-server-id-len"
+                return Err(BalancerError::refused(
+                    Field {
+                        backend: Some(a),
+                        ..Setting::QuicServerIdLen.field()
+                    },
+                    Reason::conflicts(
+                        format!("backend {other}"),
+                        format!(
+                            "{a} and {other} have the same QUIC server ID {sid:#x} (the last \
+                             {len} octets of their addresses): raise --quic-server-id-len"
+                        ),
                     ),
-                });
+                ));
             }
         }
     }
@@ -563,21 +607,27 @@ pub(crate) fn check_settings_change(
     new: &VipSettings,
     host: &BTreeSet<IpAddr>,
 ) -> Result<()> {
-    new.validate_for(v.addr)?;
+    new.validate_for(v.addr).map_err(|e| e.in_vip(v.addr))?;
     check_vip_not_host(v.addr, new, host)?;
     for b in &v.backends {
         check_backend_for(v.addr, new, b.addr)?;
     }
     check_quic_server_ids(new, v.backends.iter().map(|b| b.addr))?;
     if new.mode != v.settings.mode && !v.backends.is_empty() {
-        return Err(BalancerError::Invalid {
-            what: "mode",
-            reason: format!(
-                "VIP {} has backends: a mode change would break their open connections; \
-                 remove the backends first (or add a new VIP)",
-                v.addr
+        return Err(BalancerError::refused(
+            Field {
+                vip: Some(v.addr),
+                ..Setting::Mode.field()
+            },
+            Reason::conflicts(
+                "backends",
+                format!(
+                    "VIP {} has backends: a mode change would break their open connections; \
+                     remove the backends first (or add a new VIP)",
+                    v.addr
+                ),
             ),
-        });
+        ));
     }
     Ok(())
 }

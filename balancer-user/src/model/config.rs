@@ -19,7 +19,9 @@
 //! ```
 //!
 //! Every key is checked: a key that is not one of the above is an error
-//! naming its line, like any other mistake in the file.
+//! naming its line, like any other mistake in the file ([`read`]: a
+//! refused value is named with its VIP, its backend, its key and the line
+//! and column of that key, [`locate`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -33,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::state::ForwardingMode;
 use crate::model::{
     command::Command,
-    error::{BalancerError, Result},
+    error::{BalancerError, ConfigError, Field, Reason, Refusal, Result},
     state::{
         check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendState,
         HealthCheck, State, Timeouts, VipSettings,
@@ -244,61 +246,20 @@ pub fn export(state: &State, timeouts: &Timeouts) -> Config {
 /// backend, before anything is changed.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the first value the API would refuse,
-/// with the VIP and backend it belongs to ([`locate_config_error`] gives
-/// them apart).
+/// [`BalancerError::Refused`] of the first value the API would refuse,
+/// placed in the VIP and backend it belongs to (its [`Field`]).
 pub fn check_config(c: &Config) -> Result<()> {
-    locate_config_error(c).map_err(|f| BalancerError::Invalid {
-        what: "configuration",
-        reason: f.to_string(),
-    })
-}
-
-/// The first value of a configuration the API would refuse, and where it is.
-#[derive(Debug)]
-pub struct ConfigFault {
-    /// The `[[vip]]` it is in (none: `[timeouts]`, or the list as a whole).
-    pub vip: Option<SocketAddr>,
-    /// The `[[vip.backend]]` it is in.
-    pub backend: Option<SocketAddr>,
-    /// What is wrong.
-    pub error: BalancerError,
-}
-
-impl std::fmt::Display for ConfigFault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.vip, self.backend) {
-            (None, _) => write!(f, "{}", self.error),
-            (Some(v), None) => write!(f, "VIP {v}: {}", self.error),
-            (Some(v), Some(b)) => write!(f, "VIP {v} backend {b}: {}", self.error),
-        }
-    }
-}
-
-/// [`check_config`], keeping the VIP and backend of the fault apart (the
-/// CLI finds their line in the file with them).
-///
-/// # Errors
-/// The first fault.
-pub fn locate_config_error(c: &Config) -> std::result::Result<(), Box<ConfigFault>> {
-    let at = |vip, backend| {
-        move |error| ConfigFault {
-            vip,
-            backend,
-            error,
-        }
-    };
-    check_unique(c).map_err(at(None, None))?;
+    check_unique(c)?;
     if let Some(t) = c.timeouts {
-        Timeouts::from(t).validate().map_err(at(None, None))?;
+        Timeouts::from(t).validate()?;
     }
     for v in &c.vips {
         let s = v.settings();
-        let here = at(Some(v.address), None);
-        check_endpoint("VIP", v.address).map_err(here)?;
+        let here = |e: BalancerError| e.in_vip(v.address);
+        check_endpoint("address", v.address).map_err(here)?;
         s.validate_for(v.address).map_err(here)?;
         for b in &v.backends {
-            let here = at(Some(v.address), Some(b.address));
+            let here = |e: BalancerError| e.in_backend(b.address).in_vip(v.address);
             check_backend_for(v.address, &s, b.address).map_err(here)?;
             check_weight(b.weight).map_err(here)?;
             if let Some(h) = &b.health {
@@ -312,6 +273,92 @@ pub fn locate_config_error(c: &Config) -> std::result::Result<(), Box<ConfigFaul
         }
     }
     Ok(())
+}
+
+/// Reads a TOML configuration and checks it ([`parse`], then
+/// [`check_config`]): a refused value is located in `text`, its line and
+/// column those of its key ([`locate`]).
+///
+/// # Errors
+/// [`BalancerError::Config`]: the refusal and where it is.
+pub fn read(text: &str) -> Result<Config> {
+    let c = parse(text)?;
+    check_config(&c).map_err(|e| at_in(e, text))?;
+    Ok(c)
+}
+
+/// `e` with its place in `text`: a [`BalancerError::Config`] when it is a
+/// refusal ([`locate`]; no line when its key cannot be found), as it was
+/// otherwise.
+pub fn at_in(e: BalancerError, text: &str) -> BalancerError {
+    match e {
+        BalancerError::Refused(refusal) => ConfigError {
+            file: None,
+            at: locate(text, &refusal.field),
+            refusal: *refusal,
+        }
+        .into(),
+        other => other,
+    }
+}
+
+/// The line and column (from 1) of `field` in the configuration `text`:
+/// its innermost key present in the file (`health.interval`'s `interval`,
+/// else `health`), else the header of the table it is in (its backend's
+/// `[[vip.backend]]`, its VIP's `[[vip]]`: a key left out takes its
+/// default). The VIP and backend are found by their `address`. `None` when
+/// the text does not parse, or the VIP is not in it.
+pub fn locate(text: &str, field: &Field) -> Option<(usize, usize)> {
+    locate_path(text, field.vip, field.backend, &field.path)
+}
+
+/// [`locate`] of a field given as its parts (the API's error answer: the
+/// VIP, the backend, the key path split at its dots).
+pub fn locate_path(
+    text: &str,
+    vip: Option<SocketAddr>,
+    backend: Option<SocketAddr>,
+    path: &[&str],
+) -> Option<(usize, usize)> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    fn table_of(list: Option<&toml_edit::Item>, addr: SocketAddr) -> Option<&toml_edit::Table> {
+        list?.as_array_of_tables()?.iter().find(|t| {
+            t.get("address")
+                .and_then(|a| a.as_str())
+                .and_then(|a| a.parse::<SocketAddr>().ok())
+                == Some(addr)
+        })
+    }
+    let mut path = path;
+    let mut table: &toml_edit::Table = doc.as_table();
+    if let Some(v) = vip {
+        table = table_of(doc.get("vip"), v)?;
+        if let Some(b) = backend {
+            table = table_of(table.get("backend"), b)?;
+        }
+    }
+    let mut span = table.span();
+    while let Some((k, rest)) = path.split_first() {
+        let Some((key, item)) = table.get_key_value(k) else {
+            break;
+        };
+        span = key.span().or(span);
+        match item.as_table() {
+            Some(t) => table = t,
+            None => break,
+        }
+        path = rest;
+    }
+    line_column(text, span?.start)
+}
+
+/// The line and column (from 1, the column in characters) of byte
+/// `offset` of `text`.
+fn line_column(text: &str, offset: usize) -> Option<(usize, usize)> {
+    let before = text.get(..offset)?;
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    Some((line, before[start..].chars().count() + 1))
 }
 
 /// The name a configuration file is known by in the state file (the base
@@ -331,88 +378,97 @@ pub fn source_name(path: &std::path::Path) -> String {
 /// Reads a TOML configuration.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] with the parser's message, which names the
-/// line and column of the first mistake (a syntax error, an unknown key, a
-/// value of the wrong type); a VIP or a backend listed twice.
+/// [`BalancerError::Config`] with the line and column of the first
+/// mistake: the parser's (a syntax error, an unknown key, a value of the
+/// wrong type: [`Reason::Syntax`] with the parser's message); the second
+/// listing of a VIP or a backend listed twice ([`Reason::Duplicate`]).
 pub fn parse(text: &str) -> Result<Config> {
-    let c: Config = toml::from_str(text).map_err(|e| BalancerError::Invalid {
-        what: "configuration",
-        reason: e.to_string().trim_end().to_string(),
+    let c: Config = toml::from_str(text).map_err(|e| {
+        BalancerError::from(ConfigError {
+            file: None,
+            at: e.span().and_then(|s| line_column(text, s.start)),
+            refusal: Refusal::new(
+                Field::default(),
+                Reason::Syntax {
+                    message: e.message().trim_end().to_string(),
+                },
+            ),
+        })
     })?;
     check_unique(&c).map_err(|e| match e {
-        BalancerError::Invalid { what, reason } => BalancerError::Invalid {
-            what,
-            reason: match second_listing(text, &c) {
-                Some(line) => format!("{reason} (again at line {line})"),
-                None => reason,
-            },
-        },
+        BalancerError::Refused(refusal) => ConfigError {
+            file: None,
+            at: second_listing(text, &refusal.field),
+            refusal: *refusal,
+        }
+        .into(),
         other => other,
     })?;
     Ok(c)
 }
 
-/// The line (from 1) where the first VIP, or backend of a VIP, listed a
-/// second time is listed again: the second `address` line naming it (a
-/// backend's within its VIP's entries).
-fn second_listing(text: &str, c: &Config) -> Option<usize> {
-    // The address on each `address = ...` line, however it is spelt.
-    let addrs: Vec<(usize, SocketAddr)> = text
-        .lines()
-        .enumerate()
-        .filter_map(|(i, l)| {
-            let (k, v) = l.split_once('=')?;
-            if k.trim().trim_matches(['"', '\'']) != "address" {
-                return None;
-            }
-            let v = v.split('#').next()?.trim().trim_matches(['"', '\'']);
-            Some((i, v.parse().ok()?))
-        })
-        .collect();
-    let nth = |from: usize, a: SocketAddr, n: usize| {
-        addrs
-            .iter()
-            .filter(|(i, x)| *i >= from && *x == a)
-            .nth(n)
-            .map(|(i, _)| *i)
+/// The line and column of the second listing of the VIP, or of the
+/// backend of the VIP, that `field` ([`check_unique`]'s) names twice: its
+/// `address` key.
+fn second_listing(text: &str, field: &Field) -> Option<(usize, usize)> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let addr = |t: &&toml_edit::Table, a: SocketAddr| {
+        t.get("address")
+            .and_then(|x| x.as_str())
+            .and_then(|x| x.parse::<SocketAddr>().ok())
+            == Some(a)
     };
-    let mut vips = BTreeSet::new();
-    for v in &c.vips {
-        if !vips.insert(v.address) {
-            return nth(0, v.address, 1).map(|i| i + 1);
-        }
-        let mut bs = BTreeSet::new();
-        for b in &v.backends {
-            if !bs.insert(b.address) {
-                let at = nth(0, v.address, 0)?;
-                return nth(at, b.address, 1).map(|i| i + 1);
-            }
-        }
-    }
-    None
+    let vips = doc.get("vip")?.as_array_of_tables()?;
+    let (table, nth) = match (field.vip, field.backend) {
+        (Some(v), None) => (vips.iter().filter(|t| addr(t, v)).nth(1)?, None),
+        (Some(v), Some(b)) => (vips.iter().find(|t| addr(t, v))?, Some(b)),
+        _ => return None,
+    };
+    let table = match nth {
+        None => table,
+        Some(b) => table
+            .get("backend")?
+            .as_array_of_tables()?
+            .iter()
+            .filter(|t| addr(t, b))
+            .nth(1)?,
+    };
+    let (key, _) = table.get_key_value("address")?;
+    line_column(text, key.span()?.start)
 }
 
 /// Checks that no VIP, and no backend of a VIP, is listed twice (the CLI
 /// on the file, the daemon on what the API receives).
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the address listed twice.
+/// [`BalancerError::Refused`] of the address listed twice.
 pub fn check_unique(c: &Config) -> Result<()> {
     let mut vips = BTreeSet::new();
     for v in &c.vips {
         if !vips.insert(v.address) {
-            return Err(BalancerError::Invalid {
-                what: "configuration",
-                reason: format!("VIP {} is listed twice", v.address),
-            });
+            return Err(BalancerError::refused(
+                Field {
+                    vip: Some(v.address),
+                    ..Field::key("address")
+                },
+                Reason::Duplicate {
+                    got: format!("VIP {}", v.address),
+                },
+            ));
         }
         let mut bs = BTreeSet::new();
         for b in &v.backends {
             if !bs.insert(b.address) {
-                return Err(BalancerError::Invalid {
-                    what: "configuration",
-                    reason: format!("VIP {}: backend {} is listed twice", v.address, b.address),
-                });
+                return Err(BalancerError::refused(
+                    Field {
+                        vip: Some(v.address),
+                        backend: Some(b.address),
+                        path: vec!["address"],
+                    },
+                    Reason::Duplicate {
+                        got: format!("backend {}", b.address),
+                    },
+                ));
             }
         }
     }
@@ -815,6 +871,170 @@ fn merge_backends(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::model::error::ConfigError;
+
+    /// Two VIPs, each with a health table and a backend; `bad` replaces
+    /// one line (by its text) of the first or second VIP.
+    const TWO_VIPS: &str = "\
+[timeouts]
+established = \"15m\"
+
+[[vip]]
+address = \"10.0.0.1:80\"
+choices = 2
+
+[vip.health]
+interval = \"2s\"
+
+[[vip.backend]]
+address = \"10.1.0.1:8080\"
+weight = 2
+
+[[vip]]
+address = \"10.0.0.2:80\"
+choices = 2
+
+[vip.health]
+interval = \"2s\"
+
+[[vip.backend]]
+address = \"10.1.0.2:8080\"
+weight = 2
+";
+
+    /// `TWO_VIPS` with the `n`th (from 0) occurrence of `line` replaced by
+    /// `by`, and the line number (from 1) it is on.
+    fn with(line: &str, n: usize, by: &str) -> (String, usize) {
+        let mut lines: Vec<&str> = TWO_VIPS.lines().collect();
+        let at = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l == line)
+            .nth(n)
+            .unwrap()
+            .0;
+        lines[at] = by;
+        (lines.join("\n") + "\n", at + 1)
+    }
+
+    fn config_error(text: &str) -> ConfigError {
+        match read(text).unwrap_err() {
+            BalancerError::Config(c) => *c,
+            other => panic!("not a configuration error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refused_value_names_its_vip_its_key_and_its_line() {
+        TWO_VIPS.parse::<toml::Table>().unwrap();
+        read(TWO_VIPS).unwrap();
+        let vip2: SocketAddr = "10.0.0.2:80".parse().unwrap();
+        let (text, line) = with("interval = \"2s\"", 1, "interval = \"5ms\"");
+        let e = config_error(&text);
+        assert_eq!(e.at, Some((line, 1)));
+        assert_eq!(e.refusal.field.vip, Some(vip2));
+        assert_eq!(e.refusal.field.backend, None);
+        assert_eq!(e.refusal.field.path, ["health", "interval"]);
+        assert_eq!(
+            e.refusal.reason,
+            Reason::OutOfRange {
+                got: "5ms".into(),
+                min: Some("10ms".into()),
+                max: Some("1h".into()),
+            }
+        );
+        assert_eq!(
+            BalancerError::from(e).in_file("balancer.toml").to_string(),
+            format!(
+                "balancer.toml:{line}:1: VIP 10.0.0.2:80: health.interval: 5ms is outside \
+                 10ms..=1h"
+            )
+        );
+        // Control: the same mistake in the first VIP is its line and its VIP.
+        let (text, other) = with("interval = \"2s\"", 0, "interval = \"5ms\"");
+        assert_ne!(other, line);
+        let e = config_error(&text);
+        assert_eq!(e.at, Some((other, 1)));
+        assert_eq!(e.refusal.field.vip, Some("10.0.0.1:80".parse().unwrap()));
+        assert!(
+            e.to_string().starts_with(&format!(
+                "line {other}, column 1: VIP 10.0.0.1:80: health.interval"
+            )),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_refused_backend_value_names_the_backend_and_its_line() {
+        let (text, line) = with("weight = 2", 1, "weight = 5000");
+        let e = config_error(&text);
+        assert_eq!(e.at, Some((line, 1)));
+        assert_eq!(e.refusal.field.vip, Some("10.0.0.2:80".parse().unwrap()));
+        assert_eq!(
+            e.refusal.field.backend,
+            Some("10.1.0.2:8080".parse().unwrap())
+        );
+        assert_eq!(e.refusal.field.path, ["weight"]);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "line {line}, column 1: VIP 10.0.0.2:80 backend 10.1.0.2:8080: weight: 5000 is \
+                 outside 1..=1000"
+            )
+        );
+        // Control: the first backend's.
+        let (text, other) = with("weight = 2", 0, "weight = 5000");
+        assert_eq!(config_error(&text).at, Some((other, 1)));
+        assert_ne!(other, line);
+    }
+
+    #[test]
+    fn a_key_left_out_is_located_at_its_table_and_the_column_counts_characters() {
+        // A UDP-only VIP's check needs a port of its own: `health.port`,
+        // which the file leaves out: the key of `health`, in the second
+        // VIP's `[vip.health]` two lines on (its column: after `[vip.`).
+        let (text, line) = with("choices = 2", 1, "protocol = \"udp\"");
+        let e = config_error(&text);
+        assert_eq!(e.refusal.field.path, ["health", "port"]);
+        assert!(
+            matches!(e.refusal.reason, Reason::Conflicts { ref with, .. } if with == "protocol")
+        );
+        assert_eq!(e.at, Some((line + 2, 6)));
+        // Without a health table (the default check): the VIP's header.
+        let text = text.replacen("[vip.health]\ninterval = \"2s\"\n", "", 2);
+        let header = text
+            .lines()
+            .position(|l| l == "address = \"10.0.0.2:80\"")
+            .unwrap();
+        let e = config_error(&text);
+        assert_eq!(e.refusal.field.path, ["health", "port"]);
+        assert_eq!(e.at, Some((header, 1)), "{text}");
+        let text = TWO_VIPS.replace(
+            "established = \"15m\"",
+            "established = \"15m\"\n  orphan = \"0s\"",
+        );
+        let e = config_error(&text);
+        assert_eq!(e.refusal.field.path, ["timeouts", "orphan"]);
+        assert_eq!(e.at, Some((3, 3)));
+    }
+
+    #[test]
+    fn a_syntax_error_and_a_second_listing_have_their_line() {
+        let (text, line) = with("weight = 2", 1, "weight = ");
+        let e = config_error(&text);
+        assert!(matches!(e.refusal.reason, Reason::Syntax { .. }), "{e:?}");
+        assert_eq!(e.at.map(|a| a.0), Some(line));
+        let (text, line) = with("address = \"10.0.0.2:80\"", 0, "address = \"10.0.0.1:80\"");
+        let e = config_error(&text);
+        assert_eq!(e.at, Some((line, 1)));
+        assert_eq!(
+            e.refusal.reason,
+            Reason::Duplicate {
+                got: "VIP 10.0.0.1:80".into()
+            }
+        );
+    }
 
     #[test]
     fn a_plan_that_sweeps_most_backends_away_is_named() {
@@ -845,7 +1065,6 @@ mod tests {
         let three: Config = toml::from_str(&text(&five[..3])).unwrap();
         assert!(sweeping_removals(&current, &plan(&current, &three)).is_empty());
     }
-    use super::*;
 
     const SAMPLE: &str = r#"
 [timeouts]

@@ -48,13 +48,23 @@
 use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
 
 use crate::model::{
-    error::{BalancerError, Result},
+    error::{BalancerError, Reason, Refusal, Result},
     state::{
         check_choices, check_not_mapped, check_path_mode, family, is_unicast, mapped_ipv4,
-        Candidates, ForwardingMode, LoadSignal, Protocol, VipSettings, MAX_SOURCES_PER_VIP,
-        MAX_TIMEOUT,
+        Candidates, ForwardingMode, LoadSignal, Protocol, Setting, VipSettings,
+        MAX_SOURCES_PER_VIP, MAX_TIMEOUT,
     },
 };
+
+/// A refusal of setting `s` for `reason`.
+fn refuse<T>(s: Setting, reason: Reason) -> Result<T> {
+    Err(BalancerError::refused(s.field(), reason))
+}
+
+/// A duration as the settings write it (`1h 30m`).
+fn dur(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
 
 /// The table of a VIP's settings, handed to the generator `$generator`
 /// with the struct it writes (`{ TARGET }`); see the module's docs.
@@ -736,7 +746,7 @@ impl VipSettings {
     /// VIP's address ([`VipSettings::validate_for`] adds those).
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the field.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate(&self) -> Result<()> {
         self.validate_choice()?;
         self.validate_health()?;
@@ -753,7 +763,7 @@ impl VipSettings {
     /// /1../128 for IPv6).
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_for(&self, vip: SocketAddr) -> Result<()> {
         self.validate()?;
         self.validate_sources(vip)?;
@@ -769,36 +779,36 @@ impl VipSettings {
     /// netmask /1../128.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_choice(&self) -> Result<()> {
         check_choices(self.choices)?;
         if self.candidates == Candidates::Consistent && !self.mode.encapsulates() {
-            return Err(BalancerError::Invalid {
-                what: "candidates",
-                reason: format!(
-                    "consistent candidates need an encapsulating mode (ipip or gue), not {}: \
-                     only there does the backends' side (the decapsulation program) take part",
-                    self.mode.name()
+            return refuse(
+                Setting::Candidates,
+                Reason::conflicts(
+                    Setting::Mode.name(),
+                    format!(
+                        "consistent candidates need an encapsulating mode (ipip or gue), not {}: \
+                         only there does the backends' side (the decapsulation program) take part",
+                        self.mode.name()
+                    ),
                 ),
-            });
+            );
         }
         if self.persistence > Duration::from_secs(24 * 3600) {
-            return Err(BalancerError::Invalid {
-                what: "persistence",
-                reason: format!(
-                    "{} is longer than a day",
-                    humantime::format_duration(self.persistence)
-                ),
-            });
+            return refuse(
+                Setting::Persistence,
+                Reason::above(dur(self.persistence), "1day"),
+            );
         }
         if let Some(m) = self.persistence_netmask {
             if !(1..=128).contains(&m) {
-                return Err(BalancerError::Invalid {
-                    what: "persistence netmask",
-                    reason: format!(
-                        "/{m} is outside /1../128 (/0 would send every client to one backend)"
-                    ),
-                });
+                return Err(Refusal::new(
+                    Setting::PersistenceNetmask.field(),
+                    Reason::range(m, 1, 128),
+                )
+                .hint("/0 would send every client to one backend")
+                .into());
             }
         }
         Ok(())
@@ -809,13 +819,15 @@ impl VipSettings {
         if let Some(m) = self.persistence_netmask {
             let max = if vip.is_ipv4() { 32 } else { 128 };
             if m > max {
-                return Err(BalancerError::Invalid {
-                    what: "persistence netmask",
-                    reason: format!(
-                        "/{m} is longer than an {} address (/{max})",
-                        family(&vip.ip())
-                    ),
-                });
+                return Err(Refusal::new(
+                    Setting::PersistenceNetmask.field(),
+                    Reason::above(m, max),
+                )
+                .hint(format!(
+                    "an {} address is {max} bits long",
+                    family(&vip.ip())
+                ))
+                .into());
             }
         }
         Ok(())
@@ -837,60 +849,50 @@ impl VipSettings {
     /// own; slow start at most an hour; passive detection's bounds.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_health(&self) -> Result<()> {
         if let Some(h) = &self.health {
             h.validate()?;
             check_path_mode(h, self.mode)?;
             if self.protocol == Protocol::Udp && h.port.is_none() {
-                return Err(BalancerError::Invalid {
-                    what: "health check",
-                    reason: "a UDP-only VIP's backends take no TCP on their port: \
-                             give the check a TCP port of theirs (--health-port)"
-                        .into(),
-                });
+                return Err(BalancerError::refused(
+                    Setting::Health.inner("port"),
+                    Reason::conflicts(
+                        Setting::Protocol.name(),
+                        "a UDP-only VIP's backends take no TCP on their port: give the check a \
+                         TCP port of theirs (--health-port)",
+                    ),
+                ));
             }
         }
         if self.slow_start > Duration::from_secs(3600) {
-            return Err(BalancerError::Invalid {
-                what: "slow start",
-                reason: format!(
-                    "{} is longer than an hour",
-                    humantime::format_duration(self.slow_start)
-                ),
-            });
+            return refuse(
+                Setting::SlowStart,
+                Reason::above(dur(self.slow_start), "1h"),
+            );
         }
         if self.eject_after > 1000 {
-            return Err(BalancerError::Invalid {
-                what: "eject-after",
-                reason: format!("{} is above 1000", self.eject_after),
-            });
+            return refuse(Setting::EjectAfter, Reason::above(self.eject_after, 1000));
         }
         if !(1..=64).contains(&self.eject_min_sources) {
-            return Err(BalancerError::Invalid {
-                what: "eject-min-sources",
-                reason: format!(
-                    "{} is outside 1..=64 (distinct client prefixes)",
-                    self.eject_min_sources
-                ),
-            });
+            return refuse(
+                Setting::EjectMinSources,
+                Reason::range(self.eject_min_sources, 1, 64),
+            );
         }
         if !(1..=100).contains(&self.max_ejection_percent) {
-            return Err(BalancerError::Invalid {
-                what: "max-ejection-percent",
-                reason: format!("{} is outside 1..=100", self.max_ejection_percent),
-            });
+            return refuse(
+                Setting::MaxEjectionPercent,
+                Reason::range(self.max_ejection_percent, 1, 100),
+            );
         }
         if self.ejection_time < Duration::from_secs(1)
             || self.ejection_time > Duration::from_secs(3600)
         {
-            return Err(BalancerError::Invalid {
-                what: "ejection time",
-                reason: format!(
-                    "{} is outside 1s..=1h",
-                    humantime::format_duration(self.ejection_time)
-                ),
-            });
+            return refuse(
+                Setting::EjectionTime,
+                Reason::range(dur(self.ejection_time), "1s", "1h"),
+            );
         }
         Ok(())
     }
@@ -903,32 +905,31 @@ impl VipSettings {
     /// most `quic::MAX_SERVER_ID_LEN` octets, on a VIP that takes UDP.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_udp(&self) -> Result<()> {
         if self.udp_timeout < Duration::from_secs(1) || self.udp_timeout > MAX_TIMEOUT {
-            return Err(BalancerError::Invalid {
-                what: "udp timeout",
-                reason: format!(
-                    "{} is outside 1s..=7days",
-                    humantime::format_duration(self.udp_timeout)
-                ),
-            });
+            return refuse(
+                Setting::UdpTimeout,
+                Reason::range(dur(self.udp_timeout), "1s", "7days"),
+            );
         }
         if u32::from(self.quic_server_id_len) > balancer_common::quic::MAX_SERVER_ID_LEN {
-            return Err(BalancerError::Invalid {
-                what: "quic server id length",
-                reason: format!(
-                    "{} octets: at most {}",
+            return refuse(
+                Setting::QuicServerIdLen,
+                Reason::above(
                     self.quic_server_id_len,
-                    balancer_common::quic::MAX_SERVER_ID_LEN
+                    balancer_common::quic::MAX_SERVER_ID_LEN,
                 ),
-            });
+            );
         }
         if self.quic_server_id_len != 0 && !self.protocol.udp() {
-            return Err(BalancerError::Invalid {
-                what: "quic server id length",
-                reason: "QUIC runs over UDP: give the VIP --protocol udp or both".into(),
-            });
+            return refuse(
+                Setting::QuicServerIdLen,
+                Reason::conflicts(
+                    Setting::Protocol.name(),
+                    "QUIC runs over UDP: give the VIP --protocol udp or both",
+                ),
+            );
         }
         Ok(())
     }
@@ -941,33 +942,36 @@ impl VipSettings {
     /// IPv4-mapped one); GUE's port is not 0.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_forwarding(&self) -> Result<()> {
         match (self.mode, self.encap_source) {
             (ForwardingMode::Ipip | ForwardingMode::Gue, None) => {
-                return Err(BalancerError::Invalid {
-                    what: "encap source",
-                    reason: format!(
-                        "mode {} needs --encap-source, the outer source address of the \
-                         encapsulated packets (an address of this host the backends can reach)",
-                        self.mode.name()
+                return refuse(
+                    Setting::Mode,
+                    Reason::requires(
+                        Setting::EncapSource.name(),
+                        format!(
+                            "mode {} needs --encap-source, the outer source address of the \
+                             encapsulated packets (an address of this host the backends can \
+                             reach)",
+                            self.mode.name()
+                        ),
                     ),
-                })
+                )
             }
             (_, Some(a)) if !is_unicast(&a) => {
-                return Err(BalancerError::Invalid {
-                    what: "encap source",
-                    reason: format!("{a} is not a unicast address"),
-                })
+                return refuse(
+                    Setting::EncapSource,
+                    Reason::malformed(a, "a unicast address"),
+                )
             }
-            (_, Some(a)) if mapped_ipv4(&a).is_some() => check_not_mapped("encap source", a)?,
+            (_, Some(a)) if mapped_ipv4(&a).is_some() => {
+                check_not_mapped(Setting::EncapSource.name(), a)?
+            }
             _ => {}
         }
         if self.gue_port == 0 {
-            return Err(BalancerError::Invalid {
-                what: "GUE port",
-                reason: "port 0".into(),
-            });
+            return refuse(Setting::GuePort, Reason::range(0, 1, 65535));
         }
         Ok(())
     }
@@ -980,32 +984,53 @@ impl VipSettings {
     /// both lists, at most [`MAX_SOURCES_PER_VIP`] together.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the prefix.
+    /// [`BalancerError::Refused`] naming the list and the prefix.
     pub fn validate_sources(&self, vip: SocketAddr) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "source list",
-            reason,
-        };
         let n = self.allow_sources.len() + self.deny_sources.len();
         if n > MAX_SOURCES_PER_VIP {
-            return Err(bad(format!(
-                "{n} prefixes: a VIP holds at most {MAX_SOURCES_PER_VIP}"
-            )));
+            // The lists share one bound: the longer is named.
+            let longer = if self.allow_sources.len() >= self.deny_sources.len() {
+                Setting::AllowSources
+            } else {
+                Setting::DenySources
+            };
+            return refuse(
+                longer,
+                Reason::TooMany {
+                    count: n as u64,
+                    max: MAX_SOURCES_PER_VIP as u64,
+                },
+            );
         }
         let mut seen = BTreeSet::new();
-        for p in self.allow_sources.iter().chain(&self.deny_sources) {
+        let lists = (self
+            .allow_sources
+            .iter()
+            .map(|p| (Setting::AllowSources, p)))
+        .chain(self.deny_sources.iter().map(|p| (Setting::DenySources, p)));
+        for (list, p) in lists {
             if p.addr.is_ipv4() != vip.is_ipv4() {
-                return Err(bad(format!(
-                    "{p} is not of the VIP {vip}'s family: a VIP's clients come from its own"
-                )));
+                return refuse(
+                    list,
+                    Reason::malformed(
+                        p,
+                        format!("of the VIP {vip}'s family (a VIP's clients come from its own)"),
+                    ),
+                );
             }
             if !seen.insert(*p) {
                 let both = self.allow_sources.contains(p) && self.deny_sources.contains(p);
-                return Err(bad(if both {
-                    format!("{p} is both allowed and denied")
-                } else {
-                    format!("{p} is listed twice")
-                }));
+                return refuse(
+                    list,
+                    if both {
+                        Reason::conflicts(
+                            Setting::AllowSources.name(),
+                            format!("{p} is both allowed and denied"),
+                        )
+                    } else {
+                        Reason::Duplicate { got: p.to_string() }
+                    },
+                );
             }
         }
         Ok(())
@@ -1019,52 +1044,66 @@ impl VipSettings {
     /// only on a VIP that takes TCP, a cap of at most `choice::MAX_CAP`.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_limits(&self) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "limits",
-            reason,
-        };
         let max = balancer_common::rate::MAX_RATE;
-        if self.source_rate_prefix_v4 > 32 || self.source_rate_prefix_v6 > 128 {
-            return Err(bad(format!(
-                "source rate prefixes /{} (IPv4, 1-32) and /{} (IPv6, 1-128) are out of range",
-                self.source_rate_prefix_v4, self.source_rate_prefix_v6
-            )));
+        if self.source_rate_prefix_v4 > 32 {
+            return refuse(
+                Setting::SourceRatePrefixV4,
+                Reason::range(self.source_rate_prefix_v4, 1, 32),
+            );
         }
-        if self.source_rate > max || self.source_burst > max {
-            return Err(bad(format!(
-                "source rate {} and burst {} must be at most {max}",
-                self.source_rate, self.source_burst
-            )));
+        if self.source_rate_prefix_v6 > 128 {
+            return refuse(
+                Setting::SourceRatePrefixV6,
+                Reason::range(self.source_rate_prefix_v6, 1, 128),
+            );
+        }
+        if self.source_rate > max {
+            return refuse(Setting::SourceRate, Reason::above(self.source_rate, max));
+        }
+        if self.source_burst > max {
+            return refuse(Setting::SourceBurst, Reason::above(self.source_burst, max));
         }
         // A burst without a rate is kept and means nothing until a rate
         // is set: `--source-rate 0` alone turns the limit off, and a file
         // and runtime changes merged field by field never conflict.
         if self.source_rate != 0 && !self.protocol.tcp() {
-            return Err(bad(format!(
-                "a source rate ({}/s) counts completed TCP handshakes; a {} VIP has none (a \
-                 UDP flow has no proof a forger cannot give)",
-                self.source_rate,
-                self.protocol.name()
-            )));
+            return refuse(
+                Setting::SourceRate,
+                Reason::conflicts(
+                    Setting::Protocol.name(),
+                    format!(
+                        "a source rate ({}/s) counts completed TCP handshakes; a {} VIP has \
+                         none (a UDP flow has no proof a forger cannot give)",
+                        self.source_rate,
+                        self.protocol.name()
+                    ),
+                ),
+            );
         }
         if self.source_rate != 0 && self.mode != ForwardingMode::Nat {
-            return Err(bad(format!(
-                "a source rate ({}/s) is spent by handshakes seen completing, and a {} VIP \
-                 never sees its backends' answers: nothing it sees proves a source (a blind \
-                 forger can wait out a direct-return flow's proof age with anyone's address), \
-                 so the rate would be the forger's to spend; use NAT, or no source rate",
-                self.source_rate,
-                self.mode.name()
-            )));
+            return refuse(
+                Setting::SourceRate,
+                Reason::conflicts(
+                    Setting::Mode.name(),
+                    format!(
+                        "a source rate ({}/s) is spent by handshakes seen completing, and a {} \
+                         VIP never sees its backends' answers: nothing it sees proves a source \
+                         (a blind forger can wait out a direct-return flow's proof age with \
+                         anyone's address), so the rate would be the forger's to spend; use \
+                         NAT, or no source rate",
+                        self.source_rate,
+                        self.mode.name()
+                    ),
+                ),
+            );
         }
         if self.backend_max_conns > balancer_common::choice::MAX_CAP {
-            return Err(bad(format!(
-                "backend max conns {} is above {}",
-                self.backend_max_conns,
-                balancer_common::choice::MAX_CAP
-            )));
+            return refuse(
+                Setting::BackendMaxConns,
+                Reason::above(self.backend_max_conns, balancer_common::choice::MAX_CAP),
+            );
         }
         Ok(())
     }
@@ -1101,43 +1140,60 @@ impl VipSettings {
     /// without a rate.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_signal(&self) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "load signal",
-            reason,
-        };
         if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&self.agent_interval) {
-            return Err(bad(format!(
-                "agent interval {} is outside 50ms..=60s",
-                humantime::format_duration(self.agent_interval)
-            )));
+            return refuse(
+                Setting::AgentInterval,
+                Reason::range(dur(self.agent_interval), "50ms", "1m"),
+            );
         }
         if self.signal == LoadSignal::Latency && !self.protocol.tcp() {
-            return Err(bad(
-                "the latency signal measures TCP connections; a udp VIP has none".into(),
-            ));
+            return refuse(
+                Setting::Signal,
+                Reason::conflicts(
+                    Setting::Protocol.name(),
+                    "the latency signal measures TCP connections; a udp VIP has none",
+                ),
+            );
         }
         if self.signal == LoadSignal::Latency && self.mode != ForwardingMode::Nat {
-            return Err(bad(format!(
-                "the latency signal is measured where both directions pass the balancer (mode \
-                 nat); a {} VIP's backends answer the clients directly",
-                self.mode.name()
-            )));
+            return refuse(
+                Setting::Signal,
+                Reason::conflicts(
+                    Setting::Mode.name(),
+                    format!(
+                        "the latency signal is measured where both directions pass the \
+                         balancer (mode nat); a {} VIP's backends answer the clients directly",
+                        self.mode.name()
+                    ),
+                ),
+            );
         }
         if self.signal == LoadSignal::Agent {
             if matches!(self.agent_port, None | Some(0)) {
-                return Err(bad(
-                    "the agent signal needs --agent-port (the agent's TCP port on each backend)"
-                        .into(),
-                ));
+                return refuse(
+                    Setting::Signal,
+                    Reason::requires(
+                        Setting::AgentPort.name(),
+                        "the agent signal needs --agent-port (the agent's TCP port on each \
+                         backend)",
+                    ),
+                );
             }
             if self.backend_max_conns != 0 {
-                return Err(bad(format!(
-                    "a connection cap ({} per backend) counts connections, and the agent \
-                     signal compares the agents' reported load: use one or the other",
-                    self.backend_max_conns
-                )));
+                return refuse(
+                    Setting::BackendMaxConns,
+                    Reason::conflicts(
+                        Setting::Signal.name(),
+                        format!(
+                            "a connection cap ({} per backend) counts connections, and the \
+                             agent signal compares the agents' reported load: use one or the \
+                             other",
+                            self.backend_max_conns
+                        ),
+                    ),
+                );
             }
         }
         Ok(())
@@ -1151,27 +1207,25 @@ impl VipSettings {
     /// consistent candidates.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting.
+    /// [`BalancerError::Refused`] naming the setting.
     pub fn validate_locality(&self) -> Result<()> {
         if self.prefer_zone_below != 0 {
             if self.candidates == Candidates::Consistent {
-                return Err(BalancerError::Invalid {
-                    what: "locality",
-                    reason: "a zone preference changes the eligible backends with the load; \
-                             consistent candidates keep each client's two for as long as \
-                             the backends stay (use random candidates)"
-                        .into(),
-                });
+                return refuse(
+                    Setting::PreferZoneBelow,
+                    Reason::conflicts(
+                        Setting::Candidates.name(),
+                        "a zone preference changes the eligible backends with the load; \
+                         consistent candidates keep each client's two for as long as the \
+                         backends stay (use random candidates)",
+                    ),
+                );
             }
             if self.prefer_zone_below > balancer_common::choice::MAX_CAP {
-                return Err(BalancerError::Invalid {
-                    what: "locality",
-                    reason: format!(
-                        "prefer zone below {} is above {}",
-                        self.prefer_zone_below,
-                        balancer_common::choice::MAX_CAP
-                    ),
-                });
+                return refuse(
+                    Setting::PreferZoneBelow,
+                    Reason::above(self.prefer_zone_below, balancer_common::choice::MAX_CAP),
+                );
             }
         }
         Ok(())
@@ -1191,15 +1245,20 @@ impl VipSettings {
     /// around them).
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the setting and the character.
+    /// [`BalancerError::Refused`] naming the setting and the character.
     pub fn validate_about(&self) -> Result<()> {
         let d = &self.description;
         let n = d.chars().count();
         if n > MAX_DESCRIPTION_LEN {
-            return Err(BalancerError::Invalid {
-                what: "description",
-                reason: format!("{n} characters: at most {MAX_DESCRIPTION_LEN}"),
-            });
+            return Err(Refusal::new(
+                Setting::Description.field(),
+                Reason::TooMany {
+                    count: n as u64,
+                    max: MAX_DESCRIPTION_LEN as u64,
+                },
+            )
+            .hint("counted in characters")
+            .into());
         }
         let bidi = |c: char| matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
         if let Some((at, c)) = d
@@ -1207,13 +1266,13 @@ impl VipSettings {
             .enumerate()
             .find(|(_, c)| c.is_control() || bidi(*c))
         {
-            return Err(BalancerError::Invalid {
-                what: "description",
-                reason: format!(
-                    "character {} is {c:?}: a description is printable text, one line",
-                    at + 1
+            return refuse(
+                Setting::Description,
+                Reason::malformed(
+                    format!("character {} ({c:?})", at + 1),
+                    "printable text of one line",
                 ),
-            });
+            );
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use balancer_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::model::error::{BalancerError, Result};
+use crate::model::error::{BalancerError, Field, Reason, Refusal, Result};
 
 /// What an active health check does.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -120,42 +120,41 @@ impl HealthCheck {
     /// Checks the values.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the field.
+    /// [`BalancerError::Refused`] naming the key (`health.interval`: a
+    /// VIP's and a backend's check are both its `health`).
     pub fn validate(&self) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "health check",
-            reason,
-        };
+        let bad = |key, reason| Err(BalancerError::refused(Setting::Health.inner(key), reason));
+        let d = |d: Duration| humantime::format_duration(d).to_string();
         if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(3600) {
-            return Err(bad(format!(
-                "interval {} is outside 10ms..=1h",
-                humantime::format_duration(self.interval)
-            )));
+            return bad("interval", Reason::range(d(self.interval), "10ms", "1h"));
         }
         if self.timeout.is_zero() || self.timeout > self.interval {
-            return Err(bad(format!(
-                "timeout {} must be above 0 and at most the interval {}",
-                humantime::format_duration(self.timeout),
-                humantime::format_duration(self.interval)
-            )));
+            return bad(
+                "timeout",
+                Reason::range(d(self.timeout), "1ns", d(self.interval)),
+            );
         }
-        if !(1..=100).contains(&self.rise) || !(1..=100).contains(&self.fall) {
-            return Err(bad(format!(
-                "rise {} and fall {} must be in 1..=100",
-                self.rise, self.fall
-            )));
+        if !(1..=100).contains(&self.rise) {
+            return bad("rise", Reason::range(self.rise, 1, 100));
+        }
+        if !(1..=100).contains(&self.fall) {
+            return bad("fall", Reason::range(self.fall, 1, 100));
         }
         if self.port == Some(0) {
-            return Err(bad("port 0".into()));
+            return bad("port", Reason::range(0, 1, 65535));
         }
         if let CheckKind::Http { path, status } = &self.kind {
             if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(bad(format!(
-                    "HTTP path {path:?} must start with / and hold no spaces"
-                )));
+                return bad(
+                    "path",
+                    Reason::malformed(
+                        format!("{path:?}"),
+                        "an HTTP path (starting with /, no spaces)",
+                    ),
+                );
             }
             if !(100..=599).contains(status) {
-                return Err(bad(format!("HTTP status {status} is not in 100..=599")));
+                return bad("status", Reason::range(status, 100, 599));
             }
         }
         Ok(())
@@ -259,6 +258,22 @@ vip_settings!(balancer_macros::settings_state {
         pub ..
     }
 });
+
+impl Setting {
+    /// The field of this setting (its key path: the name alone).
+    pub fn field(self) -> Field {
+        Field::key(self.name())
+    }
+
+    /// The field of key `key` inside this setting's value
+    /// (`health.interval`).
+    pub fn inner(self, key: &'static str) -> Field {
+        Field {
+            path: vec![self.name(), key],
+            ..Field::default()
+        }
+    }
+}
 
 /// The load a VIP's choice compares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -430,24 +445,21 @@ impl ForwardingMode {
 /// Validates a backend weight: 1..=[`MAX_WEIGHT`].
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] otherwise.
+/// [`BalancerError::Refused`] of `weight` otherwise.
 pub fn check_weight(w: u32) -> Result<()> {
+    let out = Refusal::new(Field::key("weight"), Reason::range(w, 1, MAX_WEIGHT));
     if (1..=MAX_WEIGHT).contains(&w) {
         Ok(())
     } else if w == 0 {
-        Err(BalancerError::Invalid {
-            what: "weight",
-            reason: format!(
-                "0 is not in 1..={MAX_WEIGHT}: to stop new connections to a backend while its \
-                 connections finish (IPVS's weight 0), drain it: `balancer backend drain VIP \
-                 BACKEND` (or `drained = true` in the configuration)"
-            ),
-        })
+        Err(out
+            .hint(
+                "to stop new connections to a backend while its connections finish (IPVS's \
+                 weight 0), drain it: `balancer backend drain VIP BACKEND` (or `drained = true` \
+                 in the configuration)",
+            )
+            .into())
     } else {
-        Err(BalancerError::Invalid {
-            what: "weight",
-            reason: format!("{w} is not in 1..={MAX_WEIGHT}"),
-        })
+        Err(out.into())
     }
 }
 
@@ -486,7 +498,7 @@ pub const MAX_ZONE_LEN: usize = 64;
 /// `-` (`eu-west-1a`, `rack12`).
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] saying what is wrong.
+/// [`BalancerError::Refused`] of `zone`, saying what is wrong.
 pub fn check_zone(z: &str) -> Result<()> {
     if z.is_empty()
         || z.len() > MAX_ZONE_LEN
@@ -494,12 +506,13 @@ pub fn check_zone(z: &str) -> Result<()> {
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
     {
-        return Err(BalancerError::Invalid {
-            what: "zone",
-            reason: format!(
-                "{z:?}: a zone is 1 to {MAX_ZONE_LEN} ASCII letters, digits, '.', '_' or '-'"
+        return Err(BalancerError::refused(
+            Field::key("zone"),
+            Reason::malformed(
+                format!("{z:?}"),
+                format!("a zone: 1 to {MAX_ZONE_LEN} ASCII letters, digits, '.', '_' or '-'"),
             ),
-        });
+        ));
     }
     Ok(())
 }
@@ -600,14 +613,23 @@ impl State {
     /// VIP indexes, duplicate backends, slots used twice or out of range.
     ///
     /// # Errors
-    /// [`BalancerError::Invalid`] naming the first problem.
+    /// [`BalancerError::Refused`] naming the first problem: its VIP, its
+    /// backend, its key (the state file's: `index`, `slot`, `servers`).
     pub fn validate(&self) -> Result<()> {
-        let bad = |reason: String| BalancerError::Invalid {
-            what: "state file",
-            reason,
+        let bad = |field: Field, reason| Err(BalancerError::refused(field, reason));
+        let at = |vip: SocketAddr, backend: Option<SocketAddr>, key: &'static str| Field {
+            vip: Some(vip),
+            backend,
+            path: vec![key],
         };
         if self.vips.len() > MAX_VIPS as usize {
-            return Err(bad(format!("{} VIPs, at most {MAX_VIPS}", self.vips.len())));
+            return bad(
+                Field::key("vips"),
+                Reason::TooMany {
+                    count: self.vips.len() as u64,
+                    max: MAX_VIPS.into(),
+                },
+            );
         }
         if let Some(t) = &self.timeouts {
             t.validate()?;
@@ -616,61 +638,115 @@ impl State {
         let mut slots = BTreeSet::new();
         for (addr, u) in self.backend_uses() {
             if u.vips.len() > MAX_VIPS_PER_BACKEND as usize {
-                return Err(bad(format!(
-                    "backend {addr} serves more than {MAX_VIPS_PER_BACKEND} VIPs"
-                )));
+                return bad(
+                    Field {
+                        backend: Some(addr),
+                        ..Field::key("vips")
+                    },
+                    Reason::TooMany {
+                        count: u.vips.len() as u64,
+                        max: MAX_VIPS_PER_BACKEND.into(),
+                    },
+                );
             }
         }
         for (addr, v) in &self.vips {
             if *addr != v.addr {
-                return Err(bad(format!("VIP {addr} stored as {}", v.addr)));
+                return bad(
+                    at(*addr, None, "addr"),
+                    Reason::malformed(v.addr, format!("the VIP's key {addr}")),
+                );
             }
-            check_endpoint("VIP", v.addr).map_err(|e| bad(e.to_string()))?;
+            check_endpoint("address", v.addr).map_err(|e| e.in_vip(*addr))?;
             v.settings
                 .validate_for(v.addr)
-                .map_err(|e| bad(format!("VIP {addr}: {e}")))?;
-            if v.index >= MAX_VIPS || !indexes.insert(v.index) {
-                return Err(bad(format!(
-                    "VIP {addr}: index {} out of range or used twice",
-                    v.index
-                )));
+                .map_err(|e| e.in_vip(*addr))?;
+            if v.index >= MAX_VIPS {
+                return bad(
+                    at(*addr, None, "index"),
+                    Reason::above(v.index, MAX_VIPS - 1),
+                );
+            }
+            if !indexes.insert(v.index) {
+                return bad(
+                    at(*addr, None, "index"),
+                    Reason::Duplicate {
+                        got: v.index.to_string(),
+                    },
+                );
             }
             let mut seen = BTreeSet::new();
             for b in &v.backends {
+                let here = |e: BalancerError| e.in_backend(b.addr).in_vip(*addr);
                 if let Some(h) = &b.health {
-                    check_path_mode(h, v.settings.mode)
-                        .map_err(|e| bad(format!("VIP {addr}, backend {}: {e}", b.addr)))?;
+                    check_path_mode(h, v.settings.mode).map_err(here)?;
                 }
-                check_backend_for(v.addr, &v.settings, b.addr).map_err(|e| bad(e.to_string()))?;
-                check_backend_not_vip(v.addr, b.addr, self.vips.keys().copied())
-                    .map_err(|e| bad(e.to_string()))?;
+                check_backend_for(v.addr, &v.settings, b.addr).map_err(here)?;
+                check_backend_not_vip(v.addr, b.addr, self.vips.keys().copied()).map_err(here)?;
                 if !seen.insert(b.addr) {
-                    return Err(bad(format!("VIP {addr}: backend {} listed twice", b.addr)));
+                    return bad(
+                        at(*addr, None, "backends"),
+                        Reason::Duplicate {
+                            got: b.addr.to_string(),
+                        },
+                    );
                 }
-                if b.slot >= BACKEND_SLOTS || !slots.insert(b.slot) {
-                    return Err(bad(format!(
-                        "backend {}: slot {} out of range or used twice",
-                        b.addr, b.slot
-                    )));
+                if b.slot >= BACKEND_SLOTS {
+                    return bad(
+                        at(*addr, Some(b.addr), "slot"),
+                        Reason::above(b.slot, BACKEND_SLOTS - 1),
+                    );
                 }
-                check_weight(b.weight).map_err(|e| bad(format!("backend {}: {e}", b.addr)))?;
+                if !slots.insert(b.slot) {
+                    return bad(
+                        at(*addr, Some(b.addr), "slot"),
+                        Reason::Duplicate {
+                            got: b.slot.to_string(),
+                        },
+                    );
+                }
+                check_weight(b.weight).map_err(here)?;
                 if let Some(h) = &b.health {
-                    h.validate()
-                        .map_err(|e| bad(format!("backend {}: {e}", b.addr)))?;
+                    h.validate().map_err(here)?;
                 }
             }
         }
         let uses = self.backend_uses();
         let mut servers = BTreeSet::new();
         for (addr, server) in &self.servers {
-            if !uses.contains_key(addr) || *server >= BACKEND_SLOTS || !servers.insert(*server) {
-                return Err(bad(format!(
-                    "server {addr}: index {server} unused, out of range or used twice"
-                )));
+            let field = Field {
+                backend: Some(*addr),
+                ..Field::key("servers")
+            };
+            if !uses.contains_key(addr) {
+                return bad(
+                    field,
+                    Reason::Unknown {
+                        got: addr.to_string(),
+                        expected: vec!["a backend of a VIP".into()],
+                    },
+                );
+            }
+            if *server >= BACKEND_SLOTS {
+                return bad(field, Reason::above(server, BACKEND_SLOTS - 1));
+            }
+            if !servers.insert(*server) {
+                return bad(
+                    field,
+                    Reason::Duplicate {
+                        got: server.to_string(),
+                    },
+                );
             }
         }
         if let Some(a) = uses.keys().find(|a| !self.servers.contains_key(a)) {
-            return Err(bad(format!("backend {a} has no server index")));
+            return bad(
+                Field {
+                    backend: Some(*a),
+                    ..Field::key("servers")
+                },
+                Reason::requires("servers", "every backend address has a server index"),
+            );
         }
         Ok(())
     }
@@ -833,15 +909,17 @@ impl State {
 /// Validates a `choices` value: 1..=16, or [`CHOICES_FULL_SCAN`].
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] otherwise.
+/// [`BalancerError::Refused`] of `choices` otherwise.
 pub fn check_choices(choices: u32) -> Result<()> {
     if (1..=MAX_CHOICES).contains(&choices) || choices == CHOICES_FULL_SCAN {
         Ok(())
     } else {
-        Err(BalancerError::Invalid {
-            what: "choices",
-            reason: format!("{choices} is not in 1..={MAX_CHOICES} (or \"all\" for a full scan)"),
-        })
+        Err(Refusal::new(
+            Setting::Choices.field(),
+            Reason::range(choices, 1, MAX_CHOICES),
+        )
+        .hint("or \"all\" for a full scan")
+        .into())
     }
 }
 
@@ -868,15 +946,20 @@ pub fn family(a: &IpAddr) -> &'static str {
 /// the VIP.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] for a path check on a NAT VIP.
+/// [`BalancerError::Refused`] of `health.kind` for a path check on a NAT
+/// VIP.
 pub fn check_path_mode(h: &HealthCheck, mode: ForwardingMode) -> Result<()> {
     if h.kind == (CheckKind::Path {}) && mode == ForwardingMode::Nat {
-        return Err(BalancerError::Invalid {
-            what: "health check",
-            reason: "a path check needs a dsr, ipip or gue VIP: a NAT backend does not \
-                     answer for the VIP's address (use tcp or http)"
-                .into(),
-        });
+        return Err(Refusal::new(
+            Setting::Health.inner("kind"),
+            Reason::conflicts(
+                Setting::Mode.name(),
+                "a path check needs a dsr, ipip or gue VIP: a NAT backend does not answer for \
+                 the VIP's address",
+            ),
+        )
+        .hint("use tcp or http")
+        .into());
     }
     Ok(())
 }
@@ -888,30 +971,44 @@ pub fn check_path_mode(h: &HealthCheck, mode: ForwardingMode) -> Result<()> {
 /// VIP's family; the outer header is the backend's).
 ///
 /// # Errors
-/// [`BalancerError::Invalid`].
+/// [`BalancerError::Refused`] of the backend's `address`.
 pub fn check_backend_for(vip: SocketAddr, settings: &VipSettings, b: SocketAddr) -> Result<()> {
     check_backend(vip, b)?;
+    let field = Field {
+        vip: Some(vip),
+        backend: Some(b),
+        path: vec!["address"],
+    };
     match (settings.mode, settings.encap_source) {
         (ForwardingMode::Nat | ForwardingMode::Dsr, _) if b.is_ipv4() != vip.is_ipv4() => {
-            Err(BalancerError::Invalid {
-                what: "backend",
-                reason: format!(
-                    "{b} is {} but the VIP {vip} is {}: in {} mode a VIP's backends are of its family (the encapsulating modes, ipip and gue, carry one family in the other)",
-                    family(&b.ip()),
-                    family(&vip.ip()),
-                    settings.mode.name()
+            Err(BalancerError::refused(
+                field,
+                Reason::conflicts(
+                    Setting::Mode.name(),
+                    format!(
+                        "{b} is {} but the VIP {vip} is {}: in {} mode a VIP's backends are of \
+                         its family (the encapsulating modes, ipip and gue, carry one family in \
+                         the other)",
+                        family(&b.ip()),
+                        family(&vip.ip()),
+                        settings.mode.name()
+                    ),
                 ),
-            })
+            ))
         }
         (ForwardingMode::Ipip | ForwardingMode::Gue, Some(src)) if src.is_ipv4() != b.is_ipv4() => {
-            Err(BalancerError::Invalid {
-                what: "backend",
-                reason: format!(
-                    "{b} is {} but the encapsulation's outer source {src} is {}: the outer header is of the backend's family",
-                    family(&b.ip()),
-                    family(&src)
+            Err(BalancerError::refused(
+                field,
+                Reason::conflicts(
+                    Setting::EncapSource.name(),
+                    format!(
+                        "{b} is {} but the encapsulation's outer source {src} is {}: the outer \
+                         header is of the backend's family",
+                        family(&b.ip()),
+                        family(&src)
+                    ),
                 ),
-            })
+            ))
         }
         _ => Ok(()),
     }
@@ -920,27 +1017,24 @@ pub fn check_backend_for(vip: SocketAddr, settings: &VipSettings, b: SocketAddr)
 /// Validates a VIP or backend address: unicast, not loopback, port not 0.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming `what`.
-pub fn check_endpoint(what: &'static str, a: SocketAddr) -> Result<()> {
+/// [`BalancerError::Refused`] of key `key` (`address`).
+pub fn check_endpoint(key: &'static str, a: SocketAddr) -> Result<()> {
+    let bad = |expected: &str| {
+        Err(BalancerError::refused(
+            Field::key(key),
+            Reason::malformed(a, expected),
+        ))
+    };
     if a.port() == 0 {
-        return Err(BalancerError::Invalid {
-            what,
-            reason: format!("{a}: port 0"),
-        });
+        return bad("an address with a port (port 0)");
     }
     if !is_unicast(&a.ip()) {
-        return Err(BalancerError::Invalid {
-            what,
-            reason: format!("{a}: not a unicast address"),
-        });
+        return bad("a unicast address");
     }
     if a.ip().is_loopback() {
-        return Err(BalancerError::Invalid {
-            what,
-            reason: format!("{a}: a loopback address never reaches XDP on a NIC"),
-        });
+        return bad("an address that reaches XDP on a NIC (a loopback address never does)");
     }
-    check_not_mapped(what, a.ip())
+    check_not_mapped(key, a.ip())
 }
 
 /// `Some` with the IPv4 address when `a` is an IPv4-mapped IPv6 address
@@ -958,16 +1052,19 @@ pub fn mapped_ipv4(a: &IpAddr) -> Option<std::net::Ipv4Addr> {
 /// VIP, a backend of another family or a forwarding loop would miss.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming `what` and the IPv4 spelling.
-pub fn check_not_mapped(what: &'static str, a: IpAddr) -> Result<()> {
+/// [`BalancerError::Refused`] of key `key`, with the IPv4 spelling.
+pub fn check_not_mapped(key: &'static str, a: IpAddr) -> Result<()> {
     match mapped_ipv4(&a) {
-        Some(v4) => Err(BalancerError::Invalid {
-            what,
-            reason: format!(
-                "{a} is an IPv4-mapped IPv6 address (::ffff:0:0/96), which never appears in an \
-                 IPv6 packet: write the IPv4 address {v4}"
+        Some(v4) => Err(Refusal::new(
+            Field::key(key),
+            Reason::malformed(
+                a,
+                "an address an IPv6 packet carries (an IPv4-mapped IPv6 address, ::ffff:0:0/96, \
+                 never appears in one)",
             ),
-        }),
+        )
+        .hint(format!("write the IPv4 address {v4}"))
+        .into()),
         None => Ok(()),
     }
 }
@@ -975,14 +1072,21 @@ pub fn check_not_mapped(what: &'static str, a: IpAddr) -> Result<()> {
 /// Validates a backend of `vip`.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`].
+/// [`BalancerError::Refused`] of the backend's `address`.
 pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
-    check_endpoint("backend", b)?;
+    check_endpoint("address", b).map_err(|e| e.in_backend(b).in_vip(vip))?;
     if b == vip {
-        return Err(BalancerError::Invalid {
-            what: "backend",
-            reason: format!("{b} is the VIP itself"),
-        });
+        return Err(BalancerError::refused(
+            Field {
+                vip: Some(vip),
+                backend: Some(b),
+                path: vec!["address"],
+            },
+            Reason::ForwardingLoop {
+                got: b.to_string(),
+                is: "the VIP itself".into(),
+            },
+        ));
     }
     Ok(())
 }
@@ -993,19 +1097,24 @@ pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
 /// backends.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the backend and the VIP it is.
+/// [`BalancerError::Refused`] naming the backend and the VIP it is.
 pub fn check_backend_not_vip(
     vip: SocketAddr,
     b: SocketAddr,
     vips: impl IntoIterator<Item = SocketAddr>,
 ) -> Result<()> {
     match vips.into_iter().find(|v| v.ip() == b.ip()) {
-        Some(v) => Err(BalancerError::Invalid {
-            what: "backend",
-            reason: format!(
-                "backend {b} of VIP {vip} is the address of VIP {v}: a forwarding loop"
-            ),
-        }),
+        Some(v) => Err(BalancerError::refused(
+            Field {
+                vip: Some(vip),
+                backend: Some(b),
+                path: vec!["address"],
+            },
+            Reason::ForwardingLoop {
+                got: b.to_string(),
+                is: format!("the address of VIP {v}"),
+            },
+        )),
         None => Ok(()),
     }
 }
@@ -1015,18 +1124,22 @@ pub fn check_backend_not_vip(
 /// forward to this one, a forwarding loop.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the VIP and the backend it is.
+/// [`BalancerError::Refused`] naming the VIP and the backend it is.
 pub fn check_vip_not_backend(
     vip: SocketAddr,
     backends: impl IntoIterator<Item = (SocketAddr, SocketAddr)>,
 ) -> Result<()> {
     match backends.into_iter().find(|(_, b)| b.ip() == vip.ip()) {
-        Some((v, b)) => Err(BalancerError::Invalid {
-            what: "VIP",
-            reason: format!(
-                "VIP {vip} is the address of backend {b} of VIP {v}: a forwarding loop"
-            ),
-        }),
+        Some((v, b)) => Err(BalancerError::refused(
+            Field {
+                vip: Some(vip),
+                ..Field::key("address")
+            },
+            Reason::ForwardingLoop {
+                got: vip.to_string(),
+                is: format!("the address of backend {b} of VIP {v}"),
+            },
+        )),
         None => Ok(()),
     }
 }
@@ -1036,21 +1149,24 @@ pub fn check_vip_not_backend(
 /// would forward to itself.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the backend.
+/// [`BalancerError::Refused`] naming the backend.
 pub fn check_backend_not_host(
     vip: SocketAddr,
     b: SocketAddr,
     host: &BTreeSet<IpAddr>,
 ) -> Result<()> {
     if host.contains(&b.ip()) {
-        return Err(BalancerError::Invalid {
-            what: "backend",
-            reason: format!(
-                "backend {b} of VIP {vip} is {}, an address of the balancer's own host: a \
-                 forwarding loop",
-                b.ip()
-            ),
-        });
+        return Err(BalancerError::refused(
+            Field {
+                vip: Some(vip),
+                backend: Some(b),
+                path: vec!["address"],
+            },
+            Reason::ForwardingLoop {
+                got: b.to_string(),
+                is: format!("{}, an address of the balancer's own host", b.ip()),
+            },
+        ));
     }
     Ok(())
 }
@@ -1061,23 +1177,29 @@ pub fn check_backend_not_host(
 /// so.
 ///
 /// # Errors
-/// [`BalancerError::Invalid`] naming the VIP and the setting that allows it.
+/// [`BalancerError::Refused`] naming the VIP and the setting that allows it.
 pub fn check_vip_not_host(
     vip: SocketAddr,
     settings: &VipSettings,
     host: &BTreeSet<IpAddr>,
 ) -> Result<()> {
     if host.contains(&vip.ip()) && !settings.allow_host_address {
-        return Err(BalancerError::Invalid {
-            what: "VIP",
-            reason: format!(
-                "VIP {vip} is on {}, an address of the balancer's own host: it would take port {} \
-                 over from the host's own service; if that is meant, say so with \
-                 --allow-host-address (allow_host_address = true)",
-                vip.ip(),
-                vip.port()
+        return Err(BalancerError::refused(
+            Field {
+                vip: Some(vip),
+                ..Field::key("address")
+            },
+            Reason::requires(
+                Setting::AllowHostAddress.name(),
+                format!(
+                    "VIP {vip} is on {}, an address of the balancer's own host: it would take \
+                     port {} over from the host's own service; if that is meant, say so with \
+                     --allow-host-address (allow_host_address = true)",
+                    vip.ip(),
+                    vip.port()
+                ),
             ),
-        });
+        ));
     }
     Ok(())
 }
@@ -1143,20 +1265,24 @@ impl Timeouts {
     /// Checks that every timeout is above zero and at most [`MAX_TIMEOUT`].
     ///
     /// # Errors
-    /// [`crate::BalancerError::Invalid`] naming the first one outside.
+    /// [`crate::BalancerError::Refused`] naming the first one outside
+    /// (`timeouts.half_open`: the file's keys).
     pub fn validate(&self) -> Result<()> {
-        for (what, d) in [
-            ("half-open timeout", self.half_open),
-            ("established timeout", self.established),
-            ("closing timeout", self.closing),
-            ("orphan timeout", self.orphan),
-            ("unproven timeout", self.unproven),
+        for (key, d) in [
+            ("half_open", self.half_open),
+            ("established", self.established),
+            ("closing", self.closing),
+            ("orphan", self.orphan),
+            ("unproven", self.unproven),
         ] {
             if d.is_zero() || d > MAX_TIMEOUT {
-                return Err(BalancerError::Invalid {
-                    what,
-                    reason: format!("{} is outside 1ms..=7days", humantime::format_duration(d)),
-                });
+                return Err(BalancerError::refused(
+                    Field {
+                        path: vec!["timeouts", key],
+                        ..Field::default()
+                    },
+                    Reason::range(humantime::format_duration(d), "1ms", "7days"),
+                ));
             }
         }
         Ok(())

@@ -144,7 +144,7 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             if let Some(w) = &what {
                 tracing::info!("control: refused: {w}{}: {}", caller(), error_chain(&e));
             }
-            Response::error(status_of(&e), error_chain(&e))
+            Response::refused(status_of(&e), error_chain(&e), e.refusal())
         }
     }
 }
@@ -368,7 +368,10 @@ pub fn status_of(e: &BalancerError) -> u16 {
         BalancerError::DuplicateVip { .. }
         | BalancerError::DuplicateBackend { .. }
         | BalancerError::Full { .. } => 409,
-        BalancerError::Invalid { .. } => 400,
+        BalancerError::Invalid { .. }
+        | BalancerError::Refused(_)
+        | BalancerError::Config(_)
+        | BalancerError::Apply { .. } => 400,
         _ => 500,
     }
 }

@@ -1130,7 +1130,10 @@ mod tests {
             } else {
                 parse_body::<AddVipBody>(&b).unwrap_err()
             };
-            let Response::Error { status, message } = e else {
+            let Response::Error {
+                status, message, ..
+            } = e
+            else {
                 panic!("not an error")
             };
             assert_eq!(status, 400);
@@ -1150,6 +1153,66 @@ mod tests {
             (h.rise, h.fall),
             (4, crate::model::state::HealthCheck::default().fall)
         );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_answers_its_vip_field_and_reason_as_keys() {
+        use crate::model::{
+            error::{error_chain, Reason},
+            state::{HealthCheck, VipSettings},
+        };
+        let vip: SocketAddr = "10.0.0.10:80".parse().unwrap();
+        let s = VipSettings {
+            health: Some(HealthCheck {
+                interval: Duration::from_millis(5),
+                ..HealthCheck::default()
+            }),
+            ..VipSettings::default()
+        };
+        // As `control::handle` answers a refused request.
+        let e = s.validate_for(vip).unwrap_err().in_vip(vip);
+        let resp = Response::refused(
+            crate::serve::control::status_of(&e),
+            error_chain(&e),
+            e.refusal(),
+        );
+        let app = Router::new().route("/refused", get(move || async move { answer(resp) }));
+        let (status, body) = exchange(
+            app,
+            b"GET /refused HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(),
+            Duration::ZERO,
+        )
+        .await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "result": "error",
+                "status": 400,
+                "message": "VIP 10.0.0.10:80: health.interval: 5ms is outside 10ms..=1h",
+                "vip": "10.0.0.10:80",
+                "field": "health.interval",
+                "reason": {"kind": "out_of_range", "got": "5ms", "min": "10ms", "max": "1h"},
+            })
+        );
+        // The client reads it back; an error of no refusal has none of the
+        // new keys (the body clients read before).
+        let Response::Error { reason, field, .. } = serde_json::from_value(body).unwrap() else {
+            panic!("not an error")
+        };
+        assert_eq!(field.as_deref(), Some("health.interval"));
+        assert!(matches!(reason.as_deref(), Some(Reason::OutOfRange { .. })));
+        let plain = serde_json::to_value(Response::error(404, "no VIP 10.0.0.9:80")).unwrap();
+        assert_eq!(
+            plain,
+            serde_json::json!({"result": "error", "status": 404, "message": "no VIP 10.0.0.9:80"})
+        );
+        // The OpenAPI schema describes the keys.
+        let doc: serde_json::Value = serde_json::from_str(&openapi_json()).unwrap();
+        let text = doc["components"]["schemas"].to_string();
+        for k in ["\"field\"", "\"reason\"", "out_of_range", "forwarding_loop"] {
+            assert!(text.contains(k), "{k} not in the schemas");
+        }
     }
 
     #[test]
