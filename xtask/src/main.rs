@@ -526,9 +526,16 @@ fn setup() -> anyhow::Result<()> {
     run(Command::new("bash").arg(root().join("scripts/setup.sh")))
 }
 
+/// Installs what is missing ([`setup`]) and builds the binaries and the
+/// tests in one build, for every command here: the dev-dependencies'
+/// features (serde_json's preserve_order among them) unify only in a build
+/// that compiles the tests, so a `--bins` build and the tests' build would
+/// each compile balancer-user and the test bed again after the other (the
+/// demo, the tests and the kernel matrix one after another, as `.ci/run`
+/// does).
 fn build() -> anyhow::Result<()> {
     setup()?;
-    run(cargo().args(["build", "--workspace", "--bins"]))
+    run(cargo().args(["build", "--workspace", "--bins", "--tests"]))
 }
 
 /// The commit the bench compares this build's data path with in the same
@@ -606,12 +613,7 @@ fn main() -> anyhow::Result<()> {
                 .args(args))
         }
         Cmd::Test { args } => {
-            setup()?;
-            // The binaries and the tests in one build: the dev-dependencies'
-            // features (serde_json's preserve_order among them) unify only
-            // in a build that compiles the tests, so a `--bins` build first
-            // would compile balancer-user and the test bed twice.
-            run(cargo().args(["build", "--workspace", "--bins", "--tests"]))?;
+            build()?;
             // Test binaries at once, in cargo-nextest's process per test
             // (.config/nextest.toml: how many, and which run alone). The
             // crates have no doc tests (`doctest = false`: nextest runs
