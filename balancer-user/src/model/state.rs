@@ -1069,6 +1069,22 @@ pub fn check_not_mapped(key: &'static str, a: IpAddr) -> Result<()> {
     }
 }
 
+/// The refusal of backend `b` of `vip` whose address would send the
+/// VIP's traffic back to a balancer: `is` says what the address is.
+fn backend_loop(vip: SocketAddr, b: SocketAddr, is: String) -> BalancerError {
+    BalancerError::refused(
+        Field {
+            vip: Some(vip),
+            backend: Some(b),
+            path: vec!["address"],
+        },
+        Reason::ForwardingLoop {
+            got: b.to_string(),
+            is,
+        },
+    )
+}
+
 /// Validates a backend of `vip`.
 ///
 /// # Errors
@@ -1076,17 +1092,7 @@ pub fn check_not_mapped(key: &'static str, a: IpAddr) -> Result<()> {
 pub fn check_backend(vip: SocketAddr, b: SocketAddr) -> Result<()> {
     check_endpoint("address", b).map_err(|e| e.in_backend(b).in_vip(vip))?;
     if b == vip {
-        return Err(BalancerError::refused(
-            Field {
-                vip: Some(vip),
-                backend: Some(b),
-                path: vec!["address"],
-            },
-            Reason::ForwardingLoop {
-                got: b.to_string(),
-                is: "the VIP itself".into(),
-            },
-        ));
+        return Err(backend_loop(vip, b, "the VIP itself".into()));
     }
     Ok(())
 }
@@ -1104,17 +1110,7 @@ pub fn check_backend_not_vip(
     vips: impl IntoIterator<Item = SocketAddr>,
 ) -> Result<()> {
     match vips.into_iter().find(|v| v.ip() == b.ip()) {
-        Some(v) => Err(BalancerError::refused(
-            Field {
-                vip: Some(vip),
-                backend: Some(b),
-                path: vec!["address"],
-            },
-            Reason::ForwardingLoop {
-                got: b.to_string(),
-                is: format!("the address of VIP {v}"),
-            },
-        )),
+        Some(v) => Err(backend_loop(vip, b, format!("the address of VIP {v}"))),
         None => Ok(()),
     }
 }
@@ -1156,16 +1152,10 @@ pub fn check_backend_not_host(
     host: &BTreeSet<IpAddr>,
 ) -> Result<()> {
     if host.contains(&b.ip()) {
-        return Err(BalancerError::refused(
-            Field {
-                vip: Some(vip),
-                backend: Some(b),
-                path: vec!["address"],
-            },
-            Reason::ForwardingLoop {
-                got: b.to_string(),
-                is: format!("{}, an address of the balancer's own host", b.ip()),
-            },
+        return Err(backend_loop(
+            vip,
+            b,
+            format!("{}, an address of the balancer's own host", b.ip()),
         ));
     }
     Ok(())
