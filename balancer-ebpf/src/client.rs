@@ -196,8 +196,8 @@ fn unpinned_next(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, vip: &VipInfo) -> N
     });
     let found = found.filter(|e| {
         // Only a VIP of consistent candidates marks its flows
-        // (`flow::F_CONSISTENT`): without the feature the check is not
-        // compiled in.
+        // (`flow::F_CONSISTENT`): without the feature (a constant at load
+        // time) the verifier prunes the check, as main.rs's own.
         let stale =
             crate::features::on(balancer_common::features::CONSISTENT) && flow::stale(e, seg);
         if stale {
