@@ -353,11 +353,11 @@ pub fn run(long: bool) -> anyhow::Result<()> {
         HALF_OPEN_TABLE,
         "--half-open-timeout",
         "3s",
-        // Forged direct-return handshakes wait in the unproven table; their
-        // counts go with this timeout (held connections, which talk, have
-        // graduated by then).
+        // Long while the held connections open and graduate (however slow
+        // the machine, the test's own pace expires none of them); 3 s for
+        // the attacks, set by `open_and_settle` once they graduated.
         "--unproven-timeout",
-        "3s",
+        "60s",
         "--closing-timeout",
         CLOSING_TIMEOUT,
     ]
@@ -1390,9 +1390,9 @@ fn check_and_refill(tb: &Testbed, held: Vec<Held>, id_base: &mut u64) -> anyhow:
                 open_held(tb, vips, *id_base).context("replacing lost held connections")?
             }
         };
+        let opened = Instant::now();
         held.extend(fresh);
-        *id_base += 1 << 20;
-        let (h, more_lost, n) = learn_numbers(tb, held, *id_base)?;
+        let (h, more_lost, n) = graduate(tb, held, id_base, opened)?;
         ensure!(
             more_lost.is_empty(),
             "held connections lost right after replacing the lost ones: {}",
@@ -1406,6 +1406,71 @@ fn check_and_refill(tb: &Testbed, held: Vec<Held>, id_base: &mut u64) -> anyhow:
         numbers = n;
     }
     Ok((held, lost, numbers))
+}
+
+/// Lets every held connection talk once more after the proof age (counted
+/// from `opened`, when the last of them had been opened) until none of
+/// their flows is left in the unproven table: direct-return flows
+/// graduate to the established one as real long-lived connections do (the
+/// balancer cannot prove their handshakes; see the README's Hostile
+/// traffic). Each round takes the next `id_base`. Returns the last round's
+/// survivors, lost connections and numbers.
+///
+/// # Errors
+/// A round fails, or flows of held connections are still unproven after
+/// 5 rounds.
+fn graduate(
+    tb: &Testbed,
+    held: Vec<Held>,
+    id_base: &mut u64,
+    opened: Instant,
+) -> anyhow::Result<Checked> {
+    let proof = Duration::from_nanos(balancer_common::flow::PROOF_AGE_NS);
+    thread::sleep(
+        (opened + proof + Duration::from_millis(100)).saturating_duration_since(Instant::now()),
+    );
+    let mut held = held;
+    for _ in 0..5 {
+        *id_base += 1 << 20;
+        let (h, lost, numbers) = learn_numbers(tb, held, *id_base)?;
+        if !lost.is_empty() {
+            return Ok((h, lost, numbers));
+        }
+        let mine: std::collections::HashSet<SocketAddr> = h.iter().map(|h| h.local).collect();
+        let out = tb.cli(&["flows", "--state", "unproven", "--limit", "10000", "--json"])?;
+        let unproven = match serde_json::from_str::<balancer::model::api::Response>(&out)? {
+            balancer::model::api::Response::Flows { flows, .. } => {
+                flows.iter().filter(|f| mine.contains(&f.client)).count()
+            }
+            other => bail!("unexpected answer {other:?}"),
+        };
+        if unproven == 0 {
+            return Ok((h, lost, numbers));
+        }
+        held = h;
+    }
+    bail!("flows of held connections still unproven after 5 rounds past the proof age")
+}
+
+/// Sets the daemon's unproven timeout at runtime, as an operator would:
+/// `export`, the one value changed, `apply`.
+///
+/// # Errors
+/// The CLI fails or its export does not parse.
+fn set_unproven_timeout(tb: &Testbed, timeout: Duration) -> anyhow::Result<()> {
+    let mut c = balancer::model::config::parse(&tb.cli(&["export"])?)?;
+    c.timeouts
+        .as_mut()
+        .context("the export has no [timeouts]")?
+        .unproven = timeout;
+    let f = tb.dir().join("unproven-timeout.toml");
+    std::fs::write(&f, balancer::model::config::to_toml(&c)?)?;
+    let out = tb.cli(&["apply", "-f", &f.display().to_string()])?;
+    ensure!(
+        out.contains("unproven"),
+        "apply did not change the unproven timeout: {out}"
+    );
+    Ok(())
 }
 
 /// What the phases of [`run_on`] carry from one to the next.
@@ -1487,8 +1552,14 @@ fn run_on(tb: &mut Testbed, long: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens the held connections, learns their sequence numbers, lets them
-/// talk again after the proof age, and waits for the counts to match.
+/// How long forged direct-return handshakes stay in the unproven table
+/// during the attacks (their counts go with it): `--unproven-timeout`, set
+/// once the held connections graduated.
+const UNPROVEN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Opens the held connections, lets them talk again after the proof age so
+/// that they graduate, learns their sequence numbers, shortens the
+/// unproven timeout for the attacks and waits for the counts to match.
 fn open_and_settle(tb: &Testbed, link: Link, per_class: Duration) -> anyhow::Result<Attack> {
     let zombies: HashMap<SocketAddr, u64> = HashMap::new();
     let t_open = Instant::now();
@@ -1496,9 +1567,10 @@ fn open_and_settle(tb: &Testbed, link: Link, per_class: Duration) -> anyhow::Res
         .map(|i| VIPS[(i / CLIENTS.len()) % VIPS.len()])
         .collect();
     let held = open_held(tb, vips, 0)?;
+    let opened = Instant::now();
     ensure!(held.len() == HELD, "opened {} held connections", held.len());
     let mut id_base = 0;
-    let (mut held, lost, mut numbers) = learn_numbers(tb, held, 1 << 20)?;
+    let (held, lost, numbers) = graduate(tb, held, &mut id_base, opened)?;
     ensure!(
         lost.is_empty(),
         "held connections lost before any attack: {}",
@@ -1507,33 +1579,12 @@ fn open_and_settle(tb: &Testbed, link: Link, per_class: Duration) -> anyhow::Res
             .collect::<Vec<_>>()
             .join("; ")
     );
-    id_base += 1 << 20;
     ensure!(
         numbers.len() == HELD,
         "sequence numbers learnt for {} of {HELD} held connections",
         numbers.len()
     );
-    // The held connections talk again after the proof age, as real
-    // long-lived ones do: the direct-return ones graduate from the unproven
-    // table to the established one (the balancer cannot prove their
-    // handshakes; see the README's Hostile traffic). At once: an unproven
-    // flow idle for the unproven timeout (3 s here) is expired, and a
-    // loaded machine spends seconds on the counts' check below.
-    thread::sleep(
-        Duration::from_nanos(balancer_common::flow::PROOF_AGE_NS) + Duration::from_millis(100),
-    );
-    let (h, lost, n) = learn_numbers(tb, held, id_base + (1 << 20))?;
-    ensure!(
-        lost.is_empty(),
-        "held connections lost before any attack: {}",
-        lost.iter()
-            .map(|l| l.why.clone())
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-    id_base += 1 << 20;
-    held = h;
-    numbers = n;
+    set_unproven_timeout(tb, UNPROVEN_TIMEOUT)?;
     wait_until(Duration::from_secs(15), || counts_match(tb, &zombies))
         .context("counts before the attacks")?;
     println!(
