@@ -18,20 +18,34 @@ fn commit(root: &std::path::Path) -> String {
     if let Ok(c) = std::env::var("BALANCER_COMMIT") {
         return c;
     }
-    let git = root.join("../.git");
-    // Rebuilt when the checked-out commit moves.
-    println!("cargo:rerun-if-changed={}", git.join("HEAD").display());
-    if let Ok(head) = std::fs::read_to_string(git.join("HEAD")) {
-        if let Some(r) = head.trim().strip_prefix("ref: ") {
-            println!("cargo:rerun-if-changed={}", git.join(r).display());
-            println!(
-                "cargo:rerun-if-changed={}",
-                git.join("packed-refs").display()
-            );
+    // Rebuilt when the checked-out commit moves: HEAD (in the worktree's own
+    // git directory), the branch's ref and packed-refs (in the common one).
+    // Only files that exist are named: cargo takes a named file that is
+    // missing as changed, and would rebuild this crate on every build.
+    let git_dir = |arg: &str| git(root, &["rev-parse", arg]).map(std::path::PathBuf::from);
+    if let (Some(own), Some(common)) = (
+        git_dir("--absolute-git-dir"),
+        git_dir("--git-common-dir").map(|d| root.join(d)),
+    ) {
+        let head = own.join("HEAD");
+        let mut watched = vec![head.clone(), common.join("packed-refs")];
+        if let Ok(text) = std::fs::read_to_string(&head) {
+            if let Some(r) = text.trim().strip_prefix("ref: ") {
+                watched.push(common.join(r));
+            }
+        }
+        for f in watched.into_iter().filter(|f| f.exists()) {
+            println!("cargo:rerun-if-changed={}", f.display());
         }
     }
+    git(root, &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into())
+}
+
+/// What `git args` prints in `root`'s checkout, trimmed; `None` when git
+/// fails there or prints nothing.
+fn git(root: &std::path::Path, args: &[&str]) -> Option<String> {
     std::process::Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
+        .args(args)
         .current_dir(root)
         .output()
         .ok()
@@ -39,7 +53,6 @@ fn commit(root: &std::path::Path) -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".into())
 }
 
 /// The toolchain that builds the eBPF objects: `channel` in
