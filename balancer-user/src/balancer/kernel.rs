@@ -255,8 +255,9 @@ impl Kernel {
                     })
                 })?,
                 Held::Pinned { path, link } => {
-                    links::unpin(&path)?;
+                    // Our descriptor first: `unpin` waits for the link to end.
                     drop(link);
+                    links::unpin(&path)?;
                 }
             }
         }
@@ -279,8 +280,8 @@ impl Kernel {
                     }
                 }
                 Held::Pinned { path, link } => {
-                    let _ = links::unpin(&path);
                     drop(link);
+                    let _ = links::unpin(&path);
                 }
             }
             let _ = self.maps.remove_local_mac(a.ifindex);

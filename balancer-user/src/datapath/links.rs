@@ -228,19 +228,64 @@ pub fn attach_pinned(
     ))
 }
 
-/// Ends a pinned link: removes its pin; the link goes when the last
-/// descriptor closes.
+/// How long [`unpin`] waits for the interface to drop the program of a
+/// link whose pin it removed.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Ends a pinned link: removes its pin, then waits until its interface (the
+/// pin's name, [`iface_of_pin`]) no longer runs the link's program, so
+/// that a caller that reports the interface detached tells the truth. The
+/// kernel ends a link when its last reference goes, and the pin's goes
+/// later than the unlink (the inode is freed after an RCU grace period,
+/// the link then on a work queue): a check made at once could still see
+/// the program (seen under load, 2026-12-06). The caller must have closed
+/// its own descriptors of the link first.
 ///
 /// # Errors
-/// The pin cannot be removed.
+/// The pin cannot be removed, or the interface still runs the link's
+/// program [`DETACH_WAIT`] later (another process holds the link open).
 pub fn unpin(path: &Path) -> Result<()> {
+    // The link's program and interface, read before the pin goes (a pin
+    // that is not a link's is only removed).
+    let running = pinned_link(path).ok().flatten().and_then(|l| {
+        let name = path.file_name()?.to_str()?;
+        let ifindex = netdev::ifindex(&iface_of_pin(name)).ok()?;
+        Some((ifindex, l.program_id))
+    });
     match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(BalancerError::Io {
-            action: format!("removing the link pin {}", path.display()),
-            source,
-        }),
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(BalancerError::Io {
+                action: format!("removing the link pin {}", path.display()),
+                source,
+            })
+        }
+    }
+    let Some((ifindex, program_id)) = running else {
+        return Ok(());
+    };
+    let deadline = std::time::Instant::now() + DETACH_WAIT;
+    loop {
+        let still = netdev::xdp_attached(ifindex)
+            .ok()
+            .flatten()
+            .is_some_and(|a| a.program_id == program_id);
+        if !still {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(BalancerError::Io {
+                action: format!(
+                    "removed the link pin {}, but {DETACH_WAIT:?} later its interface still \
+                     runs program {program_id}: another process holds the link open \
+                     (`bpftool link show`)",
+                    path.display()
+                ),
+                source: std::io::Error::from_raw_os_error(libc::EBUSY),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
