@@ -205,6 +205,13 @@ fn wait_for(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
+/// Whether the daemon's log holds `text` within 5 s: the daemon writes
+/// the state file, then logs it, so a file seen written may precede its
+/// line.
+fn logged(tb: &Testbed, text: &str) -> bool {
+    wait_for(5, || tb.daemon_log().contains(text))
+}
+
 fn deleted_state_file(tb: &mut Testbed) -> anyhow::Result<()> {
     let path = tb.state_file.clone();
     std::fs::remove_file(&path)?;
@@ -215,8 +222,7 @@ fn deleted_state_file(tb: &mut Testbed) -> anyhow::Result<()> {
         "the deleted state file was not written again within 5 s"
     );
     ensure!(
-        tb.daemon_log()
-            .contains("was deleted while the daemon ran: written again"),
+        logged(tb, "was deleted while the daemon ran: written again"),
         "no warning for the deleted state file"
     );
     // Written over in place (the same inode): garbage a crash would have
@@ -322,7 +328,7 @@ fn full_disk(tb: &mut Testbed, disk: &Path) -> anyhow::Result<()> {
         "the owed write did not happen within 5 s of freeing the disk"
     );
     ensure!(
-        tb.daemon_log().contains("is written again: up to date"),
+        logged(tb, "is written again: up to date"),
         "no log line for the caught-up write"
     );
     println!(
