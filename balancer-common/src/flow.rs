@@ -100,6 +100,11 @@ pub const F_RATE_LIMITED: u32 = 2048;
 /// Its SYN was placed again after its backend stayed silent ([`resamples`]):
 /// the first backend's late SYN-ACK is dropped, never delivered.
 pub const F_RESAMPLED: u32 = 8192;
+/// Its backend refused its SYN (NAT: the RST answering the SYN, seen on
+/// its way back, [`holds_refusal`]): the RST was held, not delivered, and
+/// the client's retransmitted SYN is placed again at once, away from that
+/// backend ([`resamples`]). Once per flow.
+pub const F_REFUSED: u32 = 16384;
 /// Its VIP's load signal is latency (`VIP_F_LATENCY`, NAT): the time from
 /// the client's first data to the backend's first data is measured
 /// ([`latency_step`]).
@@ -355,7 +360,38 @@ pub fn resamples(entry: &FlowEntry, seg: &Tcp, now_ns: u64) -> bool {
     seg.is_syn()
         && entry.state & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED | F_RESAMPLED) == 0
         && seg.seq.wrapping_add(1) == entry.client_next_seq
-        && now_ns.saturating_sub(entry.created_ns) >= SYN_RETRANSMIT_MIN_NS
+        && (entry.state & F_REFUSED != 0
+            || now_ns.saturating_sub(entry.created_ns) >= SYN_RETRANSMIT_MIN_NS)
+}
+
+/// `true` when the backend's acceptable RST on a flow whose state word held
+/// `old` just before it (both directions in view: NAT) refused the SYN
+/// itself, the first time for this flow: no SYN-ACK came before it, the
+/// flow was not placed again yet, and no refusal was held before. The data
+/// path then holds the RST (the client is not told), marks the flow
+/// [`F_REFUSED`] and [`F_SYN_RETRANSMIT`] (the refusal already counted
+/// against the backend), and places the client's retransmitted SYN on
+/// another backend ([`resamples`]): the client sees its retransmission
+/// timer's delay (1 s on Linux, RFC 6298 section 2.1), not an error. A
+/// second refusal (the backend placed again refuses too, or none other
+/// was eligible) reaches the client.
+///
+/// Evidence a blind spoofer cannot produce: the RST must acknowledge the
+/// client's own ISN + 1 ([`answers_syn`]), which only the backend that
+/// received the SYN knows, and it arrives from the backend's address on
+/// the path back through the balancer; and a listening backend answers
+/// every SYN with a SYN-ACK, so no client can make a healthy one refuse.
+#[inline(always)]
+pub const fn holds_refusal(old: u32) -> bool {
+    old & (F_SERVER_SEQ_KNOWN | F_ESTABLISHED | F_REFUSED | F_RESAMPLED) == 0
+}
+
+/// `true` when an acceptable backend RST on a flow whose state word held
+/// `old` refused the SYN itself (no SYN-ACK before it), as opposed to
+/// resetting an accepted connection ([`refusal`]'s two cases).
+#[inline(always)]
+pub const fn refused_syn(old: u32) -> bool {
+    old & F_SERVER_SEQ_KNOWN == 0
 }
 
 /// `true` when an RST's sequence number `seq` is exactly the one its
@@ -1555,6 +1591,31 @@ mod tests {
             apply(&mut e, Direction::ToClient, &seg(TCP_RST | TCP_ACK, 0, 0)),
             Verdict::ClosedByRst
         );
+    }
+
+    #[test]
+    fn a_refused_syn_is_held_once_and_its_retransmission_placed_again_at_once() {
+        let mut e = FlowEntry::default();
+        start(&mut e, &seg(TCP_SYN, 41, 0), 1_000);
+        let syn = seg(TCP_SYN, 41, 0);
+        // Before any refusal, a repeat within the half RTO is no timer's work.
+        assert!(!resamples(&e, &syn, 1_000 + SYN_RETRANSMIT_MIN_NS - 1));
+        let rst = seg(TCP_RST | TCP_ACK, 0, 42);
+        let step = track(&e, Direction::ToClient, &rst);
+        assert_eq!(verdict(e.state, &step), Verdict::ClosedByRst);
+        assert!(super::refused_syn(e.state) && holds_refusal(e.state));
+        e.state |= F_REFUSED | F_SYN_RETRANSMIT;
+        // Held: the retransmission goes elsewhere whenever it comes, and
+        // counts nothing more against the backend.
+        assert!(resamples(&e, &syn, 1_001));
+        assert!(!syn_retransmit(&e, &syn, 1_000 + 2 * SYN_RETRANSMIT_MIN_NS));
+        // Once per flow: a second refusal, or one after the move, reaches
+        // the client.
+        assert!(!holds_refusal(e.state));
+        assert!(!holds_refusal(F_RESAMPLED));
+        // The control: a reset after a SYN-ACK is no refused SYN.
+        assert!(!super::refused_syn(F_SERVER_SEQ_KNOWN | F_ESTABLISHED));
+        assert!(!holds_refusal(F_SERVER_SEQ_KNOWN | F_ESTABLISHED));
     }
 
     /// One segment of one direction in the two-CPU model below.

@@ -264,6 +264,8 @@ const fn fingerprint() -> u64 {
         h,
         ServerFails {
             streak: u64,
+            proven: u64,
+            kinds: u64,
             sources: u64
         }
     );

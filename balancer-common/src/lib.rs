@@ -54,7 +54,7 @@ const _: () = {
     assert!(size_of::<Addr>() == 16);
     assert!(size_of::<VipKey>() == 20);
     assert!(size_of::<VipInfo>() == 48);
-    assert!(size_of::<ServerFails>() == 16);
+    assert!(size_of::<ServerFails>() == 32);
     assert!(size_of::<Backend>() == 56);
     assert!(size_of::<FlowKey>() == 40);
     assert!(size_of::<AffinityKey>() == 20);
@@ -184,6 +184,25 @@ mod evidence_tests {
             Addr::from_v6_bytes(&[0x20, 1, 0xd, 0xb8, 0, 1, b5, 0, 0, 0, 0, 0, 0, 0, 0, b15])
         };
         assert_eq!(source_bucket(&v6(1, 1)), source_bucket(&v6(9, 7)));
+    }
+
+    #[test]
+    fn refusals_seen_both_ways_need_no_distinct_prefixes() {
+        let one = source_bucket(&Addr::v4(u32::from_ne_bytes([10, 0, 1, 2])));
+        let mut f = ServerFails {
+            streak: 3,
+            proven: 3,
+            kinds: FAIL_REFUSED_SYN,
+            sources: 1 << one,
+        };
+        assert!(f.failing(3, 3), "three refused SYNs from one prefix");
+        assert!(!f.failing(4, 3), "below eject_after");
+        // The control: the same streak, one of its failures unproven (a
+        // reset after accept, which a client can provoke), needs prefixes.
+        f.proven = 2;
+        f.kinds |= FAIL_RESET_AFTER_ACCEPT;
+        assert!(!f.failing(3, 3));
+        assert!(f.failing(3, 1));
     }
 
     #[test]

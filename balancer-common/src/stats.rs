@@ -244,11 +244,15 @@ pub enum Counter {
     /// while a CPU that looked it up before may still hold it): they
     /// changed nothing in it.
     FlowEntryReused,
+    /// SYNs a backend refused (NAT: its RST answering the SYN, held from
+    /// the client, `flow::holds_refusal`) whose retransmission was placed
+    /// on another backend: the client saw no error.
+    RefusedReplaced,
 }
 
 impl Counter {
     /// The last counter.
-    pub const LAST: Counter = Counter::FlowEntryReused;
+    pub const LAST: Counter = Counter::RefusedReplaced;
 }
 
 /// Number of entries of the `STATS` array.
@@ -332,6 +336,7 @@ pub const COUNTER_NAMES: [&str; COUNTER_COUNT as usize] = [
     "abandoned_syn_ack",
     "regret_samples_lost",
     "flow_entry_reused",
+    "refused_replaced",
 ];
 
 /// The global counters of one CPU, indexed by [`Counter`].

@@ -664,8 +664,8 @@ impl HostVips {
 }
 
 /// Value of `SERVER_FAILS`: a server's passive failure evidence, written by
-/// the data path with atomic operations (the streak by an add, the sources
-/// by an OR) and cleared by it when the server serves a flow, and by the
+/// the data path with atomic operations (the counts by an add, the bits by
+/// an OR) and cleared by it when the server serves a flow, and by the
 /// daemon when an ejection ends.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -674,10 +674,28 @@ pub struct ServerFails {
     /// proven handshake reset before data) or their SYN retransmitted
     /// unanswered (once per flow).
     pub streak: u64,
+    /// Of those, the SYNs the server refused with both directions in view
+    /// (NAT, `flow::refused_syn`): evidence no client can forge (the RST
+    /// acknowledges the client's own ISN and comes back through the
+    /// balancer from the server; a listening server answers every SYN), so
+    /// it needs no distinct client prefixes ([`ServerFails::failing`]).
+    pub proven: u64,
+    /// The kinds of failure in the streak: [`FAIL_REFUSED_SYN`],
+    /// [`FAIL_RESET_AFTER_ACCEPT`], [`FAIL_SYN_RETRANSMIT`] (an OR of each
+    /// failure's bit).
+    pub kinds: u64,
     /// The client prefixes those failures came from: bit
     /// [`source_bucket`] of each failing flow's client.
     pub sources: u64,
 }
+
+/// [`ServerFails::kinds`]: an RST answered a SYN (the port is closed).
+pub const FAIL_REFUSED_SYN: u64 = 1;
+/// [`ServerFails::kinds`]: a proven handshake was reset before the server
+/// sent any data (it accepts, then resets: a TCP connect check passes).
+pub const FAIL_RESET_AFTER_ACCEPT: u64 = 2;
+/// [`ServerFails::kinds`]: a client retransmitted its SYN unanswered.
+pub const FAIL_SYN_RETRANSMIT: u64 = 4;
 
 impl ServerFails {
     /// How many distinct client prefixes (buckets) the streak's failures
@@ -689,12 +707,15 @@ impl ServerFails {
 
     /// `true` when the evidence reaches a VIP's thresholds: a streak of
     /// `eject_after` (0: never) from at least `min_sources` client
-    /// prefixes. One client, however many tuples it forges, is one prefix.
+    /// prefixes, or `eject_after` SYNs in a row refused in view of both
+    /// directions ([`ServerFails::proven`]), whatever their prefixes. One
+    /// client, however many tuples it forges, is one prefix; it cannot
+    /// make a listening server refuse a SYN.
     #[inline(always)]
     pub const fn failing(&self, eject_after: u32, min_sources: u32) -> bool {
         eject_after != 0
             && self.streak >= eject_after as u64
-            && self.distinct_sources() >= min_sources
+            && (self.proven >= eject_after as u64 || self.distinct_sources() >= min_sources)
     }
 }
 

@@ -201,7 +201,14 @@ fn move_flow(key: &FlowKey, old: u32, b: &Backend, slot: u32) -> bool {
     atomic::add(&BACKEND_CONNS, old, u64::MAX);
     atomic::add(&BACKEND_CONNS, slot, 1);
     atomic::add(&SERVER_CONNS, b.server, 1);
-    count(Counter::SynResampled, 1);
+    count(
+        if was & flow::F_REFUSED != 0 {
+            Counter::RefusedReplaced
+        } else {
+            Counter::SynResampled
+        },
+        1,
+    );
     true
 }
 

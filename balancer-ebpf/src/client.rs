@@ -103,7 +103,7 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
 unsafe fn syn_retransmitted(e: *mut FlowEntry, client: &Addr, b: &Backend, slot: u32) {
     // SAFETY: the caller's contract.
     if unsafe { atomic::fetch_or_state(e, flow::F_SYN_RETRANSMIT) } & flow::F_SYN_RETRANSMIT == 0 {
-        track::failed(slot, b, Failure::SynRetransmit, client);
+        track::failed(slot, b, Failure::SynRetransmit, client, false);
     }
 }
 

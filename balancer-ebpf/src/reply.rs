@@ -41,6 +41,10 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
                     },
                 )
             };
+            if event.held() {
+                // A refused SYN to be placed again: the client is not told.
+                return Next::Action(xdp_action::XDP_DROP);
+            }
             // SAFETY: `e` is the entry `track` just wrote.
             if seg.is_syn_ack() && unsafe { lost_move(e, seg) } {
                 count(Counter::AbandonedSynAck, 1);

@@ -50,12 +50,26 @@ pub fn count_rx(bytes: u64) {
 }
 
 /// A failure event of a new flow on a backend.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
-    /// Reset by the backend before any data.
-    Refused,
+    /// An RST answered the SYN (the port is closed).
+    RefusedSyn,
+    /// Reset by the backend after a proven handshake, before any data.
+    ResetAfterAccept,
     /// The client retransmitted its SYN: the backend had not answered.
     SynRetransmit,
+}
+
+impl Failure {
+    /// The failure's bit of `ServerFails::kinds`.
+    #[inline(always)]
+    pub fn kind(self) -> u64 {
+        match self {
+            Failure::RefusedSyn => balancer_common::FAIL_REFUSED_SYN,
+            Failure::ResetAfterAccept => balancer_common::FAIL_RESET_AFTER_ACCEPT,
+            Failure::SynRetransmit => balancer_common::FAIL_SYN_RETRANSMIT,
+        }
+    }
 }
 
 /// Counts a failure event on backend `slot`'s traffic counters.
@@ -65,7 +79,7 @@ pub fn backend_failure(slot: u32, f: Failure) {
         // SAFETY: per-CPU value, no concurrent writer.
         unsafe {
             match f {
-                Failure::Refused => (*p).refused += 1,
+                Failure::RefusedSyn | Failure::ResetAfterAccept => (*p).refused += 1,
                 Failure::SynRetransmit => (*p).syn_retransmits += 1,
             }
         }

@@ -295,6 +295,15 @@ unsafe fn track_flow(
             // A reset from the backend before any data: it refused the flow.
             let refused =
                 v == Verdict::ClosedByRst && dir == Direction::ToClient && flow::refusal(old);
+            if refused && flow::holds_refusal(old) {
+                // SAFETY: as above.
+                return unsafe { hold_refusal(key, e, snapshot, b) };
+            }
+            let refused = refused.then_some(if flow::refused_syn(old) {
+                Failure::RefusedSyn
+            } else {
+                Failure::ResetAfterAccept
+            });
             // SAFETY: the entry stays valid until `close` deletes it.
             close(key, table, unsafe { &*e }, b, v, refused);
             return Event::NONE;
@@ -370,9 +379,22 @@ const EV_LATENCY_START: u64 = 1 << 42;
 /// Set in an [`Event`] word when the backend's first data ended it.
 const EV_LATENCY_END: u64 = 1 << 43;
 
+/// Set in an [`Event`] word when the segment is held, not forwarded (a
+/// backend's refusal of a SYN placed again: `flow::holds_refusal`).
+const EV_HELD: u64 = 1 << 44;
+
 impl Event {
     /// Nothing to log.
     pub const NONE: Event = Event(0);
+
+    /// The segment is held: the caller drops it, counted.
+    pub const HELD: Event = Event(EV_HELD);
+
+    /// `true` when the caller must drop the segment ([`Event::HELD`]).
+    #[inline(always)]
+    pub fn held(self) -> bool {
+        self.0 & EV_HELD != 0
+    }
 
     /// An RST `offset` bytes past the start of its window.
     #[inline(always)]
@@ -519,6 +541,8 @@ pub fn served(b: &Backend) {
         unsafe {
             if (*p).streak != 0 || (*p).sources != 0 {
                 (*p).streak = 0;
+                (*p).proven = 0;
+                (*p).kinds = 0;
                 (*p).sources = 0;
             }
         }
@@ -526,20 +550,67 @@ pub fn served(b: &Backend) {
 }
 
 /// A new flow of client `client` on backend `slot` (server of `b`)
-/// failed: one more in the server's streak, and the client's prefix among
-/// its sources (`balancer_common::source_bucket`).
+/// failed: one more in the server's streak (and in its proven streak when
+/// `proven`: a SYN refused in view of both directions), its kind among
+/// the streak's kinds, and the client's prefix among its sources
+/// (`balancer_common::source_bucket`).
 #[inline(always)]
-pub fn failed(slot: u32, b: &Backend, f: Failure, client: &Addr) {
+pub fn failed(slot: u32, b: &Backend, f: Failure, client: &Addr, proven: bool) {
     backend_failure(slot, f);
     if let Some(p) = SERVER_FAILS.get_ptr_mut(b.server) {
         let bit = 1u64 << (source_bucket(client) & 63);
         // SAFETY: fields of a map value.
         unsafe {
             atomic::add_at(&raw mut (*p).streak, 1);
+            if proven {
+                atomic::add_at(&raw mut (*p).proven, 1);
+            }
+            atomic::or_at(&raw mut (*p).kinds, f.kind());
             atomic::or_at(&raw mut (*p).sources, bit);
         }
     }
     count(Counter::ServerFailures, 1);
+}
+
+/// The backend of the half-open NAT flow at `e` (copy `snapshot`) refused
+/// its SYN, the first time (`flow::holds_refusal`): the RST is held
+/// ([`Event::HELD`]: the caller drops it), the flow marked
+/// `flow::F_REFUSED` so that the client's retransmitted SYN is placed
+/// again away from this backend (`client::pinned`), and the refusal
+/// counted against the server as proven evidence. The flow keeps its
+/// count until it moves or expires. Exactly once per flow: only the CPU
+/// whose atomic OR set the bit acts. Not inlined: the reply stage's stack
+/// sits under `track`.
+///
+/// # Safety
+/// `e` points to the flow-table value of `key`.
+#[inline(never)]
+unsafe fn hold_refusal(
+    key: &FlowKey,
+    e: *mut FlowEntry,
+    snapshot: &FlowEntry,
+    b: &Backend,
+) -> Event {
+    // SAFETY: the caller's contract; an entry another flow took over since
+    // the snapshot is left alone (and the segment dropped: it answered a
+    // SYN that entry no longer holds).
+    unsafe {
+        if !same_flow(e, snapshot) {
+            count(Counter::FlowEntryReused, 1);
+            return Event::HELD;
+        }
+        let was = atomic::fetch_or_state(e, flow::F_REFUSED | flow::F_SYN_RETRANSMIT);
+        if was & flow::F_REFUSED == 0 {
+            failed(
+                snapshot.backend_slot,
+                b,
+                Failure::RefusedSyn,
+                &key.src_addr,
+                true,
+            );
+        }
+    }
+    Event::HELD
 }
 
 /// Moves a flow from LIVE to CLOSED and releases its active connection on
@@ -555,7 +626,7 @@ fn close(
     entry: &FlowEntry,
     b: &Backend,
     verdict: Verdict,
-    refused: bool,
+    refused: Option<Failure>,
 ) {
     // Read before the delete, which frees `entry`.
     let slot = entry.backend_slot;
@@ -581,8 +652,10 @@ fn close(
         atomic::add(&SERVER_CONNS, b.server, u64::MAX);
         if verdict == Verdict::ClosedByRst {
             count(Counter::ClosedRst, 1);
-            if refused {
-                failed(slot, b, Failure::Refused, &live_key.src_addr);
+            if let Some(f) = refused {
+                // Both directions in view (a refusal is judged only on the
+                // backend's RST): an RST answering the SYN is proven.
+                failed(slot, b, f, &live_key.src_addr, f == Failure::RefusedSyn);
             }
         } else {
             count(Counter::ClosedFin, 1);

@@ -25,6 +25,7 @@ pub mod orphans;
 pub mod quic;
 pub mod realclients;
 pub mod refusals;
+pub mod refusing;
 pub mod restart;
 pub mod retries;
 pub mod rig;

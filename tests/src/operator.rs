@@ -182,7 +182,7 @@ fn api_resources(tb: &Testbed) -> anyhow::Result<()> {
         v["result"] == "vips"
             && v["vips"][0]["backends"] == BACKENDS
             && v["vips"][0]["settings"]["choices"] == 2
-            && v["vips"][0]["settings"]["eject_after"] == 5,
+            && v["vips"][0]["settings"]["eject_after"] == 3,
         "GET /v1/vips/{vip}: {v}"
     );
     // A second VIP for the changes: choices "all" reads back as "all".

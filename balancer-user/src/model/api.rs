@@ -632,6 +632,12 @@ pub struct HealthView {
     /// Passive ejections of its server since the daemon started.
     #[serde(default)]
     pub ejections: u64,
+    /// While ejected: the time left before its ejection ends on its own,
+    /// ms (a check's pass may end it sooner), and the kinds of failure
+    /// that earned it ("SYN refused", "reset after accept", "SYN
+    /// unanswered"); each ejection right after a return lasts longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ejection: Option<EjectionView>,
     /// Its server's new flows failed in a row now.
     pub failing_streak: u64,
     /// Distinct client prefixes that streak's failures came from.
@@ -639,6 +645,21 @@ pub struct HealthView {
     pub failing_sources: u32,
     /// `true` while slow start ramps its weight up.
     pub ramping: bool,
+}
+
+/// A passive ejection in progress (`HealthView::ejection`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct EjectionView {
+    /// Time left before it ends on its own, ms.
+    pub left_ms: u64,
+    /// Ejections of the server in a row, this one included (each one right
+    /// after a return multiplies the ejection time).
+    pub in_a_row: u32,
+    /// The kinds of failure that earned it, comma-separated.
+    pub evidence: String,
+    /// `true` when an active check's pass cannot end it (resets after
+    /// accept under a TCP or path check).
+    pub held_past_checks: bool,
 }
 
 /// A backend with its counters.

@@ -242,7 +242,10 @@ macro_rules! vip_settings {
                 /// (its backend refuses the SYN or resets a proven handshake before any
                 /// data, or a flow's SYN is retransmitted unanswered) ranks below every
                 /// other candidate at once, and is ejected by the daemon (0: never).
-                eject_after: u32 = 5;
+                /// 3: the fewest failures that can come from `eject_min_sources`
+                /// (3) prefixes; nginx takes a server out after 1 (`max_fails`),
+                /// Envoy after 5 consecutive gateway failures.
+                eject_after: u32 = 3;
                 file {
                     /// Passive detection: failed new flows in a row (0: off).
                 }
@@ -252,7 +255,7 @@ macro_rules! vip_settings {
                 cli {
                     /// Passive detection: rank last, then eject, a server that fails this
                     /// many new flows in a row (its SYN refused, a handshake reset before
-                    /// data, a SYN retransmitted unanswered); 0 turns it off (default 5).
+                    /// data, a SYN retransmitted unanswered); 0 turns it off (default 3).
                     #[arg(long)]
                     Option<u32>
                 }
@@ -260,6 +263,9 @@ macro_rules! vip_settings {
                 /// Passive detection: how many distinct client prefixes (/24, /48) a
                 /// streak's failures must come from before it counts, so that one
                 /// client, however many tuples it forges, never speaks for many.
+                /// Not asked of SYNs a NAT VIP's backend refused (its RST seen on its
+                /// way back, acknowledging the client's own ISN): no client can make
+                /// a listening backend refuse, so those count from any prefix.
                 eject_min_sources: u32 = 3;
                 file {
                     /// Passive detection: distinct client prefixes a streak needs.
@@ -270,7 +276,8 @@ macro_rules! vip_settings {
                 cli {
                     /// Passive detection: the failures must come from at least this many
                     /// distinct client prefixes (/24 for IPv4, /48 for IPv6), so one client
-                    /// cannot eject a backend (default 3; 1 trusts any single client).
+                    /// cannot eject a backend (default 3; 1 trusts any single client); a NAT
+                    /// VIP's refused SYNs count without it.
                     #[arg(long)]
                     Option<u32>
                 }
@@ -292,7 +299,12 @@ macro_rules! vip_settings {
                 }
 
                 /// How long a server ejected by passive detection stays out when the
-                /// VIP has no active check (with one, until the check passes).
+                /// VIP has no active check (with one, until the check passes; a TCP or
+                /// path check's pass does not end an ejection earned by resets after
+                /// accept, which a connect cannot see). Each ejection right after a
+                /// return (within the time it was out) multiplies it by the ejections
+                /// in a row, up to 300 s or this time if longer (Envoy's outlier
+                /// detection).
                 #[serde(with = "humantime_serde")]
                 #[schema(value_type = String)]
                 ejection_time: Duration = Duration::from_secs(30);
@@ -303,8 +315,9 @@ macro_rules! vip_settings {
                     /// Ejection time without an active check.
                 }
                 cli {
-                    /// How long a server ejected by passive detection stays out when the
-                    /// VIP has no active check (default 30s).
+                    /// How long a server ejected by passive detection stays out when no
+                    /// active check can end it (default 30s); multiplied by the ejections
+                    /// in a row when it fails again right after its return (up to 300s).
                     #[arg(long, value_parser = parse_duration)]
                     Option<Duration>
                 }

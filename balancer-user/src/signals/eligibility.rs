@@ -10,11 +10,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use balancer_common::{ServerFails, WEIGHT_ONE};
+use balancer_common::{ServerFails, FAIL_RESET_AFTER_ACCEPT, WEIGHT_ONE};
 
 use crate::{
     model::{
-        api::{BackendState, HealthStatus, HealthView},
+        api::{BackendState, EjectionView, HealthStatus, HealthView},
         state::{BackendConfig, CheckKind, NoHealthy, State, VipConfig},
     },
     signals::{
@@ -25,6 +25,26 @@ use crate::{
 
 /// Smallest share of its weight a backend starts slow start with.
 const RAMP_FLOOR: f64 = 1.0 / 16.0;
+
+/// Longest a passive ejection lasts however often its server was ejected
+/// in a row, unless a VIP's `ejection_time` is longer (Envoy's outlier
+/// detection: `max_ejection_time`, default 300 s).
+pub const MAX_EJECTION_TIME: Duration = Duration::from_secs(300);
+
+/// A server's passive ejection.
+#[derive(Clone, Copy, Debug)]
+struct Ejection {
+    /// Since when.
+    since: Instant,
+    /// How long it lasts unless a check ends it first
+    /// ([`Eligibility::hold`]).
+    hold: Duration,
+    /// Ejections of the server in a row (this one included): each one
+    /// right after a return ([`Eligibility::returned`]) adds one.
+    strikes: u32,
+    /// The kinds of failure that earned it (`ServerFails::kinds`).
+    kinds: u64,
+}
 
 /// A transition for the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,8 +83,12 @@ pub struct Changes {
 #[derive(Debug, Default)]
 pub struct Eligibility {
     health: BTreeMap<(SocketAddr, SocketAddr), BackendHealth>,
-    /// Servers ejected by passive detection, since when.
-    ejected: BTreeMap<u32, Instant>,
+    /// Servers ejected by passive detection.
+    ejected: BTreeMap<u32, Ejection>,
+    /// Servers back from an ejection: when they returned and the
+    /// ejections in a row they had. One ejected again before the hold it
+    /// served has passed again since its return is ejected for longer.
+    returned: BTreeMap<u32, (Instant, u32, Duration)>,
     /// Slots ramping up (slow start), since when.
     ramps: BTreeMap<u32, Instant>,
     /// Passive ejections since start, by server.
@@ -207,6 +231,7 @@ impl Eligibility {
         self.health.retain(|k, _| pairs.contains(k));
         let servers: BTreeSet<u32> = state.servers.values().copied().collect();
         self.ejected.retain(|s, _| servers.contains(s));
+        self.returned.retain(|s, _| servers.contains(s));
         let slots = state.slots();
         self.ramps.retain(|s, _| slots.contains_key(s));
     }
@@ -236,8 +261,11 @@ impl Eligibility {
 
     /// Applies one check result. A transition changes the VIP's list; a
     /// pass ends a passive ejection of the backend's server (the check says
-    /// it serves again). Results for checks no longer configured are
-    /// ignored.
+    /// it serves again), except one earned by resets after accept when the
+    /// check is a TCP or path check: a connect passes on a backend that
+    /// accepts and then resets (only its ejection time ends that one, or
+    /// an HTTP check's pass, which proves a request served). Results for
+    /// checks no longer configured are ignored.
     pub fn record_check(&mut self, state: &State, o: &Outcome, now: Instant) -> Changes {
         let mut ch = Changes::default();
         let Some(v) = state.vips.get(&o.target.vip) else {
@@ -274,12 +302,37 @@ impl Eligibility {
         }
         if o.result.is_ok() {
             if let Some(server) = state.server(&b.addr) {
-                if self.ejected.remove(&server).is_some() {
-                    self.unejected(state, server, now, "its check passed", &mut ch);
+                let ends = self.ejected.get(&server).is_some_and(|e| {
+                    e.kinds & FAIL_RESET_AFTER_ACCEPT == 0
+                        || matches!(o.target.check.kind, CheckKind::Http { .. })
+                });
+                if ends {
+                    if let Some(e) = self.ejected.remove(&server) {
+                        self.unejected(state, server, e, now, "its check passed", &mut ch);
+                    }
                 }
             }
         }
         ch
+    }
+
+    /// How long `server`'s next ejection lasts, with the ejections in a row
+    /// it makes: the VIPs' longest `ejection_time` times that count when
+    /// the server returned from an ejection less than that ejection's hold
+    /// ago (it failed again right after its return), else once; at most
+    /// [`MAX_EJECTION_TIME`] (or the `ejection_time`, if longer). Envoy's
+    /// outlier detection multiplies its ejection time by the number of
+    /// ejections the same way.
+    fn hold(&self, server: u32, base: Duration, now: Instant) -> (Duration, u32) {
+        let strikes = match self.returned.get(&server) {
+            Some((at, n, held)) if now.saturating_duration_since(*at) < *held => n + 1,
+            _ => 1,
+        };
+        (
+            base.saturating_mul(strikes)
+                .min(MAX_EJECTION_TIME.max(base)),
+            strikes,
+        )
     }
 
     /// Ejections refused since start because they would have taken a VIP
@@ -361,33 +414,68 @@ impl Eligibility {
                         continue;
                     }
                     self.capped.remove(server);
-                    self.ejected.insert(*server, now);
-                    *self.ejections.entry(*server).or_default() += 1;
-                    ch.messages.push(Note {
-                        warn: true,
-                        text: format!(
-                            "passive: server {addr} ejected: {} new flows failed in a row from \
-                             {} client prefixes",
-                            f.streak,
-                            f.distinct_sources()
-                        ),
-                    });
-                    ch.republish.extend(vips.iter().map(|v| v.addr));
-                }
-                Some(since) => {
-                    let checked = vips.iter().any(|v| {
-                        v.backends
-                            .iter()
-                            .any(|b| b.addr == *addr && v.check_for(b).is_some())
-                    });
-                    let hold = vips
+                    let base = vips
                         .iter()
                         .map(|v| v.settings.ejection_time)
                         .max()
                         .unwrap_or(Duration::from_secs(30));
-                    if !checked && now.saturating_duration_since(*since) >= hold {
+                    let (hold, strikes) = self.hold(*server, base, now);
+                    self.ejected.insert(
+                        *server,
+                        Ejection {
+                            since: now,
+                            hold,
+                            strikes,
+                            kinds: f.kinds,
+                        },
+                    );
+                    *self.ejections.entry(*server).or_default() += 1;
+                    ch.messages.push(Note {
+                        warn: true,
+                        text: format!(
+                            "passive: server {addr} ejected for {}: {} new flows failed in a row \
+                             ({}) from {} client prefixes{}{}",
+                            humantime::format_duration(hold),
+                            f.streak,
+                            failure_kinds(f.kinds),
+                            f.distinct_sources(),
+                            if f.proven != 0 {
+                                format!(", {} of them SYNs it refused (proven)", f.proven)
+                            } else {
+                                String::new()
+                            },
+                            if strikes > 1 {
+                                format!("; ejection {strikes} in a row, right after its return")
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    });
+                    ch.republish.extend(vips.iter().map(|v| v.addr));
+                }
+                Some(e) => {
+                    // A check's pass ends the ejection when the check can
+                    // see the failure (`record_check`); otherwise its hold.
+                    let pass_ends = vips.iter().any(|v| {
+                        v.backends.iter().any(|b| {
+                            b.addr == *addr
+                                && v.check_for(b).is_some_and(|c| {
+                                    e.kinds & FAIL_RESET_AFTER_ACCEPT == 0
+                                        || matches!(c.kind, CheckKind::Http { .. })
+                                })
+                        })
+                    });
+                    let e = *e;
+                    if !pass_ends && now.saturating_duration_since(e.since) >= e.hold {
                         self.ejected.remove(server);
-                        self.unejected(state, *server, now, "its ejection time is over", &mut ch);
+                        self.unejected(
+                            state,
+                            *server,
+                            e,
+                            now,
+                            "its ejection time is over",
+                            &mut ch,
+                        );
                     }
                 }
             }
@@ -395,7 +483,16 @@ impl Eligibility {
         ch
     }
 
-    fn unejected(&mut self, state: &State, server: u32, now: Instant, why: &str, ch: &mut Changes) {
+    fn unejected(
+        &mut self,
+        state: &State,
+        server: u32,
+        e: Ejection,
+        now: Instant,
+        why: &str,
+        ch: &mut Changes,
+    ) {
+        self.returned.insert(server, (now, e.strikes, e.hold));
         ch.clear_fails.insert(server);
         for v in state.vips.values() {
             for b in &v.backends {
@@ -434,6 +531,22 @@ impl Eligibility {
             failed_checks: h.map_or(0, |h| h.failed_checks),
             transitions: h.map_or(0, |h| h.transitions),
             ejected: self.ejected(state, v, b),
+            ejection: state
+                .server(&b.addr)
+                .and_then(|s| self.ejected.get(&s))
+                .filter(|_| v.settings.eject_after != 0)
+                .map(|e| EjectionView {
+                    left_ms: e
+                        .hold
+                        .saturating_sub(now.saturating_duration_since(e.since))
+                        .as_millis() as u64,
+                    in_a_row: e.strikes,
+                    evidence: failure_kinds(e.kinds),
+                    held_past_checks: e.kinds & FAIL_RESET_AFTER_ACCEPT != 0
+                        && !v
+                            .check_for(b)
+                            .is_some_and(|c| matches!(c.kind, CheckKind::Http { .. })),
+                }),
             ejections: state
                 .server(&b.addr)
                 .and_then(|s| self.ejections.get(&s).copied())
@@ -445,6 +558,24 @@ impl Eligibility {
     }
 }
 
+/// The kinds of failure in `kinds` (`ServerFails::kinds`), for a person.
+pub fn failure_kinds(kinds: u64) -> String {
+    let mut out = Vec::new();
+    if kinds & balancer_common::FAIL_REFUSED_SYN != 0 {
+        out.push("SYN refused");
+    }
+    if kinds & FAIL_RESET_AFTER_ACCEPT != 0 {
+        out.push("reset after accept");
+    }
+    if kinds & balancer_common::FAIL_SYN_RETRANSMIT != 0 {
+        out.push("SYN unanswered");
+    }
+    if out.is_empty() {
+        return "unknown".into();
+    }
+    out.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,6 +585,8 @@ mod tests {
     fn evidence(streak: u64, sources: u32) -> ServerFails {
         ServerFails {
             streak,
+            proven: 0,
+            kinds: balancer_common::FAIL_SYN_RETRANSMIT,
             sources: (1u64 << sources) - 1,
         }
     }
@@ -578,6 +711,112 @@ mod tests {
         let ch = e.poll_ejections(&s, fails, t0 + Duration::from_secs(31));
         assert!(ch.clear_fails.contains(&server1));
         assert_eq!(e.list(&s, &v).0, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn an_ejection_right_after_a_return_lasts_longer_each_time() {
+        let s = state(false, 3, Duration::ZERO);
+        let mut e = Eligibility::default();
+        let t0 = Instant::now();
+        let v = s.vips.values().next().unwrap().clone();
+        let server1 = s.server(&v.backends[1].addr).unwrap();
+        let fails = |srv| evidence(if srv == server1 { 3 } else { 0 }, 3);
+        let calm = |_| evidence(0, 0);
+        let s30 = Duration::from_secs(30);
+        // Out 30 s, back, failing again at once: out 60 s, then 90 s.
+        let mut t = t0;
+        for (k, hold) in [(1u32, s30), (2, 2 * s30), (3, 3 * s30)] {
+            let ch = e.poll_ejections(&s, fails, t);
+            assert!(
+                ch.messages[0]
+                    .text
+                    .contains(&humantime::format_duration(hold).to_string()),
+                "ejection {k}: {ch:?}"
+            );
+            assert!(
+                e.poll_ejections(&s, calm, t + hold - Duration::from_secs(1))
+                    .clear_fails
+                    .is_empty(),
+                "ejection {k} ended early"
+            );
+            t += hold;
+            let ch = e.poll_ejections(&s, calm, t);
+            assert!(ch.clear_fails.contains(&server1), "ejection {k}: {ch:?}");
+            t += Duration::from_secs(1);
+        }
+        // The control: once it has stayed in for as long as it was last out
+        // (90 s), its next ejection starts over at 30 s.
+        t += 3 * s30;
+        let ch = e.poll_ejections(&s, fails, t);
+        assert!(ch.messages[0].text.contains("ejected for 30s"), "{ch:?}");
+        // The multiplier stops at 300 s.
+        let mut e = Eligibility::default();
+        let mut t = t0;
+        let mut last = Duration::ZERO;
+        for _ in 0..15 {
+            e.poll_ejections(&s, fails, t);
+            let view = e.view(&s, &v, &v.backends[1], fails(server1), t);
+            last = Duration::from_millis(view.ejection.unwrap().left_ms);
+            t += last;
+            e.poll_ejections(&s, calm, t);
+        }
+        assert_eq!(last, MAX_EJECTION_TIME);
+    }
+
+    #[test]
+    fn a_tcp_check_pass_does_not_end_an_ejection_for_resets_after_accept() {
+        let mut s = state(true, 3, Duration::ZERO);
+        s.vips
+            .values_mut()
+            .next()
+            .unwrap()
+            .settings
+            .max_ejection_percent = 100;
+        let v = s.vips.values().next().unwrap().clone();
+        let server1 = s.server(&v.backends[1].addr).unwrap();
+        let resets = |srv| ServerFails {
+            kinds: FAIL_RESET_AFTER_ACCEPT,
+            ..evidence(if srv == server1 { 3 } else { 0 }, 3)
+        };
+        let t0 = Instant::now();
+        let mut e = Eligibility::default();
+        e.poll_ejections(&s, resets, t0);
+        assert_eq!(e.list(&s, &v).0, vec![0, 2]);
+        let view = e.view(&s, &v, &v.backends[1], resets(server1), t0);
+        assert!(view.ejection.as_ref().unwrap().held_past_checks, "{view:?}");
+        // The TCP check passes (the backend accepts): it stays out...
+        e.record_check(&s, &outcome(&s, 1, true), t0 + Duration::from_secs(2));
+        assert_eq!(e.list(&s, &v).0, vec![0, 2], "a connect re-admitted it");
+        // ...until its ejection time is over.
+        let ch = e.poll_ejections(&s, resets, t0 + Duration::from_secs(30));
+        assert!(ch.clear_fails.contains(&server1), "{ch:?}");
+        assert_eq!(e.list(&s, &v).0, vec![0, 1, 2]);
+        // The control: an ejection for refused SYNs ends at the check's pass
+        // (a connect sees a closed port).
+        let refusals = |srv| ServerFails {
+            kinds: balancer_common::FAIL_REFUSED_SYN,
+            ..evidence(if srv == server1 { 3 } else { 0 }, 3)
+        };
+        let t1 = t0 + Duration::from_secs(100);
+        e.poll_ejections(&s, refusals, t1);
+        assert_eq!(e.list(&s, &v).0, vec![0, 2]);
+        e.record_check(&s, &outcome(&s, 1, true), t1 + Duration::from_secs(2));
+        assert_eq!(e.list(&s, &v).0, vec![0, 1, 2]);
+        // An HTTP check's pass proves a request served: it ends either.
+        let mut h = s.clone();
+        h.vips.values_mut().next().unwrap().settings.health = Some(HealthCheck {
+            kind: CheckKind::Http {
+                path: "/".into(),
+                status: 200,
+            },
+            ..HealthCheck::default()
+        });
+        let mut e = Eligibility::default();
+        e.poll_ejections(&h, resets, t0);
+        let vh = h.vips.values().next().unwrap().clone();
+        assert_eq!(e.list(&h, &vh).0, vec![0, 2]);
+        e.record_check(&h, &outcome(&h, 1, true), t0 + Duration::from_secs(2));
+        assert_eq!(e.list(&h, &vh).0, vec![0, 1, 2]);
     }
 
     #[test]

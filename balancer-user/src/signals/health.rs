@@ -110,18 +110,26 @@ impl BackendHealth {
 /// What failed, for a person: refused, timed out, wrong status.
 pub async fn check_once(target: SocketAddr, check: &HealthCheck) -> Result<(), String> {
     let addr = SocketAddr::new(target.ip(), check.port.unwrap_or(target.port()));
-    match tokio::time::timeout(check.timeout, run(addr, &check.kind)).await {
+    let watch = RESET_WATCH.min(check.timeout / 2);
+    match tokio::time::timeout(check.timeout, run(addr, &check.kind, watch)).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer from {addr} within {:?}", check.timeout)),
     }
 }
 
-async fn run(addr: SocketAddr, kind: &CheckKind) -> Result<(), String> {
+/// How long a TCP check watches a connection it opened for the backend's
+/// reset, at most (and at most half the check's timeout): an application
+/// that accepts and resets at once (SO_LINGER 0, a full accept queue with
+/// `tcp_abort_on_overflow`) completes the handshake, so the connect alone
+/// passes while every client connection fails.
+pub const RESET_WATCH: Duration = Duration::from_millis(100);
+
+async fn run(addr: SocketAddr, kind: &CheckKind, watch: Duration) -> Result<(), String> {
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connecting to {addr}: {e}"))?;
     match kind {
-        CheckKind::Tcp {} => Ok(()),
+        CheckKind::Tcp {} => reset_watch(addr, stream, watch).await,
         // Run by check_target; as a plain check, a connect to the VIP's
         // port on the backend's own address.
         CheckKind::Path {} => Ok(()),
@@ -151,6 +159,21 @@ async fn run(addr: SocketAddr, kind: &CheckKind) -> Result<(), String> {
                 ))
             }
         }
+    }
+}
+
+/// Watches the connection a TCP check opened to `addr` for up to `watch`:
+/// a reset in that time fails the check ("reset after accept"); data, the
+/// backend's FIN or silence pass it (a server that speaks first, one that
+/// closes idle connections, one that waits for the client).
+async fn reset_watch(addr: SocketAddr, stream: TcpStream, watch: Duration) -> Result<(), String> {
+    let mut buf = [0u8; 1];
+    match tokio::time::timeout(watch, stream.peek(&mut buf)).await {
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => Err(format!(
+            "{addr} accepted the connection, then reset it within {watch:?}"
+        )),
+        Ok(Err(e)) => Err(format!("reading from {addr}: {e}")),
+        Ok(Ok(_)) | Err(_) => Ok(()),
     }
 }
 
@@ -384,5 +407,35 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.contains("connecting to"), "{e}");
+    }
+
+    /// A listener whose application accepts every connection and resets it
+    /// (SO_LINGER 0) fails the TCP check; the control: the same listener
+    /// closing normally (a FIN) passes it, as does one that stays silent.
+    #[tokio::test]
+    async fn a_reset_after_accept_fails_the_tcp_check() {
+        async fn listener(linger_zero: bool) -> SocketAddr {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                loop {
+                    let (s, _) = l.accept().await.unwrap();
+                    if linger_zero {
+                        socket2::SockRef::from(&s)
+                            .set_linger(Some(Duration::ZERO))
+                            .unwrap();
+                        drop(s);
+                    } else {
+                        held.push(s);
+                    }
+                }
+            });
+            addr
+        }
+        let c = HealthCheck::default();
+        let e = check_once(listener(true).await, &c).await.unwrap_err();
+        assert!(e.contains("then reset it"), "{e}");
+        assert_eq!(check_once(listener(false).await, &c).await, Ok(()));
     }
 }
