@@ -23,6 +23,10 @@
 #     feature wants a system LLVM of its own version)
 #   - cargo-nextest (the test runner), when the machine lacks it
 #   - cargo-deb 3.8.0 (the Debian package)
+#   - clang and libbpf-dev, and with them contrib/xdp-pass/xdp_pass.c built
+#     to target/xdp-pass/xdp_pass.o: the XDP_PASS program for the veth peers
+#     of the quick start (docs/deployment.md, step 4); built again only when
+#     the source is newer
 #   - a bpffs mount at /sys/fs/bpf
 # Each step checks first and is quick when already done.
 set -euo pipefail
@@ -59,6 +63,10 @@ command -v gtlsclient >/dev/null 2>&1 || need_apt+=(ngtcp2-client)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # Pings to VIPs (answered by the data path).
 command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
+# The quick start's XDP_PASS program for veth peers (contrib/xdp-pass):
+# clang for the BPF target, libbpf-dev for <bpf/bpf_helpers.h>.
+command -v clang >/dev/null 2>&1 || need_apt+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need_apt+=(libbpf-dev)
 # promtool checks and unit-tests contrib/prometheus/alerts.yml
 # (tests/tests/alerts.rs); installed below without the package's
 # recommends (a node exporter).
@@ -150,6 +158,18 @@ fi
 if ! "$CARGO_HOME_DIR/bin/cargo-deb" --version 2>/dev/null | grep -q ' 3\.8\.0'; then
   log "installing cargo-deb 3.8.0 (about 60 s)"
   cargo install cargo-deb --version 3.8.0 --locked
+fi
+
+# The XDP_PASS program for veth peers (docs/deployment.md, step 4): one
+# clang call, well under a second; again only when the source changed.
+repo_dir="$(cd "$(dirname "$0")/.." && pwd)"
+xdp_pass_src="$repo_dir/contrib/xdp-pass/xdp_pass.c"
+xdp_pass_obj="$repo_dir/target/xdp-pass/xdp_pass.o"
+if [ ! -f "$xdp_pass_obj" ] || [ "$xdp_pass_src" -nt "$xdp_pass_obj" ]; then
+  log "building $xdp_pass_obj"
+  mkdir -p "$(dirname "$xdp_pass_obj")"
+  clang -O2 -g -target bpf -I"/usr/include/$(uname -m)-linux-gnu" \
+    -c "$xdp_pass_src" -o "$xdp_pass_obj"
 fi
 
 if ! mount | grep -q ' /sys/fs/bpf type bpf'; then
