@@ -326,6 +326,11 @@ pub struct Sweep {
     /// limit): the CPU cap counts empty buckets too, which yield no
     /// entries for the entry budget to count.
     pub time_cap: Option<Duration>,
+    /// Time a slice may spend in all (`None`: no limit): the cap of a
+    /// surge's slices ([`Sweep::surging`]), which take no entry budget.
+    pub slice_cap: Option<Duration>,
+    /// Expiries and removals of the last slice.
+    last_slice_work: u64,
 }
 
 /// What a round has found so far.
@@ -355,6 +360,24 @@ pub const SWEEP_ROUND: Duration = Duration::from_secs(5);
 /// not slowed to this share.
 pub const SWEEP_CPU: f64 = 0.015;
 
+/// `true` when a slice that read `entries` entries and expired or removed
+/// `work` of them starts or continues a surge ([`Sweep::surging`]).
+pub fn surge(entries: u64, work: u64) -> bool {
+    entries >= SURGE_MIN && work.saturating_mul(2) >= entries
+}
+
+/// Fewest entries of a slice that can start a surge ([`Sweep::surging`]).
+pub const SURGE_MIN: u64 = 1024;
+
+/// Longest slice of a surge ([`Sweep::surging`]): the balancer's lock is
+/// not held during it, and settling it takes the lock once.
+pub const SURGE_SLICE: Duration = Duration::from_millis(250);
+
+/// Pause between two slices of a surge (at most the tick): the sweep then
+/// takes at most about 80 % of one core while most of what it reads
+/// expires.
+pub const SURGE_PAUSE: Duration = Duration::from_millis(60);
+
 /// Fewest entries a slice takes (a table this small is walked whole each
 /// tick, as one pass).
 pub const MIN_SLICE: u64 = 32_768;
@@ -381,6 +404,8 @@ impl Sweep {
             stage_found: 0,
             orphan_writes_seen: 0,
             time_cap: None,
+            slice_cap: None,
+            last_slice_work: 0,
         }
     }
 
@@ -454,6 +479,16 @@ impl Sweep {
         self.last_slice
     }
 
+    /// `true` when at least half of the last slice's entries (of at least
+    /// [`SURGE_MIN`]) expired: a mass expiry (every client gone at once,
+    /// a timeout lowered). The daemon then sweeps on at more than its
+    /// CPU share (`SURGE_SLICE` slices `SURGE_PAUSE` apart) until a slice
+    /// finds fewer expiring, so that the counts the choice compares follow
+    /// within seconds instead of a round spread over minutes.
+    pub fn surging(&self) -> bool {
+        surge(self.last_slice, self.last_slice_work)
+    }
+
     /// `true` when the round is complete (settle it before the next slice).
     pub fn round_done(&self) -> bool {
         self.round.done
@@ -467,9 +502,14 @@ impl Sweep {
     pub fn slice(&mut self, inp: &SweepInputs, budget: u64) -> Result<()> {
         let mut taken = 0u64;
         self.last_slice = 0;
+        let work_before = self.round.report.work();
+        let started = std::time::Instant::now();
         // Time spent on batches that expired nothing.
         let mut idle = Duration::ZERO;
         while !self.round.done && taken < budget {
+            if self.slice_cap.is_some_and(|cap| started.elapsed() >= cap) {
+                break;
+            }
             if self.stage == STAGES {
                 self.round.done = true;
                 break;
@@ -533,6 +573,7 @@ impl Sweep {
                 idle += batch_started.elapsed();
             }
             self.last_slice = taken;
+            self.last_slice_work = self.round.report.work().saturating_sub(work_before);
         }
         Ok(())
     }
@@ -943,6 +984,16 @@ mod tests {
             slice_budget(4_000_000, 300.0, Duration::from_millis(200), 1 << 23),
             MIN_SLICE
         );
+    }
+
+    #[test]
+    fn a_slice_mostly_expiring_starts_a_surge() {
+        assert!(surge(50_000, 25_000));
+        assert!(surge(SURGE_MIN, SURGE_MIN));
+        // The controls: a steady table, and a handful in a small table.
+        assert!(!surge(50_000, 24_999));
+        assert!(!surge(SURGE_MIN - 1, SURGE_MIN - 1));
+        assert!(!surge(0, 0));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The expiry sweep: an incremental sweep of the flow tables (a slice per
 //! tick, a round per gc::SWEEP_ROUND or longer, at most gc::SWEEP_CPU of a
-//! core) that reads and expires without the balancer's lock, which it takes
+//! core, more during a mass expiry: gc::Sweep::surging) that reads and expires without the balancer's lock, which it takes
 //! only to read its inputs and to settle what it did (count releases; at a
 //! round's end, the reconciliation); its rounds refresh the cluster's
 //! peers (cluster::sync::Sync::refresh_round). Each tick also refreshes the
@@ -45,11 +45,13 @@ impl Service for Sweep {
         } = self;
         let mut failures = control::RateLimitedLog::default();
         let mut sweep: Option<crate::datapath::gc::Sweep> = None;
+        let mut pause = every;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
+            pause = every;
             let (inputs, capacity, s) = {
                 let lb = lb.lock().await;
                 let mut s = match sweep.take() {
@@ -78,8 +80,16 @@ impl Service for Sweep {
                     continue;
                 }
             };
-            let budget = s.budget(every, capacity);
-            s.time_cap = Some(every.mul_f64(crate::datapath::gc::SWEEP_CPU));
+            // A mass expiry: sweep on past the CPU share while most of
+            // what a slice reads expires (gc::Sweep::surging).
+            let surge = s.surging();
+            let budget = if surge {
+                capacity
+            } else {
+                s.budget(every, capacity)
+            };
+            s.time_cap = (!surge).then(|| every.mul_f64(crate::datapath::gc::SWEEP_CPU));
+            s.slice_cap = surge.then_some(crate::datapath::gc::SURGE_SLICE);
             let started = std::time::Instant::now();
             let (mut s, sliced) = match tokio::task::spawn_blocking(move || {
                 let r = s.slice(&inputs, budget);
@@ -117,6 +127,9 @@ impl Service for Sweep {
                         format!("settling the expiry sweep failed: {e:#}")
                     });
                 }
+            }
+            if s.surging() {
+                pause = crate::datapath::gc::SURGE_PAUSE.min(every);
             }
             sweep = Some(s);
             match lb.refresh_interfaces() {
