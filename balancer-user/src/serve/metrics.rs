@@ -1,6 +1,7 @@
 //! Prometheus metrics (text exposition format, prometheus-client), served
 //! on a TCP address of the operator's choosing (`run --metrics-address`;
-//! off by default) at `GET /metrics`.
+//! off by default, 127.0.0.1:9464 in the Debian package's
+//! /etc/default/p2c-balancer) at `GET /metrics`.
 //!
 //! The values are the same the API's `/v1/stats` shows, read from the maps
 //! at each scrape (a registry is built per scrape: VIPs and backends come
