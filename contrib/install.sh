@@ -7,7 +7,8 @@
 # Usage: contrib/install.sh [--destdir DIR] [--prefix /usr/local]
 #
 # Then, on the machine itself: set the interfaces in
-# /etc/default/p2c-balancer (BALANCER_ARGS=--iface eth0), put VIPs in
+# /etc/default/p2c-balancer (BALANCER_ARGS="--iface eth0 --metrics-address
+# 127.0.0.1:9464": metrics on loopback), put VIPs in
 # /etc/p2c-balancer/balancer.toml (or add them with the CLI once the daemon
 # runs), and `systemctl daemon-reload && systemctl enable --now p2c-balancer`.
 set -eu

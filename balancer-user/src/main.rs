@@ -62,7 +62,7 @@ fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
 enum Cmd {
     /// Run the daemon: load, attach, serve the control socket.
     #[command(
-        after_help = "Example:\n  balancer run --iface eth0 --iface eth1 --metrics-address 127.0.0.1:9100"
+        after_help = "Example:\n  balancer run --iface eth0 --iface eth1 --metrics-address 127.0.0.1:9464"
     )]
     Run(Box<RunArgs>),
     /// Manage VIPs.

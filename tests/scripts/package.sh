@@ -1,21 +1,27 @@
 #!/bin/sh
 # The Debian package on a fresh machine: installs DEB into an overlay of
 # this machine's root (its changes land in a tmpfs, never on the machine),
-# runs the daemon under the unit's own command line on a veth pair, drives
-# it with the installed CLI, reinstalls it over the running daemon (an
-# upgrade keeps the program attached), then purges it (the program is
-# detached, every file and the state are gone).
+# checks that systemd and a POSIX shell read /etc/default/p2c-balancer
+# alike, runs the daemon under the unit's own command line with that file's
+# arguments on a veth pair, drives it with the installed CLI, scrapes its
+# metrics at the package's default address, reinstalls it over the running
+# daemon (an upgrade keeps the program attached), then purges it (the
+# program is detached, every file and the state are gone).
 #
 # Run by tests/tests/package.rs as
 #   unshare --mount --net --pid --fork --kill-child --propagation private \
-#       sh package.sh DEB WORK
-# (WORK: an empty directory, the overlay's tmpfs is mounted on it)
+#       sh package.sh DEB WORK OUT
+# (WORK: an empty directory, the overlay's tmpfs is mounted on it; OUT: a
+# directory where the scrape (metrics.txt) and the installed alerting
+# rules (alerts.yml) are left for the test, which evaluates the rules on
+# the scrape's series)
 # so that the mounts, the interfaces and every process it starts (the
 # daemon included) end with it, whatever happens. Prints "ok: STEP" for
 # each step that held; exits non-zero at the first that did not.
 set -eu
 deb=$1
 work=$2
+out=$3
 mount -t tmpfs tmpfs "$work"
 mkdir "$work/upper" "$work/work" "$work/root"
 r=$work/root
@@ -27,6 +33,8 @@ mount -t bpf bpf "$r/sys/fs/bpf"
 mount -t tmpfs tmpfs "$r/run"
 mount -t tmpfs tmpfs "$r/tmp"
 cp "$deb" "$r/tmp/p2c-balancer.deb"
+mkdir "$r/tmp/out"
+mount --bind "$out" "$r/tmp/out"
 ip link set lo up
 ip link add veth0 type veth peer name veth1
 ip link set veth0 up
@@ -36,6 +44,26 @@ ip addr add 10.9.0.1/24 dev veth0
 exec chroot "$r" /bin/sh -eu -c '
 step() { echo "ok: $*"; }
 xdp_attached() { ip -d link show veth0 | grep -q "prog/xdp"; }
+# BALANCER_ARGS of the file $1 as systemd reads an EnvironmentFile=: by
+# its parser of environment files, which the environment.d generator runs
+# on the files of $XDG_CONFIG_HOME/environment.d and prints shell-quoted
+# (environment.d also expands $VAR, which the file must not hold).
+systemd_reads() {
+    d=$(mktemp -d)
+    mkdir "$d/environment.d"
+    cp "$1" "$d/environment.d/p2c-balancer.conf"
+    line=$(env -i XDG_CONFIG_HOME="$d" \
+        /usr/lib/systemd/user-environment-generators/30-systemd-environment-d-generator |
+        grep "^BALANCER_ARGS=") || { rm -rf "$d"; return 1; }
+    rm -rf "$d"
+    (eval "$line"; printf "%s" "$BALANCER_ARGS")
+}
+# ... and as a POSIX shell sourcing it does.
+sh_reads() { sh -eu -c ". \"\$1\"; printf %s \"\$BALANCER_ARGS\"" sh "$1" 2>/dev/null; }
+# Both, and the same.
+read_alike() {
+    sys=$(systemd_reads "$1") && shell=$(sh_reads "$1") && [ "$sys" = "$shell" ]
+}
 # Control: nothing of the package is there before it is installed.
 if command -v balancer >/dev/null 2>&1 || [ -e /usr/lib/systemd/system/p2c-balancer.service ]; then
     echo "the root already has the balancer installed" >&2; exit 1
@@ -56,12 +84,34 @@ test ! -e /etc/systemd/system/multi-user.target.wants/p2c-balancer.service
 unit=/usr/lib/systemd/system/p2c-balancer.service
 systemd-analyze verify --man=no "$unit"
 step "unit verified, not enabled"
+defaults=/etc/default/p2c-balancer
+read_alike $defaults || {
+    echo "systemd reads BALANCER_ARGS=[$(systemd_reads $defaults)], a shell [$(sh_reads $defaults)]" >&2
+    cat $defaults >&2; exit 1
+}
+args=$(systemd_reads $defaults)
+case " $args " in *" --metrics-address 127.0.0.1:9464 "*) ;; *)
+    echo "the defaults file serves no metrics at 127.0.0.1:9464: $args" >&2; exit 1 ;;
+esac
+# The unit falls back to the same arguments.
+grep -qxF "Environment=\"BALANCER_ARGS=$args\"" "$unit" || {
+    echo "the unit s Environment= is not BALANCER_ARGS=$args:" >&2; grep "^Environment=" "$unit" >&2; exit 1
+}
+# Control: the value unquoted, as the file had it, is not read alike (a
+# shell runs the word after the first space as a command).
+sed "s/^BALANCER_ARGS=\"\(.*\)\"$/BALANCER_ARGS=\1/" $defaults >/tmp/unquoted
+if grep -q "^BALANCER_ARGS=\"" /tmp/unquoted; then echo "control: the value is still quoted" >&2; exit 1; fi
+if read_alike /tmp/unquoted; then echo "control: the unquoted file was read alike" >&2; exit 1; fi
+step "defaults file read alike by systemd and a shell"
 # The daemon under the unit s own command line: ExecStart with
-# BALANCER_ARGS from /etc/default/p2c-balancer, in the directories systemd
-# would create (RuntimeDirectory, StateDirectory).
-sed -i "s/^BALANCER_ARGS=.*/BALANCER_ARGS=--iface veth0 --mode generic/" /etc/default/p2c-balancer
-# (systemd reads the file, not a shell: the value is the rest of the line.)
-args=$(sed -n "s/^BALANCER_ARGS=//p" /etc/default/p2c-balancer)
+# BALANCER_ARGS from /etc/default/p2c-balancer as systemd reads it, the
+# interface changed and the rest (the metrics address) as packaged, in the
+# directories systemd would create (RuntimeDirectory, StateDirectory).
+sed -i "s/--iface eth0/--iface veth0 --mode generic/" $defaults
+args=$(systemd_reads $defaults)
+case " $args " in *" --iface veth0 "*) ;; *) echo "the interface was not set: $args" >&2; exit 1 ;; esac
+# Unquoted below, the command splits at whitespace as systemd splits
+# $BALANCER_ARGS.
 cmd=$(sed -n "s/^ExecStart=//p" "$unit")
 cmd=$(printf "%s" "$cmd" | sed "s#\$BALANCER_ARGS#$args#")
 case $cmd in /usr/bin/balancer\ run\ *) ;; *) echo "ExecStart is $cmd" >&2; exit 1 ;; esac
@@ -82,6 +132,23 @@ balancer backend add 10.9.0.100:80 10.9.0.2:80 >/dev/null
 balancer vip list | grep -q "10.9.0.100:80"
 xdp_attached
 step "balancer vip list"
+# The metrics at the address the defaults file names, once the VIP has
+# its eligible backend; the scrape and the installed rules are left in
+# OUT for the test.
+addr=$(printf "%s\n" "$args" | sed -n "s/.*--metrics-address \([^ ]*\).*/\1/p")
+[ "$addr" = 127.0.0.1:9464 ] || { echo "metrics address $addr" >&2; exit 1; }
+i=0
+until curl -fsS -o /tmp/out/metrics.txt "http://$addr/metrics" &&
+    grep -q "^p2c_balancer_vip_eligible_backends{vip=\"10.9.0.100:80\"} 1" /tmp/out/metrics.txt; do
+    i=$((i + 1))
+    if [ $i -gt 100 ]; then
+        echo "no metrics with the VIP eligible at $addr:" >&2; cat /tmp/out/metrics.txt >&2 || true
+        cat /tmp/daemon.log >&2; exit 1
+    fi
+    sleep 0.1
+done
+cp /usr/share/p2c-balancer/prometheus/alerts.yml /tmp/out/alerts.yml
+step "metrics at 127.0.0.1:9464"
 # An upgrade (the same package again) keeps the program attached and the
 # daemon running; a unit would be restarted by postinst, which keeps
 # connections.

@@ -30,6 +30,7 @@ pub mod restart;
 pub mod retries;
 pub mod rig;
 pub mod scenario;
+pub mod scraped_rules;
 pub mod signals;
 pub mod specialise;
 pub mod sync;

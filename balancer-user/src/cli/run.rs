@@ -145,8 +145,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "GROUP", requires = "read_only_socket")]
     read_only_group: Option<String>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (off by
-    /// default; the address is reachable by whoever can reach it: bind a
-    /// loopback or management address).
+    /// default; the Debian package's /etc/default/p2c-balancer gives
+    /// 127.0.0.1:9464; the address is reachable by whoever can reach it:
+    /// bind a loopback or management address).
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_address: Option<std::net::SocketAddr>,
     /// Remove the maps pinned by an earlier run and start with empty maps

@@ -1,6 +1,7 @@
 //! Prometheus metrics (text exposition format, prometheus-client), served
 //! on a TCP address of the operator's choosing (`run --metrics-address`;
-//! off by default) at `GET /metrics`.
+//! off by default, 127.0.0.1:9464 in the Debian package's
+//! /etc/default/p2c-balancer) at `GET /metrics`.
 //!
 //! The values are the same the API's `/v1/stats` shows, read from the maps
 //! at each scrape (a registry is built per scrape: VIPs and backends come
@@ -727,14 +728,17 @@ mod tests {
             from: vec![0, 1, 2],
             counts: vec![5, 3, 1],
         };
+        // Every counter of the data path, as the daemon reads them.
+        let mut counters: std::collections::BTreeMap<String, u64> =
+            balancer_common::stats::COUNTER_NAMES
+                .iter()
+                .map(|n| (n.to_string(), 0))
+                .collect();
+        counters.insert("rx_packets".to_string(), 42);
+        counters.insert("drop_no_backend".to_string(), 7);
+        counters.insert("pass_not_vip".to_string(), 9);
         let stats = StatsView {
-            counters: [
-                ("rx_packets".to_string(), 42),
-                ("drop_no_backend".to_string(), 7),
-                ("pass_not_vip".to_string(), 9),
-            ]
-            .into_iter()
-            .collect(),
+            counters,
             vips: vec![VipStatsView {
                 vip: "10.0.0.10:80".parse().unwrap(),
                 mode: Default::default(),
@@ -763,7 +767,40 @@ mod tests {
                 },
                 refused: [("source_denied".to_string(), 6)].into_iter().collect(),
             }],
-            backends: Vec::new(),
+            backends: vec![BackendView {
+                vip: "10.0.0.10:80".parse().unwrap(),
+                backend: "10.1.0.11:80".parse().unwrap(),
+                state: crate::model::api::BackendState::Active,
+                zone: None,
+                slot: 0,
+                server: 0,
+                weight: 1,
+                effective_weight: 1.0,
+                health: crate::model::api::HealthView {
+                    status: HealthStatus::Unhealthy,
+                    last_error: Some("connection refused".into()),
+                    since_ms: 1000,
+                    checks: 5,
+                    failed_checks: 3,
+                    transitions: 1,
+                    ejected: true,
+                    ejections: 1,
+                    ejection: None,
+                    failing_streak: 5,
+                    failing_sources: 3,
+                    ramping: false,
+                },
+                active_connections: 4,
+                server_connections: 4,
+                reported_load: None,
+                latency_ms: None,
+                total_connections: 10,
+                refused: 5,
+                syn_retransmits: 0,
+                handshake_timeouts: 0,
+                packets: 100,
+                bytes: 6000,
+            }],
             flow_table_entries: 12,
             half_open_entries: 2,
             flow_table_size: 1000,
@@ -823,20 +860,38 @@ mod tests {
         ] {
             assert!(with.lines().any(|l| l == line), "no {line:?} in\n{with}");
         }
-        // Every series the shipped alerting rules name is exported: a
-        // renamed metric would silently disarm its alert.
+        // Every series the shipped alerting rules name is exported, with
+        // the label values their matchers ask for (`reason="fib"`): a
+        // renamed metric or label would silently disarm its alert. (The
+        // package test evaluates the rules on a real daemon's scrape.)
         let rules = include_str!("../../../contrib/prometheus/alerts.yml");
-        let named: std::collections::BTreeSet<&str> = rules
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .filter(|w| w.starts_with("p2c_balancer_"))
-            .collect();
-        assert!(named.len() >= 5, "the rules name {named:?}");
-        for n in named {
+        let mut named = std::collections::BTreeSet::new();
+        for (at, _) in rules.match_indices("p2c_balancer_") {
+            let rest = &rules[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            if end == "p2c_balancer_".len() {
+                // `p2c_balancer_*` in a comment.
+                continue;
+            }
+            let matchers = rest[end..]
+                .strip_prefix('{')
+                .and_then(|m| m.split_once('}'))
+                .map_or("", |(m, _)| m);
+            named.insert((&rest[..end], matchers));
+        }
+        assert!(named.len() >= 10, "the rules name {named:?}");
+        for (n, matchers) in named {
             assert!(
-                with.lines().any(|l| l
-                    .strip_prefix(n)
-                    .is_some_and(|rest| rest.starts_with([' ', '{']))),
-                "the alerting rules name {n}, which the daemon does not export"
+                with.lines().any(|l| l.strip_prefix(n).is_some_and(|rest| {
+                    rest.starts_with([' ', '{'])
+                        && matchers.split(',').filter(|m| !m.is_empty()).all(|m| {
+                            rest.split_once(' ')
+                                .is_some_and(|(ls, _)| ls.contains(m.trim()))
+                        })
+                })),
+                "the alerting rules name {n}{{{matchers}}}, which the daemon does not export"
             );
         }
         let text = render(&stats, &d);
