@@ -331,6 +331,12 @@ pub struct Sweep {
     pub slice_cap: Option<Duration>,
     /// Expiries and removals of the last slice.
     last_slice_work: u64,
+    /// Round ends a surge lasts for (0: none): a surge that starts walks
+    /// on through the end of the next round, since a mass expiry found in
+    /// the middle of a round lies on both sides of where it was found, and
+    /// the tables after the flow tables (the orphans the surge just wrote)
+    /// expire nothing.
+    surge_rounds: u32,
 }
 
 /// What a round has found so far.
@@ -406,6 +412,7 @@ impl Sweep {
             time_cap: None,
             slice_cap: None,
             last_slice_work: 0,
+            surge_rounds: 0,
         }
     }
 
@@ -480,13 +487,14 @@ impl Sweep {
     }
 
     /// `true` when at least half of the last slice's entries (of at least
-    /// [`SURGE_MIN`]) expired: a mass expiry (every client gone at once,
+    /// [`SURGE_MIN`]) expired, and from then on to the end of the next
+    /// round: a mass expiry (every client gone at once,
     /// a timeout lowered). The daemon then sweeps on at more than its
     /// CPU share (`SURGE_SLICE` slices `SURGE_PAUSE` apart) until a slice
     /// finds fewer expiring, so that the counts the choice compares follow
     /// within seconds instead of a round spread over minutes.
     pub fn surging(&self) -> bool {
-        surge(self.last_slice, self.last_slice_work)
+        self.surge_rounds > 0 || surge(self.last_slice, self.last_slice_work)
     }
 
     /// `true` when the round is complete (settle it before the next slice).
@@ -574,6 +582,9 @@ impl Sweep {
             }
             self.last_slice = taken;
             self.last_slice_work = self.round.report.work().saturating_sub(work_before);
+        }
+        if self.surge_rounds == 0 && surge(self.last_slice, self.last_slice_work) {
+            self.surge_rounds = 2;
         }
         Ok(())
     }
@@ -791,6 +802,7 @@ impl Reconciler {
             return Ok(None);
         }
         let round = std::mem::take(&mut sweep.round);
+        sweep.surge_rounds = sweep.surge_rounds.saturating_sub(1);
         let mut report = round.report;
         for (slot, n) in round.handshake_timeouts {
             if slots.contains_key(&slot) {
