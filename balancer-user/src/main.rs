@@ -37,15 +37,55 @@ const DEFAULT_SOCKET: &str = "/run/p2c-balancer/control.sock";
     after_help = "Example:\n  balancer run --iface eth0 --config /etc/p2c-balancer/balancer.toml\n  balancer backend list"
 )]
 struct Cli {
-    /// Control socket of the daemon.
-    #[arg(long, global = true, default_value = DEFAULT_SOCKET, env = "BALANCER_SOCKET")]
+    // The environment's values are read by `parse_cli`, not by clap's
+    // `env`: clap counts a global argument read from the environment as
+    // given, and its error usage then shows it as required (`Usage:
+    // balancer vip add --socket <SOCKET> <VIP>`).
+    /// Control socket of the daemon (environment: BALANCER_SOCKET).
+    #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// How long the CLI waits for the daemon's answer.
-    #[arg(long, global = true, default_value = "30s", env = "BALANCER_TIMEOUT",
-          value_parser = positive_duration)]
+    /// How long the CLI waits for the daemon's answer (environment:
+    /// BALANCER_TIMEOUT).
+    #[arg(long, global = true, default_value = "30s", value_parser = positive_duration)]
     timeout: std::time::Duration,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The command line, with `--socket` and `--timeout` taken from
+/// `BALANCER_SOCKET` and `BALANCER_TIMEOUT` when the command line does not
+/// give them.
+///
+/// # Errors
+/// clap's, and a `BALANCER_TIMEOUT` that is not a duration above zero.
+fn parse_cli<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::{parser::ValueSource, FromArgMatches as _};
+    let mut cmd = Cli::command();
+    let m = cmd.try_get_matches_from_mut(args)?;
+    let mut cli = Cli::from_arg_matches(&m)?;
+    let from_env = |id: &str, var: &str| {
+        (m.value_source(id) == Some(ValueSource::DefaultValue))
+            .then(|| std::env::var_os(var))
+            .flatten()
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(v) = from_env("socket", "BALANCER_SOCKET") {
+        cli.socket = PathBuf::from(v);
+    }
+    if let Some(v) = from_env("timeout", "BALANCER_TIMEOUT") {
+        let v = v.to_string_lossy();
+        cli.timeout = positive_duration(&v).map_err(|e| {
+            cmd.error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("BALANCER_TIMEOUT={v:?} is not a duration above 0: {e}"),
+            )
+        })?;
+    }
+    Ok(cli)
 }
 
 /// A duration above zero (`--timeout`: the CLI would give up before
@@ -164,7 +204,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli(std::env::args_os()).unwrap_or_else(|e| e.exit());
     // A CLI piped into `head` must end quietly, not panic on EPIPE. The
     // daemon must not die of a client that closed before reading its
     // answer: it keeps SIGPIPE ignored (Rust's default) and sees EPIPE.
@@ -599,5 +639,42 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod edge_tests {
+    use super::*;
+
+    /// `--socket` and `--timeout` have defaults: no usage line shows them
+    /// as required, even when their environment variables set them (clap
+    /// counts a global argument read from the environment as given, and
+    /// its error usage then lists it as if it were required).
+    #[test]
+    fn the_socket_is_optional_in_every_usage_line() {
+        std::env::set_var("BALANCER_SOCKET", "/run/other/control.sock");
+        std::env::set_var("BALANCER_TIMEOUT", "7s");
+        let e = parse_cli(["balancer", "vip", "add"])
+            .unwrap_err()
+            .to_string();
+        let got = parse_cli(["balancer", "vip", "list"]).map(|c| (c.socket, c.timeout));
+        let given = parse_cli(["balancer", "--socket", "/x.sock", "vip", "list"])
+            .map(|c| c.socket);
+        std::env::remove_var("BALANCER_SOCKET");
+        std::env::remove_var("BALANCER_TIMEOUT");
+        assert!(e.contains("Usage: balancer vip add"), "{e}");
+        assert!(!e.contains("--socket <"), "{e}");
+        assert!(!e.contains("--timeout <"), "{e}");
+        // The variables still set the values; the command line wins.
+        assert_eq!(
+            got.unwrap(),
+            (
+                PathBuf::from("/run/other/control.sock"),
+                std::time::Duration::from_secs(7)
+            )
+        );
+        assert_eq!(given.unwrap(), PathBuf::from("/x.sock"));
+        let d = parse_cli(["balancer", "vip", "list"]).unwrap();
+        assert_eq!(d.socket, PathBuf::from(DEFAULT_SOCKET));
     }
 }
