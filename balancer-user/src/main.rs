@@ -268,7 +268,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Version => return cli::service::print_versions(&socket, cli.timeout).await,
         Cmd::Completions(a) => return a.run(Cli::command()),
         Cmd::Man(a) => return a.run(Cli::command()),
-        Cmd::Vip(c) => c.request(),
+        Cmd::Vip(c) => c.request()?,
         Cmd::Backend(c) => c.request(),
         Cmd::Cluster(c) => {
             let (req, json) = c.request();
@@ -524,7 +524,7 @@ mod tests {
             let Cmd::Vip(v) = cli.cmd else {
                 panic!("{line}: not a vip command")
             };
-            let (request, _) = v.request();
+            let (request, _) = v.request().unwrap();
             got.push((
                 name.to_string(),
                 serde_json::to_string_pretty(&request).unwrap() + "\n",
@@ -676,5 +676,40 @@ mod edge_tests {
         assert_eq!(given.unwrap(), PathBuf::from("/x.sock"));
         let d = parse_cli(["balancer", "vip", "list"]).unwrap();
         assert_eq!(d.socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+}
+
+#[cfg(test)]
+mod health_cli_tests {
+    use super::*;
+
+    /// The request a command line sends, as JSON.
+    fn request(line: &str) -> serde_json::Value {
+        let words = std::iter::once("balancer").chain(line.split_whitespace());
+        let cli = parse_cli(words).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let (r, _) = match cli.cmd {
+            Cmd::Vip(v) => v.request().unwrap(),
+            Cmd::Backend(b) => b.request(),
+            _ => panic!("{line}"),
+        };
+        serde_json::to_value(r).unwrap()
+    }
+
+    #[test]
+    fn a_backends_check_can_be_turned_off_or_given_back_to_the_vip() {
+        let v = "10.0.0.10:80 10.0.2.10:80";
+        assert_eq!(
+            request(&format!("backend set {v} --health off"))["patch"],
+            serde_json::json!({"health": "off"})
+        );
+        assert_eq!(
+            request(&format!("backend set {v} --health vip"))["patch"],
+            serde_json::json!({"health": "vip"})
+        );
+        // A VIP has no VIP's check to go back to.
+        let cli = parse_cli(["balancer", "vip", "add", "10.0.0.10:80", "--health", "vip"]).unwrap();
+        let Cmd::Vip(v) = cli.cmd else { panic!() };
+        let e = v.request().unwrap_err().to_string();
+        assert!(e.starts_with("--health: \"vip\""), "{e}");
     }
 }

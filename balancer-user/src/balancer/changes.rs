@@ -52,7 +52,7 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, an invalid value, map failure.
     pub fn set_vip(&mut self, addr: SocketAddr, patch: &VipPatch) -> Result<()> {
-        let new = patch.apply(&self.desired.state.vip(&addr)?.settings);
+        let new = patch.apply_checked(&self.desired.state.vip(&addr)?.settings)?;
         self.execute(&[Command::SetVip(addr, new)])
     }
 

@@ -100,7 +100,7 @@ impl Desired {
             addr,
             patch.weight.unwrap_or(b.weight),
             match &patch.health {
-                Some(h) => h.clone().into_option(),
+                Some(h) => h.for_backend(),
                 None => b.health.clone(),
             },
             match &patch.zone {
@@ -123,7 +123,10 @@ impl Desired {
             R::SetVip { vip, patch } => self
                 .state
                 .vip(vip)
-                .map(|v| Command::SetVip(*vip, patch.apply(&v.settings))),
+                .and_then(|v| {
+                    let s = patch.apply_checked(&v.settings).map_err(|e| e.in_vip(*vip))?;
+                    Ok(Command::SetVip(*vip, s))
+                }),
             R::RemoveVip { vip } => Ok(Command::RemoveVip(*vip)),
             R::AddBackends {
                 vip,

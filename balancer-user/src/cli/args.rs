@@ -2,7 +2,10 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use balancer::model::state::{check_choices, CheckKind, HealthCheck};
+use balancer::model::{
+    api::HealthSetting,
+    state::{check_choices, CheckKind, HealthCheck},
+};
 use balancer_common::CHOICES_FULL_SCAN;
 
 /// Number of choices: 1..=16 or `all` (full least-connections scan).
@@ -32,11 +35,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// The kind of a health check: `tcp`, `path` (a SYN to the VIP through
 /// its forwarding path), `http:/PATH` (expects 200) or
-/// `http:/PATH=STATUS`, or `off`.
+/// `http:/PATH=STATUS`, or `off`; for a backend also `vip` (its VIP's
+/// check).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HealthSpec {
     /// No check.
     Off,
+    /// A backend: its VIP's check (`vip`, `inherit`).
+    Vip,
     /// This kind of check.
     Kind(CheckKind),
 }
@@ -45,6 +51,9 @@ pub enum HealthSpec {
 pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
     if s == "off" || s == "none" {
         return Ok(HealthSpec::Off);
+    }
+    if s == "vip" || s == "inherit" {
+        return Ok(HealthSpec::Vip);
     }
     if s == "tcp" {
         return Ok(HealthSpec::Kind(CheckKind::Tcp {}));
@@ -72,7 +81,8 @@ pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
         return Ok(HealthSpec::Kind(check.kind));
     }
     Err(format!(
-        "`{s}` is not a health check: tcp, path, http:/PATH, http:/PATH=STATUS or off"
+        "`{s}` is not a health check: tcp, path, http:/PATH, http:/PATH=STATUS, off, or (a \
+         backend's) vip"
     ))
 }
 
@@ -82,7 +92,8 @@ pub struct HealthArgs {
     /// Active health check: `tcp`, `path` (dsr, ipip and gue VIPs: a SYN
     /// to the VIP's address sent through the VIP's own forwarding, answered
     /// by the backend's real path), `http:/PATH` (expects 200),
-    /// `http:/PATH=STATUS`, or `off`.
+    /// `http:/PATH=STATUS`, or `off`; a backend's also `vip` (its VIP's
+    /// check again; `off` turns a backend's checks off whatever its VIP's).
     #[arg(long, value_parser = parse_health)]
     pub health: Option<HealthSpec>,
     /// Port the check connects to (default: the backend's).
@@ -103,15 +114,17 @@ pub struct HealthArgs {
 }
 
 impl HealthArgs {
-    /// The check the options describe (defaults for the options not
-    /// given): `None` when `--health` is absent, `Some(None)` for `off`.
-    pub fn check(&self) -> Option<Option<HealthCheck>> {
+    /// The change of check the options ask for: `None` when `--health` is
+    /// absent; a new check of the kind given (defaults for the options not
+    /// given), `off`, or (a backend's) the VIP's.
+    pub fn setting(&self) -> Option<HealthSetting> {
         let kind = match self.health.clone()? {
-            HealthSpec::Off => return Some(None),
+            HealthSpec::Off => return Some(HealthSetting::Off),
+            HealthSpec::Vip => return Some(HealthSetting::Vip),
             HealthSpec::Kind(k) => k,
         };
         let d = HealthCheck::default();
-        Some(Some(HealthCheck {
+        Some(HealthSetting::Check(HealthCheck {
             kind,
             port: self.health_port,
             interval: self.health_interval.unwrap_or(d.interval),

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use balancer::model::api::{BackendPatch, BackendView, HealthSetting, HealthStatus, Request};
+use balancer::model::api::{BackendPatch, BackendView, HealthStatus, Request};
 use clap::Subcommand;
 
 use super::args::{parse_endpoint, HealthArgs};
@@ -31,8 +31,9 @@ pub enum BackendCmd {
         #[arg(long)]
         zone: Option<String>,
     },
-    /// Change a backend's weight or zone, or give it a health check of its
-    /// own (`--health off`: the VIP's check again).
+    /// Change a backend's weight or zone, or its health check: one of its
+    /// own, `--health off` (no checks for it, whatever its VIP's), or
+    /// `--health vip` (its VIP's check again).
     #[command(
         after_help = "Example:\n  balancer backend set 10.0.0.10:80 10.0.2.10:8080 --weight 3 --health http:/healthz"
     )]
@@ -130,10 +131,7 @@ impl BackendCmd {
                     patch: BackendPatch {
                         weight,
                         zone,
-                        health: health.check().map(|c| match c {
-                            None => HealthSetting::Off,
-                            Some(c) => HealthSetting::Check(c),
-                        }),
+                        health: health.setting(),
                     },
                 },
                 false,

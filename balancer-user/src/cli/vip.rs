@@ -195,17 +195,34 @@ pub enum VipCmd {
     },
 }
 
+/// A model's refusal in the CLI's words: `health: ...` as `--health: ...`.
+fn cli_words(refusal: &str) -> String {
+    match refusal.split_once(": ") {
+        Some((field, rest)) if !field.contains(' ') => {
+            format!("--{}: {rest}", field.replace(['_', '.'], "-"))
+        }
+        _ => refusal.to_string(),
+    }
+}
+
 impl VipCmd {
     /// The request, and whether its answer is printed as JSON.
-    pub fn request(self) -> (Request, bool) {
-        match self {
+    ///
+    /// # Errors
+    /// Options `vip add` cannot send (a setting the model refuses before
+    /// the daemon is asked).
+    pub fn request(self) -> anyhow::Result<(Request, bool)> {
+        Ok(match self {
             VipCmd::Add { vip, settings } => (
                 Request::AddVip {
                     vip,
-                    settings: settings.patch().apply(&VipSettings {
-                        health: balancer::model::state::default_health(),
-                        ..VipSettings::default()
-                    }),
+                    settings: settings
+                        .patch()
+                        .apply_checked(&VipSettings {
+                            health: balancer::model::state::default_health(),
+                            ..VipSettings::default()
+                        })
+                        .map_err(|e| anyhow::anyhow!("{}", cli_words(&e.to_string())))?,
                 },
                 false,
             ),
@@ -228,7 +245,7 @@ impl VipCmd {
             ),
             VipCmd::Remove { vip } => (Request::RemoveVip { vip }, false),
             VipCmd::List { json } => (Request::ListVips, json),
-        }
+        })
     }
 }
 

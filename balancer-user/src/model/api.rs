@@ -14,7 +14,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 pub use crate::model::state::BackendState;
-use crate::model::state::{ForwardingMode, HealthCheck, VipSettings};
+use crate::model::state::{BackendHealth, ForwardingMode, HealthCheck, Setting, VipSettings};
 
 /// How many flows `Flows` returns at most, whatever the request asks.
 pub const MAX_FLOWS_LISTED: usize = 10_000;
@@ -23,18 +23,31 @@ pub const MAX_FLOWS_LISTED: usize = 10_000;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthSetting {
-    /// No active check (a backend: use the VIP's).
+    /// No active check (a backend: none of its own and not the VIP's).
     Off,
+    /// A backend: the VIP's check again (refused for a VIP).
+    Vip,
     /// This check.
     Check(HealthCheck),
 }
 
 impl HealthSetting {
-    /// As an optional check.
-    pub fn into_option(self) -> Option<HealthCheck> {
+    /// A VIP's check after this change of `current`. `Vip` keeps it:
+    /// [`VipPatch::apply_checked`] refuses it first.
+    pub fn for_vip(&self, current: &Option<HealthCheck>) -> Option<HealthCheck> {
         match self {
             HealthSetting::Off => None,
-            HealthSetting::Check(h) => Some(h),
+            HealthSetting::Vip => current.clone(),
+            HealthSetting::Check(h) => Some(h.clone()),
+        }
+    }
+
+    /// A backend's check after this change.
+    pub fn for_backend(&self) -> BackendHealth {
+        match self {
+            HealthSetting::Off => BackendHealth::Off,
+            HealthSetting::Vip => BackendHealth::Vip,
+            HealthSetting::Check(h) => BackendHealth::Check(h.clone()),
         }
     }
 }
@@ -48,13 +61,40 @@ vip_settings!(balancer_macros::settings_patch {
     }
 });
 
+impl VipPatch {
+    /// `settings` with this patch applied ([`VipPatch::apply`]), refusing
+    /// what a VIP's change cannot mean: `health: "vip"` (a backend's word
+    /// for its VIP's check).
+    ///
+    /// # Errors
+    /// [`crate::model::error::BalancerError::Refused`] naming the setting;
+    /// nothing is changed.
+    pub fn apply_checked(
+        &self,
+        settings: &VipSettings,
+    ) -> crate::model::error::Result<VipSettings> {
+        use crate::model::error::{BalancerError, Reason};
+        if let Some(HealthSetting::Vip) = &self.health {
+            return Err(BalancerError::refused(
+                Setting::Health.field(),
+                Reason::malformed(
+                    "\"vip\"",
+                    "a VIP's check: a check, or \"off\" (\"vip\" gives a backend its VIP's \
+                     check back)",
+                ),
+            ));
+        }
+        Ok(self.apply(settings))
+    }
+}
+
 /// Changes to a backend: fields left `None` keep their value.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct BackendPatch {
     /// Weight, 1..=1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
-    /// Its own health check (`Off`: the VIP's).
+    /// Its health check: `"vip"` the VIP's, `"off"` none, or its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthSetting>,
     /// Its zone (`""`: none).

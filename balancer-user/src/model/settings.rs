@@ -199,14 +199,11 @@ macro_rules! vip_settings {
                 }
                 patch {
                     /// Active health check.
-                    Option<$crate::model::api::HealthSetting> => |h| h.clone().into_option()
+                    Option<$crate::model::api::HealthSetting> => |h, old| h.for_vip(old)
                 }
                 cli {
                     #[command(flatten)]
-                    HealthArgs => |a| a.health.check().map(|c| match c {
-                        None => $crate::model::api::HealthSetting::Off,
-                        Some(c) => $crate::model::api::HealthSetting::Check(c),
-                    })
+                    HealthArgs => |a| a.health.setting()
                 }
 
                 /// What new connections do when no backend is healthy.

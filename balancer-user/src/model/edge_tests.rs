@@ -1,0 +1,73 @@
+//! The model's side of issue 43's rough edges: a backend's check turned
+//! off on its own, one health parameter changed alone, settings that mean
+//! nothing where they are given, refused with their argument named.
+
+use std::{net::SocketAddr, time::Duration};
+
+use crate::model::{
+    config,
+    state::{BackendConfig, HealthCheck, VipConfig, VipSettings},
+};
+
+fn a(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// A backend of the state file, its `health` as given (`None`: no key).
+fn backend(addr: &str, health: Option<&str>) -> BackendConfig {
+    let h = health.map_or(String::new(), |h| format!(",\"health\":{h}"));
+    serde_json::from_str(&format!(
+        "{{\"addr\":\"{addr}\",\"state\":\"active\",\"slot\":0,\"generation\":1{h}}}"
+    ))
+    .unwrap_or_else(|e| panic!("{addr} {health:?}: {e}"))
+}
+
+#[test]
+fn a_backends_check_is_its_own_off_or_the_vips() {
+    let vip_check = HealthCheck {
+        interval: Duration::from_secs(5),
+        ..HealthCheck::default()
+    };
+    let v = VipConfig {
+        addr: a("10.0.0.10:80"),
+        index: 0,
+        settings: VipSettings {
+            health: Some(vip_check.clone()),
+            ..VipSettings::default()
+        },
+        backends: vec![
+            // Off on its own (written by this build).
+            backend("10.0.2.1:80", Some("\"off\"")),
+            // The VIP's: no key (every build), null, or "vip".
+            backend("10.0.2.2:80", None),
+            backend("10.0.2.3:80", Some("null")),
+            backend("10.0.2.4:80", Some("\"vip\"")),
+            // A check of its own (every build).
+            backend("10.0.2.5:80", Some("{\"kind\":{\"type\":\"tcp\"},\"rise\":4}")),
+        ],
+    };
+    let checks: Vec<Option<u32>> = v
+        .backends
+        .iter()
+        .map(|b| v.check_for(b).map(|c| c.rise))
+        .collect();
+    assert_eq!(checks, [None, Some(2), Some(2), Some(2), Some(4)]);
+    // Written back: "off" stays, the VIP's is no key (as before).
+    let json: Vec<String> = v
+        .backends
+        .iter()
+        .map(|b| serde_json::to_string(b).unwrap())
+        .collect();
+    assert!(json[0].contains("\"health\":\"off\""), "{}", json[0]);
+    assert!(!json[1].contains("health"), "{}", json[1]);
+    assert!(json[4].contains("\"rise\":4"), "{}", json[4]);
+    // The configuration file: `health = "off"` for a backend, read and
+    // exported back; `"vip"` is the default and is left out.
+    let text = "[[vip]]\naddress = \"10.0.0.10:80\"\n\n[[vip.backend]]\naddress = \
+                \"10.0.2.1:80\"\nhealth = \"off\"\n\n[[vip.backend]]\naddress = \
+                \"10.0.2.2:80\"\nhealth = \"vip\"\n";
+    let c = config::read(text).unwrap();
+    let out = config::to_toml(&c).unwrap();
+    assert_eq!(out.matches("health = \"off\"").count(), 1, "{out}");
+    assert!(!out.contains("\"vip\""), "{out}");
+}
