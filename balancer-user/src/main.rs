@@ -712,4 +712,16 @@ mod health_cli_tests {
         let e = v.request().unwrap_err().to_string();
         assert!(e.starts_with("--health: \"vip\""), "{e}");
     }
+
+    #[test]
+    fn one_health_parameter_is_changed_alone() {
+        assert_eq!(
+            request("vip set 10.0.0.10:80 --health-fall 5")["patch"],
+            serde_json::json!({"health": {"change": {"fall": 5}}})
+        );
+        assert_eq!(
+            request("backend set 10.0.0.10:80 10.0.2.10:80 --health-interval 5s")["patch"],
+            serde_json::json!({"health": {"change": {"interval": "5s"}}})
+        );
+    }
 }

@@ -95,12 +95,15 @@ impl Desired {
         patch: &BackendPatch,
     ) -> Result<Command> {
         let b = self.state.backend(&vip, &addr)?;
+        let vip_check = self.state.vip(&vip)?.settings.health.as_ref();
         Ok(Command::SetBackend(
             vip,
             addr,
             patch.weight.unwrap_or(b.weight),
             match &patch.health {
-                Some(h) => h.for_backend(),
+                Some(h) => h
+                    .for_backend(&b.health, vip_check)
+                    .map_err(|e| e.in_backend(addr).in_vip(vip))?,
                 None => b.health.clone(),
             },
             match &patch.zone {

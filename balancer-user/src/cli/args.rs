@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, time::Duration};
 
 use balancer::model::{
-    api::HealthSetting,
+    api::{HealthChange, HealthSetting},
     state::{check_choices, CheckKind, HealthCheck},
 };
 use balancer_common::CHOICES_FULL_SCAN;
@@ -96,29 +96,43 @@ pub struct HealthArgs {
     /// check again; `off` turns a backend's checks off whatever its VIP's).
     #[arg(long, value_parser = parse_health)]
     pub health: Option<HealthSpec>,
-    /// Port the check connects to (default: the backend's).
-    #[arg(long, requires = "health")]
+    /// Port the check connects to (default: the backend's). Each
+    /// `--health-*` option given without `--health` changes that
+    /// parameter of the current check, the others kept; with `--health`,
+    /// the new check's left-out parameters take their defaults.
+    #[arg(long)]
     pub health_port: Option<u16>,
-    /// Time between checks.
-    #[arg(long, value_parser = parse_duration, requires = "health")]
+    /// Time between checks (default 2s).
+    #[arg(long, value_parser = parse_duration)]
     pub health_interval: Option<Duration>,
-    /// Time a check may take.
-    #[arg(long, value_parser = parse_duration, requires = "health")]
+    /// Time a check may take (default 1s).
+    #[arg(long, value_parser = parse_duration)]
     pub health_timeout: Option<Duration>,
-    /// Passes in a row that bring an unhealthy backend back.
-    #[arg(long, requires = "health")]
+    /// Passes in a row that bring an unhealthy backend back (default 2).
+    #[arg(long)]
     pub health_rise: Option<u32>,
-    /// Failures in a row that take a healthy backend out.
-    #[arg(long, requires = "health")]
+    /// Failures in a row that take a healthy backend out (default 3).
+    #[arg(long)]
     pub health_fall: Option<u32>,
 }
 
 impl HealthArgs {
-    /// The change of check the options ask for: `None` when `--health` is
-    /// absent; a new check of the kind given (defaults for the options not
+    /// The change of check the options ask for: `None` when no health
+    /// option is given; without `--health`, a change of the parameters
+    /// given; a new check of the kind given (defaults for the options not
     /// given), `off`, or (a backend's) the VIP's.
     pub fn setting(&self) -> Option<HealthSetting> {
-        let kind = match self.health.clone()? {
+        let Some(spec) = self.health.clone() else {
+            let c = HealthChange {
+                port: self.health_port,
+                interval: self.health_interval,
+                timeout: self.health_timeout,
+                rise: self.health_rise,
+                fall: self.health_fall,
+            };
+            return (c != HealthChange::default()).then_some(HealthSetting::Change(c));
+        };
+        let kind = match spec {
             HealthSpec::Off => return Some(HealthSetting::Off),
             HealthSpec::Vip => return Some(HealthSetting::Vip),
             HealthSpec::Kind(k) => k,

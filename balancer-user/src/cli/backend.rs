@@ -44,8 +44,12 @@ pub enum BackendCmd {
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
         backend: SocketAddr,
-        /// Weight, 1..=1000 (this, `--health`, `--zone`, or several).
-        #[arg(long, required_unless_present_any = ["health", "zone"])]
+        /// Weight, 1..=1000 (this, `--health` or a `--health-*` option,
+        /// `--zone`, or several).
+        #[arg(long, required_unless_present_any = [
+            "health", "health_port", "health_interval", "health_timeout", "health_rise",
+            "health_fall", "zone",
+        ])]
         weight: Option<u32>,
         #[command(flatten)]
         health: HealthArgs,

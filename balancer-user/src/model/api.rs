@@ -29,26 +29,123 @@ pub enum HealthSetting {
     Vip,
     /// This check.
     Check(HealthCheck),
+    /// The current check with these parameters changed, the others kept
+    /// (a backend's: its own check, else its VIP's, which becomes its
+    /// own). Refused where there is no check to change.
+    Change(HealthChange),
+}
+
+/// Some parameters of a check, the others left as they are (`vip set
+/// --health-fall 5`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthChange {
+    /// Port to check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Time between checks.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde::option")]
+    #[schema(value_type = Option<String>)]
+    pub interval: Option<Duration>,
+    /// Time a check may take.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde::option")]
+    #[schema(value_type = Option<String>)]
+    pub timeout: Option<Duration>,
+    /// Passes in a row that make an unhealthy backend healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rise: Option<u32>,
+    /// Failures in a row that make a healthy backend unhealthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fall: Option<u32>,
+}
+
+impl HealthChange {
+    /// `h` with these parameters.
+    pub fn applied_to(&self, h: &HealthCheck) -> HealthCheck {
+        HealthCheck {
+            kind: h.kind.clone(),
+            port: self.port.or(h.port),
+            interval: self.interval.unwrap_or(h.interval),
+            timeout: self.timeout.unwrap_or(h.timeout),
+            rise: self.rise.unwrap_or(h.rise),
+            fall: self.fall.unwrap_or(h.fall),
+        }
+    }
+
+    /// The keys it changes, in the check's order.
+    pub fn keys(&self) -> Vec<&'static str> {
+        [
+            ("port", self.port.is_some()),
+            ("interval", self.interval.is_some()),
+            ("timeout", self.timeout.is_some()),
+            ("rise", self.rise.is_some()),
+            ("fall", self.fall.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, given)| given.then_some(k))
+        .collect()
+    }
+
+    /// The refusal of this change where there is no check to change:
+    /// `what` says why.
+    fn nothing_to_change(&self, what: &str) -> crate::model::error::BalancerError {
+        use crate::model::error::{BalancerError, Reason};
+        let field = match self.keys().first() {
+            Some(k) => Setting::Health.inner(k),
+            None => Setting::Health.field(),
+        };
+        BalancerError::refused(
+            field,
+            Reason::requires(
+                Setting::Health.name(),
+                format!(
+                    "{what}: there is no check whose parameters to change; give the check \
+                     with them (--health tcp|path|http:/PATH)"
+                ),
+            ),
+        )
+    }
 }
 
 impl HealthSetting {
-    /// A VIP's check after this change of `current`. `Vip` keeps it:
-    /// [`VipPatch::apply_checked`] refuses it first.
+    /// A VIP's check after this change of `current`. `Vip`, and a
+    /// `Change` of no check, keep it: [`VipPatch::apply_checked`] refuses
+    /// them first.
     pub fn for_vip(&self, current: &Option<HealthCheck>) -> Option<HealthCheck> {
         match self {
             HealthSetting::Off => None,
             HealthSetting::Vip => current.clone(),
             HealthSetting::Check(h) => Some(h.clone()),
+            HealthSetting::Change(c) => current.as_ref().map(|h| c.applied_to(h)),
         }
     }
 
-    /// A backend's check after this change.
-    pub fn for_backend(&self) -> BackendHealth {
-        match self {
+    /// A backend's check after this change of `current`, its VIP's check
+    /// being `vip`.
+    ///
+    /// # Errors
+    /// [`crate::model::error::BalancerError::Refused`] of a `Change` where
+    /// no check applies (the backend's are off, or its VIP has none).
+    pub fn for_backend(
+        &self,
+        current: &BackendHealth,
+        vip: Option<&HealthCheck>,
+    ) -> crate::model::error::Result<BackendHealth> {
+        Ok(match self {
             HealthSetting::Off => BackendHealth::Off,
             HealthSetting::Vip => BackendHealth::Vip,
             HealthSetting::Check(h) => BackendHealth::Check(h.clone()),
-        }
+            HealthSetting::Change(c) => match current.effective(vip) {
+                Some(h) => BackendHealth::Check(c.applied_to(h)),
+                None => {
+                    return Err(c.nothing_to_change(if current == &BackendHealth::Off {
+                        "the backend's checks are off"
+                    } else {
+                        "the backend takes its VIP's check, and the VIP has none"
+                    }))
+                }
+            },
+        })
     }
 }
 
@@ -64,7 +161,8 @@ vip_settings!(balancer_macros::settings_patch {
 impl VipPatch {
     /// `settings` with this patch applied ([`VipPatch::apply`]), refusing
     /// what a VIP's change cannot mean: `health: "vip"` (a backend's word
-    /// for its VIP's check).
+    /// for its VIP's check), and a change of the check's parameters while
+    /// it has none.
     ///
     /// # Errors
     /// [`crate::model::error::BalancerError::Refused`] naming the setting;
@@ -83,6 +181,9 @@ impl VipPatch {
                      check back)",
                 ),
             ));
+        }
+        if let (Some(HealthSetting::Change(c)), None) = (&self.health, &settings.health) {
+            return Err(c.nothing_to_change("the VIP's checks are off (--health off)"));
         }
         Ok(self.apply(settings))
     }

@@ -5,8 +5,9 @@
 use std::{net::SocketAddr, time::Duration};
 
 use crate::model::{
+    api::VipPatch,
     config,
-    state::{BackendConfig, HealthCheck, VipConfig, VipSettings},
+    state::{BackendConfig, BackendHealth, HealthCheck, VipConfig, VipSettings},
 };
 
 fn a(s: &str) -> SocketAddr {
@@ -70,4 +71,50 @@ fn a_backends_check_is_its_own_off_or_the_vips() {
     let out = config::to_toml(&c).unwrap();
     assert_eq!(out.matches("health = \"off\"").count(), 1, "{out}");
     assert!(!out.contains("\"vip\""), "{out}");
+}
+
+#[test]
+fn one_health_parameter_changes_alone() {
+    let s = VipSettings {
+        health: Some(HealthCheck {
+            interval: Duration::from_secs(5),
+            ..HealthCheck::default()
+        }),
+        ..VipSettings::default()
+    };
+    let p: VipPatch = serde_json::from_str(r#"{"health":{"change":{"fall":5}}}"#).unwrap();
+    let h = p.apply(&s).health.unwrap();
+    assert_eq!(
+        (h.fall, h.interval, h.rise),
+        (5, Duration::from_secs(5), 2),
+        "the other parameters are the VIP's"
+    );
+    assert_eq!(p.apply_checked(&s).unwrap(), p.apply(&s));
+    // A VIP without a check has nothing to change: refused, the parameter
+    // named.
+    let off = VipSettings {
+        health: None,
+        ..VipSettings::default()
+    };
+    let e = p.apply_checked(&off).unwrap_err().to_string();
+    assert!(e.starts_with("health.fall: needs health"), "{e}");
+    // A backend's: its own check's, else its VIP's, made its own; none
+    // when its checks are off.
+    let change = p.health.clone().unwrap();
+    let own = BackendHealth::Check(HealthCheck {
+        rise: 7,
+        ..HealthCheck::default()
+    });
+    let got = |b: &BackendHealth| change.for_backend(b, s.health.as_ref());
+    let fall_of = |b: BackendHealth| b.own().map(|h| (h.fall, h.rise, h.interval));
+    assert_eq!(
+        fall_of(got(&BackendHealth::Vip).unwrap()),
+        Some((5, 2, Duration::from_secs(5)))
+    );
+    assert_eq!(
+        fall_of(got(&own).unwrap()),
+        Some((5, 7, Duration::from_secs(2)))
+    );
+    let e = got(&BackendHealth::Off).unwrap_err().to_string();
+    assert!(e.starts_with("health.fall: needs health"), "{e}");
 }
