@@ -57,7 +57,9 @@ struct Cli {
 /// give them.
 ///
 /// # Errors
-/// clap's, and a `BALANCER_TIMEOUT` that is not a duration above zero.
+/// clap's; a `BALANCER_TIMEOUT` that is not a duration above zero; a
+/// `--health-*` option beside `--health off` or `vip`
+/// ([`cli::args::HealthArgs::conflict`]).
 fn parse_cli<I, T>(args: I) -> Result<Cli, clap::Error>
 where
     I: IntoIterator<Item = T>,
@@ -67,6 +69,9 @@ where
     let mut cmd = Cli::command();
     let m = cmd.try_get_matches_from_mut(args)?;
     let mut cli = Cli::from_arg_matches(&m)?;
+    if let Some(msg) = health_args(&cli.cmd).and_then(cli::args::HealthArgs::conflict) {
+        return Err(cmd.error(clap::error::ErrorKind::ArgumentConflict, msg));
+    }
     let from_env = |id: &str, var: &str| {
         (m.value_source(id) == Some(ValueSource::DefaultValue))
             .then(|| std::env::var_os(var))
@@ -86,6 +91,17 @@ where
         })?;
     }
     Ok(cli)
+}
+
+/// The health options of a command that has them.
+fn health_args(cmd: &Cmd) -> Option<&cli::args::HealthArgs> {
+    match cmd {
+        Cmd::Vip(VipCmd::Add { settings, .. } | VipCmd::Set { settings, .. }) => {
+            Some(settings.health())
+        }
+        Cmd::Backend(BackendCmd::Set { health, .. }) => Some(health),
+        _ => None,
+    }
 }
 
 /// A duration above zero (`--timeout`: the CLI would give up before
@@ -723,5 +739,28 @@ mod health_cli_tests {
             request("backend set 10.0.0.10:80 10.0.2.10:80 --health-interval 5s")["patch"],
             serde_json::json!({"health": {"change": {"interval": "5s"}}})
         );
+    }
+
+    /// A health parameter beside `--health off` (or a backend's `vip`)
+    /// means nothing: refused, the argument named.
+    #[test]
+    fn a_health_parameter_without_a_check_is_refused() {
+        for line in [
+            "vip add 10.0.0.10:80 --health off --health-interval 5s",
+            "vip set 10.0.0.10:80 --health off --health-interval 5s",
+            "backend set 10.0.0.10:80 10.0.2.10:80 --health off --health-interval 5s",
+            "backend set 10.0.0.10:80 10.0.2.10:80 --health vip --health-interval 5s",
+        ] {
+            let words = std::iter::once("balancer").chain(line.split_whitespace());
+            let e = match parse_cli(words) {
+                Ok(cli) => match cli.cmd {
+                    Cmd::Vip(v) => v.request().map(|_| ()).unwrap_err().to_string(),
+                    _ => panic!("{line}: accepted"),
+                },
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains("--health-interval"), "{line}: {e}");
+            assert!(e.contains("--health off") || e.contains("--health vip"), "{line}: {e}");
+        }
     }
 }

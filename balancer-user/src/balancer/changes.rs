@@ -506,10 +506,11 @@ impl Balancer {
         for a in state.backend_uses().into_keys() {
             state.server_for(a)?;
         }
-        // A source rate on a direct-return VIP, accepted by earlier builds,
-        // is refused now: dropped with a warning rather than refusing to
-        // serve every VIP.
-        for w in state.drop_direct_return_rates() {
+        // A source rate on a direct-return VIP, or an outer source on a VIP
+        // that does not encapsulate, accepted by earlier builds, is refused
+        // now: dropped with a warning rather than refusing to serve every
+        // VIP.
+        for w in state.upgrade() {
             tracing::warn!("state file: {w}");
         }
         state.validate()?;

@@ -149,6 +149,36 @@ impl HealthArgs {
     }
 }
 
+impl HealthArgs {
+    /// The refusal of a `--health-*` option beside `--health off` or a
+    /// backend's `--health vip`, which take no parameters (they would be
+    /// dropped unsaid), naming both.
+    pub fn conflict(&self) -> Option<String> {
+        let (word, why) = match self.health {
+            Some(HealthSpec::Off) => ("off", "no check runs, so there is none to give it to"),
+            Some(HealthSpec::Vip) => (
+                "vip",
+                "the backend takes its VIP's check, parameters and all (`vip set` changes \
+                 them)",
+            ),
+            _ => return None,
+        };
+        let given = [
+            ("--health-port", self.health_port.is_some()),
+            ("--health-interval", self.health_interval.is_some()),
+            ("--health-timeout", self.health_timeout.is_some()),
+            ("--health-rise", self.health_rise.is_some()),
+            ("--health-fall", self.health_fall.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))?;
+        Some(format!(
+            "the argument '{given}' cannot be used with '--health {word}': {why}; give a check \
+             with it (--health tcp|path|http:/PATH), or leave it out"
+        ))
+    }
+}
+
 /// `all` for a full scan, else the number.
 pub fn choices_name(c: u32) -> String {
     if c == CHOICES_FULL_SCAN {

@@ -39,6 +39,13 @@ balancer::vip_settings!(balancer_macros::settings_cli {
     }
 });
 
+impl VipArgs {
+    /// The health options.
+    pub fn health(&self) -> &HealthArgs {
+        &self.health
+    }
+}
+
 /// A VIP's zone preference now, for the table.
 fn locality_note(v: &VipView) -> String {
     let Some(l) = &v.locality else {

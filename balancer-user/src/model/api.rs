@@ -162,7 +162,8 @@ impl VipPatch {
     /// `settings` with this patch applied ([`VipPatch::apply`]), refusing
     /// what a VIP's change cannot mean: `health: "vip"` (a backend's word
     /// for its VIP's check), and a change of the check's parameters while
-    /// it has none.
+    /// it has none. A change of mode to one that does not encapsulate
+    /// drops the outer source (`encap_source`) unless it gives one.
     ///
     /// # Errors
     /// [`crate::model::error::BalancerError::Refused`] naming the setting;
@@ -185,7 +186,13 @@ impl VipPatch {
         if let (Some(HealthSetting::Change(c)), None) = (&self.health, &settings.health) {
             return Err(c.nothing_to_change("the VIP's checks are off (--health off)"));
         }
-        Ok(self.apply(settings))
+        let mut s = self.apply(settings);
+        // A change to a mode that sends no tunnel drops the outer source
+        // it no longer uses (one given with it is refused by validation).
+        if self.mode.is_some() && self.encap_source.is_none() && !s.mode.encapsulates() {
+            s.encap_source = None;
+        }
+        Ok(s)
     }
 }
 

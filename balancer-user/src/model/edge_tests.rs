@@ -7,7 +7,7 @@ use std::{net::SocketAddr, time::Duration};
 use crate::model::{
     api::VipPatch,
     config,
-    state::{BackendConfig, BackendHealth, HealthCheck, VipConfig, VipSettings},
+    state::{BackendConfig, BackendHealth, ForwardingMode, HealthCheck, VipConfig, VipSettings},
 };
 
 fn a(s: &str) -> SocketAddr {
@@ -117,4 +117,80 @@ fn one_health_parameter_changes_alone() {
     );
     let e = got(&BackendHealth::Off).unwrap_err().to_string();
     assert!(e.starts_with("health.fall: needs health"), "{e}");
+}
+
+#[test]
+fn an_encapsulation_source_needs_an_encapsulating_mode() {
+    let vip = a("10.0.0.10:80");
+    for mode in [ForwardingMode::Dsr, ForwardingMode::Nat] {
+        let s = VipSettings {
+            mode,
+            encap_source: Some("10.0.9.1".parse().unwrap()),
+            ..VipSettings::default()
+        };
+        let e = s.validate_for(vip).unwrap_err().to_string();
+        assert!(e.contains("encap_source"), "{e}");
+        assert!(e.contains("ipip or gue"), "{e}");
+    }
+    // The file too, with its line.
+    let e = config::read(
+        "[[vip]]\naddress = \"10.0.0.10:80\"\nmode = \"dsr\"\nencap_source = \"10.0.9.1\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("line 4"), "{e}");
+    // The control: the tunnel modes take it.
+    let ok = VipSettings {
+        mode: ForwardingMode::Ipip,
+        encap_source: Some("10.0.9.1".parse().unwrap()),
+        ..VipSettings::default()
+    };
+    ok.validate_for(vip).unwrap();
+    // `vip set --mode dsr` on that VIP drops the source it no longer uses;
+    // with `--encap-source` it is refused.
+    let to_dsr: VipPatch = serde_json::from_str(r#"{"mode":"dsr"}"#).unwrap();
+    let s = to_dsr.apply_checked(&ok).unwrap();
+    assert_eq!((s.mode, s.encap_source), (ForwardingMode::Dsr, None));
+    let both: VipPatch =
+        serde_json::from_str(r#"{"mode":"dsr","encap_source":"10.0.9.2"}"#).unwrap();
+    assert!(both.apply_checked(&ok).unwrap().validate().is_err());
+    // A state file of an earlier build that holds one is read, the source
+    // dropped with a line for the log.
+    let mut st = crate::model::state::State::default();
+    st.vips.insert(
+        vip,
+        VipConfig {
+            addr: vip,
+            index: 0,
+            settings: VipSettings {
+                mode: ForwardingMode::Dsr,
+                encap_source: Some("10.0.9.1".parse().unwrap()),
+                ..VipSettings::default()
+            },
+            backends: Vec::new(),
+        },
+    );
+    assert!(st.validate().is_err());
+    let w = st.upgrade();
+    assert!(w.len() == 1 && w[0].contains("10.0.9.1"), "{w:?}");
+    st.validate().unwrap();
+}
+
+#[test]
+fn a_persistence_netmask_is_refused_with_its_familys_range() {
+    let with = |m| VipSettings {
+        persistence: Duration::from_secs(60),
+        persistence_netmask: Some(m),
+        ..VipSettings::default()
+    };
+    let e = with(64)
+        .validate_for(a("10.0.0.10:80"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("persistence_netmask"), "{e}");
+    assert!(e.contains("1..=32"), "{e}");
+    // An IPv6 VIP groups its clients by up to 128 bits: /64 is a client's
+    // network (as a source rate's default), and is taken.
+    with(64).validate_for(a("[2001:db8::10]:80")).unwrap();
+    with(128).validate_for(a("[2001:db8::10]:80")).unwrap();
 }

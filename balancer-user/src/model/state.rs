@@ -692,6 +692,37 @@ impl BackendUse {
 }
 
 impl State {
+    /// What a state file of an earlier build holds that this build
+    /// refuses, dropped: the source rates of direct-return VIPs
+    /// ([`State::drop_direct_return_rates`]) and the outer sources of VIPs
+    /// that do not encapsulate ([`State::drop_stray_encap_sources`]).
+    /// Returns one line per VIP changed, for the log.
+    pub fn upgrade(&mut self) -> Vec<String> {
+        let mut out = self.drop_direct_return_rates();
+        out.extend(self.drop_stray_encap_sources());
+        out
+    }
+
+    /// Drops the outer source (`encap_source`) of every VIP whose mode
+    /// does not encapsulate (accepted, and ignored, by builds before
+    /// `VipSettings::validate_forwarding` refused it); returns one line per
+    /// VIP changed, for the log.
+    pub fn drop_stray_encap_sources(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        for v in self.vips.values_mut() {
+            if let (Some(a), false) = (v.settings.encap_source, v.settings.mode.encapsulates()) {
+                out.push(format!(
+                    "VIP {}: its outer source address {a} is dropped: a {} VIP sends no tunnel \
+                     (only ipip and gue take --encap-source)",
+                    v.addr,
+                    v.settings.mode.name()
+                ));
+                v.settings.encap_source = None;
+            }
+        }
+        out
+    }
+
     /// Drops the source rate of every direct-return VIP (accepted by
     /// builds before `VipSettings::validate_limits` refused it: a
     /// direct-return VIP never sees its backends' answers, so nothing
