@@ -448,11 +448,16 @@ impl Balancer {
         }
         let next = self
             .validate(&changes)
-            .map_err(|(k, e)| BalancerError::Apply {
-                index: k + 1,
-                count: changes.len(),
-                change: lines[k].clone(),
-                source: Box::new(e),
+            .map_err(|(k, e)| {
+                let (vip, backend) = changes[k].target();
+                BalancerError::Apply {
+                    index: k + 1,
+                    count: changes.len(),
+                    change: lines[k].clone(),
+                    vip,
+                    backend,
+                    source: Box::new(changes[k].place(e)),
+                }
             })?;
         let done = Applied {
             changes: lines,

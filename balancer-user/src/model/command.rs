@@ -58,6 +58,21 @@ impl Command {
         }
     }
 
+    /// The VIP and the backend this change is about, as far as it is
+    /// about one (backends added together name none of them).
+    pub fn target(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        match self {
+            Command::Timeouts(_) | Command::ClusterDrain(_) => (None, None),
+            Command::RemoveVip(v) | Command::AddVip(v, _) | Command::SetVip(v, _) => {
+                (Some(*v), None)
+            }
+            Command::AddBackends(v, bs, ..) => (Some(*v), (bs.len() == 1).then(|| bs[0])),
+            Command::RemoveBackend(v, b)
+            | Command::SetBackend(v, b, ..)
+            | Command::Drain(v, b, _) => (Some(*v), Some(*b)),
+        }
+    }
+
     /// It only takes traffic away (a drain, a removal, a cluster drain):
     /// such a change stays applied when the state file cannot be written
     /// (`control::handle`), since refusing it would keep traffic on what

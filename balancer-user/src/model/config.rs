@@ -354,6 +354,29 @@ pub fn locate_path(
     line_column(text, span?.start)
 }
 
+/// The first VIP of the configuration `text` that lists backend
+/// `backend` (a refusal that names a backend but not its VIP).
+pub fn vip_of_backend(text: &str, backend: SocketAddr) -> Option<SocketAddr> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let addr = |t: &toml_edit::Table| {
+        t.get("address")
+            .and_then(|a| a.as_str())
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+    };
+    let found = doc.get("vip")?.as_array_of_tables()?.iter().find_map(|v| {
+        let listed = v
+            .get("backend")
+            .and_then(|b| b.as_array_of_tables())
+            .is_some_and(|bs| bs.iter().any(|b| addr(b) == Some(backend)));
+        if listed {
+            addr(v)
+        } else {
+            None
+        }
+    });
+    found
+}
+
 /// The line and column (from 1, the column in characters) of byte
 /// `offset` of `text`.
 fn line_column(text: &str, offset: usize) -> Option<(usize, usize)> {

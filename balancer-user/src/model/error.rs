@@ -345,6 +345,10 @@ pub enum BalancerError {
         count: usize,
         /// The change, as `apply` lists it.
         change: String,
+        /// The VIP the change is about, if it is about one.
+        vip: Option<SocketAddr>,
+        /// The backend the change is about, if it is about one.
+        backend: Option<SocketAddr>,
         /// Why it was refused.
         #[source]
         source: Box<BalancerError>,
@@ -428,6 +432,19 @@ impl BalancerError {
             BalancerError::Config(c) => Some(&c.refusal),
             BalancerError::Apply { source, .. } => source.refusal(),
             _ => None,
+        }
+    }
+
+    /// The VIP and backend this error is about: its refusal's, else (a
+    /// configuration's change refused for another reason: a full table)
+    /// its change's.
+    pub fn place(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        match (self.refusal(), self) {
+            (Some(r), _) if r.field.vip.is_some() || r.field.backend.is_some() => {
+                (r.field.vip, r.field.backend)
+            }
+            (_, BalancerError::Apply { vip, backend, .. }) => (*vip, *backend),
+            _ => (None, None),
         }
     }
 
