@@ -451,7 +451,10 @@ fn parse_item(input: ParseStream) -> syn::Result<Item> {
                 let ty = body.parse()?;
                 let patch = arrow(&body)?;
                 if let Some(c) = patch.as_ref().filter(|c| c.inputs.len() != 1) {
-                    return Err(syn::Error::new_spanned(&c.inputs, "one argument: the flags"));
+                    return Err(syn::Error::new_spanned(
+                        &c.inputs,
+                        "one argument: the flags",
+                    ));
                 }
                 s.cli = Some(CliFace {
                     docs: a.docs,

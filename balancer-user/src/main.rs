@@ -674,8 +674,7 @@ mod edge_tests {
             .unwrap_err()
             .to_string();
         let got = parse_cli(["balancer", "vip", "list"]).map(|c| (c.socket, c.timeout));
-        let given = parse_cli(["balancer", "--socket", "/x.sock", "vip", "list"])
-            .map(|c| c.socket);
+        let given = parse_cli(["balancer", "--socket", "/x.sock", "vip", "list"]).map(|c| c.socket);
         std::env::remove_var("BALANCER_SOCKET");
         std::env::remove_var("BALANCER_TIMEOUT");
         assert!(e.contains("Usage: balancer vip add"), "{e}");
@@ -760,7 +759,10 @@ mod health_cli_tests {
                 Err(e) => e.to_string(),
             };
             assert!(e.contains("--health-interval"), "{line}: {e}");
-            assert!(e.contains("--health off") || e.contains("--health vip"), "{line}: {e}");
+            assert!(
+                e.contains("--health off") || e.contains("--health vip"),
+                "{line}: {e}"
+            );
         }
     }
 }

@@ -446,19 +446,17 @@ impl Balancer {
                 });
             }
         }
-        let next = self
-            .validate(&changes)
-            .map_err(|(k, e)| {
-                let (vip, backend) = changes[k].target();
-                BalancerError::Apply {
-                    index: k + 1,
-                    count: changes.len(),
-                    change: lines[k].clone(),
-                    vip,
-                    backend,
-                    source: Box::new(changes[k].place(e)),
-                }
-            })?;
+        let next = self.validate(&changes).map_err(|(k, e)| {
+            let (vip, backend) = changes[k].target();
+            BalancerError::Apply {
+                index: k + 1,
+                count: changes.len(),
+                change: lines[k].clone(),
+                vip,
+                backend,
+                source: Box::new(changes[k].place(e)),
+            }
+        })?;
         let done = Applied {
             changes: lines,
             kept: merged.kept,

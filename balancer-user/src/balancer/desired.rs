@@ -123,13 +123,12 @@ impl Desired {
         use crate::model::api::Request as R;
         Some(match req {
             R::AddVip { vip, settings } => Ok(Command::AddVip(*vip, settings.clone())),
-            R::SetVip { vip, patch } => self
-                .state
-                .vip(vip)
-                .and_then(|v| {
-                    let s = patch.apply_checked(&v.settings).map_err(|e| e.in_vip(*vip))?;
-                    Ok(Command::SetVip(*vip, s))
-                }),
+            R::SetVip { vip, patch } => self.state.vip(vip).and_then(|v| {
+                let s = patch
+                    .apply_checked(&v.settings)
+                    .map_err(|e| e.in_vip(*vip))?;
+                Ok(Command::SetVip(*vip, s))
+            }),
             R::RemoveVip { vip } => Ok(Command::RemoveVip(*vip)),
             R::AddBackends {
                 vip,

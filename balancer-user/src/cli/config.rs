@@ -62,7 +62,10 @@ fn read(file: &Path) -> anyhow::Result<(config::Config, String)> {
 /// first listing); the file alone when the answer names neither.
 fn located(message: &str, r: &Response, file: &Path, text: &str) -> String {
     let Response::Error {
-        vip, backend, field, ..
+        vip,
+        backend,
+        field,
+        ..
     } = r
     else {
         return message.to_string();
@@ -239,15 +242,31 @@ mod tests {
         };
         // A VIP's backend: its `[[vip.backend]]` table (line 10).
         let got = at(refused(Some("10.0.0.11:80"), Some("10.0.2.10:80"), None));
-        assert!(got.starts_with("/etc/p2c-balancer/balancer.toml:10:1: change 2"), "{got}");
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml:10:1: change 2"),
+            "{got}"
+        );
         // A key of it: the key's line.
-        let got = at(refused(Some("10.0.0.11:80"), Some("10.0.2.10:80"), Some("weight")));
-        assert!(got.starts_with("/etc/p2c-balancer/balancer.toml:12:1: "), "{got}");
+        let got = at(refused(
+            Some("10.0.0.11:80"),
+            Some("10.0.2.10:80"),
+            Some("weight"),
+        ));
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml:12:1: "),
+            "{got}"
+        );
         // A backend alone: its first table.
         let got = at(refused(None, Some("10.0.2.10:80"), None));
-        assert!(got.starts_with("/etc/p2c-balancer/balancer.toml:4:1: "), "{got}");
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml:4:1: "),
+            "{got}"
+        );
         // Nothing named: the file still is.
         let got = at(refused(None, None, None));
-        assert!(got.starts_with("/etc/p2c-balancer/balancer.toml: change 2"), "{got}");
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml: change 2"),
+            "{got}"
+        );
     }
 }

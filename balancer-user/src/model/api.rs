@@ -44,11 +44,19 @@ pub struct HealthChange {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// Time between checks.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde::option")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
     #[schema(value_type = Option<String>)]
     pub interval: Option<Duration>,
     /// Time a check may take.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "humantime_serde::option")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
     #[schema(value_type = Option<String>)]
     pub timeout: Option<Duration>,
     /// Passes in a row that make an unhealthy backend healthy.

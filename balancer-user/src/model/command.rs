@@ -15,8 +15,8 @@ use crate::model::{
     error::{BalancerError, Field, Reason, Result},
     state::{
         check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
-        check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, BackendHealth, BackendState,
-        Setting, State, Timeouts, VipConfig, VipSettings,
+        check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, BackendHealth,
+        BackendState, Setting, State, Timeouts, VipConfig, VipSettings,
     },
 };
 
@@ -821,7 +821,10 @@ mod tests {
             Err(BalancerError::UnknownBackend { .. })
         ));
         assert!(copy
-            .apply(&Command::SetBackend(vip, bs[0], 0, BackendHealth::Vip, None), &rules)
+            .apply(
+                &Command::SetBackend(vip, bs[0], 0, BackendHealth::Vip, None),
+                &rules
+            )
             .is_err());
         // A backend on an address of the host is a loop.
         let host = Rules {
@@ -835,8 +838,11 @@ mod tests {
             )
             .is_err());
         // Changes are made to the state itself.
-        st.apply(&Command::SetBackend(vip, bs[0], 5, BackendHealth::Vip, None), &rules)
-            .unwrap();
+        st.apply(
+            &Command::SetBackend(vip, bs[0], 5, BackendHealth::Vip, None),
+            &rules,
+        )
+        .unwrap();
         st.apply(&Command::Drain(vip, bs[1], true), &rules).unwrap();
         st.apply(&Command::RemoveBackend(vip, bs[0]), &rules)
             .unwrap();

@@ -44,7 +44,10 @@ fn a_backends_check_is_its_own_off_or_the_vips() {
             backend("10.0.2.3:80", Some("null")),
             backend("10.0.2.4:80", Some("\"vip\"")),
             // A check of its own (every build).
-            backend("10.0.2.5:80", Some("{\"kind\":{\"type\":\"tcp\"},\"rise\":4}")),
+            backend(
+                "10.0.2.5:80",
+                Some("{\"kind\":{\"type\":\"tcp\"},\"rise\":4}"),
+            ),
         ],
     };
     let checks: Vec<Option<u32>> = v
