@@ -1,6 +1,6 @@
 //! `balancer backend ...`: add, change, drain, remove and list backends.
 
-use std::net::SocketAddr;
+use std::{fmt::Write as _, net::SocketAddr};
 
 use balancer::model::api::{BackendPatch, BackendView, HealthStatus, Request};
 use clap::Subcommand;
@@ -167,11 +167,18 @@ pub fn health_word(b: &BackendView) -> String {
 
 /// Prints the backend table.
 pub fn print(backends: &[BackendView]) {
+    print!("{}", render(backends));
+}
+
+/// The backend table.
+pub fn render(backends: &[BackendView]) -> String {
+    let mut out = String::new();
     let (wv, wb) = (
         super::addr_width(backends.iter().map(|b| b.vip)),
         super::addr_width(backends.iter().map(|b| b.backend)),
     );
-    println!(
+    writeln!(
+        out,
         "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
         "VIP",
         "BACKEND",
@@ -186,7 +193,8 @@ pub fn print(backends: &[BackendView]) {
         "BYTES",
         "SIGNAL",
         "ZONE"
-    );
+    )
+    .unwrap();
     for b in backends {
         let weight = if (b.effective_weight - b.weight as f64).abs() < 1e-9 {
             b.weight.to_string()
@@ -200,7 +208,8 @@ pub fn print(backends: &[BackendView]) {
             (None, Some(ms)) => format!("{ms:.2}ms"),
             (None, None) => "-".to_string(),
         };
-        println!(
+        writeln!(
+            out,
             "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
             b.vip.to_string(),
             b.backend.to_string(),
@@ -215,11 +224,13 @@ pub fn print(backends: &[BackendView]) {
             b.bytes,
             signal,
             b.zone.as_deref().unwrap_or("-")
-        );
+        )
+        .unwrap();
     }
     for b in backends {
         if let (HealthStatus::Unhealthy, Some(e)) = (b.health.status, &b.health.last_error) {
-            println!("  {} of {}: {e}", b.backend, b.vip);
+            writeln!(out, "  {} of {}: {e}", b.backend, b.vip).unwrap();
         }
     }
+    out
 }

@@ -1,5 +1,7 @@
 //! `balancer stats` and `balancer flows`: reading counters and flows.
 
+use std::fmt::Write as _;
+
 use balancer::model::api::{FlowView, LoadHistogram, StatsView};
 
 use super::{args::choices_name, backend};
@@ -27,34 +29,49 @@ fn median_bucket(h: &LoadHistogram) -> String {
 
 /// Prints `stats`.
 pub fn print_stats(s: &StatsView) {
+    print!("{}", render_stats(s));
+}
+
+/// `stats` as it is printed.
+pub fn render_stats(s: &StatsView) -> String {
+    let mut out = String::new();
     if let Some(why) = &s.state_file_unsaved {
-        println!(
+        writeln!(
+            out,
             "WARNING: the state file is not up to date ({why}); the daemon retries every second"
-        );
-        println!();
+        )
+        .unwrap();
+        writeln!(out).unwrap();
     }
     if !s.attachments.is_empty() {
-        println!("Attached");
-        println!(
+        writeln!(out, "Attached").unwrap();
+        writeln!(
+            out,
             "{:<16} {:>8} {:>10} {:>8}",
             "INTERFACE", "MODE", "PROGRAM", "LINK"
-        );
+        )
+        .unwrap();
         for a in &s.attachments {
-            println!(
+            writeln!(
+                out,
                 "{:<16} {:>8} {:>10} {:>8}",
                 a.interface, a.mode, a.program_id, a.link_id
-            );
+            )
+            .unwrap();
         }
-        println!();
+        writeln!(out).unwrap();
     }
-    println!("VIPs");
+    writeln!(out, "VIPs").unwrap();
     let w = super::addr_width(s.vips.iter().map(|v| v.vip));
-    println!(
+    writeln!(
+        out,
         "{:<w$} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
         "VIP", "MODE", "CHOICES", "ACTIVE", "NEW", "PACKETS", "BYTES", "MISSES"
-    );
+    )
+    .unwrap();
     for v in &s.vips {
-        println!(
+        writeln!(
+            out,
             "{:<w$} {:>5} {:>7} {:>7} {:>9} {:>10} {:>12} {:>8}",
             v.vip.to_string(),
             v.mode.name(),
@@ -64,13 +81,17 @@ pub fn print_stats(s: &StatsView) {
             v.packets,
             v.bytes,
             v.misses
-        );
+        )
+        .unwrap();
     }
-    println!(
+    writeln!(
+        out,
         "\nChoices (loads are the servers' active connections at decision time; median bucket; \
          regret: connections above the least loaded eligible backend, sampled)"
-    );
-    println!(
+    )
+    .unwrap();
+    writeln!(
+        out,
         "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11} {:>8} {:>11} {:>10}",
         "VIP",
         "DECISIONS",
@@ -81,7 +102,8 @@ pub fn print_stats(s: &StatsView) {
         "SAMPLED",
         "MEAN-REGRET",
         "NO-REGRET"
-    );
+    )
+    .unwrap();
     for v in &s.vips {
         let c = &v.choice;
         let r = &c.regret;
@@ -90,7 +112,8 @@ pub fn print_stats(s: &StatsView) {
         } else {
             format!("{:.0}%", 100.0 * r.zero as f64 / r.samples as f64)
         };
-        println!(
+        writeln!(
+            out,
             "{:<w$} {:>9} {:>7} {:>11} {:>11} {:>11} {:>8} {:>11.2} {:>10}",
             v.vip.to_string(),
             c.decisions,
@@ -101,7 +124,8 @@ pub fn print_stats(s: &StatsView) {
             r.samples,
             r.mean,
             none
-        );
+        )
+        .unwrap();
     }
     let zoned: Vec<_> = s
         .vips
@@ -109,13 +133,16 @@ pub fn print_stats(s: &StatsView) {
         .filter_map(|v| v.locality.as_ref().map(|l| (v.vip, l)))
         .collect();
     if !zoned.is_empty() {
-        println!("\nLocality (new flows since each backend was added)");
-        println!(
+        writeln!(out, "\nLocality (new flows since each backend was added)").unwrap();
+        writeln!(
+            out,
             "{:<w$} {:<12} {:<9} {:>7} {:>10} {:>10}",
             "VIP", "ZONE", "NOW", "SPILLS", "IN-ZONE", "ELSEWHERE"
-        );
+        )
+        .unwrap();
         for (vip, l) in zoned {
-            println!(
+            writeln!(
+                out,
                 "{:<w$} {:<12} {:<9} {:>7} {:>10} {:>10}",
                 vip.to_string(),
                 l.zone.as_deref().unwrap_or("-"),
@@ -129,14 +156,15 @@ pub fn print_stats(s: &StatsView) {
                 l.spills,
                 l.new_flows_in_zone,
                 l.new_flows_elsewhere
-            );
+            )
+            .unwrap();
         }
     }
-    println!("\nBackends");
-    backend::print(&s.backends);
+    writeln!(out, "\nBackends").unwrap();
+    out.push_str(&backend::render(&s.backends));
     // The daemon's side; the data path's latency_samples (sent) and
     // latency_samples_lost are among the counters below.
-    println!("\nSignals, the daemon's side (since it started)");
+    writeln!(out, "\nSignals, the daemon's side (since it started)").unwrap();
     let (a, l) = (&s.agents, &s.latency);
     for (name, v) in [
         ("agent_polls", a.polls),
@@ -146,13 +174,14 @@ pub fn print_stats(s: &StatsView) {
         ("latency_ignored", l.ignored),
         ("latency_republished", l.republished),
     ] {
-        println!("  {name:<22} {v}");
+        writeln!(out, "  {name:<22} {v}").unwrap();
     }
-    println!("\nCounters");
+    writeln!(out, "\nCounters").unwrap();
     for (name, v) in &s.counters {
-        println!("  {name:<22} {v}");
+        writeln!(out, "  {name:<22} {v}").unwrap();
     }
-    println!(
+    writeln!(
+        out,
         "  {:<22} {}\n  {:<22} {}\n  {:<22} {}\n  {:<22} {}",
         "flow_table_entries",
         s.flow_table_entries,
@@ -162,7 +191,9 @@ pub fn print_stats(s: &StatsView) {
         s.expired_flows,
         "reconciled",
         s.reconciled
-    );
+    )
+    .unwrap();
+    out
 }
 
 /// Prints `flows`.

@@ -1,6 +1,6 @@
 //! `balancer vip ...`: add, change, remove and list VIPs.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{fmt::Write as _, net::SocketAddr, time::Duration};
 
 use balancer::model::{
     api::{Request, VipPatch, VipView},
@@ -258,6 +258,12 @@ impl VipCmd {
 
 /// Prints the VIP table.
 pub fn print(vips: &[VipView]) {
+    print!("{}", render(vips));
+}
+
+/// The VIP table.
+pub fn render(vips: &[VipView]) -> String {
+    let mut out = String::new();
     // IPv6 VIPs ([2001:db8::10]:80) are wider than IPv4 ones.
     let w = vips
         .iter()
@@ -265,7 +271,8 @@ pub fn print(vips: &[VipView]) {
         .max()
         .unwrap_or(0)
         .max(21);
-    println!(
+    writeln!(
+        out,
         "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12} {:<16}",
         "VIP",
         "PROTO",
@@ -279,7 +286,8 @@ pub fn print(vips: &[VipView]) {
         "EJECT",
         "PERSISTENCE",
         "SIGNAL"
-    );
+    )
+    .unwrap();
     for v in vips {
         let s = &v.settings;
         let persistence = if s.persistence.is_zero() {
@@ -295,7 +303,8 @@ pub fn print(vips: &[VipView]) {
             (balancer::model::state::LoadSignal::Agent, Some(p)) => format!("agent:{p}"),
             (sig, _) => sig.name().to_string(),
         };
-        println!(
+        writeln!(
+            out,
             "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12} {:<16}{}",
             v.vip.to_string(),
             s.protocol.name(),
@@ -322,9 +331,11 @@ pub fn print(vips: &[VipView]) {
             } else {
                 locality_note(v)
             }
-        );
+        )
+        .unwrap();
         if !s.description.is_empty() {
-            println!("  description: {}", s.description);
+            writeln!(out, "  description: {}", s.description).unwrap();
         }
     }
+    out
 }
