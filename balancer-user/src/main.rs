@@ -135,11 +135,22 @@ enum Cmd {
     Backend(BackendCmd),
     /// Show counters: global, per VIP (with the choice telemetry), per
     /// backend.
-    #[command(after_help = "Example:\n  balancer stats --json | jq .counters.new_flows")]
+    #[command(
+        after_help = "Example:\n  balancer stats\n  balancer stats --json | jq .counters.new_flows"
+    )]
     Stats {
-        /// Print JSON instead of tables.
+        /// Print JSON instead of tables (one answer, every counter, no
+        /// rates).
         #[arg(long)]
         json: bool,
+        /// Show every global counter, those at 0 too (without it: those
+        /// not 0).
+        #[arg(long)]
+        all: bool,
+        /// Ask twice, this far apart, for the counters' rates (0s: once,
+        /// no rates).
+        #[arg(long, default_value = "1s", value_parser = cli::args::parse_duration)]
+        interval: std::time::Duration,
     },
     /// A live per-backend view (active connections, rates, health, the
     /// busiest backend's gap to the mean), redrawn until `q` or Ctrl-C.
@@ -300,7 +311,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             (req, json)
         }
-        Cmd::Stats { json } => (Request::Stats, json),
+        Cmd::Stats {
+            json: false,
+            all,
+            interval,
+        } => return show::run_stats(&socket, cli.timeout, interval, all).await,
+        Cmd::Stats { json: true, .. } => (Request::Stats, true),
         Cmd::Flows {
             limit,
             vip,
@@ -360,7 +376,7 @@ fn print_response(resp: Response) -> anyhow::Result<()> {
         Response::Error { message, .. } => bail!("{message}"),
         Response::Vips { vips } => cli::vip::print(&vips),
         Response::Backends { backends } => cli::backend::print(&backends),
-        Response::Stats(s) => show::print_stats(&s),
+        Response::Stats(s) => print!("{}", show::render_stats(&s, None, false)),
         Response::Flows { flows, truncated } => show::print_flows(&flows, truncated),
         Response::Detached { .. } => println!("detached"),
         Response::Cluster(v) => cli::cluster::print(&v),
