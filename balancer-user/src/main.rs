@@ -360,7 +360,8 @@ async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddr) {
         if vips.iter().any(|v| v.vip == vip && v.receiving == 0) {
             eprintln!(
                 "warning: VIP {vip} has no backend left that takes new connections; \
-                 new connections to it are dropped (counter drop_no_backend)"
+                 new connections to it are dropped: their SYNs go unanswered (counter \
+                 drop_no_backend) and clients wait out their connect timeout"
             );
         }
     }

@@ -326,7 +326,8 @@ pub fn render(vips: &[VipView]) -> String {
                 )
             } else if v.eligible == 0 && v.backends > 0 {
                 "  (no backend takes new connections: all drained, unhealthy or ejected; new \
-                 connections are refused)"
+                 connections are dropped: their SYNs go unanswered, counted drop_no_backend, \
+                 and clients wait out their connect timeout)"
                     .to_string()
             } else {
                 locality_note(v)
@@ -338,4 +339,21 @@ pub fn render(vips: &[VipView]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::fixture::vip;
+
+    /// A VIP whose every backend is drained (or unhealthy with `drop`):
+    /// the data path drops its new connections (SYNs, counted
+    /// drop_no_backend), and the table says so.
+    #[test]
+    fn no_backend_taking_connections_says_they_are_dropped() {
+        let text = render(&[vip("10.0.0.10:80", VipSettings::default(), 2, 0)]);
+        assert!(text.contains("dropped"), "{text}");
+        assert!(text.contains("drop_no_backend"), "{text}");
+        assert!(!text.contains("refused"), "{text}");
+    }
 }
