@@ -256,6 +256,21 @@ impl VipCmd {
     }
 }
 
+/// The HEALTH column's width: a longer check (an HTTP path) is cut there,
+/// and written whole on a line under its VIP.
+const HEALTH_WIDTH: usize = 22;
+
+/// `text` in at most `width` characters, its end replaced by `…` when
+/// cut.
+pub fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
 /// Prints the VIP table.
 pub fn print(vips: &[VipView]) {
     print!("{}", render(vips));
@@ -312,7 +327,7 @@ pub fn render(vips: &[VipView]) -> String {
             choices_name(s.choices),
             v.backends,
             v.eligible,
-            health_name(&s.health),
+            cut(&health_name(&s.health), HEALTH_WIDTH),
             format!("{:?}", s.no_healthy).to_lowercase(),
             humantime::format_duration(s.slow_start).to_string(),
             s.eject_after,
@@ -334,6 +349,10 @@ pub fn render(vips: &[VipView]) -> String {
             }
         )
         .unwrap();
+        let check = health_name(&s.health);
+        if check.chars().count() > HEALTH_WIDTH {
+            writeln!(out, "  health: {check}").unwrap();
+        }
         if !s.description.is_empty() {
             writeln!(out, "  description: {}", s.description).unwrap();
         }
@@ -345,6 +364,41 @@ pub fn render(vips: &[VipView]) -> String {
 mod tests {
     use super::*;
     use crate::cli::fixture::vip;
+    use balancer::model::state::{CheckKind, HealthCheck};
+
+    /// The column a header's word starts at in the line under it.
+    fn column(text: &str, word: &str) -> usize {
+        text.lines().next().unwrap().find(word).unwrap()
+    }
+
+    /// A long HTTP check does not push the columns after it: it is cut in
+    /// the table, and written whole on a line under the VIP.
+    #[test]
+    fn a_long_check_keeps_the_table_aligned() {
+        let long = VipSettings {
+            health: Some(HealthCheck {
+                kind: CheckKind::Http {
+                    path: "/api/v2/health/with/a/long/path".into(),
+                    status: 204,
+                },
+                ..HealthCheck::default()
+            }),
+            ..VipSettings::default()
+        };
+        let text = render(&[
+            vip("10.0.0.10:80", long, 2, 2),
+            vip("10.0.0.11:80", VipSettings::default(), 2, 2),
+        ]);
+        let at = column(&text, "NOHEALTHY");
+        for l in text.lines().filter(|l| l.starts_with("10.0.0.1")) {
+            let cell: String = l.chars().skip(at).take(8).collect();
+            assert_eq!(cell, "fallback", "{text}");
+        }
+        assert!(
+            text.contains("/api/v2/health/with/a/long/path=204"),
+            "{text}"
+        );
+    }
 
     /// A VIP whose every backend is drained (or unhealthy with `drop`):
     /// the data path drops its new connections (SYNs, counted
