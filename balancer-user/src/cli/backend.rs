@@ -2,10 +2,13 @@
 
 use std::{fmt::Write as _, net::SocketAddr};
 
-use balancer::model::api::{BackendPatch, BackendView, HealthStatus, Request};
+use balancer::model::{
+    api::{BackendPatch, BackendView, HealthStatus, Request},
+    state::BackendHealth,
+};
 use clap::Subcommand;
 
-use super::args::{parse_endpoint, HealthArgs};
+use super::args::{health_name, parse_endpoint, HealthArgs};
 
 /// `balancer backend ...`.
 #[derive(Subcommand, Debug)]
@@ -165,6 +168,17 @@ pub fn health_word(b: &BackendView) -> String {
     w
 }
 
+/// A backend's check as set for it: `vip` (its VIP's), `off`, or its own
+/// in `--health`'s syntax (last in the table: an HTTP path pushes no
+/// column).
+pub fn check_word(h: &BackendHealth) -> String {
+    match h {
+        BackendHealth::Vip => "vip".into(),
+        BackendHealth::Off => "off".into(),
+        BackendHealth::Check(c) => health_name(&Some(c.clone())),
+    }
+}
+
 /// Prints the backend table.
 pub fn print(backends: &[BackendView]) {
     print!("{}", render(backends));
@@ -179,7 +193,7 @@ pub fn render(backends: &[BackendView]) -> String {
     );
     writeln!(
         out,
-        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
+        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8} {}",
         "VIP",
         "BACKEND",
         "STATE",
@@ -192,7 +206,8 @@ pub fn render(backends: &[BackendView]) -> String {
         "PACKETS",
         "BYTES",
         "SIGNAL",
-        "ZONE"
+        "ZONE",
+        "CHECK"
     )
     .unwrap();
     for b in backends {
@@ -210,7 +225,7 @@ pub fn render(backends: &[BackendView]) -> String {
         };
         writeln!(
             out,
-            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
+            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8} {}",
             b.vip.to_string(),
             b.backend.to_string(),
             format!("{:?}", b.state).to_lowercase(),
@@ -223,7 +238,8 @@ pub fn render(backends: &[BackendView]) -> String {
             b.packets,
             b.bytes,
             signal,
-            b.zone.as_deref().unwrap_or("-")
+            b.zone.as_deref().unwrap_or("-"),
+            check_word(&b.own_check)
         )
         .unwrap();
     }
@@ -233,4 +249,41 @@ pub fn render(backends: &[BackendView]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::fixture::backend;
+    use balancer::model::state::{CheckKind, HealthCheck};
+
+    /// A backend's own check, or its checks turned off, is shown (last,
+    /// so a long one pushes no column); the VIP's is `vip`.
+    #[test]
+    fn a_backends_own_check_is_shown() {
+        let v = "10.0.0.10:80";
+        let mut own = backend(v, "10.0.2.1:80", 1, 0);
+        own.own_check = BackendHealth::Check(HealthCheck {
+            kind: CheckKind::Http {
+                path: "/healthz".into(),
+                status: 200,
+            },
+            ..HealthCheck::default()
+        });
+        let mut off = backend(v, "10.0.2.2:80", 1, 0);
+        off.own_check = BackendHealth::Off;
+        let vips = backend(v, "10.0.2.3:80", 1, 0);
+        let text = render(&[own, off, vips]);
+        let last = |addr: &str| {
+            let l = text.lines().find(|l| l.contains(addr)).unwrap();
+            l.split_whitespace().last().unwrap().to_string()
+        };
+        assert!(text.lines().next().unwrap().ends_with("CHECK"), "{text}");
+        assert_eq!(last("10.0.2.1:80"), "http:/healthz=200/2s/2/3", "{text}");
+        assert_eq!(last("10.0.2.2:80"), "off", "{text}");
+        assert_eq!(last("10.0.2.3:80"), "vip", "{text}");
+        // The API's answer says it too, and leaves the VIP's out.
+        let json = serde_json::to_value(backend(v, "10.0.2.3:80", 1, 0)).unwrap();
+        assert!(json.get("own_check").is_none(), "{json}");
+    }
 }

@@ -38,6 +38,7 @@ pub fn backend(vip: &str, addr: &str, weight: u32, active: u64) -> BackendView {
             failing_sources: 0,
             ramping: false,
         },
+        own_check: Default::default(),
         active_connections: active,
         server_connections: active,
         reported_load: None,

@@ -823,6 +823,11 @@ pub struct BackendView {
     pub effective_weight: f64,
     /// Health.
     pub health: HealthView,
+    /// Its health check, as set for it: its VIP's (left out), `"off"`,
+    /// or a check of its own.
+    #[serde(default, skip_serializing_if = "BackendHealth::is_vip")]
+    #[schema(value_type = Option<crate::model::state::BackendHealthValue>)]
+    pub own_check: BackendHealth,
     /// Connections it holds now through this VIP.
     pub active_connections: u64,
     /// Connections its server holds now through every VIP (what choices
