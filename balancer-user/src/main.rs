@@ -782,4 +782,34 @@ mod health_cli_tests {
             );
         }
     }
+
+    /// `detach --if-attached` with no daemon and nothing pinned (a
+    /// package removed after the daemon stopped) succeeds and says
+    /// nothing; without it, that is an error.
+    #[tokio::test]
+    async fn detach_if_attached_is_quiet_with_nothing_attached() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("none.sock");
+        let pins = dir.path().join("pins");
+        let run = |extra: &[&str]| {
+            let mut words = vec![
+                "balancer".to_string(),
+                "--socket".into(),
+                sock.display().to_string(),
+                "detach".into(),
+                "--remove-maps".into(),
+                "--pin-dir".into(),
+                pins.display().to_string(),
+            ];
+            words.extend(extra.iter().map(|w| w.to_string()));
+            parse_cli(words).unwrap()
+        };
+        let quiet = run(&["--if-attached"]);
+        let Cmd::Detach(d) = quiet.cmd else { panic!() };
+        d.run(&quiet.socket, quiet.timeout).await.unwrap();
+        let plain = run(&[]);
+        let Cmd::Detach(d) = plain.cmd else { panic!() };
+        let e = d.run(&plain.socket, plain.timeout).await.unwrap_err();
+        assert!(e.to_string().contains("nothing to detach"), "{e}");
+    }
 }

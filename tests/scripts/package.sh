@@ -107,4 +107,12 @@ for f in /usr/bin/balancer /etc/p2c-balancer /etc/default/p2c-balancer \
 done
 if dpkg -s p2c-balancer >/dev/null 2>&1; then echo "dpkg still knows the package" >&2; exit 1; fi
 step "purged"
+# Installed again and purged with no daemon ever run: nothing to detach,
+# and nothing said about it (prerm: detach --if-attached).
+dpkg -i /tmp/p2c-balancer.deb >/tmp/dpkg-i2.log 2>&1 || { cat /tmp/dpkg-i2.log >&2; exit 1; }
+dpkg --purge p2c-balancer >/tmp/dpkg-p2.log 2>&1 || { cat /tmp/dpkg-p2.log >&2; exit 1; }
+if grep -q "^error: \|nothing to detach" /tmp/dpkg-p2.log; then
+    echo "the purge with no daemon running said:" >&2; cat /tmp/dpkg-p2.log >&2; exit 1
+fi
+step "purged with no daemon running, quietly"
 '

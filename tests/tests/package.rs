@@ -5,7 +5,8 @@
 //! (tests/scripts/package.sh). There it is installed with `dpkg -i`, its
 //! daemon is run under the systemd unit's own command line on a veth pair
 //! and driven with the installed CLI (`balancer vip list`), it is
-//! reinstalled over the running daemon, and purged.
+//! reinstalled over the running daemon, and purged; then installed again
+//! and purged with no daemon ever run, which must say nothing of it.
 //!
 //! Controls, in the script: the root holds no balancer before the install
 //! (the checks of installed files can fail), and the program is attached
@@ -14,7 +15,7 @@
 use std::{path::Path, process::Command};
 
 /// Every step the script reports, in order.
-const STEPS: [&str; 9] = [
+const STEPS: [&str; 10] = [
     "not installed before",
     "dpkg -i",
     "files installed",
@@ -24,6 +25,7 @@ const STEPS: [&str; 9] = [
     "reinstalled over the running daemon",
     "purge detached the program and stopped the daemon",
     "purged",
+    "purged with no daemon running, quietly",
 ];
 
 #[test]
