@@ -15,9 +15,10 @@
 use std::{path::Path, process::Command};
 
 /// Every step the script reports, in order.
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 11] = [
     "not installed before",
     "dpkg -i",
+    "man pages gzip -9n",
     "files installed",
     "unit verified, not enabled",
     "daemon started by the unit s command line",
