@@ -237,6 +237,9 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     for w in preflight::forwarding_warnings() {
         tracing::warn!("{w}");
     }
+    for w in preflight::veth_warnings(&cfg.interfaces, cfg.mode) {
+        tracing::warn!("{w}");
+    }
     // --- Refusals, reading only.
     let prepared = refusals(&cfg).await?;
 
