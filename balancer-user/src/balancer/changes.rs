@@ -452,8 +452,7 @@ impl Balancer {
                 index: k + 1,
                 count: changes.len(),
                 change: lines[k].clone(),
-                vip,
-                backend,
+                target: Box::new(crate::model::error::Target { vip, backend }),
                 source: Box::new(changes[k].place(e)),
             }
         })?;

@@ -36,6 +36,14 @@ pub fn render_stats(
     before: Option<(&StatsView, std::time::Duration)>,
     all: bool,
 ) -> String {
+    let mut out = render_tables(s);
+    out.push_str(&render_counters(s, before, all));
+    out
+}
+
+/// The tables of `stats`: the attachments, the VIPs, their choices and
+/// zones, the backends.
+fn render_tables(s: &StatsView) -> String {
     let mut out = String::new();
     if let Some(why) = &s.state_file_unsaved {
         writeln!(
@@ -164,6 +172,18 @@ pub fn render_stats(
     }
     writeln!(out, "\nBackends").unwrap();
     out.push_str(&backend::render(&s.backends));
+    out
+}
+
+/// The counters of `stats` ([`render_stats`]'s `before` and `all`): the
+/// daemon's signal counters, the global counters in their groups, the
+/// flow table's last expiry pass.
+fn render_counters(
+    s: &StatsView,
+    before: Option<(&StatsView, std::time::Duration)>,
+    all: bool,
+) -> String {
+    let mut out = String::new();
     // The daemon's side; the data path's latency_samples (sent) and
     // latency_samples_lost are among the counters below.
     let (a, l) = (&s.agents, &s.latency);

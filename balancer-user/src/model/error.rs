@@ -288,6 +288,15 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The VIP and the backend a change is about, as far as it is about one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    /// The VIP.
+    pub vip: Option<SocketAddr>,
+    /// The backend of the VIP.
+    pub backend: Option<SocketAddr>,
+}
+
 /// Everything a balancer operation can refuse or fail with. Refusals (bad
 /// input, unknown names, full tables) leave the balancer unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -345,10 +354,9 @@ pub enum BalancerError {
         count: usize,
         /// The change, as `apply` lists it.
         change: String,
-        /// The VIP the change is about, if it is about one.
-        vip: Option<SocketAddr>,
-        /// The backend the change is about, if it is about one.
-        backend: Option<SocketAddr>,
+        /// The VIP and backend the change is about (boxed: the error stays
+        /// small).
+        target: Box<Target>,
         /// Why it was refused.
         #[source]
         source: Box<BalancerError>,
@@ -443,7 +451,7 @@ impl BalancerError {
             (Some(r), _) if r.field.vip.is_some() || r.field.backend.is_some() => {
                 (r.field.vip, r.field.backend)
             }
-            (_, BalancerError::Apply { vip, backend, .. }) => (*vip, *backend),
+            (_, BalancerError::Apply { target, .. }) => (target.vip, target.backend),
             _ => (None, None),
         }
     }

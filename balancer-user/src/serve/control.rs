@@ -458,8 +458,10 @@ mod tests {
             index: 2,
             count: 4,
             change: format!("+ backend {b} of {v}"),
-            vip: Some(v.parse().unwrap()),
-            backend: Some(b.parse().unwrap()),
+            target: Box::new(crate::model::error::Target {
+                vip: Some(v.parse().unwrap()),
+                backend: Some(b.parse().unwrap()),
+            }),
             source: Box::new(BalancerError::Full {
                 what: "list of VIPs one backend address serves",
                 capacity: 4,
