@@ -40,7 +40,7 @@
 //!                                      // and the file's form at its default
 //!     NAME: TYPE = DEFAULT;
 //!         file { /// docs  #[serde(..)] #[schema(..)] #[omit_default]  [= DEFAULT] }
-//!         patch { /// docs  [TYPE] [=> |v| NEW_VALUE] }
+//!         patch { /// docs  [TYPE] [=> |v[, old]| NEW_VALUE] }
 //!         cli { /// docs  #[arg(..)]  TYPE [=> |args| PATCH_VALUE] }
 //!
 //!     /// A flag of the CLI alone (it shapes other settings' patch values).
@@ -57,7 +57,8 @@
 //! patch's type is `Option<TYPE>` (`TYPE` itself when that is an
 //! `Option`), and `apply` sets the value it holds (`Some(value)` for an
 //! `Option` setting) unless the block says how (`v`: a reference to the
-//! value the patch holds). The CLI's value for the patch is
+//! value the patch holds; `old`, if named, a reference to the setting's
+//! value before the patch). The CLI's value for the patch is
 //! `flag.map(Into::into)` unless the block says how (`args`: the flags).
 //! The orders list the settings as they have always been written (state
 //! files, API answers, `--help`, exported files read the same); a setting
@@ -448,11 +449,18 @@ fn parse_item(input: ParseStream) -> syn::Result<Item> {
                     ));
                 }
                 let ty = body.parse()?;
+                let patch = arrow(&body)?;
+                if let Some(c) = patch.as_ref().filter(|c| c.inputs.len() != 1) {
+                    return Err(syn::Error::new_spanned(
+                        &c.inputs,
+                        "one argument: the flags",
+                    ));
+                }
                 s.cli = Some(CliFace {
                     docs: a.docs,
                     attrs: a.other,
                     ty,
-                    patch: arrow(&body)?,
+                    patch,
                 });
             }
             _ => {
@@ -474,8 +482,11 @@ fn arrow(input: ParseStream) -> syn::Result<Option<ExprClosure>> {
     if input.peek(Token![=>]) {
         input.parse::<Token![=>]>()?;
         let c: ExprClosure = input.parse()?;
-        if c.inputs.len() != 1 {
-            return Err(syn::Error::new_spanned(&c.inputs, "one argument"));
+        if !(1..=2).contains(&c.inputs.len()) {
+            return Err(syn::Error::new_spanned(
+                &c.inputs,
+                "one argument (a patch's: two, the second the setting's current value)",
+            ));
         }
         Ok(Some(c))
     } else {
@@ -818,6 +829,15 @@ fn patch(t: &Target, table: &Table) -> syn::Result<Tokens> {
             #vis #f: #pty,
         });
         applies.push(match &face.apply {
+            Some(c) if c.inputs.len() == 2 => {
+                let (v, old, body) = (&c.inputs[0], &c.inputs[1], &c.body);
+                quote! {
+                    if let ::core::option::Option::Some(#v) = &self.#f {
+                        let #old = &settings.#f;
+                        s.#f = #body;
+                    }
+                }
+            }
             Some(c) => {
                 let (v, body) = (&c.inputs[0], &c.body);
                 quote! {

@@ -37,15 +37,71 @@ const DEFAULT_SOCKET: &str = "/run/p2c-balancer/control.sock";
     after_help = "Example:\n  balancer run --iface eth0 --config /etc/p2c-balancer/balancer.toml\n  balancer backend list"
 )]
 struct Cli {
-    /// Control socket of the daemon.
-    #[arg(long, global = true, default_value = DEFAULT_SOCKET, env = "BALANCER_SOCKET")]
+    // The environment's values are read by `parse_cli`, not by clap's
+    // `env`: clap counts a global argument read from the environment as
+    // given, and its error usage then shows it as required (`Usage:
+    // balancer vip add --socket <SOCKET> <VIP>`).
+    /// Control socket of the daemon (environment: BALANCER_SOCKET).
+    #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// How long the CLI waits for the daemon's answer.
-    #[arg(long, global = true, default_value = "30s", env = "BALANCER_TIMEOUT",
-          value_parser = positive_duration)]
+    /// How long the CLI waits for the daemon's answer (environment:
+    /// BALANCER_TIMEOUT).
+    #[arg(long, global = true, default_value = "30s", value_parser = positive_duration)]
     timeout: std::time::Duration,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The command line, with `--socket` and `--timeout` taken from
+/// `BALANCER_SOCKET` and `BALANCER_TIMEOUT` when the command line does not
+/// give them.
+///
+/// # Errors
+/// clap's; a `BALANCER_TIMEOUT` that is not a duration above zero; a
+/// `--health-*` option beside `--health off` or `vip`
+/// ([`cli::args::HealthArgs::conflict`]).
+fn parse_cli<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::{parser::ValueSource, FromArgMatches as _};
+    let mut cmd = Cli::command();
+    let m = cmd.try_get_matches_from_mut(args)?;
+    let mut cli = Cli::from_arg_matches(&m)?;
+    if let Some(msg) = health_args(&cli.cmd).and_then(cli::args::HealthArgs::conflict) {
+        return Err(cmd.error(clap::error::ErrorKind::ArgumentConflict, msg));
+    }
+    let from_env = |id: &str, var: &str| {
+        (m.value_source(id) == Some(ValueSource::DefaultValue))
+            .then(|| std::env::var_os(var))
+            .flatten()
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(v) = from_env("socket", "BALANCER_SOCKET") {
+        cli.socket = PathBuf::from(v);
+    }
+    if let Some(v) = from_env("timeout", "BALANCER_TIMEOUT") {
+        let v = v.to_string_lossy();
+        cli.timeout = positive_duration(&v).map_err(|e| {
+            cmd.error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("BALANCER_TIMEOUT={v:?} is not a duration above 0: {e}"),
+            )
+        })?;
+    }
+    Ok(cli)
+}
+
+/// The health options of a command that has them.
+fn health_args(cmd: &Cmd) -> Option<&cli::args::HealthArgs> {
+    match cmd {
+        Cmd::Vip(VipCmd::Add { settings, .. } | VipCmd::Set { settings, .. }) => {
+            Some(settings.health())
+        }
+        Cmd::Backend(BackendCmd::Set { health, .. }) => Some(health),
+        _ => None,
+    }
 }
 
 /// A duration above zero (`--timeout`: the CLI would give up before
@@ -79,11 +135,22 @@ enum Cmd {
     Backend(BackendCmd),
     /// Show counters: global, per VIP (with the choice telemetry), per
     /// backend.
-    #[command(after_help = "Example:\n  balancer stats --json | jq .counters.new_flows")]
+    #[command(
+        after_help = "Example:\n  balancer stats\n  balancer stats --json | jq .counters.new_flows"
+    )]
     Stats {
-        /// Print JSON instead of tables.
+        /// Print JSON instead of tables (one answer, every counter, no
+        /// rates).
         #[arg(long)]
         json: bool,
+        /// Show every global counter, those at 0 too (without it: those
+        /// not 0).
+        #[arg(long)]
+        all: bool,
+        /// Ask twice, this far apart, for the counters' rates (0s: once,
+        /// no rates).
+        #[arg(long, default_value = "1s", value_parser = cli::args::parse_duration)]
+        interval: std::time::Duration,
     },
     /// A live per-backend view (active connections, rates, health, the
     /// busiest backend's gap to the mean), redrawn until `q` or Ctrl-C.
@@ -164,7 +231,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli(std::env::args_os()).unwrap_or_else(|e| e.exit());
     // A CLI piped into `head` must end quietly, not panic on EPIPE. The
     // daemon must not die of a client that closed before reading its
     // answer: it keeps SIGPIPE ignored (Rust's default) and sees EPIPE.
@@ -228,7 +295,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Version => return cli::service::print_versions(&socket, cli.timeout).await,
         Cmd::Completions(a) => return a.run(Cli::command()),
         Cmd::Man(a) => return a.run(Cli::command()),
-        Cmd::Vip(c) => c.request(),
+        Cmd::Vip(c) => c.request()?,
         Cmd::Backend(c) => c.request(),
         Cmd::Cluster(c) => {
             let (req, json) = c.request();
@@ -244,7 +311,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             (req, json)
         }
-        Cmd::Stats { json } => (Request::Stats, json),
+        Cmd::Stats {
+            json: false,
+            all,
+            interval,
+        } => return show::run_stats(&socket, cli.timeout, interval, all).await,
+        Cmd::Stats { json: true, .. } => (Request::Stats, true),
         Cmd::Flows {
             limit,
             vip,
@@ -288,7 +360,8 @@ async fn warn_if_no_eligible(socket: &std::path::Path, vip: SocketAddr) {
         if vips.iter().any(|v| v.vip == vip && v.receiving == 0) {
             eprintln!(
                 "warning: VIP {vip} has no backend left that takes new connections; \
-                 new connections to it are dropped (counter drop_no_backend)"
+                 new connections to it are dropped: their SYNs go unanswered (counter \
+                 drop_no_backend) and clients wait out their connect timeout"
             );
         }
     }
@@ -304,7 +377,7 @@ fn print_response(resp: Response) -> anyhow::Result<()> {
         Response::Error { message, .. } => bail!("{message}"),
         Response::Vips { vips } => cli::vip::print(&vips),
         Response::Backends { backends } => cli::backend::print(&backends),
-        Response::Stats(s) => show::print_stats(&s),
+        Response::Stats(s) => print!("{}", show::render_stats(&s, None, false)),
         Response::Flows { flows, truncated } => show::print_flows(&flows, truncated),
         Response::Detached { .. } => println!("detached"),
         Response::Cluster(v) => cli::cluster::print(&v),
@@ -484,7 +557,7 @@ mod tests {
             let Cmd::Vip(v) = cli.cmd else {
                 panic!("{line}: not a vip command")
             };
-            let (request, _) = v.request();
+            let (request, _) = v.request().unwrap();
             got.push((
                 name.to_string(),
                 serde_json::to_string_pretty(&request).unwrap() + "\n",
@@ -599,5 +672,144 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod edge_tests {
+    use super::*;
+
+    /// `--socket` and `--timeout` have defaults: no usage line shows them
+    /// as required, even when their environment variables set them (clap
+    /// counts a global argument read from the environment as given, and
+    /// its error usage then lists it as if it were required).
+    #[test]
+    fn the_socket_is_optional_in_every_usage_line() {
+        std::env::set_var("BALANCER_SOCKET", "/run/other/control.sock");
+        std::env::set_var("BALANCER_TIMEOUT", "7s");
+        let e = parse_cli(["balancer", "vip", "add"])
+            .unwrap_err()
+            .to_string();
+        let got = parse_cli(["balancer", "vip", "list"]).map(|c| (c.socket, c.timeout));
+        let given = parse_cli(["balancer", "--socket", "/x.sock", "vip", "list"]).map(|c| c.socket);
+        std::env::remove_var("BALANCER_SOCKET");
+        std::env::remove_var("BALANCER_TIMEOUT");
+        assert!(e.contains("Usage: balancer vip add"), "{e}");
+        assert!(!e.contains("--socket <"), "{e}");
+        assert!(!e.contains("--timeout <"), "{e}");
+        // The variables still set the values; the command line wins.
+        assert_eq!(
+            got.unwrap(),
+            (
+                PathBuf::from("/run/other/control.sock"),
+                std::time::Duration::from_secs(7)
+            )
+        );
+        assert_eq!(given.unwrap(), PathBuf::from("/x.sock"));
+        let d = parse_cli(["balancer", "vip", "list"]).unwrap();
+        assert_eq!(d.socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+}
+
+#[cfg(test)]
+mod health_cli_tests {
+    use super::*;
+
+    /// The request a command line sends, as JSON.
+    fn request(line: &str) -> serde_json::Value {
+        let words = std::iter::once("balancer").chain(line.split_whitespace());
+        let cli = parse_cli(words).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let (r, _) = match cli.cmd {
+            Cmd::Vip(v) => v.request().unwrap(),
+            Cmd::Backend(b) => b.request(),
+            _ => panic!("{line}"),
+        };
+        serde_json::to_value(r).unwrap()
+    }
+
+    #[test]
+    fn a_backends_check_can_be_turned_off_or_given_back_to_the_vip() {
+        let v = "10.0.0.10:80 10.0.2.10:80";
+        assert_eq!(
+            request(&format!("backend set {v} --health off"))["patch"],
+            serde_json::json!({"health": "off"})
+        );
+        assert_eq!(
+            request(&format!("backend set {v} --health vip"))["patch"],
+            serde_json::json!({"health": "vip"})
+        );
+        // A VIP has no VIP's check to go back to.
+        let cli = parse_cli(["balancer", "vip", "add", "10.0.0.10:80", "--health", "vip"]).unwrap();
+        let Cmd::Vip(v) = cli.cmd else { panic!() };
+        let e = v.request().unwrap_err().to_string();
+        assert!(e.starts_with("--health: \"vip\""), "{e}");
+    }
+
+    #[test]
+    fn one_health_parameter_is_changed_alone() {
+        assert_eq!(
+            request("vip set 10.0.0.10:80 --health-fall 5")["patch"],
+            serde_json::json!({"health": {"change": {"fall": 5}}})
+        );
+        assert_eq!(
+            request("backend set 10.0.0.10:80 10.0.2.10:80 --health-interval 5s")["patch"],
+            serde_json::json!({"health": {"change": {"interval": "5s"}}})
+        );
+    }
+
+    /// A health parameter beside `--health off` (or a backend's `vip`)
+    /// means nothing: refused, the argument named.
+    #[test]
+    fn a_health_parameter_without_a_check_is_refused() {
+        for line in [
+            "vip add 10.0.0.10:80 --health off --health-interval 5s",
+            "vip set 10.0.0.10:80 --health off --health-interval 5s",
+            "backend set 10.0.0.10:80 10.0.2.10:80 --health off --health-interval 5s",
+            "backend set 10.0.0.10:80 10.0.2.10:80 --health vip --health-interval 5s",
+        ] {
+            let words = std::iter::once("balancer").chain(line.split_whitespace());
+            let e = match parse_cli(words) {
+                Ok(cli) => match cli.cmd {
+                    Cmd::Vip(v) => v.request().map(|_| ()).unwrap_err().to_string(),
+                    _ => panic!("{line}: accepted"),
+                },
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains("--health-interval"), "{line}: {e}");
+            assert!(
+                e.contains("--health off") || e.contains("--health vip"),
+                "{line}: {e}"
+            );
+        }
+    }
+
+    /// `detach --if-attached` with no daemon and nothing pinned (a
+    /// package removed after the daemon stopped) succeeds and says
+    /// nothing; without it, that is an error.
+    #[tokio::test]
+    async fn detach_if_attached_is_quiet_with_nothing_attached() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("none.sock");
+        let pins = dir.path().join("pins");
+        let run = |extra: &[&str]| {
+            let mut words = vec![
+                "balancer".to_string(),
+                "--socket".into(),
+                sock.display().to_string(),
+                "detach".into(),
+                "--remove-maps".into(),
+                "--pin-dir".into(),
+                pins.display().to_string(),
+            ];
+            words.extend(extra.iter().map(|w| w.to_string()));
+            parse_cli(words).unwrap()
+        };
+        let quiet = run(&["--if-attached"]);
+        let Cmd::Detach(d) = quiet.cmd else { panic!() };
+        d.run(&quiet.socket, quiet.timeout).await.unwrap();
+        let plain = run(&[]);
+        let Cmd::Detach(d) = plain.cmd else { panic!() };
+        let e = d.run(&plain.socket, plain.timeout).await.unwrap_err();
+        assert!(e.to_string().contains("nothing to detach"), "{e}");
     }
 }

@@ -73,8 +73,19 @@ dpkg -i /tmp/p2c-balancer.deb >/tmp/dpkg-i.log 2>&1 || { cat /tmp/dpkg-i.log >&2
 dpkg -s p2c-balancer | grep -q "^Status: install ok installed"
 step "dpkg -i"
 test -x /usr/bin/balancer
-test -s /usr/share/man/man1/balancer.1
-test -s /usr/share/man/man1/balancer-decap-attach.1
+# Man pages gzip -9n as Debian policy wants: no plain page, and each .gz
+# without a name or time stamp (header 1f 8b 08, flags 0, time 0, XFL 2).
+test -s /usr/share/man/man1/balancer.1.gz
+test -s /usr/share/man/man1/balancer-decap-attach.1.gz
+if ls /usr/share/man/man1/balancer*.1 >/dev/null 2>&1; then
+    echo "uncompressed man pages:" >&2; ls /usr/share/man/man1/balancer*.1 >&2; exit 1
+fi
+for m in /usr/share/man/man1/balancer*.1.gz; do
+    h=$(od -An -tx1 -N9 "$m" | tr -d " \n")
+    if [ "$h" != 1f8b08000000000002 ]; then echo "$m: gzip header $h, not gzip -9n" >&2; exit 1; fi
+done
+zcat /usr/share/man/man1/balancer.1.gz | grep -q "^\.TH"
+step "man pages gzip -9n"
 test -s /usr/share/bash-completion/completions/balancer
 test -s /usr/share/p2c-balancer/prometheus/alerts.yml
 grep -q "^/etc/p2c-balancer/balancer.toml$" /var/lib/dpkg/info/p2c-balancer.conffiles
@@ -169,9 +180,17 @@ if xdp_attached; then echo "the program is still attached after the purge" >&2; 
 step "purge detached the program and stopped the daemon"
 for f in /usr/bin/balancer /etc/p2c-balancer /etc/default/p2c-balancer \
          /var/lib/p2c-balancer /sys/fs/bpf/p2c-balancer "$unit" \
-         /usr/share/man/man1/balancer.1; do
+         /usr/share/man/man1/balancer.1.gz; do
     if [ -e "$f" ]; then echo "$f is left after the purge" >&2; exit 1; fi
 done
 if dpkg -s p2c-balancer >/dev/null 2>&1; then echo "dpkg still knows the package" >&2; exit 1; fi
 step "purged"
+# Installed again and purged with no daemon ever run: nothing to detach,
+# and nothing said about it (prerm: detach --if-attached).
+dpkg -i /tmp/p2c-balancer.deb >/tmp/dpkg-i2.log 2>&1 || { cat /tmp/dpkg-i2.log >&2; exit 1; }
+dpkg --purge p2c-balancer >/tmp/dpkg-p2.log 2>&1 || { cat /tmp/dpkg-p2.log >&2; exit 1; }
+if grep -q "^error: \|nothing to detach" /tmp/dpkg-p2.log; then
+    echo "the purge with no daemon running said:" >&2; cat /tmp/dpkg-p2.log >&2; exit 1
+fi
+step "purged with no daemon running, quietly"
 '

@@ -152,7 +152,7 @@ fn run_on(tb: &Testbed) -> anyhow::Result<()> {
         "the view's split (+{in_zone} in zone, +{elsewhere} elsewhere) is not the spread ({a}, {b})"
     );
     // The operator's table says the same.
-    let plain = tb.cli(&["stats"])?;
+    let plain = tb.cli(&["stats", "--interval", "0s"])?;
     let want = [
         vip.clone(),
         "a".into(),

@@ -731,7 +731,7 @@ fn metrics_and_top(tb: &Testbed) -> anyhow::Result<()> {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    tb.cli(&["backend", "set", &VIP.to_string(), &b3, "--health", "off"])?;
+    tb.cli(&["backend", "set", &VIP.to_string(), &b3, "--health", "vip"])?;
     for c in batch.held {
         c.close();
     }

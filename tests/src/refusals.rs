@@ -248,12 +248,35 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         .collect()
     };
     let j_sock = dir.join("j.sock");
+    let others_log = || std::fs::read_to_string(dir.join("others.log")).unwrap_or_default();
     for mode in ["native", "generic"] {
         let args = j_args(mode);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let logged_before = others_log().len();
         let mut child = tb
             .start_other(&args, &j_sock)
             .with_context(|| format!("the {mode}-mode daemon on jb0 (MTU 9000)"))?;
+        // jb0's peer jb1 runs no XDP program: in native mode every frame
+        // the balancer sends back out of jb0 (its resets among them) is
+        // dropped by the veth driver, and the daemon says so at start,
+        // naming both ends; in generic mode such frames go through the
+        // stack, and it says nothing.
+        let said = others_log()
+            .get(logged_before..)
+            .unwrap_or_default()
+            .to_string();
+        let warned = said.lines().any(|l| {
+            l.contains("WARN") && l.contains("jb0") && l.contains("jb1") && l.contains("reset")
+        });
+        ensure!(
+            warned == (mode == "native"),
+            "the {mode}-mode daemon on jb0 {} the veth peer without XDP:\n{said}",
+            if warned {
+                "warned of"
+            } else {
+                "did not warn of"
+            }
+        );
         let stats: serde_json::Value =
             serde_json::from_str(&tb.cli_on(&j_sock, &["stats", "--json"])?)?;
         ensure!(
@@ -265,6 +288,18 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         let _ = child.wait();
         println!("refusals: a veth at MTU 9000 in --mode {mode}: attached, then detached");
     }
+
+    // The control: the test bed's peers run an XDP_PASS program, and the
+    // running daemon warned of none.
+    ensure!(
+        !tb.daemon_log().contains("no XDP program"),
+        "the test bed's daemon warned of a veth peer without XDP:\n{}",
+        tb.daemon_log()
+    );
+    println!(
+        "refusals: a native-mode daemon on a veth whose peer runs no XDP program warns, naming \
+         both ends; generic mode and peers with a program do not"
+    );
 
     not_root(tb)?;
     bad_arguments(tb)?;

@@ -8,7 +8,8 @@
 //! 127.0.0.1:9464; its daemon is run under the systemd unit's own command
 //! line with that file's arguments on a veth pair, driven with the
 //! installed CLI (`balancer vip list`) and scraped at that address; it is
-//! reinstalled over the running daemon, and purged. Then the installed
+//! reinstalled over the running daemon, and purged; then installed again
+//! and purged with no daemon ever run, which must say nothing of it. Then the installed
 //! alerting rules are evaluated by `promtool test rules` on the scrape's
 //! series ([`balancer_tests::scraped_rules`]): every series an alert names
 //! must be among them, and every alert's expression must evaluate on them.
@@ -26,9 +27,10 @@ use std::{path::Path, process::Command};
 use balancer_tests::scraped_rules;
 
 /// Every step the script reports, in order.
-const STEPS: [&str; 11] = [
+const STEPS: [&str; 13] = [
     "not installed before",
     "dpkg -i",
+    "man pages gzip -9n",
     "files installed",
     "unit verified, not enabled",
     "defaults file read alike by systemd and a shell",
@@ -38,6 +40,7 @@ const STEPS: [&str; 11] = [
     "reinstalled over the running daemon",
     "purge detached the program and stopped the daemon",
     "purged",
+    "purged with no daemon running, quietly",
 ];
 
 #[test]

@@ -52,7 +52,7 @@ impl Balancer {
     /// # Errors
     /// Unknown VIP, an invalid value, map failure.
     pub fn set_vip(&mut self, addr: SocketAddr, patch: &VipPatch) -> Result<()> {
-        let new = patch.apply(&self.desired.state.vip(&addr)?.settings);
+        let new = patch.apply_checked(&self.desired.state.vip(&addr)?.settings)?;
         self.execute(&[Command::SetVip(addr, new)])
     }
 
@@ -446,14 +446,16 @@ impl Balancer {
                 });
             }
         }
-        let next = self
-            .validate(&changes)
-            .map_err(|(k, e)| BalancerError::Apply {
+        let next = self.validate(&changes).map_err(|(k, e)| {
+            let (vip, backend) = changes[k].target();
+            BalancerError::Apply {
                 index: k + 1,
                 count: changes.len(),
                 change: lines[k].clone(),
-                source: Box::new(e),
-            })?;
+                target: Box::new(crate::model::error::Target { vip, backend }),
+                source: Box::new(changes[k].place(e)),
+            }
+        })?;
         let done = Applied {
             changes: lines,
             kept: merged.kept,
@@ -506,10 +508,11 @@ impl Balancer {
         for a in state.backend_uses().into_keys() {
             state.server_for(a)?;
         }
-        // A source rate on a direct-return VIP, accepted by earlier builds,
-        // is refused now: dropped with a warning rather than refusing to
-        // serve every VIP.
-        for w in state.drop_direct_return_rates() {
+        // A source rate on a direct-return VIP, or an outer source on a VIP
+        // that does not encapsulate, accepted by earlier builds, is refused
+        // now: dropped with a warning rather than refusing to serve every
+        // VIP.
+        for w in state.upgrade() {
             tracing::warn!("state file: {w}");
         }
         state.validate()?;

@@ -95,12 +95,15 @@ impl Desired {
         patch: &BackendPatch,
     ) -> Result<Command> {
         let b = self.state.backend(&vip, &addr)?;
+        let vip_check = self.state.vip(&vip)?.settings.health.as_ref();
         Ok(Command::SetBackend(
             vip,
             addr,
             patch.weight.unwrap_or(b.weight),
             match &patch.health {
-                Some(h) => h.clone().into_option(),
+                Some(h) => h
+                    .for_backend(&b.health, vip_check)
+                    .map_err(|e| e.in_backend(addr).in_vip(vip))?,
                 None => b.health.clone(),
             },
             match &patch.zone {
@@ -120,10 +123,12 @@ impl Desired {
         use crate::model::api::Request as R;
         Some(match req {
             R::AddVip { vip, settings } => Ok(Command::AddVip(*vip, settings.clone())),
-            R::SetVip { vip, patch } => self
-                .state
-                .vip(vip)
-                .map(|v| Command::SetVip(*vip, patch.apply(&v.settings))),
+            R::SetVip { vip, patch } => self.state.vip(vip).and_then(|v| {
+                let s = patch
+                    .apply_checked(&v.settings)
+                    .map_err(|e| e.in_vip(*vip))?;
+                Ok(Command::SetVip(*vip, s))
+            }),
             R::RemoveVip { vip } => Ok(Command::RemoveVip(*vip)),
             R::AddBackends {
                 vip,

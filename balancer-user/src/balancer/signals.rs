@@ -309,7 +309,8 @@ impl Signals {
                 )),
                 (false, true, false) => Some(format!(
                     "VIP {}: no backend takes new connections (all drained, unhealthy or \
-                     ejected): new connections are refused",
+                     ejected): new connections are dropped (their SYNs go unanswered, counted \
+                     drop_no_backend)",
                     v.addr
                 )),
                 _ => None,

@@ -41,7 +41,7 @@ fn state(vips: &[(&str, &[&str])]) -> State {
                     slot,
                     generation: 1,
                     weight: 1,
-                    health: None,
+                    health: crate::model::state::BackendHealth::Vip,
                     zone: None,
                 }
             })

@@ -2,7 +2,10 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use balancer::model::state::{check_choices, CheckKind, HealthCheck};
+use balancer::model::{
+    api::{HealthChange, HealthSetting},
+    state::{check_choices, CheckKind, HealthCheck},
+};
 use balancer_common::CHOICES_FULL_SCAN;
 
 /// Number of choices: 1..=16 or `all` (full least-connections scan).
@@ -32,11 +35,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// The kind of a health check: `tcp`, `path` (a SYN to the VIP through
 /// its forwarding path), `http:/PATH` (expects 200) or
-/// `http:/PATH=STATUS`, or `off`.
+/// `http:/PATH=STATUS`, or `off`; for a backend also `vip` (its VIP's
+/// check).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HealthSpec {
     /// No check.
     Off,
+    /// A backend: its VIP's check (`vip`, `inherit`).
+    Vip,
     /// This kind of check.
     Kind(CheckKind),
 }
@@ -45,6 +51,9 @@ pub enum HealthSpec {
 pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
     if s == "off" || s == "none" {
         return Ok(HealthSpec::Off);
+    }
+    if s == "vip" || s == "inherit" {
+        return Ok(HealthSpec::Vip);
     }
     if s == "tcp" {
         return Ok(HealthSpec::Kind(CheckKind::Tcp {}));
@@ -72,7 +81,8 @@ pub fn parse_health(s: &str) -> Result<HealthSpec, String> {
         return Ok(HealthSpec::Kind(check.kind));
     }
     Err(format!(
-        "`{s}` is not a health check: tcp, path, http:/PATH, http:/PATH=STATUS or off"
+        "`{s}` is not a health check: tcp, path, http:/PATH, http:/PATH=STATUS, off, or (a \
+         backend's) vip"
     ))
 }
 
@@ -82,36 +92,53 @@ pub struct HealthArgs {
     /// Active health check: `tcp`, `path` (dsr, ipip and gue VIPs: a SYN
     /// to the VIP's address sent through the VIP's own forwarding, answered
     /// by the backend's real path), `http:/PATH` (expects 200),
-    /// `http:/PATH=STATUS`, or `off`.
+    /// `http:/PATH=STATUS`, or `off`; a backend's also `vip` (its VIP's
+    /// check again; `off` turns a backend's checks off whatever its VIP's).
     #[arg(long, value_parser = parse_health)]
     pub health: Option<HealthSpec>,
-    /// Port the check connects to (default: the backend's).
-    #[arg(long, requires = "health")]
+    /// Port the check connects to (default: the backend's). Each
+    /// `--health-*` option given without `--health` changes that
+    /// parameter of the current check, the others kept; with `--health`,
+    /// the new check's left-out parameters take their defaults.
+    #[arg(long)]
     pub health_port: Option<u16>,
-    /// Time between checks.
-    #[arg(long, value_parser = parse_duration, requires = "health")]
+    /// Time between checks (default 2s).
+    #[arg(long, value_parser = parse_duration)]
     pub health_interval: Option<Duration>,
-    /// Time a check may take.
-    #[arg(long, value_parser = parse_duration, requires = "health")]
+    /// Time a check may take (default 1s).
+    #[arg(long, value_parser = parse_duration)]
     pub health_timeout: Option<Duration>,
-    /// Passes in a row that bring an unhealthy backend back.
-    #[arg(long, requires = "health")]
+    /// Passes in a row that bring an unhealthy backend back (default 2).
+    #[arg(long)]
     pub health_rise: Option<u32>,
-    /// Failures in a row that take a healthy backend out.
-    #[arg(long, requires = "health")]
+    /// Failures in a row that take a healthy backend out (default 3).
+    #[arg(long)]
     pub health_fall: Option<u32>,
 }
 
 impl HealthArgs {
-    /// The check the options describe (defaults for the options not
-    /// given): `None` when `--health` is absent, `Some(None)` for `off`.
-    pub fn check(&self) -> Option<Option<HealthCheck>> {
-        let kind = match self.health.clone()? {
-            HealthSpec::Off => return Some(None),
+    /// The change of check the options ask for: `None` when no health
+    /// option is given; without `--health`, a change of the parameters
+    /// given; a new check of the kind given (defaults for the options not
+    /// given), `off`, or (a backend's) the VIP's.
+    pub fn setting(&self) -> Option<HealthSetting> {
+        let Some(spec) = self.health.clone() else {
+            let c = HealthChange {
+                port: self.health_port,
+                interval: self.health_interval,
+                timeout: self.health_timeout,
+                rise: self.health_rise,
+                fall: self.health_fall,
+            };
+            return (c != HealthChange::default()).then_some(HealthSetting::Change(c));
+        };
+        let kind = match spec {
+            HealthSpec::Off => return Some(HealthSetting::Off),
+            HealthSpec::Vip => return Some(HealthSetting::Vip),
             HealthSpec::Kind(k) => k,
         };
         let d = HealthCheck::default();
-        Some(Some(HealthCheck {
+        Some(HealthSetting::Check(HealthCheck {
             kind,
             port: self.health_port,
             interval: self.health_interval.unwrap_or(d.interval),
@@ -119,6 +146,36 @@ impl HealthArgs {
             rise: self.health_rise.unwrap_or(d.rise),
             fall: self.health_fall.unwrap_or(d.fall),
         }))
+    }
+}
+
+impl HealthArgs {
+    /// The refusal of a `--health-*` option beside `--health off` or a
+    /// backend's `--health vip`, which take no parameters (they would be
+    /// dropped unsaid), naming both.
+    pub fn conflict(&self) -> Option<String> {
+        let (word, why) = match self.health {
+            Some(HealthSpec::Off) => ("off", "no check runs, so there is none to give it to"),
+            Some(HealthSpec::Vip) => (
+                "vip",
+                "the backend takes its VIP's check, parameters and all (`vip set` changes \
+                 them)",
+            ),
+            _ => return None,
+        };
+        let given = [
+            ("--health-port", self.health_port.is_some()),
+            ("--health-interval", self.health_interval.is_some()),
+            ("--health-timeout", self.health_timeout.is_some()),
+            ("--health-rise", self.health_rise.is_some()),
+            ("--health-fall", self.health_fall.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))?;
+        Some(format!(
+            "the argument '{given}' cannot be used with '--health {word}': {why}; give a check \
+             with it (--health tcp|path|http:/PATH), or leave it out"
+        ))
     }
 }
 

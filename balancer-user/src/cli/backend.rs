@@ -1,11 +1,14 @@
 //! `balancer backend ...`: add, change, drain, remove and list backends.
 
-use std::net::SocketAddr;
+use std::{fmt::Write as _, net::SocketAddr};
 
-use balancer::model::api::{BackendPatch, BackendView, HealthSetting, HealthStatus, Request};
+use balancer::model::{
+    api::{BackendPatch, BackendView, HealthStatus, Request},
+    state::BackendHealth,
+};
 use clap::Subcommand;
 
-use super::args::{parse_endpoint, HealthArgs};
+use super::args::{health_name, parse_endpoint, HealthArgs};
 
 /// `balancer backend ...`.
 #[derive(Subcommand, Debug)]
@@ -31,8 +34,9 @@ pub enum BackendCmd {
         #[arg(long)]
         zone: Option<String>,
     },
-    /// Change a backend's weight or zone, or give it a health check of its
-    /// own (`--health off`: the VIP's check again).
+    /// Change a backend's weight or zone, or its health check: one of its
+    /// own, `--health off` (no checks for it, whatever its VIP's), or
+    /// `--health vip` (its VIP's check again).
     #[command(
         after_help = "Example:\n  balancer backend set 10.0.0.10:80 10.0.2.10:8080 --weight 3 --health http:/healthz"
     )]
@@ -43,8 +47,12 @@ pub enum BackendCmd {
         /// Backend as address:port.
         #[arg(value_parser = parse_endpoint)]
         backend: SocketAddr,
-        /// Weight, 1..=1000 (this, `--health`, `--zone`, or several).
-        #[arg(long, required_unless_present_any = ["health", "zone"])]
+        /// Weight, 1..=1000 (this, `--health` or a `--health-*` option,
+        /// `--zone`, or several).
+        #[arg(long, required_unless_present_any = [
+            "health", "health_port", "health_interval", "health_timeout", "health_rise",
+            "health_fall", "zone",
+        ])]
         weight: Option<u32>,
         #[command(flatten)]
         health: HealthArgs,
@@ -130,10 +138,7 @@ impl BackendCmd {
                     patch: BackendPatch {
                         weight,
                         zone,
-                        health: health.check().map(|c| match c {
-                            None => HealthSetting::Off,
-                            Some(c) => HealthSetting::Check(c),
-                        }),
+                        health: health.setting(),
                     },
                 },
                 false,
@@ -163,14 +168,32 @@ pub fn health_word(b: &BackendView) -> String {
     w
 }
 
+/// A backend's check as set for it: `vip` (its VIP's), `off`, or its own
+/// in `--health`'s syntax (last in the table: an HTTP path pushes no
+/// column).
+pub fn check_word(h: &BackendHealth) -> String {
+    match h {
+        BackendHealth::Vip => "vip".into(),
+        BackendHealth::Off => "off".into(),
+        BackendHealth::Check(c) => health_name(&Some(c.clone())),
+    }
+}
+
 /// Prints the backend table.
 pub fn print(backends: &[BackendView]) {
+    print!("{}", render(backends));
+}
+
+/// The backend table.
+pub fn render(backends: &[BackendView]) -> String {
+    let mut out = String::new();
     let (wv, wb) = (
         super::addr_width(backends.iter().map(|b| b.vip)),
         super::addr_width(backends.iter().map(|b| b.backend)),
     );
-    println!(
-        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
+    writeln!(
+        out,
+        "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8} {:<5}",
         "VIP",
         "BACKEND",
         "STATE",
@@ -183,8 +206,10 @@ pub fn print(backends: &[BackendView]) {
         "PACKETS",
         "BYTES",
         "SIGNAL",
-        "ZONE"
-    );
+        "ZONE",
+        "CHECK"
+    )
+    .unwrap();
     for b in backends {
         let weight = if (b.effective_weight - b.weight as f64).abs() < 1e-9 {
             b.weight.to_string()
@@ -198,8 +223,9 @@ pub fn print(backends: &[BackendView]) {
             (None, Some(ms)) => format!("{ms:.2}ms"),
             (None, None) => "-".to_string(),
         };
-        println!(
-            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8}",
+        writeln!(
+            out,
+            "{:<wv$} {:<wb$} {:<9} {:>6} {:<18} {:>7} {:>7} {:>9} {:>8} {:>10} {:>12} {:>12} {:<8} {}",
             b.vip.to_string(),
             b.backend.to_string(),
             format!("{:?}", b.state).to_lowercase(),
@@ -212,12 +238,52 @@ pub fn print(backends: &[BackendView]) {
             b.packets,
             b.bytes,
             signal,
-            b.zone.as_deref().unwrap_or("-")
-        );
+            b.zone.as_deref().unwrap_or("-"),
+            check_word(&b.own_check)
+        )
+        .unwrap();
     }
     for b in backends {
         if let (HealthStatus::Unhealthy, Some(e)) = (b.health.status, &b.health.last_error) {
-            println!("  {} of {}: {e}", b.backend, b.vip);
+            writeln!(out, "  {} of {}: {e}", b.backend, b.vip).unwrap();
         }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::fixture::backend;
+    use balancer::model::state::{CheckKind, HealthCheck};
+
+    /// A backend's own check, or its checks turned off, is shown (last,
+    /// so a long one pushes no column); the VIP's is `vip`.
+    #[test]
+    fn a_backends_own_check_is_shown() {
+        let v = "10.0.0.10:80";
+        let mut own = backend(v, "10.0.2.1:80", 1, 0);
+        own.own_check = BackendHealth::Check(HealthCheck {
+            kind: CheckKind::Http {
+                path: "/healthz".into(),
+                status: 200,
+            },
+            ..HealthCheck::default()
+        });
+        let mut off = backend(v, "10.0.2.2:80", 1, 0);
+        off.own_check = BackendHealth::Off;
+        let vips = backend(v, "10.0.2.3:80", 1, 0);
+        let text = render(&[own, off, vips]);
+        let last = |addr: &str| {
+            let l = text.lines().find(|l| l.contains(addr)).unwrap();
+            l.split_whitespace().last().unwrap().to_string()
+        };
+        assert!(text.lines().next().unwrap().ends_with("CHECK"), "{text}");
+        assert_eq!(last("10.0.2.1:80"), "http:/healthz=200/2s/2/3", "{text}");
+        assert_eq!(last("10.0.2.2:80"), "off", "{text}");
+        assert_eq!(last("10.0.2.3:80"), "vip", "{text}");
+        // The API's answer says it too, and leaves the VIP's out.
+        let json = serde_json::to_value(backend(v, "10.0.2.3:80", 1, 0)).unwrap();
+        assert!(json.get("own_check").is_none(), "{json}");
     }
 }

@@ -56,12 +56,13 @@ fn read(file: &Path) -> anyhow::Result<(config::Config, String)> {
     Ok((c, text))
 }
 
-/// The daemon's refusal of a file's change, with the file, line and
-/// column of the refused key when the answer names a VIP in it
-/// (`balancer.toml:14:1: ...`).
+/// The daemon's refusal of a file's change, with the file, and the line
+/// and column of the refused key or of the table of the VIP or backend it
+/// names (`balancer.toml:14:1: ...`; a backend named without its VIP: its
+/// first listing); the file alone when the answer names neither.
 fn located(message: &str, r: &Response, file: &Path, text: &str) -> String {
     let Response::Error {
-        vip: Some(vip),
+        vip,
         backend,
         field,
         ..
@@ -72,14 +73,12 @@ fn located(message: &str, r: &Response, file: &Path, text: &str) -> String {
     let path: Vec<&str> = field
         .as_deref()
         .map_or(Vec::new(), |f| f.split('.').collect());
-    let at = vip.parse().ok().and_then(|v| {
-        config::locate_path(
-            text,
-            Some(v),
-            backend.as_deref().and_then(|b| b.parse().ok()),
-            &path,
-        )
-    });
+    let backend: Option<std::net::SocketAddr> = backend.as_deref().and_then(|b| b.parse().ok());
+    let vip = vip
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .or_else(|| backend.and_then(|b| config::vip_of_backend(text, b)));
+    let at = vip.and_then(|v| config::locate_path(text, Some(v), backend, &path));
     match at {
         Some((line, column)) => format!("{}:{line}:{column}: {message}", file.display()),
         None => format!("{}: {message}", file.display()),
@@ -210,5 +209,64 @@ impl ExportArgs {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "[[vip]]\naddress = \"10.0.0.10:80\"\n\n[[vip.backend]]\naddress = \"10.0.2.10:80\"\n\n[[vip]]\naddress = \"10.0.0.11:80\"\n\n[[vip.backend]]\naddress = \"10.0.2.10:80\"\nweight = 2\n";
+
+    fn refused(vip: Option<&str>, backend: Option<&str>, field: Option<&str>) -> Response {
+        Response::Error {
+            message: "change 2 of 4 (+ backend 10.0.2.10:80 of 10.0.0.11:80) refused; nothing \
+                      was applied: list of VIPs one backend address serves is full (4 entries)"
+                .into(),
+            status: 409,
+            vip: vip.map(Into::into),
+            backend: backend.map(Into::into),
+            field: field.map(Into::into),
+            reason: None,
+        }
+    }
+
+    /// The daemon's refusal of a file names the file, and the line of the
+    /// table or key it is about, whatever the answer names.
+    #[test]
+    fn the_daemons_refusal_of_a_file_names_the_file_and_the_line() {
+        let file = Path::new("/etc/p2c-balancer/balancer.toml");
+        let at = |r: Response| match &r {
+            Response::Error { message, .. } => located(message, &r, file, FILE),
+            _ => unreachable!(),
+        };
+        // A VIP's backend: its `[[vip.backend]]` table (line 10).
+        let got = at(refused(Some("10.0.0.11:80"), Some("10.0.2.10:80"), None));
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml:10:1: change 2"),
+            "{got}"
+        );
+        // A key of it: the key's line.
+        let got = at(refused(
+            Some("10.0.0.11:80"),
+            Some("10.0.2.10:80"),
+            Some("weight"),
+        ));
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml:12:1: "),
+            "{got}"
+        );
+        // A backend alone: its first table.
+        let got = at(refused(None, Some("10.0.2.10:80"), None));
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml:4:1: "),
+            "{got}"
+        );
+        // Nothing named: the file still is.
+        let got = at(refused(None, None, None));
+        assert!(
+            got.starts_with("/etc/p2c-balancer/balancer.toml: change 2"),
+            "{got}"
+        );
     }
 }

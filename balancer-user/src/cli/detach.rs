@@ -24,6 +24,11 @@ pub struct DetachArgs {
     /// state file is kept, so the next start restores VIPs and backends).
     #[arg(long)]
     remove_maps: bool,
+    /// With no daemon running and nothing of this balancer pinned, succeed
+    /// and say nothing (a package's removal scripts; without it, that is
+    /// an error: "nothing to detach").
+    #[arg(long)]
+    if_attached: bool,
 }
 
 impl DetachArgs {
@@ -63,6 +68,9 @@ impl DetachArgs {
         let ours_maps = !maps::present_pins(dir).is_empty()
             && dir.join(balancer_common::map_names::LAYOUT).exists();
         if interfaces.is_empty() && !(self.remove_maps && ours_maps) {
+            if self.if_attached {
+                return Ok(());
+            }
             bail!(
                 "nothing to detach: no daemon listens on {} and no link is pinned in {}",
                 socket.display(),

@@ -14,6 +14,9 @@ pub mod show;
 pub mod top;
 pub mod vip;
 
+#[cfg(test)]
+pub mod fixture;
+
 /// The width of a column of addresses: 21 (an IPv4 address and port) or
 /// the widest of `items` (IPv6 ones are up to 47 characters).
 pub fn addr_width<T: ToString>(items: impl IntoIterator<Item = T>) -> usize {

@@ -2,12 +2,16 @@
 //! `GET /v1/stats` every interval until `q`, Esc or Ctrl-C.
 //!
 //! Rates are the change of the daemon's counters between two polls over
-//! the time between them; the first frame shows none. Per VIP, the header
-//! line gives the backends' mean active connections, the busiest one's,
-//! and the gap between them: the imbalance power of two choices keeps
-//! small (Mitzenmacher, "The Power of Two Choices in Randomized Load
-//! Balancing", 2001: the most loaded of n bins holds about ln ln n / ln 2
-//! above the mean).
+//! the time between them; the first frame shows none. The flow table's
+//! fill is the established table's against its size (`--flow-table-size`,
+//! the metric `flow_table_size`), the half-open and unproven entries said
+//! apart. Per VIP, the header line gives the backends' load per unit of
+//! weight (active connections over weight, the weight in effect while
+//! ramping): the mean, the busiest one's, and the gap between them, the
+//! imbalance power of two choices keeps small (Mitzenmacher, "The Power of
+//! Two Choices in Randomized Load Balancing", 2001: the most loaded of n
+//! bins holds about ln ln n / ln 2 above the mean); a backend's VS MEAN is
+//! its connections above its weight's share of the VIP's.
 
 use std::{
     collections::BTreeMap,
@@ -73,19 +77,46 @@ struct Rates {
 
 type Key = (SocketAddr, SocketAddr);
 
-/// One VIP's balance: (mean active, busiest active, busiest minus mean).
-fn balance(backends: &[&BackendView]) -> (f64, u64, f64) {
+/// The weight a backend's load is measured against: the weight in effect
+/// (ramping), else the configured one, at least a little above 0.
+fn weight_of(b: &BackendView) -> f64 {
+    let w = if b.effective_weight > 0.0 {
+        b.effective_weight
+    } else {
+        f64::from(b.weight)
+    };
+    w.max(1e-3)
+}
+
+/// One VIP's balance per unit of weight: (the VIP's active connections
+/// over its backends' weight, the busiest backend's connections over its
+/// weight, busiest minus mean). With equal weights of 1, connections.
+fn balance(backends: &[&BackendView]) -> (f64, f64, f64) {
     if backends.is_empty() {
-        return (0.0, 0, 0.0);
+        return (0.0, 0.0, 0.0);
     }
     let total: u64 = backends.iter().map(|b| b.active_connections).sum();
-    let mean = total as f64 / backends.len() as f64;
+    let weight: f64 = backends.iter().map(|b| weight_of(b)).sum();
+    let mean = total as f64 / weight;
     let max = backends
         .iter()
-        .map(|b| b.active_connections)
-        .max()
-        .unwrap_or(0);
-    (mean, max, max as f64 - mean)
+        .map(|b| b.active_connections as f64 / weight_of(b))
+        .fold(0.0, f64::max);
+    (mean, max, max - mean)
+}
+
+/// The flow table's line: the established table against its size (what
+/// the metrics call `flow_table_entries` less `half_open_entries`, and
+/// `flow_table_size`), and the entries of the half-open and unproven
+/// tables.
+fn table_words(stats: &StatsView) -> String {
+    let established = stats
+        .flow_table_entries
+        .saturating_sub(stats.half_open_entries);
+    format!(
+        "flow table {established}/{} (+{} half-open or unproven)",
+        stats.flow_table_size, stats.half_open_entries
+    )
 }
 
 fn human(v: f64) -> String {
@@ -108,10 +139,9 @@ fn draw(
     poll_error: Option<&str>,
 ) {
     let mut lines = vec![Line::from(format!(
-        "p2c-balancer top   live flows {}   flow table {}/{}   rx {} pkts   drops: no_backend {} fib {}   (q quits)",
+        "p2c-balancer top   live flows {}   {}   rx {} pkts   drops: no_backend {} fib {}   (q quits)",
         stats.live_flows,
-        stats.flow_table_entries,
-        stats.flow_table_size + stats.half_open_table_size,
+        table_words(stats),
         stats.counter("rx_packets"),
         stats.counter("drop_no_backend"),
         stats.counter("drop_fib"),
@@ -135,7 +165,8 @@ fn draw(
         let bs: Vec<&BackendView> = stats.backends.iter().filter(|b| b.vip == v.vip).collect();
         let (mean, max, gap) = balance(&bs);
         lines.push(Line::from(format!(
-            "VIP {}  {}  choices {}  active {}  mean {mean:.1}  busiest {max}  gap {gap:+.1}",
+            "VIP {}  {}  choices {}  active {}  per unit of weight: mean {mean:.1}  busiest \
+             {max:.1}  gap {gap:+.1}",
             v.vip,
             v.mode.name(),
             choices_name(v.choices),
@@ -151,7 +182,7 @@ fn draw(
                 health_word(b),
                 b.weight.to_string(),
                 b.active_connections.to_string(),
-                format!("{:+.1}", b.active_connections as f64 - mean),
+                format!("{:+.1}", b.active_connections as f64 - mean * weight_of(b)),
                 rate(r.map(|r| r.new)),
                 rate(r.map(|r| r.packets)),
                 rate(r.map(|r| r.bytes)),
@@ -338,6 +369,54 @@ mod tests {
         let r = rates(&prev, &now)[&k];
         assert_eq!((r.new, r.packets, r.bytes), (10.0, 100.0, 2000.0));
         assert!(rates(&BTreeMap::new(), &now).is_empty());
+    }
+
+    /// The frame's text.
+    fn drawn(stats: &StatsView) -> String {
+        let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(160, 12)).unwrap();
+        t.draw(|f| draw(f, stats, &BTreeMap::new(), None, None))
+            .unwrap();
+        let buf = t.backend().buffer().clone();
+        (0..buf.area.height)
+            .map(|y| {
+                (0..buf.area.width)
+                    .map(|x| buf[(x, y)].symbol().to_string())
+                    .collect::<String>()
+                    + "\n"
+            })
+            .collect()
+    }
+
+    /// The flow table's fill is the established table's, of the size the
+    /// metric `flow_table_size` gives (the half-open and unproven
+    /// entries said apart), and the gap compares load per unit of weight.
+    #[test]
+    fn the_table_is_the_metrics_and_the_gap_weighs() {
+        use super::super::fixture::{backend, stats};
+        let v = "10.0.0.10:80";
+        // Weights 1 and 3 holding 10 and 30: as balanced as can be.
+        let mut s = stats(
+            v,
+            vec![
+                backend(v, "10.0.2.1:80", 1, 10),
+                backend(v, "10.0.2.2:80", 3, 30),
+            ],
+            &[],
+        );
+        s.flow_table_entries = 1_500;
+        s.half_open_entries = 500;
+        let text = drawn(&s);
+        assert!(text.contains("1000/524288"), "{text}");
+        assert!(!text.contains("655360"), "{text}");
+        assert!(text.contains("500 half-open or unproven"), "{text}");
+        assert!(text.contains("gap +0.0"), "{text}");
+        // One backend of weight 1 holding 20 and the other 20 (weight 3):
+        // the first is 20 per unit against a mean of 10.
+        let mut s = s.clone();
+        s.backends[0].active_connections = 20;
+        s.backends[1].active_connections = 20;
+        let text = drawn(&s);
+        assert!(text.contains("gap +10.0"), "{text}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `balancer vip ...`: add, change, remove and list VIPs.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{fmt::Write as _, net::SocketAddr, time::Duration};
 
 use balancer::model::{
     api::{Request, VipPatch, VipView},
@@ -38,6 +38,13 @@ balancer::vip_settings!(balancer_macros::settings_cli {
         ..
     }
 });
+
+impl VipArgs {
+    /// The health options.
+    pub fn health(&self) -> &HealthArgs {
+        &self.health
+    }
+}
 
 /// A VIP's zone preference now, for the table.
 fn locality_note(v: &VipView) -> String {
@@ -195,17 +202,34 @@ pub enum VipCmd {
     },
 }
 
+/// A model's refusal in the CLI's words: `health: ...` as `--health: ...`.
+fn cli_words(refusal: &str) -> String {
+    match refusal.split_once(": ") {
+        Some((field, rest)) if !field.contains(' ') => {
+            format!("--{}: {rest}", field.replace(['_', '.'], "-"))
+        }
+        _ => refusal.to_string(),
+    }
+}
+
 impl VipCmd {
     /// The request, and whether its answer is printed as JSON.
-    pub fn request(self) -> (Request, bool) {
-        match self {
+    ///
+    /// # Errors
+    /// Options `vip add` cannot send (a setting the model refuses before
+    /// the daemon is asked).
+    pub fn request(self) -> anyhow::Result<(Request, bool)> {
+        Ok(match self {
             VipCmd::Add { vip, settings } => (
                 Request::AddVip {
                     vip,
-                    settings: settings.patch().apply(&VipSettings {
-                        health: balancer::model::state::default_health(),
-                        ..VipSettings::default()
-                    }),
+                    settings: settings
+                        .patch()
+                        .apply_checked(&VipSettings {
+                            health: balancer::model::state::default_health(),
+                            ..VipSettings::default()
+                        })
+                        .map_err(|e| anyhow::anyhow!("{}", cli_words(&e.to_string())))?,
                 },
                 false,
             ),
@@ -228,12 +252,33 @@ impl VipCmd {
             ),
             VipCmd::Remove { vip } => (Request::RemoveVip { vip }, false),
             VipCmd::List { json } => (Request::ListVips, json),
-        }
+        })
     }
+}
+
+/// The HEALTH column's width: a longer check (an HTTP path) is cut there,
+/// and written whole on a line under its VIP.
+const HEALTH_WIDTH: usize = 22;
+
+/// `text` in at most `width` characters, its end replaced by `…` when
+/// cut.
+pub fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
 }
 
 /// Prints the VIP table.
 pub fn print(vips: &[VipView]) {
+    print!("{}", render(vips));
+}
+
+/// The VIP table.
+pub fn render(vips: &[VipView]) -> String {
+    let mut out = String::new();
     // IPv6 VIPs ([2001:db8::10]:80) are wider than IPv4 ones.
     let w = vips
         .iter()
@@ -241,7 +286,8 @@ pub fn print(vips: &[VipView]) {
         .max()
         .unwrap_or(0)
         .max(21);
-    println!(
+    writeln!(
+        out,
         "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12} {:<16}",
         "VIP",
         "PROTO",
@@ -255,7 +301,8 @@ pub fn print(vips: &[VipView]) {
         "EJECT",
         "PERSISTENCE",
         "SIGNAL"
-    );
+    )
+    .unwrap();
     for v in vips {
         let s = &v.settings;
         let persistence = if s.persistence.is_zero() {
@@ -271,7 +318,8 @@ pub fn print(vips: &[VipView]) {
             (balancer::model::state::LoadSignal::Agent, Some(p)) => format!("agent:{p}"),
             (sig, _) => sig.name().to_string(),
         };
-        println!(
+        writeln!(
+            out,
             "{:<w$} {:>5} {:>5} {:>7} {:>8} {:>8} {:<22} {:<9} {:>10} {:>6} {:>12} {:<16}{}",
             v.vip.to_string(),
             s.protocol.name(),
@@ -279,7 +327,7 @@ pub fn print(vips: &[VipView]) {
             choices_name(s.choices),
             v.backends,
             v.eligible,
-            health_name(&s.health),
+            cut(&health_name(&s.health), HEALTH_WIDTH),
             format!("{:?}", s.no_healthy).to_lowercase(),
             humantime::format_duration(s.slow_start).to_string(),
             s.eject_after,
@@ -293,14 +341,73 @@ pub fn print(vips: &[VipView]) {
                 )
             } else if v.eligible == 0 && v.backends > 0 {
                 "  (no backend takes new connections: all drained, unhealthy or ejected; new \
-                 connections are refused)"
+                 connections are dropped: their SYNs go unanswered, counted drop_no_backend, \
+                 and clients wait out their connect timeout)"
                     .to_string()
             } else {
                 locality_note(v)
             }
-        );
-        if !s.description.is_empty() {
-            println!("  description: {}", s.description);
+        )
+        .unwrap();
+        let check = health_name(&s.health);
+        if check.chars().count() > HEALTH_WIDTH {
+            writeln!(out, "  health: {check}").unwrap();
         }
+        if !s.description.is_empty() {
+            writeln!(out, "  description: {}", s.description).unwrap();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::fixture::vip;
+    use balancer::model::state::{CheckKind, HealthCheck};
+
+    /// The column a header's word starts at in the line under it.
+    fn column(text: &str, word: &str) -> usize {
+        text.lines().next().unwrap().find(word).unwrap()
+    }
+
+    /// A long HTTP check does not push the columns after it: it is cut in
+    /// the table, and written whole on a line under the VIP.
+    #[test]
+    fn a_long_check_keeps_the_table_aligned() {
+        let long = VipSettings {
+            health: Some(HealthCheck {
+                kind: CheckKind::Http {
+                    path: "/api/v2/health/with/a/long/path".into(),
+                    status: 204,
+                },
+                ..HealthCheck::default()
+            }),
+            ..VipSettings::default()
+        };
+        let text = render(&[
+            vip("10.0.0.10:80", long, 2, 2),
+            vip("10.0.0.11:80", VipSettings::default(), 2, 2),
+        ]);
+        let at = column(&text, "NOHEALTHY");
+        for l in text.lines().filter(|l| l.starts_with("10.0.0.1")) {
+            let cell: String = l.chars().skip(at).take(8).collect();
+            assert_eq!(cell, "fallback", "{text}");
+        }
+        assert!(
+            text.contains("/api/v2/health/with/a/long/path=204"),
+            "{text}"
+        );
+    }
+
+    /// A VIP whose every backend is drained (or unhealthy with `drop`):
+    /// the data path drops its new connections (SYNs, counted
+    /// drop_no_backend), and the table says so.
+    #[test]
+    fn no_backend_taking_connections_says_they_are_dropped() {
+        let text = render(&[vip("10.0.0.10:80", VipSettings::default(), 2, 0)]);
+        assert!(text.contains("dropped"), "{text}");
+        assert!(text.contains("drop_no_backend"), "{text}");
+        assert!(!text.contains("refused"), "{text}");
     }
 }

@@ -397,6 +397,46 @@ pub fn check_interface(
     }
 }
 
+/// The warning for interface `iface` attached in `mode` whose veth peer
+/// is `peer`: in native mode a veth hands a frame an XDP program sends
+/// back out of it (XDP_TX, XDP_REDIRECT: the balancer's resets, its
+/// replies and forwarded frames leaving by that interface) to its peer's
+/// XDP ring, and drops it when the peer runs no XDP program. `None` when
+/// the peer runs one, in generic mode (such frames go through the stack),
+/// and when the peer could not be asked.
+pub fn veth_warning(iface: &str, peer: &netdev::VethPeer, mode: XdpMode) -> Option<String> {
+    if attach_mode(mode) != netdev::XdpAttachMode::Native || !peer.known || peer.xdp.is_some() {
+        return None;
+    }
+    let name = peer
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("ifindex {}", peer.ifindex));
+    let place = match peer.netns_id {
+        Some(n) => format!(" (in another network namespace, id {n})"),
+        None => String::new(),
+    };
+    Some(format!(
+        "{iface} is a veth whose peer {name}{place} runs no XDP program: in native mode every \
+         frame the balancer sends back out of {iface} (XDP_TX or XDP_REDIRECT: the TCP resets \
+         it sends, and the frames it forwards through {iface}) is dropped by the veth driver \
+         unless the peer runs an XDP program; attach one to {name} (an XDP_PASS program will \
+         do, as the test bed does on every peer), or run with --mode generic"
+    ))
+}
+
+/// [`veth_warning`] of every interface in `interfaces` that is a veth.
+pub fn veth_warnings(interfaces: &[String], mode: XdpMode) -> Vec<String> {
+    interfaces
+        .iter()
+        .filter_map(|i| {
+            let ifindex = netdev::ifindex(i).ok()?;
+            let peer = netdev::veth_peer(ifindex).ok()??;
+            veth_warning(i, &peer, mode)
+        })
+        .collect()
+}
+
 /// Warnings for each family whose forwarding is off in this network
 /// namespace: `bpf_fib_lookup` then answers "forwarding disabled" and the
 /// data path drops every frame of that family it should forward (counted
@@ -429,6 +469,108 @@ pub fn forwarding_warnings() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_veth_peer_without_xdp_is_warned_of_in_native_mode() {
+        let peer = |xdp: Option<netdev::XdpAttached>, known| netdev::VethPeer {
+            ifindex: 7,
+            name: Some("veth1".into()),
+            netns_id: Some(3),
+            xdp,
+            known,
+        };
+        let w = veth_warning("lb0", &peer(None, true), XdpMode::Driver).unwrap();
+        for said in [
+            "lb0",
+            "veth1",
+            "another network namespace",
+            "resets",
+            "XDP_PASS",
+        ] {
+            assert!(w.contains(said), "{said}: {w}");
+        }
+        let pass = netdev::XdpAttached {
+            program_id: 9,
+            mode: netdev::XdpAttachMode::Native,
+        };
+        assert_eq!(
+            veth_warning("lb0", &peer(Some(pass), true), XdpMode::Driver),
+            None
+        );
+        assert_eq!(veth_warning("lb0", &peer(None, true), XdpMode::Skb), None);
+        assert_eq!(
+            veth_warning("lb0", &peer(None, false), XdpMode::Driver),
+            None
+        );
+    }
+
+    /// A veth pair made in a network namespace of the test's own: each
+    /// end finds the other, and no program on it; loopback is no veth.
+    #[test]
+    fn a_veths_peer_is_found() {
+        let found = std::thread::spawn(|| {
+            // SAFETY: unshare of this thread's network namespace only.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                // Not root: nothing to check.
+                eprintln!(
+                    "skipped: no network namespace of its own ({})",
+                    std::io::Error::last_os_error()
+                );
+                return None;
+            }
+            let ip = |args: &[&str]| {
+                std::process::Command::new("ip")
+                    .args(args)
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            assert!(ip(&[
+                "link", "add", "vt0", "type", "veth", "peer", "name", "vt1"
+            ]));
+            let lo = netdev::veth_peer(netdev::ifindex("lo").unwrap()).unwrap();
+            let peer = netdev::veth_peer(netdev::ifindex("vt0").unwrap()).unwrap();
+            let w = veth_warnings(&["vt0".into(), "lo".into()], XdpMode::Driver);
+            // The peer moved to another namespace (a process's of its
+            // own): found there, by the namespace's id.
+            let mut other = std::process::Command::new("unshare")
+                .args(["--net", "sleep", "30"])
+                .spawn()
+                .unwrap();
+            let pid = other.id().to_string();
+            let mut away = None;
+            for _ in 0..100 {
+                if ip(&["link", "set", "vt1", "netns", &pid]) {
+                    away = netdev::veth_peer(netdev::ifindex("vt0").unwrap()).unwrap();
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = other.kill();
+            let _ = other.wait();
+            Some((lo, peer, w, away))
+        })
+        .join()
+        .unwrap();
+        let Some((lo, peer, w, away)) = found else {
+            return;
+        };
+        assert_eq!(lo, None);
+        let peer = peer.unwrap();
+        assert_eq!(
+            (peer.name.as_deref(), peer.netns_id, peer.xdp, peer.known),
+            (Some("vt1"), None, None, true)
+        );
+        assert!(
+            w.len() == 1 && w[0].contains("vt0") && w[0].contains("vt1"),
+            "{w:?}"
+        );
+        let away = away.unwrap();
+        assert_eq!(
+            (away.name.as_deref(), away.netns_id.is_some(), away.known),
+            (Some("vt1"), true, true),
+            "{away:?}"
+        );
+    }
 
     #[test]
     fn socket_path_holding_a_file_is_refused_and_kept() {

@@ -237,6 +237,9 @@ pub async fn run(cfg: DaemonConfig) -> anyhow::Result<()> {
     for w in preflight::forwarding_warnings() {
         tracing::warn!("{w}");
     }
+    for w in preflight::veth_warnings(&cfg.interfaces, cfg.mode) {
+        tracing::warn!("{w}");
+    }
     // --- Refusals, reading only.
     let prepared = refusals(&cfg).await?;
 
@@ -827,8 +830,11 @@ struct Prepared {
 /// The first refusal, with what to do about it.
 async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Prepared> {
     preflight::check_privileges()?;
-    let state = read_state(&cfg.state_file)?;
-    if let Some(s) = &state {
+    let mut state = read_state(&cfg.state_file)?;
+    if let Some(s) = &mut state {
+        // What an earlier build accepted and this one refuses is dropped
+        // (logged when the state is restored), not a refusal to start.
+        s.state.upgrade();
         s.state.validate().context("checking the state file")?;
     }
     preflight::check_state_file(&cfg.state_file)?;

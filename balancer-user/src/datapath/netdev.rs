@@ -193,15 +193,132 @@ pub struct XdpAttached {
 /// # Errors
 /// Netlink failure, or no such interface.
 pub fn xdp_attached(ifindex: u32) -> Result<Option<XdpAttached>> {
+    let link = get_link(ifindex, None, || {
+        format!("asking the kernel which XDP program interface {ifindex} carries")
+    })?;
+    Ok(xdp_of(&link))
+}
+
+/// The other end of a veth, as the kernel reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VethPeer {
+    /// Its index (in its own network namespace).
+    pub ifindex: u32,
+    /// Its name, when the kernel told it.
+    pub name: Option<String>,
+    /// The id, in this network namespace, of the namespace it is in, when
+    /// that is another.
+    pub netns_id: Option<i32>,
+    /// The XDP program it runs, if any; `None` also when it could not be
+    /// asked (see `known`).
+    pub xdp: Option<XdpAttached>,
+    /// `false` when its own attributes could not be read (its namespace
+    /// out of reach): then nothing is known of its program.
+    pub known: bool,
+}
+
+/// The peer of interface `ifindex` when it is a veth (`None` for any
+/// other kind), with the XDP program the peer runs: asked of the peer's
+/// own namespace when it is in another (`IFLA_TARGET_NETNSID`).
+///
+/// # Errors
+/// Netlink failure on the interface itself.
+pub fn veth_peer(ifindex: u32) -> Result<Option<VethPeer>> {
+    use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
+    let what = || format!("asking the kernel what interface {ifindex} is");
+    let link = get_link(ifindex, None, what)?;
+    let mut veth = false;
+    let mut peer = None;
+    let mut netns_id = None;
+    for a in &link.attributes {
+        match a {
+            LinkAttribute::LinkInfo(infos) => {
+                veth |= infos
+                    .iter()
+                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth)));
+            }
+            LinkAttribute::Link(i) => peer = Some(*i),
+            LinkAttribute::LinkNetNsId(n) => netns_id = Some(*n),
+            _ => {}
+        }
+    }
+    let (true, Some(peer)) = (veth, peer) else {
+        return Ok(None);
+    };
+    let other = get_link(peer, netns_id, || {
+        format!("asking the kernel about the veth peer of interface {ifindex}")
+    });
+    Ok(Some(match other {
+        Ok(p) => VethPeer {
+            ifindex: peer,
+            name: p.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfName(n) => Some(n.clone()),
+                _ => None,
+            }),
+            netns_id,
+            xdp: xdp_of(&p),
+            known: true,
+        },
+        Err(e) => {
+            tracing::debug!("{e}");
+            VethPeer {
+                ifindex: peer,
+                name: None,
+                netns_id,
+                xdp: None,
+                known: false,
+            }
+        }
+    }))
+}
+
+/// The XDP program a link's attributes name, if any.
+fn xdp_of(link: &netlink_packet_route::link::LinkMessage) -> Option<XdpAttached> {
+    use netlink_packet_route::link::{LinkAttribute, LinkXdp, XdpAttached as Kind};
+    let mut mode = None;
+    let mut program_id = 0;
+    for attr in &link.attributes {
+        let LinkAttribute::Xdp(xdp) = attr else {
+            continue;
+        };
+        for x in xdp {
+            match x {
+                LinkXdp::Attached(Kind::Driver) => mode = Some(XdpAttachMode::Native),
+                LinkXdp::Attached(Kind::SocketBuffer) => mode = Some(XdpAttachMode::Generic),
+                LinkXdp::Attached(Kind::Hardware) => mode = Some(XdpAttachMode::Offload),
+                LinkXdp::Attached(Kind::Multiple) => mode = Some(XdpAttachMode::Multiple),
+                LinkXdp::ProgId(id) => program_id = *id,
+                // With several programs only the per-mode ids are given;
+                // name the first.
+                LinkXdp::DrvProgId(id) | LinkXdp::SkbProgId(id) | LinkXdp::HwProgId(id)
+                    if program_id == 0 =>
+                {
+                    program_id = *id
+                }
+                _ => {}
+            }
+        }
+    }
+    mode.map(|mode| XdpAttached { program_id, mode })
+}
+
+/// The attributes of interface `ifindex` (one `RTM_GETLINK` request),
+/// in the network namespace of id `netns_id` when given
+/// (`IFLA_TARGET_NETNSID`); `what` names the question in an error.
+fn get_link(
+    ifindex: u32,
+    netns_id: Option<i32>,
+    what: impl Fn() -> String,
+) -> Result<netlink_packet_route::link::LinkMessage> {
     use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
     use netlink_packet_route::{
-        link::{LinkAttribute, LinkMessage, LinkXdp, XdpAttached as Kind},
+        link::{LinkAttribute, LinkMessage},
         RouteNetlinkMessage,
     };
     use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
     let io = |source| BalancerError::Io {
-        action: format!("asking the kernel which XDP program interface {ifindex} carries"),
+        action: what(),
         source,
     };
     let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
@@ -209,6 +326,9 @@ pub fn xdp_attached(ifindex: u32) -> Result<Option<XdpAttached>> {
     socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
     let mut msg = LinkMessage::default();
     msg.header.index = ifindex;
+    if let Some(n) = netns_id {
+        msg.attributes.push(LinkAttribute::IfNetnsId(n));
+    }
     let mut packet = NetlinkMessage::new(
         NetlinkHeader::default(),
         NetlinkPayload::from(RouteNetlinkMessage::GetLink(msg)),
@@ -228,44 +348,17 @@ pub fn xdp_attached(ifindex: u32) -> Result<Option<XdpAttached>> {
                 e.to_string(),
             ))
         })?;
-    let link = match reply.payload {
-        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => link,
+    match reply.payload {
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => Ok(link),
         NetlinkPayload::Error(e) => {
             let code = e.code.map_or(0, |c| -c.get());
-            return Err(io(std::io::Error::from_raw_os_error(code)));
+            Err(io(std::io::Error::from_raw_os_error(code)))
         }
-        other => {
-            return Err(io(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("unexpected answer {other:?}"),
-            )))
-        }
-    };
-    let mut mode = None;
-    let mut program_id = 0;
-    for attr in link.attributes {
-        let LinkAttribute::Xdp(xdp) = attr else {
-            continue;
-        };
-        for x in xdp {
-            match x {
-                LinkXdp::Attached(Kind::Driver) => mode = Some(XdpAttachMode::Native),
-                LinkXdp::Attached(Kind::SocketBuffer) => mode = Some(XdpAttachMode::Generic),
-                LinkXdp::Attached(Kind::Hardware) => mode = Some(XdpAttachMode::Offload),
-                LinkXdp::Attached(Kind::Multiple) => mode = Some(XdpAttachMode::Multiple),
-                LinkXdp::ProgId(id) => program_id = id,
-                // With several programs only the per-mode ids are given;
-                // name the first.
-                LinkXdp::DrvProgId(id) | LinkXdp::SkbProgId(id) | LinkXdp::HwProgId(id)
-                    if program_id == 0 =>
-                {
-                    program_id = id
-                }
-                _ => {}
-            }
-        }
+        other => Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("unexpected answer {other:?}"),
+        ))),
     }
-    Ok(mode.map(|mode| XdpAttached { program_id, mode }))
 }
 
 /// The neighbour-table entry of `addr` (ARP for IPv4, neighbour discovery

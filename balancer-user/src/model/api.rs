@@ -14,7 +14,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 pub use crate::model::state::BackendState;
-use crate::model::state::{ForwardingMode, HealthCheck, VipSettings};
+use crate::model::state::{BackendHealth, ForwardingMode, HealthCheck, Setting, VipSettings};
 
 /// How many flows `Flows` returns at most, whatever the request asks.
 pub const MAX_FLOWS_LISTED: usize = 10_000;
@@ -23,19 +23,137 @@ pub const MAX_FLOWS_LISTED: usize = 10_000;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthSetting {
-    /// No active check (a backend: use the VIP's).
+    /// No active check (a backend: none of its own and not the VIP's).
     Off,
+    /// A backend: the VIP's check again (refused for a VIP).
+    Vip,
     /// This check.
     Check(HealthCheck),
+    /// The current check with these parameters changed, the others kept
+    /// (a backend's: its own check, else its VIP's, which becomes its
+    /// own). Refused where there is no check to change.
+    Change(HealthChange),
+}
+
+/// Some parameters of a check, the others left as they are (`vip set
+/// --health-fall 5`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthChange {
+    /// Port to check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Time between checks.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub interval: Option<Duration>,
+    /// Time a check may take.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub timeout: Option<Duration>,
+    /// Passes in a row that make an unhealthy backend healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rise: Option<u32>,
+    /// Failures in a row that make a healthy backend unhealthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fall: Option<u32>,
+}
+
+impl HealthChange {
+    /// `h` with these parameters.
+    pub fn applied_to(&self, h: &HealthCheck) -> HealthCheck {
+        HealthCheck {
+            kind: h.kind.clone(),
+            port: self.port.or(h.port),
+            interval: self.interval.unwrap_or(h.interval),
+            timeout: self.timeout.unwrap_or(h.timeout),
+            rise: self.rise.unwrap_or(h.rise),
+            fall: self.fall.unwrap_or(h.fall),
+        }
+    }
+
+    /// The keys it changes, in the check's order.
+    pub fn keys(&self) -> Vec<&'static str> {
+        [
+            ("port", self.port.is_some()),
+            ("interval", self.interval.is_some()),
+            ("timeout", self.timeout.is_some()),
+            ("rise", self.rise.is_some()),
+            ("fall", self.fall.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, given)| given.then_some(k))
+        .collect()
+    }
+
+    /// The refusal of this change where there is no check to change:
+    /// `what` says why.
+    fn nothing_to_change(&self, what: &str) -> crate::model::error::BalancerError {
+        use crate::model::error::{BalancerError, Reason};
+        let field = match self.keys().first() {
+            Some(k) => Setting::Health.inner(k),
+            None => Setting::Health.field(),
+        };
+        BalancerError::refused(
+            field,
+            Reason::requires(
+                Setting::Health.name(),
+                format!(
+                    "{what}: there is no check whose parameters to change; give the check \
+                     with them (--health tcp|path|http:/PATH)"
+                ),
+            ),
+        )
+    }
 }
 
 impl HealthSetting {
-    /// As an optional check.
-    pub fn into_option(self) -> Option<HealthCheck> {
+    /// A VIP's check after this change of `current`. `Vip`, and a
+    /// `Change` of no check, keep it: [`VipPatch::apply_checked`] refuses
+    /// them first.
+    pub fn for_vip(&self, current: &Option<HealthCheck>) -> Option<HealthCheck> {
         match self {
             HealthSetting::Off => None,
-            HealthSetting::Check(h) => Some(h),
+            HealthSetting::Vip => current.clone(),
+            HealthSetting::Check(h) => Some(h.clone()),
+            HealthSetting::Change(c) => current.as_ref().map(|h| c.applied_to(h)),
         }
+    }
+
+    /// A backend's check after this change of `current`, its VIP's check
+    /// being `vip`.
+    ///
+    /// # Errors
+    /// [`crate::model::error::BalancerError::Refused`] of a `Change` where
+    /// no check applies (the backend's are off, or its VIP has none).
+    pub fn for_backend(
+        &self,
+        current: &BackendHealth,
+        vip: Option<&HealthCheck>,
+    ) -> crate::model::error::Result<BackendHealth> {
+        Ok(match self {
+            HealthSetting::Off => BackendHealth::Off,
+            HealthSetting::Vip => BackendHealth::Vip,
+            HealthSetting::Check(h) => BackendHealth::Check(h.clone()),
+            HealthSetting::Change(c) => match current.effective(vip) {
+                Some(h) => BackendHealth::Check(c.applied_to(h)),
+                None => {
+                    return Err(c.nothing_to_change(if current == &BackendHealth::Off {
+                        "the backend's checks are off"
+                    } else {
+                        "the backend takes its VIP's check, and the VIP has none"
+                    }))
+                }
+            },
+        })
     }
 }
 
@@ -48,13 +166,51 @@ vip_settings!(balancer_macros::settings_patch {
     }
 });
 
+impl VipPatch {
+    /// `settings` with this patch applied ([`VipPatch::apply`]), refusing
+    /// what a VIP's change cannot mean: `health: "vip"` (a backend's word
+    /// for its VIP's check), and a change of the check's parameters while
+    /// it has none. A change of mode to one that does not encapsulate
+    /// drops the outer source (`encap_source`) unless it gives one.
+    ///
+    /// # Errors
+    /// [`crate::model::error::BalancerError::Refused`] naming the setting;
+    /// nothing is changed.
+    pub fn apply_checked(
+        &self,
+        settings: &VipSettings,
+    ) -> crate::model::error::Result<VipSettings> {
+        use crate::model::error::{BalancerError, Reason};
+        if let Some(HealthSetting::Vip) = &self.health {
+            return Err(BalancerError::refused(
+                Setting::Health.field(),
+                Reason::malformed(
+                    "\"vip\"",
+                    "a VIP's check: a check, or \"off\" (\"vip\" gives a backend its VIP's \
+                     check back)",
+                ),
+            ));
+        }
+        if let (Some(HealthSetting::Change(c)), None) = (&self.health, &settings.health) {
+            return Err(c.nothing_to_change("the VIP's checks are off (--health off)"));
+        }
+        let mut s = self.apply(settings);
+        // A change to a mode that sends no tunnel drops the outer source
+        // it no longer uses (one given with it is refused by validation).
+        if self.mode.is_some() && self.encap_source.is_none() && !s.mode.encapsulates() {
+            s.encap_source = None;
+        }
+        Ok(s)
+    }
+}
+
 /// Changes to a backend: fields left `None` keep their value.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct BackendPatch {
     /// Weight, 1..=1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
-    /// Its own health check (`Off`: the VIP's).
+    /// Its health check: `"vip"` the VIP's, `"off"` none, or its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthSetting>,
     /// Its zone (`""`: none).
@@ -688,6 +844,11 @@ pub struct BackendView {
     pub effective_weight: f64,
     /// Health.
     pub health: HealthView,
+    /// Its health check, as set for it: its VIP's (left out), `"off"`,
+    /// or a check of its own.
+    #[serde(default, skip_serializing_if = "BackendHealth::is_vip")]
+    #[schema(value_type = Option<crate::model::state::BackendHealthValue>)]
+    pub own_check: BackendHealth,
     /// Connections it holds now through this VIP.
     pub active_connections: u64,
     /// Connections its server holds now through every VIP (what choices

@@ -15,8 +15,8 @@ use crate::model::{
     error::{BalancerError, Field, Reason, Result},
     state::{
         check_backend_for, check_backend_not_host, check_backend_not_vip, check_endpoint,
-        check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, BackendState,
-        HealthCheck, Setting, State, Timeouts, VipConfig, VipSettings,
+        check_vip_not_backend, check_vip_not_host, check_weight, BackendConfig, BackendHealth,
+        BackendState, Setting, State, Timeouts, VipConfig, VipSettings,
     },
 };
 
@@ -35,14 +35,9 @@ pub enum Command {
     RemoveBackend(SocketAddr, SocketAddr),
     /// Backends come, with one weight and zone: all of them or none.
     AddBackends(SocketAddr, Vec<SocketAddr>, u32, Option<String>),
-    /// A backend's weight, own health check and zone change.
-    SetBackend(
-        SocketAddr,
-        SocketAddr,
-        u32,
-        Option<HealthCheck>,
-        Option<String>,
-    ),
+    /// A backend's weight, health check (the VIP's, none or its own) and
+    /// zone change.
+    SetBackend(SocketAddr, SocketAddr, u32, BackendHealth, Option<String>),
     /// A backend is drained (`true`) or put back into service.
     Drain(SocketAddr, SocketAddr, bool),
     /// This balancer is drained from the cluster (`true`: every VIP
@@ -60,6 +55,21 @@ impl Command {
             }
             Command::SetBackend(v, b, ..) => e.in_backend(*b).in_vip(*v),
             _ => e,
+        }
+    }
+
+    /// The VIP and the backend this change is about, as far as it is
+    /// about one (backends added together name none of them).
+    pub fn target(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        match self {
+            Command::Timeouts(_) | Command::ClusterDrain(_) => (None, None),
+            Command::RemoveVip(v) | Command::AddVip(v, _) | Command::SetVip(v, _) => {
+                (Some(*v), None)
+            }
+            Command::AddBackends(v, bs, ..) => (Some(*v), (bs.len() == 1).then(|| bs[0])),
+            Command::RemoveBackend(v, b)
+            | Command::SetBackend(v, b, ..)
+            | Command::Drain(v, b, _) => (Some(*v), Some(*b)),
         }
     }
 
@@ -102,10 +112,10 @@ impl Command {
             ),
             Command::SetBackend(v, b, w, h, z) => format!(
                 "~ backend {b} of {v} weight {w}{}{}",
-                if h.is_some() {
-                    ", own health check"
-                } else {
-                    ""
+                match h {
+                    BackendHealth::Vip => "",
+                    BackendHealth::Off => ", health checks off",
+                    BackendHealth::Check(_) => ", own health check",
                 },
                 zone_words(z)
             ),
@@ -397,7 +407,7 @@ impl State {
                         slot: *slot,
                         generation,
                         weight: *w,
-                        health: None,
+                        health: BackendHealth::Vip,
                         zone: z.clone(),
                     });
                 }
@@ -408,7 +418,7 @@ impl State {
                 if let Some(z) = z {
                     crate::model::state::check_zone(z)?;
                 }
-                if let Some(h) = h {
+                if let Some(h) = h.own() {
                     h.validate()?;
                     crate::model::state::check_path_mode(h, self.vip(v)?.settings.mode)?;
                 }
@@ -811,7 +821,10 @@ mod tests {
             Err(BalancerError::UnknownBackend { .. })
         ));
         assert!(copy
-            .apply(&Command::SetBackend(vip, bs[0], 0, None, None), &rules)
+            .apply(
+                &Command::SetBackend(vip, bs[0], 0, BackendHealth::Vip, None),
+                &rules
+            )
             .is_err());
         // A backend on an address of the host is a loop.
         let host = Rules {
@@ -825,8 +838,11 @@ mod tests {
             )
             .is_err());
         // Changes are made to the state itself.
-        st.apply(&Command::SetBackend(vip, bs[0], 5, None, None), &rules)
-            .unwrap();
+        st.apply(
+            &Command::SetBackend(vip, bs[0], 5, BackendHealth::Vip, None),
+            &rules,
+        )
+        .unwrap();
         st.apply(&Command::Drain(vip, bs[1], true), &rules).unwrap();
         st.apply(&Command::RemoveBackend(vip, bs[0]), &rules)
             .unwrap();

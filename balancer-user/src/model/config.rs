@@ -37,8 +37,8 @@ use crate::model::{
     command::Command,
     error::{BalancerError, ConfigError, Field, Reason, Refusal, Result},
     state::{
-        check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendState,
-        HealthCheck, State, Timeouts, VipSettings,
+        check_backend_for, check_backend_not_vip, check_endpoint, check_weight, BackendHealth,
+        BackendState, State, Timeouts, VipSettings,
     },
 };
 
@@ -204,9 +204,11 @@ pub struct BackendEntry {
     /// Drained: no new flows; its flows continue.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub drained: bool,
-    /// A health check of its own instead of the VIP's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub health: Option<HealthCheck>,
+    /// Its health check: left out (or `"vip"`) for the VIP's, `"off"`
+    /// for none, or a check's table of its own instead of the VIP's.
+    #[serde(default, skip_serializing_if = "BackendHealth::is_vip")]
+    #[schema(value_type = Option<crate::model::state::BackendHealthValue>)]
+    pub health: BackendHealth,
     /// Its zone (for a VIP's `prefer_zone_below`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
@@ -262,7 +264,7 @@ pub fn check_config(c: &Config) -> Result<()> {
             let here = |e: BalancerError| e.in_backend(b.address).in_vip(v.address);
             check_backend_for(v.address, &s, b.address).map_err(here)?;
             check_weight(b.weight).map_err(here)?;
-            if let Some(h) = &b.health {
+            if let Some(h) = b.health.own() {
                 h.validate().map_err(here)?;
             }
             if let Some(z) = &b.zone {
@@ -350,6 +352,29 @@ pub fn locate_path(
         path = rest;
     }
     line_column(text, span?.start)
+}
+
+/// The first VIP of the configuration `text` that lists backend
+/// `backend` (a refusal that names a backend but not its VIP).
+pub fn vip_of_backend(text: &str, backend: SocketAddr) -> Option<SocketAddr> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let addr = |t: &toml_edit::Table| {
+        t.get("address")
+            .and_then(|a| a.as_str())
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+    };
+    let found = doc.get("vip")?.as_array_of_tables()?.iter().find_map(|v| {
+        let listed = v
+            .get("backend")
+            .and_then(|b| b.as_array_of_tables())
+            .is_some_and(|bs| bs.iter().any(|b| addr(b) == Some(backend)));
+        if listed {
+            addr(v)
+        } else {
+            None
+        }
+    });
+    found
 }
 
 /// The line and column (from 1, the column in characters) of byte
@@ -599,7 +624,7 @@ fn backend_changes(
                     b.weight,
                     b.zone.clone(),
                 ));
-                if b.health.is_some() {
+                if !b.health.is_vip() {
                     out.push(Command::SetBackend(
                         vip,
                         b.address,
@@ -831,7 +856,12 @@ fn merge_backends(
                 }
                 if health != db.health {
                     kept.push(format!(
-                        "= backend {a} of {vip}: own health check set at runtime, kept"
+                        "= backend {a} of {vip}: {} set at runtime, kept",
+                        match health {
+                            BackendHealth::Vip => "the VIP's health check",
+                            BackendHealth::Off => "health checks off",
+                            BackendHealth::Check(_) => "own health check",
+                        }
                     ));
                 }
                 let zone = if z_changed {
@@ -872,7 +902,7 @@ fn merge_backends(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::error::ConfigError;
+    use crate::model::{error::ConfigError, state::HealthCheck};
 
     /// Two VIPs, each with a health table and a backend; `bad` replaces
     /// one line (by its text) of the first or second VIP.
@@ -1147,7 +1177,7 @@ address = "[2001:db8:2::10]:443"
             address: "10.0.2.20:80".parse().unwrap(),
             weight: 1,
             drained: false,
-            health: None,
+            health: BackendHealth::Vip,
             zone: None,
         }];
         let kinds: Vec<&str> = plan(&a, &b)
@@ -1260,7 +1290,7 @@ address = "[2001:db8:2::10]:443"
             address: "10.0.2.12:8080".parse().unwrap(),
             weight: 1,
             drained: false,
-            health: None,
+            health: BackendHealth::Vip,
             zone: None,
         });
         b.vips.remove(1);
@@ -1321,7 +1351,7 @@ address = "[2001:db8:2::10]:443"
             address: "10.0.2.99:8080".parse().unwrap(),
             weight: 1,
             drained: true,
-            health: None,
+            health: BackendHealth::Vip,
             zone: None,
         };
         running.vips[0].backends.push(b.clone());
@@ -1364,7 +1394,7 @@ address = "[2001:db8:2::10]:443"
             address: "10.0.2.99:8080".parse().unwrap(),
             weight: 1,
             drained: false,
-            health: None,
+            health: BackendHealth::Vip,
             zone: None,
         });
         running.vips[1].backends.clear();

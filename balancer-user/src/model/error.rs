@@ -288,6 +288,15 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The VIP and the backend a change is about, as far as it is about one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    /// The VIP.
+    pub vip: Option<SocketAddr>,
+    /// The backend of the VIP.
+    pub backend: Option<SocketAddr>,
+}
+
 /// Everything a balancer operation can refuse or fail with. Refusals (bad
 /// input, unknown names, full tables) leave the balancer unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -345,6 +354,9 @@ pub enum BalancerError {
         count: usize,
         /// The change, as `apply` lists it.
         change: String,
+        /// The VIP and backend the change is about (boxed: the error stays
+        /// small).
+        target: Box<Target>,
         /// Why it was refused.
         #[source]
         source: Box<BalancerError>,
@@ -428,6 +440,19 @@ impl BalancerError {
             BalancerError::Config(c) => Some(&c.refusal),
             BalancerError::Apply { source, .. } => source.refusal(),
             _ => None,
+        }
+    }
+
+    /// The VIP and backend this error is about: its refusal's, else (a
+    /// configuration's change refused for another reason: a full table)
+    /// its change's.
+    pub fn place(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        match (self.refusal(), self) {
+            (Some(r), _) if r.field.vip.is_some() || r.field.backend.is_some() => {
+                (r.field.vip, r.field.backend)
+            }
+            (_, BalancerError::Apply { target, .. }) => (target.vip, target.backend),
+            _ => (None, None),
         }
     }
 

@@ -26,3 +26,6 @@ pub mod prefix;
 pub mod project;
 pub mod retired;
 pub mod state;
+
+#[cfg(test)]
+mod edge_tests;

@@ -199,14 +199,11 @@ macro_rules! vip_settings {
                 }
                 patch {
                     /// Active health check.
-                    Option<$crate::model::api::HealthSetting> => |h| h.clone().into_option()
+                    Option<$crate::model::api::HealthSetting> => |h, old| h.for_vip(old)
                 }
                 cli {
                     #[command(flatten)]
-                    HealthArgs => |a| a.health.check().map(|c| match c {
-                        None => $crate::model::api::HealthSetting::Off,
-                        Some(c) => $crate::model::api::HealthSetting::Check(c),
-                    })
+                    HealthArgs => |a| a.health.setting()
                 }
 
                 /// What new connections do when no backend is healthy.
@@ -834,10 +831,12 @@ impl VipSettings {
             if m > max {
                 return Err(Refusal::new(
                     Setting::PersistenceNetmask.field(),
-                    Reason::above(m, max),
+                    Reason::range(m, 1, max),
                 )
                 .hint(format!(
-                    "an {} address is {max} bits long",
+                    "a prefix length of the VIP's clients, {} addresses of {max} bits \
+                     (--persistence-netmask takes 1..=32 for an IPv4 VIP, 1..=128 for an IPv6 \
+                     one)",
                     family(&vip.ip())
                 ))
                 .into());
@@ -952,7 +951,8 @@ impl VipSettings {
 
 impl VipSettings {
     /// Forwarding: the tunnel modes need a unicast outer source (not an
-    /// IPv4-mapped one); GUE's port is not 0.
+    /// IPv4-mapped one), and the other modes take none; GUE's port is not
+    /// 0.
     ///
     /// # Errors
     /// [`BalancerError::Refused`] naming the setting.
@@ -968,6 +968,20 @@ impl VipSettings {
                              encapsulated packets (an address of this host the backends can \
                              reach)",
                             self.mode.name()
+                        ),
+                    ),
+                )
+            }
+            (m, Some(a)) if !m.encapsulates() => {
+                return refuse(
+                    Setting::EncapSource,
+                    Reason::conflicts(
+                        Setting::Mode.name(),
+                        format!(
+                            "an outer source address is for the encapsulating modes (ipip or \
+                             gue); a {} VIP sends its backends no tunnel, so {a} would mean \
+                             nothing: leave it out",
+                            m.name()
                         ),
                     ),
                 )

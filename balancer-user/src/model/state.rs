@@ -161,6 +161,110 @@ impl HealthCheck {
     }
 }
 
+/// A backend's health check: the VIP's (the default), none, or one of its
+/// own. In the state file and the configuration file a backend's
+/// `health` is left out (or `null`, or `"vip"`) for the VIP's check,
+/// `"off"` for none, or a check's table; files of builds before `"off"`
+/// (which could only leave it out or give a table) read as they did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum BackendHealth {
+    /// The VIP's check, whatever it is (none when the VIP has none).
+    #[default]
+    Vip,
+    /// No active check for this backend, whatever the VIP's.
+    Off,
+    /// A check of its own instead of the VIP's.
+    Check(HealthCheck),
+}
+
+impl BackendHealth {
+    /// `true` for the VIP's check (left out of the files).
+    pub fn is_vip(&self) -> bool {
+        matches!(self, BackendHealth::Vip)
+    }
+
+    /// Its own check, if it has one.
+    pub fn own(&self) -> Option<&HealthCheck> {
+        match self {
+            BackendHealth::Check(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The check that applies, given the VIP's.
+    pub fn effective<'a>(&'a self, vip: Option<&'a HealthCheck>) -> Option<&'a HealthCheck> {
+        match self {
+            BackendHealth::Vip => vip,
+            BackendHealth::Off => None,
+            BackendHealth::Check(h) => Some(h),
+        }
+    }
+}
+
+impl Serialize for BackendHealth {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            BackendHealth::Vip => s.serialize_str("vip"),
+            BackendHealth::Off => s.serialize_str("off"),
+            BackendHealth::Check(h) => h.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BackendHealth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de;
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = BackendHealth;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a health check table, \"vip\" (the VIP's check) or \"off\"")
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+                Ok(BackendHealth::Vip)
+            }
+            fn visit_none<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+                Ok(BackendHealth::Vip)
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> std::result::Result<Self::Value, D::Error> {
+                d.deserialize_any(Visitor)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
+                match v {
+                    "vip" => Ok(BackendHealth::Vip),
+                    "off" => Ok(BackendHealth::Off),
+                    // As `--health tcp`: a TCP check with every default.
+                    "tcp" => Ok(BackendHealth::Check(HealthCheck::default())),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                // The table's own errors (an unknown key) keep their words.
+                HealthCheck::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(BackendHealth::Check)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// The JSON (and TOML) form of a backend's `health`, for the API's
+/// description: a check's table, or `"vip"` (the VIP's check) or `"off"`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum BackendHealthValue {
+    /// A check of its own.
+    Check(HealthCheck),
+    /// `"vip"`: the VIP's check; `"off"`: none.
+    Word(String),
+}
+
 /// What new connections to a VIP with no healthy backend do.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -482,9 +586,9 @@ pub struct BackendConfig {
     /// backends).
     #[serde(default = "default_weight")]
     pub weight: u32,
-    /// A health check of its own instead of the VIP's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub health: Option<HealthCheck>,
+    /// Its health check: the VIP's (left out), none, or its own.
+    #[serde(default, skip_serializing_if = "BackendHealth::is_vip")]
+    pub health: BackendHealth,
     /// Its zone (a failure domain, a rack, a site: [`check_zone`]), for
     /// the VIP's locality preference (`VipSettings::prefer_zone_below`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -532,10 +636,10 @@ pub struct VipConfig {
 }
 
 impl VipConfig {
-    /// The health check that applies to backend `b`: its own, else the
-    /// VIP's.
+    /// The health check that applies to backend `b`: its own, none when
+    /// its checks are off, else the VIP's.
     pub fn check_for<'a>(&'a self, b: &'a BackendConfig) -> Option<&'a HealthCheck> {
-        b.health.as_ref().or(self.settings.health.as_ref())
+        b.health.effective(self.settings.health.as_ref())
     }
 }
 
@@ -588,6 +692,37 @@ impl BackendUse {
 }
 
 impl State {
+    /// What a state file of an earlier build holds that this build
+    /// refuses, dropped: the source rates of direct-return VIPs
+    /// ([`State::drop_direct_return_rates`]) and the outer sources of VIPs
+    /// that do not encapsulate ([`State::drop_stray_encap_sources`]).
+    /// Returns one line per VIP changed, for the log.
+    pub fn upgrade(&mut self) -> Vec<String> {
+        let mut out = self.drop_direct_return_rates();
+        out.extend(self.drop_stray_encap_sources());
+        out
+    }
+
+    /// Drops the outer source (`encap_source`) of every VIP whose mode
+    /// does not encapsulate (accepted, and ignored, by builds before
+    /// `VipSettings::validate_forwarding` refused it); returns one line per
+    /// VIP changed, for the log.
+    pub fn drop_stray_encap_sources(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        for v in self.vips.values_mut() {
+            if let (Some(a), false) = (v.settings.encap_source, v.settings.mode.encapsulates()) {
+                out.push(format!(
+                    "VIP {}: its outer source address {a} is dropped: a {} VIP sends no tunnel \
+                     (only ipip and gue take --encap-source)",
+                    v.addr,
+                    v.settings.mode.name()
+                ));
+                v.settings.encap_source = None;
+            }
+        }
+        out
+    }
+
     /// Drops the source rate of every direct-return VIP (accepted by
     /// builds before `VipSettings::validate_limits` refused it: a
     /// direct-return VIP never sees its backends' answers, so nothing
@@ -678,7 +813,7 @@ impl State {
             let mut seen = BTreeSet::new();
             for b in &v.backends {
                 let here = |e: BalancerError| e.in_backend(b.addr).in_vip(*addr);
-                if let Some(h) = &b.health {
+                if let Some(h) = b.health.own() {
                     check_path_mode(h, v.settings.mode).map_err(here)?;
                 }
                 check_backend_for(v.addr, &v.settings, b.addr).map_err(here)?;
@@ -706,7 +841,7 @@ impl State {
                     );
                 }
                 check_weight(b.weight).map_err(here)?;
-                if let Some(h) = &b.health {
+                if let Some(h) = b.health.own() {
                     h.validate().map_err(here)?;
                 }
             }
@@ -1533,7 +1668,7 @@ mod tests {
                     slot: *slot,
                     generation: 1,
                     weight: 1,
-                    health: None,
+                    health: BackendHealth::Vip,
                     zone: None,
                 })
                 .collect(),

@@ -144,9 +144,26 @@ pub fn handle(lb: &mut Balancer, req: Request, store: &mut StateFile) -> Respons
             if let Some(w) = &what {
                 tracing::info!("control: refused: {w}{}: {}", caller(), error_chain(&e));
             }
-            Response::refused(status_of(&e), error_chain(&e), e.refusal())
+            error_response(&e)
         }
     }
+}
+
+/// The answer to a refused or failed request: the message, and the
+/// refusal's place and reason as data, the place being the change's when
+/// the refusal names none ([`BalancerError::place`]: a configuration's
+/// change refused for a full table names its VIP and backend, so that
+/// `apply` can name the file's line).
+pub fn error_response(e: &BalancerError) -> Response {
+    let mut r = Response::refused(status_of(e), error_chain(e), e.refusal());
+    if let Response::Error { vip, backend, .. } = &mut r {
+        if vip.is_none() && backend.is_none() {
+            let (v, b) = e.place();
+            *vip = v.map(|v| v.to_string());
+            *backend = b.map(|b| b.to_string());
+        }
+    }
+    r
 }
 
 /// What `req` answers: its command carried out (`command`,
@@ -424,5 +441,54 @@ fn describe(r: &Request) -> String {
         }
         Request::ClusterDrain { drained: false } => "cluster undrain".into(),
         other => req_name(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration's change refused for a full table (no refusal of
+    /// a value, so no field of its own) is answered with its change's VIP
+    /// and backend, for `apply` to name the file's line.
+    #[test]
+    fn a_change_refused_for_a_full_table_names_its_vip_and_backend() {
+        let (v, b) = ("10.0.0.11:80", "10.0.2.10:80");
+        let e = BalancerError::Apply {
+            index: 2,
+            count: 4,
+            change: format!("+ backend {b} of {v}"),
+            target: Box::new(crate::model::error::Target {
+                vip: Some(v.parse().unwrap()),
+                backend: Some(b.parse().unwrap()),
+            }),
+            source: Box::new(BalancerError::Full {
+                what: "list of VIPs one backend address serves",
+                capacity: 4,
+            }),
+        };
+        let Response::Error {
+            vip,
+            backend,
+            status,
+            message,
+            ..
+        } = error_response(&e)
+        else {
+            panic!("not an error")
+        };
+        assert_eq!(
+            (vip.as_deref(), backend.as_deref(), status),
+            (Some(v), Some(b), 400)
+        );
+        assert!(message.contains("is full (4 entries)"), "{message}");
+        // An error of no change names nothing.
+        let Response::Error { vip, backend, .. } = error_response(&BalancerError::Full {
+            what: "VIP table",
+            capacity: 128,
+        }) else {
+            panic!("not an error")
+        };
+        assert_eq!((vip, backend), (None, None));
     }
 }

@@ -265,23 +265,186 @@ fn parse_addr(s: &str) -> Result<SocketAddr, Response> {
 /// Reads a JSON body into `T`, refusing any field `T` does not have (at
 /// any depth: a misspelt `dry_run` must not apply a change meant as a
 /// dry run, a misspelt setting must not be dropped).
-fn parse_body<T: serde::de::DeserializeOwned>(b: &Bytes) -> Result<T, Response> {
-    let mut unknown = Vec::new();
+fn parse_body<T: serde::de::DeserializeOwned + ToSchema>(b: &Bytes) -> Result<T, Response> {
+    let mut unknown: Vec<Vec<Segment>> = Vec::new();
+    let mut track = serde_path_to_error::Track::new();
     let mut de = serde_json::Deserializer::from_slice(b);
-    let v: T = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
-        .and_then(|v| de.end().map(|()| v))
-        .map_err(|e| Response::error(400, format!("bad request body: {e}")))?;
+    let v: Result<T, _> = serde_ignored::deserialize(
+        serde_path_to_error::Deserializer::new(&mut de, &mut track),
+        |path| unknown.push(segments(path)),
+    );
+    let v = match v.and_then(|v| de.end().map(|()| v)) {
+        Ok(v) => v,
+        Err(e) => {
+            // Where the value is (`config.vip[0].health`), unless the
+            // whole body is refused.
+            let at = track.path().to_string();
+            let at = if at == "." {
+                String::new()
+            } else {
+                format!("{at}: ")
+            };
+            return Err(Response::error(400, format!("bad request body: {at}{e}")));
+        }
+    };
     if !unknown.is_empty() {
+        let doc: serde_json::Value =
+            serde_json::from_str(&openapi_json()).unwrap_or(serde_json::Value::Null);
+        let names: Vec<String> = unknown
+            .iter()
+            .map(|p| {
+                let hint = p
+                    .split_last()
+                    .and_then(|(last, parent)| match last {
+                        Segment::Key(k) => closest(k, &known_fields(&doc, &T::name(), parent)),
+                        Segment::Index(_) => None,
+                    })
+                    .map_or(String::new(), |k| format!(" (did you mean `{k}`)"));
+                format!("`{}`{hint}", path_text(p))
+            })
+            .collect();
         return Err(Response::error(
             400,
             format!(
                 "bad request body: unknown field{} {} (see GET /v1/openapi.json)",
                 if unknown.len() > 1 { "s" } else { "" },
-                unknown.join(", ")
+                names.join(", ")
             ),
         ));
     }
     Ok(v)
+}
+
+/// One step of a path into a request body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Segment {
+    /// An object's key.
+    Key(String),
+    /// A list's element.
+    Index(usize),
+}
+
+/// The steps of `p` (an `Option`'s or a newtype's wrapping is no step).
+fn segments(p: serde_ignored::Path<'_>) -> Vec<Segment> {
+    fn walk(p: &serde_ignored::Path<'_>, out: &mut Vec<Segment>) {
+        use serde_ignored::Path as P;
+        match p {
+            P::Root => {}
+            P::Seq { parent, index } => {
+                walk(parent, out);
+                out.push(Segment::Index(*index));
+            }
+            P::Map { parent, key } => {
+                walk(parent, out);
+                out.push(Segment::Key(key.clone()));
+            }
+            P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
+                walk(parent, out)
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&p, &mut out);
+    out
+}
+
+/// `settings.choise`, `vips[0].address`.
+fn path_text(p: &[Segment]) -> String {
+    let mut s = String::new();
+    for seg in p {
+        match seg {
+            Segment::Key(k) if s.is_empty() => s.push_str(k),
+            Segment::Key(k) => {
+                s.push('.');
+                s.push_str(k);
+            }
+            Segment::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+/// The field names the OpenAPI description `doc` knows at `path` inside
+/// the schema `schema` (its `$ref`s, `oneOf`, `anyOf` and `allOf`
+/// followed).
+fn known_fields(
+    doc: &serde_json::Value,
+    schema: &str,
+    path: &[Segment],
+) -> std::collections::BTreeSet<String> {
+    fn at(
+        doc: &serde_json::Value,
+        s: &serde_json::Value,
+        path: &[Segment],
+        depth: usize,
+        out: &mut std::collections::BTreeSet<String>,
+    ) {
+        if depth > 32 {
+            return;
+        }
+        if let Some(r) = s.get("$ref").and_then(|r| r.as_str()) {
+            let name = r.rsplit('/').next().unwrap_or_default();
+            if let Some(t) = doc.pointer(&format!("/components/schemas/{name}")) {
+                at(doc, t, path, depth + 1, out);
+            }
+            return;
+        }
+        for alt in ["oneOf", "anyOf", "allOf"] {
+            for a in s.get(alt).and_then(|a| a.as_array()).into_iter().flatten() {
+                at(doc, a, path, depth + 1, out);
+            }
+        }
+        match path.split_first() {
+            None => {
+                if let Some(p) = s.get("properties").and_then(|p| p.as_object()) {
+                    out.extend(p.keys().cloned());
+                }
+            }
+            Some((Segment::Key(k), rest)) => {
+                if let Some(t) = s.get("properties").and_then(|p| p.get(k)) {
+                    at(doc, t, rest, depth + 1, out);
+                } else if let Some(t) = s.get("additionalProperties") {
+                    at(doc, t, rest, depth + 1, out);
+                }
+            }
+            Some((Segment::Index(_), rest)) => {
+                if let Some(t) = s.get("items") {
+                    at(doc, t, rest, depth + 1, out);
+                }
+            }
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    if let Some(s) = doc.pointer(&format!("/components/schemas/{schema}")) {
+        at(doc, s, path, 0, &mut out);
+    }
+    out
+}
+
+/// The name of `known` closest to `got` (at most a third of its letters
+/// apart, at least one), if any.
+fn closest(got: &str, known: &std::collections::BTreeSet<String>) -> Option<String> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let cur = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    }
+    let limit = (got.chars().count() / 3).max(1);
+    known
+        .iter()
+        .map(|k| (distance(got, k), k))
+        .filter(|(d, _)| *d <= limit)
+        .min()
+        .map(|(_, k)| k.clone())
 }
 
 /// The client's deadline, if it sent one.
@@ -1153,6 +1316,42 @@ mod tests {
             (h.rise, h.fall),
             (4, crate::model::state::HealthCheck::default().fall)
         );
+    }
+
+    /// An unknown field is named where it is (`settings.choise`, not
+    /// `settings.?.choise`), with the known field it is closest to.
+    #[test]
+    fn an_unknown_field_is_named_where_it_is() {
+        let message =
+            |body: &'static [u8]| match parse_body::<AddVipBody>(&Bytes::from_static(body)) {
+                Err(Response::Error { message, .. }) => message,
+                other => panic!("not refused: {other:?}"),
+            };
+        let m = message(br#"{"vip":"10.0.0.1:80","settings":{"choise":2}}"#);
+        assert!(m.contains("settings.choise"), "{m}");
+        assert!(!m.contains('?'), "{m}");
+        assert!(m.contains("did you mean `choices`"), "{m}");
+        let m = message(br#"{"vip":"10.0.0.1:80","settings":{"allow_sources":[],"zzzzzzzzzz":1}}"#);
+        assert!(m.contains("settings.zzzzzzzzzz"), "{m}");
+        assert!(!m.contains("did you mean"), "{m}");
+        // A list's element by its index.
+        let p = parse_body::<BackendPatch>(&Bytes::from_static(br#"{"weight":2,"helth":"off"}"#));
+        let Err(Response::Error { message, .. }) = p else {
+            panic!("not refused")
+        };
+        assert!(
+            message.contains("`helth`") && message.contains("did you mean `health`"),
+            "{message}"
+        );
+        // A file's VIP refuses unknown keys itself: the error is placed.
+        let p = parse_body::<ApplyBody>(&Bytes::from_static(
+            br#"{"config":{"vip":[{"address":"10.0.0.1:80"},{"address":"10.0.0.2:80","choise":2}]}}"#,
+        ));
+        let Err(Response::Error { message, .. }) = p else {
+            panic!("not refused")
+        };
+        assert!(message.contains("config.vip[1]"), "{message}");
+        assert!(message.contains("unknown field `choise`"), "{message}");
     }
 
     #[tokio::test]

@@ -772,6 +772,7 @@ mod tests {
                 backend: "10.1.0.11:80".parse().unwrap(),
                 state: crate::model::api::BackendState::Active,
                 zone: None,
+                own_check: Default::default(),
                 slot: 0,
                 server: 0,
                 weight: 1,

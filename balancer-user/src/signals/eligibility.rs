@@ -636,7 +636,7 @@ mod tests {
                 slot: i,
                 generation: 1,
                 weight: 1 + i,
-                health: None,
+                health: crate::model::state::BackendHealth::Vip,
                 zone: None,
             })
             .collect();

@@ -271,7 +271,13 @@ mod tests {
         let mut s = state(2);
         let vip = sa("10.0.0.10:80");
         s.apply(
-            &Command::SetBackend(vip, sa("10.1.0.1:80"), 3, None, Some("a".into())),
+            &Command::SetBackend(
+                vip,
+                sa("10.1.0.1:80"),
+                3,
+                crate::model::state::BackendHealth::Vip,
+                Some("a".into()),
+            ),
             &Rules::default(),
         )
         .unwrap();

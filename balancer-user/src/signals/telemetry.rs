@@ -80,6 +80,7 @@ impl View<'_> {
                         / WEIGHT_ONE as f64,
                     latency_ms: self.latency.average_us(server).map(|us| us / 1000.0),
                     health: self.eligibility.view(self.state, v, b, streak, self.now),
+                    own_check: b.health.clone(),
                     active_connections: self.maps.active(b.slot)?,
                     server_connections: self.maps.count(Count::Server(server)).unwrap_or(0),
                     reported_load: self.agents.load(server),
