@@ -91,7 +91,12 @@ fn backends(tb: &Testbed) -> anyhow::Result<Vec<balancer::model::api::BackendVie
     }
 }
 
-fn wait_for(
+/// Polls `ok` every 50 ms until it holds, at most `timeout`; the time it
+/// took.
+///
+/// # Errors
+/// `ok`'s error, or the time-out naming `what`.
+pub fn wait_for(
     what: &str,
     timeout: Duration,
     mut ok: impl FnMut() -> anyhow::Result<bool>,

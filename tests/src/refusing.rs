@@ -31,6 +31,7 @@ use anyhow::{ensure, Context as _};
 use balancer::model::api::HealthStatus;
 
 use crate::{
+    health::wait_for,
     modes::direct_return_backends,
     netns::enter_ns,
     testbed::{backend_addr, Conn, Testbed, CLIENT_ADDR},
@@ -106,24 +107,6 @@ fn paced(
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the client thread panicked"))?
-}
-
-fn wait_for(
-    what: &str,
-    timeout: Duration,
-    mut ok: impl FnMut() -> anyhow::Result<bool>,
-) -> anyhow::Result<Duration> {
-    let t0 = Instant::now();
-    loop {
-        if ok()? {
-            return Ok(t0.elapsed());
-        }
-        ensure!(
-            t0.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Waits until every backend of `vip` passed its check.
