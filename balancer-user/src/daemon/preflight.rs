@@ -537,6 +537,17 @@ mod tests {
                 .spawn()
                 .unwrap();
             let pid = other.id().to_string();
+            // Until `unshare` has made its namespace, the process is in
+            // this one, and a move "there" is a move to here: wait for its
+            // namespace to differ (bounded, as the moves below).
+            let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).ok();
+            let own = ns("thread-self");
+            for _ in 0..250 {
+                if ns(&pid).is_some_and(|n| Some(n) != own) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
             let mut away = None;
             for _ in 0..100 {
                 if ip(&["link", "set", "vt1", "netns", &pid]) {
