@@ -46,6 +46,16 @@ struct Ejection {
     kinds: u64,
 }
 
+impl Ejection {
+    /// `true` when a pass of a check of `kind` ends it: one that can see
+    /// the failure that earned it. A connect (TCP, path) completes on a
+    /// backend that accepts and then resets; an HTTP check's pass proves
+    /// a request served.
+    fn ended_by(&self, kind: &CheckKind) -> bool {
+        self.kinds & FAIL_RESET_AFTER_ACCEPT == 0 || matches!(kind, CheckKind::Http { .. })
+    }
+}
+
 /// A transition for the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Note {
@@ -302,10 +312,10 @@ impl Eligibility {
         }
         if o.result.is_ok() {
             if let Some(server) = state.server(&b.addr) {
-                let ends = self.ejected.get(&server).is_some_and(|e| {
-                    e.kinds & FAIL_RESET_AFTER_ACCEPT == 0
-                        || matches!(o.target.check.kind, CheckKind::Http { .. })
-                });
+                let ends = self
+                    .ejected
+                    .get(&server)
+                    .is_some_and(|e| e.ended_by(&o.target.check.kind));
                 if ends {
                     if let Some(e) = self.ejected.remove(&server) {
                         self.unejected(state, server, e, now, "its check passed", &mut ch);
@@ -458,11 +468,7 @@ impl Eligibility {
                     // see the failure (`record_check`); otherwise its hold.
                     let pass_ends = vips.iter().any(|v| {
                         v.backends.iter().any(|b| {
-                            b.addr == *addr
-                                && v.check_for(b).is_some_and(|c| {
-                                    e.kinds & FAIL_RESET_AFTER_ACCEPT == 0
-                                        || matches!(c.kind, CheckKind::Http { .. })
-                                })
+                            b.addr == *addr && v.check_for(b).is_some_and(|c| e.ended_by(&c.kind))
                         })
                     });
                     let e = *e;
@@ -543,9 +549,7 @@ impl Eligibility {
                     in_a_row: e.strikes,
                     evidence: failure_kinds(e.kinds),
                     held_past_checks: e.kinds & FAIL_RESET_AFTER_ACCEPT != 0
-                        && !v
-                            .check_for(b)
-                            .is_some_and(|c| matches!(c.kind, CheckKind::Http { .. })),
+                        && !v.check_for(b).is_some_and(|c| e.ended_by(&c.kind)),
                 }),
             ejections: state
                 .server(&b.addr)
