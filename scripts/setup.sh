@@ -9,7 +9,9 @@
 #     contrib/install.sh and its test);
 #     the real clients and servers of the test bed: nginx, curl, wrk, ab
 #     (apache2-utils), iperf3; bird2 (the cluster test bed's BGP speakers and
-#     router); dnsmasq-base and bind9-dnsutils (dig), ngtcp2-server and
+#     router); keepalived (the NAT pair test bed's VRRP, run by the test in
+#     its namespaces; the package's service is not started); dnsmasq-base
+#     and bind9-dnsutils (dig), ngtcp2-server and
 #     ngtcp2-client, openssl (the UDP and QUIC scenarios); iputils-ping (pings
 #     to VIPs); prometheus, without its recommends, for promtool (the alerting
 #     rules' tests; the server is not started); with --bench also
@@ -51,6 +53,10 @@ command -v ab >/dev/null 2>&1 || need_apt+=(apache2-utils)
 command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
 # The cluster test bed: BIRD 2 as the balancers' BGP speaker and the router.
 [ -x /usr/sbin/bird ] && [ -x /usr/sbin/birdc ] || need_apt+=(bird2)
+# The NAT pair test bed (balancer-testbed natpair): keepalived's VRRP on
+# both balancers, run by the test inside their namespaces (no service: the
+# policy below keeps the package from starting one).
+[ -x /usr/sbin/keepalived ] || need_apt+=(keepalived)
 command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 # UDP VIPs (balancer-testbed udp): dnsmasq's binary as the DNS backends
 # (no service), dig as the client.

@@ -190,6 +190,9 @@ pub struct Balancer {
     gc: Reconciler,
     /// The cluster as its tasks last saw it (none: a balancer on its own).
     cluster_view: Option<crate::model::api::ClusterView>,
+    /// Where keepalived's notify script records the VRRP instances' states
+    /// (`run --vrrp-state-dir`; none: not reported).
+    vrrp_state_dir: Option<PathBuf>,
 }
 
 /// Where [`Balancer`] learns the addresses its host owns (a VIP on one
@@ -258,6 +261,7 @@ impl Balancer {
             host: Host::default(),
             gc: Reconciler::default(),
             cluster_view: None,
+            vrrp_state_dir: None,
         })
     }
 
@@ -539,6 +543,41 @@ impl Balancer {
     /// Records the cluster's view (the cluster tasks).
     pub fn set_cluster_view(&mut self, v: crate::model::api::ClusterView) {
         self.cluster_view = Some(v);
+    }
+
+    /// Reports the VRRP instances recorded in `dir` from now on
+    /// (`run --vrrp-state-dir`).
+    pub fn set_vrrp_state_dir(&mut self, dir: Option<PathBuf>) {
+        self.vrrp_state_dir = dir;
+    }
+
+    /// The VRRP instances as keepalived last recorded them, read now
+    /// (none: no `--vrrp-state-dir`).
+    pub fn vrrp(&self) -> Option<Vec<crate::model::vrrp::VrrpView>> {
+        self.vrrp_state_dir
+            .as_deref()
+            .map(|d| crate::model::vrrp::read_dir(d, std::time::SystemTime::now()))
+    }
+
+    /// What `cluster status` answers: the cluster's view and the VRRP
+    /// roles; none when the daemon is in no cluster and reports no VRRP.
+    pub fn cluster_status(&self) -> Option<crate::model::api::ClusterStatus> {
+        let vrrp = self.vrrp();
+        let cluster = match (&self.cluster_view, &vrrp) {
+            (Some(v), _) => v.clone(),
+            // VRRP only: no sync, no BGP, nothing to wait for.
+            (None, Some(_)) => crate::model::api::ClusterView {
+                ready: true,
+                drained: self.desired.state.cluster_drained,
+                ..Default::default()
+            },
+            (None, None) => return None,
+        };
+        Some(crate::model::api::ClusterStatus {
+            cluster,
+            role: vrrp.as_deref().map(crate::model::vrrp::role),
+            vrrp: vrrp.unwrap_or_default(),
+        })
     }
 
     /// Drains the balancer from the cluster (`true`: its VIPs are

@@ -1,7 +1,7 @@
 //! `balancer cluster`: this balancer's place among its peers
 //! (docs/cluster.md).
 
-use balancer::{cluster::sync::ClusterView, model::api::Request};
+use balancer::model::{api::ClusterStatus, api::Request, vrrp::VrrpView};
 
 /// `balancer cluster` verbs.
 #[derive(clap::Subcommand, Debug)]
@@ -100,8 +100,9 @@ pub async fn await_announcements(
     }
 }
 
-/// Prints the cluster's state.
-pub fn print(v: &ClusterView) {
+/// Prints the cluster's state, then the VRRP roles (when reported).
+pub fn print(status: &ClusterStatus) {
+    let v = &status.cluster;
     println!(
         "node       {}",
         if v.node.is_empty() { "-" } else { &v.node }
@@ -164,4 +165,63 @@ pub fn print(v: &ClusterView) {
         "events     read {} lost {} whole tables resent {} refreshed {} queue dropped {}",
         s.events, s.events_lost, s.repairs, s.flows_refreshed, s.queue_dropped
     );
+    if let Some(role) = status.role {
+        println!("role       {}", role.name().to_ascii_uppercase());
+        for line in vrrp_lines(&status.vrrp) {
+            println!("{line}");
+        }
+    }
+}
+
+/// One line per VRRP instance: its state, for how long, and why it is
+/// unknown when it is.
+fn vrrp_lines(instances: &[VrrpView]) -> Vec<String> {
+    if instances.is_empty() {
+        return vec!["vrrp       none recorded yet".into()];
+    }
+    instances
+        .iter()
+        .map(|i| {
+            format!(
+                "vrrp       {}  {}{}{}",
+                i.instance,
+                i.state.name().to_ascii_uppercase(),
+                i.since_ms.map_or(String::new(), |ms| format!(
+                    "  for {:.1} s",
+                    ms as f64 / 1000.0
+                )),
+                i.problem
+                    .as_ref()
+                    .map_or(String::new(), |p| format!("  ({p})"))
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use balancer::model::vrrp::VrrpState;
+
+    use super::*;
+
+    #[test]
+    fn vrrp_instances_print_one_line_each() {
+        let v = |instance: &str, state, since_ms, problem: Option<&str>| VrrpView {
+            instance: instance.into(),
+            state,
+            since_ms,
+            problem: problem.map(str::to_string),
+        };
+        assert_eq!(
+            vrrp_lines(&[
+                v("VI_CLIENT", VrrpState::Master, Some(12_345), None),
+                v("VI_X", VrrpState::Unknown, None, Some("permission denied")),
+            ]),
+            [
+                "vrrp       VI_CLIENT  MASTER  for 12.3 s",
+                "vrrp       VI_X  UNKNOWN  (permission denied)"
+            ]
+        );
+        assert_eq!(vrrp_lines(&[]), ["vrrp       none recorded yet"]);
+    }
 }

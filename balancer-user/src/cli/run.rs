@@ -232,6 +232,15 @@ pub struct RunArgs {
     /// Debian's BIRD listens on /run/bird/bird.ctl).
     #[arg(long, value_name = "PATH", requires = "bgp_dir")]
     birdc_socket: Option<PathBuf>,
+    /// Report the VRRP roles keepalived records in DIR: one file per
+    /// instance holding MASTER, BACKUP, FAULT or STOP, written by the
+    /// notify script `contrib/keepalived/balancer-vrrp-notify` (installed
+    /// as /usr/share/p2c-balancer/keepalived/balancer-vrrp-notify; its
+    /// default DIR is /run/p2c-balancer/vrrp). Shown by `cluster status`,
+    /// `/v1/cluster` and the `vrrp_*` metrics (docs/cluster.md). Off by
+    /// default.
+    #[arg(long, value_name = "DIR")]
+    vrrp_state_dir: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -300,6 +309,7 @@ impl RunArgs {
                 .map(|(dir, birdc_socket)| balancer::cluster::bgp::BgpConfig { dir, birdc_socket }),
             candidate_secret_file: self.candidate_secret_file,
             force_config: self.force,
+            vrrp_state_dir: self.vrrp_state_dir,
         })
     }
 }

@@ -89,6 +89,9 @@ pub struct DaemonConfig {
     /// Apply `config_file` at start even when it would sweep most of a
     /// VIP's backends away (`run --force`; `ApplyHow::refuse_sweep`).
     pub force_config: bool,
+    /// Where keepalived's notify script records the VRRP roles
+    /// (`crate::model::vrrp`); none: not reported.
+    pub vrrp_state_dir: Option<PathBuf>,
 }
 
 /// The file, beside the state file, that keeps the consistent candidates'
@@ -616,6 +619,10 @@ async fn start_services(
     if let Some(logger) = lb.take_datapath_log() {
         services.add_optional(services::datapath_log::DatapathLog { logger });
     }
+    if let Some(d) = &cfg.vrrp_state_dir {
+        tracing::info!("reporting the VRRP roles recorded in {}", d.display());
+    }
+    lb.set_vrrp_state_dir(cfg.vrrp_state_dir.clone());
     let lb = Arc::new(Mutex::new(lb));
     let daemon_metrics = Arc::new(DaemonMetrics::default());
     // The cluster sync's state: shared with the sweep, whose rounds

@@ -444,8 +444,8 @@ pub enum Response {
         /// `true` when more flows exist than were listed.
         truncated: bool,
     },
-    /// The cluster's state.
-    Cluster(Box<ClusterView>),
+    /// The cluster's state, and this host's VRRP roles.
+    Cluster(Box<ClusterStatus>),
     /// The program was detached (the daemon stops after answering).
     Detached {
         /// Interfaces it was detached from.
@@ -652,6 +652,31 @@ pub struct ClusterView {
     /// same server within one report interval.
     #[serde(default)]
     pub herd: HerdView,
+}
+
+/// `balancer cluster status` and `GET /v1/cluster`: the cluster's view
+/// (its fields at the top level) and, with `run --vrrp-state-dir`, the
+/// VRRP instances keepalived recorded (`crate::model::vrrp`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ClusterStatus {
+    /// The flow sync, BGP and drain.
+    #[serde(flatten)]
+    pub cluster: ClusterView,
+    /// The role over every VRRP instance: the state they all share, else
+    /// `unknown`; none without `--vrrp-state-dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<crate::model::vrrp::VrrpState>,
+    /// Each VRRP instance, by name (empty without `--vrrp-state-dir`).
+    #[serde(default)]
+    pub vrrp: Vec<crate::model::vrrp::VrrpView>,
+}
+
+impl std::ops::Deref for ClusterStatus {
+    type Target = ClusterView;
+
+    fn deref(&self) -> &ClusterView {
+        &self.cluster
+    }
 }
 
 /// One peer as `cluster status` shows it.

@@ -6,8 +6,9 @@
 //! changes, and `State::apply`), the declarative configuration
 //! ([`config`]), the API's requests, answers and views ([`api`]), what is
 //! remembered of removed VIPs and backends ([`retired`]), the pure
-//! projection of a state onto the control-plane maps ([`project`]) and the
-//! state file ([`persist`]).
+//! projection of a state onto the control-plane maps ([`project`]), the
+//! state file ([`persist`]) and the VRRP roles keepalived records
+//! ([`vrrp`]).
 //!
 //! The lowest room: its modules import only each other (the rooms' order
 //! is checked by `balancer-user/tests/modules.rs`).
@@ -26,6 +27,7 @@ pub mod prefix;
 pub mod project;
 pub mod retired;
 pub mod state;
+pub mod vrrp;
 
 #[cfg(test)]
 mod edge_tests;

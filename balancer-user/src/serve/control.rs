@@ -212,11 +212,13 @@ fn respond(
                 .collect(),
         }),
         (None, Request::Version) => Ok(Response::Version(VersionView::this_build())),
-        (None, Request::ClusterStatus) => match lb.cluster_view() {
-            Some(v) => Ok(Response::Cluster(Box::new(v.clone()))),
+        (None, Request::ClusterStatus) => match lb.cluster_status() {
+            Some(v) => Ok(Response::Cluster(Box::new(v))),
             None => Err(BalancerError::Invalid {
                 what: "cluster",
-                reason: "this daemon runs on its own (no --cluster-listen, no --bgp-dir)".into(),
+                reason: "this daemon runs on its own (no --cluster-listen, no --bgp-dir, no \
+                         --vrrp-state-dir)"
+                    .into(),
             }),
         },
         (None, Request::Export) => Ok(Response::Config {

@@ -1121,8 +1121,14 @@ async fn json_errors(resp: axum::response::Response) -> axum::response::Response
 async fn scrape(State(src): State<Arc<crate::serve::metrics::Source>>) -> axum::response::Response {
     let text = {
         let lb = src.lb.lock().await;
-        lb.stats()
-            .map(|s| crate::serve::metrics::render_all(&s, lb.cluster_view(), &src.daemon))
+        lb.stats().map(|s| {
+            crate::serve::metrics::render_status(
+                &s,
+                lb.cluster_view(),
+                lb.vrrp().as_deref(),
+                &src.daemon,
+            )
+        })
     };
     match text {
         Ok(t) => (

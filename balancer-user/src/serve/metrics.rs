@@ -45,8 +45,11 @@
 //! | `cluster_herd_pairs_total`, `cluster_herd_same_total`, `cluster_herd_index` (see `cluster::sync::Herd`) | counter, gauge | |
 //! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`, `events`, `events_lost`, `repairs`, `flows_refreshed`, `queue_dropped`) |
 //!
+//! | `vrrp_master` (1 while the instance is MASTER, else 0; `state` is its state: `master`, `backup`, `fault`, `stop`, `unknown`), `vrrp_state_age_seconds` (since keepalived recorded the state) | gauge | instance, state / instance |
+//!
 //! The `cluster_*` series exist only on a daemon run with `--cluster-listen`
-//! or `--bgp-dir` (docs/cluster.md).
+//! or `--bgp-dir` (docs/cluster.md), the `vrrp_*` series only on one run
+//! with `--vrrp-state-dir` (`crate::model::vrrp`).
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -223,6 +226,33 @@ fn render_cluster(reg: &mut Registry, c: &crate::model::api::ClusterView) {
     }
 }
 
+/// The VRRP instances' series (`vrrp_*`) into `reg`.
+fn render_vrrp(reg: &mut Registry, instances: &[crate::model::vrrp::VrrpView]) {
+    let master = Gauges::new(
+        reg,
+        "vrrp_master",
+        "1 while the VRRP instance is MASTER here (state: as keepalived's notify script recorded it)",
+    );
+    let age = Gauges::new(
+        reg,
+        "vrrp_state_age_seconds",
+        "Time since keepalived recorded the VRRP instance's state",
+    );
+    for i in instances {
+        let on = i.state == crate::model::vrrp::VrrpState::Master;
+        master.set(
+            vec![
+                ("instance", i.instance.clone()),
+                ("state", i.state.name().to_string()),
+            ],
+            f64::from(u8::from(on)),
+        );
+        if let Some(ms) = i.since_ms {
+            age.set(vec![("instance", i.instance.clone())], ms as f64 / 1000.0);
+        }
+    }
+}
+
 /// The text exposition of `stats`, the cluster's view (when the daemon is
 /// in one) and the daemon's own measurements.
 pub fn render_all(
@@ -230,9 +260,22 @@ pub fn render_all(
     cluster: Option<&crate::model::api::ClusterView>,
     daemon: &DaemonMetrics,
 ) -> String {
+    render_status(stats, cluster, None, daemon)
+}
+
+/// [`render_all`] with the VRRP instances (none: no `--vrrp-state-dir`).
+pub fn render_status(
+    stats: &StatsView,
+    cluster: Option<&crate::model::api::ClusterView>,
+    vrrp: Option<&[crate::model::vrrp::VrrpView]>,
+    daemon: &DaemonMetrics,
+) -> String {
     let mut reg = registry(stats, daemon);
     if let Some(c) = cluster {
         render_cluster(&mut reg, c);
+    }
+    if let Some(v) = vrrp {
+        render_vrrp(&mut reg, v);
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -900,6 +943,33 @@ mod tests {
             !text.contains("cluster_"),
             "cluster series without a cluster"
         );
+        assert!(!text.contains("vrrp_"), "VRRP series without VRRP");
+        let vrrp = [
+            crate::model::vrrp::VrrpView {
+                instance: "VI_CLIENT".into(),
+                state: crate::model::vrrp::VrrpState::Master,
+                since_ms: Some(2500),
+                problem: None,
+            },
+            crate::model::vrrp::VrrpView {
+                instance: "VI_BACKEND".into(),
+                state: crate::model::vrrp::VrrpState::Unknown,
+                since_ms: None,
+                problem: Some("empty".into()),
+            },
+        ];
+        let with_vrrp = render_status(&stats, None, Some(&vrrp), &d);
+        for line in [
+            "p2c_balancer_vrrp_master{instance=\"VI_CLIENT\",state=\"master\"} 1.0",
+            "p2c_balancer_vrrp_master{instance=\"VI_BACKEND\",state=\"unknown\"} 0.0",
+            "p2c_balancer_vrrp_state_age_seconds{instance=\"VI_CLIENT\"} 2.5",
+        ] {
+            assert!(
+                with_vrrp.lines().any(|l| l == line),
+                "no {line:?} in\n{with_vrrp}"
+            );
+        }
+        assert!(!with_vrrp.contains("cluster_"), "VRRP alone is no cluster");
         for line in [
             "p2c_balancer_rx_packets_total 42",
             "p2c_balancer_dropped_packets_total{reason=\"no_backend\"} 7",
