@@ -88,6 +88,14 @@ zcat /usr/share/man/man1/balancer.1.gz | grep -q "^\.TH"
 step "man pages gzip -9n"
 test -s /usr/share/bash-completion/completions/balancer
 test -s /usr/share/p2c-balancer/prometheus/alerts.yml
+test -s /usr/share/doc/p2c-balancer/examples/keepalived.conf
+# The keepalived notify script: installed executable, records a state, and
+# exits 0 even where it cannot write.
+notify=/usr/share/p2c-balancer/keepalived/balancer-vrrp-notify
+test -x $notify
+$notify --dir /tmp/vrrp-test INSTANCE VI_TEST MASTER 150
+test "$(cat /tmp/vrrp-test/VI_TEST)" = MASTER
+$notify --dir /proc/no-such-dir INSTANCE VI_TEST BACKUP 100 2>/dev/null
 grep -q "^/etc/p2c-balancer/balancer.toml$" /var/lib/dpkg/info/p2c-balancer.conffiles
 step "files installed"
 # The unit is installed, not enabled: the interfaces are the operator s.
