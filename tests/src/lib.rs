@@ -19,6 +19,7 @@ pub mod jumbo;
 pub mod locality;
 pub mod mistakes;
 pub mod modes;
+pub mod natpair;
 pub mod netns;
 pub mod operator;
 pub mod orphans;
