@@ -231,6 +231,12 @@ pub fn flows(maps: &Maps, limit: usize, filter: &FlowFilter) -> (Vec<FlowView>, 
         .iter()
         .filter_map(|(table, k, e)| {
             let kind = match (table, k.kind) {
+                // A peer's flow held uncounted, in whichever table it is
+                // held (a synced UDP flow or handshake in the half-open
+                // one).
+                (_, flow_kind::LIVE) if e.state & fl::F_SYNCED != 0 && !fl::counted(e.state) => {
+                    "synced"
+                }
                 (FlowTable::HalfOpen, flow_kind::LIVE) => "half-open",
                 (FlowTable::Unproven, flow_kind::LIVE) if fl::counted(e.state) => "unproven",
                 (_, flow_kind::LIVE) if !fl::counted(e.state) => "synced",
