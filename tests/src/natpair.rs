@@ -76,6 +76,13 @@ fn backend_side(n: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, 2, 10 + n as u8)
 }
 
+/// Whether the balancers run with `net.ipv4.conf.all.accept_local=1`, the
+/// documented set-up (`NATPAIR_NO_ACCEPT_LOCAL=1`: without it, to measure
+/// what it changes).
+fn accept_local() -> bool {
+    std::env::var_os("NATPAIR_NO_ACCEPT_LOCAL").is_none()
+}
+
 /// The configuration both daemons start with (`run --config`): the VIP's
 /// address is the master's own, hence `allow_host_address`.
 fn config() -> String {
@@ -280,6 +287,18 @@ impl Pair {
             for i in ["eth0", "eth1"] {
                 lb.ns.sysctl(&format!("net.ipv4.conf.{i}.rp_filter"), "0")?;
             }
+            // The new active has no neighbour entry for the client yet:
+            // the data path passes a NATed reply to the kernel, with the
+            // VIP as its source, for the kernel to resolve the next hop;
+            // the kernel holds the VIP's address and drops such a frame
+            // as a martian unless accept_local is on (without it, the
+            // first replies after a takeover were lost until the client's
+            // own ARP probe, 5 s after its entry went stale:
+            // docs/cluster.md).
+            lb.ns.sysctl(
+                "net.ipv4.conf.all.accept_local",
+                if accept_local() { "1" } else { "0" },
+            )?;
         }
         for (k, b) in self.backends.iter().enumerate() {
             self.port(
@@ -532,6 +551,12 @@ impl Pair {
         Ok(v["flows"].as_array().map_or(0, Vec::len))
     }
 
+    /// Live UDP flows of the UDP VIP on balancer `n`: UDP flows live in
+    /// the half-open table (docs/udp.md), listed `half-open` there.
+    fn udp_live(&self, n: usize) -> anyhow::Result<usize> {
+        Ok(self.flows(n, UDP_VIP, "half-open")? + self.flows(n, UDP_VIP, "live")?)
+    }
+
     /// Active connections over `vip`'s backends on balancer `n`.
     fn active(&self, n: usize, vip: SocketAddr) -> anyhow::Result<u64> {
         let v = self.json(n, &["backend", "list", &vip.to_string(), "--json"])?;
@@ -632,7 +657,8 @@ fn ask(sock: &UdpSocket, wait: Duration) -> Option<String> {
     None
 }
 
-/// Opens `n` UDP flows from the client host, each answered once.
+/// Opens `n` UDP flows from the client host, each promoted (two
+/// exchanges).
 fn open_udp(p: &Pair, n: usize) -> anyhow::Result<Vec<UdpFlow>> {
     let path = p.client.path();
     thread::spawn(move || -> anyhow::Result<Vec<UdpFlow>> {
@@ -643,6 +669,16 @@ fn open_udp(p: &Pair, n: usize) -> anyhow::Result<Vec<UdpFlow>> {
             sock.connect(UDP_VIP)?;
             let backend = ask(&sock, Duration::from_secs(1))
                 .with_context(|| format!("UDP flow {i}: no answer from {UDP_VIP}"))?;
+            // A second exchange: a client datagram after the backend's
+            // answer promotes the flow (docs/udp.md): it lives for the
+            // VIP's UDP timeout, and is synced. One exchange alone would
+            // expire in 5 s.
+            let again = ask(&sock, Duration::from_secs(1))
+                .with_context(|| format!("UDP flow {i}: no second answer from {UDP_VIP}"))?;
+            ensure!(
+                again == backend,
+                "UDP flow {i} answered by {backend}, then by {again}"
+            );
             out.push(UdpFlow { sock, backend });
         }
         Ok(out)
@@ -825,27 +861,35 @@ fn run_on(p: &mut Pair) -> anyhow::Result<()> {
             "lb2 held only {t} of {HELD} TCP and {u} of {UDP_FLOWS} UDP flows synced"
         ));
     }
+    let no_neigh_before = p.counter(2, "pass_fib_no_neigh")?;
     // lb1's host dies: its links down.
     let mut probe = conns.pop().context("no held connection")?;
     let adopted_before = p.counter(2, "flows_adopted")?;
     let to = take_over(p, 1, 2, &mut probe)?;
+    let t_check = Instant::now();
     let broken =
         testbed::broken(&mut conns, 2 << 32, "natpair") + u64::from(to.answered_after.is_none());
+    let checked_in = t_check.elapsed();
+    let no_neigh = p.counter(2, "pass_fib_no_neigh")? - no_neigh_before;
     let (moved, lost) = udp_check(&udp);
     conns.push(probe);
     println!(
-        "natpair: lb1's links down: lb2 MASTER after {} ms (lb1 {}), a held connection answered \
-         again after {}; {broken} of {HELD} held connections broken, {moved} of {UDP_FLOWS} UDP \
-         flows moved to another backend, {lost} unanswered",
+        "natpair: lb1's links down: lb2 MASTER after {} ms (lb1 {}), a request sent at the cut \
+         answered after {} (the client's retransmission back-off); then a request on each held \
+         connection, all done in {} ms: {broken} of {HELD} held connections broken, {moved} of \
+         {UDP_FLOWS} UDP flows moved to another backend, {lost} unanswered; lb2 passed {no_neigh} \
+         frames to its kernel for a next hop it had no neighbour entry for (accept_local {})",
         to.master_after.as_millis(),
         p.role(1)?.to_uppercase(),
         to.answered_after
             .map_or("never".into(), |d| format!("{} ms", d.as_millis())),
+        checked_in.as_millis(),
+        accept_local(),
     );
     // lb2's counts: its live flows (each adopted on its first segment).
     let counts = testbed::wait_until(Duration::from_secs(10), || {
         let (at, au) = (p.active(2, TCP_VIP)?, p.active(2, UDP_VIP)?);
-        let (lt, lu) = (p.flows(2, TCP_VIP, "live")?, p.flows(2, UDP_VIP, "live")?);
+        let (lt, lu) = (p.flows(2, TCP_VIP, "live")?, p.udp_live(2)?);
         Ok(
             if at == lt as u64 && au == lu as u64 && at == HELD && au == UDP_FLOWS as u64 {
                 Ok(())
@@ -862,7 +906,7 @@ fn run_on(p: &mut Pair) -> anyhow::Result<()> {
         p.active(2, TCP_VIP)?,
         p.active(2, UDP_VIP)?,
         p.flows(2, TCP_VIP, "live")?,
-        p.flows(2, UDP_VIP, "live")?,
+        p.udp_live(2)?,
         p.counter(2, "flows_adopted")? - adopted_before
     );
     if broken > 0 || moved > 0 || lost > 0 {
