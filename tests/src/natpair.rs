@@ -1004,5 +1004,30 @@ fn control(p: &mut Pair, failures: &mut Vec<String>) -> anyhow::Result<()> {
     }
     probe.abort();
     p.links(2, true)?;
+    // These daemons run with --vrrp-state-dir alone: they answer `cluster
+    // status` (the roles above), refuse a drain (no BGP, no sync), and show
+    // a garbled state file as unknown.
+    ensure!(
+        p.cli(1, &["cluster", "drain"]).is_err(),
+        "a daemon without sync or BGP took a drain"
+    );
+    let garbled = p.vrrp_dir(1).join("VI_GARBLED");
+    std::fs::write(&garbled, b"\xffMAST\x00")?;
+    let v = p.json(1, &["cluster", "status", "--json"])?;
+    let instance = v["vrrp"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["instance"] == "VI_GARBLED"))
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        v["role"] == "unknown" && instance["state"] == "unknown" && instance["problem"].is_string(),
+        "lb1's status with a garbled state file: {v}"
+    );
+    std::fs::remove_file(&garbled)?;
+    println!(
+        "natpair: daemons with --vrrp-state-dir alone report their roles, refuse a drain, and \
+         show a garbled state file as unknown ({})",
+        instance["problem"]
+    );
     Ok(())
 }

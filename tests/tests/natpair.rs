@@ -18,6 +18,7 @@ fn a_nat_pair_keeps_its_flows_through_a_takeover() {
             "0 of 1000 held connections broken, 0 of 200 UDP flows moved to another backend, 0 unanswered",
             "natpair: lb1's links back: lb1 BACKUP after",
             "natpair: control: without flow sync",
+            "natpair: daemons with --vrrp-state-dir alone report their roles",
         ],
     );
 }

@@ -116,7 +116,8 @@ enum Cmd {
     /// Build the Debian package with cargo-deb: a stripped release build of
     /// `balancer` (daemon, CLI and the backends' `decap`), its man pages and
     /// completions, the systemd unit (installed, not enabled), the default
-    /// configuration, /etc/default/p2c-balancer and the alerting rules.
+    /// configuration, /etc/default/p2c-balancer, the alerting rules and
+    /// keepalived's notify script with an example configuration.
     /// Prints the package's path (target/debian/p2c-balancer_*.deb).
     Deb,
 }
