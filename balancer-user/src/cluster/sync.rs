@@ -348,8 +348,9 @@ pub enum Message {
         loads: Vec<(SocketAddr, u64, u64)>,
     },
     /// The sender's configuration digest ([`config_digest`]), sent after
-    /// its hello, before each `Synced` and with each load report: a peer
-    /// whose digest differs has its flows refused.
+    /// its hello and with each load report (at least every
+    /// [`CONFIG_REPORT_EVERY`]), never queued behind flows: a peer whose
+    /// digest differs has its flows refused.
     Config {
         /// The sender's node id.
         node: u64,
@@ -386,6 +387,15 @@ pub fn config_digest(state: &crate::model::state::State) -> u64 {
     let d = h.finalize();
     u64::from_be_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
 }
+
+/// Longest time between two [`Message::Config`] datagrams (they go with
+/// each load report, and this often without them).
+pub const CONFIG_REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// Shortest time between two computations of this balancer's digest for a
+/// peer's flows that look refused (a peer whose configuration really
+/// differs costs one digest per this, not one per datagram).
+pub const CONFIG_RECHECK: Duration = Duration::from_millis(10);
 
 /// How long a peer may stay unheard, with load reports on, before it counts
 /// as returned when heard again (its host cut off and back): at least 1 s,
@@ -442,6 +452,8 @@ pub struct Sync {
     /// This balancer's [`config_digest`], as last computed (each load
     /// report, each datagram that carries a peer's).
     pub own_config: u64,
+    /// When [`Sync::own_config`] was computed.
+    own_config_at: Option<Instant>,
     /// Each peer's last [`config_digest`].
     peer_config: BTreeMap<SocketAddr, u64>,
     /// Totals.
@@ -472,6 +484,7 @@ impl Sync {
             replay: BTreeMap::new(),
             use_peer_loads: true,
             own_config: 0,
+            own_config_at: None,
             peer_config: BTreeMap::new(),
             stats: ClusterStats::default(),
         }
@@ -666,13 +679,6 @@ impl Sync {
         self.outbox
             .bulk
             .extend(encode(&own, |flows| Message::Flows { node, flows }));
-        let config = Message::Config {
-            node,
-            digest: self.own_config,
-        };
-        self.outbox
-            .bulk
-            .push(postcard::to_allocvec(&config).unwrap_or_default());
         self.outbox
             .bulk
             .push(postcard::to_allocvec(&Message::Synced { node }).unwrap_or_default());
@@ -803,14 +809,21 @@ impl Sync {
         }
         self.prev_placed = (placed, Some(now));
         let node = self.node;
-        self.own_config = config_digest(state);
+        Ok(encode(&loads, |loads| Message::Load { node, loads }))
+    }
+
+    /// The [`Message::Config`] datagram of this balancer's configuration
+    /// now (its digest kept as [`Sync::own_config`]): sent directly, never
+    /// queued, so a peer never compares against a digest older than the
+    /// flows it receives after it.
+    pub fn config_report(&mut self, lb: &Balancer) -> Vec<u8> {
+        self.own_config = config_digest(lb.state());
+        self.own_config_at = Some(Instant::now());
         let config = Message::Config {
-            node,
+            node: self.node,
             digest: self.own_config,
         };
-        let mut out = vec![postcard::to_allocvec(&config).unwrap_or_default()];
-        out.extend(encode(&loads, |loads| Message::Load { node, loads }));
-        Ok(out)
+        postcard::to_allocvec(&config).unwrap_or_default()
     }
 
     /// Handles a datagram from a peer; returns what to send back (a full
@@ -864,6 +877,7 @@ impl Sync {
         match m {
             Message::Config { node, digest } if node != self.node => {
                 self.own_config = config_digest(lb.state());
+                self.own_config_at = Some(now);
                 self.peer_config.insert(from, digest);
             }
             Message::Hello { node } if node != self.node => self.full_requested = true,
@@ -872,11 +886,7 @@ impl Sync {
                 self.synced_from.insert(from);
             }
             Message::Flows { node, flows } if node != self.node => {
-                if self
-                    .peer_config
-                    .get(&from)
-                    .is_some_and(|d| *d != self.own_config)
-                {
+                if self.config_differs(lb, from, now) {
                     self.stats.flows_refused_config += flows.len() as u64;
                 } else {
                     self.apply_flows(lb, &flows)?;
@@ -910,6 +920,25 @@ impl Sync {
             _ => {}
         }
         Ok(())
+    }
+
+    /// `true` when peer `from`'s last configuration digest differs from
+    /// this balancer's. The own digest kept is recomputed first when it
+    /// differs and is older than [`CONFIG_RECHECK`] (an `apply` here since
+    /// the last report must not refuse a peer that already has it).
+    fn config_differs(&mut self, lb: &Balancer, from: SocketAddr, now: Instant) -> bool {
+        let Some(theirs) = self.peer_config.get(&from).copied() else {
+            return false;
+        };
+        if theirs != self.own_config
+            && self
+                .own_config_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= CONFIG_RECHECK)
+        {
+            self.own_config = config_digest(lb.state());
+            self.own_config_at = Some(now);
+        }
+        theirs != self.own_config
     }
 
     /// The message of a datagram from peer `from` (opened, with a key), or
@@ -1302,7 +1331,9 @@ pub async fn run(
         link.cfg.load_report_interval
     };
     let stale_after = report_every * 3;
-    let mut report = tokio::time::interval(report_every);
+    // Without load reports the configuration digest still goes every
+    // second.
+    let mut report = tokio::time::interval(report_every.min(CONFIG_REPORT_EVERY));
     report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 65536];
     let mut log = crate::serve::logs::RateLimitedLog::default();
@@ -1310,7 +1341,7 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = pace.tick() => link.pace(&lb, &sync, per_pace, bulk_per_pace).await,
-            _ = report.tick(), if !link.cfg.load_report_interval.is_zero() => {
+            _ = report.tick() => {
                 link.report(&lb, &sync, stale_after).await;
             }
             r = link.sock.recv_from(&mut buf) => {
@@ -1517,16 +1548,24 @@ impl Link {
         }
     }
 
-    /// A report tick: the peers' last reports published, this balancer's
-    /// load sent.
+    /// A report tick: this balancer's configuration digest sent; with load
+    /// reports on, the peers' last reports published and this balancer's
+    /// load sent too.
     async fn report(&mut self, lb: &Mutex<Balancer>, sync: &Mutex<Sync>, stale_after: Duration) {
-        let out = {
+        let loads = !self.cfg.load_report_interval.is_zero();
+        let (config, out) = {
             let mut lb = lb.lock().await;
             let mut s = sync.lock().await;
-            let _ = s.publish_peer_loads(&mut lb, stale_after);
-            s.load_report(&mut lb)
+            let config = s.config_report(&lb);
+            if loads {
+                let _ = s.publish_peer_loads(&mut lb, stale_after);
+                (config, s.load_report(&mut lb).ok())
+            } else {
+                (config, None)
+            }
         };
-        if let Ok(d) = out {
+        self.send(&[config]).await;
+        if let Some(d) = out {
             self.send(&d).await;
         }
     }

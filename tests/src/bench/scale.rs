@@ -537,18 +537,27 @@ fn run_in(rep: &mut Report, dir: &Path) -> anyhow::Result<()> {
     let mut cl = Vec::new();
     writeln!(
         md,
-        "Cluster pair: two daemons on one host syncing over loopback (`--sync-interval 100ms`, default pace and refresh), a DSR VIP with {BACKENDS} backends; N flows written into the first one's table; then the second starts empty: *full table* is the time from its start until it holds N synced copies (read from its pinned table). Then {} s in which {CLUSTER_RATE} new flows a second go through the first one's data path as frames (SYN, then the client's ACK, sent into its veth) and as many of the oldest are closed by their client's RST: the frames per second sent (of the rate asked), the flows per second the data path placed and closed (its counters), the flow events per second the sync read (and lost), the sender's CPU (the whole daemon) and the receiver's, its datagrams and bytes per second to the peer, the flows per second its refresh rounds sent again (only flows in use since the last round: none of the written flows carries traffic), its sync ticks per second (10 when every tick keeps its 100 ms) and its last walk of the whole table (for the peer's hello).\n\n| flows | full table to a new peer | frames/s sent (asked) | placed / closed per s | events/s | sender CPU | receiver CPU | datagrams/s | bytes/s | refreshed/s | ticks/s | last walk |\n|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Cluster pair: two daemons on one host syncing over loopback (`--sync-interval 100ms`, default pace and refresh), a VIP with {BACKENDS} backends, DSR (an ECMP cluster) or NAT (a NAT pair's standby, `BENCH_SCALE_CLUSTER_NAT` sizes); N flows written into the first one's table; then the second starts empty: *full table* is the time from its start until it holds N synced copies (read from its pinned table). Then {} s in which {CLUSTER_RATE} new flows a second go through the first one's data path as frames (SYN, then the client's ACK, sent into its veth) and as many of the oldest are closed by their client's RST: the frames per second sent (of the rate asked), the flows per second the data path placed and closed (its counters), the flow events per second the sync read (and lost), the sender's CPU (the whole daemon) and the receiver's, its datagrams and bytes per second to the peer, the flows per second its refresh rounds sent again (only flows in use since the last round: none of the written flows carries traffic), its sync ticks per second (10 when every tick keeps its 100 ms) and its last walk of the whole table (for the peer's hello).\n\n| mode | flows | full table to a new peer | frames/s sent (asked) | placed / closed per s | events/s | sender CPU | receiver CPU | datagrams/s | bytes/s | refreshed/s | ticks/s | last walk |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         seconds("BENCH_SCALE_CLUSTER_S", 30).as_secs()
     )?;
-    for n in sizes("BENCH_SCALE_CLUSTER", &[100_000, 1_000_000, 4_000_000]) {
-        eprintln!("bench: scale: cluster pair, {n} flows");
-        match cluster_pair(dir, n, &mut md) {
+    let runs = sizes("BENCH_SCALE_CLUSTER", &[100_000, 1_000_000, 4_000_000])
+        .into_iter()
+        .map(|n| (false, n))
+        .chain(
+            sizes("BENCH_SCALE_CLUSTER_NAT", &[1_000_000])
+                .into_iter()
+                .map(|n| (true, n)),
+        );
+    for (nat, n) in runs {
+        let mode = if nat { "nat" } else { "dsr" };
+        eprintln!("bench: scale: cluster pair, {mode}, {n} flows");
+        match cluster_pair(dir, n, nat, &mut md) {
             Ok(j) => cl.push(j),
             Err(e) => {
                 let e = format!("{e:#}").replace('|', "/").replace('\n', " ");
                 let e: String = e.chars().take(300).collect();
-                writeln!(md, "| {n} | failed: {e} | | | | | | |")?;
-                cl.push(json!({"flows": n, "error": e}));
+                writeln!(md, "| {mode} | {n} | failed: {e} | | | | | | |")?;
+                cl.push(json!({"mode": mode, "flows": n, "error": e}));
             }
         }
     }
@@ -671,8 +680,13 @@ fn per_slot_of(d: &Daemon, vip: SocketAddr, n: u64) -> anyhow::Result<BTreeMap<(
     Ok(per)
 }
 
-fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
-    let vip: SocketAddr = DSR_VIP.parse()?;
+fn cluster_pair(dir: &Path, n: u64, nat: bool, md: &mut String) -> anyhow::Result<Value> {
+    let (vip_s, mode) = if nat {
+        (NAT_VIP, "nat")
+    } else {
+        (DSR_VIP, "dsr")
+    };
+    let vip: SocketAddr = vip_s.parse()?;
     let table = table_for(n + 60_000);
     let a = Daemon::start(
         dir,
@@ -686,7 +700,7 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
             "127.0.0.1:7947",
         ],
     )?;
-    a.configure(DSR_VIP, true)?;
+    a.configure(vip_s, !nat)?;
     a.inject(vip, 0, n, balancer::datapath::gc::datapath_now_ns())?;
     // Its walks have sent them to no one yet: the peer is not up.
     thread::sleep(Duration::from_secs(2));
@@ -703,7 +717,7 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
         ],
     )?;
     let t0 = Instant::now();
-    b.configure(DSR_VIP, true)?;
+    b.configure(vip_s, !nat)?;
     let synced = |d: &Daemon| {
         d.count(map_names::FLOWS, |k, e| {
             k.kind == flow_kind::LIVE && e.state & fl::F_SYNCED != 0
@@ -737,7 +751,7 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
     let (src_mac, dst_mac) = (crate::rig::mac_of("sc1")?, crate::rig::mac_of("sc0")?);
     let vip_octets = match vip.ip() {
         IpAddr::V4(a) => a.octets(),
-        IpAddr::V6(_) => anyhow::bail!("the DSR VIP is IPv4"),
+        IpAddr::V6(_) => anyhow::bail!("the VIP is IPv4"),
     };
     let c0 = a.counters()?;
     let t1 = Instant::now();
@@ -800,7 +814,7 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
     let (placed, closed) = (dc("new_flows"), dc("closed_rst"));
     writeln!(
         md,
-        "| {n} | {} | {:.0} / {:.0} | {placed:.0} / {closed:.0} | {events:.0} ({lost:.0} lost) | {:.1} % | {:.1} % | {dgrams:.0} | {bytes:.0} | {refreshed:.0} | {ticks:.1} | {walk_ms:.1} ms |",
+        "| {mode} | {n} | {} | {:.0} / {:.0} | {placed:.0} / {closed:.0} | {events:.0} ({lost:.0} lost) | {:.1} % | {:.1} % | {dgrams:.0} | {bytes:.0} | {refreshed:.0} | {ticks:.1} | {walk_ms:.1} ms |",
         full_s.map_or("not within 300 s".into(), |s| format!("{s:.1} s")),
         frames_sent as f64 / secs,
         3.0 * CLUSTER_RATE as f64,
@@ -808,7 +822,7 @@ fn cluster_pair(dir: &Path, n: u64, md: &mut String) -> anyhow::Result<Value> {
         100.0 * cpu_b,
     )?;
     Ok(
-        json!({"flows": n, "full_table_s": full_s, "sender_cpu": cpu_a, "receiver_cpu": cpu_b,
+        json!({"mode": mode, "flows": n, "full_table_s": full_s, "sender_cpu": cpu_a, "receiver_cpu": cpu_b,
         "frames_per_s": frames_sent as f64 / secs, "placed_per_s": placed, "closed_per_s": closed,
         "events_per_s": events, "events_lost_per_s": lost, "refreshed_per_s": refreshed,
         "datagrams_per_s": dgrams, "bytes_per_s": bytes, "ticks_per_s": ticks, "last_walk_ms": walk_ms,
