@@ -49,6 +49,11 @@ const CONTROL_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 
 /// The QUIC VIP: UDP port 443 of the VIP's address, L2 DSR, QUIC-LB
 /// server IDs of one octet (the last octet of each backend's address).
 const QUIC_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 443);
+/// The UDP VIP of the flow-sync move ([`udp_move`]): UDP port 5300 of
+/// the VIP's address, L2 DSR like [`VIP`], no QUIC-LB.
+const UDP_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 5300);
+/// UDP flows of that phase.
+const UDP_FLOWS: u16 = 200;
 /// quinn connections of the QUIC phase.
 const QUIC_CONNECTIONS: usize = 8;
 /// Backend hosts.
@@ -147,6 +152,10 @@ struct Cluster {
     /// The tunnel form ([`run_tunnel`]): IP-in-IP VIPs, the backends
     /// running the decapsulation program, no sync between the balancers.
     tunnel: bool,
+    /// Daemons started from now on run without flow sync (no
+    /// `--cluster-listen`, no `--peer`: the UDP move's control): each
+    /// keeps the flows it placed to itself.
+    no_sync: bool,
 }
 
 impl Drop for Cluster {
@@ -186,6 +195,7 @@ impl Cluster {
             bin: balancer_bin()?,
             members: lbs.to_vec(),
             tunnel,
+            no_sync: false,
             dir,
         };
         for &n in lbs {
@@ -520,8 +530,8 @@ impl Cluster {
             "127.0.0.1:9464".into(),
         ];
         // The tunnel form runs without sync: each balancer knows only the
-        // flows it placed.
-        if !self.tunnel {
+        // flows it placed (and so does the UDP move's control).
+        if !self.tunnel && !self.no_sync {
             args.extend([
                 "--cluster-listen".into(),
                 format!("{}:{SYNC_PORT}", lb_ip(n)),
@@ -536,7 +546,7 @@ impl Cluster {
                 args.push("--peer".into());
                 args.push(format!("{}:{SYNC_PORT}", lb_ip(*m)));
             }
-        } else {
+        } else if self.tunnel {
             // Without a cluster key the balancers share the consistent
             // candidates' secret through a file, or each would draw its
             // own rows.
@@ -878,6 +888,7 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     if !long {
         return Ok(());
     }
+    udp_move(c)?;
     cut_and_join(c, held)?;
     herd(c, &[1, 2, 4]).map(|_| ())
 }
@@ -1103,6 +1114,314 @@ fn failover(c: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A UDP server on every backend, on [`UDP_VIP`] (the VIP's address is on
+/// each backend's `lo`, so the answers leave from the VIP, straight to the
+/// client): each datagram is answered with the backend's index followed
+/// by the datagram.
+struct UdpServers {
+    stop: Arc<AtomicBool>,
+    handles: Vec<thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl UdpServers {
+    fn start(c: &Cluster) -> anyhow::Result<UdpServers> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut handles = Vec::new();
+        for k in 0..BACKENDS {
+            let (ns, stop, tx) = (c.backends[k].path(), stop.clone(), tx.clone());
+            handles.push(thread::spawn(move || -> anyhow::Result<()> {
+                let bound = (|| {
+                    enter_ns(&ns)?;
+                    let s = std::net::UdpSocket::bind(UDP_VIP)?;
+                    s.set_read_timeout(Some(Duration::from_millis(100)))?;
+                    anyhow::Ok(s)
+                })();
+                let _ = tx.send(
+                    bound
+                        .as_ref()
+                        .map(|_| ())
+                        .map_err(|e| format!("b{k}: {e:#}")),
+                );
+                let s = bound?;
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    match s.recv_from(&mut buf) {
+                        Ok((len, from)) => {
+                            let mut out = vec![k as u8];
+                            out.extend_from_slice(&buf[..len]);
+                            let _ = s.send_to(&out, from);
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok(())
+            }));
+        }
+        drop(tx);
+        let servers = UdpServers { stop, handles };
+        for _ in 0..BACKENDS {
+            rx.recv()?.map_err(anyhow::Error::msg)?;
+        }
+        Ok(servers)
+    }
+}
+
+impl Drop for UdpServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// [`UDP_FLOWS`] UDP sockets of the client host, from ports `base`,
+/// `base + 1`, ..., each connected to [`UDP_VIP`]: one flow each.
+fn udp_clients(c: &Cluster, base: u16) -> anyhow::Result<Vec<std::net::UdpSocket>> {
+    let ns = c.client.path();
+    thread::spawn(move || -> anyhow::Result<Vec<std::net::UdpSocket>> {
+        enter_ns(&ns)?;
+        (0..UDP_FLOWS)
+            .map(|i| {
+                let s = std::net::UdpSocket::bind((Ipv4Addr::new(10, 0, 8, 2), base + i))?;
+                s.connect(UDP_VIP)?;
+                s.set_read_timeout(Some(Duration::from_millis(300)))?;
+                Ok(s)
+            })
+            .collect()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("opening the UDP sockets panicked"))?
+}
+
+/// One datagram on every flow, each answered within 300 ms (3 tries):
+/// the backend that answered each, `None` for none.
+fn udp_exchange(socks: &[std::net::UdpSocket], round: u8) -> Vec<Option<u8>> {
+    socks
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let msg = [round, (i >> 8) as u8, i as u8];
+            for _ in 0..3 {
+                if s.send(&msg).is_err() {
+                    continue;
+                }
+                let deadline = Instant::now() + Duration::from_millis(300);
+                let mut buf = [0u8; 16];
+                while Instant::now() < deadline {
+                    match s.recv(&mut buf) {
+                        Ok(4) if buf[1..4] == msg => return Some(buf[0]),
+                        // An earlier try's late answer.
+                        Ok(_) => continue,
+                        Err(_) => break,
+                    }
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// Flows of [`UDP_VIP`] from client ports `base..base + UDP_FLOWS` in
+/// balancer `n`'s tables (its own and its peers' synced ones).
+fn udp_flows_held(c: &Cluster, n: usize, base: u16) -> anyhow::Result<usize> {
+    let v = c.json(
+        n,
+        &[
+            "flows",
+            "--vip",
+            &UDP_VIP.to_string(),
+            "--limit",
+            "10000",
+            "--json",
+        ],
+    )?;
+    Ok(v["flows"].as_array().map_or(0, |f| {
+        f.iter()
+            .filter(|f| {
+                f["client"]
+                    .as_str()
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+                    .is_some_and(|a| (base..base + UDP_FLOWS).contains(&a.port()))
+            })
+            .count()
+    }))
+}
+
+/// What a drain of lb2 did to [`UDP_FLOWS`] UDP flows.
+struct UdpMoved {
+    /// Flows of the round held by lb1, lb2 and lb3 before the drain.
+    held: Vec<usize>,
+    /// Flows answered by another backend after the drain than before.
+    moved: usize,
+    /// Flows answered by no backend after the drain.
+    unanswered: usize,
+    /// Flows answered by another backend than their first once lb2 was
+    /// back in service.
+    moved_back: usize,
+    /// `flows_adopted` of lb1 and lb3 during the drain.
+    adopted: u64,
+}
+
+/// One round of the UDP move: [`UDP_FLOWS`] flows from ports `base..`,
+/// each answered by a backend, promoted by a second datagram 1 s later
+/// (docs/udp.md: direct-return UDP flows), then lb2 drained, so that
+/// ECMP moves its flows to lb1 and lb3, and put back in service; each
+/// flow's backend compared with its first after each change. `synced`:
+/// wait (up to 5 s) until every balancer holds every flow.
+fn udp_round(c: &Cluster, base: u16, synced: bool) -> anyhow::Result<UdpMoved> {
+    let lbs = [1, 2, 3];
+    let socks = udp_clients(c, base)?;
+    let first = udp_exchange(&socks, 1);
+    let silent = first.iter().filter(|b| b.is_none()).count();
+    ensure!(silent == 0, "{silent} of {UDP_FLOWS} UDP flows unanswered");
+    // A direct-return UDP flow is promoted by a datagram at least 1 s
+    // after its first (a protocol timer, not a wait for a condition).
+    thread::sleep(Duration::from_millis(1100));
+    let second = udp_exchange(&socks, 2);
+    ensure!(
+        second == first,
+        "UDP flows changed backend with no change to the cluster"
+    );
+    if synced {
+        // With flow sync, every balancer holds every flow (its own, and
+        // the others' synced). Not an error here if they do not: the
+        // moves below say what that costs.
+        let _ = testbed::wait_until(Duration::from_secs(5), || {
+            let mut held = Vec::new();
+            for n in lbs {
+                held.push(udp_flows_held(c, n, base)?);
+            }
+            Ok(if held.iter().all(|h| *h >= UDP_FLOWS as usize) {
+                Ok(())
+            } else {
+                Err(format!("{held:?}"))
+            })
+        });
+    }
+    let held = lbs
+        .iter()
+        .map(|n| udp_flows_held(c, *n, base))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let adopted0 = adopted(c, &[1, 3])?;
+    c.cli(2, &["cluster", "drain"])?;
+    c.await_hops(&[1, 3], Duration::from_secs(10))?;
+    let third = udp_exchange(&socks, 3);
+    let adopted = adopted(c, &[1, 3])? - adopted0;
+    c.cli(2, &["cluster", "undrain"])?;
+    c.await_hops(&lbs, Duration::from_secs(10))?;
+    let fourth = udp_exchange(&socks, 4);
+    let moved_from = |after: &[Option<u8>]| {
+        after
+            .iter()
+            .zip(&first)
+            .filter(|(a, f)| a.is_some() && a != f)
+            .count()
+    };
+    Ok(UdpMoved {
+        held,
+        moved: moved_from(&third),
+        unanswered: third.iter().filter(|b| b.is_none()).count(),
+        moved_back: moved_from(&fourth),
+        adopted,
+    })
+}
+
+/// Restarts lb1, lb2 and lb3's daemons, with or without flow sync
+/// (`no_sync`), and waits for the router to have all three again.
+fn restart_daemons(c: &mut Cluster, no_sync: bool) -> anyhow::Result<()> {
+    let lbs = [1, 2, 3];
+    c.no_sync = no_sync;
+    for n in lbs {
+        c.stop_daemon(n)?;
+        c.start_daemon(n, &[])?;
+    }
+    c.await_hops(&lbs, Duration::from_secs(30)).map(|_| ())
+}
+
+/// UDP flows moved by ECMP (issue 44): a UDP VIP in L2 DSR (no QUIC-LB,
+/// so its flows are synced like TCP's), [`UDP_FLOWS`] flows from the
+/// client host, each answered by its backend; lb2 drained: the flows ECMP
+/// moves to lb1 and lb3 are adopted there and every flow keeps its
+/// backend (0 moved), and again when lb2 is back. The control, showing
+/// the check can fail: the same with the daemons restarted without flow
+/// sync (no `--cluster-listen`, no `--peer`, as in the tunnel form): lb1
+/// and lb3 place the moved flows afresh, and some change backend.
+fn udp_move(c: &mut Cluster) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let vip = UDP_VIP.to_string();
+    let lbs = [1, 2, 3];
+    for n in lbs {
+        c.cli(
+            n,
+            &[
+                "vip",
+                "add",
+                &vip,
+                "--protocol",
+                "udp",
+                "--mode",
+                "dsr",
+                "--health",
+                "off",
+                "--udp-timeout",
+                "30s",
+            ],
+        )?;
+        let bs: Vec<String> = (0..BACKENDS)
+            .map(|k| SocketAddr::new(backend(k).ip(), UDP_VIP.port()).to_string())
+            .collect();
+        let mut args = vec!["backend", "add", vip.as_str()];
+        args.extend(bs.iter().map(String::as_str));
+        c.cli(n, &args)?;
+    }
+    let servers = UdpServers::start(c)?;
+    let synced = udp_round(c, 20_000, true)?;
+    println!(
+        "cluster: udp: {UDP_FLOWS} UDP flows of a DSR VIP, lb2 drained: {} moved to another \
+         backend, {} unanswered ({} adopted by lb1 and lb3; lb1, lb2, lb3 held {:?} of them \
+         before); lb2 back in service: {} on another backend than their first",
+        synced.moved, synced.unanswered, synced.adopted, synced.held, synced.moved_back
+    );
+    // Control: no flow sync.
+    restart_daemons(c, true)?;
+    let control = udp_round(c, 21_000, false)?;
+    println!(
+        "cluster: udp: control: without flow sync (no --cluster-listen, no --peer), lb2 drained: {} of {UDP_FLOWS} \
+         UDP flows moved to another backend, {} unanswered ({} adopted; held {:?})",
+        control.moved, control.unanswered, control.adopted, control.held
+    );
+    restart_daemons(c, false)?;
+    drop(servers);
+    for n in lbs {
+        c.cli(n, &["vip", "remove", &vip])?;
+    }
+    println!(
+        "cluster: udp: the UDP move and its control took {} ms",
+        t0.elapsed().as_millis()
+    );
+    ensure!(
+        control.moved > 0,
+        "control: without flow sync no UDP flow changed backend when lb2 was drained: the check \
+         cannot fail"
+    );
+    ensure!(
+        synced.moved == 0 && synced.unanswered == 0 && synced.moved_back == 0,
+        "with flow sync, draining lb2 moved {} of {UDP_FLOWS} UDP flows to another backend ({} \
+         unanswered), putting it back {}",
+        synced.moved,
+        synced.unanswered,
+        synced.moved_back
+    );
+    Ok(())
+}
+
 /// The long run's changes: lb3's host cut off, a fourth balancer added.
 fn cut_and_join(c: &mut Cluster, held: u64) -> anyhow::Result<()> {
     // lb3's host cut off: the router notices when the BGP hold time (3 s)
@@ -1155,8 +1474,10 @@ fn shift(c: &Cluster, back: &[usize], out: &[usize], then: &[usize]) -> anyhow::
 
 /// One run of the quinn probe across balancers: its connections open
 /// and change their source port through lb1 alone, then lb1 is drained
-/// and lb2 and lb3 (which hold no flow of the VIP: UDP flows are not
-/// synced) carry their next requests. Returns what the probe saw.
+/// and lb2 and lb3 (which hold no flow of the VIP: the flows of a VIP
+/// routed by QUIC-LB connection IDs are not synced, unlike those of other
+/// UDP VIPs, [`udp_move`]) carry their next requests. Returns what the
+/// probe saw.
 fn quic_probe(c: &Cluster) -> anyhow::Result<crate::quic::Probed> {
     // An earlier run's flows expire by the VIP's UDP timeout (5 s).
     testbed::wait_until(Duration::from_secs(15), || {

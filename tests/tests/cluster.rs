@@ -4,8 +4,9 @@
 //! broken; a connection cap of 50 held across the three (the peers' load
 //! reports count toward it); a host cut off dropped from the router's route
 //! within 1 s by BFD, and the control (a session without BFD, its hold
-//! timer). `BALANCER_CLUSTER_FULL=1` runs the full form (a host cut off
-//! under held connections, a balancer added, the herd table). Isolates itself in
+//! timer). `BALANCER_CLUSTER_FULL=1` runs the full form (UDP flows kept
+//! across a drain by the flow sync, a host cut off under held
+//! connections, a balancer added, the herd table). Isolates itself in
 //! network and mount namespaces of its own.
 
 #[test]
@@ -24,6 +25,8 @@ fn balancers_behind_ecmp_share_flows() {
     ];
     if long {
         markers.extend([
+            "cluster: udp: 200 UDP flows of a DSR VIP, lb2 drained: 0 moved",
+            "cluster: udp: control: without flow sync",
             "cluster: lb3's host cut off",
             "cluster: lb4 added",
             "cluster: herd: |",
