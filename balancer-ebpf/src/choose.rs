@@ -826,7 +826,7 @@ fn place_inner(
     }
     atomic::add(&BACKEND_CONNS, slot, 1);
     atomic::add(&SERVER_CONNS, b.server, 1);
-    crate::events::flow_event(key, &entry, b, balancer_common::flow_event::PLACED);
+    crate::events::flow_event(key, &entry, balancer_common::flow_event::PLACED);
     affinity::remember(vip, &seg.src_addr, slot, b.generation, now);
     if vip.flags & VIP_F_FALLBACK != 0 {
         count(Counter::FallbackFlows, 1);

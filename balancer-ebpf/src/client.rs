@@ -39,16 +39,8 @@ pub fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, tab
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
     if synced_only(entry) {
-        // A flow a peer balancer placed, moved here (ECMP rehashed it):
-        // counted once, by the CPU whose OR set the bit.
         // SAFETY: `e` points to the flow-table value of `key`.
-        if unsafe { atomic::fetch_or_state(e, flow::F_ADOPTED) } & flow::F_ADOPTED == 0 {
-            atomic::add(&BACKEND_CONNS, slot, 1);
-            atomic::add(&SERVER_CONNS, b.server, 1);
-            count(Counter::FlowsAdopted, 1);
-            // SAFETY: as above; the entry with its adoption bit.
-            crate::events::flow_event(key, unsafe { &*e }, b, balancer_common::flow_event::CHANGED);
-        }
+        unsafe { adopt(key, e, b, slot) };
     }
     // An established flow's segment that only moves sequence numbers
     // (`flow::steady`): stored here, without the call into `track`.
@@ -104,6 +96,27 @@ unsafe fn syn_retransmitted(e: *mut FlowEntry, client: &Addr, b: &Backend, slot:
     // SAFETY: the caller's contract.
     if unsafe { atomic::fetch_or_state(e, flow::F_SYN_RETRANSMIT) } & flow::F_SYN_RETRANSMIT == 0 {
         track::failed(slot, b, Failure::SynRetransmit, client, false);
+    }
+}
+
+/// Adopts the peer's synced flow `key` at `e` (on backend `b` in `slot`):
+/// a segment of it came here (ECMP moved it, or a NAT pair's standby took
+/// over: the client's segment or the backend's reply, whichever comes
+/// first). Counted once, by the CPU whose OR set `F_ADOPTED`, and reported
+/// to the peers as this balancer's flow. Not inlined: one copy for the
+/// client, reply and UDP stages, walked only on that branch.
+///
+/// # Safety
+/// `e` points to the flow-table value of `key`.
+#[inline(never)]
+pub unsafe fn adopt(key: &FlowKey, e: *mut FlowEntry, b: &Backend, slot: u32) {
+    // SAFETY: the caller's contract.
+    if unsafe { atomic::fetch_or_state(e, flow::F_ADOPTED) } & flow::F_ADOPTED == 0 {
+        atomic::add(&BACKEND_CONNS, slot, 1);
+        atomic::add(&SERVER_CONNS, b.server, 1);
+        count(Counter::FlowsAdopted, 1);
+        // SAFETY: as above; the entry with its adoption bit.
+        crate::events::flow_event(key, unsafe { &*e }, balancer_common::flow_event::CHANGED);
     }
 }
 

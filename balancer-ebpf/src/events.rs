@@ -4,7 +4,7 @@
 
 use aya_ebpf::bindings::BPF_RB_NO_WAKEUP;
 use balancer_common::{
-    encap::mode, Backend, Counter, FlowEntry, FlowEvent, FlowKey, SETTINGS_F_FLOW_EVENTS,
+    flow_event, Counter, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, SETTINGS_F_FLOW_EVENTS,
 };
 
 use crate::{
@@ -13,15 +13,18 @@ use crate::{
 };
 
 /// Writes a [`FlowEvent`] of `kind` (`flow_event::*`) for the flow `key`
-/// with entry `e`, when `b` is a direct-return backend (only those flows
-/// are synced) and the daemon asked for events ([`SETTINGS_F_FLOW_EVENTS`]).
+/// with entry `e` on backend `b`, when the daemon asked for events
+/// ([`SETTINGS_F_FLOW_EVENTS`]: it syncs flows with peers). Flows of every
+/// mode are synced (a NAT pair's standby holds them: docs/cluster.md); a
+/// UDP flow only once it is proven (its promotion writes a `CHANGED`
+/// event), not when placed: one forged datagram per source writes nothing.
 /// A full ring is counted ([`Counter::FlowEventsLost`]); the daemon then
 /// sends its whole table. The record is written in place (no copy on a
 /// stack that has nothing to spare) and submitted without a wakeup: the
 /// daemon polls the ring every 10 ms.
 #[inline(never)]
-pub fn flow_event(key: &FlowKey, e: &FlowEntry, b: &Backend, kind: u32) {
-    if !mode::one_sided(b.mode) {
+pub fn flow_event(key: &FlowKey, e: &FlowEntry, kind: u32) {
+    if kind == flow_event::PLACED && key.proto != IPPROTO_TCP {
         return;
     }
     if !SETTINGS

@@ -27,6 +27,13 @@ pub fn to_client(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> Next 
         Reply::Live(key, e, table, b) => {
             // SAFETY: pointer from a successful lookup.
             let (slot, vip_index) = unsafe { ((*e).backend_slot, (*e).vip_index) };
+            // SAFETY: as above.
+            if crate::client::synced_only(unsafe { &*e }) {
+                // A NAT pair's standby that took over: the backend's
+                // segment may come before its client's.
+                // SAFETY: `e` is the entry of `key`.
+                unsafe { crate::client::adopt(key, e, b, slot) };
+            }
             // SAFETY: `e` is the entry of `key` in `table`, pinned to `b`.
             let event = unsafe {
                 track::track(

@@ -279,9 +279,9 @@ unsafe fn track_flow(
     };
     match verdict {
         Verdict::Open => {
-            if one_sided && step.set & !old & flow::SYNCED_BITS != 0 {
+            if step.set & !old & flow::SYNCED_BITS != 0 {
                 // SAFETY: the entry, after this segment's stores.
-                crate::events::flow_event(key, unsafe { &*e }, b, flow_event::CHANGED);
+                crate::events::flow_event(key, unsafe { &*e }, flow_event::CHANGED);
             }
         }
         Verdict::RstOutOfWindow => {
@@ -646,7 +646,7 @@ fn close(
     }
     // Before the delete (which frees `entry`): a racing closer may send
     // the same event too, which a peer applies once.
-    crate::events::flow_event(live_key, entry, b, flow_event::CLOSED);
+    crate::events::flow_event(live_key, entry, flow_event::CLOSED);
     if table.map().remove(live_key).is_ok() {
         atomic::add(&BACKEND_CONNS, slot, u64::MAX);
         atomic::add(&SERVER_CONNS, b.server, u64::MAX);

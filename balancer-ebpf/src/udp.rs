@@ -127,6 +127,12 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
         return xdp_action::XDP_DROP;
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
+    if client::synced_only(entry) {
+        // A peer's proven flow, moved here (ECMP, or a NAT pair's
+        // takeover): counted from now on.
+        // SAFETY: `e` points to the flow-table value of `key`.
+        unsafe { client::adopt(key, e, b, slot) };
+    }
     if table == Table::HalfOpen && entry.state & flow::F_ESTABLISHED == 0 {
         let proven = if mode::one_sided(b.mode) {
             flow::graduates(entry.created_ns, now)
@@ -144,6 +150,10 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
             && unsafe { atomic::fetch_or_state(e, flow::F_ESTABLISHED) } & flow::F_ESTABLISHED == 0
         {
             count(Counter::UdpPromoted, 1);
+            // Proven: now the peers hold it (a placed UDP flow writes no
+            // event: one forged datagram per source costs the sync nothing).
+            // SAFETY: as above; the entry with its promotion bit.
+            crate::events::flow_event(key, unsafe { &*e }, balancer_common::flow_event::CHANGED);
         }
     }
     // SAFETY: as above; a plain store of a whole word.
@@ -187,6 +197,10 @@ fn reply(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> u32 {
             break;
         }
         let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
+        if client::synced_only(entry) {
+            // SAFETY: `e` points to the flow-table value of `key`.
+            unsafe { client::adopt(&key, e, b, slot) };
+        }
         let now = now_ns();
         if entry.state & flow::F_SERVED == 0 {
             // SAFETY: `e` points to the flow-table value of `key`.

@@ -945,6 +945,7 @@ fn strangers_refused(c: &Cluster) -> anyhow::Result<()> {
         &[balancer::cluster::sync::WireFlow {
             client: "10.0.8.2:1".parse()?,
             vip: VIP,
+            proto: 6,
             backend: backend(0),
             state: 8,
             client_next_seq: 1,

@@ -34,6 +34,7 @@ mod limits;
 mod main_vip;
 mod modes;
 mod multi_vip;
+mod pair;
 mod race;
 mod reconcile;
 mod retries;
@@ -86,6 +87,7 @@ pub fn run_suite() -> anyhow::Result<()> {
     n += jumbo::run()?;
     n += race::run()?;
     n += cluster::run()?;
+    n += pair::run()?;
     n += hostile::run()?;
     n += reconcile::run()?;
     n += consistent::run()?;

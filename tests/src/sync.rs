@@ -126,6 +126,27 @@ impl Drop for Peer {
     }
 }
 
+/// `balancer cluster status --json`'s totals of lb1 (or of the daemon at
+/// `socket`), for a failure's message.
+fn sync_totals(tb: &Testbed, socket: Option<&Path>) -> String {
+    let sock = socket.unwrap_or(tb.socket()).to_path_buf();
+    let out = std::process::Command::new(crate::testbed::balancer_bin().unwrap_or_default())
+        .args([
+            "--socket",
+            &sock.to_string_lossy(),
+            "cluster",
+            "status",
+            "--json",
+        ])
+        .output();
+    match out {
+        Ok(o) => serde_json::from_slice::<serde_json::Value>(&o.stdout)
+            .map(|v| v["stats"].to_string())
+            .unwrap_or_else(|_| String::from_utf8_lossy(&o.stderr).into_owned()),
+        Err(e) => e.to_string(),
+    }
+}
+
 fn start_peer(tb: &Testbed, extra: &[&str]) -> anyhow::Result<Peer> {
     let dir = tb.dir();
     let socket = dir.join("peer.sock");
@@ -318,8 +339,10 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     let (took_sync, n, held) = converge(tb, &peer, CONVERGE)?;
     let Some(took_sync) = took_sync else {
         anyhow::bail!(
-            "the peer holds {held} of lb1's {n} flows after {} s",
-            CONVERGE.as_secs()
+            "the peer holds {held} of lb1's {n} flows after {} s; lb1's sync: {}; the peer's: {}",
+            CONVERGE.as_secs(),
+            sync_totals(tb, None),
+            sync_totals(tb, Some(&peer.socket))
         );
     };
     println!(

@@ -118,11 +118,16 @@ pub fn print(v: &ClusterView) {
     println!("ready      {}", v.ready);
     for p in &v.peers {
         println!(
-            "peer       {}  synced {}  last heard {}",
+            "peer       {}  synced {}  last heard {}  config {}",
             p.address,
             p.synced,
             p.last_heard_ms
-                .map_or("never".into(), |ms| format!("{ms} ms ago"))
+                .map_or("never".into(), |ms| format!("{ms} ms ago")),
+            match p.config_matches {
+                None => "unknown",
+                Some(true) => "same",
+                Some(false) => "DIFFERS (its flows are refused: apply the same VIPs and backends)",
+            }
         );
     }
     println!("drained    {}", v.drained);
@@ -148,13 +153,15 @@ pub fn print(v: &ClusterView) {
     );
     let s = &v.stats;
     println!(
-        "flows      sent {} closed {} received {} unknown {} moved away {} synced closed {}",
+        "flows      sent {} closed {} received {} unknown {} refused (config differs) {} moved away {} synced closed {} peers back after silence {}",
         s.flows_sent,
         s.closed_sent,
         s.flows_received,
         s.flows_unknown,
+        s.flows_refused_config,
         s.flows_moved_away,
-        s.synced_closed
+        s.synced_closed,
+        s.peer_returns
     );
     println!(
         "datagrams  load reports {} undecodable {} not from a peer {} bad tag {} replayed {} send errors {}",

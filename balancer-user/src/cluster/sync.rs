@@ -32,7 +32,7 @@ use std::{
 };
 
 use balancer_common::{
-    flow as fl, flow_event, flow_kind, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP,
+    flow as fl, flow_event, flow_kind, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, IPPROTO_UDP,
 };
 use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::Mutex};
@@ -60,8 +60,10 @@ pub const MAX_DATAGRAM: usize = 1400;
 /// format had no header (its first byte was the message's variant index,
 /// 0..=4); this one, with the sequence number, sets the high bit so that
 /// neither reads as the other. 0x83: load reports carry each backend's
-/// placements of the interval (0x82 did not).
-pub const WIRE_VERSION: u8 = 0x83;
+/// placements of the interval (0x82 did not). 0x84: a flow names its
+/// protocol (UDP and NAT flows are synced), and [`Message::Config`] carries
+/// the sender's configuration digest.
+pub const WIRE_VERSION: u8 = 0x84;
 
 /// Bytes before the message: [`WIRE_VERSION`] and the sender's sequence
 /// number (64 bits, big-endian). The tag covers them.
@@ -78,7 +80,7 @@ pub const REPLAY_WINDOW: u64 = 64;
 /// too (its windows are then empty).
 pub const MAX_SEQUENCE_AGE: Duration = Duration::from_secs(60);
 
-/// Flows per datagram: [`WireFlow`] takes at most 43 bytes in postcard
+/// Flows per datagram: [`WireFlow`] takes at most 44 bytes in postcard
 /// (three IPv6 socket addresses would take more: a batch is split further
 /// when its encoding does not fit).
 const FLOWS_PER_DATAGRAM: usize = 24;
@@ -320,7 +322,8 @@ pub enum Message {
         /// The flows.
         flows: Vec<WireFlow>,
     },
-    /// Flows that closed at the sender: (client, VIP).
+    /// TCP flows that closed at the sender: (client, VIP). (A UDP flow has
+    /// no close: its copies idle out as it does.)
     Closed {
         /// The sender's node id.
         node: u64,
@@ -344,6 +347,61 @@ pub enum Message {
         /// placed in the last interval.
         loads: Vec<(SocketAddr, u64, u64)>,
     },
+    /// The sender's configuration digest ([`config_digest`]), sent after
+    /// its hello and with each load report (at least every
+    /// [`CONFIG_REPORT_EVERY`]), never queued behind flows: a peer whose
+    /// digest differs has its flows refused.
+    Config {
+        /// The sender's node id.
+        node: u64,
+        /// Its [`config_digest`].
+        digest: u64,
+    },
+}
+
+/// A digest of what a flow's sync depends on in `state`: every VIP (its
+/// address, protocols and mode) and its backends' addresses, in order (the
+/// first 8 bytes of their SHA-256). Two balancers with the same digest
+/// place a synced flow on the same backend of the same VIP; the balancers
+/// of a cluster or a NAT pair must have the same one, and a peer whose
+/// digest differs has its flows refused (`flows_refused_config`).
+pub fn config_digest(state: &crate::model::state::State) -> u64 {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for v in state.vips.values() {
+        h.update(
+            format!(
+                "vip {} {} {:?}\n",
+                v.addr,
+                v.settings.protocol.name(),
+                v.settings.mode
+            )
+            .as_bytes(),
+        );
+        let mut backends: Vec<SocketAddr> = v.backends.iter().map(|b| b.addr).collect();
+        backends.sort();
+        for b in backends {
+            h.update(format!("backend {b}\n").as_bytes());
+        }
+    }
+    let d = h.finalize();
+    u64::from_be_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
+}
+
+/// Longest time between two [`Message::Config`] datagrams (they go with
+/// each load report, and this often without them).
+pub const CONFIG_REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// Shortest time between two computations of this balancer's digest for a
+/// peer's flows that look refused (a peer whose configuration really
+/// differs costs one digest per this, not one per datagram).
+pub const CONFIG_RECHECK: Duration = Duration::from_millis(10);
+
+/// How long a peer may stay unheard, with load reports on, before it counts
+/// as returned when heard again (its host cut off and back): at least 1 s,
+/// and four times the reports' staleness bound.
+pub fn silence_after(stale_after: Duration) -> Duration {
+    (stale_after * 4).max(Duration::from_secs(1))
 }
 
 /// A daemon's side of the sync.
@@ -391,6 +449,13 @@ pub struct Sync {
     /// Peers' load reports are used (off with `--load-report-interval 0`:
     /// own counts only, whatever the peers send).
     pub use_peer_loads: bool,
+    /// This balancer's [`config_digest`], as last computed (each load
+    /// report, each datagram that carries a peer's).
+    pub own_config: u64,
+    /// When [`Sync::own_config`] was computed.
+    own_config_at: Option<Instant>,
+    /// Each peer's last [`config_digest`].
+    peer_config: BTreeMap<SocketAddr, u64>,
     /// Totals.
     pub stats: ClusterStats,
 }
@@ -418,6 +483,9 @@ impl Sync {
             last_heard: BTreeMap::new(),
             replay: BTreeMap::new(),
             use_peer_loads: true,
+            own_config: 0,
+            own_config_at: None,
+            peer_config: BTreeMap::new(),
             stats: ClusterStats::default(),
         }
     }
@@ -451,13 +519,13 @@ pub struct Outgoing {
     pub bulk: Vec<Vec<u8>>,
 }
 
-fn key_of(client: SocketAddr, vip: SocketAddr) -> FlowKey {
+fn key_of(client: SocketAddr, vip: SocketAddr, proto: u8) -> FlowKey {
     FlowKey {
         src_addr: ip_be(client.ip()),
         dst_addr: ip_be(vip.ip()),
         src_port: client.port().to_be(),
         dst_port: vip.port().to_be(),
-        proto: IPPROTO_TCP,
+        proto,
         kind: flow_kind::LIVE,
         _pad: 0,
     }
@@ -514,30 +582,31 @@ impl Sync {
                     .last_heard
                     .get(p)
                     .map(|t| t.elapsed().as_millis() as u64),
+                config_matches: self.peer_config.get(p).map(|d| *d == self.own_config),
             })
             .collect()
     }
 
     /// What to send of flow events read from the data path's ring
-    /// (`FlowEvent` records, in order): the new and changed own flows of
-    /// direct-return VIPs, and the closed ones, each flow once with its
-    /// last event (urgent, into the outbox).
+    /// (`FlowEvent` records, in order): the new and changed own flows, and
+    /// the closed ones, each flow once with its last event (urgent, into
+    /// the outbox).
     pub fn on_events(&mut self, events: &[FlowEvent], slots: &SyncedSlots, now_ns: u64) {
         self.stats.events += events.len() as u64;
         // The last event of each flow, in first-seen order.
-        let mut last: HashMap<(SocketAddr, SocketAddr), usize> = HashMap::new();
-        let mut order: Vec<(Option<WireFlow>, (SocketAddr, SocketAddr))> = Vec::new();
+        let mut last: HashMap<(SocketAddr, SocketAddr, u8), usize> = HashMap::new();
+        let mut order: Vec<(Option<WireFlow>, (SocketAddr, SocketAddr, u8))> = Vec::new();
         for ev in events {
             let k = ev.key;
-            // UDP flows are not synced (the wire names no protocol).
-            if k.kind != flow_kind::LIVE || k.proto != IPPROTO_TCP {
+            if k.kind != flow_kind::LIVE {
                 continue;
             }
             let Some((vip, _)) = slots.current(&ev.entry) else {
                 continue;
             };
-            let ends = (flow_endpoints(&k).0, vip);
-            let item = if ev.kind == flow_event::CLOSED {
+            let ends = (flow_endpoints(&k).0, vip, k.proto);
+            // Only TCP flows close (a UDP flow idles out).
+            let item = if ev.kind == flow_event::CLOSED && k.proto == IPPROTO_TCP {
                 None
             } else {
                 match slots.wire(&k, &ev.entry, now_ns, 0) {
@@ -557,7 +626,7 @@ impl Sync {
         for (item, ends) in order {
             match item {
                 Some(f) => flows.push(f),
-                None => closed.push(ends),
+                None => closed.push((ends.0, ends.1)),
             }
         }
         self.stats.flows_sent += flows.len() as u64;
@@ -743,6 +812,20 @@ impl Sync {
         Ok(encode(&loads, |loads| Message::Load { node, loads }))
     }
 
+    /// The [`Message::Config`] datagram of this balancer's configuration
+    /// now (its digest kept as [`Sync::own_config`]): sent directly, never
+    /// queued, so a peer never compares against a digest older than the
+    /// flows it receives after it.
+    pub fn config_report(&mut self, lb: &Balancer) -> Vec<u8> {
+        self.own_config = config_digest(lb.state());
+        self.own_config_at = Some(Instant::now());
+        let config = Message::Config {
+            node: self.node,
+            digest: self.own_config,
+        };
+        postcard::to_allocvec(&config).unwrap_or_default()
+    }
+
     /// Handles a datagram from a peer; returns what to send back (a full
     /// batch is due after a hello: it goes with the next tick).
     ///
@@ -775,18 +858,44 @@ impl Sync {
         let Some(m) = self.admit(from, datagram, realtime_ns()) else {
             return Ok(());
         };
-        self.last_heard.insert(from, now);
+        if let Some(before) = self.last_heard.insert(from, now) {
+            // Heard again after a silence (its host cut off and back, its
+            // daemon alive): it missed what changed meanwhile, this
+            // balancer's adoptions among it, so it gets the whole table
+            // (and releases its counts of the flows this one carries now).
+            let silence = silence_after(stale_after);
+            if self.use_peer_loads
+                && now.saturating_duration_since(before) >= silence
+                && self
+                    .last_full
+                    .is_none_or(|t| now.saturating_duration_since(t) >= silence)
+            {
+                self.full_requested = true;
+                self.stats.peer_returns += 1;
+            }
+        }
         match m {
+            Message::Config { node, digest } if node != self.node => {
+                self.own_config = config_digest(lb.state());
+                self.own_config_at = Some(now);
+                self.peer_config.insert(from, digest);
+            }
             Message::Hello { node } if node != self.node => self.full_requested = true,
             Message::Hello { .. } => {}
             Message::Synced { node } if node != self.node => {
                 self.synced_from.insert(from);
             }
-            Message::Flows { node, flows } if node != self.node => self.apply_flows(lb, &flows)?,
+            Message::Flows { node, flows } if node != self.node => {
+                if self.config_differs(lb, from, now) {
+                    self.stats.flows_refused_config += flows.len() as u64;
+                } else {
+                    self.apply_flows(lb, &flows)?;
+                }
+            }
             Message::Closed { node, flows } if node != self.node => {
                 let (_, maps) = lb.cluster_parts();
                 for (client, vip) in flows {
-                    let k = key_of(client, vip);
+                    let k = key_of(client, vip, IPPROTO_TCP);
                     if maps.flow(&k).is_some_and(|e| !fl::counted(e.state))
                         && maps.remove_flow(FlowTable::Established, &k)
                     {
@@ -811,6 +920,25 @@ impl Sync {
             _ => {}
         }
         Ok(())
+    }
+
+    /// `true` when peer `from`'s last configuration digest differs from
+    /// this balancer's. The own digest kept is recomputed first when it
+    /// differs and is older than [`CONFIG_RECHECK`] (an `apply` here since
+    /// the last report must not refuse a peer that already has it).
+    fn config_differs(&mut self, lb: &Balancer, from: SocketAddr, now: Instant) -> bool {
+        let Some(theirs) = self.peer_config.get(&from).copied() else {
+            return false;
+        };
+        if theirs != self.own_config
+            && self
+                .own_config_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= CONFIG_RECHECK)
+        {
+            self.own_config = config_digest(lb.state());
+            self.own_config_at = Some(now);
+        }
+        theirs != self.own_config
     }
 
     /// The message of a datagram from peer `from` (opened, with a key), or
@@ -871,7 +999,12 @@ impl Sync {
         let (state, maps) = lb.cluster_parts();
         for f in flows {
             let found = state.vips.get(&f.vip).and_then(|v| {
-                if !v.settings.mode.direct_return() {
+                let takes = match f.proto {
+                    IPPROTO_TCP => v.settings.protocol.tcp(),
+                    IPPROTO_UDP => v.settings.protocol.udp() && v.settings.quic_server_id_len == 0,
+                    _ => false,
+                };
+                if !takes {
                     return None;
                 }
                 let b = v.backends.iter().find(|b| b.addr == f.backend)?;
@@ -882,7 +1015,15 @@ impl Sync {
                 self.stats.flows_unknown += 1;
                 continue;
             };
-            let k = key_of(f.client, f.vip);
+            let k = key_of(f.client, f.vip, f.proto);
+            // A UDP flow lives in the half-open table (docs/udp.md): a
+            // peer's UDP flows, like its own, never take the place of a
+            // proven TCP connection.
+            let table = if f.proto == IPPROTO_UDP {
+                FlowTable::HalfOpen
+            } else {
+                FlowTable::Established
+            };
             let synced = FlowEntry {
                 backend_slot: slot,
                 backend_generation: generation,
@@ -909,7 +1050,7 @@ impl Sync {
                                 maps.add_adjust(Count::Server(s), u64::MAX)?;
                             }
                         }
-                        maps.write_flow(&k, &synced)?;
+                        maps.write_flow_in(table, &k, &synced)?;
                         self.stats.flows_moved_away += 1;
                     }
                 }
@@ -917,11 +1058,11 @@ impl Sync {
                     // A synced copy: refreshed (kept created time).
                     let mut r = synced;
                     r.created_ns = e.created_ns;
-                    maps.write_flow(&k, &r)?;
+                    maps.write_flow_in(table, &k, &r)?;
                     self.stats.flows_received += 1;
                 }
                 None => {
-                    maps.write_flow(&k, &synced)?;
+                    maps.write_flow_in(table, &k, &synced)?;
                     self.stats.flows_received += 1;
                 }
             }
@@ -1190,7 +1331,9 @@ pub async fn run(
         link.cfg.load_report_interval
     };
     let stale_after = report_every * 3;
-    let mut report = tokio::time::interval(report_every);
+    // Without load reports the configuration digest still goes every
+    // second.
+    let mut report = tokio::time::interval(report_every.min(CONFIG_REPORT_EVERY));
     report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 65536];
     let mut log = crate::serve::logs::RateLimitedLog::default();
@@ -1198,7 +1341,7 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = pace.tick() => link.pace(&lb, &sync, per_pace, bulk_per_pace).await,
-            _ = report.tick(), if !link.cfg.load_report_interval.is_zero() => {
+            _ = report.tick() => {
                 link.report(&lb, &sync, stale_after).await;
             }
             r = link.sock.recv_from(&mut buf) => {
@@ -1336,6 +1479,9 @@ impl Link {
             }
         };
         let hello = postcard::to_allocvec(&Message::Hello { node }).unwrap_or_default();
+        let digest = config_digest(lb.lock().await.state());
+        sync.lock().await.own_config = digest;
+        let config = postcard::to_allocvec(&Message::Config { node, digest }).unwrap_or_default();
         let mut link = Link {
             sock,
             cfg,
@@ -1345,7 +1491,7 @@ impl Link {
             ring,
         };
         // Sequence numbers start at this start's CLOCK_REALTIME.
-        link.send(&[hello]).await;
+        link.send(&[hello, config]).await;
         Some((link, tables))
     }
 
@@ -1402,16 +1548,24 @@ impl Link {
         }
     }
 
-    /// A report tick: the peers' last reports published, this balancer's
-    /// load sent.
+    /// A report tick: this balancer's configuration digest sent; with load
+    /// reports on, the peers' last reports published and this balancer's
+    /// load sent too.
     async fn report(&mut self, lb: &Mutex<Balancer>, sync: &Mutex<Sync>, stale_after: Duration) {
-        let out = {
+        let loads = !self.cfg.load_report_interval.is_zero();
+        let (config, out) = {
             let mut lb = lb.lock().await;
             let mut s = sync.lock().await;
-            let _ = s.publish_peer_loads(&mut lb, stale_after);
-            s.load_report(&mut lb)
+            let config = s.config_report(&lb);
+            if loads {
+                let _ = s.publish_peer_loads(&mut lb, stale_after);
+                (config, s.load_report(&mut lb).ok())
+            } else {
+                (config, None)
+            }
         };
-        if let Ok(d) = out {
+        self.send(&[config]).await;
+        if let Some(d) = out {
             self.send(&d).await;
         }
     }
@@ -1677,6 +1831,7 @@ mod tests {
         WireFlow {
             client: c,
             vip: v,
+            proto: IPPROTO_UDP,
             backend: b,
             state: fl::F_ESTABLISHED | fl::F_DATA,
             client_next_seq: u32::MAX,
@@ -1750,18 +1905,23 @@ mod tests {
         (flows, closed, synced)
     }
 
-    /// Slot 3 (generation 2) is a backend of a direct-return VIP.
+    /// Slot 3 (generation 2) is a backend of a VIP.
     fn slots() -> SyncedSlots {
         let f = flow(0, false);
         let mut by_slot = vec![None; 4];
-        by_slot[3] = Some((f.vip, f.backend, 2));
+        by_slot[3] = Some(crate::datapath::wire::SlotWire {
+            vip: f.vip,
+            backend: f.backend,
+            generation: 2,
+            udp: true,
+        });
         SyncedSlots::with_slots(by_slot)
     }
 
     fn event(i: u16, kind: u32, state: u32, slot: u32, generation: u32) -> FlowEvent {
         let f = flow(i, false);
         FlowEvent {
-            key: key_of(f.client, f.vip),
+            key: key_of(f.client, f.vip, IPPROTO_TCP),
             entry: FlowEntry {
                 backend_slot: slot,
                 backend_generation: generation,
@@ -1853,7 +2013,7 @@ mod tests {
         let r = s.refresh_round(300, Duration::ZERO, slots()).expect("due");
         assert_eq!(r.since_ns, 100);
         let f = flow(1, false);
-        let k = key_of(f.client, f.vip);
+        let k = key_of(f.client, f.vip, IPPROTO_TCP);
         let e = |last_seen_ns| FlowEntry {
             backend_slot: 3,
             backend_generation: 2,
@@ -2066,6 +2226,7 @@ mod tests {
         let k = key_of(
             "10.0.1.2:40000".parse().unwrap(),
             "10.0.0.10:80".parse().unwrap(),
+            IPPROTO_TCP,
         );
         let (c, v) = flow_endpoints(&k);
         assert_eq!(

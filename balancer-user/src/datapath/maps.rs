@@ -1410,6 +1410,17 @@ impl Maps {
             .map_err(map_err(map_names::FLOWS, "write"))
     }
 
+    /// Writes a flow entry into table `t` (a peer's synced UDP flow goes
+    /// to the half-open table, as the data path's own: docs/udp.md).
+    ///
+    /// # Errors
+    /// Map write failure.
+    pub fn write_flow_in(&mut self, t: FlowTable, key: &FlowKey, e: &FlowEntry) -> Result<()> {
+        self.table_mut(t)
+            .insert(key, e, 0)
+            .map_err(map_err(t.map_name(), "write"))
+    }
+
     /// Up to `limit` flow entries of both tables, and whether more exist.
     pub fn some_flows(&self, limit: usize) -> (Vec<(FlowTable, FlowKey, FlowEntry)>, bool) {
         let mut out = Vec::new();

@@ -551,6 +551,15 @@ pub struct ClusterStats {
     pub flows_unknown: u64,
     /// Own flows a peer saw more recently: count released, kept as synced.
     pub flows_moved_away: u64,
+    /// Flows refused because their peer's VIPs and backends differ from
+    /// this balancer's (its configuration digest, sent with its hello,
+    /// `Synced` and load reports, is not this one's).
+    #[serde(default)]
+    pub flows_refused_config: u64,
+    /// Peers heard again after a silence (a cut-off host whose links came
+    /// back): the whole table was sent again for them.
+    #[serde(default)]
+    pub peer_returns: u64,
     /// Synced flows removed because their owner closed them.
     pub synced_closed: u64,
     /// Load reports received.
@@ -664,6 +673,11 @@ pub struct PeerView {
     pub synced: bool,
     /// Time since its last valid datagram, ms (none: never heard).
     pub last_heard_ms: Option<u64>,
+    /// Its VIPs and backends are this balancer's (its configuration
+    /// digest is this one's); none: no digest heard yet. Flows from a peer
+    /// whose configuration differs are refused (`flows_refused_config`).
+    #[serde(default)]
+    pub config_matches: Option<bool>,
 }
 
 /// A backend's health, for `GET /v1/health`.

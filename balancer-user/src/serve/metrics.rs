@@ -43,7 +43,7 @@
 //! | `cluster_announced` (1 per VIP address announced by BGP), `cluster_bgp_error` (0 or 1) | gauge | vip / |
 //! | `cluster_peer_synced` (0 or 1), `cluster_peer_last_heard_seconds` | gauge | peer |
 //! | `cluster_herd_pairs_total`, `cluster_herd_same_total`, `cluster_herd_index` (see `cluster::sync::Herd`) | counter, gauge | |
-//! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`, `events`, `events_lost`, `repairs`, `flows_refreshed`, `queue_dropped`) |
+//! | `cluster_sync_total` (the sync's totals) | counter | what (`flows_sent`, `flows_received`, `flows_unknown`, `flows_moved_away`, `flows_refused_config`, `peer_returns`, `closed_sent`, `synced_closed`, `load_reports`, `bad_datagrams`, `not_from_peer`, `bad_auth`, `replayed`, `send_errors`, `events`, `events_lost`, `repairs`, `flows_refreshed`, `queue_dropped`) |
 //!
 //! The `cluster_*` series exist only on a daemon run with `--cluster-listen`
 //! or `--bgp-dir` (docs/cluster.md).
@@ -165,9 +165,17 @@ fn render_cluster(reg: &mut Registry, c: &crate::model::api::ClusterView) {
         "cluster_peer_last_heard_seconds",
         "Time since the peer's last valid datagram (absent: never heard)",
     );
+    let same_config = Gauges::new(
+        reg,
+        "cluster_peer_config_matches",
+        "1 when the peer's VIPs and backends are this balancer's, 0 when they differ (its flows are refused); absent: not heard yet",
+    );
     for p in &c.peers {
         let l = vec![("peer", p.address.to_string())];
         synced.set(l.clone(), flag(p.synced));
+        if let Some(m) = p.config_matches {
+            same_config.set(l.clone(), flag(m));
+        }
         if let Some(ms) = p.last_heard_ms {
             heard.set(l, ms as f64 / 1000.0);
         }
@@ -180,6 +188,8 @@ fn render_cluster(reg: &mut Registry, c: &crate::model::api::ClusterView) {
         ("flows_received", s.flows_received),
         ("flows_unknown", s.flows_unknown),
         ("flows_moved_away", s.flows_moved_away),
+        ("flows_refused_config", s.flows_refused_config),
+        ("peer_returns", s.peer_returns),
         ("synced_closed", s.synced_closed),
         ("load_reports", s.load_reports),
         ("bad_datagrams", s.bad_datagrams),
@@ -829,6 +839,7 @@ mod tests {
                 address: "10.0.9.12:7946".parse().unwrap(),
                 synced: true,
                 last_heard_ms: Some(1500),
+                config_matches: Some(true),
             }],
             ready: true,
             drained: false,
