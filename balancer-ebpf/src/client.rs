@@ -102,22 +102,39 @@ unsafe fn syn_retransmitted(e: *mut FlowEntry, client: &Addr, b: &Backend, slot:
 /// Adopts the peer's synced flow `key` at `e` (on backend `b` in `slot`):
 /// a segment of it came here (ECMP moved it, or a NAT pair's standby took
 /// over: the client's segment or the backend's reply, whichever comes
-/// first). Counted once, by the CPU whose OR set `F_ADOPTED`, and reported
-/// to the peers as this balancer's flow. Not inlined: one copy for the
-/// client, reply and UDP stages, walked only on that branch.
+/// first). Counted once ([`adopt_quiet`]) and reported to the peers as this
+/// balancer's flow. Not inlined: one copy for the client and reply stages,
+/// walked only on that branch.
 ///
 /// # Safety
 /// `e` points to the flow-table value of `key`.
 #[inline(never)]
 pub unsafe fn adopt(key: &FlowKey, e: *mut FlowEntry, b: &Backend, slot: u32) {
     // SAFETY: the caller's contract.
-    if unsafe { atomic::fetch_or_state(e, flow::F_ADOPTED) } & flow::F_ADOPTED == 0 {
-        atomic::add(&BACKEND_CONNS, slot, 1);
-        atomic::add(&SERVER_CONNS, b.server, 1);
-        count(Counter::FlowsAdopted, 1);
+    if unsafe { adopt_quiet(e, b, slot) } {
         // SAFETY: as above; the entry with its adoption bit.
         crate::events::flow_event(key, unsafe { &*e }, balancer_common::flow_event::CHANGED);
     }
+}
+
+/// Sets `F_ADOPTED` on the synced flow at `e` with an atomic OR and, on the
+/// CPU whose OR set it, counts the connection on backend `b` in `slot`;
+/// `true` there. Writes no flow event: the UDP stage, whose calls run one
+/// frame deeper, writes its own from its entry (6.1's verifier refuses a
+/// combined stack past 512 bytes), or leaves it to the next refresh.
+///
+/// # Safety
+/// `e` points to a flow-table value.
+#[inline(always)]
+pub unsafe fn adopt_quiet(e: *mut FlowEntry, b: &Backend, slot: u32) -> bool {
+    // SAFETY: the caller's contract.
+    if unsafe { atomic::fetch_or_state(e, flow::F_ADOPTED) } & flow::F_ADOPTED != 0 {
+        return false;
+    }
+    atomic::add(&BACKEND_CONNS, slot, 1);
+    atomic::add(&SERVER_CONNS, b.server, 1);
+    count(Counter::FlowsAdopted, 1);
+    true
 }
 
 /// `true` for a peer's synced flow that no segment has brought here yet.

@@ -78,7 +78,19 @@ pub fn decide(ctx: XdpContext) -> u32 {
     let key = flow_key(&seg);
     if to_vip {
         if let Some((e, table)) = lookup::proven(&key) {
-            return pinned(&frame, &seg, &key, e, table);
+            let code = pinned(&frame, &seg, &key, e, table);
+            if code & EVENT_DUE != 0 {
+                // Adopted or promoted: the peers hold it from now on.
+                // Written here, not in `pinned`: a frame shallower
+                // (6.1's verifier counts the combined stack of the chain).
+                // SAFETY: `e` is the flow-table value `pinned` just wrote.
+                crate::events::flow_event(
+                    &key,
+                    unsafe { &*e },
+                    balancer_common::flow_event::CHANGED,
+                );
+            }
+            return code & !EVENT_DUE;
         }
     }
     let vip_key = VipKey {
@@ -102,6 +114,10 @@ pub fn decide(ctx: XdpContext) -> u32 {
     count(Counter::PassNotVip, 1);
     xdp_action::XDP_PASS
 }
+
+/// Set in [`pinned`]'s return value, beside the XDP action, when the flow
+/// was adopted or promoted: the caller writes its flow event.
+const EVENT_DUE: u32 = 0x100;
 
 /// The LIVE key of a client datagram (client -> VIP).
 #[inline(always)]
@@ -127,11 +143,12 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
         return xdp_action::XDP_DROP;
     };
     let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
-    if client::synced_only(entry) {
-        // A peer's proven flow, moved here (ECMP, or a NAT pair's
-        // takeover): counted from now on.
-        // SAFETY: `e` points to the flow-table value of `key`.
-        unsafe { client::adopt(key, e, b, slot) };
+    let mut event = 0;
+    // A peer's proven flow, moved here (ECMP, or a NAT pair's takeover):
+    // counted from now on.
+    // SAFETY: `e` points to the flow-table value of `key`.
+    if client::synced_only(entry) && unsafe { client::adopt_quiet(e, b, slot) } {
+        event = EVENT_DUE;
     }
     if table == Table::HalfOpen && entry.state & flow::F_ESTABLISHED == 0 {
         let proven = if mode::one_sided(b.mode) {
@@ -152,14 +169,13 @@ fn pinned(frame: &XdpFrame, seg: &Tcp, key: &FlowKey, e: *mut FlowEntry, table: 
             count(Counter::UdpPromoted, 1);
             // Proven: now the peers hold it (a placed UDP flow writes no
             // event: one forged datagram per source costs the sync nothing).
-            // SAFETY: as above; the entry with its promotion bit.
-            crate::events::flow_event(key, unsafe { &*e }, balancer_common::flow_event::CHANGED);
+            event = EVENT_DUE;
         }
     }
     // SAFETY: as above; a plain store of a whole word.
     unsafe { (*e).last_seen_ns = now };
     count(Counter::UdpDatagrams, 1);
-    client::to_backend(frame, seg, b, slot, vip_index, false, now, None).code()
+    client::to_backend(frame, seg, b, slot, vip_index, false, now, None).code() | event
 }
 
 /// A datagram from a backend address and port: the live UDP flow of its
@@ -198,8 +214,12 @@ fn reply(frame: &XdpFrame, seg: &Tcp, bv: &'static BackendVips) -> u32 {
         }
         let (slot, vip_index) = (entry.backend_slot, entry.vip_index);
         if client::synced_only(entry) {
+            // Adopted by the backend's reply (a NAT pair's takeover). No
+            // flow event from here (a frame too deep for 6.1's verifier):
+            // the client's next datagram finds it adopted, and the next
+            // refresh round sends it to the peers as this balancer's.
             // SAFETY: `e` points to the flow-table value of `key`.
-            unsafe { client::adopt(&key, e, b, slot) };
+            unsafe { client::adopt_quiet(e, b, slot) };
         }
         let now = now_ns();
         if entry.state & flow::F_SERVED == 0 {

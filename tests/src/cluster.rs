@@ -12,7 +12,9 @@
 //! ```
 //!
 //! The short form drains one of three balancers under 1,000 held
-//! connections plus steady new ones and counts what broke. The full form
+//! connections plus steady new ones and counts what broke, and measures
+//! how fast the router drops a balancer whose host is cut off, with BFD
+//! on its BGP session and (the control) without. The full form
 //! (`--long`) also cuts a balancer's host off, adds a fourth, and measures
 //! the herd: the spread of held connections over the backends with choices
 //! 2 and a full scan, the peers' load reports 100 ms and 1 s stale, and
@@ -47,6 +49,11 @@ const CONTROL_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 
 /// The QUIC VIP: UDP port 443 of the VIP's address, L2 DSR, QUIC-LB
 /// server IDs of one octet (the last octet of each backend's address).
 const QUIC_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 443);
+/// The UDP VIP of the flow-sync move ([`udp_move`]): UDP port 5300 of
+/// the VIP's address, L2 DSR like [`VIP`], no QUIC-LB.
+const UDP_VIP: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10)), 5300);
+/// UDP flows of that phase.
+const UDP_FLOWS: u16 = 200;
 /// quinn connections of the QUIC phase.
 const QUIC_CONNECTIONS: usize = 8;
 /// Backend hosts.
@@ -58,6 +65,36 @@ const SYNC_PORT: u16 = 7946;
 /// Flow sync interval and refresh of the daemons.
 const SYNC_INTERVAL: &str = "100ms";
 const SYNC_REFRESH: &str = "2s";
+
+/// BFD (RFC 5880) on the BGP sessions of the test bed, both sides (all
+/// but lb3's, [`bfd`]): a session is down after 5 intervals of 100 ms
+/// without a packet, 500 ms after the last one heard (docs/cluster.md).
+/// That stays under the 1 s the failover check allows, with room for
+/// BIRD's withdrawal, the router's kernel route and the poll. It is not
+/// shorter because the test bed runs beside other tests on 2 loaded
+/// cores: BIRD runs at real-time priority ([`Cluster::spawn`]), its BFD
+/// in a thread of its own, but a session must not drop because the
+/// kernel delivered a packet or two late (100 ms × 3 is the common
+/// setting on quiet links; × 5 tolerates 400 ms without a packet).
+/// `interval` sets both the transmit and the required receive interval;
+/// a session not up sends every 1 s. On the interface `iface` (the
+/// balancers' `eth0`, the router's `r-lan`).
+fn bfd_protocol(iface: &str) -> String {
+    format!("protocol bfd {{ interface \"{iface}\" {{ interval 100 ms; multiplier 5; }}; }}\n")
+}
+
+/// BIRD restarts a BGP session that an error dropped (a hold timer or BFD
+/// down) only after `error wait time` (60 s at first by default): the
+/// failover check brings a cut-off host back, and a session dropped
+/// under load comes back within seconds instead of a minute.
+const ERROR_WAIT: &str = "error wait time 1, 2; ";
+
+/// Whether balancer `n`'s BGP session runs BFD (on both sides): all but
+/// lb3, the control that the router drops only when its hold timer
+/// (3 s) expires.
+fn bfd(n: usize) -> bool {
+    n != 3
+}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -115,6 +152,10 @@ struct Cluster {
     /// The tunnel form ([`run_tunnel`]): IP-in-IP VIPs, the backends
     /// running the decapsulation program, no sync between the balancers.
     tunnel: bool,
+    /// Daemons started from now on run without flow sync (no
+    /// `--cluster-listen`, no `--peer`: the UDP move's control): each
+    /// keeps the flows it placed to itself.
+    no_sync: bool,
 }
 
 impl Drop for Cluster {
@@ -154,6 +195,7 @@ impl Cluster {
             bin: balancer_bin()?,
             members: lbs.to_vec(),
             tunnel,
+            no_sync: false,
             dir,
         };
         for &n in lbs {
@@ -361,14 +403,17 @@ impl Cluster {
         let mut conf = format!(
             "router id {ROUTER};\nlog \"{}\" all;\nprotocol device {{ scan time 1; }}\n\
              protocol kernel {{ ipv4 {{ import none; export all; }}; merge paths yes limit 16; }}\n\
+             {}\
              template bgp lbs {{ local {ROUTER} as 65000; hold time 3; keepalive time 1; \
-             connect retry time 1; ipv4 {{ import all; export none; }}; }}\n",
-            self.dir.join("bird-router.log").display()
+             connect retry time 1; {ERROR_WAIT}ipv4 {{ import all; export none; }}; }}\n",
+            self.dir.join("bird-router.log").display(),
+            bfd_protocol("r-lan"),
         );
         for n in 1..=4 {
             conf.push_str(&format!(
-                "protocol bgp lb{n} from lbs {{ neighbor {} as 65001; }}\n",
-                lb_ip(n)
+                "protocol bgp lb{n} from lbs {{ neighbor {} as 65001;{} }}\n",
+                lb_ip(n),
+                if bfd(n) { " bfd on;" } else { "" }
             ));
         }
         let path = self.dir.join("bird-router.conf");
@@ -421,12 +466,19 @@ impl Cluster {
             "router id {ip};\nlog \"{log}\" all;\nprotocol device {{ }}\n\
              protocol static vips4 {{\n  ipv4;\ninclude \"{d}/vips4.conf\";\n}}\n\
              protocol static vips6 {{\n  ipv6;\ninclude \"{d}/vips6.conf\";\n}}\n\
+             {bfd_proto}\
              protocol bgp uplink {{ local {ip} as 65001; neighbor {ROUTER} as 65000; \
-             hold time 3; keepalive time 1; connect retry time 1; \
+             hold time 3; keepalive time 1; connect retry time 1; {ERROR_WAIT}{bfd_on}\
              ipv4 {{ import none; export where proto = \"vips4\"; }}; }}\n",
             ip = lb_ip(n),
             log = self.dir.join(format!("bird-lb{n}.log")).display(),
-            d = d.display()
+            d = d.display(),
+            bfd_proto = if bfd(n) {
+                bfd_protocol("eth0")
+            } else {
+                String::new()
+            },
+            bfd_on = if bfd(n) { "bfd on; " } else { "" },
         );
         let path = self.dir.join(format!("bird-lb{n}.conf"));
         std::fs::write(&path, conf)?;
@@ -478,8 +530,8 @@ impl Cluster {
             "127.0.0.1:9464".into(),
         ];
         // The tunnel form runs without sync: each balancer knows only the
-        // flows it placed.
-        if !self.tunnel {
+        // flows it placed (and so does the UDP move's control).
+        if !self.tunnel && !self.no_sync {
             args.extend([
                 "--cluster-listen".into(),
                 format!("{}:{SYNC_PORT}", lb_ip(n)),
@@ -494,7 +546,7 @@ impl Cluster {
                 args.push("--peer".into());
                 args.push(format!("{}:{SYNC_PORT}", lb_ip(*m)));
             }
-        } else {
+        } else if self.tunnel {
             // Without a cluster key the balancers share the consistent
             // candidates' secret through a file, or each would draw its
             // own rows.
@@ -627,6 +679,11 @@ impl Cluster {
     /// Cuts balancer `n`'s host off the LAN (its switch port down).
     fn cut(&self, n: usize) -> anyhow::Result<()> {
         self.sw.ip(&["link", "set", &format!("sw-lb{n}"), "down"])
+    }
+
+    /// Brings balancer `n`'s host back on the LAN (its switch port up).
+    fn uncut(&self, n: usize) -> anyhow::Result<()> {
+        self.sw.ip(&["link", "set", &format!("sw-lb{n}"), "up"])
     }
 
     /// Active connections per backend on balancer `n`.
@@ -827,9 +884,11 @@ fn run_on(c: &mut Cluster, long: bool) -> anyhow::Result<()> {
     drain_and_back(c, held)?;
     quic(c)?;
     cap(c, &[1, 2, 3])?;
+    failover(c)?;
     if !long {
         return Ok(());
     }
+    udp_move(c)?;
     cut_and_join(c, held)?;
     herd(c, &[1, 2, 4]).map(|_| ())
 }
@@ -980,10 +1039,394 @@ fn drain_and_back(c: &mut Cluster, held: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Failover by BFD (issue 44): lb2's host cut off, its BGP session
+/// running BFD ([`bfd_protocol`]): the router's multipath route drops it
+/// within 1 s of the cut. The control, showing the check can fail: lb3's
+/// host cut off the same way, its session without BFD, dropped only when
+/// the router's hold timer expires: BIRD starts it at 75 to 100 % of 3 s
+/// on every message, and a keepalive comes every 0.75 to 1 s, so 1.25 to
+/// 3 s after the cut. Each host is brought back (its sessions up again
+/// within seconds, [`ERROR_WAIT`]) and the route has its three next hops
+/// again. The drop times are measured from just before the cut until the
+/// router's route (`ip route`, polled every 20 ms) has lost the host.
+fn failover(c: &Cluster) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let all = [1, 2, 3];
+    let sock = c.dir.join("bird-router.ctl");
+    let sock = sock.to_string_lossy();
+    // The router's BFD session to lb2 is up (else the cut would measure
+    // the hold timer): its line, e.g. `10.0.9.12 r-lan Up 08:01:02.345
+    // 0.100 0.500`.
+    let mut session = String::new();
+    testbed::wait_until(Duration::from_secs(20), || {
+        let out = Command::new("/usr/sbin/birdc")
+            .args(["-s", &sock, "show", "bfd", "sessions"])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        match text.lines().find(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.first() == Some(&lb_ip(2).to_string().as_str()) && w.get(2) == Some(&"Up")
+        }) {
+            Some(l) => {
+                session = l.split_whitespace().collect::<Vec<_>>().join(" ");
+                Ok(Ok(()))
+            }
+            None => Ok(Err(format!("the router's BFD sessions:\n{text}"))),
+        }
+    })?;
+    let drop_time = |n: usize| -> anyhow::Result<Duration> {
+        let rest: Vec<usize> = all.iter().copied().filter(|m| *m != n).collect();
+        let t0 = Instant::now();
+        c.cut(n)?;
+        c.await_hops(&rest, Duration::from_secs(15))?;
+        let gone = t0.elapsed();
+        c.uncut(n)?;
+        let back = c.await_hops(&all, Duration::from_secs(30))?;
+        println!(
+            "cluster: failover: lb{n} back on the LAN: the router's route had it again after {} ms",
+            back.as_millis()
+        );
+        Ok(gone)
+    };
+    let with = drop_time(2)?;
+    let without = drop_time(3)?;
+    println!(
+        "cluster: failover: lb2's host cut off (BGP with BFD, 100 ms x 5; the router's session \
+         was `{session}`): the router's route dropped it {} ms after the cut; the control, lb3's \
+         host cut off (BGP without BFD, hold time 3 s): dropped {} ms after the cut",
+        with.as_millis(),
+        without.as_millis()
+    );
+    println!(
+        "cluster: failover: the check and its control took {} ms",
+        t0.elapsed().as_millis()
+    );
+    ensure!(
+        with < Duration::from_secs(1),
+        "the router dropped lb2 (BFD) {} ms after its host was cut off, not within 1 s",
+        with.as_millis()
+    );
+    ensure!(
+        without > Duration::from_secs(1),
+        "control: the router dropped lb3 (no BFD, hold time 3 s) {} ms after its host was cut \
+         off: within 1 s, so the check cannot tell BFD from the hold timer",
+        without.as_millis()
+    );
+    Ok(())
+}
+
+/// A UDP server on every backend, on [`UDP_VIP`] (the VIP's address is on
+/// each backend's `lo`, so the answers leave from the VIP, straight to the
+/// client): each datagram is answered with the backend's index followed
+/// by the datagram.
+struct UdpServers {
+    stop: Arc<AtomicBool>,
+    handles: Vec<thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl UdpServers {
+    fn start(c: &Cluster) -> anyhow::Result<UdpServers> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut handles = Vec::new();
+        for k in 0..BACKENDS {
+            let (ns, stop, tx) = (c.backends[k].path(), stop.clone(), tx.clone());
+            handles.push(thread::spawn(move || -> anyhow::Result<()> {
+                let bound = (|| {
+                    enter_ns(&ns)?;
+                    let s = std::net::UdpSocket::bind(UDP_VIP)?;
+                    s.set_read_timeout(Some(Duration::from_millis(100)))?;
+                    anyhow::Ok(s)
+                })();
+                let _ = tx.send(
+                    bound
+                        .as_ref()
+                        .map(|_| ())
+                        .map_err(|e| format!("b{k}: {e:#}")),
+                );
+                let s = bound?;
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    match s.recv_from(&mut buf) {
+                        Ok((len, from)) => {
+                            let mut out = vec![k as u8];
+                            out.extend_from_slice(&buf[..len]);
+                            let _ = s.send_to(&out, from);
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok(())
+            }));
+        }
+        drop(tx);
+        let servers = UdpServers { stop, handles };
+        for _ in 0..BACKENDS {
+            rx.recv()?.map_err(anyhow::Error::msg)?;
+        }
+        Ok(servers)
+    }
+}
+
+impl Drop for UdpServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// [`UDP_FLOWS`] UDP sockets of the client host, from ports `base`,
+/// `base + 1`, ..., each connected to [`UDP_VIP`]: one flow each.
+fn udp_clients(c: &Cluster, base: u16) -> anyhow::Result<Vec<std::net::UdpSocket>> {
+    let ns = c.client.path();
+    thread::spawn(move || -> anyhow::Result<Vec<std::net::UdpSocket>> {
+        enter_ns(&ns)?;
+        (0..UDP_FLOWS)
+            .map(|i| {
+                let s = std::net::UdpSocket::bind((Ipv4Addr::new(10, 0, 8, 2), base + i))?;
+                s.connect(UDP_VIP)?;
+                s.set_read_timeout(Some(Duration::from_millis(300)))?;
+                Ok(s)
+            })
+            .collect()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("opening the UDP sockets panicked"))?
+}
+
+/// One datagram on every flow, each answered within 300 ms (3 tries):
+/// the backend that answered each, `None` for none.
+fn udp_exchange(socks: &[std::net::UdpSocket], round: u8) -> Vec<Option<u8>> {
+    socks
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let msg = [round, (i >> 8) as u8, i as u8];
+            for _ in 0..3 {
+                if s.send(&msg).is_err() {
+                    continue;
+                }
+                let deadline = Instant::now() + Duration::from_millis(300);
+                let mut buf = [0u8; 16];
+                while Instant::now() < deadline {
+                    match s.recv(&mut buf) {
+                        Ok(4) if buf[1..4] == msg => return Some(buf[0]),
+                        // An earlier try's late answer.
+                        Ok(_) => continue,
+                        Err(_) => break,
+                    }
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// Flows of [`UDP_VIP`] from client ports `base..base + UDP_FLOWS` in
+/// balancer `n`'s tables (its own and its peers' synced ones).
+fn udp_flows_held(c: &Cluster, n: usize, base: u16) -> anyhow::Result<usize> {
+    let v = c.json(
+        n,
+        &[
+            "flows",
+            "--vip",
+            &UDP_VIP.to_string(),
+            "--limit",
+            "10000",
+            "--json",
+        ],
+    )?;
+    Ok(v["flows"].as_array().map_or(0, |f| {
+        f.iter()
+            .filter(|f| {
+                f["client"]
+                    .as_str()
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+                    .is_some_and(|a| (base..base + UDP_FLOWS).contains(&a.port()))
+            })
+            .count()
+    }))
+}
+
+/// What a drain of lb2 did to [`UDP_FLOWS`] UDP flows.
+struct UdpMoved {
+    /// Flows of the round held by lb1, lb2 and lb3 before the drain.
+    held: Vec<usize>,
+    /// Flows answered by another backend after the drain than before.
+    moved: usize,
+    /// Flows answered by no backend after the drain.
+    unanswered: usize,
+    /// Flows answered by another backend than their first once lb2 was
+    /// back in service.
+    moved_back: usize,
+    /// `flows_adopted` of lb1 and lb3 during the drain.
+    adopted: u64,
+}
+
+/// One round of the UDP move: [`UDP_FLOWS`] flows from ports `base..`,
+/// each answered by a backend, promoted by a second datagram 1 s later
+/// (docs/udp.md: direct-return UDP flows), then lb2 drained, so that
+/// ECMP moves its flows to lb1 and lb3, and put back in service; each
+/// flow's backend compared with its first after each change. `synced`:
+/// wait (up to 5 s) until every balancer holds every flow.
+fn udp_round(c: &Cluster, base: u16, synced: bool) -> anyhow::Result<UdpMoved> {
+    let lbs = [1, 2, 3];
+    let socks = udp_clients(c, base)?;
+    let first = udp_exchange(&socks, 1);
+    let silent = first.iter().filter(|b| b.is_none()).count();
+    ensure!(silent == 0, "{silent} of {UDP_FLOWS} UDP flows unanswered");
+    // A direct-return UDP flow is promoted by a datagram at least 1 s
+    // after its first (a protocol timer, not a wait for a condition).
+    thread::sleep(Duration::from_millis(1100));
+    let second = udp_exchange(&socks, 2);
+    ensure!(
+        second == first,
+        "UDP flows changed backend with no change to the cluster"
+    );
+    if synced {
+        // With flow sync, every balancer holds every flow (its own, and
+        // the others' synced). Not an error here if they do not: the
+        // moves below say what that costs.
+        let _ = testbed::wait_until(Duration::from_secs(5), || {
+            let mut held = Vec::new();
+            for n in lbs {
+                held.push(udp_flows_held(c, n, base)?);
+            }
+            Ok(if held.iter().all(|h| *h >= UDP_FLOWS as usize) {
+                Ok(())
+            } else {
+                Err(format!("{held:?}"))
+            })
+        });
+    }
+    let held = lbs
+        .iter()
+        .map(|n| udp_flows_held(c, *n, base))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let adopted0 = adopted(c, &[1, 3])?;
+    c.cli(2, &["cluster", "drain"])?;
+    c.await_hops(&[1, 3], Duration::from_secs(10))?;
+    let third = udp_exchange(&socks, 3);
+    let adopted = adopted(c, &[1, 3])? - adopted0;
+    c.cli(2, &["cluster", "undrain"])?;
+    c.await_hops(&lbs, Duration::from_secs(10))?;
+    let fourth = udp_exchange(&socks, 4);
+    let moved_from = |after: &[Option<u8>]| {
+        after
+            .iter()
+            .zip(&first)
+            .filter(|(a, f)| a.is_some() && a != f)
+            .count()
+    };
+    Ok(UdpMoved {
+        held,
+        moved: moved_from(&third),
+        unanswered: third.iter().filter(|b| b.is_none()).count(),
+        moved_back: moved_from(&fourth),
+        adopted,
+    })
+}
+
+/// Restarts lb1, lb2 and lb3's daemons, with or without flow sync
+/// (`no_sync`), and waits for the router to have all three again.
+fn restart_daemons(c: &mut Cluster, no_sync: bool) -> anyhow::Result<()> {
+    let lbs = [1, 2, 3];
+    c.no_sync = no_sync;
+    for n in lbs {
+        c.stop_daemon(n)?;
+        c.start_daemon(n, &[])?;
+    }
+    c.await_hops(&lbs, Duration::from_secs(30)).map(|_| ())
+}
+
+/// UDP flows moved by ECMP (issue 44): a UDP VIP in L2 DSR (no QUIC-LB,
+/// so its flows are synced like TCP's), [`UDP_FLOWS`] flows from the
+/// client host, each answered by its backend; lb2 drained: the flows ECMP
+/// moves to lb1 and lb3 are adopted there and every flow keeps its
+/// backend (0 moved), and again when lb2 is back. The control, showing
+/// the check can fail: the same with the daemons restarted without flow
+/// sync (no `--cluster-listen`, no `--peer`, as in the tunnel form): lb1
+/// and lb3 place the moved flows afresh, and some change backend.
+fn udp_move(c: &mut Cluster) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let vip = UDP_VIP.to_string();
+    let lbs = [1, 2, 3];
+    for n in lbs {
+        c.cli(
+            n,
+            &[
+                "vip",
+                "add",
+                &vip,
+                "--protocol",
+                "udp",
+                "--mode",
+                "dsr",
+                "--health",
+                "off",
+                "--udp-timeout",
+                "30s",
+            ],
+        )?;
+        let bs: Vec<String> = (0..BACKENDS)
+            .map(|k| SocketAddr::new(backend(k).ip(), UDP_VIP.port()).to_string())
+            .collect();
+        let mut args = vec!["backend", "add", vip.as_str()];
+        args.extend(bs.iter().map(String::as_str));
+        c.cli(n, &args)?;
+    }
+    let servers = UdpServers::start(c)?;
+    let synced = udp_round(c, 20_000, true)?;
+    println!(
+        "cluster: udp: {UDP_FLOWS} UDP flows of a DSR VIP, lb2 drained: {} moved to another \
+         backend, {} unanswered ({} adopted by lb1 and lb3; lb1, lb2, lb3 held {:?} of them \
+         before); lb2 back in service: {} on another backend than their first",
+        synced.moved, synced.unanswered, synced.adopted, synced.held, synced.moved_back
+    );
+    // Control: no flow sync.
+    restart_daemons(c, true)?;
+    let control = udp_round(c, 21_000, false)?;
+    println!(
+        "cluster: udp: control: without flow sync (no --cluster-listen, no --peer), lb2 drained: {} of {UDP_FLOWS} \
+         UDP flows moved to another backend, {} unanswered ({} adopted; held {:?})",
+        control.moved, control.unanswered, control.adopted, control.held
+    );
+    restart_daemons(c, false)?;
+    drop(servers);
+    for n in lbs {
+        c.cli(n, &["vip", "remove", &vip])?;
+    }
+    println!(
+        "cluster: udp: the UDP move and its control took {} ms",
+        t0.elapsed().as_millis()
+    );
+    ensure!(
+        control.moved > 0,
+        "control: without flow sync no UDP flow changed backend when lb2 was drained: the check \
+         cannot fail"
+    );
+    ensure!(
+        synced.moved == 0 && synced.unanswered == 0 && synced.moved_back == 0,
+        "with flow sync, draining lb2 moved {} of {UDP_FLOWS} UDP flows to another backend ({} \
+         unanswered), putting it back {}",
+        synced.moved,
+        synced.unanswered,
+        synced.moved_back
+    );
+    Ok(())
+}
+
 /// The long run's changes: lb3's host cut off, a fourth balancer added.
 fn cut_and_join(c: &mut Cluster, held: u64) -> anyhow::Result<()> {
     // lb3's host cut off: the router notices when the BGP hold time (3 s)
-    // expires.
+    // expires (lb3's session runs no BFD).
     let o = measure(c, held, 3 << 32, &[1, 2], |c| {
         c.cut(3)?;
         c.await_hops(&[1, 2], Duration::from_secs(15))
@@ -1032,9 +1475,14 @@ fn shift(c: &Cluster, back: &[usize], out: &[usize], then: &[usize]) -> anyhow::
 
 /// One run of the quinn probe across balancers: its connections open
 /// and change their source port through lb1 alone, then lb1 is drained
-/// and lb2 and lb3 (which hold no flow of the VIP: UDP flows are not
-/// synced) carry their next requests. Returns what the probe saw.
-fn quic_probe(c: &Cluster) -> anyhow::Result<crate::quic::Probed> {
+/// and lb2 and lb3 carry their next requests. With QUIC-LB (`quic_lb`)
+/// lb2 and lb3 hold no flow of the VIP when they take over: the flows of
+/// a VIP routed by QUIC-LB connection IDs are not synced (unlike those of
+/// other UDP VIPs, [`udp_move`]), so the connections can only keep their
+/// backend by their IDs. Without (the control), the VIP is a plain UDP
+/// VIP: its proven flows are synced, and lb2 and lb3 may hold copies of
+/// lb1's. Returns what the probe saw.
+fn quic_probe(c: &Cluster, quic_lb: bool) -> anyhow::Result<crate::quic::Probed> {
     // An earlier run's flows expire by the VIP's UDP timeout (5 s).
     testbed::wait_until(Duration::from_secs(15), || {
         let left = quic_flows(c, 2)? + quic_flows(c, 3)?;
@@ -1048,14 +1496,19 @@ fn quic_probe(c: &Cluster) -> anyhow::Result<crate::quic::Probed> {
     crate::quic::run_probe(&c.client, QUIC_VIP, QUIC_CONNECTIONS, &c.dir, || {
         let strangers = quic_flows(c, 2)? + quic_flows(c, 3)?;
         ensure!(
-            strangers == 0,
+            strangers == 0 || !quic_lb,
             "lb2 and lb3 hold {strangers} flows of the QUIC VIP they never carried"
         );
         shift(c, &[2, 3], &[1], &[2, 3])?;
         println!(
-            "cluster: quic: lb1 ({} flows of the QUIC VIP) drained; lb2 and lb3 (none) carry \
-             the connections now",
-            quic_flows(c, 1)?
+            "cluster: quic: lb1 ({} flows of the QUIC VIP) drained; lb2 and lb3 ({strangers}{}) \
+             carry the connections now",
+            quic_flows(c, 1)?,
+            if quic_lb {
+                ""
+            } else {
+                ", synced from lb1: without QUIC-LB the VIP's proven flows are synced"
+            }
         );
         Ok(())
     })
@@ -1124,7 +1577,7 @@ fn quic(c: &mut Cluster) -> anyhow::Result<()> {
             .collect()
     };
     let before = routed(c)?;
-    let seen = quic_probe(c)?;
+    let seen = quic_probe(c, true)?;
     let after = routed(c)?;
     let by: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     let k = crate::quic::kept(&seen);
@@ -1143,7 +1596,7 @@ fn quic(c: &mut Cluster) -> anyhow::Result<()> {
     for n in lbs {
         c.cli(n, &["vip", "set", &vip, "--quic-server-id-len", "0"])?;
     }
-    let seen = quic_probe(c)?;
+    let seen = quic_probe(c, false)?;
     let k0 = crate::quic::kept(&seen);
     println!(
         "cluster: quic: control: without QUIC-LB, {k0} of {QUIC_CONNECTIONS} connections kept \

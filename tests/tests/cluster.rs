@@ -2,9 +2,12 @@
 //! (`balancer-testbed cluster`, docs/cluster.md): one of three drained and
 //! put back under 1,000 held connections and steady new ones, nothing
 //! broken; a connection cap of 50 held across the three (the peers' load
-//! reports count toward it). `BALANCER_CLUSTER_FULL=1` runs the full form (a host cut off, a
-//! balancer added, the herd table). Isolates itself in network and mount
-//! namespaces of its own.
+//! reports count toward it); a host cut off dropped from the router's route
+//! within 1 s by BFD, and the control (a session without BFD, its hold
+//! timer). `BALANCER_CLUSTER_FULL=1` runs the full form (UDP flows kept
+//! across a drain by the flow sync, a host cut off under held
+//! connections, a balancer added, the herd table). Isolates itself in
+//! network and mount namespaces of its own.
 
 #[test]
 fn balancers_behind_ecmp_share_flows() {
@@ -18,9 +21,12 @@ fn balancers_behind_ecmp_share_flows() {
         "cluster: lb2 drained: 0 of 1000 held connections broken",
         "cluster: lb2 back in service: 0 of 1000 held connections broken,",
         "cluster: cap: | every 100 ms |",
+        "cluster: failover: lb2's host cut off (BGP with BFD",
     ];
     if long {
         markers.extend([
+            "cluster: udp: 200 UDP flows of a DSR VIP, lb2 drained: 0 moved",
+            "cluster: udp: control: without flow sync",
             "cluster: lb3's host cut off",
             "cluster: lb4 added",
             "cluster: herd: |",
