@@ -489,17 +489,7 @@ impl Pair {
     }
 
     fn cli(&self, n: usize, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(&self.bin)
-            .arg("--socket")
-            .arg(self.socket(n))
-            .args(args)
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "balancer {args:?} on lb{n}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        testbed::cli_at(&self.bin, &self.socket(n), &format!("lb{n}"), args)
     }
 
     fn json(&self, n: usize, args: &[&str]) -> anyhow::Result<Value> {

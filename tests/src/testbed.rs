@@ -1284,3 +1284,23 @@ pub fn broken(conns: &mut [Conn], id_base: u64, who: &str) -> u64 {
     }
     failed.load(Ordering::Relaxed)
 }
+
+/// Runs the `balancer` CLI `bin` against the control socket `socket` with
+/// `args`: its standard output, or an error naming `who` (the balancer in
+/// a multi-balancer test bed) with its standard error.
+///
+/// # Errors
+/// The CLI could not run or exited with a failure.
+pub fn cli_at(bin: &Path, socket: &Path, who: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(bin)
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "balancer {args:?} on {who}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
