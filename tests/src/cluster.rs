@@ -23,7 +23,7 @@
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -37,7 +37,7 @@ use serde_json::Value;
 
 use crate::{
     netns::{enter_ns, sh, Netns},
-    testbed::{self, balancer_bin, dies_with_us, start_server_as, Conn, Server},
+    testbed::{self, balancer_bin, ethtool, start_server_as, Conn, Proc, Server},
 };
 
 /// The VIP (L2 DSR, or IP-in-IP in the tunnel form: the backends listen
@@ -106,20 +106,6 @@ fn lb_ip(n: usize) -> Ipv4Addr {
 
 fn backend(k: usize) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 9, 101 + k as u8)), 80)
-}
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn ethtool(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
-    ns.exec("ethtool", args).map(|_| ())
 }
 
 /// One balancer host: its namespace, BIRD, its daemon.
@@ -374,29 +360,17 @@ impl Cluster {
         args: &[String],
         log: &Path,
     ) -> anyhow::Result<Proc> {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns.name()]);
-        if program.ends_with("bird") {
-            // BGP's hold time here is 3 s: BIRD runs at real-time
-            // priority (round robin, the lowest) so that other tests
-            // running at once cannot starve its keepalives into a session
-            // drop the scenario did not cause (seen with four test
-            // binaries and three builds on two cores).
-            cmd.args(["chrt", "--rr", "1"]);
-        }
-        cmd.arg(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f);
-        dies_with_us(&mut cmd);
-        Ok(Proc(cmd.spawn().with_context(|| {
-            format!("starting {}", program.display())
-        })?))
+        // BGP's hold time here is 3 s: BIRD runs at real-time priority
+        // (round robin, the lowest) so that other tests running at once
+        // cannot starve its keepalives into a session drop the scenario
+        // did not cause (seen with four test binaries and three builds on
+        // two cores).
+        let wrapper: &[&str] = if program.ends_with("bird") {
+            &["chrt", "--rr", "1"]
+        } else {
+            &[]
+        };
+        testbed::spawn_in(ns, wrapper, program, args, log)
     }
 
     fn start_router_bird(&mut self) -> anyhow::Result<()> {

@@ -26,7 +26,6 @@
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -40,7 +39,7 @@ use serde_json::Value;
 
 use crate::{
     netns::{enter_ns, sh, Netns},
-    testbed::{self, balancer_bin, dies_with_us, start_server_as, Conn, Server},
+    testbed::{self, balancer_bin, ethtool, start_server_as, Conn, Proc, Server},
 };
 
 /// The VIP's address (a VRRP address on the client LAN).
@@ -104,20 +103,6 @@ fn config() -> String {
         }
     }
     s
-}
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn ethtool(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
-    ns.exec("ethtool", args).map(|_| ())
 }
 
 /// One balancer host.
@@ -330,21 +315,7 @@ impl Pair {
     }
 
     fn spawn(&self, n: usize, program: &Path, args: &[String], log: &str) -> anyhow::Result<Proc> {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(log))?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.lb(n).ns.name()])
-            .arg(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f);
-        dies_with_us(&mut cmd);
-        Ok(Proc(cmd.spawn().with_context(|| {
-            format!("starting {}", program.display())
-        })?))
+        testbed::spawn_in(&self.lb(n).ns, &[], program, args, &self.dir.join(log))
     }
 
     /// Starts balancer `n`'s daemon on both interfaces with the shared

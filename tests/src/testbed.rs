@@ -596,8 +596,53 @@ pub fn balancer_bin() -> anyhow::Result<PathBuf> {
     )
 }
 
-fn ethtool(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
+/// Runs `ethtool args` in `ns`.
+///
+/// # Errors
+/// ethtool failed.
+pub fn ethtool(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
     ns.exec("ethtool", args).map(|_| ())
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `program` with `args` in `ns` (through `ip netns exec`, after
+/// `wrapper`, such as `chrt --rr 1`), its output appended to `log`; it
+/// dies with this process ([`dies_with_us`]).
+///
+/// # Errors
+/// The log cannot be opened or the process cannot start.
+pub fn spawn_in(
+    ns: &Netns,
+    wrapper: &[&str],
+    program: &Path,
+    args: &[String],
+    log: &Path,
+) -> anyhow::Result<Proc> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns.name()])
+        .args(wrapper)
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f);
+    dies_with_us(&mut cmd);
+    Ok(Proc(cmd.spawn().with_context(|| {
+        format!("starting {}", program.display())
+    })?))
 }
 
 impl Testbed {
