@@ -22,7 +22,10 @@
 //! here) no longer sends the VIP's fastest backend to the weight floor;
 //! and a server's first sample, which sets its average, leaves it at
 //! least half its weight until it has [`MIN_SAMPLES`] (see
-//! [`Latency::weight`]).
+//! [`Latency::weight`]). An average that medians of fewer than
+//! [`MIN_SAMPLES`] set is replaced outright by the server's first median
+//! of [`MIN_SAMPLES`] or more, lower or higher: one slow exchange among a
+//! few leaves no mark once enough normal ones outvote it.
 //! Then, peak-EWMA: a median above the average replaces it at once (a
 //! backend turning slow is avoided as soon as most of its recent samples
 //! say so); one below it pulls the average down with time constant
@@ -86,6 +89,10 @@ struct Average {
     /// Whether it had fewer than [`MIN_SAMPLES`] recent samples then (its
     /// weight's floor: [`Latency::weight`]).
     published_few: bool,
+    /// Whether it was last set by a median of fewer than [`MIN_SAMPLES`]
+    /// samples: the first median of [`MIN_SAMPLES`] then replaces it,
+    /// either way, instead of pulling it down with [`DECAY`].
+    provisional: bool,
     last_sample: Instant,
     last_update: Instant,
 }
@@ -183,7 +190,8 @@ impl Latency {
             let Some(mut m) = median(&mut v) else {
                 continue;
             };
-            if v.len() < MIN_SAMPLES {
+            let few = v.len() < MIN_SAMPLES;
+            if few {
                 if let Some(a) = self.averages.get(&s) {
                     m = m.clamp(a.us / FEW_SAMPLES_STEP, a.us * FEW_SAMPLES_STEP);
                 }
@@ -196,6 +204,7 @@ impl Latency {
                             us: m,
                             published: 0.0,
                             published_few: true,
+                            provisional: few,
                             last_sample: now,
                             last_update: now,
                         },
@@ -205,12 +214,20 @@ impl Latency {
                     // The time since its previous sample, as Finagle's
                     // peak EWMA weighs it: a backend sampled rarely (it
                     // looked slow) moves most of the way at its next one.
+                    // An average that only few samples set (one slow
+                    // exchange among one or two normal ones doubles it)
+                    // is replaced by the first median that outvotes an
+                    // outlier: decaying from it would keep that one
+                    // exchange's mark for seconds, and at a lower floor
+                    // (seen in the hostile bed: the backend got 5 of 100
+                    // connections once its fifth sample came).
                     let dt = now.saturating_duration_since(a.last_sample);
-                    a.us = if m >= a.us {
+                    a.us = if m >= a.us || (a.provisional && !few) {
                         m
                     } else {
                         a.us + (m - a.us) * pull(dt)
                     };
+                    a.provisional = few;
                     a.last_sample = now;
                     a.last_update = now;
                 }
@@ -438,6 +455,53 @@ mod tests {
     }
 
     #[test]
+    fn an_average_few_samples_raised_gives_way_to_the_first_full_median() {
+        // The hostile bed's case: server 0 has one normal exchange, then
+        // one whose answer came 1.5 s late (its average doubles: two
+        // samples), then normal ones. At its fifth sample its floor lifts
+        // from 1/2 to 1/64; the average must then be its median, not the
+        // doubled one decaying over DECAY (it kept about half a weight
+        // and got 5 of the next 100 connections).
+        let st = four_backends();
+        let v = st.vips.values().next().unwrap();
+        let servers: Vec<u32> = v
+            .backends
+            .iter()
+            .map(|b| st.server(&b.addr).unwrap())
+            .collect();
+        let run = |after: &[u32]| {
+            let mut l = Latency::default();
+            let t0 = Instant::now();
+            for round in 0..3u32 {
+                for s in &servers[1..] {
+                    l.sample(*s, 1000);
+                }
+                if round == 0 {
+                    l.sample(servers[0], 1000);
+                }
+                l.update(&st, t0 + UPDATE * round);
+            }
+            l.sample(servers[0], 1_500_000);
+            l.update(&st, t0 + UPDATE * 3);
+            let raised = l.average_us(servers[0]).unwrap();
+            assert!((raised - 2000.0).abs() < 1.0, "{raised}");
+            for (i, x) in after.iter().enumerate() {
+                l.sample(servers[0], *x);
+                l.update(&st, t0 + UPDATE * (4 + i as u32));
+            }
+            l.weight(1000, l.fastest(&st, v), Some(servers[0]))
+        };
+        assert_eq!(run(&[1000; 3]), 1000, "three normal samples after it");
+        // Fewer: the raised average stays (decaying), about half a weight.
+        let w = run(&[1000; 2]);
+        assert!((500..=510).contains(&w), "two normal samples after it: {w}");
+        // Control: when the later samples are slow too, the median is
+        // slow and the weight goes to it.
+        let w = run(&[1_500_000; 3]);
+        assert!(w < 20, "four slow samples of five: weight {w}");
+    }
+
+    #[test]
     fn few_samples_move_an_average_a_bounded_step() {
         let st = four_backends();
         let s0 = st.server(&"10.0.2.1:8080".parse().unwrap()).unwrap();
@@ -460,6 +524,7 @@ mod tests {
             us: 1000.0,
             published: 1000.0,
             published_few: false,
+            provisional: false,
             last_sample: t0,
             last_update: t0,
         };
