@@ -94,7 +94,12 @@ fn main() -> anyhow::Result<()> {
     if skip {
         // The objects the crate embeds: the balancer, the backends'
         // decapsulation program and the test bed's fault injector.
-        for name in ["balancer-xdp", "balancer-decap", "balancer-faults"] {
+        for name in [
+            "balancer-xdp",
+            "balancer-decap",
+            "balancer-dispatcher",
+            "balancer-faults",
+        ] {
             let object = std::path::Path::new(&out_dir).join(name);
             if !object.exists() {
                 std::fs::write(&object, []).context("writing a stub object")?;

@@ -20,6 +20,7 @@ pub mod locality;
 pub mod mistakes;
 pub mod modes;
 pub mod natpair;
+pub mod chain;
 pub mod netns;
 pub mod operator;
 pub mod orphans;

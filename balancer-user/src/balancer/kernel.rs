@@ -16,6 +16,7 @@ use balancer_common::{map_names, Settings, SETTINGS_F_NO_CHOICE_TELEMETRY};
 use super::{specialise, DatapathLog, LoadOptions, MAX_TABLE_SIZE, PROGRAM_NAME};
 use crate::{
     datapath::{
+        chain,
         links::{self, Attached, Held},
         maps::{check_pins, Maps},
         netdev,
@@ -209,6 +210,32 @@ impl Kernel {
     /// registered.
     pub fn attach(&mut self, interface: &str, mode: XdpMode) -> Result<Attached> {
         let ifindex = self.register_interface(interface)?;
+        if let Some(prio) = self.loaded.opts.chain {
+            let root = chain_root();
+            return match join_chain(&mut self.ebpf, &root, interface, ifindex, mode, prio) {
+                Ok(c) => {
+                    self.attached.push(Attachment {
+                        name: interface.to_string(),
+                        ifindex,
+                        held: Held::Chained {
+                            root,
+                            dispatcher_id: c.dispatcher_id,
+                        },
+                        // An earlier run's component replaced stays with
+                        // this program if the start fails later.
+                        created: !c.replaced,
+                    });
+                    Ok(Attached::Chained {
+                        dispatcher_id: c.dispatcher_id,
+                        components: c.slots.iter().map(|s| s.name.clone()).collect(),
+                    })
+                }
+                Err(e) => {
+                    let _ = self.maps.remove_local_mac(ifindex);
+                    Err(e)
+                }
+            };
+        }
         let link_dir = self.pin_dir.as_deref().map(links::link_dir);
         let prog = program_mut(&mut self.ebpf)?;
         let result = match &link_dir {
@@ -245,9 +272,18 @@ impl Kernel {
     /// or the file system refuses.
     pub fn detach_all(&mut self) -> Result<()> {
         let attached = std::mem::take(&mut self.attached);
+        for a in &attached {
+            if let Held::Chained { root, .. } = &a.held {
+                chain::leave(root, &a.name, a.ifindex, PROGRAM_NAME)?;
+            }
+        }
+        if self.loaded.opts.chain.is_some() {
+            return Ok(());
+        }
         let prog = program_mut(&mut self.ebpf)?;
         for a in attached {
             match a.held {
+                Held::Chained { .. } => {}
                 Held::Owned(id) => prog.detach(id).map_err(|source| {
                     BalancerError::from(DatapathError::Program {
                         action: format!("detaching XDP from {}", a.name),
@@ -274,6 +310,9 @@ impl Kernel {
         self.attached = kept;
         for a in new {
             match a.held {
+                Held::Chained { root, .. } => {
+                    let _ = chain::leave(&root, &a.name, a.ifindex, PROGRAM_NAME);
+                }
                 Held::Owned(id) => {
                     if let Some(p) = prog.as_mut() {
                         let _ = p.detach(id);
@@ -346,7 +385,7 @@ impl Kernel {
                     program_id: now.map_or(0, |n| n.program_id),
                     link_id: match &a.held {
                         Held::Pinned { link, .. } => link.info().map_or(0, |i| i.id()),
-                        Held::Owned(_) => 0,
+                        Held::Owned(_) | Held::Chained { .. } => 0,
                     },
                 }
             })
@@ -455,6 +494,40 @@ fn check_options(opts: &LoadOptions) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The bpffs libxdp's chains are pinned under: `$LIBXDP_BPFFS` (libxdp's
+/// own override), else /sys/fs/bpf.
+pub(super) fn chain_root() -> PathBuf {
+    std::env::var_os("LIBXDP_BPFFS").map_or_else(|| PathBuf::from("/sys/fs/bpf"), PathBuf::from)
+}
+
+/// Joins `iface`'s libxdp chain with `ebpf`'s entry program (an
+/// extension, loaded against the first dispatcher it joins).
+pub(super) fn join_chain(
+    ebpf: &mut Ebpf,
+    root: &Path,
+    iface: &str,
+    ifindex: u32,
+    mode: XdpMode,
+    prio: u32,
+) -> Result<chain::Chain> {
+    let ext: &mut aya::programs::Extension = ebpf
+        .program_mut(PROGRAM_NAME)
+        .ok_or_else(program_missing)?
+        .try_into()
+        .map_err(program_open_failed)?;
+    chain::join(
+        root,
+        iface,
+        ifindex,
+        mode,
+        chain::Member {
+            ext,
+            name: PROGRAM_NAME,
+            run_prio: prio,
+        },
+    )
 }
 
 pub(super) fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp> {

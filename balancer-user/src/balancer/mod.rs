@@ -108,6 +108,12 @@ pub struct LoadOptions {
     /// configuration asks for them; `None`, the default, loads every
     /// feature once (nothing is loaded again).
     pub features: Option<u64>,
+    /// Join each interface's libxdp chain with this run priority
+    /// (`--xdp-chain libxdp`, [`crate::datapath::chain`]): the entry
+    /// program is loaded as an freplace component of a dispatcher and
+    /// every program single-buffer. `None`, the default: the balancer
+    /// alone on each interface, through its own XDP link.
+    pub chain: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -120,6 +126,7 @@ impl Default for LoadOptions {
             datapath_log: None,
             flow_event_ring: balancer_common::DEFAULT_FLOW_EVENT_RING,
             features: None,
+            chain: None,
         }
     }
 }

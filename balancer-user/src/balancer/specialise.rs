@@ -103,9 +103,42 @@ pub(super) fn open(
     let level: u8 = opts.datapath_log.map_or(0, |l| l as u8);
     loader.override_global(aya_log::LEVEL, &level, true);
     loader.override_global(features::GLOBAL, &features, true);
+    // In a libxdp chain the entry program is a dispatcher's component
+    // (loaded when it joins one: `Kernel::attach`) and every program is
+    // single-buffer, as the dispatcher is.
+    let single: Vec<u64>;
+    let object: &[u8] = if opts.chain.is_some() {
+        for name in programs::ALL {
+            loader.extension(name);
+        }
+        let mut words = vec![0u64; PROGRAM.len().div_ceil(8)];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+        bytes[..PROGRAM.len()].copy_from_slice(PROGRAM);
+        crate::datapath::chain::single_buffer(&mut bytes[..PROGRAM.len()])?;
+        single = words;
+        &bytemuck::cast_slice(&single)[..PROGRAM.len()]
+    } else {
+        PROGRAM
+    };
     let mut ebpf = loader
-        .load(PROGRAM)
+        .load(object)
         .map_err(|e| super::explain_load_error(e, opts))?;
+    if opts.chain.is_some() {
+        // Every program a component, loaded against one dispatcher
+        // (`chain::probe_dispatcher`): the entry joins each interface's
+        // chain (`Kernel::attach`) and tail-calls the stages, which must
+        // then be freplace programs too.
+        let (_probe, target) = crate::datapath::chain::probe_dispatcher()?;
+        for name in programs::ALL {
+            let ext: &mut aya::programs::Extension = ebpf
+                .program_mut(name)
+                .ok_or_else(program_missing)?
+                .try_into()
+                .map_err(program_open_failed)?;
+            crate::datapath::chain::load_component(ext, &target, name)?;
+        }
+        return Ok(ebpf);
+    }
     for name in programs::ALL {
         let prog: &mut Xdp = ebpf
             .program_mut(name)
@@ -161,12 +194,11 @@ pub(super) fn set_stages(ebpf: &Ebpf, stages: &mut ProgramArray<MapData>) -> Res
         (programs::UDP, programs::UDP_STAGE),
         (programs::BELOW_CAP, programs::BELOW_CAP_STAGE),
     ] {
-        let stage: &Xdp = ebpf
+        let fd = ebpf
             .program(name)
             .ok_or_else(program_missing)?
-            .try_into()
+            .fd()
             .map_err(program_open_failed)?;
-        let fd = stage.fd().map_err(program_open_failed)?;
         stages.set(index, fd, 0).map_err(|source| {
             BalancerError::from(DatapathError::Map {
                 map: map_names::STAGES,
@@ -365,6 +397,24 @@ impl Kernel {
     /// attach type never meet, would leave that one interface without
     /// the balancer when its link was not pinned.)
     fn move_links(&mut self, new: &mut Ebpf) -> Result<()> {
+        if let Some(prio) = self.loaded.opts.chain {
+            // Each interface's chain rebuilt with the new entry program in
+            // the old one's place (atomic: the dispatcher is swapped).
+            for a in &self.attached {
+                let Held::Chained { root, .. } = &a.held else {
+                    continue;
+                };
+                super::kernel::join_chain(
+                    new,
+                    root,
+                    &a.name,
+                    a.ifindex,
+                    aya::programs::XdpMode::Default,
+                    prio,
+                )?;
+            }
+            return Ok(());
+        }
         let new_prog = program_mut(new)?;
         let old_prog = program_mut(&mut self.ebpf)?;
         let all = std::mem::take(&mut self.attached);
@@ -421,6 +471,8 @@ fn swap_link(held: Held, from: &mut Xdp, to: &mut Xdp) -> Result<Held> {
         })
     };
     match held {
+        // Moved by `move_links` (never reaches here).
+        chained @ Held::Chained { .. } => Ok(chained),
         Held::Owned(id) => {
             let link = from.take_link(id).map_err(refused)?;
             Ok(Held::Owned(to.attach_to_link(link).map_err(refused)?))

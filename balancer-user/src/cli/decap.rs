@@ -116,6 +116,9 @@ impl DecapCmd {
                     Attached::Replaced { link_id, .. } => {
                         println!("updated on {iface} (link {link_id})")
                     }
+                    Attached::Chained { dispatcher_id, .. } => {
+                        println!("joined {iface}'s chain (dispatcher {dispatcher_id})")
+                    }
                 }
             }
             DecapCmd::Detach { iface, pin_dir } => {

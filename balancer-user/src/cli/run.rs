@@ -46,6 +46,15 @@ impl From<Mode> for XdpMode {
     }
 }
 
+/// `--xdp-chain`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpChain {
+    /// Alone on the interface.
+    None,
+    /// A component of libxdp's dispatcher.
+    Libxdp,
+}
+
 /// `balancer run` options.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -223,6 +232,19 @@ pub struct RunArgs {
     /// and counted as `program_swaps`; docs/operations.md).
     #[arg(long)]
     all_features: bool,
+    /// How the balancer shares each interface with other XDP programs:
+    /// `none`, alone through its own XDP link (another program on the
+    /// interface is an error); `libxdp`, as one program of libxdp's
+    /// dispatcher (xdp-filter, xdp-loader and xdpdump share it), made when
+    /// the interface has none and joined when it has one. Needs a kernel
+    /// that allows freplace programs; the programs are then single-buffer
+    /// (docs/operations.md, "Beside other XDP programs").
+    #[arg(long, value_enum, default_value = "none")]
+    xdp_chain: XdpChain,
+    /// The balancer's run priority in a libxdp chain: lower runs first
+    /// (xdp-filter's is 10, libxdp's default 50).
+    #[arg(long, default_value_t = balancer::datapath::chain::BALANCER_RUN_PRIO)]
+    xdp_chain_priority: u32,
     /// Announce the VIPs by BGP through BIRD 2: the directory where the
     /// daemon writes `vips4.conf` and `vips6.conf` (static routes the BIRD
     /// configuration includes; docs/cluster.md). Needs --birdc-socket.
@@ -284,6 +306,10 @@ impl RunArgs {
                 datapath_log: self.datapath_log,
                 flow_event_ring: self.flow_event_ring,
                 features: if self.all_features { None } else { Some(0) },
+                chain: match self.xdp_chain {
+                    XdpChain::None => None,
+                    XdpChain::Libxdp => Some(self.xdp_chain_priority),
+                },
             },
             timeouts: Timeouts {
                 half_open: self.half_open_timeout,

@@ -362,12 +362,27 @@ pub fn check_interface(
     name: &str,
     mode: XdpMode,
     link_dir: Option<&Path>,
+    chained: bool,
 ) -> anyhow::Result<InterfacePlan> {
     let ifindex = netdev::ifindex(name)?;
     netdev::mac(name)?;
     let Some(now) = netdev::xdp_attached(ifindex)? else {
         return Ok(InterfacePlan::Attach);
     };
+    if chained {
+        // Joining the chain checks what is there (`datapath::chain`).
+        return Ok(InterfacePlan::Attach);
+    }
+    if netdev::program_name(now.program_id).as_deref()
+        == Some(crate::datapath::chain::DISPATCHER_NAME)
+    {
+        bail!(
+            "{name} already carries {}: libxdp's dispatcher (`xdp-loader status` lists the \
+             programs it runs); run the balancer with --xdp-chain libxdp to join it, or remove \
+             them first (`xdp-loader unload --all {name}`)",
+            links::describe_program(now.program_id, now.mode)
+        );
+    }
     let ours = match link_dir {
         Some(dir) => links::pinned_link(&dir.join(links::pin_name(name)))?,
         None => None,

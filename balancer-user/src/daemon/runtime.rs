@@ -888,7 +888,12 @@ async fn refusals(cfg: &DaemonConfig) -> anyhow::Result<Prepared> {
     };
     let link_dir = cfg.load.pin_dir.as_deref().map(links::link_dir);
     for iface in &cfg.interfaces {
-        let plan = preflight::check_interface(iface, cfg.mode, link_dir.as_deref())?;
+        let plan = preflight::check_interface(
+            iface,
+            cfg.mode,
+            link_dir.as_deref(),
+            cfg.load.chain.is_some(),
+        )?;
         tracing::debug!("{iface}: {plan:?}");
     }
     Ok(Prepared {
@@ -941,6 +946,14 @@ fn start_data_path(
             }) => tracing::info!(
                 "took over {iface}: link {link_id} now runs this program instead of program \
                  {old_program_id} (atomic replacement)"
+            ),
+            Ok(Attached::Chained {
+                dispatcher_id,
+                components,
+            }) => tracing::info!(
+                "joined {iface}'s libxdp chain: dispatcher {dispatcher_id} runs {} (in this \
+                 order)",
+                components.join(", ")
             ),
             Err(e) => {
                 // Links this start created end; links taken over keep this

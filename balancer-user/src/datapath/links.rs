@@ -105,10 +105,19 @@ pub enum Held {
         /// An open descriptor of the link.
         link: FdLink,
     },
+    /// A component of the interface's libxdp chain
+    /// ([`crate::datapath::chain`]): pinned under `<root>/xdp`, it stays
+    /// when the daemon exits.
+    Chained {
+        /// The bpffs the chain's pins are under.
+        root: PathBuf,
+        /// The dispatcher's id when the balancer joined.
+        dispatcher_id: u32,
+    },
 }
 
 /// How an attachment came about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Attached {
     /// A new link (nothing of ours was on the interface).
     New {
@@ -121,6 +130,14 @@ pub enum Attached {
         link_id: u32,
         /// The program it ran before.
         old_program_id: u32,
+    },
+    /// A component of the interface's libxdp chain, whose dispatcher now
+    /// runs these components in this order.
+    Chained {
+        /// Kernel id of the dispatcher.
+        dispatcher_id: u32,
+        /// Its components' names in run order.
+        components: Vec<String>,
     },
 }
 

@@ -10,6 +10,7 @@
 //! May import the model ([`crate::model`]) and this room.
 
 pub mod batch;
+pub mod chain;
 pub mod decap;
 pub mod gc;
 pub mod links;

@@ -199,6 +199,68 @@ pub fn xdp_attached(ifindex: u32) -> Result<Option<XdpAttached>> {
     Ok(xdp_of(&link))
 }
 
+/// Sets interface `ifindex`'s XDP program through netlink (`RTM_SETLINK`,
+/// `IFLA_XDP`): program descriptor `fd` (-1 removes it), attach `flags`
+/// (`XDP_FLAGS_*` of uapi/linux/if_link.h), and with `expected` the
+/// program that must be there now (`IFLA_XDP_EXPECTED_FD`, with
+/// `XDP_FLAGS_REPLACE`): the kernel swaps atomically or refuses.
+///
+/// # Errors
+/// The kernel's refusal (`EEXIST` when a program is there and the flags
+/// say `XDP_FLAGS_UPDATE_IF_NOEXIST`; `EEXIST` too when the expected one
+/// is no longer there), or a netlink failure.
+pub fn set_xdp(ifindex: u32, fd: i32, flags: u32, expected: Option<i32>) -> Result<()> {
+    use netlink_packet_core::{
+        NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST,
+    };
+    use netlink_packet_route::{
+        link::{LinkAttribute, LinkMessage, LinkXdp},
+        RouteNetlinkMessage,
+    };
+    use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+    let io = |source| BalancerError::Io {
+        action: format!("setting interface {ifindex}'s XDP program (netlink)"),
+        source,
+    };
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
+    socket.bind_auto().map_err(io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
+    let mut msg = LinkMessage::default();
+    msg.header.index = ifindex;
+    let mut xdp = vec![LinkXdp::Fd(fd), LinkXdp::Flags(flags)];
+    if let Some(e) = expected {
+        xdp.push(LinkXdp::ExpectedFd(e as u32));
+    }
+    msg.attributes.push(LinkAttribute::Xdp(xdp));
+    let mut packet = NetlinkMessage::new(
+        NetlinkHeader::default(),
+        NetlinkPayload::from(RouteNetlinkMessage::SetLink(msg)),
+    );
+    packet.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    packet.header.sequence_number = 1;
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    socket.send(&buf, 0).map_err(io)?;
+    let mut rx = Vec::with_capacity(64 * 1024);
+    socket.recv(&mut rx, 0).map_err(io)?;
+    let reply: NetlinkMessage<RouteNetlinkMessage> =
+        NetlinkMessage::deserialize(&rx).map_err(|e| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                e.to_string(),
+            ))
+        })?;
+    match reply.payload {
+        NetlinkPayload::Error(e) => match e.code {
+            None => Ok(()),
+            Some(c) => Err(io(std::io::Error::from_raw_os_error(-c.get()))),
+        },
+        _ => Ok(()),
+    }
+}
+
 /// The other end of a veth, as the kernel reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VethPeer {

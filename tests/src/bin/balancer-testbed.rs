@@ -226,6 +226,10 @@ enum Cmd {
     /// UDP flows, none broken or moved; its return takes nothing back; the
     /// control without sync breaks connections.
     Natpair,
+    /// Beside other XDP programs: xdp-filter first, the balancer joins its
+    /// libxdp dispatcher (`--xdp-chain libxdp`); a skip, stated, on a
+    /// kernel that refuses freplace programs.
+    Chain,
     /// The packet fixture suite through BPF_PROG_TEST_RUN.
     Fixtures,
     /// Loads each program and prints how many instructions the verifier
@@ -348,6 +352,7 @@ fn main() -> ExitCode {
         Cmd::Truth => truth::run(),
         Cmd::Cluster { long, tunnel } => cluster::run(long, tunnel),
         Cmd::Natpair => natpair::run(),
+        Cmd::Chain => balancer_tests::chain::run(),
         Cmd::HoldUnix { .. } | Cmd::QuicServe { .. } | Cmd::QuicProbe { .. } => {
             unreachable!("handled before isolation")
         }
