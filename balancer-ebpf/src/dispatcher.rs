@@ -85,6 +85,7 @@ mod prog {
         // SAFETY: a stack slot of ours; volatile so that callers cannot
         // assume the value.
         unsafe { core::ptr::write_volatile(&mut r, RETVAL) };
+        // SAFETY: as above.
         unsafe { core::ptr::read_volatile(&r) }
     }
 

@@ -109,7 +109,10 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
             "--state-file",
             &tb.dir().join("refused.json").display().to_string(),
         ])?;
-        ensure!(!ok, "the daemon started in chain mode beside a lone xdp-filter");
+        ensure!(
+            !ok,
+            "the daemon started in chain mode beside a lone xdp-filter"
+        );
         ensure!(
             err.contains("refuses freplace"),
             "the refusal does not say the kernel refuses freplace: {err}"
@@ -132,7 +135,9 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    println!("chain: xdp-filter loaded on lb0 in skb mode: a libxdp dispatcher (program {filter_id})");
+    println!(
+        "chain: xdp-filter loaded on lb0 in skb mode: a libxdp dispatcher (program {filter_id})"
+    );
 
     // The control first: the exclusive mode beside it is refused.
     let (ok, err) = tb.refused_start(&[
@@ -146,13 +151,19 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         "--state-file",
         &tb.dir().join("exclusive.json").display().to_string(),
     ])?;
-    ensure!(!ok, "control: the exclusive mode attached beside xdp-filter");
+    ensure!(
+        !ok,
+        "control: the exclusive mode attached beside xdp-filter"
+    );
     ensure!(
         err.contains("xdp_dispatcher") && err.contains("--xdp-chain libxdp"),
         "control: the exclusive mode's refusal names neither the dispatcher nor \
          --xdp-chain libxdp: {err}"
     );
-    ensure!(attached_id(tb)? == filter_id, "control: the refused start changed lb0");
+    ensure!(
+        attached_id(tb)? == filter_id,
+        "control: the refused start changed lb0"
+    );
     println!(
         "chain: control: the exclusive mode beside xdp-filter refused: {}",
         err.lines()
@@ -164,7 +175,12 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     tb.start_daemon()?;
     tb.cli(&["vip", "add", "--health", "off", &VIP.to_string()])?;
     for k in 0..BACKENDS {
-        tb.cli(&["backend", "add", &VIP.to_string(), &backend_addr(k).to_string()])?;
+        tb.cli(&[
+            "backend",
+            "add",
+            &VIP.to_string(),
+            &backend_addr(k).to_string(),
+        ])?;
     }
     let status = tool_output(tb, "xdp-loader", &["status"])?;
     for want in ["xdp_dispatcher", "xdpfilt", "balancer"] {
@@ -174,6 +190,28 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         );
     }
     println!("chain: the daemon joined lb0's chain; xdp-loader status:\n{status}");
+    // What the kernel verified of the chained programs (single-buffer; the
+    // entry an freplace program, the stages loaded with no attach type).
+    let mut verified: Vec<String> = aya::programs::loaded_programs()
+        .flatten()
+        .filter_map(|p| {
+            let name = p.name_as_str()?.to_string();
+            (name.starts_with("balancer") || name == "xdp_dispatcher").then(|| {
+                format!(
+                    "{name} {}",
+                    p.verified_instruction_count()
+                        .map_or("?".to_string(), |n| n.to_string())
+                )
+            })
+        })
+        .collect();
+    verified.sort();
+    verified.dedup();
+    println!(
+        "chain: verified instructions on kernel {} (name, instructions): {}",
+        kernel(),
+        verified.join(", ")
+    );
 
     // Real TCP through the VIP.
     let held = open_held(&tb.client_ns_path(), VIP, HELD, 4, 1 << 20)?;
@@ -186,7 +224,11 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     println!("chain: {HELD} connections held through the VIP, per backend {per:?}");
 
     // A source xdp-filter denies: dropped before the balancer.
-    tool_output(tb, "xdp-filter", &["ip", &DENIED.to_string(), "--mode", "src"])?;
+    tool_output(
+        tb,
+        "xdp-filter",
+        &["ip", &DENIED.to_string(), "--mode", "src"],
+    )?;
     let before = tb.stats()?;
     let ns = tb.client_ns_path();
     let denied = thread::spawn(move || -> anyhow::Result<usize> {
@@ -220,11 +262,16 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
                 .unwrap_or(0)
         })
         .unwrap_or(0);
-    let new_flows = |s: &balancer::model::api::StatsView| {
-        s.counters.get("new_flows").copied().unwrap_or(0)
-    };
-    ensure!(denied == 3, "{denied} of 3 connections from the denied source failed");
-    ensure!(hits > 0, "xdp-filter counted no frame of {DENIED}:\n{filter}");
+    let new_flows =
+        |s: &balancer::model::api::StatsView| s.counters.get("new_flows").copied().unwrap_or(0);
+    ensure!(
+        denied == 3,
+        "{denied} of 3 connections from the denied source failed"
+    );
+    ensure!(
+        hits > 0,
+        "xdp-filter counted no frame of {DENIED}:\n{filter}"
+    );
     ensure!(
         new_flows(&after) == new_flows(&before),
         "the balancer placed {} flows while only the denied source connected",
@@ -238,7 +285,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     );
 
     // xdpdump on the balancer's component.
-    capture(tb)?;
+    capture(tb, Some("balancer"), 5 << 20)?;
 
     // A restart under the held connections.
     let disp_before = attached_id(tb)?;
@@ -251,24 +298,173 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         "after the restart xdp-loader status lacks a program:\n{status}"
     );
     let (broken, held) = broken;
-    ensure!(broken == 0, "the restart broke {broken} of {HELD} held connections");
+    ensure!(
+        broken == 0,
+        "the restart broke {broken} of {HELD} held connections"
+    );
     println!(
         "chain: daemon restarted: 0 of {HELD} held connections broken; dispatcher {disp_before} \
          -> {} with xdp-filter and the balancer",
         attached_id(tb)?
     );
 
-    // xdp-filter unloaded: the balancer stays.
-    tool_output(tb, "xdp-filter", &["unload", "lb0"])?;
+    // A feature turned on loads the programs again: in a chain the new
+    // component takes the old one's place (another dispatcher swap).
+    let swaps = tb.stats()?.programs.swaps;
+    tb.cli(&["vip", "set", &VIP.to_string(), "--source-rate", "100000"])?;
+    let p = tb.stats()?.programs;
+    ensure!(
+        p.swaps == swaps + 1 && p.features.contains("limits"),
+        "after turning on a source rate: features {:?}, swaps {} (were {swaps})",
+        p.features,
+        p.swaps
+    );
+    let (broken, held) = check_held(tb, held, 7 << 20)?;
     let status = tool_output(tb, "xdp-loader", &["status", "lb0"])?;
     ensure!(
-        status.contains("balancer") && !status.contains("xdpfilt"),
-        "after xdp-filter's unload:\n{status}"
+        status.contains("xdpfilt") && status.contains("balancer"),
+        "after the programs' swap xdp-loader status lacks a program:\n{status}"
     );
+    ensure!(
+        broken == 0,
+        "the programs' swap broke {broken} held connections"
+    );
+    println!(
+        "chain: a feature turned on (limits): the programs loaded again and swapped into both \
+         chains, 0 of {HELD} held connections broken, xdp-filter in place"
+    );
+
+    // xdp-filter unloaded: the balancer stays. libxdp builds the new
+    // dispatcher from the one built into it: xdp-tools before 1.5.5
+    // (Debian 12 ships 1.3.1) has stubs that kernels checking whether an
+    // freplace program may change packet data (6.12.118 here) will not let
+    // the balancer replace. There the unload must be refused with nothing
+    // lost; elsewhere (6.1 here) it must keep the balancer.
+    let out = xdp_tool(tb, "xdp-filter", &["unload", "lb0"]).output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = tool_output(tb, "xdp-loader", &["status", "lb0"])?;
     let (broken, held) = check_held(tb, held, 4 << 20)?;
-    ensure!(broken == 0, "xdp-filter's unload broke {broken} held connections");
-    println!("chain: xdp-filter unloaded: the balancer alone in the chain, 0 of {HELD} broken");
+    ensure!(
+        broken == 0,
+        "xdp-filter's unload broke {broken} held connections"
+    );
+    if out.status.success() {
+        ensure!(
+            status.contains("balancer") && !status.contains("xdpfilt"),
+            "after xdp-filter's unload:\n{status}"
+        );
+        println!("chain: xdp-filter unloaded: the balancer alone in the chain, 0 of {HELD} broken");
+    } else {
+        ensure!(
+            text.contains("Failed to attach program balancer to dispatcher"),
+            "xdp-filter unload failed for another reason: {text}"
+        );
+        ensure!(
+            status.contains("balancer") && status.contains("xdpfilt"),
+            "xdp-filter's refused unload changed the chain:\n{status}"
+        );
+        println!(
+            "chain: xdp-filter unload refused by libxdp ({}) on kernel {}: its own dispatcher's \
+             stubs do not change packet data and this kernel lets no program that does replace \
+             them (xdp-tools 1.5.5 and later have the change); nothing changed: both programs \
+             still in the chain, 0 of {HELD} held connections broken",
+            libxdp_version(),
+            kernel()
+        );
+    }
     crate::testbed::close_and_settle(tb, held)?;
+    // `balancer detach` with the daemon stopped: the balancer leaves every
+    // chain it joined, and what else runs there stays.
+    tb.stop_daemon();
+    let before = tool_output(tb, "xdp-loader", &["status"])?;
+    let out = tb
+        .balancer_in_lb(&["detach", "--pin-dir", &tb.pin_dir().display().to_string()])
+        .env("LIBXDP_BPFFS", bpffs(tb))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "balancer detach failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = tool_output(tb, "xdp-loader", &["status"])?;
+    ensure!(
+        !after.contains("balancer"),
+        "after balancer detach the balancer is still in a chain:\n{after}"
+    );
+    ensure!(
+        before.contains("xdpfilt") == after.contains("xdpfilt"),
+        "balancer detach changed xdp-filter's place:\n{before}\n{after}"
+    );
+    // Capture in the exclusive mode too: xdp-filter gone, the balancer
+    // alone on the interfaces through its own links.
+    if after.contains("xdpfilt") {
+        tool_output(tb, "xdp-filter", &["unload", "lb0"])?;
+    }
+    tb.daemon_args = vec!["--mode".into(), "generic".into()];
+    tb.start_daemon()?;
+    capture(tb, None, 6 << 20)?;
+    // Jumbo frames: a chain is single-buffer. With an MTU of 9000 the
+    // kernel refuses a native-mode dispatcher on a veth, and the daemon
+    // says why; the balancer alone (multi-buffer) attaches there.
+    tb.stop_daemon();
+    let out = tb
+        .balancer_in_lb(&["detach", "--pin-dir", &tb.pin_dir().display().to_string()])
+        .env("LIBXDP_BPFFS", bpffs(tb))
+        .output()?;
+    ensure!(out.status.success(), "balancer detach (exclusive) failed");
+    tb.set_mtu(9000)?;
+    let fs = bpffs(tb);
+    let (ok, err) = tb.refused_start_with(
+        &[
+            "run",
+            "--iface",
+            "lb0",
+            "--mode",
+            "native",
+            "--xdp-chain",
+            "libxdp",
+            "--pin-dir",
+            &bpffs(tb).join("jumbo").display().to_string(),
+            "--state-file",
+            &tb.dir().join("jumbo.json").display().to_string(),
+        ],
+        &[("LIBXDP_BPFFS", &fs)],
+    )?;
+    ensure!(
+        !ok,
+        "a native-mode chain attached on an interface with an MTU of 9000"
+    );
+    ensure!(
+        err.contains("single-buffer") && err.contains("MTU"),
+        "the jumbo refusal does not say why: {err}"
+    );
+    let status = tool_output(tb, "xdp-loader", &["status", "lb0"])?;
+    ensure!(
+        !status.contains("balancer"),
+        "the refused start left a component:\n{status}"
+    );
+    println!(
+        "chain: MTU 9000, native mode: the chain refused ({}); nothing left on lb0",
+        err.lines()
+            .find(|l| l.contains("single-buffer"))
+            .unwrap_or("")
+            .trim()
+            .chars()
+            .take(160)
+            .collect::<String>()
+    );
+    println!(
+        "chain: balancer detach (no daemon): the balancer left both chains{}",
+        if after.contains("xdpfilt") {
+            ", xdp-filter still on lb0"
+        } else {
+            ""
+        }
+    );
     println!("chain: finished in {} s", started.elapsed().as_secs());
     println!("chain: every assertion held");
     Ok(())
@@ -296,23 +492,17 @@ fn check_held(tb: &Testbed, held: Vec<Conn>, base: u64) -> anyhow::Result<(usize
 
 /// xdpdump on the balancer's component of lb0's chain while new
 /// connections are made: the capture holds their SYNs to the VIP.
-fn capture(tb: &Testbed) -> anyhow::Result<()> {
-    let file = tb.dir().join("capture.pcapng");
+fn capture(tb: &Testbed, program: Option<&str>, id_base: u64) -> anyhow::Result<()> {
+    let file = tb
+        .dir()
+        .join(format!("capture-{}.pcapng", program.unwrap_or("exclusive")));
     let log = tb.dir().join("xdpdump.log");
-    let mut cmd = xdp_tool(
-        tb,
-        "xdpdump",
-        &[
-            "-i",
-            "lb0",
-            "-p",
-            "balancer",
-            "--rx-capture",
-            "entry",
-            "-w",
-            &file.display().to_string(),
-        ],
-    );
+    let file_arg = file.display().to_string();
+    let mut args = vec!["-i", "lb0", "--rx-capture", "entry", "-w", &file_arg];
+    if let Some(p) = program {
+        args.extend(["-p", p]);
+    }
+    let mut cmd = xdp_tool(tb, "xdpdump", &args);
     let out = std::fs::File::create(&log)?;
     cmd.stdin(Stdio::null())
         .stdout(out.try_clone()?)
@@ -341,7 +531,7 @@ fn capture(tb: &Testbed) -> anyhow::Result<()> {
         crate::netns::enter_ns(&ns)?;
         let mut ports = Vec::new();
         for i in 0..5u64 {
-            let c = Conn::open_to(None, VIP, (5 << 20) + i, 64)?;
+            let c = Conn::open_to(None, VIP, id_base + i, 64)?;
             ports.push(c.local().port());
             c.close();
         }
@@ -371,8 +561,9 @@ fn capture(tb: &Testbed) -> anyhow::Result<()> {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     println!(
-        "chain: xdpdump -i lb0 -p balancer captured the balancer's input: the SYNs of {found} \
-         of {} new connections to {VIP} (checked in {})",
+        "chain: xdpdump {} captured the balancer's input: the SYNs of {found} of {} new \
+         connections to {VIP} (checked in {})",
+        args.join(" "),
         opened.len(),
         file.display()
     );
@@ -412,7 +603,16 @@ fn syns_to_vip(path: &std::path::Path) -> anyhow::Result<Vec<u16>> {
 /// The id of the XDP program lb0 carries.
 fn attached_id(tb: &Testbed) -> anyhow::Result<u32> {
     let out = Command::new("ip")
-        .args(["netns", "exec", tb.lb.name(), "ip", "-j", "link", "show", "lb0"])
+        .args([
+            "netns",
+            "exec",
+            tb.lb.name(),
+            "ip",
+            "-j",
+            "link",
+            "show",
+            "lb0",
+        ])
         .output()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     v[0]["xdp"]["prog"]["id"]
@@ -428,6 +628,17 @@ fn which(tool: &str) -> Option<PathBuf> {
             .map(|d| d.join(tool))
             .find(|f| f.exists())
     })
+}
+
+/// The installed libxdp's package version (`dpkg-query`).
+fn libxdp_version() -> String {
+    Command::new("dpkg-query")
+        .args(["-W", "-f", "${Version}", "libxdp1"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success() && !o.stdout.is_empty())
+        .map(|o| format!("libxdp1 {}", String::from_utf8_lossy(&o.stdout).trim()))
+        .unwrap_or_else(|| "libxdp, version unknown".into())
 }
 
 fn kernel() -> String {

@@ -4,6 +4,7 @@
 
 pub mod abuse;
 pub mod bench;
+pub mod chain;
 pub mod chance;
 pub mod cluster;
 pub mod collisions;
@@ -20,7 +21,6 @@ pub mod locality;
 pub mod mistakes;
 pub mod modes;
 pub mod natpair;
-pub mod chain;
 pub mod netns;
 pub mod operator;
 pub mod orphans;

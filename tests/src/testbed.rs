@@ -843,8 +843,21 @@ impl Testbed {
     /// # Errors
     /// The command cannot be started.
     pub fn refused_start(&self, args: &[&str]) -> anyhow::Result<(bool, String)> {
+        self.refused_start_with(args, &[])
+    }
+
+    /// [`Testbed::refused_start`] with extra environment `env`.
+    ///
+    /// # Errors
+    /// It cannot be started.
+    pub fn refused_start_with(
+        &self,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> anyhow::Result<(bool, String)> {
         let mut child = self
             .balancer_in_lb(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()?;

@@ -51,6 +51,8 @@ pub struct Kernel {
     /// The program array of the stages: its entries last while a user
     /// reference does (this handle, or its pin).
     pub(super) _stages: ProgramArray<MapData>,
+    /// The stage programs of a chain's load (`chain::load_stages`).
+    pub(super) raw_stages: specialise::RawStages,
     /// How the running programs were loaded (`specialise`).
     pub(super) loaded: specialise::Loaded,
     pub(super) maps: Maps,
@@ -103,7 +105,7 @@ impl Kernel {
             }
             None => balancer_common::features::ALL,
         };
-        let mut ebpf = specialise::open(opts, features, None)?;
+        let (mut ebpf, raw_stages) = specialise::open(opts, features, None)?;
         let shared = if features == balancer_common::features::ALL {
             Vec::new()
         } else {
@@ -120,7 +122,7 @@ impl Kernel {
             None => None,
         };
         let mut stages = specialise::take_stages(&mut ebpf)?;
-        specialise::set_stages(&ebpf, &mut stages)?;
+        specialise::set_stages(&ebpf, &raw_stages, &mut stages)?;
         // The ring buffers the daemon reads.
         let mut ring = |name: &'static str| {
             ebpf.take_map(name)
@@ -149,6 +151,7 @@ impl Kernel {
         let kernel = Kernel {
             ebpf,
             _stages: stages,
+            raw_stages,
             loaded: specialise::Loaded {
                 opts: opts.clone(),
                 features,

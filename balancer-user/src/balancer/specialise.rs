@@ -38,6 +38,10 @@ use crate::{
     model::error::{BalancerError, DatapathError, Result},
 };
 
+/// Stage programs loaded outside aya (a chain's: `chain::load_stages`),
+/// by name; empty otherwise.
+pub(super) type RawStages = Vec<(&'static str, aya::programs::ProgramFd)>;
+
 /// How the programs running now were loaded, and what the next load
 /// reuses.
 pub(super) struct Loaded {
@@ -65,7 +69,7 @@ pub(super) fn open(
     opts: &LoadOptions,
     features: u64,
     reuse: Option<(&Path, &[(String, MapData)])>,
-) -> Result<Ebpf> {
+) -> Result<(Ebpf, RawStages)> {
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(map_names::FLOWS, opts.flow_table_size);
     loader.map_max_entries(map_names::HALF_OPEN, opts.half_open_table_size);
@@ -94,7 +98,12 @@ pub(super) fn open(
                 // as pinned, so a load without a pin directory shares
                 // nothing).
                 for name in crate::datapath::maps::PINNED_MAPS {
-                    loader.map_pin_path(name, dir.join(name));
+                    let pin = if opts.chain.is_some() && name == map_names::STAGES {
+                        crate::datapath::maps::CHAINED_STAGES_PIN
+                    } else {
+                        name
+                    };
+                    loader.map_pin_path(name, dir.join(pin));
                 }
             }
         }
@@ -108,9 +117,7 @@ pub(super) fn open(
     // single-buffer, as the dispatcher is.
     let single: Vec<u64>;
     let object: &[u8] = if opts.chain.is_some() {
-        for name in programs::ALL {
-            loader.extension(name);
-        }
+        loader.extension(programs::ENTRY);
         let mut words = vec![0u64; PROGRAM.len().div_ceil(8)];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
         bytes[..PROGRAM.len()].copy_from_slice(PROGRAM);
@@ -124,20 +131,45 @@ pub(super) fn open(
         .load(object)
         .map_err(|e| super::explain_load_error(e, opts))?;
     if opts.chain.is_some() {
-        // Every program a component, loaded against one dispatcher
-        // (`chain::probe_dispatcher`): the entry joins each interface's
-        // chain (`Kernel::attach`) and tail-calls the stages, which must
-        // then be freplace programs too.
+        // The entry a component (freplace), loaded against a dispatcher
+        // (`chain::probe_dispatcher`: a kernel without freplace says so
+        // here), joined to each interface's chain by `Kernel::attach`;
+        // the stages it tail-calls loaded with no expected attach type,
+        // as the entry has (`chain::load_stages`).
         let (_probe, target) = crate::datapath::chain::probe_dispatcher()?;
-        for name in programs::ALL {
-            let ext: &mut aya::programs::Extension = ebpf
-                .program_mut(name)
-                .ok_or_else(program_missing)?
-                .try_into()
-                .map_err(program_open_failed)?;
-            crate::datapath::chain::load_component(ext, &target, name)?;
+        let ext: &mut aya::programs::Extension = ebpf
+            .program_mut(programs::ENTRY)
+            .ok_or_else(program_missing)?
+            .try_into()
+            .map_err(program_open_failed)?;
+        crate::datapath::chain::load_component(ext, &target, programs::ENTRY)?;
+        let btf_id = ext
+            .info()
+            .map_err(program_open_failed)?
+            .btf_id()
+            .ok_or_else(|| BalancerError::Invalid {
+                what: "object",
+                reason: "the entry program has no BTF".into(),
+            })?;
+        let dir = PinDir::new(opts)?;
+        let mut maps = Vec::new();
+        for (name, map) in ebpf.maps() {
+            // bpffs takes no name with a dot (`.rodata`).
+            let path = dir.0.join(format!("map-{}", name.replace('.', ":")));
+            map.pin(&path).map_err(|e| pin_error(&path, e))?;
+            let data = MapData::from_pin(&path).map_err(|e| BalancerError::Invalid {
+                what: "map pin",
+                reason: format!("reopening map {name} from {}: {e}", path.display()),
+            })?;
+            maps.push((name.to_string(), data));
         }
-        return Ok(ebpf);
+        let stages: Vec<&'static str> = programs::ALL
+            .iter()
+            .copied()
+            .filter(|n| *n != programs::ENTRY)
+            .collect();
+        let raw = crate::datapath::chain::load_stages(object, &maps, btf_id, &stages)?;
+        return Ok((ebpf, raw));
     }
     for name in programs::ALL {
         let prog: &mut Xdp = ebpf
@@ -155,7 +187,7 @@ pub(super) fn open(
             })
         })?;
     }
-    Ok(ebpf)
+    Ok((ebpf, Vec::new()))
 }
 
 /// The object's program array of the stages, taken out of `ebpf`.
@@ -183,7 +215,11 @@ pub(super) fn take_stages(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
 ///
 /// # Errors
 /// A program missing, or the map write refused.
-pub(super) fn set_stages(ebpf: &Ebpf, stages: &mut ProgramArray<MapData>) -> Result<()> {
+pub(super) fn set_stages(
+    ebpf: &Ebpf,
+    raw: &RawStages,
+    stages: &mut ProgramArray<MapData>,
+) -> Result<()> {
     for (name, index) in [
         (programs::NEW_FLOW, programs::NEW_FLOW_STAGE),
         (programs::ICMP, programs::ICMP_STAGE),
@@ -194,11 +230,23 @@ pub(super) fn set_stages(ebpf: &Ebpf, stages: &mut ProgramArray<MapData>) -> Res
         (programs::UDP, programs::UDP_STAGE),
         (programs::BELOW_CAP, programs::BELOW_CAP_STAGE),
     ] {
-        let fd = ebpf
-            .program(name)
-            .ok_or_else(program_missing)?
-            .fd()
-            .map_err(program_open_failed)?;
+        let fd = match raw.iter().find(|(n, _)| *n == name) {
+            Some((_, fd)) => {
+                stages.set(index, fd, 0).map_err(|source| {
+                    BalancerError::from(DatapathError::Map {
+                        map: map_names::STAGES,
+                        action: "write",
+                        source,
+                    })
+                })?;
+                continue;
+            }
+            None => ebpf
+                .program(name)
+                .ok_or_else(program_missing)?
+                .fd()
+                .map_err(program_open_failed)?,
+        };
         stages.set(index, fd, 0).map_err(|source| {
             BalancerError::from(DatapathError::Map {
                 map: map_names::STAGES,
@@ -355,7 +403,7 @@ impl Kernel {
         }
         let next = self.loaded.features | want;
         let started = std::time::Instant::now();
-        let mut new = {
+        let new = {
             let dir = PinDir::new(&self.loaded.opts)?;
             for (name, map) in &self.loaded.maps {
                 let path = dir.0.join(name);
@@ -364,18 +412,20 @@ impl Kernel {
             // The pins go with `dir`, whether the load succeeds or not.
             open(&self.loaded.opts, next, Some((&dir.0, &self.loaded.maps)))?
         };
+        let (mut new, raw) = new;
         let mut stages = take_stages(&mut new)?;
-        set_stages(&new, &mut stages)?;
+        set_stages(&new, &raw, &mut stages)?;
         let moved = self.move_links(&mut new);
         if let Err(e) = moved {
             // The stages back to the programs that still run on every
             // interface.
-            if let Err(r) = set_stages(&self.ebpf, &mut stages) {
+            if let Err(r) = set_stages(&self.ebpf, &self.raw_stages, &mut stages) {
                 tracing::error!("putting the stages back after a failed swap failed too: {r}");
             }
             return Err(e);
         }
         let old = std::mem::replace(&mut self.ebpf, new);
+        self.raw_stages = raw;
         self._stages = stages;
         drop(old);
         let before = std::mem::replace(&mut self.loaded.features, next);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _};
 use balancer::{
     daemon::preflight,
-    datapath::{links, maps},
+    datapath::{chain, links, maps, netdev},
     model::api::{Request, Response},
     serve::client,
 };
@@ -65,6 +65,21 @@ impl DetachArgs {
         let dir = &dir;
         let link_dir = links::link_dir(dir);
         let interfaces = links::pinned_interfaces(&link_dir)?;
+        // Components of libxdp chains (`run --xdp-chain libxdp`): each
+        // chain rebuilt without the balancer, the others kept.
+        let root = std::env::var_os("LIBXDP_BPFFS")
+            .map_or_else(|| PathBuf::from("/sys/fs/bpf"), PathBuf::from);
+        let mut chained = Vec::new();
+        for ifindex in chain::joined(&root, balancer_common::programs::ENTRY) {
+            let name = netdev::ifname(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}"));
+            if chain::leave(&root, &name, ifindex, balancer_common::programs::ENTRY)? {
+                chained.push(format!("{name} (libxdp chain)"));
+            }
+        }
+        if interfaces.is_empty() && !chained.is_empty() && !self.remove_maps {
+            print_done(&chained, &[]);
+            return Ok(());
+        }
         let ours_maps = !maps::present_pins(dir).is_empty()
             && dir.join(balancer_common::map_names::LAYOUT).exists();
         if interfaces.is_empty() && !(self.remove_maps && ours_maps) {
@@ -84,7 +99,7 @@ impl DetachArgs {
         for i in &interfaces {
             let pin = link_dir.join(links::pin_name(i));
             let name = links::pinned_link(&pin)?
-                .and_then(|l| balancer::datapath::netdev::program_name(l.program_id))
+                .and_then(|l| netdev::program_name(l.program_id))
                 .unwrap_or_default();
             if name != balancer_common::programs::ENTRY {
                 bail!(

@@ -35,8 +35,7 @@ use std::{
 use aya::{
     maps::{Array, Map, MapData},
     programs::{
-        extension::ExtensionLink, links::FdLink, Extension, ProgramFd, ProgramInfo, Xdp,
-        XdpMode,
+        extension::ExtensionLink, links::FdLink, Extension, ProgramFd, ProgramInfo, Xdp, XdpMode,
     },
     EbpfLoader,
 };
@@ -205,9 +204,7 @@ pub struct Slot {
 /// name, then tag and id: the tie-break after the name only keeps the
 /// order stable).
 pub fn order(slots: &mut [Slot]) {
-    slots.sort_by(|a, b| {
-        (a.run_prio, &a.name, a.id).cmp(&(b.run_prio, &b.name, b.id))
-    });
+    slots.sort_by(|a, b| (a.run_prio, &a.name, a.id).cmp(&(b.run_prio, &b.name, b.id)));
 }
 
 /// The pin directory of dispatcher `id` on interface `ifindex` under the
@@ -244,10 +241,7 @@ pub fn single_buffer(obj: &mut [u8]) -> Result<usize> {
         let sections = header.sections(e, data).map_err(|e| bad(&e))?;
         let index = object::SectionIndex(header.shstrndx(e, data).map_err(|e| bad(&e))? as usize);
         let strings = sections.strings(e, data, index).map_err(|e| bad(&e))?;
-        let base = sections
-            .section(index)
-            .map_err(|e| bad(&e))?
-            .sh_offset(e) as usize;
+        let base = sections.section(index).map_err(|e| bad(&e))?.sh_offset(e) as usize;
         for s in sections.iter() {
             let off = s.sh_name(e);
             let name = strings.get(off).ok();
@@ -263,7 +257,9 @@ pub fn single_buffer(obj: &mut [u8]) -> Result<usize> {
     // (`.BTF.ext`, by a string of `.BTF`): renamed alike, or the kernel
     // finds no function record for the programs.
     if let Some((off, size)) = btf {
-        let b = obj.get(off..off + size).ok_or_else(|| bad(&".BTF out of the file"))?;
+        let b = obj
+            .get(off..off + size)
+            .ok_or_else(|| bad(&".BTF out of the file"))?;
         let u32_at = |i: usize| -> Option<usize> {
             b.get(i..i + 4)
                 .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize)
@@ -572,7 +568,9 @@ fn load_dispatcher(config: &DispatcherConfig) -> Result<(aya::Ebpf, ProgramFd, u
         .info()
         .map_err(prog_err("reading the dispatcher's id".into()))?
         .id();
-    let fd = dup(disp.fd().map_err(prog_err("the dispatcher's descriptor".into()))?)?;
+    let fd = dup(disp
+        .fd()
+        .map_err(prog_err("the dispatcher's descriptor".into()))?)?;
     Ok((ebpf, fd, id))
 }
 
@@ -586,7 +584,10 @@ fn load_dispatcher(config: &DispatcherConfig) -> Result<(aya::Ebpf, ProgramFd, u
 pub fn leave(root: &Path, iface: &str, ifindex: u32, name: &str) -> Result<bool> {
     let _lock = Lock::take(root)?;
     let Ok(Current::Dispatcher {
-        id, fd, components, ..
+        id,
+        fd,
+        mode,
+        components,
     }) = current(root, ifindex, iface)
     else {
         return Ok(false);
@@ -595,7 +596,13 @@ pub fn leave(root: &Path, iface: &str, ifindex: u32, name: &str) -> Result<bool>
         return Ok(false);
     }
     if components.iter().all(|(s, _)| s.name == name) {
-        netdev::set_xdp(ifindex, -1, XDP_FLAGS_REPLACE, Some(fd.as_fd().as_raw_fd()))?;
+        // In the dispatcher's mode: the kernel keeps one program per mode.
+        netdev::set_xdp(
+            ifindex,
+            -1,
+            XDP_FLAGS_REPLACE | mode,
+            Some(fd.as_fd().as_raw_fd()),
+        )?;
         remove_dir(&dispatch_dir(root, ifindex, id));
         return Ok(true);
     }
@@ -619,6 +626,36 @@ pub fn status(root: &Path, iface: &str, ifindex: u32) -> Result<Option<Chain>> {
             replaced: false,
         }),
     })
+}
+
+/// The interfaces (by index) whose libxdp chain under the bpffs `root`
+/// has a component named `name`, from the pins (what `balancer detach`
+/// ends without a daemon).
+pub fn joined(root: &Path, name: &str) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(root.join("xdp")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(ifindex) = file
+            .strip_prefix("dispatch-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|i| i.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let ours = (0..MAX_COMPONENTS).any(|i| {
+            ProgramInfo::from_pin(e.path().join(format!("prog{i}-prog")))
+                .ok()
+                .is_some_and(|p| p.name_as_str() == Some(name))
+        });
+        if ours && !out.contains(&ifindex) {
+            out.push(ifindex);
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
 fn remove_dir(dir: &Path) {
@@ -718,10 +755,12 @@ fn rebuild(
                 .position(|(s, _)| s.id == slot.id)
                 .expect("a kept component's slot");
             let (_, mut ext) = kept.swap_remove(k);
-            let id = ext.attach_to_program(&disp_fd, &func).map_err(prog_err(format!(
-                "attaching {} (program id {}) to the new dispatcher",
-                slot.name, slot.id
-            )))?;
+            let id = ext
+                .attach_to_program(&disp_fd, &func)
+                .map_err(prog_err(format!(
+                    "attaching {} (program id {}) to the new dispatcher",
+                    slot.name, slot.id
+                )))?;
             let l: ExtensionLink = ext
                 .take_link(id)
                 .map_err(prog_err("taking the extension's link".into()))?;
@@ -772,7 +811,7 @@ fn rebuild(
     };
     if let Err(e) = r {
         remove_dir(&dir);
-        return Err(e);
+        return Err(explain_swap(iface, flags, e));
     }
     if let Some((old_id, _)) = old {
         remove_dir(&dispatch_dir(root, ifindex, old_id));
@@ -782,6 +821,28 @@ fn rebuild(
         slots,
         replaced: replaced_one,
     })
+}
+
+/// A refused dispatcher swap in an operator's terms: `ERANGE` (the
+/// kernel's answer when a frame of the interface's MTU does not fit a page
+/// and the program is single-buffer) says why a chain cannot be there.
+fn explain_swap(iface: &str, flags: u32, e: BalancerError) -> BalancerError {
+    let errno = match &e {
+        BalancerError::Io { source, .. } => source.raw_os_error(),
+        _ => None,
+    };
+    match errno {
+        Some(libc::ERANGE) => invalid(format!(
+            "{iface}: the kernel refused the chain's dispatcher in {} mode: the MTU of {iface} \
+             (or of its veth peer) needs more than a page per frame, and a libxdp chain is \
+             single-buffer (libxdp's dispatchers take multi-buffer frames only when every \
+             component does, and xdp-filter's and others' do not); lower the MTU, run in \
+             generic mode, or run the balancer alone on {iface} (without --xdp-chain: its \
+             programs are multi-buffer)",
+            flag_name(flags & (XDP_FLAGS_DRV_MODE | XDP_FLAGS_SKB_MODE | XDP_FLAGS_HW_MODE))
+        )),
+        _ => e,
+    }
 }
 
 fn pin_err(path: &Path, e: impl std::fmt::Display) -> BalancerError {
@@ -818,9 +879,328 @@ fn freplace_refused(what: &str, e: aya::programs::ProgramError) -> BalancerError
     BalancerError::from(DatapathError::Program { action, source: e })
 }
 
+/// Loads the XDP programs `names` of the ELF object `object` (made
+/// single-buffer: [`single_buffer`]) with no expected attach type, on the
+/// maps of an aya load of the same object (`maps`: each map's name and a
+/// handle of it) and its BTF (`btf_id`, the kernel's id of the object's
+/// BTF): the programs a chain's component tail-calls.
+///
+/// Why not through aya: the kernel lets programs share a program array
+/// only when their expected attach types agree (`__bpf_prog_map_compatible`,
+/// since the stable releases of October 2025: Linux 6.1.15x, 6.12.5x and
+/// later), an freplace program has none (0), and aya loads every XDP
+/// program with `BPF_XDP`. The relocations are aya's own (`aya-obj`);
+/// only the `BPF_PROG_LOAD` is made here.
+///
+/// # Errors
+/// The object unreadable, a relocation or a map missing, the kernel's
+/// refusal (with the tail of the verifier's log).
+pub fn load_stages(
+    object: &[u8],
+    maps: &[(String, MapData)],
+    btf_id: u32,
+    names: &[&'static str],
+) -> Result<Vec<(&'static str, ProgramFd)>> {
+    use std::collections::{HashMap, HashSet};
+    let bad = |what: String| BalancerError::Invalid {
+        what: "object",
+        reason: what,
+    };
+    let mut obj =
+        aya_obj::Object::parse(object).map_err(|e| bad(format!("parsing the XDP object: {e}")))?;
+    if obj.has_btf_relocations() {
+        return Err(bad(
+            "the XDP object has CO-RE relocations, which this loader does not apply".into(),
+        ));
+    }
+    let text: HashSet<usize> = obj.functions.keys().map(|(s, _)| *s).collect();
+    let fds: HashMap<&str, i32> = maps
+        .iter()
+        .map(|(n, m)| (n.as_str(), m.fd().as_fd().as_raw_fd()))
+        .collect();
+    let objmaps = obj.maps.clone();
+    let mut refs = Vec::new();
+    for (name, m) in &objmaps {
+        let fd = fds
+            .get(name.as_str())
+            .ok_or_else(|| bad(format!("map {name} of the object not created")))?;
+        refs.push((name.as_str(), *fd, m));
+    }
+    obj.relocate_maps(refs.into_iter(), &text)
+        .map_err(|e| bad(format!("relocating the maps: {e}")))?;
+    obj.relocate_calls(&text)
+        .map_err(|e| bad(format!("relocating the calls: {e}")))?;
+    let btf = btf_fd_by_id(btf_id)?;
+    let mut out = Vec::new();
+    for name in names {
+        let p = obj
+            .programs
+            .get(*name)
+            .ok_or_else(|| bad(format!("program {name} missing")))?;
+        let f = obj
+            .functions
+            .get(&p.function_key())
+            .ok_or_else(|| bad(format!("function of program {name} missing")))?;
+        let fd = prog_load(name, f, &obj.license, btf.as_fd()).map_err(|(source, log)| {
+            BalancerError::Invalid {
+                what: "XDP program",
+                reason: format!(
+                    "loading {name} into the kernel (verifier) for a libxdp chain: {source}. \
+                     Verifier output: {log}"
+                ),
+            }
+        })?;
+        // A handle aya takes (the program array's writes want one).
+        let id = prog_id(fd.as_fd())?;
+        let handle = aya::programs::loaded_programs()
+            .flatten()
+            .find(|p| p.id() == id)
+            .ok_or_else(|| bad(format!("program {name} (id {id}) gone")))?
+            .fd()
+            .map_err(prog_err(format!("opening program {name}")))?;
+        drop(fd);
+        out.push((*name, handle));
+    }
+    Ok(out)
+}
+
+/// The kernel id of program `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
+fn prog_id(fd: std::os::fd::BorrowedFd<'_>) -> Result<u32> {
+    // SAFETY: a zeroed plain struct is a valid argument.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut attr: aya_obj::generated::bpf_attr = unsafe { std::mem::zeroed() };
+    attr.info.bpf_fd = fd.as_raw_fd() as u32;
+    attr.info.info_len = size_of::<aya_obj::generated::bpf_prog_info>() as u32;
+    attr.info.info = &mut info as *mut _ as u64;
+    // SAFETY: bpf(2) with a bpf_attr of the size given; `info` outlives it.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            aya_obj::generated::bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as i64,
+            &attr as *const _,
+            size_of::<aya_obj::generated::bpf_attr>(),
+        )
+    };
+    if r < 0 {
+        return Err(BalancerError::Io {
+            action: "reading a program's id".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(info.id)
+}
+
+/// `BPF_BTF_GET_FD_BY_ID`.
+fn btf_fd_by_id(id: u32) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a zeroed bpf_attr is a valid argument.
+    let mut attr: aya_obj::generated::bpf_attr = unsafe { std::mem::zeroed() };
+    attr.__bindgen_anon_6.__bindgen_anon_1.btf_id = id;
+    // SAFETY: bpf(2) with a bpf_attr of the size given.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            aya_obj::generated::bpf_cmd::BPF_BTF_GET_FD_BY_ID as i64,
+            &attr as *const _,
+            size_of::<aya_obj::generated::bpf_attr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(BalancerError::Io {
+            action: format!("opening the object's BTF (id {id})"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: a descriptor the kernel just gave us.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_PROG_LOAD` of XDP program `name` (function `f`, linked), expected
+/// attach type 0, BTF `btf`; on refusal the error and the verifier log's
+/// tail.
+fn prog_load(
+    name: &str,
+    f: &aya_obj::Function,
+    license: &std::ffi::CStr,
+    btf: std::os::fd::BorrowedFd<'_>,
+) -> std::result::Result<std::os::fd::OwnedFd, (std::io::Error, String)> {
+    use std::os::fd::FromRawFd;
+    let func_info = f.func_info.func_info_bytes();
+    let line_info = f.line_info.line_info_bytes();
+    let attempt = |log: &mut [u8]| {
+        // SAFETY: a zeroed bpf_attr is a valid argument.
+        let mut attr: aya_obj::generated::bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the union's program-load member.
+        let u = unsafe { &mut attr.__bindgen_anon_3 };
+        for (i, b) in name.bytes().take(15).enumerate() {
+            u.prog_name[i] = b as _;
+        }
+        u.prog_type = aya_obj::generated::bpf_prog_type::BPF_PROG_TYPE_XDP as u32;
+        u.expected_attach_type = 0;
+        u.insns = f.instructions.as_ptr() as u64;
+        u.insn_cnt = f.instructions.len() as u32;
+        u.license = license.as_ptr() as u64;
+        u.prog_btf_fd = btf.as_raw_fd() as u32;
+        if f.func_info_rec_size > 0 {
+            u.func_info = func_info.as_ptr() as u64;
+            u.func_info_cnt = f.func_info.func_info.len() as u32;
+            u.func_info_rec_size = f.func_info_rec_size as u32;
+        }
+        if f.line_info_rec_size > 0 {
+            u.line_info = line_info.as_ptr() as u64;
+            u.line_info_cnt = f.line_info.line_info.len() as u32;
+            u.line_info_rec_size = f.line_info_rec_size as u32;
+        }
+        if !log.is_empty() {
+            u.log_level = 1;
+            u.log_buf = log.as_mut_ptr() as u64;
+            u.log_size = log.len() as u32;
+        }
+        // SAFETY: bpf(2) with a bpf_attr of the size given; the buffers
+        // it points to outlive the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                aya_obj::generated::bpf_cmd::BPF_PROG_LOAD as i64,
+                &attr as *const _,
+                size_of::<aya_obj::generated::bpf_attr>(),
+            )
+        };
+        if fd < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            // SAFETY: a descriptor the kernel just gave us.
+            Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+        }
+    };
+    match attempt(&mut []) {
+        Ok(fd) => Ok(fd),
+        Err(_) => {
+            let mut log = vec![0u8; 1 << 22];
+            match attempt(&mut log) {
+                Ok(fd) => Ok(fd),
+                Err(e) => {
+                    let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+                    let text = String::from_utf8_lossy(&log[..end]);
+                    let tail: Vec<&str> = text.lines().rev().take(12).collect();
+                    Err((e, tail.into_iter().rev().collect::<Vec<_>>().join("\n")))
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn slot(name: &str, id: u32, prio: u32) -> Slot {
+        Slot {
+            name: name.into(),
+            id,
+            run_prio: prio,
+            chain_call_actions: 1 << 2,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn components_run_by_priority_then_name_then_id() {
+        let mut s = vec![
+            slot("balancer", 30, 100),
+            slot("xdpfilt_alw_all", 20, 10),
+            slot("b", 12, 50),
+            slot("a", 11, 50),
+            slot("a", 10, 50),
+        ];
+        order(&mut s);
+        let got: Vec<(&str, u32)> = s.iter().map(|x| (x.name.as_str(), x.id)).collect();
+        assert_eq!(
+            got,
+            [
+                ("xdpfilt_alw_all", 20),
+                ("a", 10),
+                ("a", 11),
+                ("b", 12),
+                ("balancer", 30)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_configuration_is_libxdp_s_version_2() {
+        let mut frag = slot("f", 1, 10);
+        frag.flags = XDP_HAS_FRAGS;
+        let c = DispatcherConfig::running(&[frag.clone(), slot("balancer", 2, 100)]).unwrap();
+        assert_eq!(
+            (c.magic, c.dispatcher_version, c.num_progs_enabled),
+            (236, 2, 2)
+        );
+        // The stub's return value always goes on; the action bitmaps as given.
+        assert_eq!(c.chain_call_actions[0], (1 << 2) | (1 << 31));
+        assert_eq!(c.run_prios[..2], [10, 100]);
+        // Frags only when every component has them.
+        assert_eq!(c.is_xdp_frags, 0);
+        assert_eq!(
+            DispatcherConfig::running(&[frag.clone()])
+                .unwrap()
+                .is_xdp_frags,
+            1
+        );
+        assert_eq!(c.check().unwrap(), c);
+        // Control: what is not a version 2 configuration is refused.
+        let mut bad = c;
+        bad.magic = 0;
+        assert!(bad.check().is_err());
+        let mut bad = c;
+        bad.dispatcher_version = 1;
+        assert!(bad.check().is_err());
+        let mut bad = c;
+        bad.num_progs_enabled = 11;
+        assert!(bad.check().is_err());
+        let eleven: Vec<Slot> = (0..11).map(|i| slot("x", i, 50)).collect();
+        assert!(DispatcherConfig::running(&eleven).is_err());
+        // The layout libxdp reads: 124 bytes, the arrays at 4, 44 and 84.
+        // SAFETY: `c` is plain old data of that size, alive for the borrow.
+        let bytes: &[u8] = unsafe {
+            std::slice::from_raw_parts((&raw const c).cast::<u8>(), size_of::<DispatcherConfig>())
+        };
+        assert_eq!(bytes.len(), 124);
+        assert_eq!(bytes[4..8], ((1u32 << 2) | (1 << 31)).to_ne_bytes());
+        assert_eq!(bytes[44..48], 10u32.to_ne_bytes());
+    }
+
+    #[test]
+    fn pins_go_where_libxdp_looks() {
+        assert_eq!(
+            dispatch_dir(Path::new("/sys/fs/bpf"), 7, 1234),
+            PathBuf::from("/sys/fs/bpf/xdp/dispatch-7-1234")
+        );
+    }
+
+    #[test]
+    fn the_dispatcher_object_has_what_libxdp_reads() {
+        use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+        let f = object::File::parse(DISPATCHER_OBJECT).unwrap();
+        let rodata = f.section_by_name(".rodata").unwrap();
+        assert_eq!(rodata.size(), 124, "the configuration is the only .rodata");
+        let names: Vec<&str> = f.symbols().filter_map(|s| s.name().ok()).collect();
+        for want in ["xdp_dispatcher", "conf"]
+            .into_iter()
+            .chain((0..10).map(|i| {
+                [
+                    "prog0", "prog1", "prog2", "prog3", "prog4", "prog5", "prog6", "prog7",
+                    "prog8", "prog9",
+                ][i]
+            }))
+        {
+            assert!(names.contains(&want), "{want} missing: {names:?}");
+        }
+        // Its default configuration: magic and version.
+        let data = rodata.data().unwrap();
+        assert_eq!(data[..2], [DISPATCHER_MAGIC, DISPATCHER_VERSION]);
+    }
 
     #[test]
     fn single_buffer_leaves_no_frags_section() {

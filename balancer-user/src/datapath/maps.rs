@@ -96,9 +96,18 @@ pub fn present_pins(dir: &Path) -> Vec<&'static str> {
     PINNED_MAPS
         .iter()
         .copied()
+        .chain([CHAINED_STAGES_PIN])
         .filter(|n| dir.join(n).exists())
         .collect()
 }
+
+/// The pin of the stages' program array of a balancer in a libxdp chain
+/// (`run --xdp-chain libxdp`), beside the alone one's (`STAGES`): the
+/// kernel lets a program array hold only programs of its first user's
+/// kind (an freplace entry and stages with no attach type there, XDP
+/// programs attached to an interface here), so a pin directory that ran
+/// in one mode keeps the other's array apart.
+pub const CHAINED_STAGES_PIN: &str = "STAGES_CHAINED";
 
 /// Removes the map pins in `dir` (the maps go when no program or
 /// descriptor uses them any more); returns the names removed.
