@@ -96,19 +96,11 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     if !status.contains("xdp_dispatcher") {
         // libxdp fell back to a single program: this kernel refuses
         // freplace. The daemon must say so and leave xdp-filter alone.
-        let (ok, err) = tb.refused_start(&[
-            "run",
-            "--iface",
-            "lb0",
-            "--mode",
-            "generic",
-            "--xdp-chain",
-            "libxdp",
-            "--pin-dir",
-            &bpffs(tb).join("refused").display().to_string(),
-            "--state-file",
-            &tb.dir().join("refused.json").display().to_string(),
-        ])?;
+        let (ok, err) = other_start(
+            tb,
+            "refused",
+            &["--mode", "generic", "--xdp-chain", "libxdp"],
+        )?;
         ensure!(
             !ok,
             "the daemon started in chain mode beside a lone xdp-filter"
@@ -140,17 +132,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     );
 
     // The control first: the exclusive mode beside it is refused.
-    let (ok, err) = tb.refused_start(&[
-        "run",
-        "--iface",
-        "lb0",
-        "--mode",
-        "generic",
-        "--pin-dir",
-        &bpffs(tb).join("exclusive").display().to_string(),
-        "--state-file",
-        &tb.dir().join("exclusive.json").display().to_string(),
-    ])?;
+    let (ok, err) = other_start(tb, "exclusive", &["--mode", "generic"])?;
     ensure!(
         !ok,
         "control: the exclusive mode attached beside xdp-filter"
@@ -417,23 +399,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         .output()?;
     ensure!(out.status.success(), "balancer detach (exclusive) failed");
     tb.set_mtu(9000)?;
-    let fs = bpffs(tb);
-    let (ok, err) = tb.refused_start_with(
-        &[
-            "run",
-            "--iface",
-            "lb0",
-            "--mode",
-            "native",
-            "--xdp-chain",
-            "libxdp",
-            "--pin-dir",
-            &bpffs(tb).join("jumbo").display().to_string(),
-            "--state-file",
-            &tb.dir().join("jumbo.json").display().to_string(),
-        ],
-        &[("LIBXDP_BPFFS", &fs)],
-    )?;
+    let (ok, err) = other_start(tb, "jumbo", &["--mode", "native", "--xdp-chain", "libxdp"])?;
     ensure!(
         !ok,
         "a native-mode chain attached on an interface with an MTU of 9000"
@@ -620,6 +586,20 @@ fn attached_id(tb: &Testbed) -> anyhow::Result<u32> {
         .or_else(|| v[0]["xdp"]["attached"][0]["prog"]["id"].as_u64())
         .map(|i| i as u32)
         .context("lb0 carries no XDP program")
+}
+
+/// A start of another daemon on lb0 that must be refused (it is killed
+/// after 30 s otherwise), with `args`, a pin directory and state file of
+/// its own named `tag`, on the test bed's bpffs: whether it exited 0, and
+/// its stderr.
+fn other_start(tb: &Testbed, tag: &str, args: &[&str]) -> anyhow::Result<(bool, String)> {
+    let pins = bpffs(tb).join(tag).display().to_string();
+    let state = tb.dir().join(format!("{tag}.json")).display().to_string();
+    let mut all = vec!["run", "--iface", "lb0"];
+    all.extend_from_slice(args);
+    all.extend(["--pin-dir", pins.as_str(), "--state-file", state.as_str()]);
+    let fs = bpffs(tb);
+    tb.refused_start_with(&all, &[("LIBXDP_BPFFS", &fs)])
 }
 
 fn which(tool: &str) -> Option<PathBuf> {

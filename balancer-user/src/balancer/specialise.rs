@@ -231,16 +231,7 @@ pub(super) fn set_stages(
         (programs::BELOW_CAP, programs::BELOW_CAP_STAGE),
     ] {
         let fd = match raw.iter().find(|(n, _)| *n == name) {
-            Some((_, fd)) => {
-                stages.set(index, fd, 0).map_err(|source| {
-                    BalancerError::from(DatapathError::Map {
-                        map: map_names::STAGES,
-                        action: "write",
-                        source,
-                    })
-                })?;
-                continue;
-            }
+            Some((_, fd)) => fd,
             None => ebpf
                 .program(name)
                 .ok_or_else(program_missing)?

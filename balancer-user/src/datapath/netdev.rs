@@ -210,22 +210,12 @@ pub fn xdp_attached(ifindex: u32) -> Result<Option<XdpAttached>> {
 /// say `XDP_FLAGS_UPDATE_IF_NOEXIST`; `EEXIST` too when the expected one
 /// is no longer there), or a netlink failure.
 pub fn set_xdp(ifindex: u32, fd: i32, flags: u32, expected: Option<i32>) -> Result<()> {
-    use netlink_packet_core::{
-        NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST,
-    };
+    use netlink_packet_core::{NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
     use netlink_packet_route::{
         link::{LinkAttribute, LinkMessage, LinkXdp},
         RouteNetlinkMessage,
     };
-    use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-    let io = |source| BalancerError::Io {
-        action: format!("setting interface {ifindex}'s XDP program (netlink)"),
-        source,
-    };
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
-    socket.bind_auto().map_err(io)?;
-    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
     let mut msg = LinkMessage::default();
     msg.header.index = ifindex;
     let mut xdp = vec![LinkXdp::Fd(fd), LinkXdp::Flags(flags)];
@@ -233,11 +223,43 @@ pub fn set_xdp(ifindex: u32, fd: i32, flags: u32, expected: Option<i32>) -> Resu
         xdp.push(LinkXdp::ExpectedFd(e as u32));
     }
     msg.attributes.push(LinkAttribute::Xdp(xdp));
-    let mut packet = NetlinkMessage::new(
-        NetlinkHeader::default(),
-        NetlinkPayload::from(RouteNetlinkMessage::SetLink(msg)),
-    );
-    packet.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    let what = || format!("setting interface {ifindex}'s XDP program (netlink)");
+    let reply = route_request(
+        RouteNetlinkMessage::SetLink(msg),
+        NLM_F_REQUEST | NLM_F_ACK,
+        &what,
+    )?;
+    match reply {
+        NetlinkPayload::Error(e) => match e.code {
+            None => Ok(()),
+            Some(c) => Err(BalancerError::Io {
+                action: what(),
+                source: std::io::Error::from_raw_os_error(-c.get()),
+            }),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// One request on a netlink route socket and the first answer's payload;
+/// `what` names the question in an error.
+fn route_request(
+    req: netlink_packet_route::RouteNetlinkMessage,
+    flags: u16,
+    what: &dyn Fn() -> String,
+) -> Result<netlink_packet_core::NetlinkPayload<netlink_packet_route::RouteNetlinkMessage>> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+    use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+    let io = |source| BalancerError::Io {
+        action: what(),
+        source,
+    };
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
+    socket.bind_auto().map_err(io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
+    let mut packet = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(req));
+    packet.header.flags = flags;
     packet.header.sequence_number = 1;
     packet.finalize();
     let mut buf = vec![0; packet.buffer_len()];
@@ -245,20 +267,14 @@ pub fn set_xdp(ifindex: u32, fd: i32, flags: u32, expected: Option<i32>) -> Resu
     socket.send(&buf, 0).map_err(io)?;
     let mut rx = Vec::with_capacity(64 * 1024);
     socket.recv(&mut rx, 0).map_err(io)?;
-    let reply: NetlinkMessage<RouteNetlinkMessage> =
+    let reply: NetlinkMessage<netlink_packet_route::RouteNetlinkMessage> =
         NetlinkMessage::deserialize(&rx).map_err(|e| {
             io(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 e.to_string(),
             ))
         })?;
-    match reply.payload {
-        NetlinkPayload::Error(e) => match e.code {
-            None => Ok(()),
-            Some(c) => Err(io(std::io::Error::from_raw_os_error(-c.get()))),
-        },
-        _ => Ok(()),
-    }
+    Ok(reply.payload)
 }
 
 /// The other end of a veth, as the kernel reports it.
@@ -372,45 +388,22 @@ fn get_link(
     netns_id: Option<i32>,
     what: impl Fn() -> String,
 ) -> Result<netlink_packet_route::link::LinkMessage> {
-    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+    use netlink_packet_core::{NetlinkPayload, NLM_F_REQUEST};
     use netlink_packet_route::{
         link::{LinkAttribute, LinkMessage},
         RouteNetlinkMessage,
     };
-    use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-    let io = |source| BalancerError::Io {
-        action: what(),
-        source,
-    };
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
-    socket.bind_auto().map_err(io)?;
-    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
     let mut msg = LinkMessage::default();
     msg.header.index = ifindex;
     if let Some(n) = netns_id {
         msg.attributes.push(LinkAttribute::IfNetnsId(n));
     }
-    let mut packet = NetlinkMessage::new(
-        NetlinkHeader::default(),
-        NetlinkPayload::from(RouteNetlinkMessage::GetLink(msg)),
-    );
-    packet.header.flags = NLM_F_REQUEST;
-    packet.header.sequence_number = 1;
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    socket.send(&buf, 0).map_err(io)?;
-    let mut rx = Vec::with_capacity(64 * 1024);
-    socket.recv(&mut rx, 0).map_err(io)?;
-    let reply: NetlinkMessage<RouteNetlinkMessage> =
-        NetlinkMessage::deserialize(&rx).map_err(|e| {
-            io(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                e.to_string(),
-            ))
-        })?;
-    match reply.payload {
+    let io = |source| BalancerError::Io {
+        action: what(),
+        source,
+    };
+    match route_request(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST, &what)? {
         NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => Ok(link),
         NetlinkPayload::Error(e) => {
             let code = e.code.map_or(0, |c| -c.get());
