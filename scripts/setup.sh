@@ -67,6 +67,10 @@ command -v dig >/dev/null 2>&1 || need_apt+=(bind9-dnsutils)
 [ -x /usr/sbin/gtlsserver ] || need_apt+=(ngtcp2-server)
 command -v gtlsclient >/dev/null 2>&1 || need_apt+=(ngtcp2-client)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# Beside other XDP programs (balancer-testbed chain): xdp-filter,
+# xdp-loader and xdpdump, and libxdp.
+command -v xdp-loader >/dev/null 2>&1 || need_apt+=(xdp-tools)
+command -v xdpdump >/dev/null 2>&1 || need_apt+=(xdp-tools)
 # Pings to VIPs (answered by the data path).
 command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
 # The quick start's XDP_PASS program for veth peers (contrib/xdp-pass):
