@@ -3,8 +3,8 @@
 //! filter, a capture tool), following libxdp's multi-program protocol
 //! (xdp-tools, lib/libxdp/protocol.org, as of xdp-tools 1.3.1):
 //!
-//! * The interface carries a *dispatcher*, libxdp's own program
-//!   (`xdp-dispatcher.o`, program `xdp_dispatcher`), whose read-only
+//! * The interface carries a *dispatcher* (program `xdp_dispatcher`, in
+//!   libxdp's `xdp-dispatcher.o` or here [`DISPATCHER_OBJECT`]), whose read-only
 //!   configuration ([`DispatcherConfig`], its `.rodata`) says how many
 //!   components run, in which order, and for each which XDP actions go on
 //!   to the next one. Each component is a freplace program
@@ -24,8 +24,21 @@
 //!
 //! The balancer's component is its entry program, loaded as an
 //! `Extension`; it tail-calls its stages as it does when it runs alone.
-//! libxdp's dispatcher is single-buffer: in this mode the balancer's
-//! programs are loaded without `BPF_F_XDP_HAS_FRAGS` ([`single_buffer`]).
+//! Three kernel rules shape this mode (each seen refusing it in the VMs
+//! of `cargo xtask kernels`):
+//!
+//! * kernels that check whether an freplace program may change packet
+//!   data (6.13, and stable ones such as Debian's 6.12.118) refuse the
+//!   balancer in place of the stubs of xdp-tools' dispatcher before 1.5.5,
+//!   so the dispatchers made here are the balancer's own object
+//!   ([`DISPATCHER_OBJECT`], same protocol, stubs that may change packet
+//!   data); libxdp's tools still read and list them;
+//! * programs sharing a program array must agree on their expected attach
+//!   type (stable kernels since October 2025): the stages are loaded with
+//!   none, as the freplace entry has ([`load_stages`]);
+//! * a dispatcher is single-buffer unless every component is multi-buffer:
+//!   the balancer's programs are loaded without `BPF_F_XDP_HAS_FRAGS`
+//!   ([`single_buffer`]).
 
 use std::{
     os::fd::{AsFd, AsRawFd},
