@@ -413,8 +413,16 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
         !status.contains("balancer"),
         "the refused start left a component:\n{status}"
     );
+    // The control: the balancer alone, multi-buffer, attaches there.
+    tb.daemon_args = vec!["--mode".into(), "native".into()];
+    tb.start_daemon()
+        .context("control: the balancer alone in native mode at MTU 9000")?;
+    let native = tb.stats()?.attachments.iter().all(|a| a.mode == "native");
+    ensure!(native, "control: not attached in native mode at MTU 9000");
+    tb.stop_daemon();
     println!(
-        "chain: MTU 9000, native mode: the chain refused ({}); nothing left on lb0",
+        "chain: MTU 9000, native mode: the chain refused ({}); nothing left on lb0; the \
+         balancer alone (multi-buffer) attached there natively (the control)",
         err.lines()
             .find(|l| l.contains("single-buffer"))
             .unwrap_or("")
@@ -589,7 +597,7 @@ fn attached_id(tb: &Testbed) -> anyhow::Result<u32> {
 }
 
 /// A start of another daemon on lb0 that must be refused (it is killed
-/// after 30 s otherwise), with `args`, a pin directory and state file of
+/// after 120 s otherwise), with `args`, a pin directory and state file of
 /// its own named `tag`, on the test bed's bpffs: whether it exited 0, and
 /// its stderr.
 fn other_start(tb: &Testbed, tag: &str, args: &[&str]) -> anyhow::Result<(bool, String)> {

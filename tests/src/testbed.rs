@@ -837,7 +837,7 @@ impl Testbed {
     }
 
     /// Runs `balancer ARGS...` in the balancer's namespace to its end (a
-    /// refused start; killed after 30 s otherwise) and returns whether it
+    /// refused start; killed after 120 s otherwise) and returns whether it
     /// succeeded and its stderr.
     ///
     /// # Errors
@@ -861,7 +861,9 @@ impl Testbed {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()?;
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Long enough for a start that loads every program before it is
+        // refused, in a kernel VM under qemu's TCG (tens of seconds).
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Some(st) = child.try_wait()? {
                 let mut err = String::new();
@@ -873,7 +875,7 @@ impl Testbed {
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Ok((true, "still running after 30 s".into()));
+                return Ok((true, "still running after 120 s".into()));
             }
             thread::sleep(Duration::from_millis(50));
         }

@@ -526,17 +526,51 @@ pub fn join(
         load_component(member.ext, &fd, iface)?;
     }
     let _lock = Lock::take(root)?;
-    let name = member.name.to_string();
-    rebuild(root, iface, ifindex, mode, Some(member), &name)
+    let Member {
+        ext,
+        name,
+        run_prio,
+    } = member;
+    // A swap that finds the interface changed since it was read (a tool
+    // that does not take libxdp's lock) is tried again from a new read,
+    // as libxdp does (`EEXIST`, up to ten times).
+    let mut attempt = 1;
+    loop {
+        let member = Member {
+            ext: &mut *ext,
+            name,
+            run_prio,
+        };
+        match rebuild(root, iface, ifindex, mode, Some(member), name) {
+            Err(e) if attempt < SWAP_ATTEMPTS && errno(&e) == Some(libc::EEXIST) => {
+                tracing::info!(
+                    "{iface} changed while its chain was rebuilt (attempt {attempt}): again"
+                );
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How many times a chain's swap is tried when the interface changed in
+/// between (libxdp's `MAX_RETRY`).
+pub const SWAP_ATTEMPTS: u32 = 10;
+
+/// The errno of a refused system call in `e`, if it is one.
+fn errno(e: &BalancerError) -> Option<i32> {
+    match e {
+        BalancerError::Io { source, .. } => source.raw_os_error(),
+        _ => None,
+    }
 }
 
 /// A dispatcher that goes nowhere, for the balancer's programs to be
 /// loaded against: an freplace program is loaded for a target function,
 /// and may then be attached to any function of the same type (a slot of
-/// any dispatcher). Every program of one load is loaded against the same
-/// one: programs that share a program array must have the same target
-/// type (the kernel's `bpf_prog_map_compatible`), and an freplace
-/// program can tail-call only into freplace programs.
+/// any dispatcher). The balancer's entry is loaded against one; its
+/// stages, which it tail-calls, are XDP programs with no expected attach
+/// type ([`load_stages`]).
 ///
 /// # Errors
 /// The dispatcher refused (its object, the verifier).
@@ -840,11 +874,7 @@ fn rebuild(
 /// kernel's answer when a frame of the interface's MTU does not fit a page
 /// and the program is single-buffer) says why a chain cannot be there.
 fn explain_swap(iface: &str, flags: u32, e: BalancerError) -> BalancerError {
-    let errno = match &e {
-        BalancerError::Io { source, .. } => source.raw_os_error(),
-        _ => None,
-    };
-    match errno {
+    match errno(&e) {
         Some(libc::ERANGE) => invalid(format!(
             "{iface}: the kernel refused the chain's dispatcher in {} mode: the MTU of {iface} \
              (or of its veth peer) needs more than a page per frame, and a libxdp chain is \
