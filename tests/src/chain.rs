@@ -155,15 +155,7 @@ fn run_on(tb: &mut Testbed) -> anyhow::Result<()> {
     );
 
     tb.start_daemon()?;
-    tb.cli(&["vip", "add", "--health", "off", &VIP.to_string()])?;
-    for k in 0..BACKENDS {
-        tb.cli(&[
-            "backend",
-            "add",
-            &VIP.to_string(),
-            &backend_addr(k).to_string(),
-        ])?;
-    }
+    tb.add_vip(BACKENDS, &[])?;
     let status = tool_output(tb, "xdp-loader", &["status"])?;
     for want in ["xdp_dispatcher", "xdpfilt", "balancer"] {
         ensure!(

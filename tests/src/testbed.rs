@@ -667,24 +667,24 @@ impl Testbed {
         let mut tb = Testbed::build(n_backends)?;
         tb.daemon_args = daemon_args.iter().map(|a| a.to_string()).collect();
         tb.start_daemon()?;
-        tb.cli(&[
-            "vip",
-            "add",
-            "--health",
-            "off",
-            &VIP.to_string(),
-            "--choices",
-            choices,
-        ])?;
-        for k in 0..n_backends {
-            tb.cli(&[
-                "backend",
-                "add",
-                &VIP.to_string(),
-                &backend_addr(k).to_string(),
-            ])?;
-        }
+        tb.add_vip(n_backends, &["--choices", choices])?;
         Ok(tb)
+    }
+
+    /// Adds [`VIP`] (health checks off, `vip_args` more) with the first
+    /// `n_backends` backends through the CLI.
+    ///
+    /// # Errors
+    /// The CLI refuses.
+    pub fn add_vip(&self, n_backends: usize, vip_args: &[&str]) -> anyhow::Result<()> {
+        let vip = VIP.to_string();
+        let mut args = vec!["vip", "add", "--health", "off", vip.as_str()];
+        args.extend_from_slice(vip_args);
+        self.cli(&args)?;
+        for k in 0..n_backends {
+            self.cli(&["backend", "add", &vip, &backend_addr(k).to_string()])?;
+        }
+        Ok(())
     }
 
     /// Builds the hosts and starts the backend servers, without a balancer

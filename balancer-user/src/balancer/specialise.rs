@@ -151,18 +151,7 @@ pub(super) fn open(
                 what: "object",
                 reason: "the entry program has no BTF".into(),
             })?;
-        let dir = PinDir::new(opts)?;
-        let mut maps = Vec::new();
-        for (name, map) in ebpf.maps() {
-            // bpffs takes no name with a dot (`.rodata`).
-            let path = dir.0.join(format!("map-{}", name.replace('.', ":")));
-            map.pin(&path).map_err(|e| pin_error(&path, e))?;
-            let data = MapData::from_pin(&path).map_err(|e| BalancerError::Invalid {
-                what: "map pin",
-                reason: format!("reopening map {name} from {}: {e}", path.display()),
-            })?;
-            maps.push((name.to_string(), data));
-        }
+        let maps = handles(&ebpf, opts, true)?;
         let stages: Vec<&'static str> = programs::ALL
             .iter()
             .copied()
@@ -257,13 +246,24 @@ pub(super) fn set_stages(
 /// No bpffs at /sys/fs/bpf, or a pin refused.
 pub(super) fn share(ebpf: &Ebpf, opts: &LoadOptions) -> Result<Vec<(String, MapData)>> {
     remove_stale(opts);
+    handles(ebpf, opts, false)
+}
+
+/// A handle of every map of `ebpf` (with `globals`, its global data too:
+/// `.rodata` and the like), each made through a pin in a directory of
+/// its own that is removed at once ([`PinDir`]).
+///
+/// # Errors
+/// No bpffs, or a pin refused.
+fn handles(ebpf: &Ebpf, opts: &LoadOptions, globals: bool) -> Result<Vec<(String, MapData)>> {
     let dir = PinDir::new(opts)?;
     let mut out = Vec::new();
     for (name, map) in ebpf.maps() {
-        if name.starts_with('.') {
+        if name.starts_with('.') && !globals {
             continue;
         }
-        let path = dir.0.join(name);
+        // bpffs takes no name with a dot (`.rodata`).
+        let path = dir.0.join(format!("map-{}", name.replace('.', ":")));
         map.pin(&path).map_err(|e| pin_error(&path, e))?;
         let data = MapData::from_pin(&path).map_err(|e| BalancerError::Invalid {
             what: "map pin",

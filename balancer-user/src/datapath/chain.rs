@@ -658,23 +658,6 @@ pub fn leave(root: &Path, iface: &str, ifindex: u32, name: &str) -> Result<bool>
     Ok(true)
 }
 
-/// The chain on `iface` now: its dispatcher's id and components; `None`
-/// without a dispatcher.
-///
-/// # Errors
-/// The interface carries a program that is not a dispatcher, or one this
-/// code cannot read.
-pub fn status(root: &Path, iface: &str, ifindex: u32) -> Result<Option<Chain>> {
-    Ok(match current(root, ifindex, iface)? {
-        Current::Nothing => None,
-        Current::Dispatcher { id, components, .. } => Some(Chain {
-            dispatcher_id: id,
-            slots: components.into_iter().map(|(s, _)| s).collect(),
-            replaced: false,
-        }),
-    })
-}
-
 /// The interfaces (by index) whose libxdp chain under the bpffs `root`
 /// has a component named `name`, from the pins (what `balancer detach`
 /// ends without a daemon).
@@ -1007,6 +990,28 @@ pub fn load_stages(
     Ok(out)
 }
 
+/// `bpf(2)` with command `cmd` and `attr` (whatever it points to alive
+/// for the call): its non-negative result, or the error.
+fn sys_bpf(
+    cmd: aya_obj::generated::bpf_cmd,
+    attr: &aya_obj::generated::bpf_attr,
+) -> std::io::Result<i64> {
+    // SAFETY: bpf(2) with a bpf_attr of the size given.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as i64,
+            attr as *const _,
+            size_of::<aya_obj::generated::bpf_attr>(),
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
 /// The kernel id of program `fd` (`BPF_OBJ_GET_INFO_BY_FD`).
 fn prog_id(fd: std::os::fd::BorrowedFd<'_>) -> Result<u32> {
     // SAFETY: a zeroed plain struct is a valid argument.
@@ -1016,21 +1021,12 @@ fn prog_id(fd: std::os::fd::BorrowedFd<'_>) -> Result<u32> {
     attr.info.bpf_fd = fd.as_raw_fd() as u32;
     attr.info.info_len = size_of::<aya_obj::generated::bpf_prog_info>() as u32;
     attr.info.info = &mut info as *mut _ as u64;
-    // SAFETY: bpf(2) with a bpf_attr of the size given; `info` outlives it.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            aya_obj::generated::bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as i64,
-            &attr as *const _,
-            size_of::<aya_obj::generated::bpf_attr>(),
-        )
-    };
-    if r < 0 {
-        return Err(BalancerError::Io {
+    sys_bpf(aya_obj::generated::bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &attr).map_err(|source| {
+        BalancerError::Io {
             action: "reading a program's id".into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
+            source,
+        }
+    })?;
     Ok(info.id)
 }
 
@@ -1040,21 +1036,13 @@ fn btf_fd_by_id(id: u32) -> Result<std::os::fd::OwnedFd> {
     // SAFETY: a zeroed bpf_attr is a valid argument.
     let mut attr: aya_obj::generated::bpf_attr = unsafe { std::mem::zeroed() };
     attr.__bindgen_anon_6.__bindgen_anon_1.btf_id = id;
-    // SAFETY: bpf(2) with a bpf_attr of the size given.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            aya_obj::generated::bpf_cmd::BPF_BTF_GET_FD_BY_ID as i64,
-            &attr as *const _,
-            size_of::<aya_obj::generated::bpf_attr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(BalancerError::Io {
-            action: format!("opening the object's BTF (id {id})"),
-            source: std::io::Error::last_os_error(),
-        });
-    }
+    let fd =
+        sys_bpf(aya_obj::generated::bpf_cmd::BPF_BTF_GET_FD_BY_ID, &attr).map_err(|source| {
+            BalancerError::Io {
+                action: format!("opening the object's BTF (id {id})"),
+                source,
+            }
+        })?;
     // SAFETY: a descriptor the kernel just gave us.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
@@ -1100,22 +1088,10 @@ fn prog_load(
             u.log_buf = log.as_mut_ptr() as u64;
             u.log_size = log.len() as u32;
         }
-        // SAFETY: bpf(2) with a bpf_attr of the size given; the buffers
-        // it points to outlive the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                aya_obj::generated::bpf_cmd::BPF_PROG_LOAD as i64,
-                &attr as *const _,
-                size_of::<aya_obj::generated::bpf_attr>(),
-            )
-        };
-        if fd < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            // SAFETY: a descriptor the kernel just gave us.
-            Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
-        }
+        // The buffers `attr` points to outlive the call.
+        let fd = sys_bpf(aya_obj::generated::bpf_cmd::BPF_PROG_LOAD, &attr)?;
+        // SAFETY: a descriptor the kernel just gave us.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
     };
     match attempt(&mut []) {
         Ok(fd) => Ok(fd),

@@ -367,21 +367,25 @@ mod tests {
         st
     }
 
-    #[test]
-    fn one_slow_request_does_not_send_the_fastest_backend_to_the_floor() {
-        // The report's case: 12 normal exchanges over four backends
-        // (server 0 the fastest), then one exchange on server 0 whose
-        // client sent its first byte 1.5 s before the answer.
-        let st = four_backends();
-        let servers: Vec<u32> = st
-            .vips
+    /// The servers of `st`'s one VIP, in its backends' order.
+    fn servers_of(st: &State) -> Vec<u32> {
+        st.vips
             .values()
             .next()
             .unwrap()
             .backends
             .iter()
             .map(|b| st.server(&b.addr).unwrap())
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn one_slow_request_does_not_send_the_fastest_backend_to_the_floor() {
+        // The report's case: 12 normal exchanges over four backends
+        // (server 0 the fastest), then one exchange on server 0 whose
+        // client sent its first byte 1.5 s before the answer.
+        let st = four_backends();
+        let servers = servers_of(&st);
         let run = |slow: &[u32]| {
             let mut l = Latency::default();
             let t0 = Instant::now();
@@ -414,11 +418,7 @@ mod tests {
         // 1/64 floor).
         let st = four_backends();
         let v = st.vips.values().next().unwrap();
-        let servers: Vec<u32> = v
-            .backends
-            .iter()
-            .map(|b| st.server(&b.addr).unwrap())
-            .collect();
+        let servers = servers_of(&st);
         let run = |slow: usize| {
             let mut l = Latency::default();
             let t0 = Instant::now();
@@ -464,11 +464,7 @@ mod tests {
         // and got 5 of the next 100 connections).
         let st = four_backends();
         let v = st.vips.values().next().unwrap();
-        let servers: Vec<u32> = v
-            .backends
-            .iter()
-            .map(|b| st.server(&b.addr).unwrap())
-            .collect();
+        let servers = servers_of(&st);
         let run = |after: &[u32]| {
             let mut l = Latency::default();
             let t0 = Instant::now();
